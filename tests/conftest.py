@@ -1,0 +1,69 @@
+"""Helpers shared by every test module: run a script as a user would, read its SUMMARY line, import it."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "leanrl"
+
+requires_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graph capture); none on this machine"
+)
+
+
+def script_env():
+    """The environment a script runs in under test: no network, no window, no wandb account."""
+    env = dict(os.environ)
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", MUJOCO_GL="egl", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_script(name, *flags, timeout=900, cwd=None):
+    """Run `leanrl/<name>.py` with `flags` in a fresh interpreter; returns the CompletedProcess."""
+    cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, flags)]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=script_env(), cwd=cwd or ROOT
+    )
+
+
+def summary(proc):
+    """The parsed SUMMARY line of a finished run; fails the test with the run's stderr if there is not exactly one."""
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
+    assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
+    return json.loads(lines[0][len("SUMMARY ") :])
+
+
+def assert_user_error(proc, *words):
+    """A user error: exit status 2, one line on stderr naming `words`, no traceback, no SUMMARY."""
+    assert proc.returncode == 2, f"exit status {proc.returncode}\n{proc.stderr[-2000:]}"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr
+    assert "SUMMARY" not in proc.stdout
+    for word in words:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def load_script(name):
+    """Import `leanrl/<name>.py` as a module (importing it starts nothing)."""
+    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from a clean dynamo state, so recompilation checks see only their own functions."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
