@@ -1,0 +1,66 @@
+"""Turn the runs' SUMMARY objects into a table (median sps, spread, ratio to eager) and write the results."""
+
+import json
+import statistics
+
+
+def rows(runs):
+    """One row per (algorithm, variant), in the order the runs came, with sps statistics and the ratio of each
+    variant's median sps to the median of its algorithm's eager variant."""
+    groups = {}
+    for run in runs:
+        groups.setdefault((run["algo"], run["variant"]), []).append(run["summary"])
+    table = [row(algo, variant, summaries) for (algo, variant), summaries in groups.items()]
+    eager = {r["algo"]: r["sps_median"] for r in table if r["variant"] == "eager"}
+    for r in table:
+        r["vs_eager"] = r["sps_median"] / eager[r["algo"]] if r["algo"] in eager else None
+    return table
+
+
+def row(algo, variant, summaries):
+    """The statistics of one variant's runs: sps median, min and max, mean return (None if no run had one)."""
+    sps = [s["sps"] for s in summaries]
+    returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
+    return {
+        "algo": algo,
+        "variant": variant,
+        "runs": len(summaries),
+        "sps_median": statistics.median(sps),
+        "sps_min": min(sps),
+        "sps_max": max(sps),
+        "return_mean": statistics.fmean(returns) if returns else None,
+    }
+
+
+def machine_line(machine):
+    """The machine in one line, to sit above the figures it produced."""
+    versions = ", ".join(f"{name} {version}" for name, version in machine["versions"].items() if version)
+    return f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}"
+
+
+def markdown(table, machine, settings):
+    """The table in markdown, headed by the machine and the settings (budget, repeats, time) of the benchmark."""
+    lines = [
+        machine_line(machine),
+        f"Budget: {settings['budget']}, {settings['repeats']} repeats per variant, started {settings['started']}",
+        "",
+        "| algo | variant | sps median | sps min-max | vs eager | return mean | runs |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in table:
+        ratio = f"{r['vs_eager']:.2f}x" if r["vs_eager"] is not None else "n/a"
+        ret = f"{r['return_mean']:.1f}" if r["return_mean"] is not None else "n/a"
+        lines.append(
+            f"| {r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} "
+            f"| {ratio} | {ret} | {r['runs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(out_dir, stamp, document, table_md):
+    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{stamp}.json", out_dir / f"{stamp}.md"
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    md_path.write_text(table_md)
+    return json_path, md_path
