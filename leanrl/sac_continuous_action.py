@@ -120,6 +120,25 @@ def make_envs(env_id, num_envs, seed):
     return envs
 
 
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
 class SoftQNetwork(nn.Module):
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
@@ -312,22 +331,15 @@ def main(args):
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
-        # log every finished episode; several envs can finish on the same step
-        if "final_info" in infos and "episode" in infos["final_info"]:
-            finished = infos["final_info"]["_episode"]
-            episode_returns.extend(infos["final_info"]["episode"]["r"][finished].tolist())
-            num_episodes += int(finished.sum())
+        for episodic_return in finished_episodes(infos):
+            episode_returns.append(episodic_return)
+            num_episodes += 1
             if args.track:
-                wandb.log({"charts/episodic_return": float(np.mean(episode_returns))}, step=global_step)
+                wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
-        # store the true final observation of an episode that ended on this step (next_obs is already the reset)
-        real_next_obs = next_obs.copy()
-        if "_final_obs" in infos:
-            for idx in np.flatnonzero(infos["_final_obs"]):
-                real_next_obs[idx] = infos["final_obs"][idx]
         transition = {
             "obs": obs,
-            "next_obs": real_next_obs,
+            "next_obs": true_next_obs(next_obs, infos),
             "actions": actions,
             "rewards": rewards,
             "terminations": terminations,

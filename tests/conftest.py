@@ -57,6 +57,7 @@ def load_script(name):
     """Import `leanrl/<name>.py` as a module (importing it starts nothing)."""
     spec = importlib.util.spec_from_file_location(f"leanrl_{name}", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
     spec.loader.exec_module(module)
     return module
 

@@ -1,0 +1,445 @@
+"""Soft Actor-Critic for continuous actions, optimized: the twin of sac_continuous_action.py.
+
+Paper: https://arxiv.org/abs/1812.05905. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
+
+    python leanrl/sac_continuous_action_torchcompile.py --compile               # fastest on a CPU
+    python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
+    python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
+
+Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
+- the replay buffer is one TensorDict preallocated on the device: adding and sampling are a few indexing ops;
+- the two Q-networks are one ensemble: their parameters stacked with `from_modules` and run with `torch.vmap`,
+  so each layer of both networks is one batched matmul, and target networks are updated with one `lerp_`;
+- acting uses a copy of the actor that shares its weights but carries no autograd state;
+- the entropy coefficient `alpha` is a tensor updated in place: no `.item()` sync, and a CUDA graph sees it;
+- `--compile` wraps the acting policy and both update functions in `torch.compile`;
+- `--cudagraphs` records the updates and the policy as CUDA graphs (tensordict's `CudaGraphModule`) and
+  replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
+One gradient step per vector step, as in CleanRL, so with `--num-envs N` the updates per env step drop by N.
+Truncated episodes bootstrap from their true final observation; terminated ones do not.
+"""
+
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from tensordict import TensorDict, from_module, from_modules
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    exp_name: str = "sac_continuous_action"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    measure_burnin: int = 3
+    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the experiment"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size, in transitions"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    learning_starts: int = 5_000
+    """environment steps of random actions before learning starts"""
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer"""
+    q_lr: float = 1e-3
+    """the learning rate of the Q network optimizer"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed): every `policy_frequency` steps, `policy_frequency` updates"""
+    target_network_frequency: int = 1
+    """the frequency of updates for the target networks, in gradient steps"""
+    alpha: float = 0.2
+    """entropy regularization coefficient (its starting value when autotuned)"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient"""
+
+    compile: bool = False
+    """wrap the policy and the update functions in `torch.compile`"""
+    cudagraphs: bool = False
+    """record the policy and the update functions as CUDA graphs (needs a CUDA device)"""
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for flag in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.batch_size > args.buffer_size:
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts < 0:
+        fail(f"--learning-starts must be >= 0, got {args.learning_starts}")
+    if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail("--tau must be in (0, 1] and --gamma in [0, 1]")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+
+
+def make_env(env_id, seed):
+    def thunk():
+        env = gym.make(env_id)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts
+    the true final obs in `info["final_obs"]`. A bad id or a discrete action space exits with status 2."""
+    if env_id not in gym.registry:
+        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
+    try:
+        envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, seed + i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+    except gym.error.Error as e:
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; SAC needs a Box")
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+class SoftQNetwork(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs + n_act, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc3 = nn.Linear(256, 1, device=device)
+
+    def forward(self, obs, actions):
+        x = torch.cat([obs, actions], -1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+LOG_STD_MAX = 2
+LOG_STD_MIN = -5
+
+
+class Actor(nn.Module):
+    def __init__(self, n_obs, n_act, action_low, action_high, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc_mean = nn.Linear(256, n_act, device=device)
+        self.fc_logstd = nn.Linear(256, n_act, device=device)
+        # action rescaling, from tanh's (-1, 1) to the env's bounds
+        high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+        low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, obs):
+        x = F.relu(self.fc1(obs))
+        x = F.relu(self.fc2(x))
+        mean = self.fc_mean(x)
+        log_std = torch.tanh(self.fc_logstd(x))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
+        return mean, log_std
+
+    def get_action(self, obs):
+        mean, log_std = self(obs)
+        std = log_std.exp()
+        normal = torch.distributions.Normal(mean, std)
+        x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
+        y_t = torch.tanh(x_t)
+        action = y_t * self.action_scale + self.action_bias
+        log_prob = normal.log_prob(x_t)
+        # enforcing action bounds: the change of variables through tanh and the rescaling
+        log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
+        log_prob = log_prob.sum(-1, keepdim=True)
+        mean = torch.tanh(mean) * self.action_scale + self.action_bias
+        return action, log_prob, mean
+
+
+class ReplayBuffer:
+    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
+    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them."""
+
+    def __init__(self, buffer_size, n_obs, n_act, device):
+        self.storage = TensorDict(
+            obs=torch.zeros(buffer_size, n_obs, device=device),
+            next_obs=torch.zeros(buffer_size, n_obs, device=device),
+            actions=torch.zeros(buffer_size, n_act, device=device),
+            rewards=torch.zeros(buffer_size, device=device),
+            terminations=torch.zeros(buffer_size, device=device),
+            batch_size=[buffer_size],
+            device=device,
+        )
+        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
+
+    def add(self, transition):
+        n = transition.shape[0]
+        idx = torch.arange(self.cursor, self.cursor + n, device=self.storage.device) % self.buffer_size
+        self.storage[idx] = transition
+        self.cursor = (self.cursor + n) % self.buffer_size
+        self.size = min(self.size + n, self.buffer_size)
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size, (batch_size,), device=self.storage.device)
+        return self.storage[idx]
+
+
+def make_ensemble_qf(n_obs, n_act):
+    """A function that runs a stack of Q-networks at once: `ensemble_qf(params, obs, actions)`, with `params` the
+    stacked parameters of shape [2] (from `from_modules`), gives Q-values of shape [2, batch, 1]. `torch.vmap`
+    maps over the stack, so each layer of both networks is one batched matmul."""
+    # a weightless shell: the parameters are swapped in from `params` at each call
+    qnet = SoftQNetwork(n_obs, n_act, device="meta")
+
+    def qf(params, obs, actions):
+        with params.to_module(qnet):
+            return qnet(obs, actions)
+
+    return torch.vmap(qf, (0, None, None))
+
+
+def make_updates(actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy):
+    """The critic step and the actor (plus entropy) step of SAC. `optimizers` is (q, actor, alpha)."""
+    q_optimizer, actor_optimizer, a_optimizer = optimizers
+
+    def update_critic(data):
+        with torch.no_grad():
+            next_actions, next_log_pi, _ = actor.get_action(data["next_obs"])
+            qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
+            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+
+        qf_a_values = ensemble_qf(qnet_params, data["obs"], data["actions"]).view(2, -1)
+        # the sum of both networks' mean squared errors, as in the eager twin
+        qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
+
+        q_optimizer.zero_grad()
+        qf_loss.backward()
+        q_optimizer.step()
+        return qf_loss.detach()
+
+    def update_actor(data):
+        pi, log_pi, _ = actor.get_action(data["obs"])
+        # `.data`: the actor's loss needs no gradient of the Q-networks' parameters
+        min_qf_pi = ensemble_qf(qnet_params.data, data["obs"], pi).min(0).values
+        actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
+
+        actor_optimizer.zero_grad()
+        actor_loss.backward()
+        actor_optimizer.step()
+
+        alpha_loss = torch.zeros(())
+        if args.autotune:
+            with torch.no_grad():
+                _, log_pi, _ = actor.get_action(data["obs"])
+            alpha_loss = (-log_alpha.exp() * (log_pi + target_entropy)).mean()
+
+            a_optimizer.zero_grad()
+            alpha_loss.backward()
+            a_optimizer.step()
+            alpha.copy_(log_alpha.detach().exp())
+        return actor_loss.detach(), alpha_loss.detach()
+
+    def update_targets():
+        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at once
+        qnet_target.lerp_(qnet_params.data, args.tau)
+
+    return update_critic, update_actor, update_targets
+
+
+def main(args):
+    check_args(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    actor = Actor(n_obs, n_act, envs.single_action_space.low, envs.single_action_space.high, device=device)
+    qf1 = SoftQNetwork(n_obs, n_act, device=device)
+    qf2 = SoftQNetwork(n_obs, n_act, device=device)
+    qnet_params = from_modules(qf1, qf2, as_module=True)
+    qnet_target = qnet_params.data.clone()
+    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a graph
+    ensemble_qf, ensemble_qf_target = make_ensemble_qf(n_obs, n_act), make_ensemble_qf(n_obs, n_act)
+    # capturable: the optimizer's step counter stays on the device, so a CUDA graph can replay the step
+    capturable = args.cudagraphs and not args.compile
+    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, capturable=capturable)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, capturable=capturable)
+
+    # automatic entropy tuning
+    target_entropy = -float(n_act)
+    log_alpha = torch.tensor(float(np.log(args.alpha)), device=device, requires_grad=args.autotune)
+    alpha = log_alpha.detach().exp()
+    a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, capturable=capturable)
+    optimizers = (q_optimizer, actor_optimizer, a_optimizer)
+    update_critic, update_actor, update_targets = make_updates(
+        actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy
+    )
+    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
+    actor_detach = Actor(n_obs, n_act, envs.single_action_space.low, envs.single_action_space.high, device=device)
+    from_module(actor).data.to_module(actor_detach)
+    policy = actor_detach.get_action
+
+    if args.compile:
+        policy = torch.compile(policy)
+        update_critic = torch.compile(update_critic)
+        update_actor = torch.compile(update_actor)
+    if args.cudagraphs:
+        policy = CudaGraphModule(policy)
+        update_critic = CudaGraphModule(update_critic)
+        update_actor = CudaGraphModule(update_actor)
+
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    obs, _ = envs.reset(seed=args.seed)
+    episode_returns = deque(maxlen=20)
+    num_episodes = 0
+    num_iterations = args.total_timesteps // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs
+    start_time = time.time()
+    measure_start, measure_step = None, 0
+    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    for iteration in pbar:
+        global_step = iteration * args.num_envs
+        if iteration == learning_starts + args.measure_burnin:
+            measure_start, measure_step = time.time(), global_step
+
+        # ALGO LOGIC: put action logic here
+        if iteration < learning_starts:
+            actions = envs.action_space.sample()
+        else:
+            with torch.no_grad():
+                actions, _, _ = policy(torch.as_tensor(obs, device=device, dtype=torch.float))
+            actions = actions.cpu().numpy()
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+
+        for episodic_return in finished_episodes(infos):
+            episode_returns.append(episodic_return)
+            num_episodes += 1
+            if args.track:
+                wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+        transition = {
+            "obs": obs,
+            "next_obs": true_next_obs(next_obs, infos),
+            "actions": actions,
+            "rewards": rewards,
+            "terminations": terminations,
+        }
+        rb.add(TensorDict({k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()}, [args.num_envs]))
+
+        # CRUCIAL step easy to overlook
+        obs = next_obs
+
+        # ALGO LOGIC: training.
+        if iteration >= learning_starts:
+            data = rb.sample(args.batch_size)
+            qf_loss = update_critic(data)
+
+            if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
+                for _ in range(args.policy_frequency):
+                    data = rb.sample(args.batch_size)
+                    actor_loss, alpha_loss = update_actor(data)
+
+            if iteration % args.target_network_frequency == 0:
+                update_targets()
+
+            if iteration % 100 == 0:
+                sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
+                return_mean = np.mean(episode_returns) if episode_returns else float("nan")
+                pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+                if args.track:
+                    losses = torch.stack([qf_loss, actor_loss, alpha_loss, alpha]).tolist()  # host sync
+                    names = ("qf_loss", "actor_loss", "alpha_loss", "alpha")
+                    wandb.log({f"losses/{k}": v for k, v in zip(names, losses)} | {"charts/SPS": sps}, step=global_step)
+
+    end_time = time.time()
+    steps = num_iterations * args.num_envs
+    summary = {
+        "script": "sac_continuous_action_torchcompile",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "device": str(device),
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "num_envs": args.num_envs,
+        "total_timesteps": steps,
+        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
+        "sps_wall": steps / (end_time - start_time),
+        "episodes": num_episodes,
+        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
+        "wall_s": end_time - start_time,
+        "torch_version": torch.__version__,
+    }
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    envs.close()
+    if args.track:
+        wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,202 @@
+"""SAC: both twins run, the compiled update is the eager update, nothing recompiles, bad input exits 2, and both
+twins learn Pendulum-v1."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
+from tensordict import TensorDict, from_modules
+
+EAGER, TWIN = "sac_continuous_action", "sac_continuous_action_torchcompile"
+# 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
+SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
+
+
+@pytest.mark.parametrize(
+    "script, flags",
+    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",))],
+    ids=["eager", "twin", "twin-compile"],
+)
+def test_smoke(script, flags):
+    result = summary(run_script(script, *SMOKE, "--measure-burnin", "5", *flags))
+    assert result["script"] == script
+    assert result["compile"] is ("--compile" in flags)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Pendulum-v1", 600, 1)
+    assert result["episodes"] == 3
+    assert -2000 < result["return_mean"] < 0
+    assert result["sps"] > 0 and result["sps_wall"] > 0
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_several_envs_log_every_episode(script):
+    # two Pendulum envs truncate on the same step: 800 steps are 400 vector steps, 2 episodes per env
+    result = summary(run_script(script, *SMOKE[:2], "--total-timesteps", "800", "--learning-starts", "700", "--num-envs", "2"))
+    assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_true_final_observation_is_stored(script):
+    module = load_script(script)
+    next_obs = np.array([[1.0, 1.0], [2.0, 2.0]], dtype=np.float32)  # env 1 has already been reset
+    final_obs = np.array([None, np.array([9.0, 9.0], dtype=np.float32)], dtype=object)
+    infos = {"final_obs": final_obs, "_final_obs": np.array([False, True])}
+    np.testing.assert_array_equal(module.true_next_obs(next_obs, infos), [[1.0, 1.0], [9.0, 9.0]])
+    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])  # the reset obs is kept for acting
+    assert module.true_next_obs(next_obs, {}) is not next_obs
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_every_finished_episode_is_counted(script):
+    module = load_script(script)
+    episode = {"r": np.array([-5.0, 0.0, -7.0]), "l": np.array([200, 0, 200])}
+    infos = {"final_info": {"episode": episode, "_episode": np.array([True, False, True])}}
+    assert module.finished_episodes(infos) == [-5.0, -7.0]
+    assert module.finished_episodes({}) == []
+
+
+def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1):
+    """The twin's networks, optimizers and update functions, from a fixed seed."""
+    torch.manual_seed(seed)
+    args = module.Args()
+    actor = module.Actor(n_obs, n_act, -2 * np.ones(n_act), 2 * np.ones(n_act))
+    qnet_params = from_modules(module.SoftQNetwork(n_obs, n_act), module.SoftQNetwork(n_obs, n_act), as_module=True)
+    qnet_target = qnet_params.data.clone()
+    log_alpha = torch.tensor(float(np.log(args.alpha)), requires_grad=True)
+    alpha = log_alpha.detach().exp()
+    optimizers = (
+        torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr),
+        torch.optim.Adam(actor.parameters(), lr=args.policy_lr),
+        torch.optim.Adam([log_alpha], lr=args.q_lr),
+    )
+    ensemble_qf, ensemble_qf_target = module.make_ensemble_qf(n_obs, n_act), module.make_ensemble_qf(n_obs, n_act)
+    update_critic, update_actor, update_targets = module.make_updates(
+        actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, -float(n_act)
+    )
+    if compile_updates:
+        update_critic, update_actor = torch.compile(update_critic), torch.compile(update_actor)
+    state = {"actor": actor, "qnet": qnet_params, "qnet_target": qnet_target, "log_alpha": log_alpha, "alpha": alpha}
+    return update_critic, update_actor, update_targets, state
+
+
+def make_batch(seed, batch_size=64, n_obs=3, n_act=1):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        obs=torch.randn(batch_size, n_obs, generator=g),
+        next_obs=torch.randn(batch_size, n_obs, generator=g),
+        actions=torch.rand(batch_size, n_act, generator=g) * 4 - 2,
+        rewards=torch.randn(batch_size, generator=g),
+        terminations=(torch.rand(batch_size, generator=g) < 0.2).float(),
+        batch_size=[batch_size],
+    )
+
+
+def parameters(state):
+    return {
+        "actor": torch.cat([p.detach().flatten() for p in state["actor"].parameters()]),
+        "qnet": torch.cat([p.flatten() for p in state["qnet"].data.values(True, True)]),
+        "qnet_target": torch.cat([p.flatten() for p in state["qnet_target"].values(True, True)]),
+        "log_alpha": state["log_alpha"].detach().reshape(1),
+    }
+
+
+def test_compiled_update_equals_eager_update(monkeypatch):
+    # compiled code draws the actor's noise with torch's own generator, as eager code does
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    module = load_script(TWIN)
+    eager = build_twin_updates(module, compile_updates=False)
+    compiled = build_twin_updates(module, compile_updates=True)
+    before = parameters(eager[3])
+    losses = {}
+    for name, (update_critic, update_actor, update_targets, state) in {"eager": eager, "compiled": compiled}.items():
+        torch.manual_seed(123)
+        qf_loss = update_critic(make_batch(1))
+        actor_loss, alpha_loss = update_actor(make_batch(2))
+        update_targets()
+        losses[name] = torch.stack([qf_loss, actor_loss, alpha_loss])
+    # float32, same ops in a different fused order: agree to 1e-5 relative
+    torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
+    after_eager, after_compiled = parameters(eager[3]), parameters(compiled[3])
+    for key in before:
+        assert not torch.equal(after_eager[key], before[key]), f"{key} did not change"
+        torch.testing.assert_close(after_compiled[key], after_eager[key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled[3]["alpha"], compiled[3]["log_alpha"].detach().exp())
+
+
+def test_no_recompilation_after_warmup():
+    module = load_script(TWIN)
+    update_critic, update_actor, update_targets, state = build_twin_updates(module, compile_updates=True)
+    for seed in range(2):
+        update_critic(make_batch(seed))
+        update_actor(make_batch(seed))
+        update_targets()
+    alpha_before = state["alpha"].clone()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for seed in range(2, 5):
+            update_critic(make_batch(seed))
+            update_actor(make_batch(seed))
+            update_targets()
+    assert not torch.equal(state["alpha"], alpha_before)  # alpha is updated in place, read by the next call
+
+
+def test_replay_buffers_wrap_around_and_sample_what_was_added():
+    for script in (EAGER, TWIN):
+        module = load_script(script)
+        rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, device="cpu")
+        for step in range(7):  # 14 transitions through a buffer of 5
+            values = torch.tensor([2.0 * step, 2.0 * step + 1])
+            transition = {
+                "obs": values[:, None],
+                "next_obs": values[:, None] + 0.5,
+                "actions": -values[:, None],
+                "rewards": values,
+                "terminations": torch.zeros(2),
+            }
+            rb.add(TensorDict(transition, [2]) if script == TWIN else transition)
+        assert (rb.size, rb.cursor) == (5, 4)
+        batch = rb.sample(200)
+        assert set(batch["rewards"].tolist()) == {9.0, 10.0, 11.0, 12.0, 13.0}
+        torch.testing.assert_close(batch["obs"][:, 0], batch["rewards"])
+        torch.testing.assert_close(batch["next_obs"][:, 0], batch["rewards"] + 0.5)
+        torch.testing.assert_close(batch["actions"][:, 0], -batch["rewards"])
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
+        (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
+        (("--batch-size", "0"), ("--batch-size",)),
+        (("--batch-size", "512", "--buffer-size", "256"), ("--batch-size", "--buffer-size")),
+    ],
+    ids=["unknown-env", "discrete-env", "zero-batch", "batch-over-buffer"],
+)
+def test_bad_input_exits_2(script, flags, words):
+    assert_user_error(run_script(script, *flags, timeout=120), *words)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
+def test_cudagraphs_without_cuda_exits_2():
+    assert_user_error(run_script(TWIN, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
+
+
+@requires_cuda
+@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+def test_cudagraphs_smoke(flags):
+    result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "5", *flags))
+    assert (result["device"], result["cudagraphs"], result["episodes"]) == ("cuda", True, 3)
+    assert -2000 < result["return_mean"] < 0
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("script, flags", [(EAGER, ()), (TWIN, ("--compile",))], ids=["eager", "twin-compile"])
+def test_learns_pendulum(script, flags):
+    """10,000 steps, 1,000 of them random: about 1.5-2 minutes each on a 2-core CPU. A random policy scores
+    about -1200 on Pendulum-v1; a broken update stays below -600."""
+    result = summary(
+        run_script(script, "--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1", *flags)
+    )
+    assert result["episodes"] == 50
+    assert result["return_mean"] > -300, result
