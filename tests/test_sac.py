@@ -97,7 +97,7 @@ def parameters(state):
         "actor": torch.cat([p.detach().flatten() for p in state["actor"].parameters()]),
         "qnet": torch.cat([p.flatten() for p in state["qnet"].data.values(True, True)]),
         "qnet_target": torch.cat([p.flatten() for p in state["qnet_target"].values(True, True)]),
-        "log_alpha": state["log_alpha"].detach().reshape(1),
+        "log_alpha": state["log_alpha"].detach().clone().reshape(1),
     }
 
 
@@ -118,9 +118,11 @@ def test_compiled_update_equals_eager_update(monkeypatch):
     # float32, same ops in a different fused order: agree to 1e-5 relative
     torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
     after_eager, after_compiled = parameters(eager[3]), parameters(compiled[3])
+    # Adam's first step moves a parameter by about lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference
+    # in g shows up as ~1e-5 in the parameter, so parameters agree to 5e-5 (5% of q_lr), losses to 1e-5
     for key in before:
         assert not torch.equal(after_eager[key], before[key]), f"{key} did not change"
-        torch.testing.assert_close(after_compiled[key], after_eager[key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(after_compiled[key], after_eager[key], rtol=1e-5, atol=5e-5)
     torch.testing.assert_close(compiled[3]["alpha"], compiled[3]["log_alpha"].detach().exp())
 
 
