@@ -52,4 +52,5 @@ ALGOS = (
                "--measure-burnin", "50"),
         full=("--total-timesteps", "30000"),
     ),
+    Algo("dqn", "dqn", quick=("--total-timesteps", "20000"), full=("--total-timesteps", "100000")),
 )

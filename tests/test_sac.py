@@ -65,10 +65,10 @@ def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1):
     qnet_target = qnet_params.data.clone()
     log_alpha = torch.tensor(float(np.log(args.alpha)), requires_grad=True)
     alpha = log_alpha.detach().exp()
-    optimizers = (
-        torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr),
-        torch.optim.Adam(actor.parameters(), lr=args.policy_lr),
-        torch.optim.Adam([log_alpha], lr=args.q_lr),
+    optimizers = (  # as the twin builds them on a CPU
+        torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, fused=True),
+        torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True),
+        torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True),
     )
     ensemble_qf, ensemble_qf_target = module.make_ensemble_qf(n_obs, n_act), module.make_ensemble_qf(n_obs, n_act)
     update_critic, update_actor, update_targets = module.make_updates(
