@@ -197,13 +197,13 @@ class ReplayBuffer:
     """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
-        self.storage = {
-            "obs": torch.zeros(buffer_size, n_obs, device=device),
-            "next_obs": torch.zeros(buffer_size, n_obs, device=device),
-            "actions": torch.zeros(buffer_size, n_act, device=device),
-            "rewards": torch.zeros(buffer_size, device=device),
-            "terminations": torch.zeros(buffer_size, device=device),
-        }
+        self.storage = dict(
+            obs=torch.zeros(buffer_size, n_obs, device=device),
+            next_obs=torch.zeros(buffer_size, n_obs, device=device),
+            actions=torch.zeros(buffer_size, n_act, device=device),
+            rewards=torch.zeros(buffer_size, device=device),
+            terminations=torch.zeros(buffer_size, device=device),
+        )
         self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
 
     def add(self, transition):
@@ -249,7 +249,7 @@ def make_updates(actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, opti
         actor_loss.backward()
         actor_optimizer.step()
 
-        alpha_loss = torch.zeros(())
+        alpha_loss = torch.zeros((), device=log_alpha.device)
         if args.autotune:
             with torch.no_grad():
                 _, log_pi, _ = actor.get_action(data["obs"])

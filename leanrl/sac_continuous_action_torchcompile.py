@@ -286,7 +286,7 @@ def make_updates(actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_targe
         actor_loss.backward()
         actor_optimizer.step()
 
-        alpha_loss = torch.zeros(())
+        alpha_loss = torch.zeros((), device=log_alpha.device)
         if args.autotune:
             with torch.no_grad():
                 _, log_pi, _ = actor.get_action(data["obs"])
