@@ -16,8 +16,8 @@ SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-star
 
 @pytest.mark.parametrize(
     "script, flags",
-    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",))],
-    ids=["eager", "twin", "twin-compile"],
+    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",)), (EAGER, ("--no-autotune",)), (TWIN, ("--no-autotune",))],
+    ids=["eager", "twin", "twin-compile", "eager-no-autotune", "twin-no-autotune"],
 )
 def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "5", *flags))
