@@ -53,4 +53,11 @@ ALGOS = (
         full=("--total-timesteps", "30000"),
     ),
     Algo("dqn", "dqn", quick=("--total-timesteps", "20000"), full=("--total-timesteps", "100000")),
+    Algo(
+        "td3",
+        "td3_continuous_action",
+        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "6000", "--learning-starts", "5000",
+               "--measure-burnin", "50"),
+        full=("--total-timesteps", "30000", "--learning-starts", "5000"),
+    ),
 )
