@@ -1,0 +1,413 @@
+"""Proximal Policy Optimization for continuous actions, the eager reference (CleanRL's ppo_continuous_action.py).
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+
+    python leanrl/ppo_continuous_action.py                                          # the benchmark run
+    python leanrl/ppo_continuous_action.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns in ~1 min
+
+Plain PyTorch, no tensordict: the readable twin of ppo_continuous_action_torchcompile.py, written in the same
+shape so that `diff` shows only what buys speed. Each iteration collects `num_steps` vector steps, computes
+advantages with GAE, then runs `update_epochs` epochs of `num_minibatches` clipped-surrogate steps; the learning
+rate falls linearly to 0 over the run. The env chain is CleanRL's: clipped actions, normalized and clipped
+observations and rewards (the episode returns logged are the raw ones).
+
+Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
+cut is taken as 0. That state is not terminal (the agent could have gone on collecting reward), so here a
+truncated step bootstraps with gamma * V(final obs), the value of its true final observation: the vector env runs
+in same-step autoreset mode, which returns the reset observation for acting and the final one, normalized by the
+same wrapper chain, in `infos["final_obs"]`. A terminated step bootstraps with 0. Either way GAE stops at the end
+of the episode. `gae` is a pure function of the rollout's tensors, so this is checked on hand-made data.
+"""
+
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from torch.distributions.normal import Normal
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_continuous_action"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    measure_burnin: int = 3
+    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 10
+    """the number of epochs (passes over the rollout) of each update"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if not getattr(args, flag) > 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_steps * args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if (args.num_steps * args.num_envs) % args.num_minibatches != 0:
+        fail(f"--num-steps x --num-envs ({args.num_steps * args.num_envs}) is not divisible by --num-minibatches {args.num_minibatches}")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
+        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl must be positive, got {args.target_kl}")
+
+
+def make_env(env_id, seed, gamma):
+    def thunk():
+        env = gym.make(env_id)
+        if not isinstance(env.action_space, gym.spaces.Box):
+            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed, gamma):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts
+    the true final obs in `info["final_obs"]`. A bad id or a non-Box action space exits with status 2."""
+    if env_id not in gym.registry:
+        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
+    try:
+        envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, seed + i, gamma) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+    except gym.error.Error as e:
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1, device=device), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_logstd = self.actor_logstd.expand_as(action_mean)
+        action_std = torch.exp(action_logstd)
+        probs = Normal(action_mean, action_std)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs].
+
+    Every input is [num_steps, num_envs] but `next_value` [num_envs], the value of the observation after the
+    last step. `terminations[t]` / `truncations[t]` (0 or 1) say the episode ended at step t by reaching a
+    terminal state / by being cut off; `final_values[t]` is the value of the true final observation of a
+    truncated episode (read only where `truncations[t]` is 1 and `terminations[t]` is 0)."""
+    dones = torch.maximum(terminations, truncations)
+    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
+    # value of its true final observation if it was cut off and 0 if it terminated
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
+    deltas = rewards + gamma * next_values - values
+    # A_t = delta_t + gamma * lambda * A_{t+1}, stopped at the end of an episode
+    advantages = torch.zeros_like(values)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(len(values))):
+        lastgaelam = deltas[t] + gamma * gae_lambda * (1 - dones[t]) * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def make_update(agent, optimizer, args):
+    """One clipped-surrogate gradient step on a minibatch (a dict of tensors); returns its statistics."""
+
+    def loss_fn(mb):
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        mb_advantages = mb["advantages"]
+        if args.norm_adv:
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+    def update(mb):
+        optimizer.zero_grad()
+        loss, stats = loss_fn(mb)
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return stats
+
+    return update
+
+
+def main(args):
+    check_args(args)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma)
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    agent = Agent(n_obs, n_act, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    update = make_update(agent, optimizer, args)
+    policy = agent.get_action_and_value
+    get_value = agent.get_value
+    compute_gae = gae
+
+    # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
+    rollout = {
+        "obs": torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
+        "actions": torch.zeros(args.num_steps, args.num_envs, n_act, device=device),
+        "logprobs": torch.zeros(args.num_steps, args.num_envs, device=device),
+        "values": torch.zeros(args.num_steps, args.num_envs, device=device),
+        "rewards": torch.zeros(args.num_steps, args.num_envs, device=device),
+        "terminations": torch.zeros(args.num_steps, args.num_envs, device=device),
+        "truncations": torch.zeros(args.num_steps, args.num_envs, device=device),
+        "final_values": torch.zeros(args.num_steps, args.num_envs, device=device),
+    }
+
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    episode_returns = deque(maxlen=20)
+    num_episodes = 0
+    global_step = 0
+    start_time = time.time()
+    measure_start, measure_step = None, 0
+    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    for iteration in pbar:
+        if iteration == args.measure_burnin + 1:
+            measure_start, measure_step = time.time(), global_step
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            rollout["obs"][step] = next_obs
+
+            # ALGO LOGIC: action logic
+            with torch.no_grad():
+                action, logprob, _, value = policy(next_obs)
+            rollout["values"][step] = value.flatten()
+            rollout["actions"][step] = action
+            rollout["logprobs"][step] = logprob
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
+            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            if truncations.any():
+                # the value of the state each truncated episode was cut at (gae reads it only there)
+                final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
+                with torch.no_grad():
+                    rollout["final_values"][step] = get_value(final_obs).flatten()
+            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+
+            for episodic_return in finished_episodes(infos):
+                episode_returns.append(episodic_return)
+                num_episodes += 1
+                if args.track:
+                    wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = get_value(next_obs).flatten()
+        advantages, returns = compute_gae(
+            rollout["rewards"], rollout["values"], next_value, rollout["final_values"],
+            rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
+        )
+
+        # flatten the batch
+        b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+
+        # Optimizing the policy and value network
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                stats = update({key: value[mb_inds] for key, value in b.items()})
+            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+                break
+
+        sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
+        return_mean = np.mean(episode_returns) if episode_returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if args.track:
+            y_pred, y_true = b["values"], b["returns"]
+            explained_var = 1 - (y_true - y_pred).var() / y_true.var()
+            logs = torch.cat([stats, explained_var.reshape(1)]).tolist()  # host sync, once per iteration
+            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
+            lr = float(optimizer.param_groups[0]["lr"])
+            wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
+
+    end_time = time.time()
+    steps = global_step
+    summary = {
+        "script": "ppo_continuous_action",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "device": str(device),
+        "compile": False,
+        "cudagraphs": False,
+        "num_envs": args.num_envs,
+        "total_timesteps": steps,
+        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
+        "sps_wall": steps / (end_time - start_time),
+        "episodes": num_episodes,
+        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
+        "wall_s": end_time - start_time,
+        "torch_version": torch.__version__,
+    }
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    envs.close()
+    if args.track:
+        wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

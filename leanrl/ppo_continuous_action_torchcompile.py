@@ -1,0 +1,474 @@
+"""Proximal Policy Optimization for continuous actions, optimized: the twin of ppo_continuous_action.py.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+
+    python leanrl/ppo_continuous_action_torchcompile.py --compile               # fastest on a CPU
+    python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
+    python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 --total-timesteps 40960
+
+Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
+- the rollout is one TensorDict preallocated on the device: flattening it and cutting minibatches are one call;
+- acting uses a copy of the agent that shares its weights but carries no autograd state;
+- the Gaussian's log-density and entropy are written out (torch.distributions validates and builds objects
+  on every call, which costs more than the math at these sizes);
+- GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a num_steps-long
+  Python loop, so the compiled graph is small and compiles in seconds;
+- a fused Adam whose learning rate is a tensor annealed in place; on the CPU, one intra-op thread;
+- `--compile` compiles GAE and the loss (forward and backward) of the update; the clip and the fused Adam
+  step stay eager, which keeps the cold compile short (see `main` for what is compiled on which device);
+- `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
+  and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
+Each iteration collects `num_steps` vector steps, computes
+advantages with GAE, then runs `update_epochs` epochs of `num_minibatches` clipped-surrogate steps; the learning
+rate falls linearly to 0 over the run. The env chain is CleanRL's: clipped actions, normalized and clipped
+observations and rewards (the episode returns logged are the raw ones).
+
+Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
+cut is taken as 0. That state is not terminal (the agent could have gone on collecting reward), so here a
+truncated step bootstraps with gamma * V(final obs), the value of its true final observation: the vector env runs
+in same-step autoreset mode, which returns the reset observation for acting and the final one, normalized by the
+same wrapper chain, in `infos["final_obs"]`. A terminated step bootstraps with 0. Either way GAE stops at the end
+of the episode. `gae` is a pure function of the rollout's tensors, so this is checked on hand-made data.
+"""
+
+import json
+import math
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_continuous_action_torchcompile"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    measure_burnin: int = 3
+    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 10
+    """the number of epochs (passes over the rollout) of each update"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+
+    compile: bool = False
+    """compile GAE and the update's loss with `torch.compile` (and the acting policy on a CUDA device)"""
+    cudagraphs: bool = False
+    """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if not getattr(args, flag) > 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_steps * args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if (args.num_steps * args.num_envs) % args.num_minibatches != 0:
+        fail(f"--num-steps x --num-envs ({args.num_steps * args.num_envs}) is not divisible by --num-minibatches {args.num_minibatches}")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
+        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+
+
+def make_env(env_id, seed, gamma):
+    def thunk():
+        env = gym.make(env_id)
+        if not isinstance(env.action_space, gym.spaces.Box):
+            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed, gamma):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts
+    the true final obs in `info["final_obs"]`. A bad id or a non-Box action space exits with status 2."""
+    if env_id not in gym.registry:
+        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
+    try:
+        envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, seed + i, gamma) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+    except gym.error.Error as e:
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1, device=device), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_logstd = self.actor_logstd.expand_as(action_mean)
+        action_std = torch.exp(action_logstd)
+        if action is None:
+            action = action_mean + action_std * torch.randn_like(action_mean)
+        # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
+        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
+        return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+
+
+def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs].
+
+    Every input is [num_steps, num_envs] but `next_value` [num_envs], the value of the observation after the
+    last step. `terminations[t]` / `truncations[t]` (0 or 1) say the episode ended at step t by reaching a
+    terminal state / by being cut off; `final_values[t]` is the value of the true final observation of a
+    truncated episode (read only where `truncations[t]` is 1 and `terminations[t]` is 0)."""
+    dones = torch.maximum(terminations, truncations)
+    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
+    # value of its true final observation if it was cut off and 0 if it terminated
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
+    deltas = rewards + gamma * next_values - values
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
+    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
+    # num_steps-long loop: compiled, 2048 steps take ~8 s here where an unrolled loop of 256 took ~50 s on
+    # a 2-core CPU. The same sums, added in another order.
+    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
+    shift = 1
+    while shift < len(values):
+        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
+        shift *= 2
+    return advantages, advantages + values
+
+
+def make_update(agent, optimizer, args, compile_loss=False):
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
+    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay eager."""
+
+    def loss_fn(mb):
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        mb_advantages = mb["advantages"]
+        if args.norm_adv:
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+    if compile_loss:
+        loss_fn = torch.compile(loss_fn, fullgraph=True)
+
+    def update(mb):
+        optimizer.zero_grad()
+        loss, stats = loss_fn(mb)
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return stats
+
+    return update
+
+
+def main(args):
+    check_args(args)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma)
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        # every op here is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it
+        # saves, and on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
+        torch.set_num_threads(1)
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    agent = Agent(n_obs, n_act, device=device)
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles;
+    # fused: one kernel for all parameters; capturable (step counters on the device) for a CUDA graph replay
+    optimizer = torch.optim.Adam(
+        agent.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        eps=1e-5,
+        fused=True,
+        capturable=args.cudagraphs and not args.compile,
+    )
+    update = make_update(agent, optimizer, args, compile_loss=args.compile)
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    agent_inference = Agent(n_obs, n_act, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    policy = agent_inference.get_action_and_value
+    get_value = agent_inference.get_value
+
+    compute_gae = gae
+    if args.compile:
+        # compiled, the loss took ~1.7 ms per minibatch here against ~2.5 ms eager; the optimizer step is left
+        # out (compiling it too was no faster, and cost compile time). GAE is one small graph per rollout.
+        compute_gae = torch.compile(gae, fullgraph=True)
+        if device.type == "cuda":
+            # on a 2-core CPU the compiled batch-1 policy made whole runs slower (1002 and 854 sps against 1091
+            # and 1115 eager, HalfCheetah, alternating runs): its call overhead eats what fusion saves
+            policy = torch.compile(policy)
+    if args.cudagraphs:
+        policy = CudaGraphModule(policy)
+        update = CudaGraphModule(update)
+
+    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    rollout = TensorDict(
+        obs=torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
+        actions=torch.zeros(args.num_steps, args.num_envs, n_act, device=device),
+        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
+        values=torch.zeros(args.num_steps, args.num_envs, device=device),
+        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
+        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
+        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
+        final_values=torch.zeros(args.num_steps, args.num_envs, device=device),
+        batch_size=[args.num_steps, args.num_envs],
+        device=device,
+    )
+
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    episode_returns = deque(maxlen=20)
+    num_episodes = 0
+    global_step = 0
+    start_time = time.time()
+    measure_start, measure_step = None, 0
+    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    for iteration in pbar:
+        if iteration == args.measure_burnin + 1:
+            measure_start, measure_step = time.time(), global_step
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            rollout["obs"][step] = next_obs
+
+            # ALGO LOGIC: action logic
+            with torch.no_grad():
+                action, logprob, _, value = policy(next_obs)
+            rollout["values"][step] = value.flatten()
+            rollout["actions"][step] = action
+            rollout["logprobs"][step] = logprob
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
+            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            if truncations.any():
+                # the value of the state each truncated episode was cut at (gae reads it only there)
+                final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
+                with torch.no_grad():
+                    rollout["final_values"][step] = get_value(final_obs).flatten()
+            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+
+            for episodic_return in finished_episodes(infos):
+                episode_returns.append(episodic_return)
+                num_episodes += 1
+                if args.track:
+                    wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = get_value(next_obs).flatten()
+        advantages, returns = compute_gae(
+            rollout["rewards"], rollout["values"], next_value, rollout["final_values"],
+            rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
+        )
+
+        # flatten the batch
+        b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+
+        # Optimizing the policy and value network
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                stats = update(b[mb_inds])
+            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+                break
+
+        sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
+        return_mean = np.mean(episode_returns) if episode_returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if args.track:
+            y_pred, y_true = b["values"], b["returns"]
+            explained_var = 1 - (y_true - y_pred).var() / y_true.var()
+            logs = torch.cat([stats, explained_var.reshape(1)]).tolist()  # host sync, once per iteration
+            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
+            lr = float(optimizer.param_groups[0]["lr"])
+            wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
+
+    end_time = time.time()
+    steps = global_step
+    summary = {
+        "script": "ppo_continuous_action_torchcompile",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "device": str(device),
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "num_envs": args.num_envs,
+        "total_timesteps": steps,
+        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
+        "sps_wall": steps / (end_time - start_time),
+        "episodes": num_episodes,
+        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
+        "wall_s": end_time - start_time,
+        "torch_version": torch.__version__,
+    }
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    envs.close()
+    if args.track:
+        wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

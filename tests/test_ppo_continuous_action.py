@@ -1,0 +1,205 @@
+"""PPO (continuous actions): both twins run, GAE bootstraps truncations from the true final observation and
+not terminations, the compiled GAE and update are the eager ones, nothing recompiles, bad input exits 2, and
+both twins learn InvertedPendulum-v4."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
+from tensordict import TensorDict
+
+EAGER, TWIN = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
+# Pendulum-v1 truncates every 200 steps: 640 steps are 10 iterations of 64, 3 episodes, 40 minibatch updates
+SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "640", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2")
+
+
+@pytest.mark.parametrize(
+    "script, flags",
+    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",))],
+    ids=["eager", "twin", "twin-compile"],
+)
+def test_smoke(script, flags):
+    result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
+    assert result["script"] == script
+    assert result["compile"] is ("--compile" in flags)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Pendulum-v1", 640, 1)
+    assert result["episodes"] == 3
+    assert -2000 < result["return_mean"] < 0
+    assert result["sps"] > 0 and result["sps_wall"] > 0
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_several_envs_log_every_episode(script):
+    # two Pendulum envs truncate on the same step: 800 steps are 4 iterations of 100 vector steps, 2 episodes per env
+    result = summary(run_script(script, *SMOKE[:2], "--total-timesteps", "800", "--num-steps", "100", "--num-envs", "2",
+                                "--num-minibatches", "4", "--update-epochs", "1", "--measure-burnin", "1"))
+    assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_every_finished_episode_is_counted(script):
+    module = load_script(script)
+    episode = {"r": np.array([-5.0, 0.0, -7.0]), "l": np.array([200, 0, 200])}
+    infos = {"final_info": {"episode": episode, "_episode": np.array([True, False, True])}}
+    assert module.finished_episodes(infos) == [-5.0, -7.0]
+    assert module.finished_episodes({}) == []
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_true_final_observation_replaces_the_reset_one(script):
+    module = load_script(script)
+    next_obs = np.array([[1.0, 1.0], [2.0, 2.0]], dtype=np.float32)  # env 1 has already been reset
+    final_obs = np.array([None, np.array([9.0, 9.0], dtype=np.float32)], dtype=object)
+    infos = {"final_obs": final_obs, "_final_obs": np.array([False, True])}
+    np.testing.assert_array_equal(module.true_next_obs(next_obs, infos), [[1.0, 1.0], [9.0, 9.0]])
+    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])  # the reset obs is kept for acting
+
+
+def gae_functions():
+    eager, twin = load_script(EAGER), load_script(TWIN)
+    return {"eager": eager.gae, "twin": twin.gae, "twin-compiled": torch.compile(twin.gae, fullgraph=True)}
+
+
+def hand_made_rollout(final_value_truncated=10.0, final_value_terminated=99.0):
+    """One env, 3 steps: step 1 is truncated (cut off, true final obs worth `final_value_truncated`), step 2
+    terminates. `values[2]` is the value of the reset obs that follows the truncation."""
+    return dict(
+        rewards=torch.tensor([[1.0], [2.0], [3.0]]),
+        values=torch.tensor([[0.5], [1.0], [1.5]]),
+        next_value=torch.tensor([7.0]),
+        final_values=torch.tensor([[0.0], [final_value_truncated], [final_value_terminated]]),
+        terminations=torch.tensor([[0.0], [0.0], [1.0]]),
+        truncations=torch.tensor([[0.0], [1.0], [0.0]]),
+    )
+
+
+@pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled"])
+def test_gae_bootstraps_truncation_from_final_obs_and_not_termination(name):
+    gae = gae_functions()[name]
+    gamma, lam = 0.9, 0.5
+    advantages, returns = gae(**hand_made_rollout(), gamma=gamma, gae_lambda=lam)
+    # by hand: delta_0 = 1 + 0.9 * V(s_1) - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 (the final obs, not the reset obs'
+    # 1.5) - 1.0 = 10; delta_2 = 3 + 0 (terminal: neither 99 nor next_value 7) - 1.5 = 1.5. GAE stops at both ends:
+    # A_2 = 1.5, A_1 = 10, A_0 = 1.4 + 0.9 * 0.5 * 10 = 5.9
+    torch.testing.assert_close(advantages, torch.tensor([[5.9], [10.0], [1.5]]))
+    torch.testing.assert_close(returns, advantages + torch.tensor([[0.5], [1.0], [1.5]]))
+    # the truncated step's bootstrap moves with its final obs' value; the terminated step's does not
+    more, _ = gae(**hand_made_rollout(final_value_truncated=20.0, final_value_terminated=-50.0), gamma=gamma, gae_lambda=lam)
+    torch.testing.assert_close(more - advantages, torch.tensor([[0.9 * 0.5 * 9.0], [9.0], [0.0]]))
+
+
+def test_doubling_gae_equals_the_reference_loop():
+    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 1000 random steps of 3 envs
+    with episode ends: float32 sums in another order agree to 1e-5."""
+    functions = gae_functions()
+    g = torch.Generator().manual_seed(0)
+    n, e = 1000, 3
+    terminations = (torch.rand(n, e, generator=g) < 0.01).float()
+    truncations = (torch.rand(n, e, generator=g) < 0.01).float() * (1 - terminations)
+    data = dict(
+        rewards=torch.randn(n, e, generator=g),
+        values=torch.randn(n, e, generator=g),
+        next_value=torch.randn(e, generator=g),
+        final_values=torch.randn(n, e, generator=g),
+        terminations=terminations,
+        truncations=truncations,
+    )
+    expected = functions["eager"](**data, gamma=0.99, gae_lambda=0.95)
+    for name in ("twin", "twin-compiled"):
+        for got, want in zip(functions[name](**data, gamma=0.99, gae_lambda=0.95), expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def build_update(module, compile_loss, seed=0, n_obs=3, n_act=2, lr=3e-4):
+    """The twin's agent, its fused Adam with a tensor learning rate and its update, from a fixed seed."""
+    torch.manual_seed(seed)
+    agent = module.Agent(n_obs, n_act)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(lr), eps=1e-5, fused=True)
+    return module.make_update(agent, optimizer, module.Args(), compile_loss=compile_loss), agent, optimizer
+
+
+def make_minibatch(seed, size=64, n_obs=3, n_act=2):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        obs=torch.randn(size, n_obs, generator=g),
+        actions=torch.randn(size, n_act, generator=g),
+        logprobs=torch.randn(size, generator=g) - 2.0,
+        values=torch.randn(size, generator=g),
+        advantages=torch.randn(size, generator=g),
+        returns=torch.randn(size, generator=g),
+        batch_size=[size],
+    )
+
+
+def flat_parameters(agent):
+    return torch.cat([p.detach().flatten() for p in agent.parameters()])
+
+
+def test_compiled_update_equals_eager_update():
+    module = load_script(TWIN)
+    (eager, eager_agent, _), (compiled, compiled_agent, _) = build_update(module, False), build_update(module, True)
+    before = flat_parameters(eager_agent)
+    torch.testing.assert_close(flat_parameters(compiled_agent), before, rtol=0, atol=0)
+    for seed in range(3):  # three steps: Adam's moments carry over
+        batch = make_minibatch(seed)
+        # float32, the same ops fused in another order: statistics agree to 1e-5 relative
+        torch.testing.assert_close(compiled(batch.clone()), eager(batch), rtol=1e-5, atol=1e-6)
+    after_eager, after_compiled = flat_parameters(eager_agent), flat_parameters(compiled_agent)
+    assert not torch.equal(after_eager, before)
+    # Adam moves a parameter by about lr * g / (|g| + eps): where g is tiny a last-bit difference in g shows up
+    # as up to ~lr * 1e-2 in the parameter, so parameters agree to 1e-5 absolute (3% of lr)
+    torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
+
+
+def test_no_recompilation_after_warmup():
+    module = load_script(TWIN)
+    update, agent, optimizer = build_update(module, compile_loss=True)
+    gae = torch.compile(module.gae, fullgraph=True)
+    rollout = hand_made_rollout()
+    for seed in range(2):
+        update(make_minibatch(seed))
+        gae(**rollout, gamma=0.99, gae_lambda=0.95)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for seed in range(2, 5):
+            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)  # the annealed learning rate, in place
+            update(make_minibatch(seed))
+            gae(**hand_made_rollout(final_value_truncated=float(seed)), gamma=0.99, gae_lambda=0.95)
+    assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
+        (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
+        (("--num-steps", "0"), ("--num-steps",)),
+        (("--num-steps", "100", "--num-minibatches", "3"), ("--num-steps", "--num-envs", "--num-minibatches")),
+        (("--total-timesteps", "1000"), ("--total-timesteps", "--num-steps")),
+    ],
+    ids=["unknown-env", "discrete-env", "zero-steps", "minibatches-do-not-divide", "less-than-a-rollout"],
+)
+def test_bad_input_exits_2(script, flags, words):
+    assert_user_error(run_script(script, *flags, timeout=120), *words)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
+def test_cudagraphs_without_cuda_exits_2():
+    assert_user_error(run_script(TWIN, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
+
+
+@requires_cuda
+@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+def test_cudagraphs_smoke(flags):
+    result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
+    assert (result["device"], result["cudagraphs"], result["episodes"]) == ("cuda", True, 3)
+    assert -2000 < result["return_mean"] < 0
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("script, flags", [(EAGER, ()), (TWIN, ("--compile",))], ids=["eager", "twin-compile"])
+def test_learns_inverted_pendulum(script, flags):
+    """40,960 steps (20 iterations of CleanRL's defaults): about 1 minute each on a quiet 2-core CPU. A random
+    policy balances the pole for ~5-10 steps; a PPO that does not learn stays far below the threshold."""
+    result = summary(run_script(script, "--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960", "--seed", "1", *flags))
+    assert result["return_mean"] > 200, result
