@@ -6,10 +6,12 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     python leanrl/ppo_continuous_action.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns in ~1 min
 
 Plain PyTorch, no tensordict: the readable twin of ppo_continuous_action_torchcompile.py, written in the same
-shape so that `diff` shows only what buys speed. Each iteration collects `num_steps` vector steps, computes
-advantages with GAE, then runs `update_epochs` epochs of `num_minibatches` clipped-surrogate steps; the learning
-rate falls linearly to 0 over the run. The env chain is CleanRL's: clipped actions, normalized and clipped
-observations and rewards (the episode returns logged are the raw ones).
+shape so that `diff` shows only what buys speed.
+
+Each iteration collects `num_steps` vector steps, computes advantages with GAE, then runs `update_epochs`
+epochs of `num_minibatches` clipped-surrogate steps; the learning rate falls linearly to 0 over the run. The env
+chain is CleanRL's: clipped actions, normalized and clipped observations and rewards (the episode returns logged
+are the raw ones).
 
 Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
 cut is taken as 0. That state is not terminal (the agent could have gone on collecting reward), so here a
@@ -299,16 +301,16 @@ def main(args):
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
-    rollout = {
-        "obs": torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
-        "actions": torch.zeros(args.num_steps, args.num_envs, n_act, device=device),
-        "logprobs": torch.zeros(args.num_steps, args.num_envs, device=device),
-        "values": torch.zeros(args.num_steps, args.num_envs, device=device),
-        "rewards": torch.zeros(args.num_steps, args.num_envs, device=device),
-        "terminations": torch.zeros(args.num_steps, args.num_envs, device=device),
-        "truncations": torch.zeros(args.num_steps, args.num_envs, device=device),
-        "final_values": torch.zeros(args.num_steps, args.num_envs, device=device),
-    }
+    rollout = dict(
+        obs=torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
+        actions=torch.zeros(args.num_steps, args.num_envs, n_act, device=device),
+        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
+        values=torch.zeros(args.num_steps, args.num_envs, device=device),
+        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
+        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
+        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
+        final_values=torch.zeros(args.num_steps, args.num_envs, device=device),
+    )
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)

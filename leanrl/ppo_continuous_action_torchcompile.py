@@ -18,10 +18,11 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
   step stay eager, which keeps the cold compile short (see `main` for what is compiled on which device);
 - `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
   and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
-Each iteration collects `num_steps` vector steps, computes
-advantages with GAE, then runs `update_epochs` epochs of `num_minibatches` clipped-surrogate steps; the learning
-rate falls linearly to 0 over the run. The env chain is CleanRL's: clipped actions, normalized and clipped
-observations and rewards (the episode returns logged are the raw ones).
+
+Each iteration collects `num_steps` vector steps, computes advantages with GAE, then runs `update_epochs`
+epochs of `num_minibatches` clipped-surrogate steps; the learning rate falls linearly to 0 over the run. The env
+chain is CleanRL's: clipped actions, normalized and clipped observations and rewards (the episode returns logged
+are the raw ones).
 
 Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
 cut is taken as 0. That state is not terminal (the agent could have gone on collecting reward), so here a
@@ -330,13 +331,8 @@ def main(args):
     agent = Agent(n_obs, n_act, device=device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles;
     # fused: one kernel for all parameters; capturable (step counters on the device) for a CUDA graph replay
-    optimizer = torch.optim.Adam(
-        agent.parameters(),
-        lr=torch.tensor(args.learning_rate, device=device),
-        eps=1e-5,
-        fused=True,
-        capturable=args.cudagraphs and not args.compile,
-    )
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs and not args.compile)
     update = make_update(agent, optimizer, args, compile_loss=args.compile)
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
