@@ -106,6 +106,8 @@ def check_args(args):
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
     if (args.num_steps * args.num_envs) % args.num_minibatches != 0:
         fail(f"--num-steps x --num-envs ({args.num_steps * args.num_envs}) is not divisible by --num-minibatches {args.num_minibatches}")
+    if args.num_steps * args.num_envs < 2 * args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (--num-steps x --num-envs too small)")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:

@@ -179,8 +179,9 @@ def test_no_recompilation_after_warmup():
         (("--num-steps", "0"), ("--num-steps",)),
         (("--num-steps", "100", "--num-minibatches", "3"), ("--num-steps", "--num-envs", "--num-minibatches")),
         (("--total-timesteps", "1000"), ("--total-timesteps", "--num-steps")),
+        (("--num-steps", "32", "--num-minibatches", "32"), ("--num-minibatches",)),
     ],
-    ids=["unknown-env", "discrete-env", "zero-steps", "minibatches-do-not-divide", "less-than-a-rollout"],
+    ids=["unknown-env", "discrete-env", "zero-steps", "minibatches-do-not-divide", "less-than-a-rollout", "minibatch-of-one"],
 )
 def test_bad_input_exits_2(script, flags, words):
     assert_user_error(run_script(script, *flags, timeout=120), *words)
