@@ -348,8 +348,8 @@ def main(args):
         # (shared 2-core CPU); compiling the Adam step as well was no faster. GAE is one small graph per rollout.
         compute_gae = torch.compile(gae, fullgraph=True)
         if device.type == "cuda":
-            # on a 2-core CPU the compiled batch-1 policy made whole runs slower (1002 and 854 sps against 1091
-            # and 1115 eager, HalfCheetah, alternating runs): its call overhead eats what fusion saves
+            # only on a GPU: on a 2-core CPU the compiled batch-1 policy made whole runs slower (1002 and 854 sps
+            # against 1091 and 1115 eager, HalfCheetah, alternating runs): its call overhead eats what fusion saves
             policy = torch.compile(policy)
     if args.cudagraphs:
         policy = CudaGraphModule(policy)
