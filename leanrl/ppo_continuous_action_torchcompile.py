@@ -2,7 +2,7 @@
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
-    python leanrl/ppo_continuous_action_torchcompile.py --compile               # fastest on a CPU
+    python leanrl/ppo_continuous_action_torchcompile.py --compile               # ~30 s cold compile on a CPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 --total-timesteps 40960
 
