@@ -2,7 +2,7 @@
 nothing recompiles, bad input exits 2, and the twin learns Pendulum-v1.
 
 Compiling tests (a cold torch.compile costs 15-40 s on a 2-core CPU): the `--compile` smoke run, the update
-equivalence and the recompilation check. The learning test takes about 1.5-2 minutes; the rest a few seconds each.
+equivalence and the recompilation check. The learning test takes 70-105 s; the rest a few seconds each (the whole file: 3 minutes cold).
 """
 
 import numpy as np
@@ -15,6 +15,13 @@ EAGER, TWIN = "td3_continuous_action", "td3_continuous_action_torchcompile"
 # 3 Pendulum episodes of 200 steps; 100 critic steps and 50 actor steps after the random phase
 SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
 N_OBS, N_ACT = 3, 2
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_scripts(monkeypatch):
+    """Scripts run here use one intra-op thread: their ops are small, and on a shared 2-core CPU a 2-thread
+    OpenMP pool that loses a core spins and stalls (the learning run took over 15 minutes instead of 3)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 @pytest.mark.parametrize(
@@ -276,10 +283,11 @@ def test_cudagraphs_smoke(flags):
 @pytest.mark.learning
 def test_learns_pendulum():
     """The optimized twin, eagerly (its update is tested equal to the eager script's and to the compiled one
-    above): 15,000 steps, 1,000 of them random, about 1.5-2 minutes on an idle 2-core CPU. A random policy
+    above). 10,000 steps, 1,000 of them random: within the 15,000 the issue allows; 70-105 s on a shared 2-core
+    CPU (one thread), where seed 1 ends at -161 (-127 after 15,000 steps). A random policy
     scores about -1200 on Pendulum-v1; a broken update stays below -600."""
     result = summary(
-        run_script(TWIN, "--env-id", "Pendulum-v1", "--total-timesteps", "15000", "--learning-starts", "1000", "--seed", "1")
+        run_script(TWIN, "--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1")
     )
-    assert result["episodes"] == 75
+    assert result["episodes"] == 50
     assert result["return_mean"] > -300, result
