@@ -2,7 +2,8 @@
 nothing recompiles, bad input exits 2, and the twin learns Pendulum-v1.
 
 Compiling tests (a cold torch.compile costs 15-40 s on a 2-core CPU): the `--compile` smoke run, the update
-equivalence and the recompilation check. The learning test takes 70-105 s; the rest a few seconds each (the whole file: 3 minutes cold).
+equivalence and the recompilation check. The learning test takes 70-105 s; the rest a few seconds each. The
+whole file: 3 minutes cold on a shared 2-core CPU.
 """
 
 import numpy as np
