@@ -25,11 +25,12 @@ def script_env():
     return env
 
 
-def run_script(name, *flags, timeout=900, cwd=None):
-    """Run `leanrl/<name>.py` with `flags` in a fresh interpreter; returns the CompletedProcess."""
+def run_script(name, *flags, timeout=900, cwd=None, env=None):
+    """Run `leanrl/<name>.py` with `flags` in a fresh interpreter, `env` added to its environment; returns the
+    CompletedProcess."""
     cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, flags)]
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=script_env(), cwd=cwd or ROOT
+        cmd, capture_output=True, text=True, timeout=timeout, env=script_env() | (env or {}), cwd=cwd or ROOT
     )
 
 

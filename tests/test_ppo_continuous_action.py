@@ -2,13 +2,11 @@
 not terminations, the compiled GAE and update are the eager ones, nothing recompiles, bad input exits 2, and
 both twins learn InvertedPendulum-v4."""
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, SCRIPTS, assert_user_error, load_script, requires_cuda, run_script, script_env, summary
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 
 EAGER, TWIN = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
@@ -207,9 +205,7 @@ def test_learns_inverted_pendulum(script, flags):
     ~60 s of which ~30 s compiling). A random policy balances the pole for ~5-10 steps, a PPO that does not learn
     stays far below 500; these runs reach the maximum, 1000. One intra-op thread (OMP_NUM_THREADS=1), as the twin
     sets itself: on a shared 2-core CPU the eager twin's default two threads ran ~18x slower (44 against 808 sps)."""
-    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), "--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960",
-           "--seed", "1", *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=script_env() | {"OMP_NUM_THREADS": "1"}, cwd=ROOT)
-    result = summary(proc)
+    flags = ("--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960", "--seed", "1", *flags)
+    result = summary(run_script(script, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 40960
     assert result["return_mean"] > 500, result
