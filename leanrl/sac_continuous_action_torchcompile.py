@@ -138,6 +138,9 @@ def make_envs(env_id, num_envs, seed):
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; SAC needs a Box")
+    if not envs.single_action_space.is_bounded():
+        fail(f"--env-id {env_id!r} has an unbounded action space; SAC needs finite bounds")
+    envs.action_space.seed(seed)  # the random actions of the first `learning_starts` steps
     return envs
 
 
