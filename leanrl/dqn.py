@@ -134,6 +134,7 @@ def make_envs(env_id, num_envs, seed):
         fail(f"--env-id {env_id!r} has a {type(envs.single_observation_space).__name__} observation space; DQN needs a Box")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; DQN needs a Discrete one")
+    envs.action_space.seed(seed)  # the random actions of exploration
     return envs
 
 
