@@ -184,11 +184,6 @@ def test_bad_inputs_eager_twin(flags, words):
     assert_user_error(run_script("dqn", *flags), *words)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA; the no-CUDA error cannot happen")
-def test_cudagraphs_without_cuda_is_a_user_error():
-    assert_user_error(run_script("dqn_torchcompile", *SMOKE, "--cudagraphs"), "--cudagraphs", "CUDA")
-
-
 @requires_cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")])

@@ -3,7 +3,6 @@ not terminations, the compiled GAE and update are the eager ones, nothing recomp
 both twins learn InvertedPendulum-v4."""
 
 
-import numpy as np
 import pytest
 import torch
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
@@ -35,25 +34,6 @@ def test_several_envs_log_every_episode(script):
     result = summary(run_script(script, *SMOKE[:2], "--total-timesteps", "800", "--num-steps", "100", "--num-envs", "2",
                                 "--num-minibatches", "4", "--update-epochs", "1", "--measure-burnin", "1"))
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
-
-
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_every_finished_episode_is_counted(script):
-    module = load_script(script)
-    episode = {"r": np.array([-5.0, 0.0, -7.0]), "l": np.array([200, 0, 200])}
-    infos = {"final_info": {"episode": episode, "_episode": np.array([True, False, True])}}
-    assert module.finished_episodes(infos) == [-5.0, -7.0]
-    assert module.finished_episodes({}) == []
-
-
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_true_final_observation_replaces_the_reset_one(script):
-    module = load_script(script)
-    next_obs = np.array([[1.0, 1.0], [2.0, 2.0]], dtype=np.float32)  # env 1 has already been reset
-    final_obs = np.array([None, np.array([9.0, 9.0], dtype=np.float32)], dtype=object)
-    infos = {"final_obs": final_obs, "_final_obs": np.array([False, True])}
-    np.testing.assert_array_equal(module.true_next_obs(next_obs, infos), [[1.0, 1.0], [9.0, 9.0]])
-    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])  # the reset obs is kept for acting
 
 
 def gae_functions():
@@ -183,11 +163,6 @@ def test_no_recompilation_after_warmup():
 )
 def test_bad_input_exits_2(script, flags, words):
     assert_user_error(run_script(script, *flags, timeout=120), *words)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-def test_cudagraphs_without_cuda_exits_2():
-    assert_user_error(run_script(TWIN, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
 
 
 @requires_cuda

@@ -1,7 +1,6 @@
 """SAC: both twins run, the compiled update is the eager update, nothing recompiles, bad input exits 2, and both
 twins learn Pendulum-v1."""
 
-import copy
 
 import numpy as np
 import pytest
@@ -34,26 +33,6 @@ def test_several_envs_log_every_episode(script):
     # two Pendulum envs truncate on the same step: 800 steps are 400 vector steps, 2 episodes per env
     result = summary(run_script(script, *SMOKE[:2], "--total-timesteps", "800", "--learning-starts", "700", "--num-envs", "2"))
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
-
-
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_true_final_observation_is_stored(script):
-    module = load_script(script)
-    next_obs = np.array([[1.0, 1.0], [2.0, 2.0]], dtype=np.float32)  # env 1 has already been reset
-    final_obs = np.array([None, np.array([9.0, 9.0], dtype=np.float32)], dtype=object)
-    infos = {"final_obs": final_obs, "_final_obs": np.array([False, True])}
-    np.testing.assert_array_equal(module.true_next_obs(next_obs, infos), [[1.0, 1.0], [9.0, 9.0]])
-    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])  # the reset obs is kept for acting
-    assert module.true_next_obs(next_obs, {}) is not next_obs
-
-
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_every_finished_episode_is_counted(script):
-    module = load_script(script)
-    episode = {"r": np.array([-5.0, 0.0, -7.0]), "l": np.array([200, 0, 200])}
-    infos = {"final_info": {"episode": episode, "_episode": np.array([True, False, True])}}
-    assert module.finished_episodes(infos) == [-5.0, -7.0]
-    assert module.finished_episodes({}) == []
 
 
 def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1):
@@ -142,28 +121,6 @@ def test_no_recompilation_after_warmup():
     assert not torch.equal(state["alpha"], alpha_before)  # alpha is updated in place, read by the next call
 
 
-def test_replay_buffers_wrap_around_and_sample_what_was_added():
-    for script in (EAGER, TWIN):
-        module = load_script(script)
-        rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, device="cpu")
-        for step in range(7):  # 14 transitions through a buffer of 5
-            values = torch.tensor([2.0 * step, 2.0 * step + 1])
-            transition = {
-                "obs": values[:, None],
-                "next_obs": values[:, None] + 0.5,
-                "actions": -values[:, None],
-                "rewards": values,
-                "terminations": torch.zeros(2),
-            }
-            rb.add(TensorDict(transition, [2]) if script == TWIN else transition)
-        assert (rb.size, rb.cursor) == (5, 4)
-        batch = rb.sample(200)
-        assert set(batch["rewards"].tolist()) == {9.0, 10.0, 11.0, 12.0, 13.0}
-        torch.testing.assert_close(batch["obs"][:, 0], batch["rewards"])
-        torch.testing.assert_close(batch["next_obs"][:, 0], batch["rewards"] + 0.5)
-        torch.testing.assert_close(batch["actions"][:, 0], -batch["rewards"])
-
-
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 @pytest.mark.parametrize(
     "flags, words",
@@ -177,11 +134,6 @@ def test_replay_buffers_wrap_around_and_sample_what_was_added():
 )
 def test_bad_input_exits_2(script, flags, words):
     assert_user_error(run_script(script, *flags, timeout=120), *words)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-def test_cudagraphs_without_cuda_exits_2():
-    assert_user_error(run_script(TWIN, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
 
 
 @requires_cuda

@@ -48,53 +48,6 @@ def test_several_envs_log_every_episode(script):
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
 
 
-# --- helpers every off-policy script shares (the same checks as in test_sac.py) ------------------------------
-
-
-def check_true_next_obs(module):
-    next_obs = np.array([[1.0, 1.0], [2.0, 2.0]], dtype=np.float32)  # env 1 has already been reset
-    final_obs = np.array([None, np.array([9.0, 9.0], dtype=np.float32)], dtype=object)
-    infos = {"final_obs": final_obs, "_final_obs": np.array([False, True])}
-    np.testing.assert_array_equal(module.true_next_obs(next_obs, infos), [[1.0, 1.0], [9.0, 9.0]])
-    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])  # the reset obs is kept for acting
-    assert module.true_next_obs(next_obs, {}) is not next_obs
-
-
-def check_finished_episodes(module):
-    episode = {"r": np.array([-5.0, 0.0, -7.0]), "l": np.array([200, 0, 200])}
-    infos = {"final_info": {"episode": episode, "_episode": np.array([True, False, True])}}
-    assert module.finished_episodes(infos) == [-5.0, -7.0]
-    assert module.finished_episodes({}) == []
-
-
-def check_replay_buffer(module, as_tensordict):
-    rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, device="cpu")
-    for step in range(7):  # 14 transitions through a buffer of 5
-        values = torch.tensor([2.0 * step, 2.0 * step + 1])
-        transition = {
-            "obs": values[:, None],
-            "next_obs": values[:, None] + 0.5,
-            "actions": -values[:, None],
-            "rewards": values,
-            "terminations": torch.zeros(2),
-        }
-        rb.add(TensorDict(transition, [2]) if as_tensordict else transition)
-    assert (rb.size, rb.cursor) == (5, 4)
-    batch = rb.sample(200)
-    assert set(batch["rewards"].tolist()) == {9.0, 10.0, 11.0, 12.0, 13.0}
-    torch.testing.assert_close(batch["obs"][:, 0], batch["rewards"])
-    torch.testing.assert_close(batch["next_obs"][:, 0], batch["rewards"] + 0.5)
-    torch.testing.assert_close(batch["actions"][:, 0], -batch["rewards"])
-
-
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_transition_helpers(script):
-    module = load_script(script)
-    check_true_next_obs(module)
-    check_finished_episodes(module)
-    check_replay_buffer(module, as_tensordict=script == TWIN)
-
-
 # --- the update functions -------------------------------------------------------------------------------------
 
 
@@ -266,11 +219,6 @@ def test_policy_explores_within_bounds():
 )
 def test_bad_input_exits_2(script, flags, words):
     assert_user_error(run_script(script, *flags, timeout=120), *words)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-def test_cudagraphs_without_cuda_exits_2():
-    assert_user_error(run_script(TWIN, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
 
 
 @requires_cuda
