@@ -1,16 +1,18 @@
 """What every script promises alike (CONTRIBUTING.md): the true final observation of an ended episode is the
 one stored, every finished episode is counted, an off-policy replay buffer wraps around, and `--cudagraphs`
-without CUDA is a user error."""
+without CUDA is a user error; SAC and TD3 share their bad inputs and their CUDA-graph smoke runs."""
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, load_script, run_script
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
 SCRIPTS = [name for algo in ALGOS for name in (algo, f"{algo}_torchcompile")]
 OFF_POLICY_CONTINUOUS = [name for algo in ALGOS[:2] for name in (algo, f"{algo}_torchcompile")]
+# 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
+PENDULUM_SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -59,3 +61,27 @@ def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
 @pytest.mark.parametrize("script", [name for name in SCRIPTS if name.endswith("_torchcompile")])
 def test_cudagraphs_without_cuda_exits_2(script):
     assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
+
+
+@pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
+        (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
+        (("--batch-size", "0"), ("--batch-size",)),
+        (("--batch-size", "512", "--buffer-size", "256"), ("--batch-size", "--buffer-size")),
+    ],
+    ids=["unknown-env", "discrete-env", "zero-batch", "batch-over-buffer"],
+)
+def test_off_policy_bad_input_exits_2(script, flags, words):
+    assert_user_error(run_script(script, *flags, timeout=120), *words)
+
+
+@requires_cuda
+@pytest.mark.parametrize("script", [name for name in OFF_POLICY_CONTINUOUS if name.endswith("_torchcompile")])
+@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+def test_off_policy_cudagraphs_smoke(script, flags):
+    result = summary(run_script(script, *PENDULUM_SMOKE, "--measure-burnin", "5", *flags))
+    assert (result["device"], result["cudagraphs"], result["episodes"]) == ("cuda", True, 3)
+    assert -2000 < result["return_mean"] < 0

@@ -5,7 +5,7 @@ twins learn Pendulum-v1."""
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
+from conftest import load_script, run_script, summary
 from tensordict import TensorDict, from_modules
 
 EAGER, TWIN = "sac_continuous_action", "sac_continuous_action_torchcompile"
@@ -119,29 +119,6 @@ def test_no_recompilation_after_warmup():
             update_actor(make_batch(seed))
             update_targets()
     assert not torch.equal(state["alpha"], alpha_before)  # alpha is updated in place, read by the next call
-
-
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-@pytest.mark.parametrize(
-    "flags, words",
-    [
-        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
-        (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
-        (("--batch-size", "0"), ("--batch-size",)),
-        (("--batch-size", "512", "--buffer-size", "256"), ("--batch-size", "--buffer-size")),
-    ],
-    ids=["unknown-env", "discrete-env", "zero-batch", "batch-over-buffer"],
-)
-def test_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags, timeout=120), *words)
-
-
-@requires_cuda
-@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
-def test_cudagraphs_smoke(flags):
-    result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "5", *flags))
-    assert (result["device"], result["cudagraphs"], result["episodes"]) == ("cuda", True, 3)
-    assert -2000 < result["return_mean"] < 0
 
 
 @pytest.mark.learning
