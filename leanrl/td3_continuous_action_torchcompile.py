@@ -341,7 +341,7 @@ def main(args):
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
     episode_returns = deque(maxlen=20)
-    num_episodes = 0
+    curve = []  # [global_step, seconds since start, return] of every finished episode
     num_iterations = args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     qf_loss = actor_loss = torch.zeros((), device=device)
@@ -365,7 +365,7 @@ def main(args):
 
         for episodic_return in finished_episodes(infos):
             episode_returns.append(episodic_return)
-            num_episodes += 1
+            curve.append([global_step, time.time() - start_time, episodic_return])
             if args.track:
                 wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
@@ -413,10 +413,11 @@ def main(args):
         "total_timesteps": steps,
         "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
         "sps_wall": steps / (end_time - start_time),
-        "episodes": num_episodes,
+        "episodes": len(curve),
         "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
         "wall_s": end_time - start_time,
         "torch_version": torch.__version__,
+        "curve": curve,
     }
     print("SUMMARY " + json.dumps(summary), flush=True)
     envs.close()

@@ -39,7 +39,21 @@ def summary(proc):
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
-    return json.loads(lines[0][len("SUMMARY ") :])
+    result = json.loads(lines[0][len("SUMMARY ") :])
+    assert_curve(result)
+    return result
+
+
+def assert_curve(result):
+    """The SUMMARY's `curve` has one [global_step, seconds, return] per counted episode, in the order of both
+    steps and seconds, within the run's steps and wall time."""
+    curve = result["curve"]
+    assert len(curve) == result["episodes"], f"{len(curve)} curve points for {result['episodes']} episodes"
+    assert all(len(point) == 3 for point in curve)
+    steps, seconds = [point[0] for point in curve], [point[1] for point in curve]
+    assert steps == sorted(steps) and seconds == sorted(seconds), "curve steps or seconds go backwards"
+    assert all(0 <= step <= result["total_timesteps"] for step in steps)
+    assert all(0 <= second <= result["wall_s"] for second in seconds)
 
 
 def assert_user_error(proc, *words):
@@ -54,9 +68,9 @@ def assert_user_error(proc, *words):
     return lines[0]
 
 
-def load_script(name):
-    """Import `leanrl/<name>.py` as a module (importing it starts nothing)."""
-    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", SCRIPTS / f"{name}.py")
+def load_script(name, directory=SCRIPTS):
+    """Import `<directory>/<name>.py` (by default a script of `leanrl/`) as a module; importing starts nothing."""
+    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", directory / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
     spec.loader.exec_module(module)

@@ -1,6 +1,7 @@
 """What every script promises alike (CONTRIBUTING.md): the true final observation of an ended episode is the
 one stored, every finished episode is counted, an off-policy replay buffer wraps around, and `--cudagraphs`
-without CUDA is a user error; SAC and TD3 share their bad inputs and their CUDA-graph smoke runs."""
+without CUDA is a user error; SAC and TD3 share their bad inputs and their CUDA-graph smoke runs. Every smoke run's
+SUMMARY `curve` (one point per counted episode, steps in order) is checked by `conftest.summary`."""
 
 import numpy as np
 import pytest
