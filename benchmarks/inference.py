@@ -1,0 +1,437 @@
+"""How much torch.compile and CUDA graphs speed up acting: each optimized twin's acting policy, eager against
+compiled, per batch size.
+
+    python -m benchmarks.inference              # every policy, batch 1 8 64 256 1024, three compile modes
+    python -m benchmarks.inference --quick      # a smoke run: batch 1 and 8, default mode, short blocks
+
+For each policy (benchmarks/policies.py) and batch size, the policy is built the way its script builds it and
+wrapped as: eager; `torch.compile` in each `--modes` mode; on a CUDA device, tensordict's `CudaGraphModule` and
+`CudaGraphModule(torch.compile(...))`. Each variant first runs its warm-up calls (compile, capture), timed on
+their own as `setup_s`. Then `--rounds` rounds each run one block of the same number of calls per variant, the
+order rotated every round, so that a noisy machine hits every variant alike. Every call is timed alone: with
+`time.perf_counter` on a CPU, with CUDA events and a synchronization after the call on a GPU (the scripts wait
+for each action too). Compilation is static, one graph per batch size, as a script with a fixed number of envs
+sees it: dynamo is reset between batch sizes and a recompile during the timed rounds is an error.
+
+Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says which) equal the
+eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ, argmax near-ties); halfway
+through the rounds the training module's weights are changed in place, and each variant must then match eager
+on the new weights and differ from its own earlier output: a policy that acts with stale weights fails. A failed
+check ends the run with exit status 1, after the results are written.
+
+Writes benchmarks/results/inference-<time>.{json,md,png} (or to `--out`): every variant's median and p10/p90
+latency, calls/s, samples/s, speed-up against eager in %, setup time and checks; the machine; the table; a plot
+of the speed-up against batch size per policy and variant.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from benchmarks.machine import machine_info
+from benchmarks.policies import SCRIPTS, SPECS, load_script
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+CUDA_VARIANTS = ("cudagraphs", "compile+cudagraphs")
+BATCH_SIZES = (1, 8, 64, 256, 1024)
+INT_MISMATCH = 0.01
+COMPILE_WARMUP, GRAPH_WARMUP = 3, 2
+
+
+@dataclass
+class Variant:
+    """One way to run a policy: `fn` is called as the script calls its policy; `warmup` calls are untimed."""
+
+    name: str
+    fn: Callable
+    warmup: int
+
+
+def compiled(act, mode, backend, cuda):
+    """`torch.compile(act)` in `mode`; under reduce-overhead on CUDA each call starts a new CUDA-graph step, so
+    that holding an earlier call's outputs is allowed."""
+    fn = torch.compile(act, mode=mode, backend=backend)
+    if not (cuda and mode == "reduce-overhead"):
+        return fn
+
+    def step(obs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(obs)
+
+    return step
+
+
+def make_variants(act, modes, backend, cuda):
+    """Eager, one compiled variant per mode and, with `cuda`, the two CudaGraphModule variants (tensordict's
+    documented usage: `warmup` calls on a side stream, then the capture, then replays into which each call's
+    input is copied)."""
+    from tensordict.nn import CudaGraphModule
+
+    variants = [Variant("eager", act, 1)]
+    variants += [Variant(f"compile:{mode}", compiled(act, mode, backend, cuda), COMPILE_WARMUP) for mode in modes]
+    if cuda:
+        variants.append(Variant("cudagraphs", CudaGraphModule(act, warmup=GRAPH_WARMUP), GRAPH_WARMUP + 2))
+        graphed = CudaGraphModule(torch.compile(act, backend=backend), warmup=COMPILE_WARMUP)
+        variants.append(Variant("compile+cudagraphs", graphed, COMPILE_WARMUP + 2))
+    return variants
+
+
+def sync(cuda):
+    """Wait for the GPU (nothing to wait for on a CPU)."""
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def warm_up(variant, obs, cuda):
+    """Run `variant`'s warm-up calls; returns their wall time in seconds (compile, capture and first calls)."""
+    start = time.perf_counter()
+    for _ in range(variant.warmup):
+        variant.fn(obs)
+    sync(cuda)
+    return time.perf_counter() - start
+
+
+def time_block(fn, obs, calls, cuda):
+    """Latencies in seconds of `calls` calls of `fn(obs)`, each timed alone."""
+    if cuda:
+        return cuda_block(fn, obs, calls)
+    latencies = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn(obs)
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def cuda_block(fn, obs, calls):
+    """Latencies of `calls` calls timed with CUDA events, synchronizing after each call as a script does."""
+    latencies = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(obs)
+        end.record()
+        end.synchronize()
+        latencies.append(start.elapsed_time(end) / 1e3)
+    return latencies
+
+
+def calls_per_block(latency, block_s, min_calls=3, max_calls=5000):
+    """How many calls of `latency` seconds fill a block of `block_s` seconds, within [min_calls, max_calls]."""
+    return max(min_calls, min(max_calls, math.ceil(block_s / max(latency, 1e-9))))
+
+
+def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
+    """Latencies by variant name over `rounds` rounds of one block per variant; the order rotates each round
+    (starting at rotation `offset`)."""
+    latencies = {v.name: [] for v in variants}
+    for r in range(offset, offset + rounds):
+        k = r % len(variants)
+        for variant in variants[k:] + variants[:k]:
+            latencies[variant.name] += time_block(variant.fn, obs, calls, cuda)
+    return latencies
+
+
+def detached(outputs):
+    """The outputs as clones on the CPU (a CUDA graph overwrites its output buffers at the next replay)."""
+    return {name: tensor.detach().clone().cpu() for name, tensor in outputs.items()}
+
+
+def difference(candidate, reference, rtol, atol):
+    """How far `candidate` is from `reference` (dicts of tensors by name): (ok, worst), where worst is the largest
+    absolute difference of the float outputs and the fraction of differing integer outputs."""
+    worst, ok = 0.0, True
+    for name, ref in reference.items():
+        got = candidate[name]
+        if ref.is_floating_point():
+            err = (got - ref).abs()
+            ok &= bool((err <= atol + rtol * ref.abs()).all())
+            worst = max(worst, float(err.max()))
+        else:
+            mismatched = float((got != ref).double().mean())
+            ok &= mismatched <= INT_MISMATCH
+            worst = max(worst, mismatched)
+    return ok, worst
+
+
+def outputs(spec, fn, obs):
+    """`spec`'s deterministic outputs of one call `fn(obs)`."""
+    return detached(spec.deterministic(fn(obs)))
+
+
+def check_equal(spec, variants, obs, rtol, atol):
+    """Each variant's outputs against eager's on the current weights: {name: {"outputs", "ok", "diff"}}."""
+    reference = outputs(spec, variants[0].fn, obs)
+    checks = {}
+    for variant in variants:
+        got = outputs(spec, variant.fn, obs)
+        ok, diff = difference(got, reference, rtol, atol)
+        checks[variant.name] = {"outputs": got, "ok": ok, "diff": diff}
+    return checks
+
+
+def check_after_update(spec, source, variants, obs, before, rtol, atol):
+    """Change `source`'s weights in place, then require each variant to match eager on the new weights and to
+    differ from its output `before` the change. Returns {name: {"ok", "diff", "changed"}}."""
+    spec.perturb(source)
+    after = check_equal(spec, variants, obs, rtol, atol)
+    checks = {}
+    for name, check in after.items():
+        changed = not difference(check["outputs"], before[name]["outputs"], rtol, atol)[0]
+        checks[name] = {"ok": check["ok"] and changed, "diff": check["diff"], "changed": changed}
+    return checks
+
+
+def latency_stats(latencies, batch):
+    """Median, p10 and p90 latency in µs, calls/s and samples/s (over the total time of all timed calls)."""
+    deciles = statistics.quantiles(latencies, n=10, method="inclusive")
+    calls_s = len(latencies) / sum(latencies)
+    return {
+        "calls": len(latencies),
+        "median_us": statistics.median(latencies) * 1e6,
+        "p10_us": deciles[0] * 1e6,
+        "p90_us": deciles[-1] * 1e6,
+        "calls_per_s": calls_s,
+        "samples_per_s": calls_s * batch,
+    }
+
+
+def speedup_pct(eager_median, median):
+    """The speed-up of a variant over eager in %, from median latencies: +100 is twice as fast, -50 half."""
+    return 100.0 * (eager_median / median - 1.0)
+
+
+def bench_unit(spec, script, batch, args, device):
+    """Benchmark every variant of `spec`'s policy at one batch size; returns one row per variant."""
+    torch._dynamo.reset()
+    torch.manual_seed(args.seed)
+    cuda = device.type == "cuda"
+    built = spec.build(script, device)
+    obs = spec.observe(batch, device, torch.Generator().manual_seed(args.seed))
+    variants = make_variants(built.act, args.modes, args.backend, cuda)
+    with torch.no_grad():
+        setup = {v.name: warm_up(v, obs, cuda) for v in variants}
+        before = check_equal(spec, variants, obs, args.rtol, args.atol)
+        estimate = statistics.median(time_block(built.act, obs, 5, cuda))
+        calls = calls_per_block(estimate, args.block_ms / 1e3)
+        first_half = args.rounds // 2
+        with torch.compiler.set_stance("fail_on_recompile"):
+            latencies = timed_rounds(variants, obs, first_half, calls, cuda)
+            after = check_after_update(spec, built.source, variants, obs, before, args.rtol, args.atol)
+            rest = timed_rounds(variants, obs, args.rounds - first_half, calls, cuda, offset=first_half)
+    rows = []
+    for variant in variants:
+        stats = latency_stats(latencies[variant.name] + rest[variant.name], batch)
+        rows.append({
+            "policy": spec.name, "batch": batch, "variant": variant.name, "threads": torch.get_num_threads(),
+            **stats, "setup_s": setup[variant.name],
+            "check_equal": {k: before[variant.name][k] for k in ("ok", "diff")}, "check_after_update": after[variant.name],
+        })
+    eager = rows[0]["median_us"]
+    for row in rows:
+        row["speedup_pct"] = speedup_pct(eager, row["median_us"])
+    return rows
+
+
+def available(names, scripts_dir):
+    """The specs among `names` whose script exists in `scripts_dir`, and a skip note for each one missing."""
+    ready, skipped = [], []
+    for name in names:
+        spec = SPECS[name]
+        path = Path(scripts_dir) / f"{spec.script}.py"
+        if path.exists():
+            ready.append(spec)
+        else:
+            skipped.append({"policy": name, "reason": f"{path} does not exist"})
+    return ready, skipped
+
+
+def run_policy(spec, args, device):
+    """Every batch size of one policy, with the script's intra-op thread count on a CPU."""
+    script = load_script(spec.script, args.scripts_dir)
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and spec.threads:
+        torch.set_num_threads(spec.threads)
+    try:
+        rows = []
+        for batch in args.batch_sizes:
+            note(f"{spec.name} batch {batch}")
+            rows += bench_unit(spec, script, batch, args, device)
+        return rows
+    finally:
+        torch.set_num_threads(threads)
+
+
+def note(message):
+    """Progress goes to stderr; stdout carries only the table."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def failed_checks(rows):
+    """One line per variant whose outputs differed from eager's or that kept its stale weights."""
+    lines = []
+    for row in rows:
+        where = f"{row['policy']} batch {row['batch']} {row['variant']}"
+        if not row["check_equal"]["ok"]:
+            lines.append(f"{where}: outputs differ from eager by {row['check_equal']['diff']:.3g}")
+        if not row["check_after_update"]["ok"]:
+            lines.append(f"{where}: after an in-place weight update, {stale_reason(row['check_after_update'])}")
+    return lines
+
+
+def stale_reason(check):
+    """Why a check after a weight update failed."""
+    if not check["changed"]:
+        return "the output did not change (stale weights)"
+    return f"the output differs from eager on the new weights by {check['diff']:.3g}"
+
+
+def check_mark(row):
+    """A short mark for the table: ok, or what failed."""
+    if not row["check_equal"]["ok"]:
+        return "DIFFERS"
+    return "ok" if row["check_after_update"]["ok"] else "STALE"
+
+
+def markdown(result):
+    """The result as a markdown table under a line naming the machine, device and settings."""
+    machine = result["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
+    lines = [
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}",
+        f"Device: {result['device']}; {result['settings']['rounds']} alternating rounds; started {result['started']}",
+        "",
+        "| policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager | setup s | check |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        vs = "-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%"
+        lines.append(
+            f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}-{r['p90_us']:.0f} "
+            f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | {check_mark(r)} |"
+        )
+    lines += [f"\nSkipped: {s['policy']}: {s['reason']}" for s in result["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result, path):
+    """Speed-up against batch size, one panel per policy, one line per compiled variant; saved to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
+    fig, axes = plt.subplots(1, max(1, len(policies)), figsize=(4 * max(1, len(policies)), 3.5), squeeze=False)
+    for ax, policy in zip(axes[0], policies):
+        rows = [r for r in result["rows"] if r["policy"] == policy and r["variant"] != "eager"]
+        for variant in dict.fromkeys(r["variant"] for r in rows):
+            points = [(r["batch"], r["speedup_pct"]) for r in rows if r["variant"] == variant]
+            ax.plot(*zip(*points), marker="o", label=variant)
+        ax.axhline(0, color="gray", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set(title=policy, xlabel="batch size", ylabel="speed-up over eager (%)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"acting speed-up, {result['device']}, {result['machine']['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(result, out_dir):
+    """Write the result as `inference-<time>.json`, `.md` and `.png` into `out_dir`; returns the three paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"inference-{datetime.now():%Y%m%d-%H%M%S}"
+    paths = [stem.with_suffix(suffix) for suffix in (".json", ".md", ".png")]
+    paths[0].write_text(json.dumps(result, indent=1))
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths
+
+
+def positive_int(text):
+    """An argparse type: an integer > 0."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text):
+    """An argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def parse_args(argv):
+    """The command line; bad input exits with status 2 and a message naming the flag."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
+    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=list(BATCH_SIZES))
+    parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES), help="torch.compile modes to time")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
+    parser.add_argument("--rounds", type=positive_int, default=10, help="alternating rounds (weights change halfway)")
+    parser.add_argument("--block-ms", type=positive_float, default=40.0, help="length of one block, from eager's latency")
+    parser.add_argument("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks")
+    parser.add_argument("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="batch 1 and 8, default mode, 4 rounds of 10 ms blocks")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.modes, args.rounds, args.block_ms = [1, 8], ["default"], 4, 10.0
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (the weights change halfway)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    return args
+
+
+def pick_device(choice):
+    """The device to run on: `choice`, or CUDA when there is one for 'auto'."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def main(argv=None):
+    """Run the benchmark, print the table, write the results; exit status 1 if a check failed."""
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    specs, skipped = available(args.policies, args.scripts_dir)
+    for skip in skipped:
+        note(f"skipping {skip['policy']}: {skip['reason']}")
+    if device.type != "cuda":
+        skipped += [{"policy": "all", "reason": f"{name} needs a CUDA device"} for name in CUDA_VARIANTS]
+    started = datetime.now().isoformat(timespec="seconds")
+    rows = [row for spec in specs for row in run_policy(spec, args, device)]
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
+    result = {
+        "machine": machine_info(), "device": str(device), "started": started, "settings": settings, "rows": rows,
+        "skipped": skipped, "notes": {s.name: s.note for s in specs},
+    }
+    paths = write(result, args.out)
+    print(markdown(result))
+    note("wrote " + ", ".join(map(str, paths)))
+    failures = failed_checks(rows)
+    for line in failures:
+        note(f"check failed: {line}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The acting policy of each optimized twin, built the way the twin's `main()` builds it, for `benchmarks.inference`.
+
+Each script is imported by path (scripts import nothing from the project); its networks are made with the
+default env's sizes, written here so that no env is created: HalfCheetah-v4 has 17 observations and 6 actions in
+[-1, 1], CartPole-v1 4 observations and 2 actions, envpool's Breakout-v5 stacks of 4 84x84 uint8 frames and 4
+actions. Every call runs under `torch.no_grad()`, as in the scripts.
+
+Each spec also says which outputs are deterministic, so that a compiled policy can be compared with the eager one
+value for value: inductor draws its own random numbers, so sampled outputs differ even under the same seed.
+"""
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tensordict import from_module
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
+HALF_CHEETAH_OBS, HALF_CHEETAH_ACT = 17, 6
+CARTPOLE_OBS, CARTPOLE_ACT = 4, 2
+ATARI_FRAMES, ATARI_ACT = (4, 84, 84), 4
+
+
+@dataclass(frozen=True)
+class Built:
+    """A policy ready to time: `source` is the training module whose weights it reads, `act` the function the
+    script calls to act (on a weight-sharing copy of `source`, or on `source` itself)."""
+
+    source: torch.nn.Module
+    act: Callable
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """How to build, feed and check the acting policy of one optimized twin.
+
+    `build(script, device)` returns a Built; `observe(batch, device, generator)` a batch of observations;
+    `deterministic(outputs)` the outputs that do not depend on sampled noise, by name; `perturb(source)` changes
+    the source's weights in place, under no_grad, so that every deterministic output changes; `threads` is the
+    intra-op thread count the script sets on a CPU (None: torch's default); `note` says what is compared."""
+
+    name: str
+    script: str
+    build: Callable
+    observe: Callable
+    deterministic: Callable
+    perturb: Callable
+    threads: int | None
+    note: str
+
+
+def load_script(name, scripts_dir=SCRIPTS):
+    """Import `<scripts_dir>/<name>.py` as a module (importing a script starts nothing)."""
+    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", Path(scripts_dir) / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def scale_weights(module, factor=1.5):
+    """Multiply every parameter of `module` by `factor`, in place: what an optimizer step does to the memory the
+    acting policy reads."""
+    with torch.no_grad():
+        for param in module.parameters():
+            param.mul_(factor)
+
+
+def float_obs(n_obs):
+    """An `observe` function: standard normal float32 observations of size `n_obs`."""
+
+    def observe(batch, device, generator):
+        return torch.randn(batch, n_obs, generator=generator).to(device)
+
+    return observe
+
+
+def atari_obs(batch, device, generator):
+    """uint8 frame stacks [batch, 4, 84, 84], as envpool returns them."""
+    return torch.randint(0, 256, (batch, *ATARI_FRAMES), dtype=torch.uint8, generator=generator).to(device)
+
+
+def build_ppo_continuous(script, device):
+    """PPO continuous: the agent and its weight-sharing acting copy; acting is `get_action_and_value`. The
+    log-std is set to -20 (a weight, not an op): the sampled action is then the mean to within ~1e-8, so the
+    whole actor can be compared."""
+    agent = script.Agent(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device=device)
+    with torch.no_grad():
+        agent.actor_logstd.fill_(-20.0)
+    agent_inference = script.Agent(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    return Built(agent, agent_inference.get_action_and_value)
+
+
+def build_ppo_atari(script, device):
+    """PPO Atari: the Nature-CNN agent and its weight-sharing acting copy; acting is `get_action_and_value`."""
+    agent = script.Agent(ATARI_ACT, device=device)
+    agent_inference = script.Agent(ATARI_ACT, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    return Built(agent, agent_inference.get_action_and_value)
+
+
+def build_sac(script, device):
+    """SAC: the actor and its weight-sharing acting copy; acting is `get_action`."""
+    low, high = -torch.ones(HALF_CHEETAH_ACT), torch.ones(HALF_CHEETAH_ACT)
+    actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
+    actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
+    from_module(actor).data.to_module(actor_detach)
+    return Built(actor, actor_detach.get_action)
+
+
+def build_td3(script, device):
+    """TD3: the actor, its weight-sharing acting copy and `make_policy` around it, with an exploration noise of 0:
+    the same ops (the noise is still drawn, scaled and added), a deterministic action."""
+    low, high = -torch.ones(HALF_CHEETAH_ACT), torch.ones(HALF_CHEETAH_ACT)
+    actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
+    actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
+    from_module(actor).data.to_module(actor_detach)
+    return Built(actor, script.make_policy(actor_detach, 0.0))
+
+
+def build_dqn(script, device):
+    """DQN: epsilon-greedy `make_policy` on the Q-network, with epsilon 0 (start_e = end_e = 0): the same ops (the
+    coins are still drawn), a greedy, deterministic action. The duration is the default's, 0.5 x 500k steps."""
+    q_network = script.QNetwork(CARTPOLE_OBS, CARTPOLE_ACT, device=device)
+    global_step = torch.zeros((), dtype=torch.long, device=device)
+    return Built(q_network, script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0))
+
+
+def negate_output_layer(q_network):
+    """Negate the Q-network's last layer in place: every greedy action becomes the other one."""
+    with torch.no_grad():
+        for param in q_network.network[-1].parameters():
+            param.neg_()
+
+
+SPECS = {
+    "ppo_continuous": PolicySpec(
+        "ppo_continuous", "ppo_continuous_action_torchcompile", build_ppo_continuous, float_obs(HALF_CHEETAH_OBS),
+        lambda out: {"action": out[0], "entropy": out[2], "value": out[3]}, scale_weights, 1,
+        "action (= the mean, log-std -20), entropy and value; log-prob holds the noise",
+    ),
+    "ppo_atari": PolicySpec(
+        "ppo_atari", "ppo_atari_envpool_torchcompile", build_ppo_atari, atari_obs,
+        lambda out: {"entropy": out[2], "value": out[3]}, scale_weights, None,
+        "entropy (all logits) and value; the sampled action and its log-prob hold the noise",
+    ),
+    "sac": PolicySpec(
+        "sac", "sac_continuous_action_torchcompile", build_sac, float_obs(HALF_CHEETAH_OBS),
+        lambda out: {"mean": out[2]}, scale_weights, None,
+        "the mean action; the sampled action and log-prob hold the noise (fc_logstd is not compared)",
+    ),
+    "td3": PolicySpec(
+        "td3", "td3_continuous_action_torchcompile", build_td3, float_obs(HALF_CHEETAH_OBS),
+        lambda out: {"action": out}, scale_weights, None, "the action (exploration noise 0)",
+    ),
+    "dqn": PolicySpec(
+        "dqn", "dqn_torchcompile", build_dqn, float_obs(CARTPOLE_OBS),
+        lambda out: {"action": out}, negate_output_layer, 1, "the greedy action (epsilon 0)",
+    ),
+}

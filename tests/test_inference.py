@@ -1,0 +1,131 @@
+"""The inference benchmark on a tiny budget: it runs and writes its outputs, its statistics are right, and its
+checks catch a policy that keeps acting with stale weights."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from benchmarks import inference
+from benchmarks.policies import SCRIPTS, SPECS, load_script
+
+TINY = ["--rounds", "2", "--block-ms", "1"]
+
+
+def built_policy(spec, device=torch.device("cpu")):
+    """`spec`'s policy built from its script; the test is skipped, with the reason, if the script is missing."""
+    if not (SCRIPTS / f"{spec.script}.py").exists():
+        pytest.skip(f"{spec.script}.py does not exist yet")
+    script = load_script(spec.script)
+    return script, spec.build(script, device)
+
+
+def stale_copy(spec, script, built):
+    """The same policy built on a separate copy of `built`'s weights: equal now, stale after an update."""
+    stale = spec.build(script, torch.device("cpu"))
+    stale.source.load_state_dict(built.source.state_dict())
+    return stale
+
+
+def test_quick_run_writes_json_table_and_plot(tmp_path):
+    argv = ["--policies", "dqn", "--batch-sizes", "1", "8", "--modes", "default", *TINY, "--out", str(tmp_path)]
+    assert inference.main(argv) == 0
+    (json_path,), (md_path,), (png_path,) = (sorted(tmp_path.glob(f"*.{ext}")) for ext in ("json", "md", "png"))
+    result = json.loads(json_path.read_text())
+    rows = result["rows"]
+    assert [(r["batch"], r["variant"]) for r in rows] == [(1, "eager"), (1, "compile:default"), (8, "eager"), (8, "compile:default")]
+    for r in rows:
+        assert r["check_equal"]["ok"] and r["check_after_update"]["ok"] and r["check_after_update"]["changed"]
+        assert r["calls"] >= 6 and r["p10_us"] <= r["median_us"] <= r["p90_us"]
+        assert r["samples_per_s"] == pytest.approx(r["calls_per_s"] * r["batch"])
+        assert r["threads"] == 1  # the DQN twin's single intra-op thread on a CPU
+    assert [r["speedup_pct"] for r in rows if r["variant"] == "eager"] == [0.0, 0.0]
+    assert result["rows"][1]["setup_s"] > 0 and result["settings"]["modes"] == ["default"]
+    assert {s["reason"] for s in result["skipped"]} == {"cudagraphs needs a CUDA device", "compile+cudagraphs needs a CUDA device"}
+    table = md_path.read_text()
+    assert "| policy | batch | variant | median µs |" in table and "| dqn | 8 | compile:default |" in table
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_compiled_policy_follows_weights_and_stale_copy_fails(name):
+    spec = SPECS[name]
+    script, built = built_policy(spec)
+    stale = stale_copy(spec, script, built)
+    variants = [
+        inference.Variant("eager", built.act, 1),
+        inference.Variant("compiled", torch.compile(built.act, backend="aot_eager"), 2),
+        inference.Variant("stale", stale.act, 1),
+        inference.Variant("stale compiled", torch.compile(stale.act, backend="aot_eager"), 2),
+    ]
+    obs = spec.observe(2, torch.device("cpu"), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for variant in variants:
+            inference.warm_up(variant, obs, cuda=False)
+        before = inference.check_equal(spec, variants, obs, rtol=1e-3, atol=1e-4)
+        after = inference.check_after_update(spec, built.source, variants, obs, before, rtol=1e-3, atol=1e-4)
+    assert all(check["ok"] for check in before.values())  # equal weights: every variant agrees with eager
+    assert after["eager"]["changed"] and after["compiled"]["ok"]
+    for stale_name in ("stale", "stale compiled"):
+        assert not after[stale_name]["ok"], f"{name}: a policy acting on a copy of the weights passed the check"
+        assert not after[stale_name]["changed"]
+
+
+def test_benchmark_exits_1_and_marks_stale_when_the_update_does_not_reach_the_policy(tmp_path, monkeypatch):
+    monkeypatch.setitem(SPECS, "dqn", dataclasses.replace(SPECS["dqn"], perturb=lambda source: None))
+    argv = ["--policies", "dqn", "--batch-sizes", "2", "--modes", "default", "--backend", "aot_eager", *TINY]
+    assert inference.main([*argv, "--out", str(tmp_path)]) == 1
+    rows = json.loads(next(tmp_path.glob("*.json")).read_text())["rows"]
+    assert [r["check_after_update"]["changed"] for r in rows] == [False, False]
+    assert "| STALE |" in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_difference_uses_the_stated_tolerances():
+    ref = {"value": torch.tensor([1.0, -2.0]), "action": torch.arange(200)}
+    close = {"value": ref["value"] + torch.tensor([1e-4 + 0.9e-3, 0.0]), "action": ref["action"].clone()}
+    assert inference.difference(close, ref, rtol=1e-3, atol=1e-4) == (True, pytest.approx(1e-3, rel=1e-3))
+    far = {"value": ref["value"] + 3e-3, "action": ref["action"].clone()}
+    assert not inference.difference(far, ref, rtol=1e-3, atol=1e-4)[0]
+    flipped = {"value": ref["value"], "action": ref["action"].clone()}
+    flipped["action"][:2] += 1  # 1% of the integer actions may differ (argmax near-ties), 1.5% may not
+    assert inference.difference(flipped, ref, rtol=1e-3, atol=1e-4) == (True, 0.01)
+    flipped["action"][2] += 1
+    assert inference.difference(flipped, ref, rtol=1e-3, atol=1e-4) == (False, 0.015)
+
+
+def test_latency_statistics_and_speedup():
+    stats = inference.latency_stats([i * 1e-6 for i in range(1, 12)], batch=8)  # 1..11 µs
+    assert stats["median_us"] == pytest.approx(6.0) and stats["p10_us"] == pytest.approx(2.0)
+    assert stats["p90_us"] == pytest.approx(10.0) and stats["calls"] == 11
+    assert stats["calls_per_s"] == pytest.approx(11 / 66e-6) and stats["samples_per_s"] == pytest.approx(8 * 11 / 66e-6)
+    assert inference.speedup_pct(100.0, 50.0) == pytest.approx(100.0)
+    assert inference.speedup_pct(100.0, 200.0) == pytest.approx(-50.0)
+    assert inference.calls_per_block(1e-3, 0.04) == 40 and inference.calls_per_block(1.0, 0.04) == 3
+
+
+def test_rounds_alternate_and_rotate():
+    order = []
+    variants = [inference.Variant(name, lambda obs, name=name: order.append(name), 1) for name in "abc"]
+    latencies = inference.timed_rounds(variants, None, rounds=3, calls=2, cuda=False, offset=1)
+    assert order == list("bbccaa" "ccaabb" "aabbcc")
+    assert {name: len(times) for name, times in latencies.items()} == {"a": 6, "b": 6, "c": 6}
+
+
+def test_missing_script_is_skipped_with_a_note(tmp_path):
+    (tmp_path / "dqn_torchcompile.py").write_text("")
+    ready, skipped = inference.available(["dqn", "sac"], tmp_path)
+    assert [spec.name for spec in ready] == ["dqn"]
+    assert skipped == [{"policy": "sac", "reason": f"{tmp_path / 'sac_continuous_action_torchcompile.py'} does not exist"}]
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [(["--batch-sizes", "0"], "--batch-sizes"), (["--policies", "ppo"], "--policies"), (["--rounds", "1"], "--rounds"),
+     (["--modes", "fast"], "--modes"), (["--block-ms", "-1"], "--block-ms")],
+)
+def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        inference.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err.splitlines()[-1]
