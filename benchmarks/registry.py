@@ -60,5 +60,16 @@ ALGOS = (
                "--measure-burnin", "50"),
         full=("--total-timesteps", "30000", "--learning-starts", "5000"),
     ),
-    Algo("ppo_continuous_action", "ppo_continuous_action", quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "20480", "--measure-burnin", "2"), full=("--total-timesteps", "204800")),
+    Algo(
+        "ppo_continuous_action",
+        "ppo_continuous_action",
+        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "20480", "--measure-burnin", "2"),
+        full=("--total-timesteps", "204800"),
+    ),
+    Algo(
+        "ppo_atari_envpool",
+        "ppo_atari_envpool",
+        quick=("--env-id", "Breakout-v5", "--total-timesteps", "20480", "--measure-burnin", "3"),
+        full=("--total-timesteps", "204800"),
+    ),
 )

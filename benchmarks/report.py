@@ -1,12 +1,14 @@
-"""Turn the runs' SUMMARY objects into a table (median sps, spread, ratio to eager) and write the results."""
+"""Turn the runs' SUMMARY objects into a table (median sps, spread, ratio to eager, the env-only limit) and write
+the results."""
 
 import json
 import statistics
 
 
-def rows(runs):
-    """One row per (algorithm, variant), in the order the runs came, with sps statistics and the ratio of each
-    variant's median sps to the median of its algorithm's eager variant."""
+def rows(runs, env_limits):
+    """One row per (algorithm, variant), in the order the runs came, with sps statistics, the ratio of each
+    variant's median sps to the median of its algorithm's eager variant, and the algorithm's env-only sps (from
+    `env_limits`, by algorithm; None where it has none)."""
     groups = {}
     for run in runs:
         groups.setdefault((run["algo"], run["variant"]), []).append(run["summary"])
@@ -14,6 +16,7 @@ def rows(runs):
     eager = {r["algo"]: r["sps_median"] for r in table if r["variant"] == "eager"}
     for r in table:
         r["vs_eager"] = r["sps_median"] / eager[r["algo"]] if r["algo"] in eager else None
+        r["env_only_sps"] = env_limits[r["algo"]]["sps"] if r["algo"] in env_limits else None
     return table
 
 
@@ -38,21 +41,28 @@ def machine_line(machine):
     return f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}"
 
 
+def optional(value, spec, suffix=""):
+    """`value` formatted with `spec` and `suffix`, or "n/a" for None."""
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
 def markdown(table, machine, settings):
-    """The table in markdown, headed by the machine and the settings (budget, repeats, time) of the benchmark."""
+    """The table in markdown, headed by the machine and the settings (budget, repeats, seeds, time) of the
+    benchmark."""
+    seeds = " ".join(map(str, settings["seeds"]))
     lines = [
         machine_line(machine),
-        f"Budget: {settings['budget']}, {settings['repeats']} repeats per variant, started {settings['started']}",
+        f"Budget: {settings['budget']}, {settings['repeats']} repeats per variant (seeds {seeds}), "
+        f"started {settings['started']}",
         "",
-        "| algo | variant | sps median | sps min-max | vs eager | return mean | runs |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in table:
-        ratio = f"{r['vs_eager']:.2f}x" if r["vs_eager"] is not None else "n/a"
-        ret = f"{r['return_mean']:.1f}" if r["return_mean"] is not None else "n/a"
         lines.append(
             f"| {r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} "
-            f"| {ratio} | {ret} | {r['runs']} |"
+            f"| {optional(r['vs_eager'], '.2f', 'x')} | {optional(r['env_only_sps'], '.0f')} "
+            f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
         )
     return "\n".join(lines) + "\n"
 

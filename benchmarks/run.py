@@ -1,12 +1,16 @@
 """Benchmark the twins side by side: each algorithm's variants run in turn (A B C A B C ...), `--repeats` times.
 
-    python -m benchmarks.run --algos sac --repeats 3 --quick     # minutes on a CPU
+    python -m benchmarks.run --quick                             # every algorithm, seeds 1 2: ~10 min on 2 CPU cores
+    python -m benchmarks.run --algos sac --repeats 3 --quick     # one algorithm, seeds 1 2 3
     python -m benchmarks.run --repeats 5                         # every registered algorithm, full budget
 
-Each run is `python leanrl/<script>.py <flags>` in a fresh interpreter; the harness reads only its
-`SUMMARY {...}` line. The table goes to stdout and, with every run's summary and the machine, to
-`benchmarks/results/<timestamp>.{md,json}`. Variants that need CUDA run only where there is a CUDA device.
-A failed run stops the benchmark with exit status 1.
+Each run is `python leanrl/<script>.py <budget flags> --seed <seed> <variant flags>` in a fresh interpreter; the
+harness reads only its `SUMMARY {...}` line. Round r (every variant once) runs with seed `seeds[r % len(seeds)]`, so the variants
+compare on the same seeds. Before its runs, each algorithm's environment alone is timed with random actions
+(`benchmarks.env_limit`, its `ENV_ONLY` line): the limit its scripts could reach. The table goes to stdout and,
+with every run's summary and the machine, to `benchmarks/results/<timestamp>.{md,json}`, next to PNG plots of
+sps and of the return curves. Variants that need CUDA run only where there is a CUDA device. A failed run
+stops the benchmark with exit status 1.
 """
 
 import argparse
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import report
+from benchmarks import plots, report
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS, VARIANTS
 
@@ -54,65 +58,110 @@ def runnable(algos, scripts_dir):
     return ready
 
 
-def plan(algos, repeats, cuda, variants=VARIANTS):
-    """The runs in execution order as (algo, variant, repeat): per algorithm, every variant in turn, `repeats`
-    times, so that drift on a noisy machine hits all variants alike. Variants needing CUDA only if `cuda`."""
+def round_seeds(repeats, seeds):
+    """The seed of each of `repeats` rounds: `seeds` cycled, round r gets `seeds[r % len(seeds)]`."""
+    return [seeds[repeat % len(seeds)] for repeat in range(repeats)]
+
+
+def plan(algos, seeds, cuda, variants=VARIANTS):
+    """The runs in execution order as (algo, variant, repeat, seed): per algorithm, one round of every variant in
+    turn per entry of `seeds`, so that drift on a noisy machine hits all variants alike and all variants run the
+    same seeds. Variants needing CUDA only if `cuda`."""
     usable = [variant for variant in variants if cuda or not variant.needs_cuda]
-    return [(algo, variant, repeat) for algo in algos for repeat in range(repeats) for variant in usable]
+    return [(algo, variant, repeat, seed) for algo in algos for repeat, seed in enumerate(seeds) for variant in usable]
 
 
-def command(algo, variant, scripts_dir, quick):
-    """The command line of one run: the variant's script, the budget's flags, then the variant's own flags."""
+def budget_flags(algo, quick, seed):
+    """The flags every run of `algo` shares under a budget: the budget's, then the seed."""
+    return [*(algo.quick if quick else algo.full), "--seed", str(seed)]
+
+
+def command(algo, variant, scripts_dir, quick, seed):
+    """The command line of one run: the variant's script, the budget's flags and seed, then the variant's flags."""
     stem = algo.twin if variant.twin else algo.eager
-    budget = algo.quick if quick else algo.full
-    flags = [*budget, *variant.flags, *algo.variant_flags.get(variant.name, ())]
+    flags = [*budget_flags(algo, quick, seed), *variant.flags, *algo.variant_flags.get(variant.name, ())]
     return [sys.executable, str(scripts_dir / f"{stem}.py"), *flags]
 
 
+def env_limit_command(algo, scripts_dir, quick, seed, seconds):
+    """The command line that times `algo`'s environment alone, as its eager script builds it under the budget."""
+    script = scripts_dir / f"{algo.eager}.py"
+    return [sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(seconds), str(script),
+            *budget_flags(algo, quick, seed)]
+
+
 def failure(cmd, reason, stderr=""):
-    """A BenchmarkError whose first line names the script, its flags and `reason`, followed by `stderr`'s tail."""
+    """A BenchmarkError whose first line is the command (scripts by file name) and `reason`, followed by
+    `stderr`'s tail."""
+    words = [Path(word).name if word.endswith(".py") else word for word in cmd[1:]]
     tail = stderr.strip().splitlines()[-STDERR_TAIL_LINES:]
-    line = f"{shlex.join([Path(cmd[1]).name, *cmd[2:]])} {reason}"
-    return BenchmarkError("\n".join([line, *tail]))
+    return BenchmarkError("\n".join([f"{shlex.join(words)} {reason}", *tail]))
+
+
+def result_line(cmd, proc, prefix):
+    """The JSON object of the one `<prefix> ` line of a finished process `proc`; a BenchmarkError if there is
+    none, more than one, or one that is not a JSON object."""
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{prefix} ")]
+    if len(lines) != 1:
+        raise failure(cmd, f"exited with status 0 but printed {len(lines)} {prefix} lines, expected 1", proc.stderr)
+    try:
+        result = json.loads(lines[0][len(prefix) + 1 :])
+    except json.JSONDecodeError as error:
+        raise failure(cmd, f"printed a {prefix} line that is not JSON ({error})", proc.stderr) from None
+    if not isinstance(result, dict):
+        raise failure(cmd, f"printed a {prefix} line that is not a JSON object")
+    return result
 
 
 def parse_summary(cmd, proc):
-    """The JSON object of the one `SUMMARY ` line of a finished run `proc`; a BenchmarkError if there is none,
-    more than one, or one without a numeric sps."""
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
-    if len(lines) != 1:
-        raise failure(cmd, f"exited with status 0 but printed {len(lines)} SUMMARY lines, expected 1", proc.stderr)
-    try:
-        summary = json.loads(lines[0][len("SUMMARY ") :])
-    except json.JSONDecodeError as error:
-        raise failure(cmd, f"printed a SUMMARY line that is not JSON ({error})", proc.stderr) from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("sps"), (int, float)):
+    """The SUMMARY object of a finished run `proc`; a BenchmarkError unless there is exactly one, with a numeric
+    sps and a `curve` list."""
+    summary = result_line(cmd, proc, "SUMMARY")
+    if not isinstance(summary.get("sps"), (int, float)):
         raise failure(cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)")
+    if not isinstance(summary.get("curve"), list):
+        raise failure(cmd, "printed a SUMMARY without a curve list (CONTRIBUTING.md: What a run prints)")
     return summary
 
 
-def run_one(cmd, timeout):
-    """Run `cmd` in a fresh interpreter and return its SUMMARY object; a BenchmarkError if it fails."""
+def execute(cmd, timeout):
+    """Run `cmd` in a fresh interpreter from the repository root; the finished process, or a BenchmarkError if
+    it times out or exits with a non-zero status."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         raise failure(cmd, f"ran past the {timeout} s timeout") from None
     if proc.returncode != 0:
         raise failure(cmd, f"exited with status {proc.returncode}", proc.stderr)
-    return parse_summary(cmd, proc)
+    return proc
 
 
-def benchmark(algos, scripts_dir, repeats, quick, cuda, timeout=None):
-    """Run the plan for `algos` with scripts from `scripts_dir`; returns one record per run, in order."""
-    order = plan(algos, repeats, cuda)
+def run_one(cmd, timeout):
+    """Run `cmd` and return its SUMMARY object; a BenchmarkError if it fails."""
+    return parse_summary(cmd, execute(cmd, timeout))
+
+
+def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
+    """Each algorithm's env-only throughput (the `ENV_ONLY` object of `benchmarks.env_limit`), by name."""
+    limits = {}
+    for algo in algos:
+        cmd = env_limit_command(algo, scripts_dir, quick, seed, seconds)
+        limits[algo.name] = result_line(cmd, execute(cmd, timeout), "ENV_ONLY")
+        note(f"{algo.name} env only: {limits[algo.name]['sps']:.0f} sps")
+    return limits
+
+
+def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
+    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`; returns one record
+    per run, in order."""
+    order = plan(algos, seeds, cuda)
     runs = []
-    for index, (algo, variant, repeat) in enumerate(order, 1):
-        cmd = command(algo, variant, scripts_dir, quick)
+    for index, (algo, variant, repeat, seed) in enumerate(order, 1):
+        cmd = command(algo, variant, scripts_dir, quick, seed)
         summary = run_one(cmd, timeout)
-        note(f"[{index}/{len(order)}] {algo.name} {variant.name}: {summary['sps']:.0f} sps")
-        runs.append(
-            {"algo": algo.name, "variant": variant.name, "repeat": repeat, "flags": cmd[2:], "summary": summary}
-        )
+        note(f"[{index}/{len(order)}] {algo.name} {variant.name} seed {seed}: {summary['sps']:.0f} sps")
+        runs.append({"algo": algo.name, "variant": variant.name, "repeat": repeat, "seed": seed, "flags": cmd[2:],
+                     "summary": summary})
     return runs
 
 
@@ -121,7 +170,10 @@ def parse_args(argv):
     names = [algo.name for algo in ALGOS]
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
+                        help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]")
+    parser.add_argument("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
     parser.add_argument("--quick", action="store_true", help="the small budget of each algorithm (default: full)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     parser.add_argument("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
@@ -140,19 +192,23 @@ def main(argv=None):
         note("benchmark stopped: no algorithm has both scripts on disk")
         return 1
     started = datetime.now()
+    seeds = round_seeds(args.repeats, args.seeds)
     try:
-        runs = benchmark(algos, args.scripts_dir, args.repeats, args.quick, torch.cuda.is_available(), args.timeout)
+        limits = env_limits(algos, args.scripts_dir, args.quick, seeds[0], args.env_seconds, args.timeout)
+        runs = benchmark(algos, args.scripts_dir, seeds, args.quick, torch.cuda.is_available(), args.timeout)
     except BenchmarkError as error:
         note(f"benchmark stopped: {error}")
         return 1
     machine = machine_info()
-    settings = {"budget": "quick" if args.quick else "full", "repeats": args.repeats, "started": started.isoformat()}
-    table = report.rows(runs)
+    settings = {"budget": "quick" if args.quick else "full", "repeats": args.repeats, "seeds": seeds,
+                "started": started.isoformat()}
+    table = report.rows(runs, limits)
     table_md = report.markdown(table, machine, settings)
-    document = {"settings": settings, "machine": machine, "table": table, "runs": runs}
-    paths = report.write(args.out_dir, started.strftime("%Y%m%d-%H%M%S"), document, table_md)
+    document = {"settings": settings, "machine": machine, "env_limits": limits, "table": table, "runs": runs}
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    paths = [*report.write(args.out_dir, stamp, document, table_md), *plots.write(args.out_dir, stamp, table, runs)]
     print(table_md, end="")
-    note(f"wrote {paths[0]} and {paths[1]}")
+    note("wrote " + ", ".join(str(path) for path in paths))
     return 0
 
 

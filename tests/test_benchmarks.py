@@ -1,43 +1,101 @@
-"""The benchmark harness, driven by tiny fake scripts in tmp_path: no real training, a few seconds in all."""
+"""The benchmark harness, driven by tiny fake scripts in tmp_path: no real training, a few seconds in all; the
+env-only limit also on each real script's env, for a fraction of a second."""
 
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
-from conftest import ROOT, script_env
+from conftest import ROOT, SCRIPTS, load_script, script_env
+from gymnasium.spaces import Discrete
 
-from benchmarks import report, run
+from benchmarks import env_limit, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
 
-# A fake training script: logs its call to calls.txt beside it, then prints a SUMMARY with the (sps, return_mean)
-# that SCHEDULE lists for its variant flags, taking the next entry each time it is called with the same flags.
+# A fake training script, importable like a real one (Args, make_envs, main under a guard). Run, it logs its call to
+# calls.txt beside it, then prints a SUMMARY with the (sps, return_mean) that SCHEDULE lists for its variant flags,
+# taking the next entry each time that script runs with those flags, and a curve of 3 episodes averaging return_mean.
 FAKE_SCRIPT = """
-import json, sys
+import dataclasses, json, sys
 from pathlib import Path
 
+import numpy as np
+
 SCHEDULE = {schedule!r}
-flags = " ".join(a for a in sys.argv[1:] if a in ("--compile", "--cudagraphs"))
-call = " ".join([Path(__file__).stem, *sys.argv[1:]])
-log = Path(__file__).with_name("calls.txt")
-calls = log.read_text().splitlines() if log.exists() else []
-log.write_text("".join(line + "\\n" for line in [*calls, call]))
-sps, return_mean = SCHEDULE[flags][calls.count(call)]
-print("step 1 of 1")
-summary = dict(script=Path(__file__).stem, env_id="Fake-v0", seed=1, device="cpu", compile="--compile" in sys.argv,
-               cudagraphs="--cudagraphs" in sys.argv, num_envs=1, total_timesteps=100, sps=sps, sps_wall=sps / 2,
-               episodes=3, return_mean=return_mean, wall_s=0.1, torch_version="fake")
-print("SUMMARY " + json.dumps(summary))
+
+
+@dataclasses.dataclass
+class Args:  # FAKE's budget flag and SAC's quick budget flags
+    budget: str = "full"
+    seed: int = 1
+    env_id: str = "Fake-v0"
+    num_envs: int = 2
+    total_timesteps: int = 300
+    learning_starts: int = 0
+    measure_burnin: int = 0
+
+
+class Space:
+    def seed(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def sample(self):
+        return self.rng.uniform(-1.0, 1.0, (1,))
+
+
+class Envs:
+    def __init__(self, env_id, num_envs):
+        self.env_id, self.num_envs, self.single_action_space, self.actions = env_id, num_envs, Space(), []
+
+    def reset(self):
+        return np.zeros((self.num_envs, 1)), dict()
+
+    def step(self, actions):
+        self.actions.append(actions)
+
+    def close(self):
+        self.closed = True
+
+
+def make_envs(env_id, num_envs):
+    return Envs(env_id, num_envs)
+
+
+def variant(words):
+    return " ".join(word for word in words if word in ("--compile", "--cudagraphs"))
+
+
+def main():
+    stem, argv = Path(__file__).stem, sys.argv[1:]
+    log = Path(__file__).with_name("calls.txt")
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.write_text("".join(line + "\\n" for line in [*calls, " ".join([stem, *argv])]))
+    earlier = [call for call in calls if call.split()[0] == stem and variant(call.split()) == variant(argv)]
+    sps, return_mean = SCHEDULE[variant(argv)][len(earlier)]
+    curve = [] if return_mean is None else [[100 * k, k / 10, return_mean + k - 2] for k in (1, 2, 3)]
+    print("step 1 of 1")
+    summary = dict(script=stem, env_id="Fake-v0", seed=int(argv[argv.index("--seed") + 1]), device="cpu",
+                   compile="--compile" in argv, cudagraphs="--cudagraphs" in argv, num_envs=2, total_timesteps=300,
+                   sps=sps, sps_wall=sps / 2, episodes=len(curve), return_mean=return_mean, wall_s=0.4,
+                   torch_version="fake", curve=curve)
+    print("SUMMARY " + json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
 """
 FAILING_SCRIPT = "import sys\nprint('boom: bad flag', file=sys.stderr)\nsys.exit(1)\n"
 SILENT_SCRIPT = "print('trained, but forgot the summary')\n"
+NO_CURVE_SCRIPT = 'import json\nprint("SUMMARY " + json.dumps(dict(sps=1.0, episodes=0)))\n'
 
 EAGER = {"": [(100, -10.0), (120, -20.0), (90, None)]}
 TWIN = {"": [(150, 1.0), (200, 2.0), (250, 3.0)], "--compile": [(300, None), (500, None), (400, None)]}
+ENV_SECONDS = "0.05"
 
 
 def write_scripts(directory, algo, eager_source, twin_source):
@@ -47,75 +105,122 @@ def write_scripts(directory, algo, eager_source, twin_source):
     return directory
 
 
+def fake_scripts(directory, algo=FAKE, twin_source=FAKE_SCRIPT.format(schedule=TWIN)):
+    """`algo`'s scripts in `directory`: the fake eager script on the EAGER schedule and `twin_source`."""
+    return write_scripts(directory, algo, FAKE_SCRIPT.format(schedule=EAGER), twin_source)
+
+
 def calls(directory):
     """The calls (script stem and flags) that the fake scripts in `directory` logged, in order."""
     return (directory / "calls.txt").read_text().splitlines()
 
 
+def main_args(scripts, out, *extra):
+    """`benchmarks.run` arguments for SAC's quick budget with the scripts in `scripts`, results into `out`."""
+    return ["--algos", "sac", "--quick", "--env-seconds", ENV_SECONDS, "--scripts-dir", str(scripts),
+            "--out-dir", str(out), *extra]
+
+
+def table_row(algo, variant, sps_median, sps_min, sps_max, return_mean, env_only_sps, vs_eager):
+    """A row of `report.rows`, from its values."""
+    return {"algo": algo, "variant": variant, "runs": 2, "sps_median": sps_median, "sps_min": sps_min,
+            "sps_max": sps_max, "return_mean": return_mean, "vs_eager": vs_eager, "env_only_sps": env_only_sps}
+
+
+def curve_run(algo, variant, curve):
+    """A run record whose SUMMARY holds `curve`."""
+    return {"algo": algo, "variant": variant, "summary": {"curve": curve}}
+
+
 @pytest.mark.parametrize("cuda", [False, True])
-def test_plan_alternates_variants_and_runs_cuda_variants_only_with_cuda(cuda):
+def test_plan_alternates_variants_with_one_seed_per_round_and_cuda_variants_only_with_cuda(cuda):
     other = Algo("other", "other", quick=(), full=())
-    order = [(algo.name, variant.name, repeat) for algo, variant, repeat in run.plan([FAKE, other], 2, cuda)]
+    order = [(algo.name, variant.name, repeat, seed) for algo, variant, repeat, seed in
+             run.plan([FAKE, other], [7, 8], cuda)]
     variants = [v.name for v in VARIANTS if cuda or not v.needs_cuda]
-    expected = [(name, v, r) for name in ("fake", "other") for r in range(2) for v in variants]
+    expected = [(name, v, r, seed) for name in ("fake", "other") for r, seed in enumerate([7, 8]) for v in variants]
     assert order == expected
     assert ("cudagraphs" in variants) == cuda and ("compile+cudagraphs" in variants) == cuda
 
 
-def test_command_adds_budget_then_variant_flags(tmp_path):
+def test_round_seeds_cycle_through_the_seeds():
+    assert run.round_seeds(2, [1, 2, 3]) == [1, 2]
+    assert run.round_seeds(5, [7, 8]) == [7, 8, 7, 8, 7]
+
+
+def test_command_adds_budget_seed_then_variant_flags(tmp_path):
     algo = Algo("fake", "fake", quick=("--q",), full=("--f",), variant_flags={"compile": ("--threads", "1")})
     compile_variant = next(v for v in VARIANTS if v.name == "compile")
-    cmd = run.command(algo, compile_variant, tmp_path, quick=True)
-    assert cmd == [sys.executable, str(tmp_path / "fake_torchcompile.py"), "--q", "--compile", "--threads", "1"]
+    cmd = run.command(algo, compile_variant, tmp_path, quick=True, seed=5)
+    assert cmd == [sys.executable, str(tmp_path / "fake_torchcompile.py"), "--q", "--seed", "5", "--compile",
+                   "--threads", "1"]
     eager_variant = next(v for v in VARIANTS if v.name == "eager")
-    assert run.command(algo, eager_variant, tmp_path, quick=False)[1:] == [str(tmp_path / "fake.py"), "--f"]
+    assert run.command(algo, eager_variant, tmp_path, quick=False, seed=1)[1:] == [str(tmp_path / "fake.py"), "--f",
+                                                                                    "--seed", "1"]
+    assert run.env_limit_command(algo, tmp_path, quick=True, seed=5, seconds=2.0)[1:] == [
+        "-m", "benchmarks.env_limit", "--seconds", "2.0", str(tmp_path / "fake.py"), "--q", "--seed", "5"
+    ]
 
 
-def test_rows_medians_spread_ratios_and_returns():
+def test_rows_medians_spread_ratios_returns_and_env_limits():
     def record(variant, sps, return_mean):
         return {"algo": "fake", "variant": variant, "summary": {"sps": sps, "return_mean": return_mean}}
 
     runs = [record("eager", 100, 1.0), record("compile", 300, None), record("eager", 200, 3.0),
             record("compile", 600, None)]
-    assert report.rows(runs) == [
-        {"algo": "fake", "variant": "eager", "runs": 2, "sps_median": 150, "sps_min": 100, "sps_max": 200,
-         "return_mean": 2.0, "vs_eager": 1.0},
-        {"algo": "fake", "variant": "compile", "runs": 2, "sps_median": 450, "sps_min": 300, "sps_max": 600,
-         "return_mean": None, "vs_eager": 3.0},
+    assert report.rows(runs, {"fake": {"sps": 900.0}}) == [
+        table_row("fake", "eager", 150, 100, 200, 2.0, 900.0, 1.0),
+        table_row("fake", "compile", 450, 300, 600, None, 900.0, 3.0),
     ]
+    assert [r["env_only_sps"] for r in report.rows(runs, {})] == [None, None]
 
 
-def test_main_runs_alternately_prints_the_table_and_writes_the_results(tmp_path, monkeypatch, capsys):
+def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_and_plots(tmp_path, monkeypatch,
+                                                                                         capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    scripts = write_scripts(tmp_path, SAC, FAKE_SCRIPT.format(schedule=EAGER), FAKE_SCRIPT.format(schedule=TWIN))
+    scripts = fake_scripts(tmp_path, SAC)
     out = tmp_path / "results"
-    status = run.main(["--algos", "sac", "--repeats", "3", "--quick", "--scripts-dir", str(scripts),
-                       "--out-dir", str(out)])
-    assert status == 0
+    assert run.main(main_args(scripts, out, "--repeats", "3", "--seeds", "7", "8")) == 0
 
     budget = " ".join(SAC.quick)
-    one_round = [f"{SAC.eager} {budget}", f"{SAC.twin} {budget}", f"{SAC.twin} {budget} --compile"]
-    assert calls(scripts) == one_round * 3
-
-    table = capsys.readouterr().out
-    assert "| sac | eager | 100 | 90-120 | 1.00x | -15.0 | 3 |" in table
-    assert "| sac | torchcompile | 200 | 150-250 | 2.00x | 2.0 | 3 |" in table
-    assert "| sac | compile | 400 | 300-500 | 4.00x | n/a | 3 |" in table
-    assert "cudagraphs" not in table.split("| algo |")[1]
+    assert calls(scripts) == [
+        call for seed in (7, 8, 7)
+        for call in (f"{SAC.eager} {budget} --seed {seed}", f"{SAC.twin} {budget} --seed {seed}",
+                     f"{SAC.twin} {budget} --seed {seed} --compile")
+    ]
 
     (json_path,) = out.glob("*.json")
-    assert json_path.with_suffix(".md").read_text() == table
     document = json.loads(json_path.read_text())
+    limit = document["env_limits"]["sac"]
+    assert (limit["env_id"], limit["num_envs"]) == ("HalfCheetah-v4", 2)
+    assert limit["env_steps"] % 2 == 0 and limit["sps"] == pytest.approx(limit["env_steps"] / limit["seconds"])
+
+    table = capsys.readouterr().out
+    assert "Budget: quick, 3 repeats per variant (seeds 7 8 7)" in table
+    assert f"| sac | eager | 100 | 90-120 | 1.00x | {limit['sps']:.0f} | -15.0 | 3 |" in table
+    assert f"| sac | torchcompile | 200 | 150-250 | 2.00x | {limit['sps']:.0f} | 2.0 | 3 |" in table
+    assert f"| sac | compile | 400 | 300-500 | 4.00x | {limit['sps']:.0f} | n/a | 3 |" in table
+    assert "cudagraphs" not in table.split("| algo |")[1]
+
+    stamp = json_path.stem
+    assert sorted(path.name for path in out.iterdir()) == sorted(
+        [f"{stamp}.json", f"{stamp}.md", f"{stamp}-sps.png", f"{stamp}-sac-returns.png"]
+    )
+    assert json_path.with_suffix(".md").read_text() == table
     assert [r["variant"] for r in document["runs"]] == ["eager", "torchcompile", "compile"] * 3
+    assert [r["seed"] for r in document["runs"]] == [7, 7, 7, 8, 8, 8, 7, 7, 7]
+    assert [r["summary"]["seed"] for r in document["runs"]] == [7, 7, 7, 8, 8, 8, 7, 7, 7]
     assert [r["summary"]["sps"] for r in document["runs"]] == [100, 150, 300, 120, 200, 500, 90, 250, 400]
-    assert document["runs"][2]["flags"] == [*SAC.quick, "--compile"]
+    assert document["runs"][0]["summary"]["curve"] == [[100, 0.1, -11.0], [200, 0.2, -10.0], [300, 0.3, -9.0]]
+    assert document["runs"][2]["flags"] == [*SAC.quick, "--seed", "7", "--compile"]
     assert document["runs"][0]["summary"]["script"] == SAC.eager
-    assert document["settings"]["budget"] == "quick" and document["settings"]["repeats"] == 3
+    assert document["settings"] | {"started": None} == {"budget": "quick", "repeats": 3, "seeds": [7, 8, 7],
+                                                        "started": None}
     machine = document["machine"]
     assert machine["cores"] >= 1 and machine["gpu"] is None
     assert machine["versions"]["torch"] and machine["versions"]["gymnasium"] and machine["versions"]["tensordict"]
-    assert [(r["variant"], r["sps_median"], r["vs_eager"]) for r in document["table"]] == [
-        ("eager", 100, 1.0), ("torchcompile", 200, 2.0), ("compile", 400, 4.0)
+    assert [(r["variant"], r["sps_median"], r["vs_eager"], r["env_only_sps"]) for r in document["table"]] == [
+        ("eager", 100, 1.0, limit["sps"]), ("torchcompile", 200, 2.0, limit["sps"]), ("compile", 400, 4.0, limit["sps"])
     ]
 
 
@@ -124,35 +229,119 @@ def test_main_runs_alternately_prints_the_table_and_writes_the_results(tmp_path,
     [
         (FAILING_SCRIPT, "exited with status 1", "boom: bad flag"),
         (SILENT_SCRIPT, "exited with status 0 but printed 0 SUMMARY lines, expected 1", None),
+        (NO_CURVE_SCRIPT, "printed a SUMMARY without a curve list (CONTRIBUTING.md: What a run prints)", None),
     ],
+    ids=["exit-1", "no-summary", "no-curve"],
 )
 def test_a_failed_run_stops_with_one_line_naming_script_flags_and_status(tmp_path, twin_source, reason, stderr_tail):
-    scripts = write_scripts(tmp_path, FAKE, FAKE_SCRIPT.format(schedule=EAGER), twin_source)
+    scripts = fake_scripts(tmp_path, twin_source=twin_source)
     with pytest.raises(run.BenchmarkError) as error:
-        run.benchmark([FAKE], scripts, repeats=2, quick=True, cuda=False)
+        run.benchmark([FAKE], scripts, seeds=[1, 2], quick=True, cuda=False)
     lines = str(error.value).splitlines()
-    assert lines[0] == f"fake_torchcompile.py --budget quick {reason}"
+    assert lines[0] == f"fake_torchcompile.py --budget quick --seed 1 {reason}"
     assert lines[1:] == ([stderr_tail] if stderr_tail else [])
-    assert calls(scripts) == ["fake --budget quick"]
+    assert calls(scripts) == ["fake --budget quick --seed 1"]
+
+
+def test_an_env_that_cannot_be_built_stops_with_the_env_limit_command_and_its_error(tmp_path):
+    scripts = write_scripts(tmp_path, FAKE, SILENT_SCRIPT, SILENT_SCRIPT)
+    with pytest.raises(run.BenchmarkError) as error:
+        run.env_limits([FAKE], scripts, quick=True, seed=3, seconds=0.01)
+    lines = str(error.value).splitlines()
+    assert lines[0] == "-m benchmarks.env_limit --seconds 0.01 fake.py --budget quick --seed 3 exited with status 1"
+    assert lines[-1] == "AttributeError: module 'leanrl_fake' has no attribute 'Args'"
 
 
 def test_command_line_failure_exits_1_and_writes_nothing(tmp_path):
-    scripts = write_scripts(tmp_path, SAC, FAKE_SCRIPT.format(schedule=EAGER), FAILING_SCRIPT)
+    scripts = fake_scripts(tmp_path, SAC, twin_source=FAILING_SCRIPT)
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "benchmarks.run", "--algos", "sac", "--repeats", "1", "--quick",
-           "--scripts-dir", str(scripts), "--out-dir", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.run", *main_args(scripts, out, "--repeats", "1")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120)
     assert proc.returncode == 1
     stopped = [line for line in proc.stderr.splitlines() if line.startswith("benchmark stopped: ")]
-    assert stopped == [f"benchmark stopped: {SAC.twin}.py {' '.join(SAC.quick)} exited with status 1"]
+    assert stopped == [f"benchmark stopped: {SAC.twin}.py {' '.join(SAC.quick)} --seed 1 exited with status 1"]
     assert "boom: bad flag" in proc.stderr
     assert proc.stdout == "" and not out.exists()
 
 
 def test_algorithms_with_missing_scripts_are_skipped_with_a_note(tmp_path, capsys):
     (tmp_path / f"{SAC.eager}.py").write_text(FAKE_SCRIPT.format(schedule=EAGER))
-    assert run.main(["--algos", "sac", "--quick", "--scripts-dir", str(tmp_path), "--out-dir", str(tmp_path)]) == 1
+    assert run.main(main_args(tmp_path, tmp_path)) == 1
     err = capsys.readouterr().err
     assert f"skipping sac: missing {tmp_path / SAC.twin}.py" in err
     assert "no algorithm has both scripts on disk" in err
     assert not (tmp_path / "calls.txt").exists()
+
+
+def test_env_limit_builds_the_env_from_the_scripts_own_args_and_steps_it_with_pre_drawn_actions(tmp_path):
+    module = load_script(FAKE.eager, fake_scripts(tmp_path))
+    args, envs = env_limit.script_envs(module, ["--num-envs", "3", "--seed", "4"])
+    assert (args.num_envs, args.seed, envs.env_id, envs.num_envs) == (3, 4, "Fake-v0", 3)
+    actions = env_limit.random_actions(envs.single_action_space, 3, seed=4, batches=3)
+    assert [batch.shape for batch in actions] == [(3, 1)] * 3
+
+    def clock():
+        """A clock on which each env step takes a millisecond."""
+        return 0.001 * len(envs.actions)
+
+    steps, seconds = env_limit.step_for(envs, actions, seconds=0.1, clock=clock)
+    assert steps == 100 and seconds == pytest.approx(0.1)
+    timed = envs.actions[env_limit.WARMUP_STEPS :]
+    assert len(timed) == 100 and all(batch is actions[index % 3] for index, batch in enumerate(timed))
+
+
+def test_random_actions_are_reproducible_batches_of_the_single_env_space():
+    first, again = (env_limit.random_actions(Discrete(4), num_envs=5, seed=0, batches=4) for _ in range(2))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert all(batch.shape == (5,) and set(batch.tolist()) <= {0, 1, 2, 3} for batch in first)
+    assert len({tuple(batch.tolist()) for batch in first}) > 1
+
+
+@pytest.mark.parametrize("algo", ALGOS, ids=[algo.name for algo in ALGOS])
+def test_env_limit_measures_every_registered_scripts_own_env(algo):
+    script = SCRIPTS / f"{algo.eager}.py"
+    if not script.exists():
+        pytest.skip(f"{script.name} is not on disk")
+    flags = [*algo.quick, "--seed", "1"]
+    result = env_limit.measure(script, flags, seconds=0.05)
+    env_id = dict(zip(flags[::2], flags[1::2])).get("--env-id", load_script(algo.eager).Args().env_id)
+    assert (result["env_id"], result["num_envs"]) == (env_id, load_script(algo.eager).Args().num_envs)
+    assert result["env_steps"] > 0 and result["env_steps"] % result["num_envs"] == 0
+    assert result["sps"] == pytest.approx(result["env_steps"] / result["seconds"])
+
+
+def test_sps_bars_give_medians_asymmetric_spread_and_env_limit_per_algorithm():
+    table = [table_row("a", "eager", 100, 90, 130, None, 1000.0, 1.0), table_row("b", "eager", 5, 5, 5, None, None, 1.0),
+             table_row("a", "compile", 200, 150, 210, None, 1000.0, 2.0)]
+    assert plots.sps_bars(table) == {
+        "a": {"variants": ["eager", "compile"], "median": [100, 200], "down": [10, 50], "up": [30, 10],
+              "env_only": 1000.0},
+        "b": {"variants": ["eager"], "median": [5], "down": [0], "up": [0], "env_only": None},
+    }
+
+
+def test_smooth_is_a_trailing_mean():
+    assert plots.smooth([1.0, 3.0, 5.0, 7.0], window=2) == [1.0, 2.0, 4.0, 6.0]
+    assert plots.smooth([4.0, 2.0], window=10) == [4.0, 3.0]
+    assert plots.smooth([]) == []
+
+
+def test_return_curves_split_each_runs_curve_by_variant_and_skip_runs_without_episodes():
+    runs = [curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]), curve_run("b", "eager", [[1, 0.1, 9.0]]),
+            curve_run("a", "compile", []), curve_run("a", "eager", [[15, 0.2, 5.0]])]
+    assert plots.return_curves(runs, "a", window=2) == {
+        "eager": [{"steps": [10, 20], "seconds": [0.5, 1.5], "returns": [1.0, 2.0]},
+                  {"steps": [15], "seconds": [0.2], "returns": [5.0]}]
+    }
+    assert plots.return_curves(runs, "c") == {}
+
+
+def test_plots_write_the_sps_png_and_a_returns_png_per_algorithm_with_episodes(tmp_path):
+    table = [table_row("a", "eager", 100, 90, 130, -1.0, 1000.0, 1.0), table_row("b", "eager", 5, 5, 5, None, None, 1.0)]
+    runs = [curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]), curve_run("b", "eager", [])]
+    paths = plots.write(tmp_path / "out", "stamp", table, runs)
+    assert [path.name for path in paths] == ["stamp-sps.png", "stamp-a-returns.png"]
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["stamp-a-returns.png", "stamp-sps.png"]
+    for path in paths:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -1,0 +1,82 @@
+"""The environment-only limit of a script: its own vector env, stepped with random actions and nothing else.
+
+    python -m benchmarks.env_limit leanrl/dqn.py                                  # CartPole-v1, 1 env
+    python -m benchmarks.env_limit --seconds 5 leanrl/sac_continuous_action.py --env-id HalfCheetah-v4
+
+The env is the one the script's `main` builds: the script's own `Args` parse the flags that follow the script
+(so `--env-id`, `--num-envs`, `--seed` and e.g. PPO's `--gamma` mean what they mean there) and its `make_envs`
+builds the env with the wrapper chain the script trains on. Random actions are drawn before the clock starts,
+so the figure is the env's throughput alone: no policy, no replay buffer, no update. A script that trains near
+this figure is bound by its environment; far below it, by its network and its Python. Prints one line,
+`ENV_ONLY {json}`, with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs`.
+"""
+
+import argparse
+import inspect
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+from tests.conftest import load_script
+
+ACTION_BATCHES = 64  # distinct random action batches, cycled through while timing
+WARMUP_STEPS = 10  # vector steps before the clock starts
+
+
+def script_envs(module, flags):
+    """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its `make_envs`
+    builds from them (every parameter of `make_envs` is a field of `Args`)."""
+    args = tyro.cli(module.Args, args=list(flags))
+    parameters = inspect.signature(module.make_envs).parameters
+    return args, module.make_envs(**{name: getattr(args, name) for name in parameters})
+
+
+def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):
+    """`batches` arrays of `num_envs` actions each, drawn from the single-env action `space` seeded with `seed`."""
+    space.seed(seed)
+    return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(batches)]
+
+
+def step_for(envs, actions, seconds, clock=time.perf_counter):
+    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up; returns the vector steps taken
+    and the seconds they took, by `clock`."""
+    for index in range(WARMUP_STEPS):
+        envs.step(actions[index % len(actions)])
+    steps, start = 0, clock()
+    while (elapsed := clock() - start) < seconds:
+        envs.step(actions[steps % len(actions)])
+        steps += 1
+    return steps, elapsed
+
+
+def measure(script, flags, seconds):
+    """The env-only throughput of `script` (a path) under `flags`: a dict with `sps`, `env_steps`, `seconds`,
+    `env_id` and `num_envs`."""
+    module = load_script(script.stem, script.parent)
+    args, envs = script_envs(module, flags)
+    try:
+        envs.reset()  # make_envs seeded the env (envpool takes its seeds only there)
+        actions = random_actions(envs.single_action_space, args.num_envs, args.seed)
+        steps, elapsed = step_for(envs, actions, seconds)
+    finally:
+        envs.close()
+    env_steps = steps * args.num_envs
+    return {"env_id": args.env_id, "num_envs": args.num_envs, "env_steps": env_steps, "seconds": elapsed,
+            "sps": env_steps / elapsed}
+
+
+def main(argv=None):
+    """Measure the script named on the command line and print its `ENV_ONLY` line."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.env_limit", description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up")
+    parser.add_argument("script", type=Path, help="a training script, e.g. leanrl/dqn.py")
+    parser.add_argument("flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)")
+    args = parser.parse_args(argv)
+    print("ENV_ONLY " + json.dumps(measure(args.script, args.flags, args.seconds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

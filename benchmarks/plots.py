@@ -1,0 +1,112 @@
+"""PNG plots of a benchmark, written next to its JSON and markdown: sps per variant per algorithm (bars with the
+min-max spread and the env-only limit as a dashed line), and per algorithm the episodic return of every run
+against wall-clock seconds and against environment steps, as LeanRL shows them.
+
+Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure state.
+"""
+
+import statistics
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from benchmarks.registry import VARIANTS
+
+COLORS = {variant.name: f"C{index}" for index, variant in enumerate(VARIANTS)}
+SMOOTHING = 10  # episodes in the trailing mean of a return curve
+
+
+def sps_bars(table):
+    """Per algorithm, in table order: its variants, their median sps, the distances down to the min and up to
+    the max (matplotlib's asymmetric error bars), and the algorithm's env-only sps (None where unmeasured)."""
+    bars = {}
+    for r in table:
+        algo = bars.setdefault(r["algo"], {"variants": [], "median": [], "down": [], "up": [],
+                                           "env_only": r["env_only_sps"]})
+        algo["variants"].append(r["variant"])
+        algo["median"].append(r["sps_median"])
+        algo["down"].append(r["sps_median"] - r["sps_min"])
+        algo["up"].append(r["sps_max"] - r["sps_median"])
+    return bars
+
+
+def smooth(values, window=SMOOTHING):
+    """The trailing mean of `values` over at most `window` entries, one per entry."""
+    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+
+
+def return_curves(runs, algo, window=SMOOTHING):
+    """Per variant of `algo`, in run order, one curve per run that finished an episode: its `steps`, `seconds` and
+    `returns` (smoothed over `window` episodes) from the run's SUMMARY curve."""
+    curves = {}
+    for run in runs:
+        points = run["summary"]["curve"]
+        if run["algo"] != algo or not points:
+            continue
+        steps, seconds, returns = zip(*points)
+        curves.setdefault(run["variant"], []).append(
+            {"steps": list(steps), "seconds": list(seconds), "returns": smooth(list(returns), window)}
+        )
+    return curves
+
+
+def draw_sps(ax, algo, bars):
+    """One algorithm's sps bars on a log axis (so the env-only limit fits beside them), each labelled."""
+    colors = [COLORS.get(variant, "gray") for variant in bars["variants"]]
+    drawn = ax.bar(bars["variants"], bars["median"], yerr=[bars["down"], bars["up"]], color=colors, capsize=3)
+    ax.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
+    ax.set_yscale("log")
+    ax.set_title(algo, fontsize=9)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    if bars["env_only"] is not None:
+        ax.axhline(bars["env_only"], color="black", linestyle="--", linewidth=1)
+        ax.annotate(f"env only {bars['env_only']:.0f}", (0.02, bars["env_only"]), xycoords=("axes fraction", "data"),
+                    fontsize=7, va="bottom")
+        ax.set_ylim(top=bars["env_only"] * 3)
+
+
+def sps_figure(table):
+    """Sps per variant (median, min-max bars), one panel per algorithm, with the env-only limit dashed."""
+    all_bars = sps_bars(table)
+    figure = Figure(figsize=(3.2 * len(all_bars), 3.6), layout="constrained")
+    axes = figure.subplots(1, len(all_bars), squeeze=False)[0]
+    for ax, (algo, bars) in zip(axes, all_bars.items()):
+        draw_sps(ax, algo, bars)
+    axes[0].set_ylabel("env steps per second (log)")
+    return figure
+
+
+def curves_figure(algo, curves, window=SMOOTHING):
+    """`algo`'s return curves (from `return_curves`) against wall-clock seconds and against steps, one line per
+    run, one color per variant."""
+    figure = Figure(figsize=(10, 3.8), layout="constrained")
+    by_time, by_steps = figure.subplots(1, 2, sharey=True)
+    for variant, runs in curves.items():
+        for index, curve in enumerate(runs):
+            label = variant if index == 0 else None
+            color = COLORS.get(variant, "gray")
+            by_time.plot(curve["seconds"], curve["returns"], color=color, label=label, linewidth=1)
+            by_steps.plot(curve["steps"], curve["returns"], color=color, label=label, linewidth=1)
+    by_time.set(xlabel="wall-clock seconds", ylabel=f"episodic return (mean of last {window})")
+    by_steps.set(xlabel="environment steps")
+    by_steps.legend(fontsize=8)
+    figure.suptitle(f"{algo}: one line per run")
+    return figure
+
+
+def save(figure, path):
+    """Render `figure` with the Agg canvas into the PNG file `path`; returns the path."""
+    FigureCanvasAgg(figure).print_png(path)
+    return path
+
+
+def write(out_dir, stamp, table, runs):
+    """Write `<stamp>-sps.png` and, for each algorithm with finished episodes, `<stamp>-<algo>-returns.png` into
+    `out_dir`; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [save(sps_figure(table), out_dir / f"{stamp}-sps.png")]
+    for algo in dict.fromkeys(r["algo"] for r in table):
+        curves = return_curves(runs, algo)
+        if curves:
+            paths.append(save(curves_figure(algo, curves), out_dir / f"{stamp}-{algo}-returns.png"))
+    return paths
