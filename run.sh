@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full sweep: every script at its default (benchmark) budget, seeds 21 31 41, the eager twin and every
+# The full sweep (LeanRL's): every script at its default budget, seeds 21 31 41, the eager twin and every
 # variant of the optimized twin. The CUDA-graph variants run only where CUDA exists. Each run ends with its
 # SUMMARY line; `grep '^SUMMARY' runs/sweep.log` collects them.
 set -euo pipefail
@@ -12,7 +12,7 @@ else
   variants=("" "--compile")
   echo "no CUDA device: skipping the --cudagraphs variants"
 fi
-for algo in sac_continuous_action td3_continuous_action ppo_continuous_action dqn; do
+for algo in sac_continuous_action td3_continuous_action ppo_continuous_action dqn ppo_atari_envpool; do
   for seed in 21 31 41; do
     python "leanrl/${algo}.py" --seed "$seed" | tee -a runs/sweep.log
     for flags in "${variants[@]}"; do
