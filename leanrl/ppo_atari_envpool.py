@@ -1,0 +1,382 @@
+"""Proximal Policy Optimization on Atari with envpool, the eager reference (CleanRL's ppo_atari_envpool.py).
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
+
+    python leanrl/ppo_atari_envpool.py                                      # the benchmark run
+    python leanrl/ppo_atari_envpool.py --env-id Pong-v5 --total-timesteps 2000000
+
+Plain PyTorch, no tensordict: the readable twin of ppo_atari_envpool_torchcompile.py, written in the same shape
+so that `diff` shows only what buys speed.
+
+envpool (1.2.5, `env_type="gymnasium"`) steps the games in C++ threads and does DeepMind's preprocessing: 4 frames
+skipped per step, 30 no-op resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and
+episodic life (losing a life ends the episode the agent learns from). Its info has no episode statistics, so
+`EpisodeStats` sums `info["reward"]` (the unclipped score) over a whole game, across its lives, and logs each
+game when it ends (`info["terminated"]`: no life left, or the step limit).
+
+envpool resets in next-step mode: the step that ends an episode returns its true final observation, and the
+next step ignores the action and returns the first observation of the next episode with reward 0. So a
+truncated step bootstraps from the value of the observation after it, which is its true final observation (a
+terminated one bootstraps with 0), and the reset step stays in the rollout as CleanRL keeps it.
+"""
+
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from torch.distributions.categorical import Categorical
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_atari_envpool"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    measure_burnin: int = 3
+    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "Breakout-v5"
+    """the id of the envpool Atari task"""
+    total_timesteps: int = 10_000_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 4
+    """the number of epochs (passes over the rollout) of each update"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if not getattr(args, flag) > 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_steps * args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if (args.num_steps * args.num_envs) % args.num_minibatches != 0:
+        fail(f"--num-steps x --num-envs ({args.num_steps * args.num_envs}) is not divisible by --num-minibatches {args.num_minibatches}")
+    if args.num_steps * args.num_envs < 2 * args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (--num-steps x --num-envs too small)")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
+        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl must be positive, got {args.target_kl}")
+
+
+def make_envs(env_id, num_envs, seed):
+    """envpool's Atari games with DeepMind's preprocessing, stepped in C++ threads, gymnasium's step signature.
+    An unknown task or one that is not an Atari game exits with status 2."""
+    if env_id not in envpool.list_all_envs():
+        fail(f"--env-id {env_id!r} is not an envpool task (see envpool.list_all_envs())")
+    if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+        fail(f"--env-id {env_id!r} is not an Atari game; this PPO needs one of envpool's Atari tasks (e.g. Breakout-v5)")
+    return envpool.make(
+        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True,
+        noop_max=30, frame_skip=4, stack_num=4, img_height=84, img_width=84,
+    )
+
+
+def finished_games(game_returns, infos, truncations):
+    """Add this step's unclipped rewards to `game_returns` (one per env, in place); return the scores and lengths
+    (agent steps) of the games that ended on this step: no life left (`info["terminated"]`) or cut off at
+    envpool's step limit. Several envs can finish on the same step."""
+    game_returns += infos["reward"]
+    game_over = infos["terminated"].astype(bool) | truncations
+    finished = game_returns[game_over].tolist(), infos["elapsed_step"][game_over].tolist()
+    game_returns[game_over] = 0.0
+    return finished
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head; takes the
+    stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+
+    def __init__(self, n_act, device=None):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4, device=device)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2, device=device)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1, device=device)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512, device=device)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_act, device=device), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1, device=device), std=1)
+
+    def get_value(self, x):
+        return self.critic(self.network(x / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x / 255.0)
+        logits = self.actor(hidden)
+        probs = Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+
+
+def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs].
+
+    Every input is [num_steps, num_envs] but `next_value` [num_envs], the value of the observation after the
+    last step. `terminations[t]` / `truncations[t]` (0 or 1) say the episode ended at step t by reaching a
+    terminal state (or losing a life) / by being cut off. envpool returns the true final observation after the
+    step that ends an episode, so `values[t + 1]` is its value: a truncated step bootstraps from it, a terminated
+    one with 0."""
+    dones = torch.maximum(terminations, truncations)
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
+    deltas = rewards + gamma * next_values - values
+    # A_t = delta_t + gamma * lambda * A_{t+1}, stopped at the end of an episode
+    advantages = torch.zeros_like(values)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(len(values))):
+        lastgaelam = deltas[t] + gamma * gae_lambda * (1 - dones[t]) * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def make_update(agent, optimizer, args):
+    """One clipped-surrogate gradient step on a minibatch (a dict of tensors); returns its statistics."""
+
+    def loss_fn(mb):
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        mb_advantages = mb["advantages"]
+        if args.norm_adv:
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+    def update(mb):
+        optimizer.zero_grad()
+        loss, stats = loss_fn(mb)
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return stats
+
+    return update
+
+
+def main(args):
+    check_args(args)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    obs_shape = envs.single_observation_space.shape
+    agent = Agent(envs.single_action_space.n, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    update = make_update(agent, optimizer, args)
+    policy = agent.get_action_and_value
+    get_value = agent.get_value
+    compute_gae = gae
+
+    # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
+    rollout = dict(
+        obs=torch.zeros(args.num_steps, args.num_envs, *obs_shape, device=device),
+        actions=torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device),
+        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
+        values=torch.zeros(args.num_steps, args.num_envs, device=device),
+        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
+        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
+        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
+    )
+
+    next_obs, _ = envs.reset()
+    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    game_returns = np.zeros(args.num_envs)
+    episode_returns = deque(maxlen=20)
+    curve = []
+    global_step = 0
+    start_time = time.time()
+    measure_start, measure_step = None, 0
+    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    for iteration in pbar:
+        if iteration == args.measure_burnin + 1:
+            measure_start, measure_step = time.time(), global_step
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            rollout["obs"][step] = next_obs
+
+            # ALGO LOGIC: action logic
+            with torch.no_grad():
+                action, logprob, _, value = policy(next_obs)
+            rollout["values"][step] = value.flatten()
+            rollout["actions"][step] = action
+            rollout["logprobs"][step] = logprob
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
+            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+
+            for episodic_return, episodic_length in zip(*finished_games(game_returns, infos, truncations)):
+                episode_returns.append(episodic_return)
+                curve.append([global_step, time.time() - start_time, episodic_return])
+                if args.track:
+                    wandb.log({"charts/episodic_return": episodic_return, "charts/episodic_length": episodic_length}, step=global_step)
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = get_value(next_obs).flatten()
+        advantages, returns = compute_gae(
+            rollout["rewards"], rollout["values"], next_value,
+            rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
+        )
+
+        # flatten the batch
+        b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+
+        # Optimizing the policy and value network
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                stats = update({key: value[mb_inds] for key, value in b.items()})
+            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+                break
+
+        sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
+        return_mean = np.mean(episode_returns) if episode_returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if args.track:
+            y_pred, y_true = b["values"], b["returns"]
+            explained_var = 1 - (y_true - y_pred).var() / y_true.var()
+            logs = torch.cat([stats, explained_var.reshape(1)]).tolist()  # host sync, once per iteration
+            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
+            lr = float(optimizer.param_groups[0]["lr"])
+            wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
+
+    end_time = time.time()
+    steps = global_step
+    summary = {
+        "script": "ppo_atari_envpool",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "device": str(device),
+        "compile": False,
+        "cudagraphs": False,
+        "num_envs": args.num_envs,
+        "total_timesteps": steps,
+        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
+        "sps_wall": steps / (end_time - start_time),
+        "episodes": len(curve),
+        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
+        "wall_s": end_time - start_time,
+        "torch_version": torch.__version__,
+        "curve": curve,
+    }
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    envs.close()
+    if args.track:
+        wandb.finish()
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
