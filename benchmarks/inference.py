@@ -43,7 +43,9 @@ from benchmarks.policies import SCRIPTS, SPECS, load_script
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 CUDA_VARIANTS = ("cudagraphs", "compile+cudagraphs")
-BATCH_SIZES = (1, 8, 64, 256, 1024)
+FULL = {"batch_sizes": [1, 8, 64, 256, 1024], "modes": list(MODES), "rounds": 10, "block_ms": 40.0}
+QUICK = {"batch_sizes": [1, 8], "modes": ["default"], "rounds": 4, "block_ms": 10.0}
+QUICK_FLAGS = ("--batch-sizes 1 8", "--modes default", "--rounds 4", "--block-ms 10")
 INT_MISMATCH = 0.01
 COMPILE_WARMUP, GRAPH_WARMUP = 3, 2
 
@@ -126,7 +128,7 @@ def cuda_block(fn, obs, calls):
     return latencies
 
 
-def calls_per_block(latency, block_s, min_calls=3, max_calls=5000):
+def calls_per_block(latency, block_s, min_calls=2, max_calls=5000):
     """How many calls of `latency` seconds fill a block of `block_s` seconds, within [min_calls, max_calls]."""
     return max(min_calls, min(max_calls, math.ceil(block_s / max(latency, 1e-9))))
 
@@ -320,7 +322,11 @@ def markdown(result):
             f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}-{r['p90_us']:.0f} "
             f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | {check_mark(r)} |"
         )
-    lines += [f"\nSkipped: {s['policy']}: {s['reason']}" for s in result["skipped"]]
+    settings = result["settings"]
+    lines += ["", f"Checks: outputs equal eager's within |a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b| and follow an "
+              "in-place weight update (STALE: they did not; DIFFERS: they were not equal)."]
+    if result["skipped"]:
+        lines.append("Skipped: " + "; ".join(f"{s['policy']}: {s['reason']}" for s in result["skipped"]) + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -332,14 +338,20 @@ def plot(result, path):
     import matplotlib.pyplot as plt
 
     policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
-    fig, axes = plt.subplots(1, max(1, len(policies)), figsize=(4 * max(1, len(policies)), 3.5), squeeze=False)
-    for ax, policy in zip(axes[0], policies):
+    cols = min(3, max(1, len(policies)))
+    grid_rows = math.ceil(max(1, len(policies)) / cols)
+    fig, axes = plt.subplots(grid_rows, cols, figsize=(4.5 * cols, 3.5 * grid_rows), squeeze=False)
+    for ax in axes.flat[len(policies):]:
+        ax.set_visible(False)
+    for ax, policy in zip(axes.flat, policies):
         rows = [r for r in result["rows"] if r["policy"] == policy and r["variant"] != "eager"]
         for variant in dict.fromkeys(r["variant"] for r in rows):
             points = [(r["batch"], r["speedup_pct"]) for r in rows if r["variant"] == variant]
             ax.plot(*zip(*points), marker="o", label=variant)
         ax.axhline(0, color="gray", linewidth=0.8)
         ax.set_xscale("log", base=2)
+        batches = sorted({r["batch"] for r in rows})
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.set(title=policy, xlabel="batch size", ylabel="speed-up over eager (%)")
         ax.legend(fontsize=7)
     fig.suptitle(f"acting speed-up, {result['device']}, {result['machine']['cpu']}", fontsize=9)
@@ -379,21 +391,22 @@ def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
-    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=list(BATCH_SIZES))
-    parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES), help="torch.compile modes to time")
+    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024")
+    parser.add_argument("--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
-    parser.add_argument("--rounds", type=positive_int, default=10, help="alternating rounds (weights change halfway)")
-    parser.add_argument("--block-ms", type=positive_float, default=40.0, help="length of one block, from eager's latency")
+    parser.add_argument("--rounds", type=positive_int, help="alternating rounds, the weights change halfway (default: 10)")
+    parser.add_argument("--block-ms", type=positive_float, help="one block's length, from eager's latency (default: 40)")
     parser.add_argument("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks")
     parser.add_argument("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="batch 1 and 8, default mode, 4 rounds of 10 ms blocks")
+    parser.add_argument("--quick", action="store_true", help="defaults for a smoke run: " + " ".join(QUICK_FLAGS))
     args = parser.parse_args(argv)
-    if args.quick:
-        args.batch_sizes, args.modes, args.rounds, args.block_ms = [1, 8], ["default"], 4, 10.0
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the weights change halfway)")
     if args.device == "cuda" and not torch.cuda.is_available():

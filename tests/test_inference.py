@@ -101,7 +101,7 @@ def test_latency_statistics_and_speedup():
     assert stats["calls_per_s"] == pytest.approx(11 / 66e-6) and stats["samples_per_s"] == pytest.approx(8 * 11 / 66e-6)
     assert inference.speedup_pct(100.0, 50.0) == pytest.approx(100.0)
     assert inference.speedup_pct(100.0, 200.0) == pytest.approx(-50.0)
-    assert inference.calls_per_block(1e-3, 0.04) == 40 and inference.calls_per_block(1.0, 0.04) == 3
+    assert inference.calls_per_block(1e-3, 0.04) == 40 and inference.calls_per_block(1.0, 0.04) == 2
 
 
 def test_rounds_alternate_and_rotate():
