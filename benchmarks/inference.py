@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
 from benchmarks.policies import SCRIPTS, SPECS, load_script
@@ -45,7 +46,6 @@ MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 CUDA_VARIANTS = ("cudagraphs", "compile+cudagraphs")
 FULL = {"batch_sizes": [1, 8, 64, 256, 1024], "modes": list(MODES), "rounds": 10, "block_ms": 40.0}
 QUICK = {"batch_sizes": [1, 8], "modes": ["default"], "rounds": 4, "block_ms": 10.0}
-QUICK_FLAGS = ("--batch-sizes 1 8", "--modes default", "--rounds 4", "--block-ms 10")
 INT_MISMATCH = 0.01
 COMPILE_WARMUP, GRAPH_WARMUP = 3, 2
 
@@ -77,8 +77,6 @@ def make_variants(act, modes, backend, cuda):
     """Eager, one compiled variant per mode and, with `cuda`, the two CudaGraphModule variants (tensordict's
     documented usage: `warmup` calls on a side stream, then the capture, then replays into which each call's
     input is copied)."""
-    from tensordict.nn import CudaGraphModule
-
     variants = [Variant("eager", act, 1)]
     variants += [Variant(f"compile:{mode}", compiled(act, mode, backend, cuda), COMPILE_WARMUP) for mode in modes]
     if cuda:
@@ -402,11 +400,13 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="defaults for a smoke run: " + " ".join(QUICK_FLAGS))
+    parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.backend != "inductor" and set(args.modes) - {"default"}:
+        parser.error(f"--modes {' '.join(args.modes)}: modes other than default need --backend inductor")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the weights change halfway)")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -122,7 +122,8 @@ def test_missing_script_is_skipped_with_a_note(tmp_path):
 @pytest.mark.parametrize(
     "argv, flag",
     [(["--batch-sizes", "0"], "--batch-sizes"), (["--policies", "ppo"], "--policies"), (["--rounds", "1"], "--rounds"),
-     (["--modes", "fast"], "--modes"), (["--block-ms", "-1"], "--block-ms")],
+     (["--modes", "fast"], "--modes"), (["--block-ms", "-1"], "--block-ms"),
+     (["--backend", "aot_eager", "--modes", "reduce-overhead"], "--modes")],
 )
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
