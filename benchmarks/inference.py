@@ -213,7 +213,7 @@ def speedup_pct(eager_median, median):
 
 def bench_unit(spec, script, batch, args, device):
     """Benchmark every variant of `spec`'s policy at one batch size; returns one row per variant."""
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # static graphs: each batch size compiles afresh, as a script with fixed num_envs does
     torch.manual_seed(args.seed)
     cuda = device.type == "cuda"
     built = spec.build(script, device)
@@ -222,24 +222,22 @@ def bench_unit(spec, script, batch, args, device):
     with torch.no_grad():
         setup = {v.name: warm_up(v, obs, cuda) for v in variants}
         before = check_equal(spec, variants, obs, args.rtol, args.atol)
-        estimate = statistics.median(time_block(built.act, obs, 5, cuda))
-        calls = calls_per_block(estimate, args.block_ms / 1e3)
+        calls = calls_per_block(statistics.median(time_block(built.act, obs, 5, cuda)), args.block_ms / 1e3)
         first_half = args.rounds // 2
         with torch.compiler.set_stance("fail_on_recompile"):
             latencies = timed_rounds(variants, obs, first_half, calls, cuda)
             after = check_after_update(spec, built.source, variants, obs, before, args.rtol, args.atol)
             rest = timed_rounds(variants, obs, args.rounds - first_half, calls, cuda, offset=first_half)
-    rows = []
-    for variant in variants:
-        stats = latency_stats(latencies[variant.name] + rest[variant.name], batch)
-        rows.append({
-            "policy": spec.name, "batch": batch, "variant": variant.name, "threads": torch.get_num_threads(),
-            **stats, "setup_s": setup[variant.name],
-            "check_equal": {k: before[variant.name][k] for k in ("ok", "diff")}, "check_after_update": after[variant.name],
-        })
-    eager = rows[0]["median_us"]
+    rows = [
+        {
+            "policy": spec.name, "batch": batch, "variant": v.name, "threads": torch.get_num_threads(),
+            **latency_stats(latencies[v.name] + rest[v.name], batch), "setup_s": setup[v.name],
+            "check_equal": {k: before[v.name][k] for k in ("ok", "diff")}, "check_after_update": after[v.name],
+        }
+        for v in variants
+    ]
     for row in rows:
-        row["speedup_pct"] = speedup_pct(eager, row["median_us"])
+        row["speedup_pct"] = speedup_pct(rows[0]["median_us"], row["median_us"])
     return rows
 
 
@@ -321,8 +319,9 @@ def markdown(result):
             f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | {check_mark(r)} |"
         )
     settings = result["settings"]
-    lines += ["", f"Checks: outputs equal eager's within |a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b| and follow an "
-              "in-place weight update (STALE: they did not; DIFFERS: they were not equal)."]
+    tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
+    lines += ["", f"Checks: outputs equal eager's within {tolerance} and follow an in-place weight update "
+              "(STALE: they did not; DIFFERS: they were not equal)."]
     if result["skipped"]:
         lines.append("Skipped: " + "; ".join(f"{s['policy']}: {s['reason']}" for s in result["skipped"]) + ".")
     return "\n".join(lines) + "\n"
@@ -387,7 +386,7 @@ def positive_float(text):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.inference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
     parser.add_argument("--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024")
     parser.add_argument("--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)")
