@@ -301,27 +301,57 @@ def check_mark(row):
     return "ok" if row["check_after_update"]["ok"] else "STALE"
 
 
-def markdown(result):
-    """The result as a markdown table under a line naming the machine, device and settings."""
-    machine = result["machine"]
-    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
+def summary_table(rows):
+    """One line per policy and batch size: eager's median latency, then each variant's speed-up over eager."""
+    variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}",
-        f"Device: {result['device']}; {result['settings']['rounds']} alternating rounds; started {result['started']}",
-        "",
+        "| policy | batch | eager median µs (p10-p90) | " + " | ".join(variants) + " |",
+        "|---|---:|---:|" + "---:|" * len(variants),
+    ]
+    units = {}
+    for r in rows:
+        units.setdefault((r["policy"], r["batch"]), {})[r["variant"]] = r
+    for (policy, batch), unit in units.items():
+        eager = unit["eager"]
+        cells = [f"{unit[v]['speedup_pct']:+.0f}%" if v in unit else "-" for v in variants]
+        span = f"{eager['median_us']:.0f} ({eager['p10_us']:.0f}-{eager['p90_us']:.0f})"
+        lines.append(f"| {policy} | {batch} | {span} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def full_table(rows):
+    """One line per policy, batch size and variant: latency, throughput, speed-up, setup time and checks."""
+    lines = [
         "| policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager | setup s | check |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in result["rows"]:
+    for r in rows:
         vs = "-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%"
         lines.append(
             f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}-{r['p90_us']:.0f} "
             f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | {check_mark(r)} |"
         )
-    settings = result["settings"]
+    return lines
+
+
+def markdown(result):
+    """The result in markdown: the machine, device and settings, the speed-up summary, then the full table."""
+    machine, settings = result["machine"], result["settings"]
+    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
-    lines += ["", f"Checks: outputs equal eager's within {tolerance} and follow an in-place weight update "
-              "(STALE: they did not; DIFFERS: they were not equal)."]
+    lines = [
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}",
+        f"Device: {result['device']}; {settings['rounds']} alternating rounds; started {result['started']}",
+        "",
+        "Speed-up of each variant over eager (median latency per call; + is faster):",
+        "",
+        *summary_table(result["rows"]),
+        "",
+        *full_table(result["rows"]),
+        "",
+        f"Checks: outputs equal eager's within {tolerance} and follow an in-place weight update "
+        "(STALE: they did not; DIFFERS: they were not equal).",
+    ]
     if result["skipped"]:
         lines.append("Skipped: " + "; ".join(f"{s['policy']}: {s['reason']}" for s in result["skipped"]) + ".")
     return "\n".join(lines) + "\n"

@@ -47,6 +47,9 @@ def test_quick_run_writes_json_table_and_plot(tmp_path):
     assert reasons == {"cudagraphs needs a CUDA device", "compile+cudagraphs needs a CUDA device"}
     table = md_path.read_text()
     assert "| policy | batch | variant | median µs |" in table and "| dqn | 8 | compile:default |" in table
+    eager_8 = rows[2]
+    summary_line = f"| dqn | 8 | {eager_8['median_us']:.0f} ({eager_8['p10_us']:.0f}-{eager_8['p90_us']:.0f}) | "
+    assert summary_line + f"{rows[3]['speedup_pct']:+.0f}% |" in table.splitlines()
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
