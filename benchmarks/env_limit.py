@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from tests.conftest import load_script
+from benchmarks.scripts import load_script
 
 ACTION_BATCHES = 64  # distinct random action batches, cycled through while timing
 WARMUP_STEPS = 10  # vector steps before the clock starts

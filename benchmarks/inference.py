@@ -39,7 +39,8 @@ import torch
 from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
-from benchmarks.policies import SCRIPTS, SPECS, load_script
+from benchmarks.policies import SPECS
+from benchmarks.scripts import SCRIPTS, load_script
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")

@@ -2,10 +2,19 @@
 min-max spread and the env-only limit as a dashed line), and per algorithm the episodic return of every run
 against wall-clock seconds and against environment steps, as LeanRL shows them.
 
+The learning curve of one run, from a file holding the script's output (its SUMMARY line):
+
+    python leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps 500000 > run.log
+    python -m benchmarks.plots run.log --out curve.png --baseline 1.2
+
 Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure state.
 """
 
+import argparse
+import json
 import statistics
+import sys
+from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -76,9 +85,9 @@ def sps_figure(table):
     return figure
 
 
-def curves_figure(algo, curves, window=SMOOTHING):
+def curves_figure(algo, curves, window=SMOOTHING, baseline=None):
     """`algo`'s return curves (from `return_curves`) against wall-clock seconds and against steps, one line per
-    run, one color per variant."""
+    run, one color per variant; `baseline`, if given, a dashed line (e.g. a random policy's return)."""
     figure = Figure(figsize=(10, 3.8), layout="constrained")
     by_time, by_steps = figure.subplots(1, 2, sharey=True)
     for variant, runs in curves.items():
@@ -87,6 +96,9 @@ def curves_figure(algo, curves, window=SMOOTHING):
             color = COLORS.get(variant, "gray")
             by_time.plot(curve["seconds"], curve["returns"], color=color, label=label, linewidth=1)
             by_steps.plot(curve["steps"], curve["returns"], color=color, label=label, linewidth=1)
+    if baseline is not None:
+        for ax in (by_time, by_steps):
+            ax.axhline(baseline, color="black", linestyle="--", linewidth=1, label="random policy" if ax is by_steps else None)
     by_time.set(xlabel="wall-clock seconds", ylabel=f"episodic return (mean of last {window})")
     by_steps.set(xlabel="environment steps")
     by_steps.legend(fontsize=8)
@@ -110,3 +122,33 @@ def write(out_dir, stamp, table, runs):
         if curves:
             paths.append(save(curves_figure(algo, curves), out_dir / f"{stamp}-{algo}-returns.png"))
     return paths
+
+
+def read_summary(path):
+    """The SUMMARY object in the file `path` (a script's output); a ValueError if there is not exactly one."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.startswith("SUMMARY ")]
+    if len(lines) != 1:
+        raise ValueError(f"{path} holds {len(lines)} SUMMARY lines, expected 1")
+    return json.loads(lines[0][len("SUMMARY ") :])
+
+
+def main(argv=None):
+    """Draw the learning curve of one run's output file; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plots", description="the learning curve of one run")
+    parser.add_argument("log", type=Path, help="a file holding the script's output (its SUMMARY line)")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--baseline", type=float, help="a random policy's return, drawn dashed")
+    args = parser.parse_args(argv)
+    try:
+        summary = read_summary(args.log)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    run = {"algo": summary["env_id"], "variant": summary["script"], "summary": summary}
+    save(curves_figure(f"{summary['script']} on {summary['env_id']}", return_curves([run], summary["env_id"]),
+                       baseline=args.baseline), args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

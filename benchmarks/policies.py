@@ -9,16 +9,12 @@ Each spec also says which outputs are deterministic, so that a compiled policy c
 value for value: inductor draws its own random numbers, so sampled outputs differ even under the same seed.
 """
 
-import importlib.util
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 from tensordict import from_module
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
 HALF_CHEETAH_OBS, HALF_CHEETAH_ACT = 17, 6
 CARTPOLE_OBS, CARTPOLE_ACT = 4, 2
 ATARI_FRAMES, ATARI_ACT = (4, 84, 84), 4
@@ -50,15 +46,6 @@ class PolicySpec:
     perturb: Callable
     threads: int | None
     note: str
-
-
-def load_script(name, scripts_dir=SCRIPTS):
-    """Import `<scripts_dir>/<name>.py` as a module (importing a script starts nothing)."""
-    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", Path(scripts_dir) / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def scale_weights(module, factor=1.5):

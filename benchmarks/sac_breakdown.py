@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict, from_module, from_modules
 
 from benchmarks.machine import machine_info
-from tests.conftest import load_script
+from benchmarks.scripts import load_script
 
 PARTS = ("env step", "acting", "storing", "sampling", "critic update", "actor update", "target update")
 

@@ -1,6 +1,5 @@
 """Helpers shared by every test module: run a script as a user would, read its SUMMARY line, import it."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.scripts import SCRIPTS, load_script  # noqa: F401 (test modules import it from here)
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "leanrl"
 
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graph capture); none on this machine"
@@ -66,15 +66,6 @@ def assert_user_error(proc, *words):
     for word in words:
         assert word in lines[0], f"{word!r} not in {lines[0]!r}"
     return lines[0]
-
-
-def load_script(name, directory=SCRIPTS):
-    """Import `<directory>/<name>.py` (by default a script of `leanrl/`) as a module; importing starts nothing."""
-    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", directory / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(autouse=True)

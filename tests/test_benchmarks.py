@@ -345,3 +345,17 @@ def test_plots_write_the_sps_png_and_a_returns_png_per_algorithm_with_episodes(t
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plots_command_draws_one_runs_curve_from_its_output_and_rejects_output_without_summary(tmp_path, capsys):
+    log = tmp_path / "run.log"
+    summary = dict(script="s", env_id="Fake-v0", curve=[[8, 0.5, 1.0], [16, 1.0, 4.0]])
+    log.write_text("progress 1 of 2\nSUMMARY " + json.dumps(summary) + "\n")
+    assert plots.read_summary(log) == summary
+    assert plots.main([str(log), "--out", str(tmp_path / "curve.png"), "--baseline", "1.2"]) == 0
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    log.write_text("trained, but forgot the summary\n")
+    with pytest.raises(SystemExit) as exit_info:
+        plots.main([str(log), "--out", str(tmp_path / "none.png")])
+    assert exit_info.value.code == 2 and not (tmp_path / "none.png").exists()
+    assert "holds 0 SUMMARY lines" in capsys.readouterr().err

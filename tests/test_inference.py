@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from benchmarks import inference
-from benchmarks.policies import SCRIPTS, SPECS, load_script
+from benchmarks.policies import SPECS
+from benchmarks.scripts import SCRIPTS, load_script
 
 TINY = ["--rounds", "2", "--block-ms", "1"]
 
