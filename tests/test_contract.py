@@ -59,7 +59,7 @@ def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-@pytest.mark.parametrize("script", [name for name in SCRIPTS if name.endswith("_torchcompile")])
+@pytest.mark.parametrize("script", [name for name in SCRIPTS if name.endswith("_torchcompile")] + ["ppo_atari_envpool_torchcompile"])
 def test_cudagraphs_without_cuda_exits_2(script):
     assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
 

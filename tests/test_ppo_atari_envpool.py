@@ -5,7 +5,7 @@ twin's, nothing recompiles, bad input exits 2."""
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, load_script, run_script, summary
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 from torch.distributions import Categorical
 
@@ -31,6 +31,14 @@ def test_smoke(script, flags):
     assert 0 <= result["return_mean"] < 10
     assert all(point[2] == int(point[2]) for point in result["curve"])  # unclipped scores are whole points
     assert result["sps"] > 0 and result["sps_wall"] > 0
+
+
+@requires_cuda
+@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+def test_cudagraphs_smoke(flags):
+    result = summary(run_script(TWIN, *SMOKE, *flags))
+    assert result["cudagraphs"] is True and result["device"].startswith("cuda")
+    assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
 
 
 def step_infos(reward, terminated, elapsed_step):
