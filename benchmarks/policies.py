@@ -83,8 +83,9 @@ def build_ppo_continuous(script, device):
 
 
 def build_ppo_atari(script, device):
-    """PPO Atari: the Nature-CNN agent and its weight-sharing acting copy; acting is `get_action_and_value`."""
-    agent = script.Agent(ATARI_ACT, device=device)
+    """PPO Atari: the Nature-CNN agent (channels-last on a CPU, as the twin makes it) and its weight-sharing acting
+    copy; acting is `get_action_and_value`."""
+    agent = script.make_agent(ATARI_ACT, device)
     agent_inference = script.Agent(ATARI_ACT, device=device)
     from_module(agent).data.to_module(agent_inference)
     return Built(agent, agent_inference.get_action_and_value)

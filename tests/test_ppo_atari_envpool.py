@@ -128,11 +128,12 @@ def test_doubling_gae_equals_the_reference_loop():
 def build_update(module, seed=0, **update_kwargs):
     """`module`'s agent (channels-last in the twin, as its main builds it on a CPU), Adam and update."""
     torch.manual_seed(seed)
-    agent = module.Agent(4)
     if module.__name__.endswith(TWIN):
-        agent = agent.to(memory_format=torch.channels_last)
+        agent = module.make_agent(4, torch.device("cpu"))
+        assert agent.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
     else:
+        agent = module.Agent(4)
         optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
     return module.make_update(agent, optimizer, module.Args(), **update_kwargs), agent, optimizer
 
