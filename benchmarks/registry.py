@@ -48,7 +48,7 @@ ALGOS = (
     Algo(
         "sac",
         "sac_continuous_action",
-        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "6000", "--learning-starts", "5000",
+        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "1500", "--learning-starts", "1000",
                "--measure-burnin", "50"),
         full=("--total-timesteps", "30000"),
     ),
@@ -56,20 +56,20 @@ ALGOS = (
     Algo(
         "td3",
         "td3_continuous_action",
-        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "6000", "--learning-starts", "5000",
+        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "1500", "--learning-starts", "1000",
                "--measure-burnin", "50"),
         full=("--total-timesteps", "30000", "--learning-starts", "5000"),
     ),
     Algo(
         "ppo_continuous_action",
         "ppo_continuous_action",
-        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "20480", "--measure-burnin", "2"),
+        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "10240", "--measure-burnin", "2"),  # 5 iterations
         full=("--total-timesteps", "204800"),
     ),
     Algo(
         "ppo_atari_envpool",
         "ppo_atari_envpool",
-        quick=("--env-id", "Breakout-v5", "--total-timesteps", "8192", "--measure-burnin", "3"),  # 8 iterations
+        quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),  # 6 iterations
         full=("--total-timesteps", "204800"),
     ),
 )

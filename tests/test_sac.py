@@ -124,10 +124,11 @@ def test_no_recompilation_after_warmup():
 @pytest.mark.learning
 @pytest.mark.parametrize("script, flags", [(EAGER, ()), (TWIN, ("--compile",))], ids=["eager", "twin-compile"])
 def test_learns_pendulum(script, flags):
-    """10,000 steps, 1,000 of them random: about 1.5-2 minutes each on a 2-core CPU. A random policy scores
+    """8,000 steps, 1,000 of them random: 2.5-3 minutes each on a 2-core EPYC, where seed 1 reaches about -130
+    per episode after ~3,500 steps and the last 20 episodes average -146 (both twins). A random policy scores
     about -1200 on Pendulum-v1; a broken update stays below -600."""
     result = summary(
-        run_script(script, "--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1", *flags)
+        run_script(script, "--env-id", "Pendulum-v1", "--total-timesteps", "8000", "--learning-starts", "1000", "--seed", "1", *flags)
     )
-    assert result["episodes"] == 50
+    assert result["episodes"] == 40
     assert result["return_mean"] > -300, result
