@@ -8,16 +8,23 @@ from pathlib import Path
 import torch
 
 PACKAGES = ("torch", "tensordict", "gymnasium", "envpool")
+VECTOR_EXTENSIONS = (("AVX-512", "avx512f"), ("AVX2", "avx2"), ("AVX", "avx"))  # widest first: (name, cpuinfo flag)
 
 
 def cpu_model(cpuinfo=Path("/proc/cpuinfo")):
-    """The CPU's model name from `cpuinfo`, or None where that file does not say."""
+    """The CPU's model name from `cpuinfo`, with its family, model and widest vector extension (virtual machines
+    often report a bare "AMD EPYC" for CPUs generations apart), or None where that file does not say."""
     if not cpuinfo.exists():
         return None
+    fields = {}
     for line in cpuinfo.read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return None
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields:
+        return None
+    flags = fields.get("flags", "").split()
+    vector = next((name for name, flag in VECTOR_EXTENSIONS if flag in flags), "no AVX")
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {vector})"
 
 
 def package_version(name):

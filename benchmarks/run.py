@@ -1,6 +1,6 @@
 """Benchmark the twins side by side: each algorithm's variants run in turn (A B C A B C ...), `--repeats` times.
 
-    python -m benchmarks.run --quick                             # every algorithm, seeds 1 2: ~10 min on 2 CPU cores
+    python -m benchmarks.run --quick                             # every algorithm, seeds 1 2: ~11 min on 2 CPU cores
     python -m benchmarks.run --algos sac --repeats 3 --quick     # one algorithm, seeds 1 2 3
     python -m benchmarks.run --repeats 5                         # every registered algorithm, full budget
 

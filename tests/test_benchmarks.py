@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import env_limit, plots, report, run
+from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
@@ -359,3 +359,15 @@ def test_plots_command_draws_one_runs_curve_from_its_output_and_rejects_output_w
         plots.main([str(log), "--out", str(tmp_path / "none.png")])
     assert exit_info.value.code == 2 and not (tmp_path / "none.png").exists()
     assert "holds 0 SUMMARY lines" in capsys.readouterr().err
+
+
+def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    core = "model name\t: AMD EPYC\ncpu family\t: {family}\nmodel\t\t: 1\nflags\t\t: fpu {flags} sse2\n\n"
+    cpuinfo.write_text(core.format(family=25, flags="avx avx2") * 2)  # one block per core: the first counts
+    assert machine.cpu_model(cpuinfo) == "AMD EPYC (family 25 model 1, AVX2)"
+    cpuinfo.write_text(core.format(family=6, flags="avx avx2 avx512f avx512bw"))
+    assert machine.cpu_model(cpuinfo) == "AMD EPYC (family 6 model 1, AVX-512)"
+    cpuinfo.write_text("processor\t: 0\n")
+    assert machine.cpu_model(cpuinfo) is None
+    assert machine.cpu_model(tmp_path / "missing") is None
