@@ -3,7 +3,7 @@
 Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps).
 
     python leanrl/dqn.py                                  # the benchmark run
-    python leanrl/dqn.py --total-timesteps 100000         # learns CartPole in ~1 min on a CPU
+    python leanrl/dqn.py --total-timesteps 100000         # learns CartPole
 
 Plain PyTorch, no tensordict: the readable twin of dqn_torchcompile.py, written in the same shape so that
 `diff` shows only what buys speed.
@@ -246,6 +246,19 @@ def make_policy(q_network, action_space, device):
     return policy
 
 
+def make_learner(args, n_obs, n_act, action_space, device):
+    """DQN's networks, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the Q network, the optimizer and the functions (policy, update, update_target)."""
+    q_network = QNetwork(n_obs, n_act, device=device)
+    target_network = QNetwork(n_obs, n_act, device=device)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    update = make_update(q_network, target_network, optimizer, args.gamma)
+    update_target = make_update_target(q_network, target_network, args.tau)
+    policy = make_policy(q_network, action_space, device)
+    return q_network, optimizer, (policy, update, update_target)
+
+
 def main(args):
     check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -263,13 +276,7 @@ def main(args):
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
-    q_network = QNetwork(n_obs, n_act, device=device)
-    target_network = QNetwork(n_obs, n_act, device=device)
-    target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    update = make_update(q_network, target_network, optimizer, args.gamma)
-    update_target = make_update_target(q_network, target_network, args.tau)
-    policy = make_policy(q_network, envs.action_space, device)
+    q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, envs.action_space, device)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=args.seed)

@@ -5,7 +5,7 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
     python leanrl/dqn_torchcompile.py                             # the benchmark run, eager
     python leanrl/dqn_torchcompile.py --compile                   # torch.compile the acting and the update
     python leanrl/dqn_torchcompile.py --compile --cudagraphs      # and replay them as CUDA graphs (CUDA only)
-    python leanrl/dqn_torchcompile.py --total-timesteps 100000    # learns CartPole in ~1 min on a CPU
+    python leanrl/dqn_torchcompile.py --total-timesteps 100000    # learns CartPole
 
 What changes from dqn.py, all for speed: epsilon-greedy acting is one function on the device (the step it
 reads lives in a device tensor that the function advances in place, so the schedule moves without a host sync
@@ -252,19 +252,48 @@ def make_update_target(q_network, target_network, tau):
 
 
 def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
-    """Epsilon-greedy on the device, one coin per env. `global_step` is a device tensor the policy reads and
+    """Epsilon-greedy on the device, one coin for all envs as in CleanRL. `global_step` is a device tensor the policy reads and
     advances in place (by the number of envs), so the schedule moves with no host sync and no recompile."""
 
     def policy(obs):
         epsilon = linear_schedule(start_e, end_e, duration, global_step)
         with torch.no_grad():
             q_values = q_network(obs)
-        explore = torch.rand(obs.shape[0], device=obs.device) < epsilon
+        explore = torch.rand((), device=obs.device) < epsilon
         random_actions = torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
         global_step.add_(obs.shape[0])
         return torch.where(explore, random_actions, q_values.argmax(dim=1))
 
     return policy
+
+
+def adam_options(cudagraphs):
+    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
+    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
+    the step of an optimizer that is not."""
+    return {"fused": True, "capturable": cudagraphs}
+
+
+def cuda_graph(fn, compiled):
+    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
+    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
+    it has compiled for the optimizers' created state before the recording."""
+    return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def make_learner(args, n_obs, n_act, device):
+    """DQN's networks, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the Q network, the optimizer and the functions (policy, update, update_target)."""
+    q_network = QNetwork(n_obs, n_act, device=device)
+    target_network = QNetwork(n_obs, n_act, device=device)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam_options(args.cudagraphs))
+    update = make_update(q_network, target_network, optimizer, args.gamma)
+    update_target = make_update_target(q_network, target_network, args.tau)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    global_step_t = torch.zeros((), dtype=torch.long, device=device)
+    policy = make_policy(q_network, n_act, global_step_t, args.start_e, args.end_e, exploration_steps)
+    return q_network, optimizer, (policy, update, update_target)
 
 
 def main(args):
@@ -288,24 +317,13 @@ def main(args):
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
-    q_network = QNetwork(n_obs, n_act, device=device)
-    target_network = QNetwork(n_obs, n_act, device=device)
-    target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters instead of a dozen ops per parameter; capturable for CUDA graphs
-    optimizer = torch.optim.Adam(
-        q_network.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs and not args.compile
-    )
-    update = make_update(q_network, target_network, optimizer, args.gamma)
-    update_target = make_update_target(q_network, target_network, args.tau)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    global_step_t = torch.zeros((), dtype=torch.long, device=device)
-    policy = make_policy(q_network, n_act, global_step_t, args.start_e, args.end_e, exploration_steps)
+    q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, device)
     if args.compile:
         policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
-        update = CudaGraphModule(update)
+        policy = cuda_graph(policy, args.compile)
+        update = cuda_graph(update, args.compile)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=args.seed)
@@ -363,8 +381,9 @@ def main(args):
             return_mean = np.mean(episode_returns) if episode_returns else float("nan")
             pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
             if args.track:
-                epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step_t)
-                logs = torch.stack([qf_loss, q_mean, epsilon]).tolist()  # host sync
+                exploration_steps = args.exploration_fraction * args.total_timesteps
+                epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, torch.tensor(global_step))
+                logs = torch.stack([qf_loss, q_mean]).tolist() + [epsilon.item()]  # host sync
                 names = ("losses/td_loss", "losses/q_values", "charts/epsilon")
                 wandb.log(dict(zip(names, logs)) | {"charts/SPS": sps}, step=global_step)
 

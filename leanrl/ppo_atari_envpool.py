@@ -245,6 +245,17 @@ def make_update(agent, optimizer, args):
     return update
 
 
+def make_learner(args, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    agent = Agent(n_act, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    update = make_update(agent, optimizer, args)
+    policy = agent.get_action_and_value
+    get_value = agent.get_value
+    return agent, optimizer, (policy, get_value, update)
+
+
 def main(args):
     check_args(args)
     batch_size = args.num_envs * args.num_steps
@@ -264,11 +275,8 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     obs_shape = envs.single_observation_space.shape
-    agent = Agent(envs.single_action_space.n, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    update = make_update(agent, optimizer, args)
-    policy = agent.get_action_and_value
-    get_value = agent.get_value
+    n_act = envs.single_action_space.n
+    agent, optimizer, (policy, get_value, update) = make_learner(args, n_act, device)
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]

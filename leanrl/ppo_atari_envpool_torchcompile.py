@@ -2,7 +2,7 @@
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
 
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile               # ~1 min cold compile on a CPU
+    python leanrl/ppo_atari_envpool_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
 
 Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
@@ -13,7 +13,7 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - the categorical's sampling, log-probability and entropy are written out (torch.distributions validates and
   builds objects on every call);
 - GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a Python loop;
-- a fused Adam whose learning rate is a tensor annealed in place;
+- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place;
 - `--compile` compiles GAE and the loss (forward and backward) of the update, and the acting policy;
 - `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
   and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
@@ -201,8 +201,7 @@ class Agent(nn.Module):
 
 
 def make_agent(n_act, device):
-    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are faster: an update
-    step on 256 frames took ~106 ms instead of ~134 ms here, ~77 ms compiled (2-core Xeon)."""
+    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are faster (README)."""
     agent = Agent(n_act, device=device)
     return agent.to(memory_format=torch.channels_last) if device.type == "cpu" else agent
 
@@ -283,6 +282,36 @@ def make_update(agent, optimizer, args, compile_loss=False):
     return update
 
 
+def adam_options(cudagraphs):
+    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
+    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
+    the step of an optimizer that is not."""
+    return {"fused": True, "capturable": cudagraphs}
+
+
+def cuda_graph(fn, compiled):
+    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
+    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
+    it has compiled for the optimizers' created state before the recording."""
+    return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def make_learner(args, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    agent = make_agent(n_act, device)
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
+    update = make_update(agent, optimizer, args, compile_loss=args.compile)
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    agent_inference = Agent(n_act, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    policy = agent_inference.get_action_and_value
+    get_value = agent_inference.get_value
+    return agent, optimizer, (policy, get_value, update)
+
+
 def main(args):
     check_args(args)
     batch_size = args.num_envs * args.num_steps
@@ -303,25 +332,14 @@ def main(args):
 
     obs_shape = envs.single_observation_space.shape
     n_act = envs.single_action_space.n
-    agent = make_agent(n_act, device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles;
-    # fused: one kernel for all parameters; capturable (step counters on the device) for a CUDA graph replay
-    lr = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs and not args.compile)
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
-    agent_inference = Agent(n_act, device=device)
-    from_module(agent).data.to_module(agent_inference)
-    policy = agent_inference.get_action_and_value
-    get_value = agent_inference.get_value
-
+    agent, optimizer, (policy, get_value, update) = make_learner(args, n_act, device)
     compute_gae = gae
     if args.compile:
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy, fullgraph=True)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
-        update = CudaGraphModule(update)
+        policy = cuda_graph(policy, args.compile)
+        update = cuda_graph(update, args.compile)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict; frames stay uint8
     rollout = TensorDict(

@@ -3,7 +3,7 @@
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
     python leanrl/ppo_continuous_action.py                                          # the benchmark run
-    python leanrl/ppo_continuous_action.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns in ~1 min
+    python leanrl/ppo_continuous_action.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns
 
 Plain PyTorch, no tensordict: the readable twin of ppo_continuous_action_torchcompile.py, written in the same
 shape so that `diff` shows only what buys speed.
@@ -275,6 +275,17 @@ def make_update(agent, optimizer, args):
     return update
 
 
+def make_learner(args, n_obs, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    agent = Agent(n_obs, n_act, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    update = make_update(agent, optimizer, args)
+    policy = agent.get_action_and_value
+    get_value = agent.get_value
+    return agent, optimizer, (policy, get_value, update)
+
+
 def main(args):
     check_args(args)
     batch_size = args.num_envs * args.num_steps
@@ -295,11 +306,7 @@ def main(args):
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    agent = Agent(n_obs, n_act, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    update = make_update(agent, optimizer, args)
-    policy = agent.get_action_and_value
-    get_value = agent.get_value
+    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]

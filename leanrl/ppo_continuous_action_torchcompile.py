@@ -2,7 +2,7 @@
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
-    python leanrl/ppo_continuous_action_torchcompile.py --compile               # ~30 s cold compile on a CPU
+    python leanrl/ppo_continuous_action_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 --total-timesteps 40960
 
@@ -13,7 +13,8 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
   on every call, which costs more than the math at these sizes);
 - GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a num_steps-long
   Python loop, so the compiled graph is small and compiles in seconds;
-- a fused Adam whose learning rate is a tensor annealed in place; on the CPU, one intra-op thread;
+- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU,
+  one intra-op thread;
 - `--compile` compiles GAE, the loss (forward and backward) of the update and the acting policy; the clip and
   the fused Adam step stay eager, which keeps the cold compile short;
 - `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
@@ -105,7 +106,7 @@ class Args:
     """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
 
     compile: bool = False
-    """compile GAE and the update's loss with `torch.compile` (and the acting policy on a CUDA device)"""
+    """compile GAE, the update's loss and the acting policy with `torch.compile`"""
     cudagraphs: bool = False
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
@@ -243,8 +244,8 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
     # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
     # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
-    # num_steps-long loop: compiled, 2048 steps take ~8 s here where an unrolled loop of 256 took ~50 s on
-    # a 2-core CPU. The same sums, added in another order.
+    # num_steps-long loop, and the compiled graph stays small where an unrolled loop would take minutes to compile.
+    # The same sums, added in another order.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -306,6 +307,36 @@ def make_update(agent, optimizer, args, compile_loss=False):
     return update
 
 
+def adam_options(cudagraphs):
+    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
+    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
+    the step of an optimizer that is not."""
+    return {"fused": True, "capturable": cudagraphs}
+
+
+def cuda_graph(fn, compiled):
+    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
+    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
+    it has compiled for the optimizers' created state before the recording."""
+    return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def make_learner(args, n_obs, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    agent = Agent(n_obs, n_act, device=device)
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
+    update = make_update(agent, optimizer, args, compile_loss=args.compile)
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    agent_inference = Agent(n_obs, n_act, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    policy = agent_inference.get_action_and_value
+    get_value = agent_inference.get_value
+    return agent, optimizer, (policy, get_value, update)
+
+
 def main(args):
     check_args(args)
     batch_size = args.num_envs * args.num_steps
@@ -330,29 +361,16 @@ def main(args):
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    agent = Agent(n_obs, n_act, device=device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles;
-    # fused: one kernel for all parameters; capturable (step counters on the device) for a CUDA graph replay
-    lr = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs and not args.compile)
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
-    agent_inference = Agent(n_obs, n_act, device=device)
-    from_module(agent).data.to_module(agent_inference)
-    policy = agent_inference.get_action_and_value
-    get_value = agent_inference.get_value
-
+    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
     compute_gae = gae
     if args.compile:
-        # compiled, the loss (forward and backward) took ~1.4-2.2 ms per minibatch here against ~2.0-3.2 ms eager
-        # (shared 2-core CPU); compiling the Adam step as well was no faster. GAE is one small graph per rollout.
+        # GAE is one small graph per rollout; `make_update` compiles the loss (the Adam step stays eager: compiling
+        # it too was no faster on a CPU); batch-1 acting gains from compile (README, `benchmarks.inference`)
         compute_gae = torch.compile(gae, fullgraph=True)
-        # the batch-1 policy, compiled, acted 31% faster (benchmarks.inference) and whole --compile runs went from
-        # ~780 to ~840 sps on a 2-core EPYC; on a 2-core Xeon the same runs were ~15% slower: measure on yours
         policy = torch.compile(policy)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
-        update = CudaGraphModule(update)
+        policy = cuda_graph(policy, args.compile)
+        update = cuda_graph(update, args.compile)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
     rollout = TensorDict(

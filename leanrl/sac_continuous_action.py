@@ -1,9 +1,10 @@
 """Soft Actor-Critic for continuous actions, the eager reference (CleanRL's sac_continuous_action.py).
 
-Paper: https://arxiv.org/abs/1812.05905. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
+Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's benchmark env,
+HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
 
     python leanrl/sac_continuous_action.py                                   # the benchmark run
-    python leanrl/sac_continuous_action.py --env-id Pendulum-v1 --total-timesteps 10000   # learns in ~2 min on a CPU
+    python leanrl/sac_continuous_action.py --env-id Pendulum-v1 --total-timesteps 10000   # learns Pendulum
 
 Plain PyTorch, no tensordict: the readable twin of sac_continuous_action_torchcompile.py, written in the same
 shape so that `diff` shows only what buys speed. One gradient step per vector step, as in CleanRL, so with
@@ -12,6 +13,7 @@ observation; terminated ones do not.
 """
 
 import json
+import math
 import random
 import sys
 import time
@@ -71,7 +73,7 @@ class Args:
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """entropy regularization coefficient (its starting value when autotuned)"""
+    """entropy regularization coefficient, when not autotuned (autotuning starts at 1, as CleanRL's)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
@@ -92,6 +94,8 @@ def check_args(args):
         fail(f"--learning-starts must be >= 0, got {args.learning_starts}")
     if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--tau must be in (0, 1] and --gamma in [0, 1]")
+    if not args.autotune and args.alpha <= 0:
+        fail(f"--alpha must be positive, got {args.alpha}")
 
 
 def make_env(env_id, seed):
@@ -272,6 +276,32 @@ def make_updates(actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, opti
     return update_critic, update_actor, update_targets
 
 
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """SAC's networks, optimizers and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the actor, the entropy coefficient `alpha` (a tensor the updates change in place), the optimizers (q,
+    actor, alpha) and the functions (policy, update_critic, update_actor, update_targets)."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    qf1 = SoftQNetwork(n_obs, n_act, device=device)
+    qf2 = SoftQNetwork(n_obs, n_act, device=device)
+    qf1_target = SoftQNetwork(n_obs, n_act, device=device)
+    qf2_target = SoftQNetwork(n_obs, n_act, device=device)
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr)
+
+    # automatic entropy tuning starts at alpha = 1
+    target_entropy = -float(n_act)
+    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
+    alpha = log_alpha.detach().exp()
+    a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
+    optimizers = (q_optimizer, actor_optimizer, a_optimizer)
+    update_critic, update_actor, update_targets = make_updates(
+        actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, optimizers, args, target_entropy
+    )
+    return actor, alpha, optimizers, (actor.get_action, update_critic, update_actor, update_targets)
+
+
 def main(args):
     check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -289,26 +319,10 @@ def main(args):
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    actor = Actor(n_obs, n_act, envs.single_action_space.low, envs.single_action_space.high, device=device)
-    qf1 = SoftQNetwork(n_obs, n_act, device=device)
-    qf2 = SoftQNetwork(n_obs, n_act, device=device)
-    qf1_target = SoftQNetwork(n_obs, n_act, device=device)
-    qf2_target = SoftQNetwork(n_obs, n_act, device=device)
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr)
-
-    # automatic entropy tuning
-    target_entropy = -float(n_act)
-    log_alpha = torch.tensor(float(np.log(args.alpha)), device=device, requires_grad=args.autotune)
-    alpha = log_alpha.detach().exp()
-    a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
-    optimizers = (q_optimizer, actor_optimizer, a_optimizer)
-    update_critic, update_actor, update_targets = make_updates(
-        actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, optimizers, args, target_entropy
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = make_learner(
+        args, n_obs, n_act, action_low, action_high, device
     )
-    policy = actor.get_action
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
@@ -358,8 +372,7 @@ def main(args):
             qf_loss = update_critic(data)
 
             if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
-                for _ in range(args.policy_frequency):
-                    data = rb.sample(args.batch_size)
+                for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
                     actor_loss, alpha_loss = update_actor(data)
 
             if iteration % args.target_network_frequency == 0:

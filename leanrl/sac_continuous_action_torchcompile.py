@@ -1,9 +1,10 @@
 """Soft Actor-Critic for continuous actions, optimized: the twin of sac_continuous_action.py.
 
-Paper: https://arxiv.org/abs/1812.05905. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
+Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's benchmark env,
+HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
 
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
-    python leanrl/sac_continuous_action_torchcompile.py                         # on a CPU (see below)
+    python leanrl/sac_continuous_action_torchcompile.py                         # on a CPU
     python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
 
 Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
@@ -11,19 +12,18 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - the two Q-networks are one ensemble: their parameters stacked with `from_modules` and run with `torch.vmap`,
   so each layer of both networks is one batched matmul, and target networks are updated with one `lerp_`;
 - acting uses a copy of the actor that shares its weights but carries no autograd state;
+- the Gaussian is written out: `torch.distributions.Normal` checks its arguments on every call, a host sync;
 - the entropy coefficient `alpha` is a tensor updated in place: no `.item()` sync, and a CUDA graph sees it;
 - `--compile` wraps the acting policy and both update functions in `torch.compile`;
 - `--cudagraphs` records the updates and the policy as CUDA graphs (tensordict's `CudaGraphModule`) and
   replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
-On a 2-core CPU, 90% of a step is the two update functions, mostly matmuls and the per-op cost of small
-tensors. There this twin ran at 0.92-1.07x the eager twin's speed and `--compile` made the updates about 35%
-slower (graph breaks at `zero_grad`, the backward of vmapped layers); fused Adam and the one-call `lerp_`
-are what pay on a CPU. Compile and CUDA graphs are meant for the GPU, where launch overhead dominates.
+How each variant fares on a CPU and where a step's time goes is measured in the README.
 One gradient step per vector step, as in CleanRL, so with `--num-envs N` the updates per env step drop by N.
 Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
 
 import json
+import math
 import random
 import sys
 import time
@@ -85,7 +85,7 @@ class Args:
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """entropy regularization coefficient (its starting value when autotuned)"""
+    """entropy regularization coefficient, when not autotuned (autotuning starts at 1, as CleanRL's)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
@@ -111,6 +111,8 @@ def check_args(args):
         fail(f"--learning-starts must be >= 0, got {args.learning_starts}")
     if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--tau must be in (0, 1] and --gamma in [0, 1]")
+    if not args.autotune and args.alpha <= 0:
+        fail(f"--alpha must be positive, got {args.alpha}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
 
@@ -205,11 +207,12 @@ class Actor(nn.Module):
     def get_action(self, obs):
         mean, log_std = self(obs)
         std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std)
-        x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
+        # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per call
+        noise = torch.randn_like(mean)
+        x_t = mean + std * noise  # reparameterization trick
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
-        log_prob = normal.log_prob(x_t)
+        log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
         # enforcing action bounds: the change of variables through tanh and the rescaling
         log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
         log_prob = log_prob.sum(-1, keepdim=True)
@@ -308,6 +311,49 @@ def make_updates(actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_targe
     return update_critic, update_actor, update_targets
 
 
+def adam_options(cudagraphs):
+    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
+    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
+    the step of an optimizer that is not."""
+    return {"fused": True, "capturable": cudagraphs}
+
+
+def cuda_graph(fn, compiled):
+    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
+    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
+    it has compiled for the optimizers' created state before the recording."""
+    return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """SAC's networks, optimizers and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the actor, the entropy coefficient `alpha` (a tensor the updates change in place), the optimizers (q,
+    actor, alpha) and the functions (policy, update_critic, update_actor, update_targets)."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    qf1 = SoftQNetwork(n_obs, n_act, device=device)
+    qf2 = SoftQNetwork(n_obs, n_act, device=device)
+    qnet_params = from_modules(qf1, qf2, as_module=True)
+    qnet_target = qnet_params.data.clone()
+    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a graph
+    ensemble_qf, ensemble_qf_target = make_ensemble_qf(n_obs, n_act), make_ensemble_qf(n_obs, n_act)
+    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, **adam_options(args.cudagraphs))
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, **adam_options(args.cudagraphs))
+
+    # automatic entropy tuning starts at alpha = 1
+    target_entropy = -float(n_act)
+    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
+    alpha = log_alpha.detach().exp()
+    a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, **adam_options(args.cudagraphs))
+    optimizers = (q_optimizer, actor_optimizer, a_optimizer)
+    update_critic, update_actor, update_targets = make_updates(
+        actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy
+    )
+    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
+    actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
+    from_module(actor).data.to_module(actor_detach)
+    return actor, alpha, optimizers, (actor_detach.get_action, update_critic, update_actor, update_targets)
+
+
 def main(args):
     check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -325,42 +371,18 @@ def main(args):
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    actor = Actor(n_obs, n_act, envs.single_action_space.low, envs.single_action_space.high, device=device)
-    qf1 = SoftQNetwork(n_obs, n_act, device=device)
-    qf2 = SoftQNetwork(n_obs, n_act, device=device)
-    qnet_params = from_modules(qf1, qf2, as_module=True)
-    qnet_target = qnet_params.data.clone()
-    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a graph
-    ensemble_qf, ensemble_qf_target = make_ensemble_qf(n_obs, n_act), make_ensemble_qf(n_obs, n_act)
-    # capturable: the optimizer's step counter stays on the device, so a CUDA graph can replay the step;
-    # otherwise fused: one kernel per parameter tensor instead of a dozen (about 10% of an update on a CPU)
-    capturable = args.cudagraphs and not args.compile
-    adam_kwargs = {"capturable": capturable, "fused": not capturable}
-    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, **adam_kwargs)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, **adam_kwargs)
-
-    # automatic entropy tuning
-    target_entropy = -float(n_act)
-    log_alpha = torch.tensor(float(np.log(args.alpha)), device=device, requires_grad=args.autotune)
-    alpha = log_alpha.detach().exp()
-    a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, **adam_kwargs)
-    optimizers = (q_optimizer, actor_optimizer, a_optimizer)
-    update_critic, update_actor, update_targets = make_updates(
-        actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = make_learner(
+        args, n_obs, n_act, action_low, action_high, device
     )
-    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
-    actor_detach = Actor(n_obs, n_act, envs.single_action_space.low, envs.single_action_space.high, device=device)
-    from_module(actor).data.to_module(actor_detach)
-    policy = actor_detach.get_action
-
     if args.compile:
         policy = torch.compile(policy)
         update_critic = torch.compile(update_critic)
         update_actor = torch.compile(update_actor)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
-        update_critic = CudaGraphModule(update_critic)
-        update_actor = CudaGraphModule(update_actor)
+        policy = cuda_graph(policy, args.compile)
+        update_critic = cuda_graph(update_critic, args.compile)
+        update_actor = cuda_graph(update_actor, args.compile)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
@@ -410,8 +432,7 @@ def main(args):
             qf_loss = update_critic(data)
 
             if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
-                for _ in range(args.policy_frequency):
-                    data = rb.sample(args.batch_size)
+                for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
                     actor_loss, alpha_loss = update_actor(data)
 
             if iteration % args.target_network_frequency == 0:

@@ -1,6 +1,7 @@
 """Twin Delayed DDPG (TD3) for continuous actions, the eager reference (CleanRL's td3_continuous_action.py).
 
-Paper: https://arxiv.org/abs/1802.09477. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 25k random steps).
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps); the default env is
+LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
     python leanrl/td3_continuous_action.py                                   # the benchmark run
     python leanrl/td3_continuous_action.py --env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000
@@ -9,7 +10,7 @@ Plain PyTorch, no tensordict: the readable twin of td3_continuous_action_torchco
 shape so that `diff` shows only what buys speed.
 Exploration noise is drawn on the device, inside the acting policy. One critic step per vector step and one
 actor step (plus the target updates) every `policy_frequency` vector steps, as in CleanRL, so with
-`--num-envs N` the updates per env step drop by N. Pendulum-v1 learns in 10k steps (about 2 min on a 2-core CPU).
+`--num-envs N` the updates per env step drop by N. Pendulum-v1 learns in 10k steps.
 Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
 
@@ -261,6 +262,29 @@ def make_updates(actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimize
     return update_critic, update_actor, update_targets
 
 
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """TD3's networks, optimizers and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the actor, the optimizers (q, actor) and the functions (policy, update_critic, update_actor,
+    update_targets)."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    target_actor.load_state_dict(actor.state_dict())
+    qf1 = QNetwork(n_obs, n_act, device=device)
+    qf2 = QNetwork(n_obs, n_act, device=device)
+    qf1_target = QNetwork(n_obs, n_act, device=device)
+    qf2_target = QNetwork(n_obs, n_act, device=device)
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
+
+    optimizers = (q_optimizer, actor_optimizer)
+    update_critic, update_actor, update_targets = make_updates(
+        actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args
+    )
+    return actor, optimizers, (make_policy(actor, args.exploration_noise), update_critic, update_actor, update_targets)
+
+
 def main(args):
     check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -279,23 +303,7 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor.load_state_dict(actor.state_dict())
-    qf1 = QNetwork(n_obs, n_act, device=device)
-    qf2 = QNetwork(n_obs, n_act, device=device)
-    qf1_target = QNetwork(n_obs, n_act, device=device)
-    qf2_target = QNetwork(n_obs, n_act, device=device)
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
-
-    optimizers = (q_optimizer, actor_optimizer)
-    update_critic, update_actor, update_targets = make_updates(
-        actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args
-    )
-    policy = make_policy(actor, args.exploration_noise)
+    actor, _, (policy, update_critic, update_actor, update_targets) = make_learner(args, n_obs, n_act, action_low, action_high, device)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)

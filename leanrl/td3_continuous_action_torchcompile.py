@@ -1,17 +1,19 @@
 """Twin Delayed DDPG (TD3) for continuous actions, optimized: the twin of td3_continuous_action.py.
 
-Paper: https://arxiv.org/abs/1802.09477. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 25k random steps).
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps); the default env is
+LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
     python leanrl/td3_continuous_action_torchcompile.py                         # the benchmark run, eager
     python leanrl/td3_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/td3_continuous_action_torchcompile.py --env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000
 
 Same algorithm, defaults and loop as the eager twin, data flow rewritten for speed: a TensorDict replay buffer on
-the device, the twin critics as one vmapped ensemble, `lerp_` target updates, a fused Adam. `--compile` wraps
+the device, the twin critics as one vmapped ensemble, `lerp_` target updates, a fused Adam (capturable under
+`--cudagraphs`). `--compile` wraps
 acting and both updates in `torch.compile`, `--cudagraphs` in tensordict's `CudaGraphModule` (CUDA only).
-Exploration noise is drawn on the device, inside the acting policy. One critic step per vector step and one
+As in the eager twin, exploration noise is drawn on the device, inside the acting policy. One critic step per vector step and one
 actor step (plus the target updates) every `policy_frequency` vector steps, as in CleanRL, so with
-`--num-envs N` the updates per env step drop by N. Pendulum-v1 learns in 10k steps (about 2 min on a 2-core CPU).
+`--num-envs N` the updates per env step drop by N. Pendulum-v1 learns in 10k steps.
 Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
 
@@ -287,6 +289,46 @@ def make_updates(actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_para
     return update_critic, update_actor, update_targets
 
 
+def adam_options(cudagraphs):
+    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
+    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
+    the step of an optimizer that is not."""
+    return {"fused": True, "capturable": cudagraphs}
+
+
+def cuda_graph(fn, compiled):
+    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
+    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
+    it has compiled for the optimizers' created state before the recording."""
+    return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """TD3's networks, optimizers and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the actor, the optimizers (q, actor) and the functions (policy, update_critic, update_actor,
+    update_targets)."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    target_actor.load_state_dict(actor.state_dict())
+    qf1 = QNetwork(n_obs, n_act, device=device)
+    qf2 = QNetwork(n_obs, n_act, device=device)
+    qnet_params = from_modules(qf1, qf2, as_module=True)
+    qnet_target = qnet_params.data.clone()
+    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a graph
+    ensemble_qf, ensemble_qf_target = make_ensemble_qf(n_obs, n_act), make_ensemble_qf(n_obs, n_act)
+    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.learning_rate, **adam_options(args.cudagraphs))
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **adam_options(args.cudagraphs))
+
+    optimizers = (q_optimizer, actor_optimizer)
+    update_critic, update_actor, update_targets = make_updates(
+        actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, optimizers, args
+    )
+    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
+    actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
+    from_module(actor).data.to_module(actor_detach)
+    return actor, optimizers, (make_policy(actor_detach, args.exploration_noise), update_critic, update_actor, update_targets)
+
+
 def main(args):
     check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -305,38 +347,15 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor.load_state_dict(actor.state_dict())
-    qf1 = QNetwork(n_obs, n_act, device=device)
-    qf2 = QNetwork(n_obs, n_act, device=device)
-    qnet_params = from_modules(qf1, qf2, as_module=True)
-    qnet_target = qnet_params.data.clone()
-    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a graph
-    ensemble_qf, ensemble_qf_target = make_ensemble_qf(n_obs, n_act), make_ensemble_qf(n_obs, n_act)
-    # capturable: Adam's step counter stays on the device, so a CUDA graph can replay the step; else fused: fewer ops
-    capturable = args.cudagraphs and not args.compile
-    adam_kwargs = {"capturable": capturable, "fused": not capturable}
-    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.learning_rate, **adam_kwargs)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **adam_kwargs)
-
-    optimizers = (q_optimizer, actor_optimizer)
-    update_critic, update_actor, update_targets = make_updates(
-        actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, optimizers, args
-    )
-    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
-    actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
-    from_module(actor).data.to_module(actor_detach)
-    policy = make_policy(actor_detach, args.exploration_noise)
-
+    actor, _, (policy, update_critic, update_actor, update_targets) = make_learner(args, n_obs, n_act, action_low, action_high, device)
     if args.compile:
         policy = torch.compile(policy)
         update_critic = torch.compile(update_critic)
         update_actor = torch.compile(update_actor)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
-        update_critic = CudaGraphModule(update_critic)
-        update_actor = CudaGraphModule(update_actor)
+        policy = cuda_graph(policy, args.compile)
+        update_critic = cuda_graph(update_critic, args.compile)
+        update_actor = cuda_graph(update_actor, args.compile)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)

@@ -1,5 +1,6 @@
 """Helpers shared by every test module: run a script as a user would, read its SUMMARY line, import it."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.scripts import SCRIPTS, load_script  # noqa: F401 (test modules import it from here)
 
@@ -74,3 +76,80 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+class HostSync(AssertionError):
+    """A function meant for a CUDA graph waited for the device: inside a capture that is an error."""
+
+
+# Python-level reads of a tensor's value or memory by the host; on a CPU `.cpu()` and `.numpy()` sync nothing, but
+# on CUDA they wait for the device, so they are refused here too
+SYNC_METHODS = ("__bool__", "__int__", "__float__", "__index__", "__array__", "item", "tolist", "cpu", "numpy")
+# ops whose output (a Python scalar, or a shape) depends on the data: the host must wait for the device
+SYNC_OPS = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten._unique2.default,
+    torch.ops.aten.unique_consecutive.default,
+    torch.ops.aten.repeat_interleave.Tensor,
+}
+
+
+class RefuseSyncOps(TorchDispatchMode):
+    """Raises HostSync on any op whose result the host must wait for, also those called from C++ (boolean-mask
+    indexing, `torch.distributions`' argument checks). Eager code only: dynamo does not compile under a dispatch
+    mode."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNC_OPS:
+            raise HostSync(f"host sync: {func}")
+        if func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            raise HostSync("host sync: indexing with a boolean mask")
+        return func(*args, **(kwargs or {}))
+
+
+def _refuse(name):
+    @torch.compiler.disable  # dynamo must not trace into it: a compiled graph breaks here and the call raises
+    def method(self, *args, **kwargs):
+        raise HostSync(f"host sync: Tensor.{name}")
+
+    return method
+
+
+@contextlib.contextmanager
+def no_host_sync(compiled=False):
+    """Any host-device synchronization inside raises HostSync. Compiled code can only sync where its graph breaks,
+    and the code run there reads the tensor from Python (`bool(t)`, `t.item()`), which the patched methods refuse;
+    eager code is also run under RefuseSyncOps, with torch.distributions' argument checks on as in a fresh process
+    (the first `torch.compile` turns them off for the whole process)."""
+    saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    validate = torch.distributions.Distribution._validate_args
+    try:
+        for name in SYNC_METHODS:
+            setattr(torch.Tensor, name, _refuse(name))
+        if compiled:
+            yield
+        else:
+            torch.distributions.Distribution.set_default_validate_args(True)
+            with RefuseSyncOps():
+                yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+        torch.distributions.Distribution.set_default_validate_args(validate)
+
+
+def assert_no_host_sync(fn, inputs, compiled, calls=3):
+    """`fn(*inputs())` runs `calls` times without a host sync; returns the last output. A compiled `fn` first runs
+    `calls` unguarded warm-up calls (compiling, also for the optimizers' created state), then the guarded ones
+    with recompilation refused."""
+    with contextlib.ExitStack() as stack:
+        if compiled:
+            for _ in range(calls):
+                fn(*inputs())
+            stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
+        stack.enter_context(no_host_sync(compiled))
+        for _ in range(calls):
+            out = fn(*inputs())
+    return out

@@ -42,7 +42,7 @@ def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1):
     actor = module.Actor(n_obs, n_act, -2 * np.ones(n_act), 2 * np.ones(n_act))
     qnet_params = from_modules(module.SoftQNetwork(n_obs, n_act), module.SoftQNetwork(n_obs, n_act), as_module=True)
     qnet_target = qnet_params.data.clone()
-    log_alpha = torch.tensor(float(np.log(args.alpha)), requires_grad=True)
+    log_alpha = torch.zeros((), requires_grad=True)  # autotuning starts at alpha = 1, as in the twin
     alpha = log_alpha.detach().exp()
     optimizers = (  # as the twin builds them on a CPU
         torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, fused=True),

@@ -1,0 +1,124 @@
+"""The CUDA path, checked on a CPU: every function an optimized twin hands to `CudaGraphModule` runs without a host
+sync, eagerly and compiled, and every optimizer stepped inside such a function is capturable under `--cudagraphs`.
+Inside a CUDA graph capture a host sync is an error, and torch refuses to record the step of an optimizer that is
+not capturable; both used to surface only on a GPU. Each twin is built by its own `make_learner` with
+`--cudagraphs` on, as `main` builds it on CUDA (the device here is the CPU). The smoke runs under `--cudagraphs`
+(test_contract.py and the per-algorithm modules) need CUDA and are skipped here."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_no_host_sync, load_script
+from test_dqn import make_batch as dqn_batch
+from test_ppo_atari_envpool import make_minibatch as atari_minibatch
+from test_ppo_continuous_action import make_minibatch as ppo_minibatch
+from test_sac import make_batch as sac_batch
+from test_td3 import N_ACT as TD3_ACT
+from test_td3 import N_OBS as TD3_OBS
+from test_td3 import make_batch as td3_batch
+
+CPU = torch.device("cpu")
+BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
+
+
+def build_sac(module, args):
+    _, _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CPU)
+    obs = lambda: (torch.randn(1, 3),)  # noqa: E731
+    batch = lambda: (sac_batch(0),)  # noqa: E731
+    return optimizers, {"policy": (policy, obs), "update_critic": (update_critic, batch), "update_actor": (update_actor, batch)}
+
+
+def build_td3(module, args):
+    bounds = (-2 * np.ones(TD3_ACT), 2 * np.ones(TD3_ACT))
+    _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(args, TD3_OBS, TD3_ACT, *bounds, CPU)
+    obs = lambda: (torch.randn(1, TD3_OBS),)  # noqa: E731
+    batch = lambda: (td3_batch(0),)  # noqa: E731
+    return optimizers, {"policy": (policy, obs), "update_critic": (update_critic, batch), "update_actor": (update_actor, batch)}
+
+
+def build_dqn(module, args):
+    _, optimizer, (policy, update, _) = module.make_learner(args, 4, 2, CPU)
+    return [optimizer], {"policy": (policy, lambda: (torch.randn(1, 4),)), "update": (update, lambda: (dqn_batch(),))}
+
+
+def build_ppo(module, args):
+    _, optimizer, (policy, _, update) = module.make_learner(args, 3, 2, CPU)
+    # the update compiles its loss itself under --compile (the Adam step stays eager), so `main` compiles only acting
+    return [optimizer], {"policy": (policy, lambda: (torch.randn(1, 3),)), "update": (update, lambda: (ppo_minibatch(0),))}
+
+
+def build_ppo_atari(module, args):
+    _, optimizer, (policy, _, update) = module.make_learner(args, 4, CPU)
+    obs = lambda: (torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),)  # noqa: E731
+    return [optimizer], {"policy": (policy, obs), "update": (update, lambda: (atari_minibatch(0, size=8),))}
+
+
+# twin -> (builder, the functions `main` wraps in torch.compile under --compile)
+TWINS = {
+    "sac_continuous_action_torchcompile": (build_sac, ("policy", "update_critic", "update_actor")),
+    "td3_continuous_action_torchcompile": (build_td3, ("policy", "update_critic", "update_actor")),
+    "dqn_torchcompile": (build_dqn, ("policy", "update")),
+    "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
+    "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
+}
+
+
+def cudagraph_args(module, compile):
+    return module.Args(cudagraphs=True, compile=compile)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile-cudagraphs"])
+def test_optimizers_are_capturable_under_cudagraphs(twin, compile):
+    module = load_script(twin)
+    build, _ = TWINS[twin]
+    optimizers, _ = build(module, cudagraph_args(module, compile))
+    for optimizer in optimizers:
+        assert all(group["capturable"] and group["fused"] for group in optimizer.param_groups), optimizer
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_optimizers_are_fused_and_not_capturable_without_cudagraphs(twin):
+    module = load_script(twin)
+    build, _ = TWINS[twin]
+    optimizers, _ = build(module, module.Args())
+    for optimizer in optimizers:
+        assert all(group["fused"] and not group["capturable"] for group in optimizer.param_groups), optimizer
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_graphed_functions_never_sync_with_the_host(twin, compile):
+    module = load_script(twin)
+    build, compiled_by_main = TWINS[twin]
+    torch.manual_seed(0)
+    _, functions = build(module, cudagraph_args(module, compile))
+    for name, (fn, inputs) in functions.items():
+        compiled = compile and name in compiled_by_main
+        fn = torch.compile(fn) if compiled else fn
+        with torch.no_grad() if name == "policy" else torch.enable_grad():
+            out = assert_no_host_sync(fn, inputs, compiled=compile)
+        leaves = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+        assert leaves and all(torch.isfinite(x).all() for x in leaves), f"{twin}.{name}: {out}"
+
+
+def test_the_guard_catches_what_a_capture_refuses():
+    """The guard is not vacuous: it refuses a Python branch on a tensor, `.item()`, boolean-mask indexing and
+    torch.distributions' argument checks (the eager SAC twin's `Normal`), in eager and compiled code."""
+    from conftest import HostSync
+
+    x = torch.randn(8)
+
+    def branch(x):
+        return x * 2 if x.sum() > 0 else x
+
+    cases = [branch, lambda x: x.sum().item(), lambda x: x[x > 0].sum(), lambda x: torch.distributions.Normal(x, 1.0)]
+    for fn in cases:
+        with pytest.raises(HostSync):
+            assert_no_host_sync(fn, lambda: (x,), compiled=False)
+    with pytest.raises(HostSync):
+        assert_no_host_sync(torch.compile(branch), lambda: (x,), compiled=True)
+    eager_sac = load_script("sac_continuous_action")
+    actor = eager_sac.Actor(3, 1, *BOUNDS)
+    with pytest.raises(HostSync), torch.no_grad():
+        assert_no_host_sync(actor.get_action, lambda: (torch.randn(1, 3),), compiled=False)
