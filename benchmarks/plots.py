@@ -2,10 +2,10 @@
 min-max spread and the env-only limit as a dashed line), and per algorithm the episodic return of every run
 against wall-clock seconds and against environment steps, as LeanRL shows them.
 
-The learning curve of one run, from a file holding the script's output (its SUMMARY line):
+The learning curve of one run, from its `runs/<run_name>/summary.json` (the SUMMARY line names it):
 
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps 500000 > run.log
-    python -m benchmarks.plots run.log --out curve.png --baseline 1.2
+    python leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps 500000
+    python -m benchmarks.plots runs/<run_name>/summary.json --out curve.png --baseline 1.2
 
 Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure state.
 """
@@ -125,22 +125,22 @@ def write(out_dir, stamp, table, runs):
 
 
 def read_summary(path):
-    """The SUMMARY object in the file `path` (a script's output); a ValueError if there is not exactly one."""
-    lines = [line for line in Path(path).read_text().splitlines() if line.startswith("SUMMARY ")]
-    if len(lines) != 1:
-        raise ValueError(f"{path} holds {len(lines)} SUMMARY lines, expected 1")
-    return json.loads(lines[0][len("SUMMARY ") :])
+    """The summary object in the run's `summary.json` at `path`; a ValueError if it is not a JSON object."""
+    summary = json.loads(Path(path).read_text())
+    if not isinstance(summary, dict) or not isinstance(summary.get("curve"), list):
+        raise ValueError(f"{path} is not a run's summary.json (no curve)")
+    return summary
 
 
 def main(argv=None):
-    """Draw the learning curve of one run's output file; returns the exit status."""
+    """Draw the learning curve of one run's summary.json; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.plots", description="the learning curve of one run")
-    parser.add_argument("log", type=Path, help="a file holding the script's output (its SUMMARY line)")
+    parser.add_argument("summary", type=Path, help="the run's runs/<run_name>/summary.json")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--baseline", type=float, help="a random policy's return, drawn dashed")
     args = parser.parse_args(argv)
     try:
-        summary = read_summary(args.log)
+        summary = read_summary(args.summary)
     except (OSError, ValueError) as error:
         parser.error(str(error))
     run = {"algo": summary["env_id"], "variant": summary["script"], "summary": summary}

@@ -114,13 +114,18 @@ def result_line(cmd, proc, prefix):
 
 
 def parse_summary(cmd, proc):
-    """The SUMMARY object of a finished run `proc`; a BenchmarkError unless there is exactly one, with a numeric
-    sps and a `curve` list."""
-    summary = result_line(cmd, proc, "SUMMARY")
+    """The whole summary of a finished run `proc`: its one SUMMARY line names the run's `summary.json`, which holds
+    the same keys plus the learning curve; a BenchmarkError unless there is exactly one such line, its file exists,
+    and the summary has a numeric sps and a `curve` list."""
+    line = result_line(cmd, proc, "SUMMARY")
+    try:
+        summary = json.loads(Path(line["summary_file"]).read_text())
+    except (KeyError, OSError, json.JSONDecodeError) as error:
+        raise failure(cmd, f"printed a SUMMARY whose summary_file cannot be read ({error!r})", proc.stderr) from None
     if not isinstance(summary.get("sps"), (int, float)):
         raise failure(cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)")
     if not isinstance(summary.get("curve"), list):
-        raise failure(cmd, "printed a SUMMARY without a curve list (CONTRIBUTING.md: What a run prints)")
+        raise failure(cmd, "wrote a summary.json without a curve list (CONTRIBUTING.md: What a run prints)")
     return summary
 
 

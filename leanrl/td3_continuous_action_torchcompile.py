@@ -18,6 +18,7 @@ Truncated episodes bootstrap from their true final observation; terminated ones 
 """
 
 import json
+import os
 import random
 import sys
 import time
@@ -329,9 +330,22 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     return actor, optimizers, (make_policy(actor_detach, args.exploration_noise), update_critic, update_actor, update_targets)
 
 
+def write_summary(summary, run_dir):
+    """Write the whole summary, learning curve included, to `run_dir/summary.json` (a temporary file, then renamed:
+    a reader never sees half of it) and print it as one `SUMMARY` line without the curve, naming that file."""
+    path = os.path.join(run_dir, "summary.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f)
+    os.replace(path + ".tmp", path)
+    line = {key: value for key, value in summary.items() if key != "curve"} | {"summary_file": os.path.abspath(path)}
+    print("SUMMARY " + json.dumps(line), flush=True)
+
+
 def main(args):
     check_args(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)  # summary.json goes here
+    os.makedirs(run_dir, exist_ok=True)
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     if args.track:
         import wandb
@@ -438,7 +452,7 @@ def main(args):
         "torch_version": torch.__version__,
         "curve": curve,
     }
-    print("SUMMARY " + json.dumps(summary), flush=True)
+    write_summary(summary, run_dir)
     envs.close()
     if args.track:
         wandb.finish()

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from benchmarks.scripts import SCRIPTS, load_script  # noqa: F401 (test modules import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
+# where script runs make their runs/ folders: one temporary folder per test session, not the repository
+RUNS_CWD = tempfile.mkdtemp(prefix="leanrl-tests-")
 
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graph capture); none on this machine"
@@ -29,19 +32,26 @@ def script_env():
 
 def run_script(name, *flags, timeout=900, cwd=None, env=None):
     """Run `leanrl/<name>.py` with `flags` in a fresh interpreter, `env` added to its environment; returns the
-    CompletedProcess."""
+    CompletedProcess. It runs in `cwd`, by default a temporary folder of the test session, where it makes its
+    `runs/<run_name>/` folder."""
     cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, flags)]
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=script_env() | (env or {}), cwd=cwd or ROOT
+        cmd, capture_output=True, text=True, timeout=timeout, env=script_env() | (env or {}), cwd=cwd or RUNS_CWD
     )
 
 
 def summary(proc):
-    """The parsed SUMMARY line of a finished run; fails the test with the run's stderr if there is not exactly one."""
+    """The whole summary of a finished run: its one SUMMARY line, which names the run's summary.json, checked against
+    that file (the same keys and values, plus the learning curve); fails the test with the run's stderr otherwise."""
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
-    result = json.loads(lines[0][len("SUMMARY ") :])
+    line = json.loads(lines[0][len("SUMMARY ") :])
+    assert "curve" not in line, "the printed SUMMARY keeps the curve out (it is in summary.json)"
+    path = Path(line.pop("summary_file"))
+    assert path.name == "summary.json" and path.parent.parent.name == "runs"
+    result = json.loads(path.read_text())
+    assert {key: value for key, value in result.items() if key != "curve"} == line
     assert_curve(result)
     return result
 

@@ -83,7 +83,10 @@ def main():
                    compile="--compile" in argv, cudagraphs="--cudagraphs" in argv, num_envs=2, total_timesteps=300,
                    sps=sps, sps_wall=sps / 2, episodes=len(curve), return_mean=return_mean, wall_s=0.4,
                    torch_version="fake", curve=curve)
-    print("SUMMARY " + json.dumps(summary))
+    path = Path(__file__).with_name("summary-%d.json" % len(calls))  # a real script's is runs/<run_name>/summary.json
+    path.write_text(json.dumps(summary))
+    line = dict((key, value) for key, value in summary.items() if key != "curve")
+    print("SUMMARY " + json.dumps(dict(line, summary_file=str(path))))
 
 
 if __name__ == "__main__":
@@ -91,7 +94,11 @@ if __name__ == "__main__":
 """
 FAILING_SCRIPT = "import sys\nprint('boom: bad flag', file=sys.stderr)\nsys.exit(1)\n"
 SILENT_SCRIPT = "print('trained, but forgot the summary')\n"
-NO_CURVE_SCRIPT = 'import json\nprint("SUMMARY " + json.dumps(dict(sps=1.0, episodes=0)))\n'
+NO_CURVE_SCRIPT = """import json, pathlib
+path = pathlib.Path(__file__).with_name("no-curve-summary.json")
+path.write_text(json.dumps(dict(sps=1.0, episodes=0)))
+print("SUMMARY " + json.dumps(dict(sps=1.0, episodes=0, summary_file=str(path))))
+"""
 
 EAGER = {"": [(100, -10.0), (120, -20.0), (90, None)]}
 TWIN = {"": [(150, 1.0), (200, 2.0), (250, 3.0)], "--compile": [(300, None), (500, None), (400, None)]}
@@ -229,7 +236,7 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     [
         (FAILING_SCRIPT, "exited with status 1", "boom: bad flag"),
         (SILENT_SCRIPT, "exited with status 0 but printed 0 SUMMARY lines, expected 1", None),
-        (NO_CURVE_SCRIPT, "printed a SUMMARY without a curve list (CONTRIBUTING.md: What a run prints)", None),
+        (NO_CURVE_SCRIPT, "wrote a summary.json without a curve list (CONTRIBUTING.md: What a run prints)", None),
     ],
     ids=["exit-1", "no-summary", "no-curve"],
 )
@@ -347,18 +354,18 @@ def test_plots_write_the_sps_png_and_a_returns_png_per_algorithm_with_episodes(t
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
-def test_plots_command_draws_one_runs_curve_from_its_output_and_rejects_output_without_summary(tmp_path, capsys):
-    log = tmp_path / "run.log"
+def test_plots_command_draws_one_runs_curve_from_its_summary_file_and_rejects_other_files(tmp_path, capsys):
+    path = tmp_path / "summary.json"
     summary = dict(script="s", env_id="Fake-v0", curve=[[8, 0.5, 1.0], [16, 1.0, 4.0]])
-    log.write_text("progress 1 of 2\nSUMMARY " + json.dumps(summary) + "\n")
-    assert plots.read_summary(log) == summary
-    assert plots.main([str(log), "--out", str(tmp_path / "curve.png"), "--baseline", "1.2"]) == 0
+    path.write_text(json.dumps(summary))
+    assert plots.read_summary(path) == summary
+    assert plots.main([str(path), "--out", str(tmp_path / "curve.png"), "--baseline", "1.2"]) == 0
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    log.write_text("trained, but forgot the summary\n")
+    path.write_text(json.dumps(dict(script="s", env_id="Fake-v0")))
     with pytest.raises(SystemExit) as exit_info:
-        plots.main([str(log), "--out", str(tmp_path / "none.png")])
+        plots.main([str(path), "--out", str(tmp_path / "none.png")])
     assert exit_info.value.code == 2 and not (tmp_path / "none.png").exists()
-    assert "holds 0 SUMMARY lines" in capsys.readouterr().err
+    assert "is not a run's summary.json (no curve)" in capsys.readouterr().err
 
 
 def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
