@@ -18,7 +18,9 @@ final observation; terminated ones do not.
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -48,6 +50,14 @@ class Args:
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
     """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
 
@@ -107,11 +117,23 @@ def check_args(args):
         fail("--tau must be in (0, 1] and --gamma in [0, 1]")
     if not args.learning_rate > 0:
         fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.eval_model and args.eval_episodes == 0:
+        fail("--eval-model needs --eval-episodes N, N > 0")
 
 
-def make_env(env_id, seed):
+def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
-        env = gym.make(env_id)
+        if video_dir is None:
+            env = gym.make(env_id)
+        else:
+            env = gym.make(env_id, render_mode="rgb_array")
+            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
+                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
+            else:  # evaluation: its first `video_episodes` episodes
+                record = lambda episode: episode < video_episodes  # noqa: E731
+                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -119,16 +141,17 @@ def make_env(env_id, seed):
     return thunk
 
 
-def make_envs(env_id, num_envs, seed):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts
-    the true final obs in `info["final_obs"]`. A bad id, a non-Box observation space or a non-discrete action
-    space exits with status 2."""
+def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
+    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
+    `video_episodes` episodes if given). A bad id, a non-Box observation space or a non-discrete action space exits
+    with status 2."""
     if env_id not in gym.registry:
         fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
     try:
-        envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, seed + i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-        )
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.Error as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     if not isinstance(envs.single_observation_space, gym.spaces.Box):
@@ -271,12 +294,82 @@ def write_summary(summary, run_dir):
     print("SUMMARY " + json.dumps(line), flush=True)
 
 
+def check_rendering(env_id):
+    """`--capture-video` needs frames drawn off-screen (MuJoCo through EGL, classic control through pygame) and
+    moviepy to write them; without them the run exits with status 2 and the reason."""
+    os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        frame = env.render()
+        env.close()
+        import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+    except Exception as e:
+        fail(f"--capture-video: {env_id} cannot record video here ({type(e).__name__}: {e})")
+    if not isinstance(frame, np.ndarray):
+        fail(f"--capture-video: {env_id} rendered no frame")
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env) with `act(obs) -> actions`, in order."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    return returns[:episodes]
+
+
+def stop_on_ctrl_c():
+    """The first Ctrl-C asks the training loop to stop after the current step: the run then evaluates, saves and
+    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
+    stop = threading.Event()
+
+    def first_ctrl_c(signum, frame):
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
+    return stop
+
+
+def save_model(path, script, args, model):
+    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
+    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
+    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path, script, env_id):
+    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
+    env's exits with status 2."""
+    if not os.path.isfile(path):
+        fail(f"--eval-model {path}: no such file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
+    saved_by = saved.get("script") if isinstance(saved, dict) else None
+    if saved_by != script:
+        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
+    if saved["args"]["env_id"] != env_id:
+        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
+    return saved["model"]
+
+
 def main(args):
     check_args(args)
+    saved_model = load_model(args.eval_model, "dqn", args.env_id) if args.eval_model else None
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json goes here
+    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
+    stop = stop_on_ctrl_c()
     os.makedirs(run_dir, exist_ok=True)
-    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    videos = os.path.join(run_dir, "videos") if args.capture_video else None
+    if args.capture_video:
+        check_rendering(args.env_id)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else videos)
     if args.track:
         import wandb
 
@@ -291,17 +384,20 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, envs.action_space, device)
+    if saved_model is not None:
+        q_network.load_state_dict(saved_model)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=args.seed)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
-    num_iterations = args.total_timesteps // args.num_envs
+    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     exploration_steps = args.exploration_fraction * args.total_timesteps
     qf_loss = q_mean = torch.zeros((), device=device)
     start_time = time.time()
     measure_start, measure_step = None, 0
+    steps = 0  # environment steps done
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
@@ -350,8 +446,19 @@ def main(args):
                 names = ("losses/td_loss", "losses/q_values", "charts/epsilon")
                 wandb.log(dict(zip(names, logs)) | {"charts/SPS": sps}, step=global_step)
 
+        steps = global_step + args.num_envs
+        if stop.is_set():  # Ctrl-C: stop after this step
+            break
+
     end_time = time.time()
-    steps = num_iterations * args.num_envs
+    model_file = os.path.join(run_dir, "dqn.pt")
+    if args.save_model:
+        save_model(model_file, "dqn", args, q_network.state_dict())
+    eval_returns = []
+    if args.eval_episodes:  # greedy
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, args.eval_episodes)
+        eval_returns = evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, args.eval_episodes, args.seed, device)
+        eval_envs.close()
     summary = {
         "script": "dqn",
         "env_id": args.env_id,
@@ -367,12 +474,18 @@ def main(args):
         "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
         "wall_s": end_time - start_time,
         "torch_version": torch.__version__,
+        "interrupted": stop.is_set(),
+        "model_file": os.path.abspath(model_file) if args.save_model else None,
+        "eval_returns": eval_returns,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
         "curve": curve,
     }
     write_summary(summary, run_dir)
     envs.close()
     if args.track:
         wandb.finish()
+    if stop.is_set():
+        sys.exit(130)  # what a shell reports for a Ctrl-C
 
 
 if __name__ == "__main__":

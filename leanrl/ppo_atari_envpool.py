@@ -23,7 +23,9 @@ terminated one bootstraps with 0), and the reset step stays in the rollout as Cl
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -53,6 +55,14 @@ class Args:
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -114,6 +124,12 @@ def check_args(args):
         fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.eval_model and args.eval_episodes == 0:
+        fail("--eval-model needs --eval-episodes N, N > 0")
+    if args.capture_video:
+        fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
 
 
 def make_envs(env_id, num_envs, seed):
@@ -268,13 +284,64 @@ def write_summary(summary, run_dir):
     print("SUMMARY " + json.dumps(line), flush=True)
 
 
+def evaluate(act, envs, games, device):
+    """The scores of `games` whole games (all their lives) played on `envs` (one env) with `act(obs) -> actions`."""
+    obs, _ = envs.reset()
+    game_returns, scores = np.zeros(1), []
+    while len(scores) < games:
+        with torch.no_grad():
+            action = act(torch.as_tensor(obs, device=device))
+        obs, _, _, truncations, infos = envs.step(action.cpu().numpy())
+        scores += finished_games(game_returns, infos, truncations)[0]
+    return scores[:games]
+
+
+def stop_on_ctrl_c():
+    """The first Ctrl-C asks the training loop to stop after the current iteration (rollout and update): the run then evaluates, saves and
+    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
+    stop = threading.Event()
+
+    def first_ctrl_c(signum, frame):
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
+    return stop
+
+
+def save_model(path, script, args, model):
+    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
+    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
+    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path, script, env_id):
+    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
+    env's exits with status 2."""
+    if not os.path.isfile(path):
+        fail(f"--eval-model {path}: no such file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
+    saved_by = saved.get("script") if isinstance(saved, dict) else None
+    if saved_by != script:
+        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
+    if saved["args"]["env_id"] != env_id:
+        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
+    return saved["model"]
+
+
 def main(args):
     check_args(args)
+    saved_model = load_model(args.eval_model, "ppo_atari_envpool", args.env_id) if args.eval_model else None
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = args.total_timesteps // batch_size
+    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json goes here
+    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
+    stop = stop_on_ctrl_c()
     os.makedirs(run_dir, exist_ok=True)
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     if args.track:
@@ -291,6 +358,8 @@ def main(args):
     obs_shape = envs.single_observation_space.shape
     n_act = envs.single_action_space.n
     agent, optimizer, (policy, get_value, update) = make_learner(args, n_act, device)
+    if saved_model is not None:
+        agent.load_state_dict(saved_model)
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
@@ -375,7 +444,18 @@ def main(args):
             lr = float(optimizer.param_groups[0]["lr"])
             wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
 
+        if stop.is_set():  # Ctrl-C: stop after this iteration
+            break
+
     end_time = time.time()
+    model_file = os.path.join(run_dir, "ppo_atari_envpool.pt")
+    if args.save_model:
+        save_model(model_file, "ppo_atari_envpool", args, agent.state_dict())
+    eval_returns = []
+    if args.eval_episodes:  # actions sampled from the policy, as CleanRL evaluates: a greedy agent can stall a game
+        eval_envs = make_envs(args.env_id, 1, args.seed)
+        eval_returns = evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, args.eval_episodes, device)
+        eval_envs.close()
     steps = global_step
     summary = {
         "script": "ppo_atari_envpool",
@@ -392,12 +472,18 @@ def main(args):
         "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
         "wall_s": end_time - start_time,
         "torch_version": torch.__version__,
+        "interrupted": stop.is_set(),
+        "model_file": os.path.abspath(model_file) if args.save_model else None,
+        "eval_returns": eval_returns,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
         "curve": curve,
     }
     write_summary(summary, run_dir)
     envs.close()
     if args.track:
         wandb.finish()
+    if stop.is_set():
+        sys.exit(130)  # what a shell reports for a Ctrl-C
 
 
 if __name__ == "__main__":

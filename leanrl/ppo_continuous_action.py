@@ -24,7 +24,9 @@ of the episode. `gae` is a pure function of the rollout's tensors, so this is ch
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -54,6 +56,14 @@ class Args:
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -115,11 +125,23 @@ def check_args(args):
         fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.eval_model and args.eval_episodes == 0:
+        fail("--eval-model needs --eval-episodes N, N > 0")
 
 
-def make_env(env_id, seed, gamma):
+def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None):
     def thunk():
-        env = gym.make(env_id)
+        if video_dir is None:
+            env = gym.make(env_id)
+        else:
+            env = gym.make(env_id, render_mode="rgb_array")
+            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
+                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
+            else:  # evaluation: its first `video_episodes` episodes
+                record = lambda episode: episode < video_episodes  # noqa: E731
+                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
         if not isinstance(env.action_space, gym.spaces.Box):
             fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
         env = gym.wrappers.FlattenObservation(env)
@@ -135,18 +157,44 @@ def make_env(env_id, seed, gamma):
     return thunk
 
 
-def make_envs(env_id, num_envs, seed, gamma):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts
-    the true final obs in `info["final_obs"]`. A bad id or a non-Box action space exits with status 2."""
+def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
+    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
+    `video_episodes` episodes if given). A bad id or a non- Box action space exits with status 2."""
     if env_id not in gym.registry:
         fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
     try:
-        envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, seed + i, gamma) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-        )
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.Error as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     return envs
+
+
+def obs_normalizations(envs):
+    """The NormalizeObservation wrapper of each env of `envs` (each env normalizes with statistics of its own)."""
+    wrappers = []
+    for env in envs.envs:
+        while not isinstance(env, gym.wrappers.NormalizeObservation):
+            env = env.env
+        wrappers.append(env)
+    return wrappers
+
+
+def obs_rms_of(envs):
+    """The first env's observation normalization statistics, as tensors (what a saved model needs to act)."""
+    rms = obs_normalizations(envs)[0].obs_rms
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(float(rms.count))}
+
+
+def obs_rms_to(envs, stats, update=True):
+    """Every env of `envs` normalizes with the statistics `stats`; `update=False` freezes them there."""
+    for wrapper in obs_normalizations(envs):
+        wrapper.obs_rms.mean = stats["mean"].numpy().copy()
+        wrapper.obs_rms.var = stats["var"].numpy().copy()
+        wrapper.obs_rms.count = float(stats["count"])
+        wrapper.update_running_mean = update
 
 
 def finished_episodes(infos):
@@ -298,15 +346,85 @@ def write_summary(summary, run_dir):
     print("SUMMARY " + json.dumps(line), flush=True)
 
 
+def check_rendering(env_id):
+    """`--capture-video` needs frames drawn off-screen (MuJoCo through EGL, classic control through pygame) and
+    moviepy to write them; without them the run exits with status 2 and the reason."""
+    os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        frame = env.render()
+        env.close()
+        import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+    except Exception as e:
+        fail(f"--capture-video: {env_id} cannot record video here ({type(e).__name__}: {e})")
+    if not isinstance(frame, np.ndarray):
+        fail(f"--capture-video: {env_id} rendered no frame")
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env) with `act(obs) -> actions`, in order."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    return returns[:episodes]
+
+
+def stop_on_ctrl_c():
+    """The first Ctrl-C asks the training loop to stop after the current iteration (rollout and update): the run then evaluates, saves and
+    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
+    stop = threading.Event()
+
+    def first_ctrl_c(signum, frame):
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
+    return stop
+
+
+def save_model(path, script, args, model):
+    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
+    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
+    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_model(path, script, env_id):
+    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
+    env's exits with status 2."""
+    if not os.path.isfile(path):
+        fail(f"--eval-model {path}: no such file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
+    saved_by = saved.get("script") if isinstance(saved, dict) else None
+    if saved_by != script:
+        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
+    if saved["args"]["env_id"] != env_id:
+        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
+    return saved["model"]
+
+
 def main(args):
     check_args(args)
+    saved_model = load_model(args.eval_model, "ppo_continuous_action", args.env_id) if args.eval_model else None
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = args.total_timesteps // batch_size
+    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json goes here
+    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
+    stop = stop_on_ctrl_c()
     os.makedirs(run_dir, exist_ok=True)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma)
+    videos = os.path.join(run_dir, "videos") if args.capture_video else None
+    if args.capture_video:
+        check_rendering(args.env_id)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, None if args.eval_model else videos)
     if args.track:
         import wandb
 
@@ -321,6 +439,9 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
+    if saved_model is not None:
+        agent.load_state_dict(saved_model["agent"])
+        obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
@@ -410,7 +531,20 @@ def main(args):
             lr = float(optimizer.param_groups[0]["lr"])
             wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
 
+        if stop.is_set():  # Ctrl-C: stop after this iteration
+            break
+
     end_time = time.time()
+    model_file = os.path.join(run_dir, "ppo_continuous_action.pt")
+    if args.save_model:
+        model = {"agent": agent.state_dict(), "obs_rms": obs_rms_of(envs)}  # the normalization is part of the policy
+        save_model(model_file, "ppo_continuous_action", args, model)
+    eval_returns = []
+    if args.eval_episodes:  # the Gaussian's mean
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, args.eval_episodes)
+        obs_rms_to(eval_envs, obs_rms_of(envs), update=False)  # frozen: evaluation must not move it
+        eval_returns = evaluate(agent.actor_mean, eval_envs, args.eval_episodes, args.seed, device)
+        eval_envs.close()
     steps = global_step
     summary = {
         "script": "ppo_continuous_action",
@@ -427,12 +561,18 @@ def main(args):
         "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
         "wall_s": end_time - start_time,
         "torch_version": torch.__version__,
+        "interrupted": stop.is_set(),
+        "model_file": os.path.abspath(model_file) if args.save_model else None,
+        "eval_returns": eval_returns,
+        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
         "curve": curve,
     }
     write_summary(summary, run_dir)
     envs.close()
     if args.track:
         wandb.finish()
+    if stop.is_set():
+        sys.exit(130)  # what a shell reports for a Ctrl-C
 
 
 if __name__ == "__main__":

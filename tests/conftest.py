@@ -40,10 +40,11 @@ def run_script(name, *flags, timeout=900, cwd=None, env=None):
     )
 
 
-def summary(proc):
+def summary(proc, returncode=0):
     """The whole summary of a finished run: its one SUMMARY line, which names the run's summary.json, checked against
-    that file (the same keys and values, plus the learning curve); fails the test with the run's stderr otherwise."""
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
+    that file (the same keys and values, plus the learning curve), which it returns with `summary_file`; fails the
+    test with the run's stderr otherwise. `returncode`: the exit status expected (130 after a Ctrl-C)."""
+    assert proc.returncode == returncode, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
     line = json.loads(lines[0][len("SUMMARY ") :])
@@ -53,7 +54,7 @@ def summary(proc):
     result = json.loads(path.read_text())
     assert {key: value for key, value in result.items() if key != "curve"} == line
     assert_curve(result)
-    return result
+    return result | {"summary_file": str(path)}
 
 
 def assert_curve(result):
