@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import env_limit, machine, plots, report, run
+from benchmarks import breakdown, env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
@@ -378,3 +378,25 @@ def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
     cpuinfo.write_text("processor\t: 0\n")
     assert machine.cpu_model(cpuinfo) is None
     assert machine.cpu_model(tmp_path / "missing") is None
+
+
+def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other():
+    """Eager SAC on Pendulum, 100 learning steps: every part the loop calls is timed, and the parts with `other`
+    add up to the script's own time per step (1 / sps); torch.compile is restored afterwards."""
+    compile_ = torch.compile
+    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "200", "--batch-size", "32"]
+    summary, parts = breakdown.measure_one("sac_continuous_action", "sac", flags)
+    assert set(parts) == {"env step", "acting", "storing", "sampling", "critic update", "actor update",
+                          "target update", "other"}
+    assert all(us >= 0 for us in parts.values()) and parts["critic update"] > 0 and parts["env step"] > 0
+    assert sum(parts.values()) == pytest.approx(1e6 / summary["sps"], rel=1e-6) or parts["other"] == 0
+    assert torch.compile is compile_
+
+
+def test_breakdown_times_a_compiled_part_around_its_compiled_function():
+    module, timers = load_script("dqn"), breakdown.Timers()
+    with breakdown.instrumented(module, "dqn", timers):
+        double = torch.compile(timers.wrap("acting", lambda x: x * 2))
+        assert double(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert double.part == "acting" and len(timers.calls["acting"]) == 1
+    assert torch.compile is not breakdown.instrumented and not hasattr(torch.compile, "part")

@@ -1,0 +1,212 @@
+"""Where a step's time goes, for every algorithm: the script's own `main()` runs with timers around its parts.
+
+    python -m benchmarks.breakdown                      # every algorithm: eager twin, optimized twin, --compile
+    python -m benchmarks.breakdown sac dqn --rounds 3   # some algorithms, 3 alternating rounds
+
+Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the quick benchmark
+budget of `benchmarks/registry.py`), with timers wrapped around the functions its `make_learner` returns (acting,
+the updates), the vector env's `step`, the replay buffer's `add` and `sample`, and `gae`. A function that `main`
+compiles is timed around the compiled function. A part's time per environment step is its median call times its
+calls after the burn-in, over the steps after the burn-in; `other` is what the script's own sps leaves: the Python
+loop, conversions between numpy and torch, episode bookkeeping. The variants alternate round by round; each part's
+median over the rounds is reported. CPU only: CUDA work is asynchronous, and its calls would need synchronizing.
+"""
+
+import argparse
+import contextlib
+import functools
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.machine import machine_info
+from benchmarks.registry import ALGOS
+from benchmarks.scripts import load_script
+
+# what each algorithm's `make_learner` returns last: its step functions, named as parts
+FUNCTIONS = {
+    "sac": ("acting", "critic update", "actor update", "target update"),
+    "td3": ("acting", "critic update", "actor update", "target update"),
+    "dqn": ("acting", "update", "target update"),
+    "ppo_continuous_action": ("acting", "value", "update"),
+    "ppo_atari_envpool": ("acting", "value", "update"),
+}
+BY_NAME = {algo.name: algo for algo in ALGOS}
+VARIANTS = {"eager": ("eager", ()), "torchcompile": ("twin", ()), "compile": ("twin", ("--compile",))}
+
+
+class Timers:
+    """Each part's calls as (env steps done when the call began, seconds), in call order."""
+
+    def __init__(self):
+        self.calls, self.steps = {}, 0
+
+    def wrap(self, part, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.calls.setdefault(part, []).append((self.steps, time.perf_counter() - start))
+            return out
+
+        timed.part = part
+        return timed
+
+
+@contextlib.contextmanager
+def instrumented(module, algo, timers):
+    """`module`'s parts wrapped with `timers` while the context lasts: its make_learner, make_envs, replay buffer and
+    gae, and torch.compile (so that a compiled part is timed around its compiled function)."""
+    make_learner, make_envs, compile_ = module.make_learner, module.make_envs, torch.compile
+
+    def timed_make_learner(*args, **kwargs):
+        *head, functions = make_learner(*args, **kwargs)
+        return (*head, tuple(timers.wrap(part, fn) for part, fn in zip(FUNCTIONS[algo], functions)))
+
+    def timed_make_envs(*args, **kwargs):
+        envs = make_envs(*args, **kwargs)
+        step = envs.step
+
+        def counted_step(actions):
+            out = step(actions)
+            timers.steps += len(out[1])
+            return out
+
+        envs.step = timers.wrap("env step", counted_step)
+        return envs
+
+    def timed_compile(fn, **kwargs):
+        if hasattr(fn, "part"):
+            return timers.wrap(fn.part, compile_(fn.__wrapped__, **kwargs))
+        return compile_(fn, **kwargs)
+
+    patches = [(module, "make_learner", timed_make_learner), (module, "make_envs", timed_make_envs),
+               (torch, "compile", timed_compile)]
+    if hasattr(module, "ReplayBuffer"):
+        store = "extend" if hasattr(module.ReplayBuffer, "extend") else "add"  # DQN writes once per update
+        patches.append((module.ReplayBuffer, store, timers.wrap("storing", getattr(module.ReplayBuffer, store))))
+        patches.append((module.ReplayBuffer, "sample", timers.wrap("sampling", module.ReplayBuffer.sample)))
+    if hasattr(module, "gae"):
+        patches.append((module, "gae", timers.wrap("gae", module.gae)))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    try:
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def measure_one(script, algo, flags):
+    """Run `script`'s main() with `flags` and timers; the summary's sps and each part's µs per env step after the
+    burn-in (the steps before the script's own measurement start)."""
+    module = load_script(script)
+    timers = Timers()
+    args = module.Args(**vars(module.Args()) | parse_flags(module, flags))
+    out = io.StringIO()
+    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd), contextlib.redirect_stdout(out):
+        with instrumented(module, algo, timers):
+            module.main(args)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("SUMMARY "))
+    summary = json.loads(line[len("SUMMARY ") :])
+    total, start = summary["total_timesteps"], summary["total_timesteps"] - round(summary["sps"] * summary["wall_s"])
+    return summary, parts_per_step(timers, max(start, 0), total, summary["sps"])
+
+
+def parse_flags(module, flags):
+    """`--name value` pairs and bare `--switch` flags as Args fields (as tyro reads them)."""
+    fields, i = {}, 0
+    while i < len(flags):
+        name = flags[i][2:].replace("-", "_")
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            fields[name] = type(getattr(module.Args(), name))(flags[i + 1])
+            i += 2
+        else:
+            fields[name] = True
+            i += 1
+    return fields
+
+
+def parts_per_step(timers, start, total, sps):
+    """µs per env step of each part, counting the calls made once `start` env steps were done; `other` is the rest
+    of the script's own time per step (1 / sps)."""
+    steps = max(total - start, 1)
+    parts = {}
+    for part, calls in timers.calls.items():
+        measured = [seconds for at, seconds in calls if at >= start]
+        if measured:
+            parts[part] = statistics.median(measured) * len(measured) / steps * 1e6
+    parts["other"] = max(1e6 / sps - sum(parts.values()), 0.0)
+    return parts
+
+
+def run_variant(algo, variant, budget_flags, timeout=1800):
+    """One variant in a fresh interpreter (the scripts set thread counts for the whole process)."""
+    which, flags = VARIANTS[variant]
+    script = BY_NAME[algo].eager if which == "eager" else BY_NAME[algo].twin
+    cmd = [sys.executable, "-m", "benchmarks.breakdown", "--one", script, algo, *budget_flags, *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd[2:])} exited with status {proc.returncode}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def table(algo, results):
+    """Markdown: µs per env step of each part per variant, with its share, and each variant's sps."""
+    variants = list(results)
+    parts = [part for part in (*("env step",), *FUNCTIONS[algo], "storing", "sampling", "gae", "other")
+             if any(part in results[v]["parts"] for v in variants)]
+    lines = [f"| {algo}: part | " + " | ".join(f"{v} µs/step (share)" for v in variants) + " |",
+             "|---" * (1 + len(variants)) + "|"]
+    for part in parts:
+        cells = []
+        for v in variants:
+            us, total = results[v]["parts"].get(part), sum(results[v]["parts"].values())
+            cells.append("-" if us is None else f"{us:.0f} ({us / total:.0%})")
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    lines.append("| sps | " + " | ".join(f"{results[v]['sps']:.0f}" for v in variants) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:  # one variant, run by `run_variant` in a fresh interpreter: --one SCRIPT ALGO FLAGS...
+        summary, parts = measure_one(argv[1], argv[2], argv[3:])
+        print(json.dumps({"sps": summary["sps"], "parts": parts}))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown", description=__doc__.splitlines()[0])
+    parser.add_argument("algos", nargs="*", default=list(FUNCTIONS), choices=list(FUNCTIONS), metavar="ALGO",
+                        help=f"the algorithms (default: all of {', '.join(FUNCTIONS)})")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
+    opts = parser.parse_args(argv)
+    if opts.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    info = machine_info()
+    print(f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick budgets, {opts.rounds} rounds")
+    for algo in opts.algos:
+        rounds = {variant: [] for variant in VARIANTS}
+        for _ in range(opts.rounds):
+            for variant in VARIANTS:
+                rounds[variant].append(run_variant(algo, variant, BY_NAME[algo].quick))
+        results = {variant: median_result(runs) for variant, runs in rounds.items()}
+        print(table(algo, results), flush=True)
+    return 0
+
+
+def median_result(runs):
+    """Each part's and the sps's median over rounds."""
+    parts = {part for run in runs for part in run["parts"]}
+    return {"sps": statistics.median(run["sps"] for run in runs),
+            "parts": {part: statistics.median(run["parts"].get(part, 0.0) for run in runs) for part in parts}}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
