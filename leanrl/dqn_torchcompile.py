@@ -3,16 +3,17 @@
 Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps).
 
     python leanrl/dqn_torchcompile.py                             # the benchmark run, eager
-    python leanrl/dqn_torchcompile.py --compile                   # torch.compile the acting and the update
+    python leanrl/dqn_torchcompile.py --compile                   # torch.compile acting (and on CUDA the update)
     python leanrl/dqn_torchcompile.py --compile --cudagraphs      # and replay them as CUDA graphs (CUDA only)
     python leanrl/dqn_torchcompile.py --total-timesteps 100000    # learns CartPole
 
-What changes from dqn.py, all for speed: epsilon-greedy acting is one function on the device (the step it
-reads lives in a device tensor that the function advances in place, so the schedule moves without a host sync
-or a recompile); transitions are kept as tensors and written to a TensorDict buffer on the device once per
-`train_frequency` iterations instead of once per step; a fused Adam; the target update is one `lerp_` over
-the parameters' TensorDict; on the CPU one intra-op thread. `--compile` wraps acting and update in
-`torch.compile`, `--cudagraphs` in tensordict's `CudaGraphModule` (it needs a CUDA device).
+What changes from dqn.py, all for speed: epsilon-greedy acting is one function on the device (the step it reads
+lives in a device tensor that the function advances in place, so the schedule moves without a host sync or a
+recompile); transitions are kept as tensors and written to a TensorDict buffer on the device once per
+`train_frequency` iterations instead of once per step; a fused Adam; the target update is one `lerp_` over the
+parameters' TensorDict; on the CPU one intra-op thread. `--compile` wraps acting in `torch.compile` (and the update
+on CUDA: on a CPU it ran slower compiled), `--cudagraphs` in tensordict's `CudaGraphModule` (it needs a CUDA
+device).
 
 Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.
 `total_timesteps`, `learning_starts` and the epsilon schedule count environment steps; `train_frequency` and
@@ -99,7 +100,7 @@ class Args:
     """one gradient step every `train_frequency` iterations"""
 
     compile: bool = False
-    """wrap the acting and the update in torch.compile"""
+    """wrap the acting in torch.compile, and on CUDA the update too"""
     cudagraphs: bool = False
     """wrap the acting and the update in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
 
@@ -429,7 +430,8 @@ def main(args):
         q_network.load_state_dict(saved_model)
     if args.compile:
         policy = torch.compile(policy, fullgraph=True)
-        update = torch.compile(update)
+        if device.type == "cuda":  # on a CPU the compiled updates ran slower than eager ones (README): acting alone
+            update = torch.compile(update)
     if args.cudagraphs:
         policy = cuda_graph(policy, args.compile)
         update = cuda_graph(update, args.compile)
