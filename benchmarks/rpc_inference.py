@@ -134,7 +134,8 @@ def take_row(outputs, row):
 
 class AgentServer:
     """The policy on the agent process: built as its twin builds it, eager or compiled, warmed up at the batch size
-    it will serve, then answering observers through a Batcher (`observers` slots batched, one slot unbatched)."""
+    it will serve, then answering observers through a Batcher (`observers` slots batched, one slot unbatched).
+    After the warm-up, the process's compile stance is fail_on_recompile: one static graph per run."""
 
     def __init__(self, policy, observers, batch, compiled, backend, seed, scripts_dir):
         start = time.perf_counter()
@@ -147,7 +148,7 @@ class AgentServer:
             warm = self.spec.observe(slots, torch.device("cpu"), torch.Generator().manual_seed(seed))
             for _ in range(COMPILE_WARMUP if compiled else 1):
                 act(warm)
-        torch.compiler.set_stance("fail_on_recompile")  # one static graph per run: a recompile is an error
+        torch.compiler.set_stance("fail_on_recompile")  # in this process from now on: a recompile is an error
         self.batcher = Batcher(lambda obs: self.answer(act, obs), slots)
         self.setup_s = time.perf_counter() - start
         self.cpu_mark = time.process_time()
@@ -242,14 +243,15 @@ class Observer:
 
 
 def first_line(error):
-    """The first meaningful line of an exception's text (RPC wraps remote errors in a few lines of its own)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    lines = [line for line in lines if not line.startswith(("On WorkerInfo", "Traceback"))] or ["(no message)"]
-    text = lines[0].removeprefix("RPCErr:1:")
-    for wrapper in ("RuntimeError('", 'RuntimeError("'):
-        if text.startswith(wrapper):
-            text = text[len(wrapper):].rstrip("')\"")
-    return text
+    """The first meaningful line of an exception's text: RPC wraps a remote error in lines of its own (the worker
+    it ran on, the exception's repr, the remote traceback)."""
+    for line in str(error).splitlines():
+        text = line.strip().removeprefix("RuntimeError: ").removeprefix("RPCErr:1:")
+        if text.startswith(("RuntimeError('", 'RuntimeError("')):
+            text = text[len("RuntimeError('"):-2]
+        if text and not text.startswith(("On WorkerInfo", "Traceback")):
+            return text
+    return "(no message)"
 
 
 class RunFailed(Exception):
@@ -263,7 +265,8 @@ def wait_each(futures, names):
         try:
             values.append(future.wait())
         except RuntimeError as error:
-            raise RunFailed(first_line(error) if first_line(error).startswith(name) else f"{name}: {first_line(error)}")
+            text = first_line(error)
+            raise RunFailed(text if text.startswith(name) else f"{name}: {text}")
     return values
 
 
@@ -343,14 +346,16 @@ def start_roles(config, settings):
     return agent, observers, setup_s
 
 
-def coordinate(config, settings):
+def coordinate(config, settings, phase):
     """The coordinator's work for one run: start the roles, run the warm-up and the timed episodes (the first
-    records the answers to check), collect the metrics, run the checks. Returns the run's record."""
+    records the answers to check), collect the metrics, run the checks; `phase(text)` tells the launcher where
+    the run is. Returns the run's record."""
     timeout, steps = settings["timeout"], settings["steps"]
     agent, observers, setup_s = start_roles(config, settings)
     if settings["warmup_steps"]:
         run_episodes(observers, agent, settings["warmup_steps"], 0, timeout)
     agent.rpc_sync(timeout=timeout).take_batches()
+    phase(f"agent ready (setup {setup_s:.1f} s), timed episodes running")
     start = time.perf_counter()
     episodes = [run_episodes(observers, agent, steps, settings["check_steps"] if episode == 0 else 0, timeout)
                 for episode in range(settings["episodes"])]
@@ -382,6 +387,7 @@ def start_barrier(port, world_size, timeout_s):
     if store.add("started", 1) == world_size:
         store.set("all_started", "1")
     store.wait(["all_started"])
+    return store
 
 
 def process_main(name, rank, world_size, port, config, settings, log_path, result_path):
@@ -398,13 +404,13 @@ def process_main(name, rank, world_size, port, config, settings, log_path, resul
     inductor_config.compile_threads = 1  # compile in this process: no pool of compile workers
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo",
                       TORCHELASTIC_USE_AGENT_STORE="True")  # connect to the launcher's store, as torchrun's ranks do
-    start_barrier(port, world_size, settings["timeout"])
+    store = start_barrier(port, world_size, settings["timeout"])
     options = rpc.TensorPipeRpcBackendOptions(init_method="env://", rpc_timeout=settings["rpc_timeout"],
                                               num_worker_threads=max(16, config["observers"] + 8))
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
     if name == "coordinator":
         try:
-            record = coordinate(config, settings)
+            record = coordinate(config, settings, lambda text: store.set("phase", text))
         except (RunFailed, RuntimeError) as error:
             Path(result_path).write_text(json.dumps({"error": first_line(error)}))
             os._exit(1)  # a graceful shutdown would wait for the failed processes
@@ -431,12 +437,16 @@ def exit_reason(code):
     return f"died with {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
 
 
-def supervise(processes, result_path, timeout_s):
-    """Wait for the coordinator to finish, at most `timeout_s`; returns None on success or the line naming what
-    failed (a process that ended badly, the coordinator's error, or the deadline)."""
+def supervise(processes, store, result_path, timeout_s, run_label):
+    """Wait for the coordinator to finish, at most `timeout_s`, noting the phases it sets in `store`; returns None
+    on success or the line naming what failed (a process that ended badly, the coordinator's error, or the
+    deadline)."""
     deadline = time.monotonic() + timeout_s
     coordinator = processes["coordinator"]
     while True:
+        if store.check(["phase"]):
+            note(f"{run_label}: {store.get('phase').decode()}")
+            store.delete_key("phase")
         for name, process in processes.items():
             if process.exitcode not in (None, 0):
                 if name == "coordinator" and result_path.exists():
@@ -481,7 +491,7 @@ def run_one(config, settings, log_dir):
                 name, rank, len(names), port, config, settings, str(log_dir / f"{name}.log"), str(result_path)))
             processes[name].start()
         note(f"{label(config)}: " + ", ".join(f"{name} pid {p.pid}" for name, p in processes.items()))
-        failure = supervise(processes, result_path, settings["timeout"])
+        failure = supervise(processes, store, result_path, settings["timeout"], label(config))
     finally:
         killed = stop(processes, GRACE_S if failure is None else 0.0)
         del store  # the store owns the listening socket and closes it
