@@ -62,7 +62,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-from benchmarks.inference import COMPILE_WARMUP, RESULTS, difference, note, positive_float, positive_int
+from benchmarks.inference import (
+    COMPILE_WARMUP, RESULTS, check_mark, conclude, difference, note, positive_float, positive_int,
+)
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
 from benchmarks.report import machine_line
@@ -271,7 +273,7 @@ def wait_each(futures, names):
 
 
 def run_episodes(observers, agent, steps, record, timeout):
-    """Every observer runs one episode at once; returns their [(latencies, samples)]."""
+    """Every observer runs one episode at once; returns their run_episode results, in observer order."""
     futures = [ob.rpc_async(timeout=timeout).run_episode(agent, steps, record) for ob in observers]
     return wait_each(futures, [ob.owner().name for ob in observers])
 
@@ -428,8 +430,8 @@ def loopback_listener():
 
 def label(config):
     """A run's name in messages."""
-    return (f"{config['policy']} observers={config['observers']} batch={'on' if config['batch'] else 'off'} "
-            f"compile={'on' if config['compile'] else 'off'}")
+    return (f"{config['policy']} observers={config['observers']} batch={onoff(config['batch'])} "
+            f"compile={onoff(config['compile'])}")
 
 
 def exit_reason(code):
@@ -504,9 +506,9 @@ def run_one(config, settings, log_dir):
     return record
 
 
-def speedups(runs, axis):
-    """Per run, its agent throughput (p50) and served/s as multiples of the same policy's run at the first axis
-    value."""
+def add_speedups(runs, axis):
+    """Add to each run its agent throughput (p50) and served/s as multiples of the same policy's run at the first
+    axis value."""
     first = {}
     for run in runs:
         first.setdefault(run["policy"], run)
@@ -527,13 +529,6 @@ def onoff(value):
 def cell(stats, spec):
     """p50 / p75 / p90 / p95 in one table cell."""
     return " / ".join(f"{stats[name]:{spec}}" for name in QUANTILES)
-
-
-def check_mark(run):
-    """ok, or which check failed."""
-    if not run["check_equal"]["ok"]:
-        return "DIFFERS"
-    return "ok" if run["check_after_update"]["ok"] else "STALE"
 
 
 def markdown(result):
@@ -567,7 +562,8 @@ def markdown(result):
     for r in result["runs"]:
         lines.append(
             f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
-            f"| {r['served_per_s']:.0f} | {r['vs_first']['agent_throughput_p50']:.2f}x, {r['vs_first']['served_per_s']:.2f}x "
+            f"| {r['served_per_s']:.0f} "
+            f"| {r['vs_first']['agent_throughput_p50']:.2f}x, {r['vs_first']['served_per_s']:.2f}x "
             f"| {r['policy_us_per_request']:.0f} | {r['agent_cpu_us_per_request']:.0f} "
             f"| {r['observer_cpu_us_per_request']:.0f} | {r['setup_s']:.1f} | {check_mark(r)} |"
         )
@@ -640,7 +636,7 @@ def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before any process starts."""
     parser = OneLineParser(prog="python -m benchmarks.rpc_inference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
-    parser.add_argument("--observers", type=values_of(positive_int), default=[8], help="observer processes, e.g. 1,2,4,8")
+    parser.add_argument("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
     parser.add_argument("--batch", type=values_of(switch), default=[False, True], help="off, on or off,on")
     parser.add_argument("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
@@ -677,12 +673,14 @@ def parse_args(argv):
 def plan(args):
     """One config per policy and axis value, the policy varying slowest."""
     fixed = {axis: getattr(args, axis)[0] for axis in AXES}
-    return [{"policy": policy, **fixed, args.axis: value} for policy in args.policies for value in getattr(args, args.axis)]
+    values = getattr(args, args.axis)
+    return [{"policy": policy, **fixed, args.axis: value} for policy in args.policies for value in values]
 
 
 def settings_of(args):
     """What every process of a run needs to know, as plain values (they cross process boundaries)."""
-    keys = ("backend", "episodes", "steps", "warmup_steps", "check_steps", "rtol", "atol", "rpc_timeout", "timeout", "seed")
+    keys = ("backend", "episodes", "steps", "warmup_steps", "check_steps", "rtol", "atol", "rpc_timeout", "timeout",
+            "seed")
     return {key: getattr(args, key) for key in keys} | {"scripts_dir": str(args.scripts_dir)}
 
 
@@ -691,7 +689,8 @@ def failed_checks(runs):
     lines = []
     for run in runs:
         if not run["check_equal"]["ok"]:
-            lines.append(f"{label(run)}: answers differ from the eager unbatched policy by {run['check_equal']['diff']:.3g}")
+            diff = run["check_equal"]["diff"]
+            lines.append(f"{label(run)}: answers differ from the eager unbatched policy by {diff:.3g}")
         if not run["check_after_update"]["ok"]:
             what = "did not change" if not run["check_after_update"]["changed"] else "differ from the eager policy"
             lines.append(f"{label(run)}: after an in-place weight update the answers {what}")
@@ -708,10 +707,11 @@ def main(argv=None):
     args = parse_args(argv)
     settings = settings_of(args)
     stem = f"rpc-inference-{datetime.now():%Y%m%d-%H%M%S}"
+    logs = args.out / f"{stem}-logs"
     started = datetime.now().isoformat(timespec="seconds")
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        runs = [run_one(config, settings, args.out / f"{stem}-logs" / f"run{i}") for i, config in enumerate(plan(args))]
+        runs = [run_one(config, settings, logs / f"run{i}") for i, config in enumerate(plan(args))]
     except RunFailed as failure:
         print(f"rpc_inference: {failure}", file=sys.stderr)
         return 1
@@ -720,18 +720,12 @@ def main(argv=None):
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    shutil.rmtree(args.out / f"{stem}-logs", ignore_errors=True)
-    speedups(runs, args.axis)
+    shutil.rmtree(logs, ignore_errors=True)
+    add_speedups(runs, args.axis)
     arguments = {key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")}
     result = {"arguments": arguments, "axis": args.axis, "settings": settings, "started": started,
               "machine": machine_info(), "runs": runs}
-    paths = write(result, args.out, stem)
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    failures = failed_checks(runs)
-    for line in failures:
-        note(f"check failed: {line}")
-    return 1 if failures else 0
+    return conclude(markdown(result), write(result, args.out, stem), failed_checks(runs))
 
 
 if __name__ == "__main__":

@@ -221,7 +221,8 @@ def test_a_hung_agent_ends_the_run_through_the_rpc_timeout(tmp_path):
 
 @pytest.mark.parametrize(
     "argv, flag",
-    [(["--observers", "0"], "--observers"), (["--observers", "2,x"], "--observers"), (["--batch", "maybe"], "--batch"),
+    [(["--observers", "0"], "--observers"), (["--observers", "2,x"], "--observers"),
+     (["--batch", "maybe"], "--batch"),
      (["--batch", "off,on", "--compile", "off,on"], "--observers, --batch, --compile"),
      (["--observers", "65"], "--observers"), (["--steps", "2", "--check-steps", "3"], "--check-steps"),
      (["--backend", "nope"], "--backend"), (["--policies", "ppo_atari"], "--policies"),
