@@ -7,7 +7,7 @@ requests, eager or compiled.
     python -m benchmarks.rpc_inference --policies ppo_continuous --compile off,on --batch on
 
 One of --observers, --batch and --compile may list several values, comma-separated: it is the x-axis, and each
-value (times each policy) is one run. A run is a fresh set of processes on this machine: a coordinator, the agent
+value (times each policy, times --repeats, the values alternating) is one run. A run is a fresh set of processes on this machine: a coordinator, the agent
 and the observers, all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store on a free port
 it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op thread each.
 
@@ -39,7 +39,8 @@ writes its output to a log, kept only when its run failed. Bad arguments exit wi
 starts.
 
 Writes benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out): the arguments, the axis, each run's
-metrics and checks, the machine; the table; agent throughput, served/s and observer latency against the axis.
+metrics and checks, one row per policy and axis value (the median over its repeats), the machine; the tables;
+agent throughput, served/s and observer latency against the axis.
 """
 
 import argparse
@@ -78,6 +79,9 @@ ENVS = {  # policy -> (the environment its observers step, the answer they step 
 }
 AXES = ("observers", "batch", "compile")
 QUANTILES = {"p50": 9, "p75": 14, "p90": 17, "p95": 18}  # indices into the 19 cut points of n=20 quantiles
+DISTRIBUTIONS = ("agent_latency_ms", "agent_throughput", "observer_latency_ms", "observer_throughput")
+SCALARS = ("served_per_s", "policy_us_per_request", "agent_cpu_us_per_request", "observer_cpu_us_per_request",
+           "setup_s", "requests", "batches", "wall_s")
 MAX_OBSERVERS = 64
 SWITCH = {"on": True, "off": False}
 GRACE_S = 20.0  # how long finished processes get to leave rpc.shutdown before they are killed
@@ -506,6 +510,31 @@ def run_one(config, settings, log_dir):
     return record
 
 
+def combine(runs, axis):
+    """One row per policy and axis value: the median over its repeats of every metric (of each percentile for the
+    four distributions); its checks pass only if every repeat's did."""
+    groups = {}
+    for run in runs:
+        groups.setdefault((run["policy"], run[axis]), []).append(run)
+    return [combined(group) for group in groups.values()]
+
+
+def combined(group):
+    """The row of one policy and axis value from its repeats (see `combine`)."""
+    row = {key: group[0][key] for key in ("policy", "observers", "batch", "compile")} | {"repeats": len(group)}
+    for key in DISTRIBUTIONS:
+        row[key] = {q: statistics.median(run[key][q] for run in group) for q in QUANTILES}
+    for key in SCALARS:
+        row[key] = statistics.median(run[key] for run in group)
+    checks = [run["check_equal"] for run in group]
+    row["check_equal"] = {"ok": all(c["ok"] for c in checks), "diff": max(c["diff"] for c in checks),
+                          "samples": sum(c["samples"] for c in checks)}
+    updates = [run["check_after_update"] for run in group]
+    row["check_after_update"] = {"ok": all(u["ok"] for u in updates), "changed": all(u["changed"] for u in updates),
+                                 "diff": max(u["diff"] for u in updates)}
+    return row
+
+
 def add_speedups(runs, axis):
     """Add to each run its agent throughput (p50) and served/s as multiples of the same policy's run at the first
     axis value."""
@@ -532,13 +561,15 @@ def cell(stats, spec):
 
 
 def markdown(result):
-    """The machine and settings, then two tables, one line per run: the four metrics at p50 / p75 / p90 / p95;
-    served/s against the first axis value, where the CPU time goes, setup time and checks."""
+    """The machine and settings, then two tables, one line per row (policy and axis value, the median over its
+    repeats): the four metrics at p50 / p75 / p90 / p95; served/s against the first axis value, where the CPU time
+    goes, setup time and checks."""
     axis, settings = result["axis"], result["settings"]
-    first = onoff(result["runs"][0]["vs_first"]["axis_value"]) if result["runs"] else "-"
+    first = onoff(result["rows"][0]["vs_first"]["axis_value"]) if result["rows"] else "-"
     lines = [
         machine_line(result["machine"]),
-        f"Axis: {axis}; {settings['episodes']} episodes x {settings['steps']} steps per observer "
+        f"Axis: {axis}; median of {result['arguments']['repeats']} alternating runs; "
+        f"{settings['episodes']} episodes x {settings['steps']} steps per observer "
         f"(+{settings['warmup_steps']} warm-up); backend {settings['backend']}; started {result['started']}",
         "",
         "p50 / p75 / p90 / p95:",
@@ -547,7 +578,7 @@ def markdown(result):
         "| observer throughput /s |",
         "|---|---:|---|---|---:|---:|---:|---:|",
     ]
-    for r in result["runs"]:
+    for r in result["rows"]:
         lines.append(
             f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
             f"| {cell(r['agent_latency_ms'], '.2f')} | {cell(r['agent_throughput'], '.0f')} "
@@ -559,7 +590,7 @@ def markdown(result):
         "| policy µs/request | agent CPU µs/request | observer CPU µs/request | setup s | check |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in result["runs"]:
+    for r in result["rows"]:
         lines.append(
             f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
             f"| {r['served_per_s']:.0f} "
@@ -583,14 +614,14 @@ def plot(result, path):
     panels = (("agent throughput p50 (requests/s)", lambda r: r["agent_throughput"]["p50"]),
               ("served/s (whole run)", lambda r: r["served_per_s"]),
               ("observer latency p50 (ms)", lambda r: r["observer_latency_ms"]["p50"]))
-    values = list(dict.fromkeys(r[axis] for r in result["runs"]))
+    values = list(dict.fromkeys(r[axis] for r in result["rows"]))
     fig = Figure(figsize=(13, 3.8))
     FigureCanvasAgg(fig)
     for index, (title, metric) in enumerate(panels):
         ax = fig.add_subplot(1, 3, index + 1)
-        for policy in dict.fromkeys(r["policy"] for r in result["runs"]):
-            runs = [r for r in result["runs"] if r["policy"] == policy]
-            ax.plot([values.index(r[axis]) for r in runs], [metric(r) for r in runs], marker="o", label=policy)
+        for policy in dict.fromkeys(r["policy"] for r in result["rows"]):
+            rows = [r for r in result["rows"] if r["policy"] == policy]
+            ax.plot([values.index(r[axis]) for r in rows], [metric(r) for r in rows], marker="o", label=policy)
         ax.set_xticks(range(len(values)), [onoff(v) for v in values])
         ax.set(title=title, xlabel=axis)
         ax.legend(fontsize=7)
@@ -637,9 +668,11 @@ def parse_args(argv):
     parser = OneLineParser(prog="python -m benchmarks.rpc_inference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
     parser.add_argument("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
-    parser.add_argument("--batch", type=values_of(switch), default=[False, True], help="off, on or off,on")
+    parser.add_argument("--batch", type=values_of(switch),
+                        help="off, on or off,on (default: off,on; on where another flag lists several values)")
     parser.add_argument("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
+    parser.add_argument("--repeats", type=positive_int, default=1, help="runs per policy and axis value, alternating")
     parser.add_argument("--episodes", type=positive_int, default=3, help="timed episodes per observer")
     parser.add_argument("--steps", type=positive_int, default=200, help="steps (action requests) per episode")
     parser.add_argument("--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode")
@@ -652,6 +685,8 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.batch is None:
+        args.batch = [True] if len(args.observers) > 1 or len(args.compile) > 1 else [False, True]
     listed = [axis for axis in AXES if len(getattr(args, axis)) > 1]
     if len(listed) > 1:
         parser.error(f"only one of --observers, --batch, --compile may list several values, got {', '.join(listed)}")
@@ -671,10 +706,11 @@ def parse_args(argv):
 
 
 def plan(args):
-    """One config per policy and axis value, the policy varying slowest."""
+    """One config per policy, repeat and axis value: per policy, the axis values alternate, repeat after repeat,
+    so that a noisy machine hits them alike."""
     fixed = {axis: getattr(args, axis)[0] for axis in AXES}
-    values = getattr(args, args.axis)
-    return [{"policy": policy, **fixed, args.axis: value} for policy in args.policies for value in values]
+    return [{"policy": policy, **fixed, args.axis: value, "repeat": repeat}
+            for policy in args.policies for repeat in range(args.repeats) for value in getattr(args, args.axis)]
 
 
 def settings_of(args):
@@ -721,10 +757,11 @@ def main(argv=None):
     finally:
         signal.signal(signal.SIGTERM, previous)
     shutil.rmtree(logs, ignore_errors=True)
-    add_speedups(runs, args.axis)
+    rows = combine(runs, args.axis)
+    add_speedups(rows, args.axis)
     arguments = {key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")}
     result = {"arguments": arguments, "axis": args.axis, "settings": settings, "started": started,
-              "machine": machine_info(), "runs": runs}
+              "machine": machine_info(), "rows": rows, "runs": runs}
     return conclude(markdown(result), write(result, args.out, stem), failed_checks(runs))
 
 

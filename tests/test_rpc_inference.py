@@ -23,7 +23,7 @@ RUN_KEYS = {
     "policy", "observers", "batch", "compile", "setup_s", "agent_latency_ms", "agent_throughput",
     "observer_latency_ms", "observer_throughput", "served_per_s", "policy_us_per_request",
     "agent_cpu_us_per_request", "observer_cpu_us_per_request", "requests", "batches", "wall_s", "check_equal",
-    "check_after_update", "vs_first",
+    "check_after_update", "repeat",
 }
 FAULT_RUN = ["--policies", "dqn", "--observers", "2", "--episodes", "1000", "--steps", "200", "--rpc-timeout", "3",
              "--timeout", "120"]
@@ -41,7 +41,7 @@ def tiny_run(tmp_path_factory):
 def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
     status, result, _, _, out = tiny_run
     assert status == 0
-    runs = result["runs"]
+    runs, rows = result["runs"], result["rows"]
     assert [(r["policy"], r["observers"], r["batch"], r["compile"]) for r in runs] == [
         ("ppo_continuous", 2, False, False), ("ppo_continuous", 2, True, False)]
     for run in runs:
@@ -55,14 +55,14 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
         assert run["check_equal"]["diff"] <= 1e-4 + 1e-3  # within the stated tolerance (|values| are ~1 or less)
         assert run["check_after_update"]["ok"] and run["check_after_update"]["changed"]
         assert run["agent_cpu_us_per_request"] > run["policy_us_per_request"] > 0
-    assert runs[0]["vs_first"]["served_per_s"] == 1.0
-    assert runs[1]["vs_first"]["served_per_s"] == pytest.approx(runs[1]["served_per_s"] / runs[0]["served_per_s"])
+    assert rows[0]["vs_first"]["served_per_s"] == 1.0
+    assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(runs[1]["served_per_s"] / runs[0]["served_per_s"])
     assert not list(out.glob("*-logs")), "a successful run keeps no logs"
 
 
 def test_json_schema_table_and_plot(tiny_run):
     _, result, table, png, _ = tiny_run
-    assert set(result) == {"arguments", "axis", "settings", "started", "machine", "runs"}
+    assert set(result) == {"arguments", "axis", "settings", "started", "machine", "rows", "runs"}
     assert result["axis"] == "batch" and result["arguments"]["batch"] == [False, True]
     assert result["arguments"]["observers"] == [2] and result["arguments"]["compile"] == [False]
     assert set(result["machine"]) == {"cpu", "cores", "gpu", "versions"}
@@ -70,7 +70,10 @@ def test_json_schema_table_and_plot(tiny_run):
         assert set(run) == RUN_KEYS
         assert set(run["agent_latency_ms"]) == {"p50", "p75", "p90", "p95"}
         assert set(run["check_after_update"]) == {"ok", "changed", "diff"}
-    fast = result["runs"][1]
+    for row, run in zip(result["rows"], result["runs"], strict=True):  # one repeat: each row is its run
+        assert set(row) == RUN_KEYS - {"repeat"} | {"repeats", "vs_first"} and row["repeats"] == 1
+        assert row["agent_latency_ms"] == run["agent_latency_ms"] and row["served_per_s"] == run["served_per_s"]
+    fast = result["rows"][1]
     cells = " / ".join(f"{fast['agent_latency_ms'][q]:.2f}" for q in QUANTILES)
     assert f"| ppo_continuous | 2 | on | off | {cells} |" in table
     assert f"| ppo_continuous | 2 | on | off | {fast['served_per_s']:.0f} |" in table
@@ -140,6 +143,26 @@ def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(poli
         assert all(not rpc_inference.difference(new, old, 1e-3, 1e-4)[0] for new, old in zip(after, answers))
     finally:
         torch.compiler.set_stance("default")  # the agent sets fail_on_recompile for its whole process
+
+
+def test_repeats_alternate_and_combine_to_medians():
+    args = rpc_inference.parse_args(["--policies", "dqn", "td3", "--compile", "off,on", "--repeats", "2"])
+    plan = [(c["policy"], c["batch"], c["compile"], c["repeat"]) for c in rpc_inference.plan(args)]
+    assert plan == [("dqn", True, False, 0), ("dqn", True, True, 0), ("dqn", True, False, 1), ("dqn", True, True, 1),
+                    ("td3", True, False, 0), ("td3", True, True, 0), ("td3", True, False, 1), ("td3", True, True, 1)]
+    runs = [fake_run(served, ok) for served, ok in ((100.0, True), (300.0, True), (200.0, False))]
+    (row,) = rpc_inference.combine(runs, "batch")
+    assert row["served_per_s"] == 200.0 and row["agent_latency_ms"] == {"p50": 2.0, "p75": 3.0, "p90": 4.0, "p95": 5.0}
+    assert row["repeats"] == 3 and row["check_equal"] == {"ok": False, "diff": 0.5, "samples": 12}
+
+
+def fake_run(served, ok):
+    """A run record with `served` requests/s, latencies proportional to it and check `ok`."""
+    stats = {q: served / 100.0 + i for i, q in enumerate(QUANTILES)}
+    return {"policy": "dqn", "observers": 2, "batch": True, "compile": False,
+            **{key: stats for key in rpc_inference.DISTRIBUTIONS}, **{key: served for key in rpc_inference.SCALARS},
+            "check_equal": {"ok": ok, "diff": 0.5 if not ok else 0.0, "samples": 4},
+            "check_after_update": {"ok": True, "changed": True, "diff": 0.0}}
 
 
 def test_percentiles_and_error_lines():
