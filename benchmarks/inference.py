@@ -444,6 +444,15 @@ def parse_args(argv):
     return args
 
 
+def conclude(table, paths, failures):
+    """Print the table, say where the results went and which checks failed; returns the exit status (1 if any)."""
+    print(table)
+    note("wrote " + ", ".join(map(str, paths)))
+    for line in failures:
+        note(f"check failed: {line}")
+    return 1 if failures else 0
+
+
 def pick_device(choice):
     """The device to run on: `choice`, or CUDA when there is one for 'auto'."""
     if choice == "auto":
@@ -467,13 +476,7 @@ def main(argv=None):
         "machine": machine_info(), "device": str(device), "started": started, "settings": settings, "rows": rows,
         "skipped": skipped, "notes": {s.name: s.note for s in specs},
     }
-    paths = write(result, args.out)
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    failures = failed_checks(rows)
-    for line in failures:
-        note(f"check failed: {line}")
-    return 1 if failures else 0
+    return conclude(markdown(result), write(result, args.out), failed_checks(rows))
 
 
 if __name__ == "__main__":
