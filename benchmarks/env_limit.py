@@ -28,10 +28,12 @@ WARMUP_STEPS = 10  # vector steps before the clock starts
 
 def script_envs(module, flags):
     """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its `make_envs`
-    builds from them (every parameter of `make_envs` is a field of `Args`)."""
+    builds from them (every parameter of `make_envs` without a default is a field of `Args`; the others, such as
+    the video folder, keep their defaults: no video)."""
     args = tyro.cli(module.Args, args=list(flags))
     parameters = inspect.signature(module.make_envs).parameters
-    return args, module.make_envs(**{name: getattr(args, name) for name in parameters})
+    required = [name for name, parameter in parameters.items() if parameter.default is inspect.Parameter.empty]
+    return args, module.make_envs(**{name: getattr(args, name) for name in required})
 
 
 def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):
