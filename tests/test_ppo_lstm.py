@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
+from test_ppo_continuous_action import flat_parameters
 
 EAGER, TWIN = "ppo_lstm", "ppo_lstm_torchcompile"
 # 6 iterations of 2 envs x 8 steps, whole-env minibatches of 1 sequence; CartPole episodes of a random policy
@@ -139,10 +140,6 @@ def make_minibatch(seed, steps=8, envs=2):
     return mb, (torch.randn(envs, 128, generator=g), torch.randn(envs, 128, generator=g))
 
 
-def flat_parameters(agent):
-    return torch.cat([p.detach().flatten() for p in agent.parameters()])
-
-
 def test_compiled_sequence_loss_equals_eager_loss():
     module = load_script(TWIN)
     (eager, eager_agent, _), (compiled, compiled_agent, _) = build_update(module, False), build_update(module, True)
@@ -197,3 +194,22 @@ def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
     assert (result["device"], result["cudagraphs"], result["total_timesteps"]) == ("cuda", True, 96)
     assert result["episodes"] >= 2
+
+
+def late_return_mean(result):
+    """The mean return of the episodes that ended in the second half of the run (less noisy than the last 20)."""
+    late = [episodic_return for step, _, episodic_return in result["curve"] if step > result["total_timesteps"] // 2]
+    return sum(late) / len(late)
+
+
+@pytest.mark.learning
+def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
+    """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both velocities hidden
+    (the default), seed 1, one intra-op thread: ~36 s on the shared 2-core CPU. Mean return of the episodes that
+    ended in the second half, measured: the LSTM 85.5; the same run with `--no-memory` (the same network with its
+    state zeroed at every step: a feedforward policy, same budget and seed) 45.3, flat at 45-46 from 5k steps on
+    (46 still at 41k steps in a 40,960-step run). A random policy gets ~22. The threshold, 60, is out of the
+    feedforward policy's reach at this budget."""
+    result = summary(run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"}))
+    assert result["total_timesteps"] == 30720
+    assert late_return_mean(result) > 60, result["return_mean"]
