@@ -178,7 +178,7 @@ def test_no_recompilation_after_warmup():
     [
         (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
         (("--env-id", "Pendulum-v1"), ("--env-id", "Box", "Discrete")),
-        (("--num-envs", "6"), ("--num-envs", "--num-minibatches")),
+        (("--num-envs", "5"), ("--num-envs", "--num-minibatches")),
         (("--obs-indices", "0", "4"), ("--obs-indices", "0 4", "4 entries")),
     ],
     ids=["unknown-env", "box-actions", "envs-do-not-divide", "index-outside-obs"],
