@@ -67,6 +67,12 @@ ALGOS = (
         full=("--total-timesteps", "204800"),
     ),
     Algo(
+        "ppo_lstm",
+        "ppo_lstm",
+        quick=("--total-timesteps", "10240", "--measure-burnin", "2"),  # 10 iterations, velocity-hidden CartPole-v1
+        full=("--total-timesteps", "200000"),
+    ),
+    Algo(
         "ppo_atari_envpool",
         "ppo_atari_envpool",
         quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),  # 6 iterations

@@ -12,6 +12,7 @@ from conftest import assert_no_host_sync, load_script
 from test_dqn import make_batch as dqn_batch
 from test_ppo_atari_envpool import make_minibatch as atari_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
+from test_ppo_lstm import make_minibatch as lstm_minibatch
 from test_sac import make_batch as sac_batch
 from test_td3 import N_ACT as TD3_ACT
 from test_td3 import N_OBS as TD3_OBS
@@ -47,6 +48,13 @@ def build_ppo(module, args):
     return [optimizer], {"policy": (policy, lambda: (torch.randn(1, 3),)), "update": (update, lambda: (ppo_minibatch(0),))}
 
 
+def build_ppo_lstm(module, args):
+    _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
+    state = lambda: (torch.randn(4, 128), torch.randn(4, 128))  # noqa: E731
+    obs = lambda: (torch.randn(1, 4, 2), state(), torch.ones(1, 4))  # noqa: E731
+    return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lstm_minibatch(0))}
+
+
 def build_ppo_atari(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 4, CPU)
     obs = lambda: (torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),)  # noqa: E731
@@ -60,6 +68,7 @@ TWINS = {
     "dqn_torchcompile": (build_dqn, ("policy", "update")),
     "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
+    "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),
 }
 
 

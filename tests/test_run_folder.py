@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
 from test_ppo_continuous_action import SMOKE as PPO_SMOKE
+from test_ppo_lstm import SMOKE as PPO_LSTM_SMOKE
 from test_sac import SMOKE as SAC_SMOKE
 
 # tiny training runs that reach the updates, per algorithm
@@ -22,6 +23,7 @@ BUDGETS = {
     "td3_continuous_action": SAC_SMOKE,
     "dqn": ("--total-timesteps", "1500", "--learning-starts", "1000"),
     "ppo_continuous_action": PPO_SMOKE,
+    "ppo_lstm": PPO_LSTM_SMOKE,
     "ppo_atari_envpool": ("--total-timesteps", "512", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"),
 }
 ENV_FLAGS = {"sac_continuous_action": SAC_SMOKE[:2], "td3_continuous_action": SAC_SMOKE[:2],
