@@ -52,9 +52,9 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
             assert values == sorted(values) and values[0] > 0, f"{metric}: {values}"
         assert run["served_per_s"] == pytest.approx(run["requests"] / run["wall_s"])
         assert run["check_equal"] == {"ok": True, "diff": run["check_equal"]["diff"], "samples": 2 * 3}
-        assert run["check_equal"]["diff"] <= 1e-4 + 1e-3  # within the stated tolerance (|values| are ~1 or less)
         assert run["check_after_update"]["ok"] and run["check_after_update"]["changed"]
-        assert run["agent_cpu_us_per_request"] > run["policy_us_per_request"] > 0
+        assert run["policy_us_per_request"] > 0 and run["agent_cpu_us_per_request"] > 0
+        assert run["observer_cpu_us_per_request"] > 0 and run["setup_s"] > 0
     assert rows[0]["vs_first"]["served_per_s"] == 1.0
     assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(runs[1]["served_per_s"] / runs[0]["served_per_s"])
     assert not list(out.glob("*-logs")), "a successful run keeps no logs"
