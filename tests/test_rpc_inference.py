@@ -87,6 +87,7 @@ def test_batcher_answers_each_slot_with_its_own_row():
         futures[slot] = batcher.submit(slot, torch.full((3,), float(slot)))
         assert not futures[slot].done(), "answered before the batch was full"
     futures[1] = batcher.submit(1, torch.full((3,), 1.0))
+    assert all(future.done() for future in futures.values()), "the full batch was not answered"
     for slot, future in futures.items():
         row = future.wait()
         assert torch.equal(row["value"], torch.full((3,), 10.0 * slot)) and int(row["first"]) == slot
@@ -103,7 +104,7 @@ def test_batcher_routes_rows_across_threads():
     def observer(slot):
         results[slot] = float(batcher.submit(slot, torch.full((4,), float(slot))).wait()["value"])
 
-    threads = [threading.Thread(target=observer, args=(slot,)) for slot in range(6)]
+    threads = [threading.Thread(target=observer, args=(slot,), daemon=True) for slot in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -120,8 +121,9 @@ def test_batcher_refuses_a_second_request_from_one_slot_in_one_batch():
 
 def test_unbatched_serving_answers_each_request_alone():
     batcher = Batcher(lambda batch: {"value": batch + 1.0}, slots=1)
-    rows = [batcher.submit(0, torch.full((2,), float(i))).wait()["value"] for i in range(3)]
-    assert [row.tolist() for row in rows] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    futures = [batcher.submit(0, torch.full((2,), float(i))) for i in range(3)]
+    assert all(future.done() for future in futures), "a lone request was left waiting"
+    assert [future.wait()["value"].tolist() for future in futures] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
     assert [size for _, size, _ in batcher.batches] == [1, 1, 1]
 
 
@@ -133,6 +135,7 @@ def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(poli
 
         def serve():
             futures = [agent.act(slot, obs) for slot, obs in enumerate(observations)]
+            assert all(future.done() for future in futures)
             return [future.wait() for future in futures]
 
         answers = serve()
