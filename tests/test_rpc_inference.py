@@ -34,6 +34,7 @@ def tiny_run(tmp_path_factory):
     """PPO continuous served to 2 observers stepping HalfCheetah-v4, unbatched then batched: exit status, result."""
     out = tmp_path_factory.mktemp("rpc")
     status = rpc_inference.main(["--policies", "ppo_continuous", "--batch", "off,on", *TINY, "--out", str(out)])
+    assert list(out.glob("*.json")), f"exit status {status} and no results: a run failed (its line is on stderr)"
     (json_path,), (md_path,), (png_path,) = (sorted(out.glob(f"*.{ext}")) for ext in ("json", "md", "png"))
     return status, json.loads(json_path.read_text()), md_path.read_text(), png_path.read_bytes(), out
 
