@@ -34,6 +34,7 @@ def tiny_run(tmp_path_factory):
     """PPO continuous served to 2 observers stepping HalfCheetah-v4, unbatched then batched: exit status, result."""
     out = tmp_path_factory.mktemp("rpc")
     status = rpc_inference.main(["--policies", "ppo_continuous", "--batch", "off,on", *TINY, "--out", str(out)])
+    assert list(out.glob("*.json")), f"exit status {status} and no results: a run failed (its line is on stderr)"
     (json_path,), (md_path,), (png_path,) = (sorted(out.glob(f"*.{ext}")) for ext in ("json", "md", "png"))
     return status, json.loads(json_path.read_text()), md_path.read_text(), png_path.read_bytes(), out
 
@@ -52,9 +53,9 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
             assert values == sorted(values) and values[0] > 0, f"{metric}: {values}"
         assert run["served_per_s"] == pytest.approx(run["requests"] / run["wall_s"])
         assert run["check_equal"] == {"ok": True, "diff": run["check_equal"]["diff"], "samples": 2 * 3}
-        assert run["check_equal"]["diff"] <= 1e-4 + 1e-3  # within the stated tolerance (|values| are ~1 or less)
         assert run["check_after_update"]["ok"] and run["check_after_update"]["changed"]
-        assert run["agent_cpu_us_per_request"] > run["policy_us_per_request"] > 0
+        assert run["policy_us_per_request"] > 0 and run["agent_cpu_us_per_request"] > 0
+        assert run["observer_cpu_us_per_request"] > 0 and run["setup_s"] > 0
     assert rows[0]["vs_first"]["served_per_s"] == 1.0
     assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(runs[1]["served_per_s"] / runs[0]["served_per_s"])
     assert not list(out.glob("*-logs")), "a successful run keeps no logs"
@@ -87,6 +88,7 @@ def test_batcher_answers_each_slot_with_its_own_row():
         futures[slot] = batcher.submit(slot, torch.full((3,), float(slot)))
         assert not futures[slot].done(), "answered before the batch was full"
     futures[1] = batcher.submit(1, torch.full((3,), 1.0))
+    assert all(future.done() for future in futures.values()), "the full batch was not answered"
     for slot, future in futures.items():
         row = future.wait()
         assert torch.equal(row["value"], torch.full((3,), 10.0 * slot)) and int(row["first"]) == slot
@@ -103,7 +105,7 @@ def test_batcher_routes_rows_across_threads():
     def observer(slot):
         results[slot] = float(batcher.submit(slot, torch.full((4,), float(slot))).wait()["value"])
 
-    threads = [threading.Thread(target=observer, args=(slot,)) for slot in range(6)]
+    threads = [threading.Thread(target=observer, args=(slot,), daemon=True) for slot in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -120,8 +122,9 @@ def test_batcher_refuses_a_second_request_from_one_slot_in_one_batch():
 
 def test_unbatched_serving_answers_each_request_alone():
     batcher = Batcher(lambda batch: {"value": batch + 1.0}, slots=1)
-    rows = [batcher.submit(0, torch.full((2,), float(i))).wait()["value"] for i in range(3)]
-    assert [row.tolist() for row in rows] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    futures = [batcher.submit(0, torch.full((2,), float(i))) for i in range(3)]
+    assert all(future.done() for future in futures), "a lone request was left waiting"
+    assert [future.wait()["value"].tolist() for future in futures] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
     assert [size for _, size, _ in batcher.batches] == [1, 1, 1]
 
 
@@ -133,6 +136,7 @@ def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(poli
 
         def serve():
             futures = [agent.act(slot, obs) for slot, obs in enumerate(observations)]
+            assert all(future.done() for future in futures)
             return [future.wait() for future in futures]
 
         answers = serve()
