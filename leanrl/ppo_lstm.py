@@ -12,7 +12,8 @@ learned here no faster than the memoryless baseline (mean return ~42 for both af
     python leanrl/ppo_lstm.py --obs-indices --total-timesteps 50000 # the full observation
 
 Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, written in the same shape so that
-`diff` shows only what buys speed.
+`diff` shows only what buys speed. On a small or shared CPU run it with `OMP_NUM_THREADS=1` (the twin sets one
+thread itself): its ops are tiny, and torch's default thread pool ran it ~10x slower on a busy 2-core machine.
 
 Why memory: CartPole's observation is the cart's position and velocity and the pole's angle and angular velocity.
 With all four a feedforward policy balances the pole. Keeping only the positions (entries 0 and 2) leaves a
