@@ -14,7 +14,7 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - the rollout is one TensorDict preallocated on the device; a minibatch of env sequences is one indexing call;
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
 - the LSTM cell is written out: the input's share of the gates is one matmul for the whole sequence, and the
-  time loop does only the recurrent part (dynamo also refuses to trace torch's recurrent modules);
+  time loop does only the recurrent part, in ops dynamo traces and inductor fuses (it refuses `nn.LSTM` itself);
 - the categorical's sampling (Gumbel-max), log-probability and entropy are written out;
 - GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a Python loop;
 - a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU,
