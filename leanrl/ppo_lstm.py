@@ -12,7 +12,8 @@ learned here no faster than the memoryless baseline (mean return ~42 for both af
     python leanrl/ppo_lstm.py --obs-indices --total-timesteps 50000 # the full observation
 
 Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, written in the same shape so that
-`diff` shows only what buys speed.
+`diff` shows only what buys speed. On a small or shared CPU run it with `OMP_NUM_THREADS=1` (the twin sets one
+thread itself): its ops are tiny, and torch's default thread pool ran it ~10x slower on a busy 2-core machine.
 
 Why memory: CartPole's observation is the cart's position and velocity and the pole's angle and angular velocity.
 With all four a feedforward policy balances the pole. Keeping only the positions (entries 0 and 2) leaves a
@@ -77,7 +78,7 @@ class Args:
     eval_episodes: int = 0
     """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with the same --obs-indices and --no-memory as its training)"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -409,19 +410,19 @@ def check_rendering(env_id):
         fail(f"--capture-video: {env_id} rendered no frame")
 
 
-def evaluate(agent, envs, episodes, seed, device):
+def evaluate(agent, envs, episodes, seed, memory, device):
     """The returns of `episodes` episodes played on `envs` (one env) by `agent`'s most likely action, its LSTM state
-    carried from step to step and zeroed when an episode starts, in order."""
+    carried from step to step and zeroed when an episode starts (at every step without `memory`), in order."""
     obs, _ = envs.reset(seed=seed)
     lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device), torch.zeros(1, agent.lstm.hidden_size, device=device))
-    done = torch.zeros(1, 1, device=device)
+    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []
     while len(returns) < episodes:
         with torch.no_grad():
             hidden, lstm_state = agent.get_states(torch.as_tensor(obs, device=device, dtype=torch.float)[None], lstm_state, done)
             actions = agent.actor(hidden[0]).argmax(-1)
         obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
-        done = torch.as_tensor(terminations | truncations, device=device, dtype=torch.float)[None]
+        done = torch.as_tensor(episode_starts(terminations, truncations, memory), device=device, dtype=torch.float)[None]
         returns += finished_episodes(infos)
     return returns[:episodes]
 
@@ -516,7 +517,8 @@ def main(args):
         torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
         torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
     )
-    no_reset = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)  # a final obs continues its episode
+    # a true final observation continues its episode: no reset before it (but always one under --no-memory)
+    final_done = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
     global_step = 0
@@ -553,7 +555,7 @@ def main(args):
                 # the value of the state each truncated episode was cut at, seen with that episode's memory
                 final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs[None], next_lstm_state, no_reset).flatten()
+                    rollout["final_values"][step] = get_value(final_obs[None], next_lstm_state, final_done).flatten()
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
             next_done = torch.as_tensor(episode_starts(terminations, truncations, args.memory), device=device, dtype=torch.float)
 
@@ -606,7 +608,7 @@ def main(args):
     if args.eval_episodes:  # the most likely action, with memory
         eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, args.eval_episodes)
         obs_rms_to(eval_envs, obs_rms_of(envs), update=False)  # frozen: evaluation must not move it
-        eval_returns = evaluate(agent, eval_envs, args.eval_episodes, args.seed, device)
+        eval_returns = evaluate(agent, eval_envs, args.eval_episodes, args.seed, args.memory, device)
         eval_envs.close()
     steps = global_step
     summary = {

@@ -14,7 +14,7 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - the rollout is one TensorDict preallocated on the device; a minibatch of env sequences is one indexing call;
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
 - the LSTM cell is written out: the input's share of the gates is one matmul for the whole sequence, and the
-  time loop does only the recurrent part (dynamo also refuses to trace torch's recurrent modules);
+  time loop does only the recurrent part, in ops dynamo traces and inductor fuses (it refuses `nn.LSTM` itself);
 - the categorical's sampling (Gumbel-max), log-probability and entropy are written out;
 - GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a Python loop;
 - a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU,
@@ -88,7 +88,7 @@ class Args:
     eval_episodes: int = 0
     """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with the same --obs-indices and --no-memory as its training)"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -469,19 +469,19 @@ def check_rendering(env_id):
         fail(f"--capture-video: {env_id} rendered no frame")
 
 
-def evaluate(agent, envs, episodes, seed, device):
+def evaluate(agent, envs, episodes, seed, memory, device):
     """The returns of `episodes` episodes played on `envs` (one env) by `agent`'s most likely action, its LSTM state
-    carried from step to step and zeroed when an episode starts, in order."""
+    carried from step to step and zeroed when an episode starts (at every step without `memory`), in order."""
     obs, _ = envs.reset(seed=seed)
     lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device), torch.zeros(1, agent.lstm.hidden_size, device=device))
-    done = torch.zeros(1, 1, device=device)
+    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []
     while len(returns) < episodes:
         with torch.no_grad():
             hidden, lstm_state = agent.get_states(torch.as_tensor(obs, device=device, dtype=torch.float)[None], lstm_state, done)
             actions = agent.actor(hidden[0]).argmax(-1)
         obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
-        done = torch.as_tensor(terminations | truncations, device=device, dtype=torch.float)[None]
+        done = torch.as_tensor(episode_starts(terminations, truncations, memory), device=device, dtype=torch.float)[None]
         returns += finished_episodes(infos)
     return returns[:episodes]
 
@@ -589,7 +589,8 @@ def main(args):
         torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
         torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
     )
-    no_reset = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)  # a final obs continues its episode
+    # a true final observation continues its episode: no reset before it (but always one under --no-memory)
+    final_done = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
     global_step = 0
@@ -626,7 +627,7 @@ def main(args):
                 # the value of the state each truncated episode was cut at, seen with that episode's memory
                 final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs[None], next_lstm_state, no_reset).flatten()
+                    rollout["final_values"][step] = get_value(final_obs[None], next_lstm_state, final_done).flatten()
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
             next_done = torch.as_tensor(episode_starts(terminations, truncations, args.memory), device=device, dtype=torch.float)
 
@@ -679,7 +680,7 @@ def main(args):
     if args.eval_episodes:  # the most likely action, with memory
         eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, args.eval_episodes)
         obs_rms_to(eval_envs, obs_rms_of(envs), update=False)  # frozen: evaluation must not move it
-        eval_returns = evaluate(agent, eval_envs, args.eval_episodes, args.seed, device)
+        eval_returns = evaluate(agent, eval_envs, args.eval_episodes, args.seed, args.memory, device)
         eval_envs.close()
     steps = global_step
     summary = {

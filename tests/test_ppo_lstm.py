@@ -11,9 +11,10 @@ from tensordict import TensorDict
 from test_ppo_continuous_action import flat_parameters
 
 EAGER, TWIN = "ppo_lstm", "ppo_lstm_torchcompile"
-# 6 iterations of 2 envs x 8 steps, whole-env minibatches of 1 sequence; CartPole episodes of a random policy
-# last ~20 steps, so several end
-SMOKE = ("--total-timesteps", "96", "--num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "1")
+# 6 iterations of 2 envs x 8 steps, one minibatch of both sequences; CartPole episodes of a random policy last ~20
+# steps, so several end. The compiled functions' shapes (8 steps of 2 envs, acting on 2 envs) are those of the unit
+# tests below, which then find the smoke run's kernels in the compile cache.
+SMOKE = ("--total-timesteps", "96", "--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1")
 N_OBS, N_ACT = 2, 2  # velocity-hidden CartPole
 
 
@@ -102,13 +103,14 @@ def test_the_twins_agent_is_the_eager_agent():
 
 
 def test_doubling_gae_equals_the_reference_loop():
-    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 128 random steps of 8 envs
-    with episode ends: float32 sums in another order agree to 1e-5."""
+    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 8 random steps of 2 envs (the
+    smoke run's shape) with episode ends: float32 sums in another order agree to 1e-5. (PPO continuous tests the
+    same doubling on 1000 steps.)"""
     g = torch.Generator().manual_seed(0)
-    terminations = (torch.rand(128, 8, generator=g) < 0.05).float()
-    data = dict(rewards=torch.randn(128, 8, generator=g), values=torch.randn(128, 8, generator=g),
-                next_value=torch.randn(8, generator=g), final_values=torch.randn(128, 8, generator=g),
-                terminations=terminations, truncations=(torch.rand(128, 8, generator=g) < 0.05).float() * (1 - terminations))
+    terminations = (torch.rand(8, 2, generator=g) < 0.2).float()
+    data = dict(rewards=torch.randn(8, 2, generator=g), values=torch.randn(8, 2, generator=g),
+                next_value=torch.randn(2, generator=g), final_values=torch.randn(8, 2, generator=g),
+                terminations=terminations, truncations=(torch.rand(8, 2, generator=g) < 0.2).float() * (1 - terminations))
     twin = load_script(TWIN)
     expected = load_script(EAGER).gae(**data, gamma=0.99, gae_lambda=0.95)
     for gae in (twin.gae, torch.compile(twin.gae, fullgraph=True)):
@@ -158,17 +160,17 @@ def test_no_recompilation_after_warmup():
     module = load_script(TWIN)
     update, agent, optimizer = build_update(module, compile_loss=True)
     policy = torch.compile(agent.get_action_and_value)
-    state = (torch.zeros(4, 128), torch.zeros(4, 128))
+    state = (torch.zeros(2, 128), torch.zeros(2, 128))
     for seed in range(2):
         update(*make_minibatch(seed))
         with torch.no_grad():
-            policy(torch.randn(1, 4, N_OBS), state, torch.zeros(1, 4))
+            policy(torch.randn(1, 2, N_OBS), state, torch.zeros(1, 2))
     with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
         for seed in range(2, 5):
             optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)  # the annealed learning rate, in place
             with torch.enable_grad():
                 update(*make_minibatch(seed))
-            _, _, _, _, state = policy(torch.randn(1, 4, N_OBS), state, torch.ones(1, 4) * (seed % 2))
+            _, _, _, _, state = policy(torch.randn(1, 2, N_OBS), state, torch.ones(1, 2) * (seed % 2))
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
 
 
