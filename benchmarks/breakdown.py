@@ -6,10 +6,12 @@
 Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the quick benchmark
 budget of `benchmarks/registry.py`), with timers wrapped around the functions its `make_learner` returns (acting,
 the updates), the vector env's `step`, the replay buffer's `add` and `sample`, and `gae`. A function that `main`
-compiles is timed around the compiled function. A part's time per environment step is its median call times its
-calls after the burn-in, over the steps after the burn-in; `other` is what the script's own sps leaves: the Python
-loop, conversions between numpy and torch, episode bookkeeping. The variants alternate round by round; each part's
-median over the rounds is reported. CPU only: CUDA work is asynchronous, and its calls would need synchronizing.
+compiles is timed around the compiled function. The window measured starts once every part has made its first 3
+calls (compiling, optimizers creating their state) and ends at the last env step; a part's time per environment step
+is its median call times its calls in the window, over the window's steps, and `other` is the rest of the window's
+time per step: the Python loop, conversions between numpy and torch, episode bookkeeping. The variants alternate
+round by round; each part's median over the rounds is reported. CPU only: CUDA work is asynchronous, and its calls
+would need synchronizing.
 """
 
 import argparse
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+import tyro
 
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS
@@ -39,14 +42,16 @@ FUNCTIONS = {
     "ppo_atari_envpool": ("acting", "value", "update"),
 }
 BY_NAME = {algo.name: algo for algo in ALGOS}
+WARMUP_CALLS = 3  # calls of each part left out of the window: compiling, the optimizers creating their state
 VARIANTS = {"eager": ("eager", ()), "torchcompile": ("twin", ()), "compile": ("twin", ("--compile",))}
 
 
 class Timers:
-    """Each part's calls as (env steps done when the call began, seconds), in call order."""
+    """Each part's calls as (env steps done when the call began, seconds), in call order, and the clock after each
+    env step as (env steps done, time)."""
 
     def __init__(self):
-        self.calls, self.steps = {}, 0
+        self.calls, self.steps, self.clock = {}, 0, []
 
     def wrap(self, part, fn):
         @functools.wraps(fn)
@@ -77,6 +82,7 @@ def instrumented(module, algo, timers):
         def counted_step(actions):
             out = step(actions)
             timers.steps += len(out[1])
+            timers.clock.append((timers.steps, time.perf_counter()))
             return out
 
         envs.step = timers.wrap("env step", counted_step)
@@ -106,46 +112,33 @@ def instrumented(module, algo, timers):
 
 
 def measure_one(script, algo, flags):
-    """Run `script`'s main() with `flags` and timers; the summary's sps and each part's µs per env step after the
-    burn-in (the steps before the script's own measurement start)."""
+    """Run `script`'s main() with `flags` (its command-line flags) and timers; returns the sps and each part's µs
+    per env step over the measured window (`window`)."""
     module = load_script(script)
     timers = Timers()
-    args = module.Args(**vars(module.Args()) | parse_flags(module, flags))
-    out = io.StringIO()
-    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd), contextlib.redirect_stdout(out):
+    args = tyro.cli(module.Args, args=list(flags))
+    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()):
         with instrumented(module, algo, timers):
             module.main(args)
-    line = next(line for line in out.getvalue().splitlines() if line.startswith("SUMMARY "))
-    summary = json.loads(line[len("SUMMARY ") :])
-    total, start = summary["total_timesteps"], summary["total_timesteps"] - round(summary["sps"] * summary["wall_s"])
-    return summary, parts_per_step(timers, max(start, 0), total, summary["sps"])
+    return window(timers)
 
 
-def parse_flags(module, flags):
-    """`--name value` pairs and bare `--switch` flags as Args fields (as tyro reads them)."""
-    fields, i = {}, 0
-    while i < len(flags):
-        name = flags[i][2:].replace("-", "_")
-        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            fields[name] = type(getattr(module.Args(), name))(flags[i + 1])
-            i += 2
-        else:
-            fields[name] = True
-            i += 1
-    return fields
-
-
-def parts_per_step(timers, start, total, sps):
-    """µs per env step of each part, counting the calls made once `start` env steps were done; `other` is the rest
-    of the script's own time per step (1 / sps)."""
-    steps = max(total - start, 1)
+def window(timers, warmup_calls=WARMUP_CALLS):
+    """The measured window: from the env step by which every part has made its first `warmup_calls` calls (they
+    compile, and the optimizers create their state) to the last env step. Returns the window's sps and each part's
+    µs per env step: its median call times its calls in the window, over the window's steps; `other` is the rest of
+    the window's time per step."""
+    start = max(calls[min(warmup_calls, len(calls) - 1)][0] for calls in timers.calls.values())
+    (start_step, start_time), (end_step, end_time) = next(c for c in timers.clock if c[0] >= start), timers.clock[-1]
+    steps = max(end_step - start_step, 1)
     parts = {}
     for part, calls in timers.calls.items():
-        measured = [seconds for at, seconds in calls if at >= start]
+        measured = [seconds for at, seconds in calls if start_step <= at < end_step]
         if measured:
             parts[part] = statistics.median(measured) * len(measured) / steps * 1e6
-    parts["other"] = max(1e6 / sps - sum(parts.values()), 0.0)
-    return parts
+    step_us = (end_time - start_time) / steps * 1e6
+    parts["other"] = max(step_us - sum(parts.values()), 0.0)
+    return 1e6 / step_us, parts
 
 
 def run_variant(algo, variant, budget_flags, timeout=1800):
@@ -179,8 +172,8 @@ def table(algo, results):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--one"]:  # one variant, run by `run_variant` in a fresh interpreter: --one SCRIPT ALGO FLAGS...
-        summary, parts = measure_one(argv[1], argv[2], argv[3:])
-        print(json.dumps({"sps": summary["sps"], "parts": parts}))
+        sps, parts = measure_one(argv[1], argv[2], argv[3:])
+        print(json.dumps({"sps": sps, "parts": parts}))
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown", description=__doc__.splitlines()[0])
     parser.add_argument("algos", nargs="*", default=list(FUNCTIONS), choices=list(FUNCTIONS), metavar="ALGO",

@@ -382,21 +382,33 @@ def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
 
 def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other():
     """Eager SAC on Pendulum, 100 learning steps: every part the loop calls is timed, and the parts with `other`
-    add up to the script's own time per step (1 / sps); torch.compile is restored afterwards."""
+    add up to the measured window's time per step (1 / sps); torch.compile is restored afterwards."""
     compile_ = torch.compile
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "200", "--batch-size", "32"]
-    summary, parts = breakdown.measure_one("sac_continuous_action", "sac", flags)
+    sps, parts = breakdown.measure_one("sac_continuous_action", "sac", flags)
     assert set(parts) == {"env step", "acting", "storing", "sampling", "critic update", "actor update",
                           "target update", "other"}
     assert all(us >= 0 for us in parts.values()) and parts["critic update"] > 0 and parts["env step"] > 0
-    assert sum(parts.values()) == pytest.approx(1e6 / summary["sps"], rel=1e-6) or parts["other"] == 0
+    assert sum(parts.values()) == pytest.approx(1e6 / sps, rel=1e-6) or parts["other"] == 0
     assert torch.compile is compile_
 
 
+def test_breakdown_window_leaves_out_warmup_calls_and_counts_calls_per_step():
+    """Hand-made timings: an update every 2 env steps whose first calls (compiling) took 10 s; the window starts
+    at its 4th call (env step 6) and ends at the last env step (10)."""
+    timers = breakdown.Timers()
+    timers.clock = [(step, float(step)) for step in range(1, 11)]  # one second per env step
+    timers.calls = {"update": [(at, 10.0 if at < 6 else 0.5) for at in range(0, 10, 2)],
+                    "env step": [(at, 0.25) for at in range(10)]}
+    sps, parts = breakdown.window(timers)
+    assert sps == pytest.approx(1.0)
+    assert parts == pytest.approx({"update": 0.25e6, "env step": 0.25e6, "other": 0.5e6})
+
+
 def test_breakdown_times_a_compiled_part_around_its_compiled_function():
-    module, timers = load_script("dqn"), breakdown.Timers()
+    module, timers, compile_ = load_script("dqn"), breakdown.Timers(), torch.compile
     with breakdown.instrumented(module, "dqn", timers):
         double = torch.compile(timers.wrap("acting", lambda x: x * 2))
         assert double(torch.ones(2)).tolist() == [2.0, 2.0]
     assert double.part == "acting" and len(timers.calls["acting"]) == 1
-    assert torch.compile is not breakdown.instrumented and not hasattr(torch.compile, "part")
+    assert torch.compile is compile_
