@@ -4,7 +4,7 @@ Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the defa
 HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
 
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
-    python leanrl/sac_continuous_action_torchcompile.py                         # on a CPU
+    python leanrl/sac_continuous_action_torchcompile.py --compile               # on a CPU
     python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
 
 Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
@@ -14,8 +14,10 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - acting uses a copy of the actor that shares its weights but carries no autograd state;
 - the Gaussian is written out: `torch.distributions.Normal` checks its arguments on every call, a host sync;
 - the entropy coefficient `alpha` is a tensor updated in place: no `.item()` sync, and a CUDA graph sees it;
-- `--compile` wraps the acting policy in `torch.compile`, and on CUDA both update functions too (on a CPU the
-  compiled updates ran slower than eager ones; the README has the figures);
+- `--compile` on CUDA wraps the acting policy and both updates in `torch.compile`; on a CPU it compiles each update
+  whole, forward pass to Adam step, as one graph: the updates are written as functions of the parameters
+  (`torch.func` gradients, Adam written out), since autograd's backward and an optimizer's step would split the
+  graph, and batch-1 acting stays eager (compiled, it was slower there); `cpu_fast_path` makes that choice;
 - `--cudagraphs` records the updates and the policy as CUDA graphs (tensordict's `CudaGraphModule`) and
   replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
 How each variant fares on a CPU and where a step's time goes is measured in the README.
@@ -103,7 +105,7 @@ class Args:
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = False
-    """wrap the policy in `torch.compile`, and on CUDA the update functions too"""
+    """compile the updates (on a CPU as whole functional graphs) and, on CUDA, the policy"""
     cudagraphs: bool = False
     """record the policy and the update functions as CUDA graphs (needs a CUDA device)"""
 

@@ -3,14 +3,17 @@
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps); the default env is
 LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
-    python leanrl/td3_continuous_action_torchcompile.py                         # the benchmark run, eager
+    python leanrl/td3_continuous_action_torchcompile.py --compile               # fastest on a CPU
     python leanrl/td3_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/td3_continuous_action_torchcompile.py --env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000
 
 Same algorithm, defaults and loop as the eager twin, data flow rewritten for speed: a TensorDict replay buffer on
 the device, the twin critics as one vmapped ensemble, `lerp_` target updates, a fused Adam (capturable under
-`--cudagraphs`). `--compile` wraps acting in `torch.compile` (and both updates on CUDA: on a CPU they ran slower
-compiled), `--cudagraphs` in tensordict's `CudaGraphModule` (CUDA only). As in the eager twin, exploration noise is
+`--cudagraphs`). `--compile` on CUDA wraps acting and both updates in `torch.compile`; on a CPU it compiles each
+update whole, forward pass to Adam step, as one graph: written as functions of the parameters (`torch.func`
+gradients, Adam written out), since autograd's backward and an optimizer's step would split the graph; acting stays
+eager there (compiled, it was slower); `cpu_fast_path` chooses. `--cudagraphs` wraps them in tensordict's
+`CudaGraphModule` (CUDA only). As in the eager twin, exploration noise is
 drawn on the device, inside the acting policy. One critic step per vector step and one actor step (plus the target
 updates) every `policy_frequency` vector steps, as in CleanRL, so with `--num-envs N` the updates per env step drop
 by N. Pendulum-v1 learns in 10k steps. Truncated episodes bootstrap from their true final observation; terminated
@@ -93,7 +96,7 @@ class Args:
     """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
 
     compile: bool = False
-    """wrap the policy in `torch.compile`, and on CUDA the update functions too"""
+    """compile the updates (on a CPU as whole functional graphs) and, on CUDA, the policy"""
     cudagraphs: bool = False
     """record the policy and the update functions as CUDA graphs (needs a CUDA device)"""
 
