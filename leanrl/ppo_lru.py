@@ -1,7 +1,7 @@
 """Recurrent PPO with linear recurrent memory (a minGRU policy) for discrete actions, the eager reference.
 
 Paper: https://arxiv.org/abs/1707.06347 (PPO), https://arxiv.org/abs/2410.01201 (minGRU); the agent and its update
-are ppo_lstm.py's with the LSTM replaced by a minGRU layer. Defaults, as ppo_lstm.py's: CartPole-v1 with the two
+are ppo_lstm.py's with the LSTM replaced by two minGRU layers. Defaults, as ppo_lstm.py's: CartPole-v1 with the two
 velocities hidden (`--obs-indices 0 2`), 200k steps, 8 envs, 32 steps per rollout, 2 minibatches of 4 whole env
 sequences, 10 epochs, learning rate 1e-3, clip 0.2, no entropy bonus.
 
@@ -20,8 +20,8 @@ policy that sees a snapshot: the direction the pole is falling in is not in it. 
 few positions can estimate the velocities as differences, so the default run is one where memory is needed;
 `--no-memory` gives the same network with its state reset at every step, a feedforward baseline.
 
-The agent: a small MLP torso, a minGRU layer (a diagonal linear recurrence h_t = a_t * h_{t-1} + b_t whose a_t and
-b_t depend on the input alone; see `Agent`), a tanh layer and policy and value heads; observations are normalized
+The agent: a small MLP torso, two minGRU layers (diagonal linear recurrences h_t = a_t * h_{t-1} + b_t whose a_t
+and b_t depend on the input alone; see `Agent`), each followed by a tanh layer, and policy and value heads; observations are normalized
 by running statistics (as in CleanRL's continuous PPO), which are saved with the model. a_t is 0 where an episode
 starts, so the state is reset by the recurrence itself, with no padding and no fixed sequence length. Acting steps
 the recurrence once per env step; the update splits the rollout by environment, so each minibatch holds whole
@@ -269,37 +269,49 @@ def linear_recurrence(a, b, h0):
     return torch.stack(states)
 
 
+def mingru_coefficients(gates, done):
+    """a_t and b_t [T, B, H] of a minGRU layer from its gates' pre-activations [T, B, 2H] (the update gate's, then the
+    candidate's). `done[t]` is 1 where step t is the first of an episode: a_t is 0 there, so h_t = b_t and nothing of
+    the previous episode leaks into the new one."""
+    gate, candidate = gates.chunk(2, -1)
+    z = gate.sigmoid()
+    return (1 - z) * (1 - done).unsqueeze(-1), z * candidate
+
+
 class Agent(nn.Module):
-    """A 64-unit torso, a minGRU layer of `hidden_size` units, a 64-unit tanh layer and policy and value heads.
-    Sequences are time-major: observations [T, B, n_obs], done flags [T, B], the recurrent state [B, hidden_size].
+    """A 64-unit torso, `num_layers` minGRU layers of `hidden_size` units, each followed by a 64-unit tanh layer that
+    reads the layer's input beside its state (a skip connection), and policy and value heads. Sequences are
+    time-major: observations [T, B, n_obs], done flags [T, B], the recurrent state [num_layers, B, hidden_size].
 
     minGRU (Feng et al. 2024, "Were RNNs All We Needed?", https://arxiv.org/abs/2410.01201): the update gate
     z_t = sigmoid(W_z x_t) and the candidate state h~_t = W_h x_t read the input alone, never h_{t-1}, so the state
     follows the diagonal linear recurrence h_t = (1 - z_t) * h_{t-1} + z_t * h~_t = a_t * h_{t-1} + b_t. Chosen over
     the LRU (Orvieto et al. 2023): its a_t depends on the input, so each step can keep or forget, and it is real,
-    where the LRU's fixed complex diagonal would need complex tensors through the scan and its backward."""
+    where the LRU's fixed complex diagonal would need complex tensors through the scan and its backward. Two layers,
+    stacked as in the paper: with one, PPO learned this task no better than without memory in 30k steps (mean
+    return ~43 for both, seeds 1 and 2), with two ~54."""
 
-    def __init__(self, n_obs, n_act, hidden_size=128, device=None):
+    def __init__(self, n_obs, n_act, hidden_size=128, num_layers=2, device=None):
         super().__init__()
-        self.hidden_size = hidden_size
+        self.hidden_size, self.num_layers = hidden_size, num_layers
         self.network = nn.Sequential(layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh())
-        self.mingru = layer_init(nn.Linear(64, 2 * hidden_size, device=device), std=1.0)  # W_z and W_h, stacked
-        self.head = nn.Sequential(layer_init(nn.Linear(hidden_size, 64, device=device)), nn.Tanh())
+        # each layer's W_z and W_h, stacked in one matmul
+        self.mingru = nn.ModuleList(layer_init(nn.Linear(64, 2 * hidden_size, device=device), std=1.0) for _ in range(num_layers))
+        self.post = nn.ModuleList(
+            nn.Sequential(layer_init(nn.Linear(64 + hidden_size, 64, device=device)), nn.Tanh()) for _ in range(num_layers)
+        )
         self.actor = layer_init(nn.Linear(64, n_act, device=device), std=0.01)
         self.critic = layer_init(nn.Linear(64, 1, device=device), std=1)
 
-    def recurrence_coefficients(self, x, done):
-        """a_t and b_t [T, B, hidden_size] of the sequence `x`. `done[t]` is 1 where `x[t]` is the first observation
-        of an episode: a_t is 0 there, so h_t = b_t and nothing of the previous episode leaks into the new one."""
-        gate, candidate = self.mingru(self.network(x)).chunk(2, -1)
-        z = gate.sigmoid()
-        return (1 - z) * (1 - done).unsqueeze(-1), z * candidate
-
     def get_states(self, x, rnn_state, done):
         """The features [T, B, 64] the heads read over the sequence `x`, and the recurrent state after its last step."""
-        a, b = self.recurrence_coefficients(x, done)
-        h = linear_recurrence(a, b, rnn_state)
-        return self.head(h), h[-1]
+        features, last_states = self.network(x), []
+        for mingru, post, h0 in zip(self.mingru, self.post, rnn_state):
+            a, b = mingru_coefficients(mingru(features), done)
+            h = linear_recurrence(a, b, h0)
+            features = post(torch.cat([features, h], -1))
+            last_states.append(h[-1])
+        return features, torch.stack(last_states)
 
     def get_value(self, x, rnn_state, done):
         hidden, _ = self.get_states(x, rnn_state, done)
@@ -427,7 +439,7 @@ def evaluate(agent, envs, episodes, seed, memory, device):
     """The returns of `episodes` episodes played on `envs` (one env) by `agent`'s most likely action, its recurrent state
     carried from step to step and zeroed when an episode starts (at every step without `memory`), in order."""
     obs, _ = envs.reset(seed=seed)
-    rnn_state = torch.zeros(1, agent.hidden_size, device=device)
+    rnn_state = torch.zeros(agent.num_layers, 1, agent.hidden_size, device=device)
     done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []
     while len(returns) < episodes:
@@ -477,7 +489,7 @@ def load_model(path, script, args):
         fail(f"--eval-model {path} was trained on {trained['env_id']}: add --env-id {trained['env_id']}")
     if tuple(trained["obs_indices"]) != tuple(args.obs_indices):
         indices = " ".join(map(str, trained["obs_indices"]))
-        fail(f"--eval-model {path} was trained on observation entries ({indices}): add --obs-indices {indices}".rstrip())
+        fail(f"--eval-model {path} was trained on observation entries ({indices or 'all'}): add --obs-indices {indices}".rstrip())
     if trained["memory"] != args.memory:
         fail(f"--eval-model {path} was trained {'with' if trained['memory'] else 'without'} memory: "
              f"{'drop' if trained['memory'] else 'add'} --no-memory")
@@ -533,7 +545,7 @@ def main(args):
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
     # dones[t] = 1: obs[t] starts an episode, the recurrent state is zeroed before it (always, under --no-memory)
     next_done = torch.full((args.num_envs,), 0.0 if args.memory else 1.0, device=device)
-    next_rnn_state = torch.zeros(args.num_envs, agent.hidden_size, device=device)
+    next_rnn_state = torch.zeros(agent.num_layers, args.num_envs, agent.hidden_size, device=device)
     # a true final observation continues its episode: no reset before it (but always one under --no-memory)
     final_done = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)
     episode_returns = deque(maxlen=20)
@@ -598,7 +610,7 @@ def main(args):
         for epoch in range(args.update_epochs):
             b_envs = torch.randperm(args.num_envs, device=device).split(envs_per_batch)
             for mb_envs in b_envs:
-                mb_rnn_state = initial_rnn_state[mb_envs]
+                mb_rnn_state = initial_rnn_state[:, mb_envs]
                 stats = update({key: value[:, mb_envs] for key, value in b.items()}, mb_rnn_state)
             if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
                 break
