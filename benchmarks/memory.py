@@ -12,8 +12,8 @@ the scripts use on a CPU:
 - `lru-loop`: ppo_lru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a Python loop;
 - `lru-scan`: ppo_lru_torchcompile.py's minGRU, the same recurrence as its associative scan, eager;
 - `lru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes, compiled per cell).
-Before timing, each minGRU variant's features and gradients must equal `lru-loop`'s within
-|a - b| <= atol + rtol |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block of calls
+Before timing, each minGRU variant's features and gradients must equal `lru-loop`'s: per tensor,
+max |a - b| <= atol + rtol max |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block of calls
 per variant, the order rotated every round; a recompilation while timing is an error.
 
 `--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the loop, and every
@@ -165,12 +165,14 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
 
 
 def difference(got, want, rtol, atol):
-    """(ok, worst absolute difference) of two lists of tensors."""
+    """(ok, worst relative difference) of two lists of tensors: each tensor's largest |a - b| against
+    atol + rtol * its largest |b|. A gradient sums T * B terms, so an entry that cancels to near zero carries the
+    rounding of the large terms; measured against the tensor's scale it is as exact as the rest."""
     ok, worst = True, 0.0
     for x, y in zip(got, want, strict=True):
-        err = (x - y).abs()
-        ok &= bool((err <= atol + rtol * y.abs()).all())
-        worst = max(worst, float(err.max()))
+        err, scale = float((x - y).abs().max()), float(y.abs().max())
+        ok &= err <= atol + rtol * scale
+        worst = max(worst, err / (scale + atol))
     return ok, worst
 
 
@@ -190,7 +192,7 @@ def bench_cell(variants, reference, steps, batch, args, cuda):
     for name, (ok, worst) in checks.items():
         if not ok:
             note(f"check failed: T {steps} batch {batch} {name}: outputs or gradients differ from "
-                 f"{reference.name}'s by {worst:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
+                 f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol {args.atol:g})")
             sys.exit(1)
     calls = {v.name: calls_per_block(statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000)
              for v in variants}
@@ -361,7 +363,7 @@ def parse_args(argv):
     parser.add_argument("--learning-steps", type=positive_int, default=61440, help="env steps of each learning run")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the learning runs")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
-    parser.add_argument("--rtol", type=positive_float, default=1e-4, help="relative tolerance of the checks")
+    parser.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)")
     parser.add_argument("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=1)
