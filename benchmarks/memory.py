@@ -304,7 +304,8 @@ def markdown(result):
     machine, settings = result["machine"], result["settings"]
     lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
              f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} intra-op thread(s)",
-             f"Started {result['started']}; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms",
+             f"Started {result['started']}" + (f"; {settings['rounds']} alternating rounds of blocks of "
+                                               f"~{settings['block_ms']:g} ms" if result["models"] or result["candidates"] else ""),
              ""]
     if result["models"]:
         lines += cell_table(result["models"], "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up "

@@ -288,8 +288,9 @@ def linear_recurrence(a, b, h0):
     composed from a zero state, all chunks at once, giving its states from a zero start and the products of its
     a's; (2) the chunks are composed in order, giving the state entering each chunk; (3) h_t = chunk state +
     product of a's * entering state, for all t at once. About 2 sqrt(T) vectorized steps instead of T, and about
-    2T work (a log-depth scan does T log T). benchmarks/memory.py measured the candidates: on a CPU this one beat
-    the loop and the log-depth scans (Hillis-Steele; torch's prototype associative_scan; log-space cumsums)."""
+    2T work (a log-depth scan does T log T). The choice, measured by `benchmarks/memory.py --candidates` on a CPU
+    (the only device measured): the one scan ahead of the loop, eager at batch 8 and compiled at batch 8 and 64,
+    where Hillis-Steele, torch's prototype associative_scan and the log-space cumsums all lost."""
     steps = a.shape[0]
     chunk = min(c for c in range(1, steps + 1) if steps % c == 0 and c * c >= steps)  # a divisor: no padding
     a_chunks, b_chunks = a.unflatten(0, (steps // chunk, chunk)), b.unflatten(0, (steps // chunk, chunk))
