@@ -21,13 +21,14 @@ few positions can estimate the velocities as differences, so the default run is 
 `--no-memory` gives the same network with its state reset at every step, a feedforward baseline.
 
 The agent: a small MLP torso, two minGRU layers (diagonal linear recurrences h_t = a_t * h_{t-1} + b_t whose a_t
-and b_t depend on the input alone; see `Agent`), each followed by a tanh layer, and policy and value heads; observations are normalized
-by running statistics (as in CleanRL's continuous PPO), which are saved with the model. a_t is 0 where an episode
-starts, so the state is reset by the recurrence itself, with no padding and no fixed sequence length. Acting steps
-the recurrence once per env step; the update splits the rollout by environment, so each minibatch holds whole
-sequences, episode starts included, and replays them from the recurrent state the rollout started with. Each
-iteration collects `num_steps` vector steps, computes advantages with GAE, then runs `update_epochs` epochs of
-`num_minibatches` clipped-surrogate steps; the learning rate falls linearly to 0 over the run.
+and b_t depend on the input alone; see `Agent`), each followed by a tanh layer, and policy and value heads;
+observations are normalized by running statistics (as in CleanRL's continuous PPO), which are saved with the model.
+a_t is 0 where an episode starts, so the state is reset by the recurrence itself, with no padding and no fixed
+sequence length. Acting steps the recurrence once per env step; the update splits the rollout by environment, so
+each minibatch holds whole sequences, episode starts included, and replays them from the recurrent state the
+rollout started with. Each iteration collects `num_steps` vector steps, computes advantages with GAE, then runs
+`update_epochs` epochs of `num_minibatches` clipped-surrogate steps; the learning rate falls linearly to 0 over
+the run.
 
 Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
 cut is taken as 0. That state is not terminal, so here a truncated step bootstraps with gamma * V(final obs), the
@@ -296,7 +297,9 @@ class Agent(nn.Module):
         self.hidden_size, self.num_layers = hidden_size, num_layers
         self.network = nn.Sequential(layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh())
         # each layer's W_z and W_h, stacked in one matmul
-        self.mingru = nn.ModuleList(layer_init(nn.Linear(64, 2 * hidden_size, device=device), std=1.0) for _ in range(num_layers))
+        self.mingru = nn.ModuleList(
+            layer_init(nn.Linear(64, 2 * hidden_size, device=device), std=1.0) for _ in range(num_layers)
+        )
         self.post = nn.ModuleList(
             nn.Sequential(layer_init(nn.Linear(64 + hidden_size, 64, device=device)), nn.Tanh()) for _ in range(num_layers)
         )
