@@ -73,6 +73,12 @@ ALGOS = (
         full=("--total-timesteps", "200000"),
     ),
     Algo(
+        "ppo_lru",
+        "ppo_lru",
+        quick=("--total-timesteps", "10240", "--measure-burnin", "2"),  # 10 iterations, velocity-hidden CartPole-v1
+        full=("--total-timesteps", "200000"),
+    ),
+    Algo(
         "ppo_atari_envpool",
         "ppo_atari_envpool",
         quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),  # 6 iterations

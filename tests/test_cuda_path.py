@@ -13,6 +13,7 @@ from test_dqn import make_batch as dqn_batch
 from test_ppo_atari_envpool import make_minibatch as atari_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
 from test_ppo_lstm import make_minibatch as lstm_minibatch
+from test_ppo_lru import make_minibatch as lru_minibatch
 from test_sac import make_batch as sac_batch
 from test_td3 import N_ACT as TD3_ACT
 from test_td3 import N_OBS as TD3_OBS
@@ -55,6 +56,12 @@ def build_ppo_lstm(module, args):
     return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lstm_minibatch(0))}
 
 
+def build_ppo_lru(module, args):
+    _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
+    obs = lambda: (torch.randn(1, 4, 2), torch.randn(2, 4, 128), torch.ones(1, 4))  # noqa: E731
+    return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lru_minibatch(0))}
+
+
 def build_ppo_atari(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 4, CPU)
     obs = lambda: (torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),)  # noqa: E731
@@ -69,6 +76,7 @@ TWINS = {
     "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),
+    "ppo_lru_torchcompile": (build_ppo_lru, ("policy",)),
 }
 
 

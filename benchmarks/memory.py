@@ -1,0 +1,416 @@
+"""When a scan beats a loop: the forward and backward pass of PPO's recurrent memory over sequences of T steps.
+
+    python -m benchmarks.memory                  # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
+    python -m benchmarks.memory --candidates     # also every scan candidate on bare (a, b) tensors
+    python -m benchmarks.memory --quick          # a smoke run: T 8 and 16, batch 2, short blocks
+    python -m benchmarks.memory --learning       # LSTM against minGRU (and minGRU without memory) at equal steps
+
+Variants, each the sequence model of a script (torso, recurrence over T steps with an episode start at about 5% of
+the steps, the layers after it), forward then backward to its parameters, 128 hidden units, one intra-op thread as
+the scripts use on a CPU:
+- `lstm-loop`: ppo_lstm.py's LSTM, its state multiplied by (1 - done) inside a Python loop over time;
+- `lru-loop`: ppo_lru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a Python loop;
+- `lru-scan`: ppo_lru_torchcompile.py's minGRU, the same recurrence as its associative scan, eager;
+- `lru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes, compiled per cell).
+Before timing, each minGRU variant's features and gradients must equal `lru-loop`'s: per tensor,
+max |a - b| <= atol + rtol max |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block of calls
+per variant, the order rotated every round; a recompilation while timing is an error.
+
+`--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the loop, and every
+way of scanning that was tried for the optimized twin: a log-depth Hillis-Steele scan in plain torch ops (T log T
+work), torch's prototype `associative_scan` (torch._higher_order_ops, combine_mode="generic": the only mode that
+runs on a CPU), the chunked scan the twin keeps (about 2T work, 2 sqrt(T) steps), and log-space cumulative sums as
+in the minGRU paper (exact resets as a_t = e^-60, in float64; it needs b > 0), eager and, where it compiles, compiled.
+A candidate whose outputs or gradients are not the loop's is reported as such and not timed in that cell.
+
+Writes benchmarks/results/memory-<time>.{json,md,png} (or to `--out`): median and p10/p90 per cell, the ratio to
+the loop, the machine; the plot shows time against T on log scales, one panel per batch size.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from torch._higher_order_ops.associative_scan import associative_scan
+
+from benchmarks.inference import Variant, calls_per_block, note, pick_device, positive_float, positive_int, time_block
+from benchmarks.inference import warm_up
+from benchmarks.machine import machine_info
+from benchmarks.scripts import SCRIPTS, load_script
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}
+QUICK = {"steps": [8, 16], "batch_sizes": [2], "rounds": 2, "block_ms": 5.0}
+HIDDEN, N_OBS, START_PROB = 128, 2, 0.05
+LEARNING = (("lstm", "ppo_lstm", ()), ("lru", "ppo_lru", ()), ("lru-no-memory", "ppo_lru", ("--no-memory",)))
+
+
+# ---- the scan candidates, on bare tensors: each maps (a, b, h0) to the states h_1..h_T ----
+
+def hillis_steele_scan(a, b, h0):
+    """log2(T) rounds; in the round with shift s every (a_t, b_t) composes with the pair s steps before it."""
+    b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]])
+    shift = 1
+    while shift < len(a):
+        b = torch.cat([b[:shift], a[shift:] * b[:-shift] + b[shift:]])
+        a = torch.cat([a[:shift], a[shift:] * a[:-shift]])
+        shift *= 2
+    return b
+
+
+def compose(first, second):
+    """(a1, b1) o (a2, b2) = (a1 * a2, a2 * b1 + b2): apply the first step, then the second."""
+    return first[0] * second[0], second[0] * first[1] + second[1]
+
+
+def prototype_scan(a, b, h0):
+    """torch's prototype associative scan, the only mode that runs on a CPU (a work-efficient recursion of
+    vmapped combines)."""
+    b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]])
+    return associative_scan(compose, (a, b), dim=0, combine_mode="generic")[1]
+
+
+def log_space_scan(a, b, h0):
+    """h_t = exp(A_t + logcumsumexp(log b - A)_t) with A = cumsum(log a), in float64 (A reaches hundreds at
+    T = 1024, too far for float32's precision). An episode start is log a_t = -60: what came before is scaled by
+    e^-60, far below float64's precision of a sum (and float32's). It needs b > 0 (minGRU's log-space form keeps its
+    candidate positive for this)."""
+    b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]]).double()
+    log_a = torch.where(a > 0, a.double().clamp_min(1e-300).log(), -60.0)
+    cumulative = log_a.cumsum(0)
+    return (cumulative + (b.log() - cumulative).logcumsumexp(0)).exp().float()
+
+
+def candidates(loop, chunked):
+    """The candidate scans by name: (function, compile it too)."""
+    return {
+        "loop": (loop, False),
+        "hillis-steele": (hillis_steele_scan, True),
+        "prototype-associative-scan": (prototype_scan, False),
+        "chunked": (chunked, True),
+        "log-space": (log_space_scan, False),
+    }
+
+
+# ---- inputs, variants and checks ----
+
+def sequence_inputs(steps, batch, seed, device):
+    """Observations [T, B, N_OBS] and episode starts [T, B] (about START_PROB of the steps), from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(steps, batch, N_OBS, generator=g)
+    done = (torch.rand(steps, batch, generator=g) < START_PROB).float()
+    return obs.to(device), done.to(device)
+
+
+def model_variant(name, agent, get_states, state, obs, done, width, seed):
+    """A `Variant` whose call runs `get_states` over the sequence and the backward pass of a fixed linear loss of its
+    features (`width` of them per step) to `agent`'s parameters; it returns the features and the gradients."""
+    params = [p for n, p in agent.named_parameters() if not n.startswith(("actor", "critic"))]  # the heads are unused
+    weights = torch.randn(*done.shape, width, generator=torch.Generator().manual_seed(seed)).to(done.device)
+
+    def forward_backward(_):
+        features, _ = get_states(obs, state, done)
+        grads = torch.autograd.grad((features * weights).sum(), params)
+        return [features.detach(), *grads]
+
+    return Variant(name, forward_backward, warmup=3)
+
+
+def model_variants(scripts, steps, batch, seed, device, backend):
+    """The four variants at one (T, batch): the LSTM from ppo_lstm.py, the minGRU of ppo_lru.py and of its twin with
+    the same weights."""
+    obs, done = sequence_inputs(steps, batch, seed, device)
+    torch.manual_seed(seed)
+    lstm = scripts["ppo_lstm"].Agent(N_OBS, 2, HIDDEN, device=device)
+    lru = scripts["ppo_lru"].Agent(N_OBS, 2, HIDDEN, device=device)
+    twin = scripts["ppo_lru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
+    twin.load_state_dict(lru.state_dict())
+    g = torch.Generator().manual_seed(seed + 1)
+    state = torch.randn(2, batch, HIDDEN, generator=g).to(device)  # two minGRU layers
+    lstm_state = (torch.randn(batch, HIDDEN, generator=g).to(device), torch.randn(batch, HIDDEN, generator=g).to(device))
+    compiled = torch.compile(twin.get_states, backend=backend)
+    return [
+        model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),  # the LSTM's outputs
+        model_variant("lru-loop", lru, lru.get_states, state, obs, done, 64, seed),  # the tanh layer after the minGRU
+        model_variant("lru-scan", twin, twin.get_states, state, obs, done, 64, seed),
+        model_variant("lru-scan-compiled", twin, compiled, state, obs, done, 64, seed),
+    ]
+
+
+def candidate_variants(scripts, steps, batch, seed, device, backend):
+    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]; a call runs the scan and
+    the backward pass of a fixed linear loss to a, b and h0. As in the model, a = a_raw * (1 - start): the gradient
+    reaches a_raw only where no episode starts (where one does, the log-space scan has no gradient to give)."""
+    g = torch.Generator().manual_seed(seed)
+    keep = (torch.rand(steps, batch, 1, generator=g) >= START_PROB).float().to(device)
+    a_raw = torch.rand(steps, batch, HIDDEN, generator=g).to(device).requires_grad_()
+    b = (torch.rand(steps, batch, HIDDEN, generator=g) + 0.01).to(device).requires_grad_()  # > 0 for log-space
+    h0 = torch.rand(batch, HIDDEN, generator=g).to(device).requires_grad_()
+    weights = torch.randn(steps, batch, HIDDEN, generator=g).to(device)
+    variants = []
+    loop, chunked = scripts["ppo_lru"].linear_recurrence, scripts["ppo_lru_torchcompile"].linear_recurrence
+    for name, (scan, compiles) in candidates(loop, chunked).items():
+        for fn, label in [(scan, name)] + ([(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []):
+            def forward_backward(_, fn=fn):
+                h = fn(a_raw * keep, b, h0)
+                return [h.detach(), *torch.autograd.grad((h * weights).sum(), (a_raw, b, h0))]
+
+            variants.append(Variant(label, forward_backward, warmup=3))
+    return variants
+
+
+def difference(got, want, rtol, atol):
+    """(ok, worst relative difference) of two lists of tensors: each tensor's largest |a - b| against
+    atol + rtol * its largest |b|. A gradient sums T * B terms, so an entry that cancels to near zero carries the
+    rounding of the large terms; measured against the tensor's scale it is as exact as the rest."""
+    ok, worst = True, 0.0
+    for x, y in zip(got, want, strict=True):
+        err, scale = float((x - y).abs().max()), float(y.abs().max())
+        ok &= err <= atol + rtol * scale
+        worst = max(worst, err / (scale + atol))
+    return ok, worst
+
+
+def check_against(reference, variants, rtol, atol):
+    """{name: (ok, worst)} of each variant's outputs and gradients against the `reference` variant's."""
+    want = reference.fn(None)
+    return {v.name: difference(v.fn(None), want, rtol, atol) for v in variants}
+
+
+# ---- timing ----
+
+def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
+    """Warm up, check and time every variant at one (T, batch); returns one row per variant. A variant whose
+    outputs or gradients differ from the `reference`'s stops the run (exit status 1) before any timing if `fatal`,
+    else it is left out of the timing, its row saying why (a candidate that is not exact is no candidate)."""
+    setup = {v.name: warm_up(v, None, cuda) for v in variants}
+    checks = check_against(reference, [v for v in variants if v.name != "lstm-loop"], args.rtol, args.atol)
+    failed = []
+    for name, (ok, worst) in checks.items():
+        if not ok:
+            note(f"check failed: T {steps} batch {batch} {name}: outputs or gradients differ from "
+                 f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol {args.atol:g})")
+            if fatal:
+                sys.exit(1)
+            failed.append({"steps": steps, "batch": batch, "variant": name, "check": {"ok": False, "diff": worst}})
+    variants = [v for v in variants if v.name not in {row["variant"] for row in failed}]
+    calls = {v.name: calls_per_block(statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000)
+             for v in variants}
+    latencies = {v.name: [] for v in variants}
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for r in range(args.rounds):
+            k = r % len(variants)
+            for v in variants[k:] + variants[:k]:
+                latencies[v.name] += time_block(v.fn, None, calls[v.name], cuda)
+    base = "lru-loop" if "lru-loop" in latencies else "loop"
+    rows = []
+    for v in variants:
+        quantiles = statistics.quantiles(latencies[v.name], n=10, method="inclusive")
+        rows.append({
+            "steps": steps, "batch": batch, "variant": v.name, "calls": len(latencies[v.name]),
+            "median_ms": statistics.median(latencies[v.name]) * 1e3, "p10_ms": quantiles[0] * 1e3,
+            "p90_ms": quantiles[-1] * 1e3, "setup_s": setup[v.name],
+            "check": {"ok": checks[v.name][0], "diff": checks[v.name][1]} if v.name in checks else None,
+        })
+    base_median = next(row["median_ms"] for row in rows if row["variant"] == base)
+    for row in rows:
+        row["speedup_vs_loop"] = base_median / row["median_ms"]
+    return rows + failed
+
+
+def run_grid(kind, scripts, args, device):
+    """Every (T, batch) cell of `kind` ("models" or "candidates"); dynamo is reset per cell (static shapes)."""
+    build = model_variants if kind == "models" else candidate_variants
+    rows = []
+    for batch in args.batch_sizes:
+        for steps in args.steps:
+            note(f"{kind}: T {steps} batch {batch}")
+            torch._dynamo.reset()
+            variants = build(scripts, steps, batch, args.seed, device, args.backend)
+            reference = next(v for v in variants if v.name in ("lru-loop", "loop"))
+            rows += bench_cell(variants, reference, steps, batch, args, device.type == "cuda", fatal=kind == "models")
+    return rows
+
+
+# ---- learning at equal steps ----
+
+def late_return_mean(summary):
+    """The mean return of the episodes that ended in the second half of the run."""
+    late = [r for step, _, r in summary["curve"] if step > summary["total_timesteps"] // 2]
+    return sum(late) / len(late) if late else None
+
+
+def learning_run(script, flags, steps, seed, scripts_dir):
+    """One training run of `script`; returns its late mean return and its summary's return_mean and sps."""
+    cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py"), "--total-timesteps", str(steps), "--seed", str(seed),
+           *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=3600)
+    line = next((line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")), None)
+    if proc.returncode != 0 or line is None:
+        note(f"{' '.join(cmd)} failed with status {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        sys.exit(1)
+    summary = json.loads(line.removeprefix("SUMMARY "))
+    with open(summary["summary_file"]) as f:
+        summary = json.load(f)
+    return {"late_return_mean": late_return_mean(summary), "return_mean": summary["return_mean"], "sps": summary["sps"]}
+
+
+def learning(args):
+    """Each of LEARNING's agents for `--learning-steps` steps with every seed, the seeds alternating."""
+    rows = []
+    for seed in args.seeds:
+        for name, script, flags in LEARNING:
+            note(f"learning: {name} seed {seed}")
+            rows.append({"agent": name, "script": script, "flags": list(flags), "seed": seed,
+                         **learning_run(script, flags, args.learning_steps, seed, args.scripts_dir)})
+    return rows
+
+
+# ---- output ----
+
+def cell_table(rows, title):
+    """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and the ratio."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lines = [title, "", "| T | batch | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
+    for key in dict.fromkeys((r["batch"], r["steps"]) for r in rows):
+        cells = {r["variant"]: r for r in rows if (r["batch"], r["steps"]) == key}
+        text = [f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] ({c['speedup_vs_loop']:.2f}x)"
+                if "median_ms" in c else f"not exact: off by {c['check']['diff']:.2g} of the scale"
+                for c in (cells[v] for v in variants)]
+        lines.append(f"| {key[1]} | {key[0]} | " + " | ".join(text) + " |")
+    return lines
+
+
+def learning_table(rows, steps):
+    """A markdown table: mean return of the second half of each run, per agent and seed, and their mean."""
+    agents = list(dict.fromkeys(r["agent"] for r in rows))
+    seeds = list(dict.fromkeys(r["seed"] for r in rows))
+    lines = [f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the episodes that ended in "
+             "the second half of the run", "", "| agent | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+             "|---|" + "---|" * (len(seeds) + 1)]
+    for agent in agents:
+        values = [next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s) for s in seeds]
+        lines.append(f"| {agent} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {statistics.mean(values):.1f} |")
+    return lines
+
+
+def markdown(result):
+    machine, settings = result["machine"], result["settings"]
+    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
+             f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} intra-op thread(s)",
+             f"Started {result['started']}" + (f"; {settings['rounds']} alternating rounds of blocks of "
+                                               f"~{settings['block_ms']:g} ms" if result["models"] or result["candidates"] else ""),
+             ""]
+    if result["models"]:
+        lines += cell_table(result["models"], "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up "
+                            "over lru-loop)") + [""]
+    if result["candidates"]:
+        lines += cell_table(result["candidates"], "Scan candidates on bare a, b (forward + backward), ms: median "
+                            "[p10-p90] (speed-up over the loop)") + [""]
+    if result["learning"]:
+        lines += learning_table(result["learning"], settings["learning_steps"]) + [""]
+    return "\n".join(lines)
+
+
+def plot(result, path):
+    """Median time against T (log-log), with p10-p90 bars; one panel per batch size and table."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = [(kind, batch) for kind in ("models", "candidates") if result[kind]
+              for batch in dict.fromkeys(r["batch"] for r in result[kind])]
+    fig = Figure(figsize=(5 * len(panels), 4))
+    FigureCanvasAgg(fig)
+    for i, (kind, batch) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        rows = [r for r in result[kind] if r["batch"] == batch and "median_ms" in r]
+        for variant in dict.fromkeys(r["variant"] for r in rows):
+            mine = [r for r in rows if r["variant"] == variant]
+            ax.errorbar([r["steps"] for r in mine], [r["median_ms"] for r in mine], marker="o", label=variant,
+                        yerr=[[r["median_ms"] - r["p10_ms"] for r in mine], [r["p90_ms"] - r["median_ms"] for r in mine]])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set(title=f"{'sequence model' if kind == 'models' else 'bare scan'}, batch {batch}", xlabel="T (steps)",
+               ylabel="forward + backward (ms)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result['device']}, {result['machine']['cpu']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def write(result, out_dir):
+    """Write `memory-<time>.json`, `.md` and (with timings) `.png` into `out_dir`; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"memory-{datetime.now():%Y%m%d-%H%M%S}"
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    paths[0].write_text(json.dumps(result, indent=1))
+    paths[1].write_text(markdown(result))
+    if result["models"] or result["candidates"]:
+        paths.append(stem.with_suffix(".png"))
+        plot(result, paths[2])
+    return paths
+
+
+def parse_args(argv):
+    """The command line; bad input exits with status 2 and a message naming the flag."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", nargs="+", type=positive_int, help="sequence lengths T (default: 16 64 256 1024)")
+    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)")
+    parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
+    parser.add_argument("--block-ms", type=positive_float, help="one block's length (default: 200)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="intra-op threads on a CPU (the scripts use 1)")
+    parser.add_argument("--candidates", action="store_true", help="also time every scan candidate on bare tensors")
+    parser.add_argument("--no-models", dest="models", action="store_false", help="skip the four sequence-model variants")
+    parser.add_argument("--learning", action="store_true", help="also train the LSTM and minGRU agents at equal steps")
+    parser.add_argument("--learning-steps", type=positive_int, default=61440, help="env steps of each learning run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the learning runs")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
+    parser.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)")
+    parser.add_argument("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (p10 and p90 need two timings)")
+    if not (args.models or args.candidates or args.learning):
+        parser.error("--no-models with neither --candidates nor --learning leaves nothing to do")
+    return args
+
+
+def main(argv=None):
+    """Run what the flags ask for, print the tables, write the results; exit status 1 if a check failed."""
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    scripts = {name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_lru", "ppo_lru_torchcompile")}
+    started = datetime.now().isoformat(timespec="seconds")
+    result = {
+        "machine": machine_info(), "device": str(device), "started": started,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")},
+        "models": run_grid("models", scripts, args, device) if args.models else [],
+        "candidates": run_grid("candidates", scripts, args, device) if args.candidates else [],
+        "learning": learning(args) if args.learning else [],
+    }
+    paths = write(result, args.out)
+    print(markdown(result))
+    note("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
