@@ -19,8 +19,8 @@ double buffering samples meanwhile. T is chosen so that a fragment is --fragment
 T = max(1, round(fragment_s / (K d))).
 
 Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000 steps; a step sleeps
-d seconds (`sleep`: an environment waiting on a simulator or a device) or spins for d seconds (`busy`: an
-environment computing). The policy is PPO continuous's actor (17-64-64-6, tanh), one intra-op thread everywhere.
+d seconds (`sleep`: an environment waiting on a simulator or a device) or spins until it has used d seconds of CPU
+(`busy`: an environment computing; a spinning worker that the OS has descheduled does not count the time it waits). The policy is PPO continuous's actor (17-64-64-6, tanh), one intra-op thread everywhere.
 
 Ideal sps, the same definition for the three designs: what the same R workers would reach if communication,
 inference and learning cost nothing. A worker steps its environments one after another, so it makes 1/d steps per
@@ -62,7 +62,7 @@ QUICK = {"durations": [0.01, 0.001], "runners": [1, 2], "seconds": 0.1, "fragmen
 
 
 class DelayEnv(gym.Env):
-    """An environment whose step takes `duration` seconds, sleeping (`busy=False`) or spinning (`busy=True`)."""
+    """An environment whose step takes `duration` seconds: of sleep (`busy=False`) or of CPU time (`busy=True`)."""
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (N_OBS,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (N_ACT,), np.float32)
@@ -77,9 +77,9 @@ class DelayEnv(gym.Env):
         return self.obs, {}
 
     def step(self, action):
-        end = time.perf_counter() + self.duration
-        if self.busy:
-            while time.perf_counter() < end:
+        if self.busy:  # spins until this thread has had `duration` s of CPU: a descheduled thread does not advance
+            end = time.thread_time() + self.duration
+            while time.thread_time() < end:
                 pass
         else:
             time.sleep(self.duration)
@@ -311,7 +311,10 @@ def main(argv=None):
     """Measure every cell, print the table, write the results."""
     args = parse_args(argv)
     started = datetime.now().isoformat(timespec="seconds")
-    ray = load_script("ppo_continuous_action_ray").connect_ray(args.ray_address)
+    script = load_script("ppo_continuous_action_ray")
+    if args.ray_address:
+        script.check_address(args.ray_address)
+    ray = script.connect_ray(args.ray_address)
     try:
         rows, memory = run(ray, args)
     except ray.exceptions.GetTimeoutError:

@@ -28,8 +28,8 @@ shipped with the weights (frozen within a fragment) and return the raw observati
 running mean and variance over all environments. A restarted runner thus loses nothing of it, and the saved
 model holds the statistics it acted with. Reward normalization (the training signal only) stays in each env.
 
-Faults: a runner that dies is restarted by Ray (up to `--runner-restarts` times) with fresh environments; its
-fragment of that iteration is sampled again, so the run goes on. What is lost: the dead fragment's steps, the
+Faults: a runner that dies is restarted by Ray (up to `--runner-restarts` times each) with fresh environments; its
+fragment of that iteration is sampled again, so the run goes on (SUMMARY counts the restarts). What is lost: the dead fragment's steps, the
 episodes it had running and the reward-normalization statistics of its envs. Every wait on a runner has a
 timeout (`--ray-timeout`) that ends the run with one line; the runners end with the run (also on Ctrl-C and on
 failure). An unreachable `--ray-address` exits with status 2 within seconds. A local instance listens on
@@ -129,12 +129,13 @@ class Args:
     double_buffer: bool = False
     """keep each runner's next fragment in flight during the update (sampled with the weights one update old)"""
     ray_address: str | None = None
-    """join the Ray cluster whose head is at this host:port (`ray start --head` prints it); default: start a local
-    instance sized to this machine"""
+    """join the Ray cluster whose head is at this host:port (`ray start --head` prints it; a head with token
+    authentication needs RAY_AUTH_MODE=token and its token in the environment); default: start a local instance
+    sized to this machine"""
     ray_timeout: float = 120.0
     """seconds a runner may take to start or to return a fragment before the run ends with one line"""
     runner_restarts: int = 3
-    """how many times, in all, Ray restarts runners that die before the run gives up"""
+    """how many times Ray restarts each runner that dies before the run gives up"""
 
     compile: bool = False
     """compile GAE and the update's loss with `torch.compile` (runners act eagerly)"""
@@ -438,17 +439,17 @@ class EnvRunner:
 
     def __init__(self, env_id, num_envs, seed, gamma):
         torch.set_num_threads(1)  # one core per runner: batch-`num_envs` acting gains nothing from more threads
-        torch.manual_seed(seed)
         self.envs = make_envs(env_id, num_envs, seed, gamma)
         n_obs = int(np.prod(self.envs.single_observation_space.shape))
-        self.agent = Agent(n_obs, int(np.prod(self.envs.single_action_space.shape)))
+        self.agent = Agent(n_obs, int(np.prod(self.envs.single_action_space.shape)))  # weights come with each call
         self.next_obs, _ = self.envs.reset(seed=seed)
+        torch.manual_seed(seed)  # the action noise
 
     def sample(self, policy, num_steps):
         """A fragment of `num_steps` vector steps acting with `policy` ({"agent": state dict, "obs_rms"})."""
         self.agent.load_state_dict(policy["agent"])
         fragment, self.next_obs = sample_fragment(self.envs, self.agent, self.next_obs, policy["obs_rms"], num_steps)
-        return fragment
+        return fragment | {"runner": f"{socket.gethostname()}:{os.getpid()}"}
 
     def resident_memory_mib(self):
         """This process' resident memory (VmRSS) in MiB, or None where /proc does not say."""
@@ -459,21 +460,22 @@ class EnvRunner:
             return None
 
 
+def check_address(address):
+    """`--ray-address` must be host:port where something answers: else exit status 2 within 5 seconds (Ray itself
+    would retry for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        fail(f"--ray-address {address!r} is not host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        fail(f"--ray-address {address}: no Ray head answers there ({e.strerror or e})")
+
+
 def connect_ray(address):
     """Join the Ray cluster whose head is at `address` (host:port), or start a local Ray instance sized to this
-    machine, listening on 127.0.0.1 only and without a dashboard; returns the `ray` module. An address where nothing
-    answers exits with status 2 within 5 seconds (Ray itself would retry for minutes)."""
-    loopback = address is None
-    if address is not None:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            fail(f"--ray-address {address!r} is not host:port")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as e:
-            fail(f"--ray-address {address}: no Ray head answers there ({e.strerror or e})")
-        loopback = host in ("127.0.0.1", "localhost")
-    if loopback:
+    machine, listening on 127.0.0.1 only and without a dashboard; returns the `ray` module."""
+    if address is None or address.rpartition(":")[0] in ("127.0.0.1", "localhost"):
         # on Linux Ray replaces 127.0.0.1 by the machine's network address unless told that it runs on one machine
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray  # imported here, after the line above: Ray reads that variable when it is imported
@@ -482,7 +484,11 @@ def connect_ray(address):
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
                  logging_level="ERROR", log_to_driver=False)
     else:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        except ConnectionError as e:  # e.g. a head that wants a token: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN
+            fail(f"--ray-address {address}: Ray did not let this process join ({str(e).splitlines()[0]}); with token "
+                 "authentication set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)")
     return ray
 
 
@@ -496,12 +502,13 @@ def start_runners(ray, args):
     return [runner.remote(args.env_id, args.num_envs, args.seed + i * args.num_envs, args.gamma) for i in range(args.num_runners)]
 
 
-def gather(ray, calls, resample, timeout, restarts_left):
-    """The fragment of each call in `calls` (one per runner, in order) and how many runners died meanwhile. A runner
-    that died is restarted by Ray and asked again (`resample(i)` makes the call); raises RunFailed when a runner
-    returns nothing for `timeout` seconds, fails, or dies once more than `restarts_left` allows."""
-    fragments, deaths = [], 0
+def gather(ray, calls, resample, timeout, max_failures):
+    """The fragment of each call in `calls` (one per runner, in order). A runner that died or is being restarted is
+    asked again (`resample(i)` makes the call) once Ray has restarted it; raises RunFailed when a runner returns
+    nothing for `timeout` seconds, raises an error, or fails more than `max_failures` times in a row (Ray gave up)."""
+    fragments = []
     for i, call in enumerate(calls):
+        failures = 0
         while True:
             try:
                 fragments.append(ray.get(call, timeout=timeout))
@@ -509,13 +516,14 @@ def gather(ray, calls, resample, timeout, restarts_left):
             except ray.exceptions.GetTimeoutError:
                 raise RunFailed(f"runner {i} returned no fragment within --ray-timeout {timeout:g} s") from None
             except ray.exceptions.RayActorError as e:
-                deaths += 1
-                if deaths > restarts_left:
-                    raise RunFailed(f"runner {i} died and --runner-restarts is spent ({type(e).__name__})") from None
+                failures += 1
+                if failures > max_failures:
+                    raise RunFailed(f"runner {i} is gone and Ray restarts it no more ({type(e).__name__})") from None
+                time.sleep(1.0)  # Ray restarts it meanwhile: a fresh process, fresh environments
                 call = resample(i)
             except ray.exceptions.RayTaskError as e:
                 raise RunFailed(f"runner {i} failed: {str(e.cause).splitlines()[0] if e.cause else type(e).__name__}") from None
-    return fragments, deaths
+    return fragments
 
 
 def policy_state(agent, obs_rms):
@@ -611,6 +619,8 @@ def load_model(path, script, env_id):
 
 def main(args):
     check_args(args)
+    if args.ray_address and not args.eval_model:
+        check_address(args.ray_address)
     saved_model = load_model(args.eval_model, "ppo_continuous_action_ray", args.env_id) if args.eval_model else None
     num_envs = args.num_runners * args.num_envs  # every env of every runner: the columns of the rollout
     batch_size = num_envs * args.num_steps
@@ -657,6 +667,7 @@ def main(args):
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
     global_step, restarts, runner_memory_mib = 0, 0, None
+    runner_processes = [None] * args.num_runners  # host:pid of each runner
     start_time = time.time()
     measure_start, measure_step = None, 0
     try:
@@ -674,8 +685,10 @@ def main(args):
                 optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
 
             resample = lambda i: runners[i].sample.remote(calls_weights, args.num_steps)  # noqa: E731
-            fragments, deaths = gather(ray, calls, resample, args.ray_timeout, args.runner_restarts - restarts)
-            restarts += deaths
+            fragments = gather(ray, calls, resample, args.ray_timeout, args.runner_restarts + 1)
+            # a runner that comes back in another process was restarted (also one that died between two calls)
+            restarts += sum(old is not None and old != f["runner"] for old, f in zip(runner_processes, fragments))
+            runner_processes = [f["runner"] for f in fragments]
             if args.double_buffer and iteration < num_iterations:
                 # the next fragments are sampled during this update, with the weights from before it
                 calls, calls_weights = [runner.sample.remote(weights, args.num_steps) for runner in runners], weights
