@@ -57,7 +57,7 @@ from benchmarks.scripts import load_script
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")
 KINDS = ("sleep", "busy")
-FULL = {"durations": [0.1, 0.01, 0.001], "runners": [1, 2, 4, 8], "seconds": 2.0, "fragment_s": 0.5, "update_s": 0.05}
+FULL = {"durations": [0.1, 0.01, 0.001], "runners": [1, 2, 4, 8], "seconds": 1.5, "fragment_s": 0.5, "update_s": 0.05}
 QUICK = {"durations": [0.01, 0.001], "runners": [1, 2], "seconds": 0.1, "fragment_s": 0.04, "update_s": 0.004}
 
 
@@ -173,7 +173,8 @@ def measure(ray, workers, design, cell, settings):
     actor, timeout = actor_network(), settings["timeout"]
     obs = np.stack(ray.get([w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers],
                            timeout=timeout))
-    steps_per_iteration = cell["num_steps"] * cell["num_envs"] * len(workers)
+    steps_per_worker = cell["num_steps"] * cell["envs_per_runner"]  # per iteration, the same in every design
+    steps_per_iteration = steps_per_worker * len(workers)
     weights = ray.put(actor.state_dict())
     calls = [w.sample.remote(weights, cell["num_steps"]) for w in workers] if design != "per-step" else None
     iterations, start = -1, None  # iteration 0 is untimed
@@ -181,7 +182,7 @@ def measure(ray, workers, design, cell, settings):
         if iterations == 0:
             start = time.perf_counter()
         if design == "per-step":
-            obs = per_step_iteration(ray, workers, obs, actor, cell["num_steps"] * cell["num_envs"], timeout)
+            obs = per_step_iteration(ray, workers, obs, actor, steps_per_worker, timeout)
         else:
             ray.get(calls, timeout=timeout)
             if design == "double-buffered":
@@ -205,7 +206,7 @@ def cells(args):
                 for design in DESIGNS:
                     num_envs = 1 if design == "per-step" else args.envs_per_runner
                     yield {"kind": kind, "busy": kind == "busy", "duration": duration, "runners": runners,
-                           "design": design, "num_envs": num_envs,
+                           "design": design, "num_envs": num_envs, "envs_per_runner": args.envs_per_runner,
                            "num_steps": steps_per_call(duration, args.envs_per_runner, args.fragment_s)}
 
 
@@ -291,7 +292,7 @@ def parse_args(argv):
     parser.add_argument("--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs")
     parser.add_argument("--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)")
     parser.add_argument("--update-s", type=float, help="the learner's time per iteration, s (default 0.05)")
-    parser.add_argument("--seconds", type=positive_float, help="timed seconds per cell (default 2)")
+    parser.add_argument("--seconds", type=positive_float, help="timed seconds per cell (default 1.5)")
     parser.add_argument("--timeout", type=positive_float, default=120.0, help="s, any remote call")
     parser.add_argument("--ray-address", help="host:port of a running Ray cluster's head (default: a local instance)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")

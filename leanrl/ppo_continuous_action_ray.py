@@ -18,10 +18,12 @@ whole batch in one forward pass, so runners only act.
 
 `--double-buffer`: every runner has its next fragment in flight while the learner updates on the last one, so
 sampling never waits for learning. The price is a one-iteration policy lag: the fragment of iteration i was
-sampled with the weights before update i-1. It is handled as asynchronous PPO variants do: the probability ratio
-is taken against the policy that sampled (the log-probabilities the runner returned), so the clipped surrogate
-bounds the step from the behaviour policy; since one update already separates it from the learner's policy, the
-clip leaves less room for update i. README measures what that costs.
+sampled with the weights before update i-1. Taking PPO's ratio against that behaviour policy would leave update i
+little room: update i-1 already moved the learner's policy to the edge of the clip. So the update uses the decoupled
+objective of Hilton et al. (2021, arxiv.org/abs/2110.00641): the ratio is clipped around the learner's policy at the
+start of the update (the proximal policy, its log-probabilities recomputed in one forward pass), and each sample's
+loss is weighted by pi_prox / pi_behaviour to correct for the policy that sampled. Without --double-buffer the
+weights are 1 and the loss is the twin's. README measures what the lag still costs.
 
 Observation normalization is part of the policy and is kept by the learner: runners normalize with the statistics
 shipped with the weights (frozen within a fragment) and return the raw observations too, which update one
@@ -322,7 +324,8 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 
 def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics. The ratio is taken
+    against `logprobs`, the proximal policy's; `behaviour_weights` correct for the policy that sampled.
     `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay eager."""
 
     def loss_fn(mb):
@@ -343,7 +346,8 @@ def make_update(agent, optimizer, args, compile_loss=False):
         # Policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+        # the decoupled objective: weighted by pi_prox / pi_behaviour (1 without --double-buffer: the twin's loss)
+        pg_loss = (torch.max(pg_loss1, pg_loss2) * mb["behaviour_weights"]).mean()
 
         # Value loss
         newvalue = newvalue.view(-1)
@@ -389,7 +393,7 @@ def cuda_graph(fn, compiled):
 
 def make_learner(args, n_obs, n_act, device):
     """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the agent, the optimizer and the functions (get_value, update)."""
+    Returns the agent, the optimizer and the functions (get_value, get_action, update)."""
     agent = Agent(n_obs, n_act, device=device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
@@ -398,7 +402,7 @@ def make_learner(args, n_obs, n_act, device):
     # the learner's values read the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return agent, optimizer, (agent_inference.get_value, update)
+    return agent, optimizer, (agent_inference.get_value, agent_inference.get_action, update)
 
 
 def sample_fragment(envs, agent, next_obs, obs_rms, num_steps):
@@ -652,7 +656,7 @@ def main(args):
 
     n_obs = int(np.prod(eval_envs.single_observation_space.shape))
     n_act = int(np.prod(eval_envs.single_action_space.shape))
-    agent, optimizer, (get_value, update) = make_learner(args, n_obs, n_act, device)
+    agent, optimizer, (get_value, get_action, update) = make_learner(args, n_obs, n_act, device)
     obs_rms = RunningMeanStd(shape=(n_obs,))  # one normalization for every env of every runner
     if saved_model is not None:
         agent.load_state_dict(saved_model["agent"])
@@ -713,9 +717,18 @@ def main(args):
                 rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
             )
 
-            # flatten the batch; `logprobs` are those of the policy that sampled (one update old with --double-buffer)
-            b = TensorDict(obs=rollout["obs"], actions=rollout["actions"], logprobs=rollout["logprobs"], values=values,
-                           batch_size=[args.num_steps, num_envs]).flatten(0, 1)
+            logprobs, behaviour_weights = rollout["logprobs"], torch.ones_like(rollout["logprobs"])
+            if args.double_buffer:
+                # the policy that sampled is one update behind: clip around the learner's policy (the proximal one)
+                # and weight each sample by pi_prox / pi_behaviour (decoupled PPO, Hilton et al. 2021)
+                with torch.no_grad():
+                    _, logprobs, _ = get_action(rollout["obs"].flatten(0, 1), rollout["actions"].flatten(0, 1))
+                logprobs = logprobs.view_as(behaviour_weights)
+                behaviour_weights = (logprobs - rollout["logprobs"]).exp()
+
+            # flatten the batch
+            b = TensorDict(obs=rollout["obs"], actions=rollout["actions"], logprobs=logprobs, values=values,
+                           behaviour_weights=behaviour_weights, batch_size=[args.num_steps, num_envs]).flatten(0, 1)
             b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
             # Optimizing the policy and value network

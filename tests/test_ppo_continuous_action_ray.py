@@ -223,7 +223,10 @@ def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
             assert proc.poll() is None and time.time() < deadline, "no runner started sampling"
             time.sleep(0.05)
         time.sleep(1.0)  # a few iterations in
-        os.kill(runner_pids()[0], signal.SIGKILL)
+        while not (sampling := runner_pids()):
+            assert proc.poll() is None, "the run ended before a runner could be killed"
+            time.sleep(0.01)
+        os.kill(sampling[0], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
