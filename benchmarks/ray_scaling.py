@@ -258,10 +258,10 @@ def plot(result, path):
     for index, kind in enumerate(kinds):
         ax = fig.add_subplot(1, len(kinds), index + 1)
         rows = [r for r in result["rows"] if r["kind"] == kind]
-        for design, style in zip(DESIGNS, (":", "--", "-")):
-            for runners in dict.fromkeys(r["runners"] for r in rows):
+        for design, style, color in zip(DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")):
+            for runners, marker in zip(dict.fromkeys(r["runners"] for r in rows), "os^Dv<>p*h"):
                 line = sorted((r["duration"], r["efficiency"]) for r in rows if (r["design"], r["runners"]) == (design, runners))
-                ax.plot(*zip(*line), style, marker="o", label=f"{design}, R={runners}")
+                ax.plot(*zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}")
         ax.set_xscale("log")
         ax.set(title=f"{kind} envs", xlabel="step duration (s)", ylabel="efficiency (sps / ideal)", ylim=(0, 1.1))
         ax.legend(fontsize=6, ncol=2)
