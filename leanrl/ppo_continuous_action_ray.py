@@ -5,7 +5,7 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
 iteration: 2 runners x 1 env x 1024 steps), the update is the twin's.
 
     python leanrl/ppo_continuous_action_ray.py                                  # a local Ray instance on loopback
-    python leanrl/ppo_continuous_action_ray.py --num-runners 8 --num-envs 4 --num-steps 64 --double-buffer
+    python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer   # 2 runners x 4 envs
     python leanrl/ppo_continuous_action_ray.py --ray-address 10.0.0.1:6379     # join a running cluster (`ray start`)
 
 Sampling is split from learning. Each env runner is a Ray actor holding `--num-envs` environments (a gymnasium
@@ -31,8 +31,8 @@ running mean and variance over all environments. A restarted runner thus loses n
 model holds the statistics it acted with. Reward normalization (the training signal only) stays in each env.
 
 Faults: a runner that dies is restarted by Ray (up to `--runner-restarts` times each) with fresh environments; its
-fragment of that iteration is sampled again, so the run goes on (SUMMARY counts the restarts). What is lost: the dead fragment's steps, the
-episodes it had running and the reward-normalization statistics of its envs. Every wait on a runner has a
+fragment of that iteration is sampled again, so the run goes on (SUMMARY counts the restarts). What is lost: the
+dead fragment's steps, the episodes it had running and the reward-normalization statistics of its envs. Every wait on a runner has a
 timeout (`--ray-timeout`) that ends the run with one line; the runners end with the run (also on Ctrl-C and on
 failure). An unreachable `--ray-address` exits with status 2 within seconds. A local instance listens on
 127.0.0.1 only, without a dashboard.
