@@ -3,8 +3,8 @@ seed yields the transitions of the same envs stepped here; runs learn-step on a 
 double-buffered or not, with no Ray process left behind; a killed runner is replaced and the run goes on; the scaling
 benchmark runs on a tiny budget; bad input exits 2.
 
-One Ray head serves the whole session: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
-killed as a group at the end. Scripts join it with --ray-address; this process joins it for the runner tests."""
+One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
+killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner tests."""
 
 import json
 import os
@@ -59,9 +59,10 @@ def test_local_instance_leaves_no_ray_process(tmp_path):
     assert ray_processes() - before == set(), "Ray processes of the local instance outlived the run"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_head():
-    """host:port of a Ray head on loopback with 2 CPUs, for the whole session; its process group is killed at the end."""
+    """host:port of a Ray head on loopback with 2 CPUs, for this module (the only one that needs Ray: one head per
+    session), so the rest of the suite runs without it; its process group is killed at the end."""
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="lrt-")  # short: Ray's socket paths live under it
     head = subprocess.Popen(
