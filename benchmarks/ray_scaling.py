@@ -1,0 +1,346 @@
+"""Scaling efficiency of env runners on Ray, the way Tianshou's RayVecEnv was measured (tianshou issue #1172):
+environments whose step takes d seconds, stepped by R remote workers, in three designs.
+
+    python -m benchmarks.ray_scaling                    # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
+    python -m benchmarks.ray_scaling --quick            # a tiny budget (the tests run it)
+    python -m benchmarks.ray_scaling --ray-address 10.0.0.1:6379 --runners 16,32,64
+
+Designs:
+- per-step (the thread's baseline): R workers holding one environment each; the driver computes the actions of
+  all R environments in one forward pass and makes one remote call per environment step.
+- batched: R runners holding K environments each (a gymnasium vector env) and a CPU copy of the policy; one remote
+  call returns a T x K fragment (the fragment of leanrl/ppo_continuous_action_ray.py); the weights go out once per
+  iteration with `ray.put`.
+- double-buffered: batched, with each runner's next fragment called for before the learner's work on the last one.
+
+Every design runs iterations of the same size, T x K steps per worker, and after each the driver stands in for a
+learner for --update-s seconds (a sleep: a learner on its own core or GPU), so all three pay the same learning; only
+double buffering samples meanwhile. T is chosen so that a fragment is --fragment-s seconds of environment time:
+T = max(1, round(fragment_s / (K d))).
+
+Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000 steps; a step sleeps
+d seconds (`sleep`: an environment waiting on a simulator or a device) or spins until it has used d seconds of CPU
+(`busy`: an environment computing; a spinning worker that the OS has descheduled does not count the time it waits). The policy is PPO continuous's actor (17-64-64-6, tanh), one intra-op thread everywhere.
+
+Ideal sps, the same definition for the three designs: what the same R workers would reach if communication,
+inference and learning cost nothing. A worker steps its environments one after another, so it makes 1/d steps per
+second whatever K; R sleeping workers make R/d; busy ones cannot use more than the machine's cores, min(R, cores)/d.
+Efficiency = sps / ideal sps. Workers ask Ray for no CPU (num_cpus=0), so R may exceed the cores.
+
+Measured per cell: one untimed iteration, then iterations until --seconds have passed (at least two); sps counts
+the environment steps of the timed iterations over their wall time. The workers (max R of them) are started once and
+reconfigured for each cell. Reports the resident memory (VmRSS) of one worker.
+
+Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to --out): the settings, the machine, one row per
+cell; the table; efficiency against step duration per design. Without --ray-address it starts a local Ray instance
+listening on 127.0.0.1 only; bad arguments or an unreachable address exit with status 2 and one line.
+"""
+
+import os
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+
+from benchmarks.inference import RESULTS, note, positive_float, positive_int
+from benchmarks.machine import machine_info
+from benchmarks.report import machine_line
+from benchmarks.rpc_inference import OneLineParser, values_of
+from benchmarks.scripts import load_script
+
+N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
+DESIGNS = ("per-step", "batched", "double-buffered")
+KINDS = ("sleep", "busy")
+FULL = {"durations": [0.1, 0.01, 0.001], "runners": [1, 2, 4, 8], "seconds": 1.5, "fragment_s": 0.5, "update_s": 0.05}
+QUICK = {"durations": [0.01, 0.001], "runners": [1, 2], "seconds": 0.1, "fragment_s": 0.04, "update_s": 0.004}
+
+
+class DelayEnv(gym.Env):
+    """An environment whose step takes `duration` seconds: of sleep (`busy=False`) or of CPU time (`busy=True`)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (N_OBS,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (N_ACT,), np.float32)
+
+    def __init__(self, duration, busy):
+        self.duration, self.busy = duration, busy
+        self.obs, self.t = np.zeros(N_OBS, np.float32), 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.obs, self.t = self.np_random.standard_normal(N_OBS).astype(np.float32), 0
+        return self.obs, {}
+
+    def step(self, action):
+        if self.busy:  # spins until this thread has had `duration` s of CPU: a descheduled thread does not advance
+            end = time.thread_time() + self.duration
+            while time.thread_time() < end:
+                pass
+        else:
+            time.sleep(self.duration)
+        self.t += 1
+        self.obs = 0.99 * self.obs + 0.01 * float(action.sum())
+        return self.obs, float(-np.abs(action).sum()), False, self.t >= EPISODE_STEPS, {}
+
+
+def actor_network():
+    """PPO continuous's actor mean: 17-64-64-6 with tanh."""
+    return nn.Sequential(nn.Linear(N_OBS, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, N_ACT))
+
+
+def act(actor, obs):
+    """Gaussian actions (unit std) for a batch of observations, and their log-probabilities."""
+    with torch.no_grad():
+        mean = actor(torch.from_numpy(obs))
+        action = mean + torch.randn_like(mean)
+        logprob = (-0.5 * (action - mean) ** 2 - 0.5 * np.log(2 * np.pi)).sum(1)
+    return action.numpy(), logprob.numpy()
+
+
+class Worker:
+    """A remote worker (a Ray actor): `num_envs` DelayEnvs and a CPU copy of the policy."""
+
+    def __init__(self, seed):
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.seed, self.actor = seed, actor_network()
+
+    def configure(self, num_envs, duration, busy):
+        """Fresh environments: `num_envs` of them, each step taking `duration` s (`busy`: spinning)."""
+        thunks = [lambda: DelayEnv(duration, busy)] * num_envs
+        self.envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.next_obs, _ = self.envs.reset(seed=self.seed)
+        return self.next_obs[0]
+
+    def step(self, action):
+        """One step of the first environment with `action` (the per-step design): obs, reward, terminated, truncated."""
+        obs, reward, terminated, truncated, _ = self.envs.step(action[None])
+        return obs[0], reward[0], terminated[0], truncated[0]
+
+    def sample(self, weights, num_steps):
+        """A fragment of `num_steps` vector steps acting with `weights`: what an env runner returns."""
+        self.actor.load_state_dict(weights)
+        n = self.envs.num_envs
+        fragment = {
+            "obs": np.zeros((num_steps, n, N_OBS), np.float32), "final_obs": np.zeros((num_steps, n, N_OBS), np.float32),
+            "actions": np.zeros((num_steps, n, N_ACT), np.float32), "logprobs": np.zeros((num_steps, n), np.float32),
+            "rewards": np.zeros((num_steps, n), np.float32), "terminations": np.zeros((num_steps, n), bool),
+            "truncations": np.zeros((num_steps, n), bool),
+        }
+        for t in range(num_steps):
+            fragment["obs"][t] = self.next_obs
+            fragment["actions"][t], fragment["logprobs"][t] = act(self.actor, self.next_obs)
+            self.next_obs, fragment["rewards"][t], fragment["terminations"][t], fragment["truncations"][t], infos = (
+                self.envs.step(fragment["actions"][t]))
+            fragment["final_obs"][t] = self.next_obs
+            if "_final_obs" in infos:
+                fragment["final_obs"][t][infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
+        return fragment
+
+    def resident_memory_mib(self):
+        """This process' resident memory (VmRSS) in MiB."""
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def steps_per_call(duration, num_envs, fragment_s):
+    """T: vector steps per fragment so that a fragment is about `fragment_s` seconds of environment time."""
+    return max(1, round(fragment_s / (num_envs * duration)))
+
+
+def ideal_sps(runners, duration, busy, cores):
+    """Steps per second of `runners` workers stepping one environment at a time if nothing else cost anything;
+    spinning workers share `cores`."""
+    return (min(runners, cores) if busy else runners) / duration
+
+
+def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
+    """`num_steps` rounds of one remote step per worker, the driver acting for all; returns the last observations."""
+    for _ in range(num_steps):
+        actions, _ = act(actor, obs)
+        results = ray.get([w.step.remote(a) for w, a in zip(workers, actions)], timeout=timeout)
+        obs = np.stack([result[0] for result in results])
+    return obs
+
+
+def measure(ray, workers, design, cell, settings):
+    """sps of one cell: `design` with these `workers`, each stepping `cell["num_envs"]` envs of `cell["duration"]`."""
+    actor, timeout = actor_network(), settings["timeout"]
+    obs = np.stack(ray.get([w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers],
+                           timeout=timeout))
+    steps_per_worker = cell["num_steps"] * cell["envs_per_runner"]  # per iteration, the same in every design
+    steps_per_iteration = steps_per_worker * len(workers)
+    weights = ray.put(actor.state_dict())
+    calls = [w.sample.remote(weights, cell["num_steps"]) for w in workers] if design != "per-step" else None
+    iterations, start = -1, None  # iteration 0 is untimed
+    while iterations < 2 or time.perf_counter() - start < settings["seconds"]:
+        if iterations == 0:
+            start = time.perf_counter()
+        if design == "per-step":
+            obs = per_step_iteration(ray, workers, obs, actor, steps_per_worker, timeout)
+        else:
+            ray.get(calls, timeout=timeout)
+            if design == "double-buffered":
+                calls = [w.sample.remote(weights, cell["num_steps"]) for w in workers]
+        time.sleep(settings["update_s"])  # the learner
+        weights = ray.put(actor.state_dict())
+        if design == "batched":
+            calls = [w.sample.remote(weights, cell["num_steps"]) for w in workers]
+        iterations += 1
+    elapsed = time.perf_counter() - start
+    if calls and design == "double-buffered":
+        ray.get(calls, timeout=timeout)  # the fragment in flight: the next cell starts from idle workers
+    return iterations * steps_per_iteration / elapsed
+
+
+def cells(args):
+    """Every cell of the table, in the order they run: per kind and step duration, the runner counts and designs."""
+    for kind in args.kinds:
+        for duration in args.durations:
+            for runners in args.runners:
+                for design in DESIGNS:
+                    num_envs = 1 if design == "per-step" else args.envs_per_runner
+                    yield {"kind": kind, "busy": kind == "busy", "duration": duration, "runners": runners,
+                           "design": design, "num_envs": num_envs, "envs_per_runner": args.envs_per_runner,
+                           "num_steps": steps_per_call(duration, args.envs_per_runner, args.fragment_s)}
+
+
+def run(ray, args):
+    """Start max(runners) workers, measure every cell, and return the rows and one worker's resident memory."""
+    worker_class = ray.remote(num_cpus=0)(Worker)
+    workers = [worker_class.remote(seed) for seed in range(max(args.runners))]
+    memory = ray.get(workers[0].resident_memory_mib.remote(), timeout=args.timeout)
+    cores, rows = os.cpu_count(), []
+    for cell in cells(args):
+        sps = measure(ray, workers[: cell["runners"]], cell["design"], cell, vars(args))
+        ideal = ideal_sps(cell["runners"], cell["duration"], cell["busy"], cores)
+        row = {key: cell[key] for key in ("kind", "design", "runners", "duration", "num_steps")}
+        row |= {"envs": cell["runners"] * cell["num_envs"], "sps": sps, "ideal_sps": ideal, "efficiency": sps / ideal}
+        note(f"{row['kind']:5} d={row['duration']:<6g} R={row['runners']:<3} {row['design']:15} "
+             f"{sps:9.0f} sps  {row['efficiency']:6.1%}")
+        rows.append(row)
+    memory = max(memory, ray.get(workers[0].resident_memory_mib.remote(), timeout=args.timeout))
+    return rows, memory
+
+
+def markdown(result):
+    """The table, headed by the machine and the settings."""
+    s = result["settings"]
+    lines = [
+        machine_line(result["machine"]),
+        "",
+        f"K = {s['envs_per_runner']} envs per runner (batched designs), fragments of ~{s['fragment_s']:g} s of env "
+        f"time, learner stand-in {s['update_s']:g} s per iteration, >= {s['seconds']:g} s per cell; one worker's "
+        f"resident memory {result['worker_memory_mib']:.0f} MiB; started {result['started']}",
+        "",
+        "| env | design | runners | envs | step duration (s) | T | sps | ideal sps | efficiency |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(f"| {r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
+                     f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result, path):
+    """Efficiency against step duration, one line per design and runner count, one panel per kind of env."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    kinds = list(dict.fromkeys(r["kind"] for r in result["rows"]))
+    fig = Figure(figsize=(6 * len(kinds), 4))
+    FigureCanvasAgg(fig)
+    for index, kind in enumerate(kinds):
+        ax = fig.add_subplot(1, len(kinds), index + 1)
+        rows = [r for r in result["rows"] if r["kind"] == kind]
+        for design, style, color in zip(DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")):
+            for runners, marker in zip(dict.fromkeys(r["runners"] for r in rows), "os^Dv<>p*h"):
+                line = sorted((r["duration"], r["efficiency"]) for r in rows if (r["design"], r["runners"]) == (design, runners))
+                ax.plot(*zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}")
+        ax.set_xscale("log")
+        ax.set(title=f"{kind} envs", xlabel="step duration (s)", ylabel="efficiency (sps / ideal)", ylim=(0, 1.1))
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"env runners on Ray, {result['machine']['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def write(result, out_dir, stem):
+    """Write `<stem>.json`, `.md` and `.png` into `out_dir`; returns the three paths."""
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}{suffix}" for suffix in (".json", ".md", ".png")]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths
+
+
+def parse_args(argv):
+    """The command line; bad input exits with status 2 and one line naming the flag, before Ray starts."""
+    parser = OneLineParser(prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny budget: d in 0.01,0.001, R in 1,2, fragments of 0.04 s, 0.1 s a cell")
+    parser.add_argument("--durations", type=values_of(positive_float), help="step durations d in s (default 0.1,0.01,0.001)")
+    parser.add_argument("--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)")
+    parser.add_argument("--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy")
+    parser.add_argument("--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs")
+    parser.add_argument("--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)")
+    parser.add_argument("--update-s", type=float, help="the learner's time per iteration, s (default 0.05)")
+    parser.add_argument("--seconds", type=positive_float, help="timed seconds per cell (default 1.5)")
+    parser.add_argument("--timeout", type=positive_float, default=120.0, help="s, any remote call")
+    parser.add_argument("--ray-address", help="host:port of a running Ray cluster's head (default: a local instance)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    args = parser.parse_args(argv)
+    budget = QUICK if args.quick else FULL
+    for key, value in budget.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if unknown := [kind for kind in args.kinds if kind not in KINDS]:
+        parser.error(f"--kinds: {', '.join(unknown)} is not one of {', '.join(KINDS)}")
+    if args.update_s < 0:
+        parser.error(f"--update-s must be >= 0, got {args.update_s}")
+    return args
+
+
+def main(argv=None):
+    """Measure every cell, print the table, write the results."""
+    args = parse_args(argv)
+    started = datetime.now().isoformat(timespec="seconds")
+    script = load_script("ppo_continuous_action_ray")
+    if args.ray_address:
+        script.check_address(args.ray_address)
+    ray = script.connect_ray(args.ray_address)
+    try:
+        rows, memory = run(ray, args)
+    except ray.exceptions.GetTimeoutError:
+        print(f"ray_scaling: a remote call took longer than --timeout {args.timeout:g} s", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+    settings = {key: getattr(args, key) for key in ("durations", "runners", "kinds", "envs_per_runner", "fragment_s",
+                                                    "update_s", "seconds", "quick")}
+    result = {"settings": settings, "machine": machine_info(), "started": started, "worker_memory_mib": memory,
+              "rows": rows, "best": best(rows)}
+    paths = write(result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}")
+    print(markdown(result))
+    note("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def best(rows):
+    """Per kind, design and step duration, the best efficiency over the runner counts (the README's summary)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["kind"], r["design"], r["duration"]), []).append(r["efficiency"])
+    return [{"kind": k, "design": d, "duration": s, "efficiency_max": max(v), "efficiency_median": statistics.median(v)}
+            for (k, d, s), v in groups.items()]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

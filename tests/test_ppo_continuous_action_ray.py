@@ -1,0 +1,295 @@
+"""PPO on Ray env runners: a fragment has the right shapes and the true final observations; one runner with a fixed
+seed yields the transitions of the same envs stepped here; runs learn-step on a joined cluster and on a local one,
+double-buffered or not, with no Ray process left behind; a killed runner is replaced and the run goes on; the scaling
+benchmark runs on a tiny budget; bad input exits 2.
+
+One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
+killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner tests."""
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, assert_user_error, load_script, run_script, script_env, summary
+
+SCRIPT = "ppo_continuous_action_ray"
+# Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8 episodes
+SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "1600", "--num-steps", "200", "--num-minibatches", "4",
+         "--update-epochs", "2", "--measure-burnin", "1")
+# what the head, this process and the scripts joining the head run with: Ray keeps to 127.0.0.1 only with the first
+# (see connect_ray); the head requires a token (Ray 2.60's default for a new cluster), this session's own
+CLUSTER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_processes():
+    """Pids of the processes whose command line names Ray (its servers and workers: `ray::...`)."""
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmdline.startswith("ray::") or "site-packages/ray/" in cmdline:
+            pids.add(int(pid))
+    return pids
+
+
+def test_local_instance_leaves_no_ray_process(tmp_path):
+    """First in the file: before the session's head starts, so that every Ray process that appears is the run's."""
+    before = ray_processes()
+    result = summary(run_script(SCRIPT, *SMOKE, "--total-timesteps", "800", cwd=tmp_path, timeout=300))
+    assert (result["total_timesteps"], result["episodes"], result["runner_restarts"]) == (800, 4, 0)
+    time.sleep(2)
+    assert ray_processes() - before == set(), "Ray processes of the local instance outlived the run"
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """host:port of a Ray head on loopback with 2 CPUs, for this module (the only one that needs Ray: one head per
+    session), so the rest of the suite runs without it; its process group is killed at the end."""
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="lrt-")  # short: Ray's socket paths live under it
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+         "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir],
+        env=script_env() | CLUSTER, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert head.poll() is None and time.time() < deadline, "the Ray head did not start within 90 s"
+                time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=10)
+        time.sleep(1)
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # anything of the group still there
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def ray_here(ray_head):
+    """This process joined to the session's head; the script's module, whose runner Ray ships by value."""
+    saved = {key: os.environ.get(key) for key in CLUSTER}
+    os.environ.update(CLUSTER)
+    import ray
+
+    module = load_script(SCRIPT)
+    ray.cloudpickle.register_pickle_by_value(module)  # the workers cannot import it by name
+    ray.init(address=ray_head, logging_level="ERROR", log_to_driver=False)
+    yield ray, module
+    ray.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key)
+        else:
+            os.environ[key] = value
+
+
+def policy(module, n_obs, n_act, seed=0):
+    """Weights (an agent seeded `seed`) and observation statistics far from the identity, as the learner ships them."""
+    torch.manual_seed(seed)
+    agent = module.Agent(n_obs, n_act)
+    obs_rms = {"mean": np.linspace(-0.5, 0.5, n_obs), "var": np.linspace(0.5, 2.0, n_obs)}
+    return agent, {"agent": agent.state_dict(), "obs_rms": obs_rms}
+
+
+def test_fragment_shapes_and_true_final_observations(ray_here):
+    ray, module = ray_here
+    runner = ray.remote(module.EnvRunner).options(num_cpus=0).remote("Pendulum-v1", 2, 3, 0.99)
+    _, state = policy(module, 3, 1)
+    fragment = ray.get(runner.sample.remote(state, 250), timeout=120)
+    shapes = {key: tuple(value.shape) for key, value in fragment.items() if key not in ("episodes", "runner")}
+    assert shapes == {
+        "obs": (250, 2, 3), "raw_obs": (250, 2, 3), "final_obs": (250, 2, 3), "actions": (250, 2, 1),
+        "logprobs": (250, 2), "rewards": (250, 2), "terminations": (250, 2), "truncations": (250, 2),
+        "next_obs": (2, 3),
+    }
+    # both envs are cut at their 200th step (index 199), nowhere else; Pendulum never terminates
+    assert fragment["truncations"].nonzero().tolist() == [[199, 0], [199, 1]]
+    assert not fragment["terminations"].any()
+    assert [step for step, _ in fragment["episodes"]] == [199, 199]
+    ended = np.zeros(250, dtype=bool)
+    ended[199] = True
+    # inside an episode the true next observation is the next step's; at the cut it is the final one, not the reset
+    torch.testing.assert_close(fragment["final_obs"][~ended][:-1], fragment["obs"][1:][~ended[:-1]])
+    assert not torch.allclose(fragment["final_obs"][199], fragment["obs"][200])
+    torch.testing.assert_close(fragment["final_obs"][-1], fragment["next_obs"])
+    normalized = module.normalize(fragment["raw_obs"].numpy(), state["obs_rms"])
+    torch.testing.assert_close(fragment["obs"], torch.from_numpy(normalized))
+
+
+def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
+    """Runner seeded 5 with 2 envs, two calls of 150 and 100 steps, against the same envs (seeds 5, 6), the same
+    weights and the same torch seed stepped in this process: equal actions, log-probabilities, observations, rewards,
+    ends, final observations and episode returns."""
+    ray, module = ray_here
+    runner = ray.remote(module.EnvRunner).options(num_cpus=0).remote("Pendulum-v1", 2, 5, 0.99)
+    agent, state = policy(module, 3, 1, seed=1)
+    first = ray.get(runner.sample.remote(state, 150), timeout=120)
+    second = ray.get(runner.sample.remote(state, 100), timeout=120)
+    remote = {key: torch.cat([first[key], second[key]]) for key in first if key not in ("episodes", "next_obs", "runner")}
+
+    torch.manual_seed(5)
+    envs = module.make_envs("Pendulum-v1", 2, 5, 0.99)
+    next_obs, _ = envs.reset(seed=5)
+    local = {key: [] for key in remote}
+    episodes = []
+    for step in range(250):
+        obs = module.normalize(next_obs, state["obs_rms"])
+        with torch.no_grad():
+            action, logprob, _ = agent.get_action(torch.from_numpy(obs))
+        local["raw_obs"].append(next_obs)
+        local["obs"].append(obs)
+        local["actions"].append(action.numpy())
+        local["logprobs"].append(logprob.numpy())
+        next_obs, reward, terminated, truncated, infos = envs.step(action.numpy())
+        local["rewards"].append(reward)
+        local["terminations"].append(terminated)
+        local["truncations"].append(truncated)
+        local["final_obs"].append(module.normalize(module.true_next_obs(next_obs, infos), state["obs_rms"]))
+        episodes += [(step, r) for r in module.finished_episodes(infos)]
+    for key, values in local.items():
+        expected = torch.as_tensor(np.stack(values)).to(remote[key].dtype)
+        torch.testing.assert_close(remote[key], expected, msg=lambda m: f"{key}: {m}")
+    remote_episodes = first["episodes"] + [(step + 150, r) for step, r in second["episodes"]]
+    assert remote_episodes == pytest.approx(episodes) and len(episodes) == 2
+
+
+@pytest.mark.parametrize("flags", [(), ("--double-buffer",)], ids=["batched", "double-buffer"])
+def test_run_on_a_joined_cluster(ray_head, flags, tmp_path):
+    result = summary(run_script(SCRIPT, *SMOKE, "--ray-address", ray_head, "--save-model", "--eval-episodes", "1",
+                                *flags, cwd=tmp_path, timeout=300, env=CLUSTER))
+    assert result["script"] == SCRIPT and result["double_buffer"] is bool(flags)
+    assert (result["num_runners"], result["num_envs"], result["total_timesteps"]) == (2, 2, 1600)
+    assert result["episodes"] == 8 and result["runner_restarts"] == 0  # 2 envs x 800 steps, 200 steps an episode
+    assert -2000 < result["return_mean"] < 0 and len(result["eval_returns"]) == 1
+    assert 50 < result["runner_memory_mib"] < 2000
+    saved = torch.load(result["model_file"], weights_only=True)
+    assert saved["script"] == SCRIPT and set(saved["model"]) == {"agent", "obs_rms"}
+    # the learner's statistics moved from their start (mean 0, variance 1) with the 1600 observations
+    assert saved["model"]["obs_rms"]["count"] == pytest.approx(1600, abs=1)
+    assert saved["model"]["obs_rms"]["var"].min() < 0.9
+
+
+def runner_pids():
+    """Pids of env runners busy sampling (Ray titles an actor's process with the method it runs)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::EnvRunner.sample"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
+    """A runner killed (SIGKILL) while it samples: Ray restarts it, its fragment is sampled again, the run ends
+    with every step it asked for and one restart reported."""
+    flags = (*SMOKE, "--total-timesteps", "24000", "--double-buffer", "--ray-address", ray_head)  # 60 iterations
+    proc = subprocess.Popen([sys.executable, str(ROOT / "leanrl" / f"{SCRIPT}.py"), *flags], cwd=tmp_path,
+                            env=script_env() | CLUSTER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not runner_pids():
+            assert proc.poll() is None and time.time() < deadline, "no runner started sampling"
+            time.sleep(0.05)
+        time.sleep(1.0)  # a few iterations in
+        while not (sampling := runner_pids()):
+            assert proc.poll() is None, "the run ended before a runner could be killed"
+            time.sleep(0.01)
+        os.kill(sampling[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    result = summary(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    assert result["runner_restarts"] == 1, "the kill must land during a run of 60 iterations"
+    assert result["total_timesteps"] == 24000 and not result["interrupted"]
+    assert -2000 < result["return_mean"] < 0
+
+
+def test_benchmark_tiny_budget(ray_head, tmp_path):
+    cmd = [sys.executable, "-m", "benchmarks.ray_scaling", "--quick", "--kinds", "sleep", "--durations", "0.002",
+           "--ray-address", ray_head, "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env() | CLUSTER, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rows = result["rows"]
+    assert [(r["design"], r["runners"], r["envs"]) for r in rows] == [
+        ("per-step", 1, 1), ("batched", 1, 4), ("double-buffered", 1, 4),
+        ("per-step", 2, 2), ("batched", 2, 8), ("double-buffered", 2, 8)]
+    for r in rows:
+        assert r["ideal_sps"] == pytest.approx(r["runners"] / 0.002)  # sleeping: one env at a time per runner
+        assert r["efficiency"] == pytest.approx(r["sps"] / r["ideal_sps"])
+        assert 0 < r["efficiency"] <= 1.02, r  # a sleeping env cannot step faster than its duration
+        assert r["num_steps"] == 5  # T: 0.04 s of env time in a fragment of 4 envs of 2 ms
+    assert 50 < result["worker_memory_mib"] < 2000
+    assert (tmp_path / next(tmp_path.glob("*.png")).name).stat().st_size > 0
+    assert "| sleep | double-buffered | 2 | 8 | 0.002 | 5 |" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--num-runners", "0"), ("--num-runners",)),
+        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
+        (("--capture-video",), ("--capture-video", "--eval-episodes")),
+        (("--ray-address", "nonsense"), ("--ray-address", "host:port")),
+    ],
+    ids=["zero-runners", "unknown-env", "video-without-eval", "address-not-host-port"],
+)
+def test_bad_input_exits_2(flags, words):
+    assert_user_error(run_script(SCRIPT, *flags, timeout=120), *words)
+
+
+def test_unreachable_address_exits_2_at_once():
+    """Nothing listens on the port: one line, exit 2, well within the 60 s timeout (Ray alone retries for minutes)."""
+    port = free_port()
+    assert_user_error(run_script(SCRIPT, "--ray-address", f"127.0.0.1:{port}", timeout=60), "--ray-address", str(port))
+    bench = subprocess.run([sys.executable, "-m", "benchmarks.ray_scaling", "--ray-address", f"127.0.0.1:{port}"],
+                           cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=60)
+    assert_user_error(bench, "--ray-address")
+
+
+def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
+    assert_user_error(run_script(SCRIPT, *SMOKE, "--num-runners", "3", "--ray-address", ray_head, timeout=120, env=CLUSTER),
+                      "--num-runners 3", "the Ray cluster has 2")
+
+
+@pytest.mark.parametrize("flags, words", [(("--kinds", "fast"), ("--kinds", "fast")), (("--runners", "0"), ("--runners",))],
+                         ids=["unknown-kind", "zero-runners"])
+def test_benchmark_bad_input_exits_2(flags, words):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ray_scaling", *flags], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert_user_error(proc, *words)
