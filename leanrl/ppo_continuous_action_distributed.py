@@ -357,12 +357,22 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
+def collective(function, tensor, **kwargs):
+    """The torch.distributed collective `function` (all_reduce, broadcast) on `tensor`, in place. A rank that died, or that
+    did not join within the process group's timeout, ends this one with exit status 1 and one line naming the cause."""
+    try:
+        function(tensor, **kwargs)
+    except RuntimeError as e:  # what gloo and nccl raise for a lost peer or a timeout
+        cause = str(e).strip().splitlines()[0].split("] ")[-1]  # without gloo's "[source file:line] " prefix
+        sys.exit(f"error: rank {dist.get_rank()}: {function.__name__} failed, another rank died or hung past --dist-timeout ({cause})")
+
+
 def all_reduce_gradients(parameters, world_size):
     """Average the gradients of `parameters` over the ranks in place: one all-reduce of all of them in one flat buffer
     (one collective per minibatch, not one per parameter)."""
     grads = [p.grad for p in parameters]
     flat = torch.cat([grad.flatten() for grad in grads])
-    dist.all_reduce(flat)  # the sum over the ranks, the same on every rank
+    collective(dist.all_reduce, flat)  # the sum over the ranks, the same on every rank
     flat /= world_size
     for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads])):
         grad.copy_(averaged.view_as(grad))
@@ -442,7 +452,7 @@ def mean_over_ranks(values, world_size):
     if world_size == 1:
         return values
     total = values.clone()
-    dist.all_reduce(total)
+    collective(dist.all_reduce, total)
     return total / world_size
 
 
@@ -451,7 +461,7 @@ def any_rank(flag, world_size, device):
     if world_size == 1:
         return flag
     flags = torch.tensor(float(flag), device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    collective(dist.all_reduce, flags, op=dist.ReduceOp.MAX)
     return bool(flags)  # host sync, once per iteration
 
 
@@ -462,15 +472,23 @@ def parameter_spread(module, world_size):
         return 0.0
     flat = torch.cat([parameter.detach().flatten() for parameter in module.parameters()])
     highest, lowest = flat.clone(), flat.clone()
-    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
-    dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
+    collective(dist.all_reduce, highest, op=dist.ReduceOp.MAX)
+    collective(dist.all_reduce, lowest, op=dist.ReduceOp.MIN)
     return float((highest - lowest).max())
 
 
 def broadcast_parameters(module):
     """Every rank's parameters of `module` become rank 0's, in place (acting copies that share their memory follow)."""
     for parameter in module.parameters():
-        dist.broadcast(parameter.data, src=0)
+        collective(dist.broadcast, parameter.data, src=0)
+
+
+def start_process_group(backend, timeout):
+    """Join the other ranks (torchrun's rendezvous); every collective of the group then waits at most `timeout` s."""
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    except dist.DistError as e:
+        sys.exit(f"error: the ranks did not meet within {timeout} s ({str(e).strip().splitlines()[0]})")
 
 
 def make_learner(args, n_obs, n_act, device, world_size=1):
@@ -593,7 +611,7 @@ def main(args):
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
     if world_size > 1:  # every input is checked: from here on, each rank waits for the others at most --dist-timeout
-        dist.init_process_group(backend, timeout=timedelta(seconds=args.dist_timeout))
+        start_process_group(backend, args.dist_timeout)
         print(f"rank {rank} of {world_size} (local rank {local_rank}, pid {os.getpid()}) on {device} with {backend}: "
               f"envs seeded {seed}..{seed + args.num_envs - 1}", file=sys.stderr, flush=True)
 
@@ -764,7 +782,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except dist.DistError as e:  # another rank died, or hung past --dist-timeout: one line, not a traceback
-        sys.exit(f"error: rank {os.environ.get('RANK', 0)} stopped: {str(e).strip().splitlines()[0]}")
+    main(tyro.cli(Args))
