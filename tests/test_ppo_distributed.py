@@ -18,6 +18,7 @@ import threading
 import distributed_update
 import pytest
 import torch
+from benchmarks.scaling import kill_tree
 from conftest import RUNS_CWD, ROOT, SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
 
 SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torchcompile"
@@ -44,25 +45,6 @@ def torchrun_command(launcher, program, *flags):
 
 def standalone(nproc, program=SCRIPTS / f"{SCRIPT}.py"):
     return ["--standalone", "--nproc_per_node", str(nproc)], program
-
-
-def descendants(pid):
-    """The pids of every live descendant of `pid` (torchrun starts its ranks in sessions of their own, so they are
-    not in its process group)."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 class Launch:
@@ -100,11 +82,7 @@ class Launch:
 
     def kill(self):
         """SIGKILL to torchrun and every rank it started."""
-        for pid in [*descendants(self.proc.pid), self.proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tree(self.proc.pid)
 
     def close(self):
         self.kill()
