@@ -19,9 +19,13 @@ Same algorithm, flags and loop as the twin; what changes is that WORLD_SIZE proc
   first env's statistics, as the twin keeps its first env's);
 - rank 0's initial weights are broadcast to every rank; after each minibatch's backward, the gradients of all
   parameters are averaged over the ranks with one all-reduce of one flat buffer, before the clip and the Adam step,
-  so every rank takes the same step and the weights stay identical without being sent again. A rank's minibatch is
-  1/num_minibatches of its own rollout, so a step learns from num_minibatches-th of the global batch of
-  N x num_steps x num_envs;
+  so every rank takes the same step and the weights stay identical without being sent again. Each rank shuffles its
+  own rollout into `num_minibatches` minibatches, so one step learns from N minibatches, one of each rank: a
+  minibatch of one process with N x num_envs envs, except that `--norm-adv` normalizes each rank's share with that
+  share's statistics (exact equality with one process holds without it; tests/test_ppo_distributed.py). We average
+  the gradients by hand rather than with DistributedDataParallel: DDP synchronizes only what runs through the
+  wrapped module's forward(), and PPO's loss calls get_action_and_value; its overlap of communication with the
+  backward pass has nothing to overlap with ~10k parameters (one bucket);
 - `--total-timesteps` counts the steps of all ranks: the iterations, and with them the annealed learning rate, are
   the same on every rank without a message. The early stop on `--target-kl` and the stop after a Ctrl-C are agreed
   by all-reduces (once an epoch, once an iteration), so the ranks always run the same number of updates;
