@@ -193,6 +193,19 @@ def test_a_rank_that_dies_or_hangs_ends_the_run(launches, stop):
     assert "SUMMARY" not in run.output and "[rank0]: Traceback" not in run.output, run.output[-3000:]
 
 
+def test_ctrl_c_stops_every_rank_after_the_same_iteration(launches):
+    """torchrun forwards a Ctrl-C to every rank, each at its own moment; the ranks agree on where to stop (an
+    all-reduce once an iteration), so rank 0 reports a whole number of iterations of all ranks, still in lockstep."""
+    run = launches(torchrun_command(*standalone(2), *TINY, "--total-timesteps", "10000000", "--dist-timeout", "30"))
+    assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
+    run.proc.send_signal(signal.SIGINT)
+    run.finish(timeout=90)  # torchrun itself ends with status 1 after a signal, whatever its ranks did
+    result = summary(Finished(0, run.output))
+    assert result["interrupted"] is True and result["parameter_spread"] == 0.0
+    assert result["total_timesteps"] > 0 and result["total_timesteps"] % (2 * 64) == 0
+    assert not re.search(r"\[rank\d\]: Traceback", run.output), run.output[-3000:]
+
+
 @pytest.mark.parametrize(
     "flags, env, words",
     [
