@@ -1,11 +1,16 @@
-"""One data-parallel update, run by torchrun for tests/test_ppo_distributed.py:
+"""Data-parallel runs made deterministic, run by torchrun (or plainly, as one process) for tests/test_ppo_distributed.py:
 
-    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py OUT_DIR
+    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py update OUT_DIR
+    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py main --num-envs 1 ...  # or python ... main
 
-Each rank builds the learner of ppo_continuous_action_distributed as `main` builds it (`make_learner` with the
-world size, which broadcasts rank 0's weights), runs one epoch of minibatch updates on its share of a fixed batch,
-and saves its parameters and last gradients to OUT_DIR/rank<RANK>.pt. The test runs the same epoch in one process
-on the whole minibatches and compares. The batch and the arrangement of the minibatches are defined here, once.
+`update`: each rank builds the learner of ppo_continuous_action_distributed as `main` builds it (`make_learner` with
+the world size, which broadcasts rank 0's weights), runs one epoch of minibatch updates on its share of a fixed
+batch, and saves its parameters and last gradients to OUT_DIR/rank<RANK>.pt. The test runs the same epoch in one
+process on the whole minibatches and compares. The batch and the arrangement of the minibatches are defined here.
+
+`main`: the script's own `main` with its randomness taken out: actions are the Gaussian's mean and each epoch's
+minibatches are the rollout in order (`torch.randn_like` and `torch.randperm` replaced), so that 2 ranks with E envs
+and one process with 2E envs see the same data in the same minibatches.
 """
 
 import os
@@ -15,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import tyro
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: run as a file by torchrun
@@ -68,7 +74,7 @@ def train(module, rank, world_size):
     }
 
 
-def main(out_dir):
+def update_main(out_dir):
     torch.set_num_threads(1)
     module = load_script(SCRIPT)
     rank, _, world_size = module.process_layout(os.environ)
@@ -78,5 +84,15 @@ def main(out_dir):
     dist.destroy_process_group()
 
 
+def deterministic_main(flags):
+    torch.randn_like = torch.zeros_like
+    torch.randperm = lambda n, device=None: torch.arange(n, device=device)
+    module = load_script(SCRIPT)
+    module.main(tyro.cli(module.Args, args=flags))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "update":
+        update_main(sys.argv[2])
+    else:
+        deterministic_main(sys.argv[2:])

@@ -26,6 +26,7 @@ SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torch
 TINY = ("--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--measure-burnin", "1")
 BANNER = re.compile(r"rank (\d+) of (\d+) \(local rank (\d+), pid (\d+)\) on (\S+) with (\w+): envs seeded (\d+)\.\.(\d+)")
 LAUNCH_TIMEOUT = 300
+HELPER = ROOT / "tests" / "distributed_update.py"
 
 
 def free_port():
@@ -156,7 +157,7 @@ def test_two_ranks_with_half_the_data_step_as_one_process_with_all(launches, tmp
     whole minibatches (tests/distributed_update.py arranges both). The ranks end bit-identical (the all-reduce gives
     every rank the same sum); against one process, the float32 sums differ in order only: 1e-6 absolute, 1e-5
     relative. Without the all-reduce, or with a sum instead of the mean, the gradients differ by far more."""
-    run = launches(torchrun_command(*standalone(2, ROOT / "tests" / "distributed_update.py"), tmp_path))
+    run = launches(torchrun_command(*standalone(2, HELPER), "update", tmp_path))
     assert run.finish() == 0, run.output[-3000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     for part in ("parameters", "grads"):
@@ -165,6 +166,24 @@ def test_two_ranks_with_half_the_data_step_as_one_process_with_all(launches, tmp
     single = distributed_update.train(load_script(SCRIPT), rank=0, world_size=1)
     for part in ("parameters", "grads"):
         torch.testing.assert_close(ranks[0][part], single[part], atol=1e-6, rtol=1e-5)
+
+
+def test_a_whole_run_of_two_ranks_is_one_process_with_both_ranks_envs(launches):
+    """`main` itself, with its randomness taken out (actions are the Gaussian's mean, minibatches the rollout in
+    order: tests/distributed_update.py): 2 ranks of 1 env each against one process of 2 envs, one iteration of 8
+    minibatch updates on Pendulum-v1, without advantage normalization. Same env seeds, same normalization, same
+    minibatches: rank 0's saved weights equal the process's to 1e-4 (acting on a batch of 1 instead of 2 rounds the
+    last bits differently, and 64 env steps amplify it: 3e-5 measured); another seed differs by ~1."""
+    flags = ("--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2",
+             "--total-timesteps", "128", "--no-norm-adv", "--save-model", "--measure-burnin", "0")
+    run = launches(torchrun_command(*standalone(2, HELPER), "main", *flags, "--num-envs", "1"))
+    ranks = summary(Finished(run.finish(), run.output))
+    one = summary(subprocess.run([sys.executable, str(HELPER), "main", *flags, "--num-envs", "2"], capture_output=True,
+                                 text=True, timeout=LAUNCH_TIMEOUT, cwd=RUNS_CWD, env=distributed_env()))
+    assert (ranks["world_size"], ranks["total_timesteps"], one["world_size"], one["total_timesteps"]) == (2, 128, 1, 128)
+    weights = [torch.load(result["model_file"], weights_only=True)["model"] for result in (ranks, one)]
+    torch.testing.assert_close(weights[0]["agent"], weights[1]["agent"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(weights[0]["obs_rms"], weights[1]["obs_rms"])  # rank 0's first env is the process's
 
 
 def test_one_process_without_torchrun_trains_as_the_twin():
