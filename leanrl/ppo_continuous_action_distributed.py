@@ -7,7 +7,7 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile  # 2 on this machine
     # 2 machines with 8 GPUs each: run on each, with --node_rank 0 on the first and 1 on the second
     torchrun --nnodes 2 --nproc_per_node 8 --node_rank 0 --rdzv_backend static --rdzv_endpoint 10.0.0.1:29500 \
-        leanrl/ppo_continuous_action_distributed.py --compile --cudagraphs
+        leanrl/ppo_continuous_action_distributed.py --compile
 
 Same algorithm, flags and loop as the twin; what changes is that WORLD_SIZE processes (ranks) run it together:
 - torchrun sets RANK (the global rank), LOCAL_RANK (the rank on this machine) and WORLD_SIZE; the device is
@@ -22,10 +22,10 @@ Same algorithm, flags and loop as the twin; what changes is that WORLD_SIZE proc
   so every rank takes the same step and the weights stay identical without being sent again. Each rank shuffles its
   own rollout into `num_minibatches` minibatches, so one step learns from N minibatches, one of each rank: a
   minibatch of one process with N x num_envs envs, except that `--norm-adv` normalizes each rank's share with that
-  share's statistics (exact equality with one process holds without it; tests/test_ppo_distributed.py). We average
+  share's statistics (with --no-norm-adv the steps equal one process's, to float rounding). We average
   the gradients by hand rather than with DistributedDataParallel: DDP synchronizes only what runs through the
-  wrapped module's forward(), and PPO's loss calls get_action_and_value; its overlap of communication with the
-  backward pass has nothing to overlap with ~10k parameters (one bucket);
+  wrapped module's forward(), and PPO's loss calls get_action_and_value; and with ~10k parameters (one bucket) its
+  overlap of communication with the backward pass would have nothing to overlap;
 - `--total-timesteps` counts the steps of all ranks: the iterations, and with them the annealed learning rate, are
   the same on every rank without a message. The early stop on `--target-kl` and the stop after a Ctrl-C are agreed
   by all-reduces (once an epoch, once an iteration), so the ranks always run the same number of updates;
@@ -44,6 +44,7 @@ epochs of `num_minibatches` clipped-surrogate steps; the learning rate falls lin
 chain is CleanRL's: clipped actions, normalized and clipped observations and rewards (the episode returns logged
 are the raw ones). A truncated step bootstraps with gamma * V(final obs), as in the twin (its docstring says why).
 """
+
 import json
 import math
 import os
@@ -166,6 +167,7 @@ def rank_device(cuda, local_rank):
         return torch.device("cpu")
     if local_rank >= torch.cuda.device_count():
         fail(f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()} (lower --nproc_per_node)")
+    torch.cuda.set_device(local_rank)  # nccl's own work (barriers, its streams) goes to this rank's GPU, not GPU 0
     return torch.device("cuda", local_rank)
 
 
