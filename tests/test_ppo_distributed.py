@@ -1,11 +1,12 @@
 """PPO data-parallel (ppo_continuous_action_distributed.py) under `torchrun`, on this CPU with gloo: two ranks train in
 lockstep (identical parameters at the end) and rank 0 alone reports; two ranks with half the data each take the
-same steps as one process with all of it; ranks, seeds and devices come from RANK and LOCAL_RANK (two single-process
-"machines"); run plainly, the file trains exactly as its twin; a rank that dies or hangs ends the run; bad input
-exits 2 before any collective.
+same steps as one process with all of it, for one epoch of updates and for a whole run made deterministic; ranks and
+seeds come from RANK, not LOCAL_RANK (two single-process "machines"); run plainly, the file trains exactly as its
+twin; a rank that dies or hangs ends the run; Ctrl-C stops every rank at the same iteration; bad input exits 2 before
+any collective.
 
 Every launch listens on loopback only (torchrun's --standalone store, or a static one on 127.0.0.1; gloo on `lo`),
-and every rank is killed at the end of its test, also when the test fails."""
+and torchrun and every rank are killed at the end of each test, also when it fails."""
 
 import os
 import re
