@@ -3,7 +3,7 @@
 Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps).
 
     python leanrl/dqn_torchcompile.py                             # the benchmark run, eager
-    python leanrl/dqn_torchcompile.py --compile                   # torch.compile acting (and on CUDA the update)
+    python leanrl/dqn_torchcompile.py --compile                   # the update compiled whole (and on CUDA acting)
     python leanrl/dqn_torchcompile.py --compile --cudagraphs      # and replay them as CUDA graphs (CUDA only)
     python leanrl/dqn_torchcompile.py --total-timesteps 100000    # learns CartPole
 
@@ -11,9 +11,10 @@ What changes from dqn.py, all for speed: epsilon-greedy acting is one function o
 lives in a device tensor that the function advances in place, so the schedule moves without a host sync or a
 recompile); transitions are kept as tensors and written to a TensorDict buffer on the device once per
 `train_frequency` iterations instead of once per step; a fused Adam; the target update is one `lerp_` over the
-parameters' TensorDict; on the CPU one intra-op thread. `--compile` wraps acting in `torch.compile` (and the update
-on CUDA: on a CPU it ran slower compiled), `--cudagraphs` in tensordict's `CudaGraphModule` (it needs a CUDA
-device).
+parameters' TensorDict; on the CPU one intra-op thread. `--compile` on CUDA wraps acting and the update in
+`torch.compile`; on a CPU it compiles the update written as a function of the parameters (`torch.func` gradients,
+Adam written out) as one graph and leaves acting eager (compiled, it was slower there): `cpu_fast_path` chooses.
+`--cudagraphs` wraps them in tensordict's `CudaGraphModule` (it needs a CUDA device).
 
 Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.
 `total_timesteps`, `learning_starts` and the epsilon schedule count environment steps; `train_frequency` and
@@ -41,6 +42,7 @@ import tqdm
 import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from torch.func import functional_call, grad_and_value
 
 
 @dataclass
@@ -100,7 +102,7 @@ class Args:
     """one gradient step every `train_frequency` iterations"""
 
     compile: bool = False
-    """wrap the acting in torch.compile, and on CUDA the update too"""
+    """compile the update (on a CPU as one functional graph) and, on CUDA, acting"""
     cudagraphs: bool = False
     """wrap the acting and the update in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
 
@@ -292,6 +294,51 @@ def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
     return policy
 
 
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.steps = torch.zeros((), device=next(iter(params.values())).device)  # a tensor: no recompile per step
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.steps += 1
+        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_update(q_network, target_network, args):
+    """The update of `make_update` written as a function of the parameters, for a CPU: `torch.func` takes the
+    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes the whole update, from the forward
+    pass to the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would split it). The
+    parameters are the network's own tensors, updated in place. Returns the update and its Adam optimizer."""
+    params = {name: p.data for name, p in q_network.named_parameters()}
+    optimizer = Adam(params, args.learning_rate)
+
+    def loss_fn(params, data, td_target):
+        old_val = functional_call(q_network, params, (data["obs"],)).gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
+        return F.mse_loss(td_target, old_val), old_val.mean()
+
+    def update(data):
+        with torch.no_grad():
+            target_max, _ = target_network(data["next_obs"]).max(dim=1)
+            td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
+        optimizer.step(grads)
+        return loss, q_mean
+
+    return update, optimizer
+
+
 def adam_options(cudagraphs):
     """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
     capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
@@ -306,6 +353,13 @@ def cuda_graph(fn, compiled):
     return CudaGraphModule(fn, warmup=3 if compiled else 2)
 
 
+def cpu_fast_path(args, device):
+    """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
+    update as one graph and leaves batch-1 acting eager: a compiled module update and compiled acting both ran
+    slower there than eager ones. On CUDA (and under `--cudagraphs`), the module update, which CUDA graphs replay."""
+    return args.compile and not args.cudagraphs and device.type == "cpu"
+
+
 def make_learner(args, n_obs, n_act, device):
     """DQN's networks, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
     Returns the Q network, the optimizer and the functions (policy, update, update_target)."""
@@ -314,6 +368,8 @@ def make_learner(args, n_obs, n_act, device):
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam_options(args.cudagraphs))
     update = make_update(q_network, target_network, optimizer, args.gamma)
+    if cpu_fast_path(args, device):
+        update, optimizer = make_functional_update(q_network, target_network, args)
     update_target = make_update_target(q_network, target_network, args.tau)
     exploration_steps = args.exploration_fraction * args.total_timesteps
     global_step_t = torch.zeros((), dtype=torch.long, device=device)
@@ -428,10 +484,11 @@ def main(args):
     q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, device)
     if saved_model is not None:
         q_network.load_state_dict(saved_model)
-    if args.compile:
+    if cpu_fast_path(args, device):
+        update = torch.compile(update, fullgraph=True)
+    elif args.compile:
         policy = torch.compile(policy, fullgraph=True)
-        if device.type == "cuda":  # on a CPU the compiled updates ran slower than eager ones (README): acting alone
-            update = torch.compile(update)
+        update = torch.compile(update)
     if args.cudagraphs:
         policy = cuda_graph(policy, args.compile)
         update = cuda_graph(update, args.compile)

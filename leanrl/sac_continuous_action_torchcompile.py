@@ -4,7 +4,7 @@ Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the defa
 HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
 
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
-    python leanrl/sac_continuous_action_torchcompile.py                         # on a CPU
+    python leanrl/sac_continuous_action_torchcompile.py --compile               # on a CPU
     python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
 
 Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
@@ -14,8 +14,10 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - acting uses a copy of the actor that shares its weights but carries no autograd state;
 - the Gaussian is written out: `torch.distributions.Normal` checks its arguments on every call, a host sync;
 - the entropy coefficient `alpha` is a tensor updated in place: no `.item()` sync, and a CUDA graph sees it;
-- `--compile` wraps the acting policy in `torch.compile`, and on CUDA both update functions too (on a CPU the
-  compiled updates ran slower than eager ones; the README has the figures);
+- `--compile` on CUDA wraps the acting policy and both updates in `torch.compile`; on a CPU it compiles each update
+  whole, forward pass to Adam step, as one graph: the updates are written as functions of the parameters
+  (`torch.func` gradients, Adam written out), since autograd's backward and an optimizer's step would split the
+  graph, and batch-1 acting stays eager (compiled, it was slower there); `cpu_fast_path` makes that choice;
 - `--cudagraphs` records the updates and the policy as CUDA graphs (tensordict's `CudaGraphModule`) and
   replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
 How each variant fares on a CPU and where a step's time goes is measured in the README.
@@ -43,6 +45,7 @@ import tqdm
 import tyro
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
+from torch.func import functional_call, grad_and_value
 
 
 @dataclass
@@ -102,7 +105,7 @@ class Args:
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = False
-    """wrap the policy in `torch.compile`, and on CUDA the update functions too"""
+    """compile the updates (on a CPU as whole functional graphs) and, on CUDA, the policy"""
     cudagraphs: bool = False
     """record the policy and the update functions as CUDA graphs (needs a CUDA device)"""
 
@@ -231,18 +234,23 @@ class Actor(nn.Module):
 
     def get_action(self, obs):
         mean, log_std = self(obs)
-        std = log_std.exp()
-        # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per call
-        noise = torch.randn_like(mean)
-        x_t = mean + std * noise  # reparameterization trick
-        y_t = torch.tanh(x_t)
-        action = y_t * self.action_scale + self.action_bias
-        log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-        # enforcing action bounds: the change of variables through tanh and the rescaling
-        log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
-        log_prob = log_prob.sum(-1, keepdim=True)
-        mean = torch.tanh(mean) * self.action_scale + self.action_bias
-        return action, log_prob, mean
+        return sample_action(mean, log_std, self.action_scale, self.action_bias)
+
+
+def sample_action(mean, log_std, action_scale, action_bias):
+    """A squashed Gaussian action, its log-probability and the squashed mean, from the actor's outputs."""
+    std = log_std.exp()
+    # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per call
+    noise = torch.randn_like(mean)
+    x_t = mean + std * noise  # reparameterization trick
+    y_t = torch.tanh(x_t)
+    action = y_t * action_scale + action_bias
+    log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    # enforcing action bounds: the change of variables through tanh and the rescaling
+    log_prob -= torch.log(action_scale * (1 - y_t.pow(2)) + 1e-6)
+    log_prob = log_prob.sum(-1, keepdim=True)
+    mean = torch.tanh(mean) * action_scale + action_bias
+    return action, log_prob, mean
 
 
 class ReplayBuffer:
@@ -336,6 +344,85 @@ def make_updates(actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_targe
     return update_critic, update_actor, update_targets
 
 
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.steps = torch.zeros((), device=next(iter(params.values())).device)  # a tensor: no recompile per step
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.steps += 1
+        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_updates(actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy):
+    """The updates of `make_updates` written as functions of the parameters, for a CPU: `torch.func` takes the
+    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes each update, from the forward pass to
+    the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would split it). The parameters
+    are the modules' own tensors, updated in place. Returns the update functions and their Adam optimizers."""
+    actor_params = {name: p.data for name, p in actor.named_parameters()}
+    q_params = {name: p.data for name, p in qnet_params.flatten_keys(".").items()}
+    q_target = dict(qnet_target.flatten_keys(".").items())
+    alpha_params = {"log_alpha": log_alpha.data}
+    optimizers = (Adam(q_params, args.q_lr), Adam(actor_params, args.policy_lr), Adam(alpha_params, args.q_lr))
+    q_optimizer, actor_optimizer, a_optimizer = optimizers
+    # one Q-network as a function of its parameters, mapped over the stack of both networks' parameters
+    qnet = SoftQNetwork(actor.fc1.in_features, actor.fc_mean.out_features, device="meta")
+    ensemble_qf = torch.vmap(lambda params, obs, actions: functional_call(qnet, params, (obs, actions)), (0, None, None))
+
+    def get_action(actor_params, obs):
+        mean, log_std = functional_call(actor, actor_params, (obs,))
+        return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
+
+    def qf_loss_fn(q_params, data, next_q_value):
+        qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+        return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+
+    def actor_loss_fn(actor_params, obs):
+        pi, log_pi, _ = get_action(actor_params, obs)
+        min_qf_pi = ensemble_qf(q_params, obs, pi).min(0).values
+        return ((alpha * log_pi) - min_qf_pi).mean()
+
+    def alpha_loss_fn(alpha_params, log_pi):
+        return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
+
+    def update_critic(data):
+        with torch.no_grad():
+            next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
+            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
+            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+        grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
+        q_optimizer.step(grads)
+        return qf_loss
+
+    def update_actor(data):
+        grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params, data["obs"])
+        actor_optimizer.step(grads)
+
+        alpha_loss = torch.zeros((), device=alpha.device)
+        if args.autotune:
+            with torch.no_grad():
+                _, log_pi, _ = get_action(actor_params, data["obs"])
+            grads, alpha_loss = grad_and_value(alpha_loss_fn)(alpha_params, log_pi)
+            a_optimizer.step(grads)
+            alpha.copy_(alpha_params["log_alpha"].exp())
+        return actor_loss, alpha_loss
+
+    return update_critic, update_actor, optimizers
+
+
 def adam_options(cudagraphs):
     """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
     capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
@@ -348,6 +435,13 @@ def cuda_graph(fn, compiled):
     state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
     it has compiled for the optimizers' created state before the recording."""
     return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def cpu_fast_path(args, device):
+    """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
+    updates, one graph each, and leaves batch-1 acting eager: compiled module updates and compiled acting both ran
+    slower there than eager ones. On CUDA (and under `--cudagraphs`), the module updates, which CUDA graphs replay."""
+    return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
@@ -373,6 +467,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     update_critic, update_actor, update_targets = make_updates(
         actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy
     )
+    if cpu_fast_path(args, device):
+        update_critic, update_actor, optimizers = make_functional_updates(
+            actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy
+        )
     # acting reads the actor's weights through a copy that shares their memory but has no autograd state
     actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
     from_module(actor).data.to_module(actor_detach)
@@ -485,11 +583,13 @@ def main(args):
     )
     if saved_model is not None:
         actor.load_state_dict(saved_model)
-    if args.compile:
+    if cpu_fast_path(args, device):
+        update_critic = torch.compile(update_critic, fullgraph=True)
+        update_actor = torch.compile(update_actor, fullgraph=True)
+    elif args.compile:
         policy = torch.compile(policy)
-        if device.type == "cuda":  # on a CPU the compiled updates ran slower than eager ones (README): acting alone
-            update_critic = torch.compile(update_critic)
-            update_actor = torch.compile(update_actor)
+        update_critic = torch.compile(update_critic)
+        update_actor = torch.compile(update_actor)
     if args.cudagraphs:
         policy = cuda_graph(policy, args.compile)
         update_critic = cuda_graph(update_critic, args.compile)

@@ -3,14 +3,17 @@
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps); the default env is
 LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
-    python leanrl/td3_continuous_action_torchcompile.py                         # the benchmark run, eager
+    python leanrl/td3_continuous_action_torchcompile.py --compile               # fastest on a CPU
     python leanrl/td3_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/td3_continuous_action_torchcompile.py --env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000
 
 Same algorithm, defaults and loop as the eager twin, data flow rewritten for speed: a TensorDict replay buffer on
 the device, the twin critics as one vmapped ensemble, `lerp_` target updates, a fused Adam (capturable under
-`--cudagraphs`). `--compile` wraps acting in `torch.compile` (and both updates on CUDA: on a CPU they ran slower
-compiled), `--cudagraphs` in tensordict's `CudaGraphModule` (CUDA only). As in the eager twin, exploration noise is
+`--cudagraphs`). `--compile` on CUDA wraps acting and both updates in `torch.compile`; on a CPU it compiles each
+update whole, forward pass to Adam step, as one graph: written as functions of the parameters (`torch.func`
+gradients, Adam written out), since autograd's backward and an optimizer's step would split the graph; acting stays
+eager there (compiled, it was slower); `cpu_fast_path` chooses. `--cudagraphs` wraps them in tensordict's
+`CudaGraphModule` (CUDA only). As in the eager twin, exploration noise is
 drawn on the device, inside the acting policy. One critic step per vector step and one actor step (plus the target
 updates) every `policy_frequency` vector steps, as in CleanRL, so with `--num-envs N` the updates per env step drop
 by N. Pendulum-v1 learns in 10k steps. Truncated episodes bootstrap from their true final observation; terminated
@@ -35,6 +38,7 @@ import tqdm
 import tyro
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
+from torch.func import functional_call, grad_and_value
 
 
 @dataclass
@@ -92,7 +96,7 @@ class Args:
     """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
 
     compile: bool = False
-    """wrap the policy in `torch.compile`, and on CUDA the update functions too"""
+    """compile the updates (on a CPU as whole functional graphs) and, on CUDA, the policy"""
     cudagraphs: bool = False
     """record the policy and the update functions as CUDA graphs (needs a CUDA device)"""
 
@@ -311,6 +315,71 @@ def make_updates(actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_para
     return update_critic, update_actor, update_targets
 
 
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.steps = torch.zeros((), device=next(iter(params.values())).device)  # a tensor: no recompile per step
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.steps += 1
+        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_updates(actor, target_actor, qnet_params, qnet_target, args):
+    """The updates of `make_updates` written as functions of the parameters, for a CPU: `torch.func` takes the
+    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes each update, from the forward pass to
+    the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would split it). The parameters
+    are the modules' own tensors, updated in place. Returns the update functions and their Adam optimizers."""
+    actor_params = {name: p.data for name, p in actor.named_parameters()}
+    q_params = {name: p.data for name, p in qnet_params.flatten_keys(".").items()}
+    q_target = dict(qnet_target.flatten_keys(".").items())
+    optimizers = (Adam(q_params, args.learning_rate), Adam(actor_params, args.learning_rate))
+    q_optimizer, actor_optimizer = optimizers
+    # one Q-network as a function of its parameters, mapped over the stack of both networks' parameters
+    qnet = QNetwork(actor.fc1.in_features, actor.fc_mu.out_features, device="meta")
+    ensemble_qf = torch.vmap(lambda params, obs, actions: functional_call(qnet, params, (obs, actions)), (0, None, None))
+
+    def qf_loss_fn(q_params, data, next_q_value):
+        qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+        return (qf_a_values - next_q_value).pow(2).mean(1).sum()  # qf1's plus qf2's mean squared error
+
+    def actor_loss_fn(actor_params, obs):
+        # the actor climbs the first Q-network only
+        qf1_params = {name: p[0] for name, p in q_params.items()}
+        return -functional_call(qnet, qf1_params, (obs, functional_call(actor, actor_params, (obs,)))).mean()
+
+    def update_critic(data):
+        with torch.no_grad():
+            # target policy smoothing: clipped noise on the target action, in half action ranges
+            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+            next_actions = target_actor.clip(target_actor(data["next_obs"]) + noise * target_actor.action_scale)
+            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
+            min_qf_next_target = qf_next_target.min(0).values
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+        grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
+        q_optimizer.step(grads)
+        return qf_loss
+
+    def update_actor(data):
+        grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params, data["obs"])
+        actor_optimizer.step(grads)
+        return actor_loss
+
+    return update_critic, update_actor, optimizers
+
+
 def adam_options(cudagraphs):
     """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
     capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
@@ -323,6 +392,13 @@ def cuda_graph(fn, compiled):
     state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
     it has compiled for the optimizers' created state before the recording."""
     return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def cpu_fast_path(args, device):
+    """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
+    updates, one graph each, and leaves batch-1 acting eager: compiled module updates and compiled acting both ran
+    slower there than eager ones. On CUDA (and under `--cudagraphs`), the module updates, which CUDA graphs replay."""
+    return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
@@ -345,6 +421,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     update_critic, update_actor, update_targets = make_updates(
         actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, optimizers, args
     )
+    if cpu_fast_path(args, device):
+        update_critic, update_actor, optimizers = make_functional_updates(actor, target_actor, qnet_params, qnet_target, args)
     # acting reads the actor's weights through a copy that shares their memory but has no autograd state
     actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
     from_module(actor).data.to_module(actor_detach)
@@ -455,11 +533,13 @@ def main(args):
     actor, _, (policy, update_critic, update_actor, update_targets) = make_learner(args, n_obs, n_act, action_low, action_high, device)
     if saved_model is not None:
         actor.load_state_dict(saved_model)
-    if args.compile:
+    if cpu_fast_path(args, device):
+        update_critic = torch.compile(update_critic, fullgraph=True)
+        update_actor = torch.compile(update_actor, fullgraph=True)
+    elif args.compile:
         policy = torch.compile(policy)
-        if device.type == "cuda":  # on a CPU the compiled updates ran slower than eager ones (README): acting alone
-            update_critic = torch.compile(update_critic)
-            update_actor = torch.compile(update_actor)
+        update_critic = torch.compile(update_critic)
+        update_actor = torch.compile(update_actor)
     if args.cudagraphs:
         policy = cuda_graph(policy, args.compile)
         update_critic = cuda_graph(update_critic, args.compile)

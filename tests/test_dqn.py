@@ -98,8 +98,10 @@ def make_batch(n_obs=4, n_act=2, batch_size=128):
     }
 
 
-def build_update(mod, compiled):
-    """The twin's update from the same starting parameters (seeded), with the optimizer the script uses."""
+def build_update(mod, compiled, functional=False):
+    """The twin's update from the same starting parameters (seeded): the module update with fused Adam (what runs on
+    CUDA, and on a CPU without `--compile`) or, with `functional`, the functional update that `--compile` compiles
+    whole on a CPU."""
     torch.manual_seed(0)
     q_network = mod.QNetwork(4, 2)
     target_network = mod.QNetwork(4, 2)
@@ -107,16 +109,21 @@ def build_update(mod, compiled):
     target_network.network[0].weight.data.mul_(0.9)  # a target that differs from the online network
     optimizer = torch.optim.Adam(q_network.parameters(), lr=2.5e-4, fused=True)
     update = mod.make_update(q_network, target_network, optimizer, 0.99)
-    return (torch.compile(update) if compiled else update), q_network
+    if functional:
+        update, _ = mod.make_functional_update(q_network, target_network, mod.Args(learning_rate=2.5e-4, gamma=0.99))
+    return (torch.compile(update, fullgraph=functional) if compiled else update), q_network
 
 
-def test_compiled_update_matches_eager_and_does_not_recompile():
-    """One step on the same batch: losses within 1e-5 (relative) and parameters within 1e-6 (absolute; one
-    Adam step moves them by ~lr = 2.5e-4). Then more steps on fresh batches compile nothing new."""
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+def test_compiled_update_matches_eager_and_does_not_recompile(functional):
+    """One step on the same batch: the compiled update (the functional one is what `--compile` runs on a CPU, the
+    module one what it runs on CUDA) against the eager module update; losses within 1e-5 (relative) and parameters
+    within 1e-6 (absolute; one Adam step moves them by ~lr = 2.5e-4). Then more steps on fresh batches compile
+    nothing new."""
     mod = load_script("dqn_torchcompile")
     batch = make_batch()
     eager_update, eager_q = build_update(mod, compiled=False)
-    compiled_update, compiled_q = build_update(mod, compiled=True)
+    compiled_update, compiled_q = build_update(mod, compiled=True, functional=functional)
     start = [p.detach().clone() for p in eager_q.parameters()]
 
     eager_loss, eager_q_mean = eager_update(batch)

@@ -91,10 +91,15 @@ def test_doubling_gae_equals_the_reference_loop():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def build_update(module, compile_loss, seed=0, n_obs=3, n_act=2, lr=3e-4):
-    """The twin's agent, its fused Adam with a tensor learning rate and its update, from a fixed seed."""
+def build_update(module, compile_loss, seed=0, n_obs=3, n_act=2, lr=3e-4, functional=False):
+    """The twin's agent, its Adam with a tensor learning rate and its update, from a fixed seed: the module update
+    with fused Adam (`compile_loss`: its loss compiled, as on CUDA) or, with `functional`, the functional update
+    compiled whole as `--compile` runs it on a CPU."""
     torch.manual_seed(seed)
     agent = module.Agent(n_obs, n_act)
+    if functional:
+        update, optimizer = module.make_functional_update(agent, torch.tensor(lr), module.Args())
+        return (torch.compile(update, fullgraph=True) if compile_loss else update), agent, optimizer
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(lr), eps=1e-5, fused=True)
     return module.make_update(agent, optimizer, module.Args(), compile_loss=compile_loss), agent, optimizer
 
@@ -116,9 +121,12 @@ def flat_parameters(agent):
     return torch.cat([p.detach().flatten() for p in agent.parameters()])
 
 
-def test_compiled_update_equals_eager_update():
+@pytest.mark.parametrize("functional", [False, True], ids=["module-compiled-loss", "functional-compiled-whole"])
+def test_compiled_update_equals_eager_update(functional):
+    """The compiled update (the functional one is what `--compile` runs on a CPU) against the eager module update."""
     module = load_script(TWIN)
-    (eager, eager_agent, _), (compiled, compiled_agent, _) = build_update(module, False), build_update(module, True)
+    eager, eager_agent, _ = build_update(module, False)
+    compiled, compiled_agent, _ = build_update(module, True, functional=functional)
     before = flat_parameters(eager_agent)
     torch.testing.assert_close(flat_parameters(compiled_agent), before, rtol=0, atol=0)
     for seed in range(3):  # three steps: Adam's moments carry over
@@ -132,9 +140,10 @@ def test_compiled_update_equals_eager_update():
     torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
 
 
-def test_no_recompilation_after_warmup():
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+def test_no_recompilation_after_warmup(functional):
     module = load_script(TWIN)
-    update, agent, optimizer = build_update(module, compile_loss=True)
+    update, agent, optimizer = build_update(module, compile_loss=True, functional=functional)
     gae = torch.compile(module.gae, fullgraph=True)
     rollout = hand_made_rollout()
     for seed in range(2):

@@ -35,8 +35,10 @@ def test_several_envs_log_every_episode(script):
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
 
 
-def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1):
-    """The twin's networks, optimizers and update functions, from a fixed seed."""
+def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1, functional=False):
+    """The twin's networks, optimizers and update functions, from a fixed seed: the module updates with fused Adam
+    (what runs on CUDA, and on a CPU without `--compile`) or, with `functional`, the functional updates that
+    `--compile` compiles whole on a CPU."""
     torch.manual_seed(seed)
     args = module.Args()
     actor = module.Actor(n_obs, n_act, -2 * np.ones(n_act), 2 * np.ones(n_act))
@@ -53,8 +55,13 @@ def build_twin_updates(module, compile_updates, seed=0, n_obs=3, n_act=1):
     update_critic, update_actor, update_targets = module.make_updates(
         actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, -float(n_act)
     )
+    if functional:
+        update_critic, update_actor, _ = module.make_functional_updates(
+            actor, qnet_params, qnet_target, log_alpha, alpha, args, -float(n_act)
+        )
     if compile_updates:
-        update_critic, update_actor = torch.compile(update_critic), torch.compile(update_actor)
+        update_critic = torch.compile(update_critic, fullgraph=functional)
+        update_actor = torch.compile(update_actor, fullgraph=functional)
     state = {"actor": actor, "qnet": qnet_params, "qnet_target": qnet_target, "log_alpha": log_alpha, "alpha": alpha}
     return update_critic, update_actor, update_targets, state
 
@@ -80,34 +87,52 @@ def parameters(state):
     }
 
 
+def assert_same_steps(updates, reference, steps=1):
+    """Both sets of updates take `steps` steps (critic, actor and entropy, targets) from the same parameters, with
+    the actor's noise from one seed: the same losses and the same parameters after them. float32, the same ops in
+    another fused order: losses agree to 1e-5 relative. Adam's first step moves a parameter by about
+    lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference in g shows up as ~1e-5 in the parameter, so
+    parameters agree to 5e-5 (5% of q_lr)."""
+    before = parameters(reference[3])
+    losses = {}
+    for name, (update_critic, update_actor, update_targets, state) in {"updates": updates, "reference": reference}.items():
+        torch.manual_seed(123)
+        step_losses = []
+        for step in range(steps):
+            qf_loss = update_critic(make_batch(2 * step + 1))
+            actor_loss, alpha_loss = update_actor(make_batch(2 * step + 2))
+            update_targets()
+            step_losses += [qf_loss, actor_loss, alpha_loss]
+        losses[name] = torch.stack(step_losses)
+    torch.testing.assert_close(losses["updates"], losses["reference"], rtol=1e-5, atol=1e-6)
+    after, after_reference = parameters(updates[3]), parameters(reference[3])
+    for key in before:
+        assert not torch.equal(after_reference[key], before[key]), f"{key} did not change"
+        torch.testing.assert_close(after[key], after_reference[key], rtol=1e-5, atol=5e-5)
+    torch.testing.assert_close(updates[3]["alpha"], updates[3]["log_alpha"].detach().exp())
+
+
+def test_functional_update_equals_module_update():
+    """The CPU fast path (torch.func gradients, Adam written out) takes the module updates' steps with fused Adam."""
+    module = load_script(TWIN)
+    modules = build_twin_updates(module, compile_updates=False)
+    functional = build_twin_updates(module, compile_updates=False, functional=True)
+    assert_same_steps(functional, modules, steps=3)
+
+
 def test_compiled_update_equals_eager_update(monkeypatch):
+    """`--compile` on a CPU: each functional update compiled as one graph takes the eager functional step."""
     # compiled code draws the actor's noise with torch's own generator, as eager code does
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     module = load_script(TWIN)
-    eager = build_twin_updates(module, compile_updates=False)
-    compiled = build_twin_updates(module, compile_updates=True)
-    before = parameters(eager[3])
-    losses = {}
-    for name, (update_critic, update_actor, update_targets, state) in {"eager": eager, "compiled": compiled}.items():
-        torch.manual_seed(123)
-        qf_loss = update_critic(make_batch(1))
-        actor_loss, alpha_loss = update_actor(make_batch(2))
-        update_targets()
-        losses[name] = torch.stack([qf_loss, actor_loss, alpha_loss])
-    # float32, same ops in a different fused order: agree to 1e-5 relative
-    torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
-    after_eager, after_compiled = parameters(eager[3]), parameters(compiled[3])
-    # Adam's first step moves a parameter by about lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference
-    # in g shows up as ~1e-5 in the parameter, so parameters agree to 5e-5 (5% of q_lr), losses to 1e-5
-    for key in before:
-        assert not torch.equal(after_eager[key], before[key]), f"{key} did not change"
-        torch.testing.assert_close(after_compiled[key], after_eager[key], rtol=1e-5, atol=5e-5)
-    torch.testing.assert_close(compiled[3]["alpha"], compiled[3]["log_alpha"].detach().exp())
+    eager = build_twin_updates(module, compile_updates=False, functional=True)
+    compiled = build_twin_updates(module, compile_updates=True, functional=True)
+    assert_same_steps(compiled, eager)
 
 
 def test_no_recompilation_after_warmup():
     module = load_script(TWIN)
-    update_critic, update_actor, update_targets, state = build_twin_updates(module, compile_updates=True)
+    update_critic, update_actor, update_targets, state = build_twin_updates(module, compile_updates=True, functional=True)
     for seed in range(2):
         update_critic(make_batch(seed))
         update_actor(make_batch(seed))

@@ -60,8 +60,9 @@ def build_networks(module, seed=0):
     return actor, target_actor, module.QNetwork(N_OBS, N_ACT), module.QNetwork(N_OBS, N_ACT)
 
 
-def build_twin_updates(module, compile_updates, seed=0):
-    """The twin's update functions, built as its main() builds them on a CPU (fused Adam)."""
+def build_twin_updates(module, compile_updates, seed=0, functional=False):
+    """The twin's update functions: the module updates with fused Adam (what runs on CUDA, and on a CPU without
+    `--compile`) or, with `functional`, the functional updates that `--compile` compiles whole on a CPU."""
     args = module.Args()
     actor, target_actor, qf1, qf2 = build_networks(module, seed)
     qnet_params = from_modules(qf1, qf2, as_module=True)
@@ -74,8 +75,11 @@ def build_twin_updates(module, compile_updates, seed=0):
     update_critic, update_actor, update_targets = module.make_updates(
         actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, optimizers, args
     )
+    if functional:
+        update_critic, update_actor, _ = module.make_functional_updates(actor, target_actor, qnet_params, qnet_target, args)
     if compile_updates:
-        update_critic, update_actor = torch.compile(update_critic), torch.compile(update_actor)
+        update_critic = torch.compile(update_critic, fullgraph=functional)
+        update_actor = torch.compile(update_actor, fullgraph=functional)
     state = {"actor": actor, "target_actor": target_actor, "qnet": qnet_params, "qnet_target": qnet_target}
     return update_critic, update_actor, update_targets, state
 
@@ -157,18 +161,27 @@ def test_twin_update_equals_eager_script_update():
     assert_same_step(twin, eager, before, as_dict=True)
 
 
+def test_functional_update_equals_module_update():
+    """The CPU fast path (torch.func gradients, Adam written out) takes the module updates' step with fused Adam."""
+    module = load_script(TWIN)
+    modules = build_twin_updates(module, compile_updates=False)
+    functional = build_twin_updates(module, compile_updates=False, functional=True)
+    assert_same_step(functional, modules, parameters(modules[3]))
+
+
 def test_compiled_update_equals_eager_update(monkeypatch):
+    """`--compile` on a CPU: each functional update compiled as one graph takes the eager functional step."""
     # compiled code draws the target policy's noise with torch's own generator, as eager code does
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     module = load_script(TWIN)
-    eager = build_twin_updates(module, compile_updates=False)
-    compiled = build_twin_updates(module, compile_updates=True)
+    eager = build_twin_updates(module, compile_updates=False, functional=True)
+    compiled = build_twin_updates(module, compile_updates=True, functional=True)
     assert_same_step(compiled, eager, parameters(eager[3]))
 
 
 def test_no_recompilation_after_warmup():
     module = load_script(TWIN)
-    update_critic, update_actor, update_targets, state = build_twin_updates(module, compile_updates=True)
+    update_critic, update_actor, update_targets, state = build_twin_updates(module, compile_updates=True, functional=True)
     actor = state["actor"]
     policy = torch.compile(module.make_policy(actor, 0.1))
     obs = torch.randn(1, N_OBS)
