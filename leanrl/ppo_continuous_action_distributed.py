@@ -35,7 +35,8 @@ Same algorithm, flags and loop as the twin; what changes is that WORLD_SIZE proc
   status 1 and one line naming the cause, not a wait forever;
 - `--dist-backend`: nccl on CUDA, gloo on the CPU by default.
 
-`--cudagraphs` records the acting policy and the update of one process; with more than one rank it is refused (the
+`--compile` compiles what the twin compiles (on a CPU the whole functional update; with more than one rank its two
+halves, on each side of the all-reduce). `--cudagraphs` records the acting policy and the update of one process; with more than one rank it is refused (the
 all-reduce would be recorded into the update's graph, which this script has not been run with). On a CPU each rank
 uses one intra-op thread, as the twin does.
 
@@ -66,6 +67,7 @@ import tqdm
 import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from torch.func import functional_call, grad_and_value
 
 
 @dataclass
@@ -131,7 +133,7 @@ class Args:
     """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
 
     compile: bool = False
-    """compile GAE, the update's loss and the acting policy with `torch.compile`"""
+    """compile GAE, the acting policy and the update (its loss on CUDA, all of it on a CPU) with `torch.compile`"""
     cudagraphs: bool = False
     """record the acting policy and the update as CUDA graphs (needs a CUDA device; one process only)"""
     dist_backend: str | None = None
@@ -321,6 +323,9 @@ class Agent(nn.Module):
         )
         self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
 
+    def forward(self, x, action=None):  # what `torch.func.functional_call` runs (the CPU fast path)
+        return self.get_action_and_value(x, action)
+
     def get_value(self, x):
         return self.critic(x)
 
@@ -373,10 +378,9 @@ def collective(function, tensor, **kwargs):
         sys.exit(f"error: rank {dist.get_rank()}: {function.__name__} failed, another rank died or hung past --dist-timeout ({cause})")
 
 
-def all_reduce_gradients(parameters, world_size):
-    """Average the gradients of `parameters` over the ranks in place: one all-reduce of all of them in one flat buffer
+def all_reduce_gradients(grads, world_size):
+    """Average the gradient tensors `grads` over the ranks in place: one all-reduce of all of them in one flat buffer
     (one collective per minibatch, not one per parameter)."""
-    grads = [p.grad for p in parameters]
     flat = torch.cat([grad.flatten() for grad in grads])
     collective(dist.all_reduce, flat)  # the sum over the ranks, the same on every rank
     flat /= world_size
@@ -384,13 +388,11 @@ def all_reduce_gradients(parameters, world_size):
         grad.copy_(averaged.view_as(grad))
 
 
-def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the averaging over `world_size` ranks, the clip and
-    the Adam step stay eager."""
+def make_loss(get_action_and_value, args):
+    """PPO's loss on a minibatch (a TensorDict) and its statistics, for the agent's `get_action_and_value`."""
 
     def loss_fn(mb):
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+        _, newlogprob, entropy, newvalue = get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
 
@@ -423,6 +425,14 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
+    return loss_fn
+
+
+def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
+    `compile_loss`: compile the forward and backward of the loss; the averaging over `world_size` ranks, the clip and
+    the Adam step stay eager."""
+    loss_fn = make_loss(agent.get_action_and_value, args)
     if compile_loss:
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
@@ -431,12 +441,76 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
         loss, stats = loss_fn(mb)
         loss.backward()
         if world_size > 1:
-            all_reduce_gradients(list(agent.parameters()), world_size)
+            all_reduce_gradients([p.grad for p in agent.parameters()], world_size)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
         return stats
 
     return update
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph. The
+    learning rate is a tensor in `param_groups`, as in torch.optim, so the loop anneals either optimizer alike."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.betas, self.eps = params, betas, eps
+        self.param_groups = [{"lr": lr}]
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.steps = torch.zeros((), device=lr.device)  # a tensor: no recompile per step
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.steps += 1
+        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
+
+
+def clip_grad_norm(grads, max_norm):
+    """`nn.utils.clip_grad_norm_` on a dict of gradients: all of them scaled down to a total norm of `max_norm`."""
+    total_norm = torch.stack([g.pow(2).sum() for g in grads.values()]).sum().sqrt()
+    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    return {name: g * clip_coef for name, g in grads.items()}
+
+
+def make_functional_update(agent, lr, args, world_size=1):
+    """The update of `make_update` written as a function of the parameters, for a CPU: `torch.func` takes the
+    gradients, the clip and Adam are written out, so `torch.compile(fullgraph=True)` makes the whole update, from
+    the forward pass to the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would
+    split it). The parameters are the agent's own tensors, updated in place. Returns the update and its Adam.
+    With `world_size` > 1 the gradients are averaged over the ranks between the gradients and the step, eagerly, so
+    the update compiles here as two graphs, one on each side of the all-reduce."""
+    params = {name: p.data for name, p in agent.named_parameters()}
+    optimizer = Adam(params, lr, eps=1e-5)
+
+    def params_loss(params, mb):
+        return make_loss(lambda obs, actions: functional_call(agent, params, (obs, actions)), args)(mb)
+
+    def gradients(mb):
+        grads, (loss, stats) = grad_and_value(params_loss, has_aux=True)(params, mb)
+        return grads, stats
+
+    def step(grads):
+        optimizer.step(clip_grad_norm(grads, args.max_grad_norm))
+
+    if world_size > 1:
+        gradients, step = torch.compile(gradients, fullgraph=True), torch.compile(step, fullgraph=True)
+
+    def update(mb):
+        grads, stats = gradients(mb)
+        if world_size > 1:
+            all_reduce_gradients(list(grads.values()), world_size)
+        step(grads)
+        return stats
+
+    return update, optimizer
 
 
 def adam_options(cudagraphs):
@@ -451,6 +525,13 @@ def cuda_graph(fn, compiled):
     state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
     it has compiled for the optimizers' created state before the recording."""
     return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
+def cpu_fast_path(args, device):
+    """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
+    update as one graph. On CUDA (and under `--cudagraphs`), the module update, whose loss compiles and which CUDA
+    graphs replay."""
+    return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
 def mean_over_ranks(values, world_size):
@@ -506,8 +587,11 @@ def make_learner(args, n_obs, n_act, device, world_size=1):
         broadcast_parameters(agent)  # every rank starts from rank 0's weights
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
-    update = make_update(agent, optimizer, args, compile_loss=args.compile, world_size=world_size)
+    if cpu_fast_path(args, device):
+        update, optimizer = make_functional_update(agent, lr, args, world_size)
+    else:
+        optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
+        update = make_update(agent, optimizer, args, compile_loss=args.compile, world_size=world_size)
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
@@ -638,10 +722,12 @@ def main(args):
         obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
     compute_gae = gae
     if args.compile:
-        # GAE is one small graph per rollout; `make_update` compiles the loss (the Adam step stays eager: compiling
-        # it too was no faster on a CPU); batch-1 acting gains from compile (README, `benchmarks.inference`)
+        # GAE is one small graph per rollout; on CUDA `make_update` compiles the loss, on a CPU the whole functional
+        # update compiles; batch-1 acting gains from compile (README, `benchmarks.inference`)
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
+    if cpu_fast_path(args, device) and world_size == 1:  # with more ranks, make_functional_update compiles its parts
+        update = torch.compile(update, fullgraph=True)
     if args.cudagraphs:
         policy = cuda_graph(policy, args.compile)
         update = cuda_graph(update, args.compile)
