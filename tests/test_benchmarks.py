@@ -4,6 +4,8 @@ env-only limit also on each real script's env, for a fraction of a second."""
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import breakdown, env_limit, machine, plots, report, run
+from benchmarks import breakdown, env_limit, machine, plots, report, run, scaling
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
@@ -412,3 +414,34 @@ def test_breakdown_times_a_compiled_part_around_its_compiled_function():
         assert double(torch.ones(2)).tolist() == [2.0, 2.0]
     assert double.part == "acting" and len(timers.calls["acting"]) == 1
     assert torch.compile is compile_
+
+
+def test_scaling_efficiency_is_sps_over_n_times_the_single_process_median():
+    runs = [{"processes": n, "summary": {"sps": sps, "return_mean": -1.0}}
+            for n, sps in [(1, 100.0), (2, 150.0), (1, 120.0), (2, 190.0), (1, 90.0), (2, 170.0)]]
+    limits = {1: {"sps": 1000.0}, 2: {"sps": 1900.0}}
+    single, double = scaling.rows(runs, limits)
+    assert (single["sps_median"], single["efficiency"], single["env_only_sps"]) == (100.0, 1.0, 1000.0)
+    assert (double["sps_median"], double["sps_min"], double["sps_max"]) == (170.0, 150.0, 190.0)
+    assert double["speedup"] == pytest.approx(1.7) and double["efficiency"] == pytest.approx(0.85)
+    assert "| 2 | 170 | 150-190 | 1.70x | 85% | 1900 |" in scaling.markdown([single, double], machine.machine_info(), {
+        "env_id": "X", "num_envs": 1, "iterations": 5, "burnin": 2, "repeats": 3, "seeds": [1, 2, 3],
+        "script_flags": [], "started": "now"})
+
+
+def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
+    """A launcher that starts a child in a session of its own (as torchrun starts its ranks) and both sleep: the
+    timeout kills the child too."""
+    pid_file = tmp_path / "child.pid"
+    launcher = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+                f"time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
+                "time.sleep(600)")
+    with pytest.raises(run.BenchmarkError, match="timeout"):
+        scaling.execute([sys.executable, "-c", launcher], timeout=5)
+    child = Path(f"/proc/{pid_file.read_text()}/stat")
+    for _ in range(50):  # killed: gone, or a zombie until its new parent reaps it
+        if not child.exists() or child.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the launcher's child is still running: {child.read_text()}")

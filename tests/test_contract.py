@@ -10,7 +10,9 @@ from conftest import assert_user_error, load_script, requires_cuda, run_script, 
 from tensordict import TensorDict
 
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
-SCRIPTS = [name for algo in ALGOS for name in (algo, f"{algo}_torchcompile")]
+# the scripts that scale a twin out keep its contract: plainly run, they are one process of it
+SCALED_OUT = ["ppo_continuous_action_distributed"]
+SCRIPTS = [name for algo in ALGOS for name in (algo, f"{algo}_torchcompile")] + SCALED_OUT
 OFF_POLICY_CONTINUOUS = [name for algo in ALGOS[:2] for name in (algo, f"{algo}_torchcompile")]
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
 PENDULUM_SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
@@ -59,7 +61,7 @@ def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-@pytest.mark.parametrize("script", [name for name in SCRIPTS if name.endswith("_torchcompile")] + ["ppo_atari_envpool_torchcompile"])
+@pytest.mark.parametrize("script", [name for name in SCRIPTS if name not in ALGOS] + ["ppo_atari_envpool_torchcompile"])
 def test_cudagraphs_without_cuda_exits_2(script):
     assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
 

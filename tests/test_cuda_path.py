@@ -74,6 +74,7 @@ TWINS = {
     "td3_continuous_action_torchcompile": (build_td3, ("policy", "update_critic", "update_actor")),
     "dqn_torchcompile": (build_dqn, ("policy", "update")),
     "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
+    "ppo_continuous_action_distributed": (build_ppo, ("policy",)),  # one process: --cudagraphs as in its twin
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),
     "ppo_lru_torchcompile": (build_ppo_lru, ("policy",)),

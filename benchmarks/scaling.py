@@ -1,0 +1,266 @@
+"""Data-parallel PPO on this machine: sps of 1 and N processes of ppo_continuous_action_distributed.py side by side,
+their scaling efficiency, and the environment-only limit of as many processes.
+
+    python -m benchmarks.scaling                         # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min on 2 cores
+    python -m benchmarks.scaling --processes 1 2 4 --repeats 2 --iterations 8
+    python -m benchmarks.scaling -- --compile            # flags after -- go to every run
+
+One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N processes are
+`torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on `lo`). Every process steps
+`--num-envs` envs (weak scaling: N processes step N times the envs, with the same work each) and runs its own
+intra-op threads as the script sets them (one on a CPU, the twin's best setting here). The process counts alternate
+run by run (1 2 1 2 ...), each round with its own seed, so a noisy machine hits all alike. Each run does
+`--iterations` iterations of CleanRL's defaults (2048 steps per env, 10 epochs of 32 minibatches); its sps counts
+every process's steps after the first `--burnin` iterations.
+
+Scaling efficiency = sps(N) / (N x sps(1)), medians over the rounds. The env-only limit of N processes is N copies of
+`benchmarks.env_limit` stepping the script's env with random actions at the same time, their sps added: what N
+processes could reach if acting and learning were free.
+
+Writes benchmarks/results/scaling-<time>.{json,md,png} (or to --out-dir): every run's summary (learning curve
+included), the limits, the machine; the table; sps per process count next to the ideal N x sps(1) and the limit, and
+the episodic return of every run against environment steps. A run that fails ends the benchmark with status 1.
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from benchmarks.machine import machine_info
+from benchmarks.plots import save, smooth
+from benchmarks.report import machine_line, optional
+from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
+from benchmarks.scripts import SCRIPTS
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = SCRIPTS / "ppo_continuous_action_distributed.py"
+NUM_STEPS = 2048  # the script's default rollout length per env
+
+
+def loopback_env():
+    """The environment of every run: gloo's connections on the loopback interface."""
+    return dict(os.environ) | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+
+
+def descendants(pid):
+    """The pids of every live descendant of `pid`, from /proc (torchrun starts its ranks in sessions of their own,
+    so killing its process group misses them)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid):
+    """SIGKILL to `pid` and to every descendant of it."""
+    for target in [*descendants(pid), pid]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def execute(cmd, timeout, env=None):
+    """Run `cmd` from the repository root; the finished process, or a BenchmarkError if it fails or runs past
+    `timeout` seconds (then it and every process it started are killed)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise failure(cmd, f"ran past the {timeout} s timeout") from None
+    finally:
+        if proc.poll() is None:  # Ctrl-C or an error in this process: leave no rank behind
+            kill_tree(proc.pid)
+    completed = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    if proc.returncode != 0:
+        raise failure(cmd, f"exited with status {proc.returncode}", stderr)
+    return completed
+
+
+def run_command(processes, flags):
+    """The command line of one run of `processes` processes."""
+    if processes == 1:
+        return [sys.executable, str(SCRIPT), *flags]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+            str(SCRIPT), *flags]
+
+
+def run_flags(processes, args, seed):
+    """The script's flags for a run of `processes` processes: `--iterations` iterations of all of them."""
+    total = args.iterations * NUM_STEPS * args.num_envs * processes
+    return ["--env-id", args.env_id, "--num-envs", str(args.num_envs), "--total-timesteps", str(total),
+            "--measure-burnin", str(args.burnin), "--seed", str(seed), *args.script_flags]
+
+
+def env_limit(processes, args):
+    """The env-only sps of `processes` copies of the script's env stepped at the same time: their sps added, and each
+    copy's ENV_ONLY object."""
+    commands = [[sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(args.env_seconds), str(SCRIPT),
+                 "--env-id", args.env_id, "--num-envs", str(args.num_envs), "--seed", str(1 + copy * args.num_envs)]
+                for copy in range(processes)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for cmd in commands]
+    results = []
+    try:
+        for cmd, proc in zip(commands, procs):
+            stdout, stderr = proc.communicate(timeout=args.timeout)
+            if proc.returncode != 0:
+                raise failure(cmd, f"exited with status {proc.returncode}", stderr)
+            results.append(result_line(cmd, subprocess.CompletedProcess(cmd, 0, stdout, stderr), "ENV_ONLY"))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return {"sps": sum(result["sps"] for result in results), "copies": results}
+
+
+def rows(runs, limits):
+    """One row per process count: sps median, min and max over its runs, speed-up and scaling efficiency against
+    the median of 1 process, the env-only limit, mean return."""
+    groups = {}
+    for run in runs:
+        groups.setdefault(run["processes"], []).append(run["summary"])
+    single = statistics.median(s["sps"] for s in groups[1]) if 1 in groups else None
+    table = []
+    for processes, summaries in sorted(groups.items()):
+        sps = [s["sps"] for s in summaries]
+        median = statistics.median(sps)
+        returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
+        table.append({
+            "processes": processes,
+            "runs": len(summaries),
+            "sps_median": median,
+            "sps_min": min(sps),
+            "sps_max": max(sps),
+            "speedup": median / single if single else None,
+            "efficiency": median / (processes * single) if single else None,
+            "env_only_sps": limits[processes]["sps"],
+            "return_mean": statistics.fmean(returns) if returns else None,
+        })
+    return table
+
+
+def markdown(table, machine, settings):
+    """The table in markdown, headed by the machine and the settings."""
+    lines = [
+        machine_line(machine),
+        f"{settings['env_id']}, {settings['num_envs']} env(s) per process, {settings['iterations']} iterations a run "
+        f"(sps after {settings['burnin']}), {settings['repeats']} rounds (seeds {' '.join(map(str, settings['seeds']))}), "
+        f"script flags: {' '.join(settings['script_flags']) or 'none'}; started {settings['started']}",
+        "",
+        "| processes | sps median | sps min-max | speed-up | efficiency | env-only sps | return mean | runs |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in table:
+        lines.append(
+            f"| {r['processes']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} "
+            f"| {optional(r['speedup'], '.2f', 'x')} | {optional(r['efficiency'], '.0%')} | {r['env_only_sps']:.0f} "
+            f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def figure(table, runs):
+    """Left: sps per process count (median, min-max), the ideal N x sps(1) and the env-only limit. Right: every run's
+    episodic return (mean of the last 10) against environment steps, one color per process count."""
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    bars, curves = fig.subplots(1, 2)
+    labels = [str(r["processes"]) for r in table]
+    errors = [[r["sps_median"] - r["sps_min"] for r in table], [r["sps_max"] - r["sps_median"] for r in table]]
+    drawn = bars.bar(labels, [r["sps_median"] for r in table], yerr=errors, capsize=3,
+                     color=[f"C{i}" for i in range(len(table))])
+    bars.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
+    single = next((r["sps_median"] for r in table if r["processes"] == 1), None)
+    if single:
+        bars.plot(labels, [r["processes"] * single for r in table], "k:", marker="o", label="N x sps(1)")
+    bars.plot(labels, [r["env_only_sps"] for r in table], "k--", marker="s", label="env only")
+    bars.set(xlabel="processes", ylabel="env steps per second, all processes")
+    bars.legend(fontsize=8)
+    for index, r in enumerate(table):
+        for n, run in enumerate(run for run in runs if run["processes"] == r["processes"]):
+            points = run["summary"]["curve"]
+            if points:
+                steps, _, returns = zip(*points)
+                curves.plot(steps, smooth(list(returns)), color=f"C{index}", linewidth=1,
+                            label=f"{r['processes']} process(es)" if n == 0 else None)
+    curves.set(xlabel="environment steps, all processes", ylabel="episodic return (rank 0's envs)")
+    curves.legend(fontsize=8)
+    return fig
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 is always run)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: runs of each process count")
+    parser.add_argument("--iterations", type=int, default=5, help="iterations of each run")
+    parser.add_argument("--burnin", type=int, default=2, help="iterations a run leaves out of its sps")
+    parser.add_argument("--env-id", default="HalfCheetah-v4")
+    parser.add_argument("--num-envs", type=int, default=1, help="envs of each process")
+    parser.add_argument("--env-seconds", type=float, default=3.0, help="how long to time the envs alone")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go")
+    parser.add_argument("script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile")
+    args = parser.parse_args(argv)
+    if min(args.processes) < 1 or args.repeats < 1 or args.num_envs < 1 or not 0 <= args.burnin < args.iterations:
+        parser.error("--processes, --repeats and --num-envs must be >= 1, and 0 <= --burnin < --iterations")
+    args.processes = sorted({1, *args.processes})
+    return args
+
+
+def main(argv=None):
+    """Run the benchmark, print the table, write the results; returns the exit status."""
+    args = parse_args(argv)
+    started = datetime.now()
+    seeds = list(range(1, args.repeats + 1))
+    runs = []
+    try:
+        limits = {processes: env_limit(processes, args) for processes in args.processes}
+        for processes, limit in limits.items():
+            note(f"env only, {processes} process(es) at once: {limit['sps']:.0f} sps")
+        for seed in seeds:
+            for processes in args.processes:
+                cmd = run_command(processes, run_flags(processes, args, seed))
+                summary = parse_summary(cmd, execute(cmd, args.timeout, loopback_env()))
+                note(f"{processes} process(es), seed {seed}: {summary['sps']:.0f} sps")
+                runs.append({"processes": processes, "seed": seed, "flags": cmd[1:], "summary": summary})
+    except BenchmarkError as error:
+        note(f"benchmark stopped: {error}")
+        return 1
+    settings = {key: getattr(args, key) for key in ("env_id", "num_envs", "iterations", "burnin", "repeats",
+                                                    "script_flags")} | {"seeds": seeds, "started": started.isoformat()}
+    machine = machine_info()
+    table = rows(runs, limits)
+    table_md = markdown(table, machine, settings)
+    stamp = f"scaling-{started.strftime('%Y%m%d-%H%M%S')}"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    document = {"settings": settings, "machine": machine, "env_limits": limits, "table": table, "runs": runs}
+    (args.out_dir / f"{stamp}.json").write_text(json.dumps(document, indent=2) + "\n")
+    (args.out_dir / f"{stamp}.md").write_text(table_md)
+    save(figure(table, runs), args.out_dir / f"{stamp}.png")
+    print(table_md, end="")
+    note(f"wrote {args.out_dir / stamp}.json, .md, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
