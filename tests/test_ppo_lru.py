@@ -10,8 +10,14 @@ import shutil
 import pytest
 import torch
 from conftest import ROOT, assert_user_error, load_script, requires_cuda, run_script, summary
-from test_ppo_continuous_action import flat_parameters
-from test_ppo_lstm import N_ACT, N_OBS, SMOKE, build_update, late_return_mean
+from test_ppo_lstm import (
+    N_ACT,
+    N_OBS,
+    SMOKE,
+    assert_compiled_loss_equals_eager,
+    assert_no_recompilation_after_warmup,
+    late_return_mean,
+)
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 
 from benchmarks import memory
@@ -119,36 +125,11 @@ def test_acting_one_step_at_a_time_is_the_sequence():
 
 
 def test_compiled_sequence_loss_equals_eager_loss():
-    module = load_script(TWIN)
-    (eager, eager_agent, _), (compiled, compiled_agent, _) = build_update(module, False), build_update(module, True)
-    before = flat_parameters(eager_agent)
-    for seed in range(3):  # three steps: Adam's moments carry over
-        mb, state = make_minibatch(seed)
-        # float32, the scan fused in another order: statistics agree to 1e-5 relative
-        torch.testing.assert_close(compiled(mb.clone(), state), eager(mb, state), rtol=1e-5, atol=1e-6)
-    after_eager, after_compiled = flat_parameters(eager_agent), flat_parameters(compiled_agent)
-    assert not torch.equal(after_eager, before)
-    # Adam moves a parameter by about lr * g / (|g| + eps): a last-bit difference in a tiny g shows up as up to
-    # ~lr * 1e-2, so parameters agree to 1e-5 absolute
-    torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
+    assert_compiled_loss_equals_eager(TWIN, make_minibatch)
 
 
 def test_no_recompilation_after_warmup():
-    module = load_script(TWIN)
-    update, agent, optimizer = build_update(module, compile_loss=True)
-    policy = torch.compile(agent.get_action_and_value)
-    state = torch.zeros(2, 2, 128)
-    for seed in range(2):
-        update(*make_minibatch(seed))
-        with torch.no_grad():
-            policy(torch.randn(1, 2, N_OBS), state, torch.zeros(1, 2))
-    with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
-        for seed in range(2, 5):
-            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)  # the annealed learning rate, in place
-            with torch.enable_grad():
-                update(*make_minibatch(seed))
-            _, _, _, _, state = policy(torch.randn(1, 2, N_OBS), state, torch.ones(1, 2) * (seed % 2))
-    assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
+    assert_no_recompilation_after_warmup(TWIN, make_minibatch, torch.zeros(2, 2, 128))
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])

@@ -141,8 +141,10 @@ def make_minibatch(seed, steps=8, envs=2):
     return mb, (torch.randn(envs, 128, generator=g), torch.randn(envs, 128, generator=g))
 
 
-def test_compiled_sequence_loss_equals_eager_loss():
-    module = load_script(TWIN)
+def assert_compiled_loss_equals_eager(twin, make_minibatch):
+    """Three update steps of `twin`, its loss compiled against eager, from one seed: the same statistics and the same
+    parameters (the minGRU pair's tests call this too, with their minibatches)."""
+    module = load_script(twin)
     (eager, eager_agent, _), (compiled, compiled_agent, _) = build_update(module, False), build_update(module, True)
     before = flat_parameters(eager_agent)
     for seed in range(3):  # three steps: Adam's moments carry over
@@ -156,11 +158,12 @@ def test_compiled_sequence_loss_equals_eager_loss():
     torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
 
 
-def test_no_recompilation_after_warmup():
-    module = load_script(TWIN)
+def assert_no_recompilation_after_warmup(twin, make_minibatch, state):
+    """`twin`'s compiled loss and acting, warmed up on two calls, compile nothing new on three more (fresh batches,
+    episode starts, the annealed learning rate); `state` is the recurrent state acting starts from."""
+    module = load_script(twin)
     update, agent, optimizer = build_update(module, compile_loss=True)
     policy = torch.compile(agent.get_action_and_value)
-    state = (torch.zeros(2, 128), torch.zeros(2, 128))
     for seed in range(2):
         update(*make_minibatch(seed))
         with torch.no_grad():
@@ -172,6 +175,14 @@ def test_no_recompilation_after_warmup():
                 update(*make_minibatch(seed))
             _, _, _, _, state = policy(torch.randn(1, 2, N_OBS), state, torch.ones(1, 2) * (seed % 2))
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
+
+
+def test_compiled_sequence_loss_equals_eager_loss():
+    assert_compiled_loss_equals_eager(TWIN, make_minibatch)
+
+
+def test_no_recompilation_after_warmup():
+    assert_no_recompilation_after_warmup(TWIN, make_minibatch, (torch.zeros(2, 128), torch.zeros(2, 128)))
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
