@@ -25,7 +25,6 @@ of the speed-up against batch size per policy and variant.
 """
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -40,6 +39,7 @@ from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
+from benchmarks.report import write_result
 from benchmarks.scripts import SCRIPTS, load_script
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -388,17 +388,6 @@ def plot(result, path):
     plt.close(fig)
 
 
-def write(result, out_dir):
-    """Write the result as `inference-<time>.json`, `.md` and `.png` into `out_dir`; returns the three paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"inference-{datetime.now():%Y%m%d-%H%M%S}"
-    paths = [stem.with_suffix(suffix) for suffix in (".json", ".md", ".png")]
-    paths[0].write_text(json.dumps(result, indent=1))
-    paths[1].write_text(markdown(result))
-    plot(result, paths[2])
-    return paths
-
-
 def positive_int(text):
     """An argparse type: an integer > 0."""
     value = int(text)
@@ -476,7 +465,7 @@ def main(argv=None):
         "machine": machine_info(), "device": str(device), "started": started, "settings": settings, "rows": rows,
         "skipped": skipped, "notes": {s.name: s.note for s in specs},
     }
-    return conclude(markdown(result), write(result, args.out), failed_checks(rows))
+    return conclude(markdown(result), write_result(result, args.out, f"inference-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot), failed_checks(rows))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from torch._higher_order_ops.associative_scan import associative_scan
 from benchmarks.inference import Variant, calls_per_block, note, pick_device, positive_float, positive_int, time_block
 from benchmarks.inference import warm_up
 from benchmarks.machine import machine_info
+from benchmarks.report import write_result
 from benchmarks.scripts import SCRIPTS, load_script
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -344,19 +345,6 @@ def plot(result, path):
     fig.savefig(path, dpi=100)
 
 
-def write(result, out_dir):
-    """Write `memory-<time>.json`, `.md` and (with timings) `.png` into `out_dir`; returns the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"memory-{datetime.now():%Y%m%d-%H%M%S}"
-    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
-    paths[0].write_text(json.dumps(result, indent=1))
-    paths[1].write_text(markdown(result))
-    if result["models"] or result["candidates"]:
-        paths.append(stem.with_suffix(".png"))
-        plot(result, paths[2])
-    return paths
-
-
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
@@ -406,7 +394,8 @@ def main(argv=None):
         "candidates": run_grid("candidates", scripts, args, device) if args.candidates else [],
         "learning": learning(args) if args.learning else [],
     }
-    paths = write(result, args.out)
+    figure = plot if result["models"] or result["candidates"] else None
+    paths = write_result(result, args.out, f"memory-{datetime.now():%Y%m%d-%H%M%S}", markdown, figure)
     print(markdown(result))
     note("wrote " + ", ".join(map(str, paths)))
     return 0

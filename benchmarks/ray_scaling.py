@@ -50,7 +50,7 @@ import torch.nn as nn
 
 from benchmarks.inference import RESULTS, note, positive_float, positive_int
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line
+from benchmarks.report import machine_line, write_result
 from benchmarks.rpc_inference import OneLineParser, values_of
 from benchmarks.scripts import load_script
 
@@ -270,18 +270,6 @@ def plot(result, path):
     fig.savefig(path, dpi=100)
 
 
-def write(result, out_dir, stem):
-    """Write `<stem>.json`, `.md` and `.png` into `out_dir`; returns the three paths."""
-    import json
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}{suffix}" for suffix in (".json", ".md", ".png")]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(markdown(result))
-    plot(result, paths[2])
-    return paths
-
-
 def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before Ray starts."""
     parser = OneLineParser(prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0])
@@ -327,7 +315,7 @@ def main(argv=None):
                                                     "update_s", "seconds", "quick")}
     result = {"settings": settings, "machine": machine_info(), "started": started, "worker_memory_mib": memory,
               "rows": rows, "best": best(rows)}
-    paths = write(result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}")
+    paths = write_result(result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot)
     print(markdown(result))
     note("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -74,3 +74,16 @@ def write(out_dir, stamp, document, table_md):
     json_path.write_text(json.dumps(document, indent=2) + "\n")
     md_path.write_text(table_md)
     return json_path, md_path
+
+
+def write_result(result, out_dir, stem, markdown, plot=None):
+    """Write a benchmark's `result` as `<stem>.json`, its `markdown(result)` as `<stem>.md` and, with `plot`, its
+    figure `plot(result, path)` as `<stem>.png` into `out_dir`; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(markdown(result))
+    if plot is not None:
+        paths.append(out_dir / f"{stem}.png")
+        plot(result, paths[2])
+    return paths

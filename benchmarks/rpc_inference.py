@@ -68,7 +68,7 @@ from benchmarks.inference import (
 )
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
-from benchmarks.report import machine_line
+from benchmarks.report import machine_line, write_result
 from benchmarks.scripts import SCRIPTS, load_script
 
 ENVS = {  # policy -> (the environment its observers step, the answer they step it with)
@@ -630,16 +630,6 @@ def plot(result, path):
     fig.savefig(path, dpi=100)
 
 
-def write(result, out_dir, stem):
-    """Write `<stem>.json`, `.md` and `.png` into `out_dir`; returns the three paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}{suffix}" for suffix in (".json", ".md", ".png")]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(markdown(result))
-    plot(result, paths[2])
-    return paths
-
-
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with bad input reported in one line (exit status 2), without the usage block."""
 
@@ -762,7 +752,7 @@ def main(argv=None):
     arguments = {key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")}
     result = {"arguments": arguments, "axis": args.axis, "settings": settings, "started": started,
               "machine": machine_info(), "rows": rows, "runs": runs}
-    return conclude(markdown(result), write(result, args.out, stem), failed_checks(runs))
+    return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot), failed_checks(runs))
 
 
 if __name__ == "__main__":
