@@ -35,6 +35,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -295,16 +296,22 @@ def make_ensemble_qf(n_obs, n_act):
     return torch.vmap(qf, (0, None, None))
 
 
+@torch.no_grad()
+def soft_target(data, get_action, ensemble_qf_target, qnet_target, alpha, gamma):
+    """SAC's critic target: the smaller target Q-value of a fresh next action minus alpha times its log-probability,
+    discounted, plus the reward."""
+    next_actions, next_log_pi, _ = get_action(data["next_obs"])
+    qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
+    min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
+    return data["rewards"] + (1 - data["terminations"]) * gamma * min_qf_next_target.view(-1)
+
+
 def make_updates(actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy):
     """The critic step and the actor (plus entropy) step of SAC. `optimizers` is (q, actor, alpha)."""
     q_optimizer, actor_optimizer, a_optimizer = optimizers
 
     def update_critic(data):
-        with torch.no_grad():
-            next_actions, next_log_pi, _ = actor.get_action(data["next_obs"])
-            qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
-            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+        next_q_value = soft_target(data, actor.get_action, ensemble_qf_target, qnet_target, alpha, args.gamma)
 
         qf_a_values = ensemble_qf(qnet_params, data["obs"], data["actions"]).view(2, -1)
         # the sum of both networks' mean squared errors, as in the eager twin
@@ -398,11 +405,7 @@ def make_functional_updates(actor, qnet_params, qnet_target, log_alpha, alpha, a
         return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
 
     def update_critic(data):
-        with torch.no_grad():
-            next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
-            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
-            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+        next_q_value = soft_target(data, partial(get_action, actor_params), ensemble_qf, q_target, alpha, args.gamma)
         grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
         q_optimizer.step(grads)
         return qf_loss

@@ -274,6 +274,17 @@ def make_policy(actor, exploration_noise):
     return policy
 
 
+@torch.no_grad()
+def td_target(data, target_actor, ensemble_qf_target, qnet_target, args):
+    """TD3's critic target: the smaller target Q-value of the smoothed target action, discounted, plus the reward."""
+    # target policy smoothing: clipped noise on the target action, in half action ranges
+    noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+    next_actions = target_actor.clip(target_actor(data["next_obs"]) + noise * target_actor.action_scale)
+    qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
+    min_qf_next_target = qf_next_target.min(0).values
+    return data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+
+
 def make_updates(actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, optimizers, args):
     """The critic step, the (delayed) actor step and the soft update of the three target networks of TD3.
     `optimizers` is (q, actor)."""
@@ -281,13 +292,7 @@ def make_updates(actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_para
     actor_params, target_actor_params = from_module(actor).data, from_module(target_actor).data
 
     def update_critic(data):
-        with torch.no_grad():
-            # target policy smoothing: clipped noise on the target action, in half action ranges
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
-            next_actions = target_actor.clip(target_actor(data["next_obs"]) + noise * target_actor.action_scale)
-            qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
-            min_qf_next_target = qf_next_target.min(0).values
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+        next_q_value = td_target(data, target_actor, ensemble_qf_target, qnet_target, args)
 
         qf_a_values = ensemble_qf(qnet_params, data["obs"], data["actions"]).view(2, -1)
         qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()  # qf1's plus qf2's mean squared error
@@ -361,13 +366,7 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, args)
         return -functional_call(qnet, qf1_params, (obs, functional_call(actor, actor_params, (obs,)))).mean()
 
     def update_critic(data):
-        with torch.no_grad():
-            # target policy smoothing: clipped noise on the target action, in half action ranges
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
-            next_actions = target_actor.clip(target_actor(data["next_obs"]) + noise * target_actor.action_scale)
-            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
-            min_qf_next_target = qf_next_target.min(0).values
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+        next_q_value = td_target(data, target_actor, ensemble_qf, q_target, args)
         grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
         q_optimizer.step(grads)
         return qf_loss
