@@ -13,7 +13,8 @@ recompile); transitions are kept as tensors and written to a TensorDict buffer o
 `train_frequency` iterations instead of once per step; a fused Adam; the target update is one `lerp_` over the
 parameters' TensorDict; on the CPU one intra-op thread. `--compile` on CUDA wraps acting and the update in
 `torch.compile`; on a CPU it compiles the update written as a function of the parameters (`torch.func` gradients,
-Adam written out) as one graph and leaves acting eager (compiled, it was slower there): `cpu_fast_path` chooses.
+Adam written out) as one graph and acts eagerly with the eager twin's host-side coin (the device-side policy, compiled
+or not, was slower there): `cpu_fast_path` chooses.
 `--cudagraphs` wraps them in tensordict's `CudaGraphModule` (it needs a CUDA device).
 
 Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.
@@ -294,6 +295,24 @@ def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
     return policy
 
 
+def make_host_policy(q_network, n_act, start_e, end_e, duration):
+    """Epsilon-greedy with the coin on the host, as the eager twin flips it, for a CPU: there a Python coin, and the
+    Q network run only when the coin says exploit, cost less than `make_policy`'s dozen small ops on every step.
+    Same schedule, one coin for all envs; the step is a Python int the policy advances by the number of envs."""
+    step = 0
+
+    def policy(obs):
+        nonlocal step
+        epsilon = max(end_e, start_e + (end_e - start_e) * step / duration)
+        step += obs.shape[0]
+        if random.random() < epsilon:
+            return torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
+        with torch.no_grad():
+            return q_network(obs).argmax(dim=1)
+
+    return policy
+
+
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
     a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
@@ -355,8 +374,9 @@ def cuda_graph(fn, compiled):
 
 def cpu_fast_path(args, device):
     """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    update as one graph and leaves batch-1 acting eager: a compiled module update and compiled acting both ran
-    slower there than eager ones. On CUDA (and under `--cudagraphs`), the module update, which CUDA graphs replay."""
+    update as one graph (with a C++ wrapper: fewer Python calls per kernel) and acts eagerly with a host-side coin: a
+    compiled module update and device-side acting, compiled or not, ran slower there. On CUDA (and under
+    `--cudagraphs`), the module update and the device-side policy, which CUDA graphs replay."""
     return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
@@ -366,14 +386,16 @@ def make_learner(args, n_obs, n_act, device):
     q_network = QNetwork(n_obs, n_act, device=device)
     target_network = QNetwork(n_obs, n_act, device=device)
     target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam_options(args.cudagraphs))
-    update = make_update(q_network, target_network, optimizer, args.gamma)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
     if cpu_fast_path(args, device):
         update, optimizer = make_functional_update(q_network, target_network, args)
+        policy = make_host_policy(q_network, n_act, args.start_e, args.end_e, exploration_steps)
+    else:
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam_options(args.cudagraphs))
+        update = make_update(q_network, target_network, optimizer, args.gamma)
+        global_step = torch.zeros((), dtype=torch.long, device=device)
+        policy = make_policy(q_network, n_act, global_step, args.start_e, args.end_e, exploration_steps)
     update_target = make_update_target(q_network, target_network, args.tau)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    global_step_t = torch.zeros((), dtype=torch.long, device=device)
-    policy = make_policy(q_network, n_act, global_step_t, args.start_e, args.end_e, exploration_steps)
     return q_network, optimizer, (policy, update, update_target)
 
 
@@ -485,7 +507,7 @@ def main(args):
     if saved_model is not None:
         q_network.load_state_dict(saved_model)
     if cpu_fast_path(args, device):
-        update = torch.compile(update, fullgraph=True)
+        update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": True})
     elif args.compile:
         policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update)

@@ -433,8 +433,8 @@ def cuda_graph(fn, compiled):
 
 def cpu_fast_path(args, device):
     """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    update as one graph. On CUDA (and under `--cudagraphs`), the module update, whose loss compiles and which CUDA
-    graphs replay."""
+    update as one graph, and its graphs get a C++ wrapper, whose fewer Python calls per kernel batch-1 acting feels
+    most. On CUDA (and under `--cudagraphs`), the module update, whose loss compiles and which CUDA graphs replay."""
     return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
@@ -569,13 +569,17 @@ def main(args):
         agent.load_state_dict(saved_model["agent"])
         obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
     compute_gae = gae
-    if args.compile:
-        # GAE is one small graph per rollout; on CUDA `make_update` compiles the loss, on a CPU the whole functional
-        # update compiles; batch-1 acting gains from compile (README, `benchmarks.inference`)
+    if cpu_fast_path(args, device):
+        # the whole functional update, acting and GAE, each with a C++ wrapper (fewer Python calls per kernel)
+        options = {"cpp_wrapper": True}
+        compute_gae = torch.compile(gae, fullgraph=True, options=options)
+        policy = torch.compile(policy, options=options)
+        update = torch.compile(update, fullgraph=True, options=options)
+    elif args.compile:
+        # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains from compile
+        # (README, `benchmarks.inference`)
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
-    if cpu_fast_path(args, device):
-        update = torch.compile(update, fullgraph=True)
     if args.cudagraphs:
         policy = cuda_graph(policy, args.compile)
         update = cuda_graph(update, args.compile)

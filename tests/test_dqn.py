@@ -84,6 +84,35 @@ def test_compiled_policy_follows_schedule_with_one_coin_without_recompiling():
             assert int(global_step) == step + 8
 
 
+def test_host_policy_follows_schedule_with_one_coin(monkeypatch):
+    """The CPU fast path's acting (`--compile` on a CPU): the eager twin's host-side coin. With the coin fixed at 0.6
+    and epsilon falling 1 -> 0.05 over 1,000 steps, 8 envs a call, the calls at steps 0, 8, ..., 416 explore
+    (epsilon > 0.6) and the Q network runs only on the later ones; with the coin at 0.04 no call exploits, even past
+    the schedule's end (epsilon stays at 0.05). A greedy call returns the network's argmax for every env."""
+    mod = load_script("dqn_torchcompile")
+    q_network = mod.QNetwork(4, 2)
+    with torch.no_grad():
+        q_network.network[4].weight.zero_()
+        q_network.network[4].bias.copy_(torch.tensor([0.0, 1.0]))
+    calls = []
+    q_network.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
+    obs = torch.randn(8, 4)
+
+    monkeypatch.setattr(mod.random, "random", lambda: 0.6)
+    policy = mod.make_host_policy(q_network, 2, 1.0, 0.05, 1000)
+    actions = [policy(obs) for _ in range(100)]
+    assert len(calls) == 100 - 53 and set(calls) == {8}
+    assert all(a.dtype == torch.long and a.shape == (8,) for a in actions)
+    assert all(a.eq(1).all() for a in actions[53:])
+
+    monkeypatch.setattr(mod.random, "random", lambda: 0.04)
+    calls.clear()
+    policy = mod.make_host_policy(q_network, 2, 1.0, 0.05, 1000)
+    for _ in range(300):  # 2,400 steps
+        policy(obs)
+    assert calls == []
+
+
 # --- the update: compiled == eager --------------------------------------------------------------------------
 
 
