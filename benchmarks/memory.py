@@ -133,14 +133,14 @@ def model_variants(scripts, steps, batch, seed, device, backend):
     twin = scripts["ppo_lru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
     twin.load_state_dict(lru.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
-    state = torch.randn(2, batch, HIDDEN, generator=g).to(device)  # two minGRU layers
+    state = torch.randn(2, batch, lru.state_size, generator=g).to(device)  # two layers: h and the token shift's input
     lstm_state = (torch.randn(batch, HIDDEN, generator=g).to(device), torch.randn(batch, HIDDEN, generator=g).to(device))
     compiled = torch.compile(twin.get_states, backend=backend)
     return [
         model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),  # the LSTM's outputs
-        model_variant("lru-loop", lru, lru.get_states, state, obs, done, 64, seed),  # the tanh layer after the minGRU
-        model_variant("lru-scan", twin, twin.get_states, state, obs, done, 64, seed),
-        model_variant("lru-scan-compiled", twin, compiled, state, obs, done, 64, seed),
+        model_variant("lru-loop", lru, lru.get_states, state, obs, done, lru.width, seed),  # the tanh layer after the minGRU
+        model_variant("lru-scan", twin, twin.get_states, state, obs, done, lru.width, seed),
+        model_variant("lru-scan-compiled", twin, compiled, state, obs, done, lru.width, seed),
     ]
 
 
