@@ -25,11 +25,11 @@ and b_t depend on the input alone; see `Agent`), each reading its input beside t
 and followed by a tanh layer, and policy and value heads; observations are normalized by running statistics (as in
 CleanRL's continuous PPO), which are saved with the model. a_t is 0 where an episode starts, and the token shift
 reads zeros there, so the state is reset by the recurrence itself, with no padding and no fixed sequence length.
-The recurrent state is, per layer, h and the layer's last input. Acting steps the recurrence once per env step; the update splits the rollout by environment, so
-each minibatch holds whole sequences, episode starts included, and replays them from the recurrent state the
-rollout started with. Each iteration collects `num_steps` vector steps, computes advantages with GAE, then runs
-`update_epochs` epochs of `num_minibatches` clipped-surrogate steps; the learning rate falls linearly to 0 over
-the run.
+The recurrent state is, per layer, h and the layer's last input. Acting steps the recurrence once per env step; the
+update splits the rollout by environment, so each minibatch holds whole sequences, episode starts included, and
+replays them from the recurrent state (h and last inputs) the rollout started with. Each iteration collects
+`num_steps` vector steps, computes advantages with GAE, then runs `update_epochs` epochs of `num_minibatches`
+clipped-surrogate steps; the learning rate falls linearly to 0 over the run.
 
 Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
 cut is taken as 0. That state is not terminal, so here a truncated step bootstraps with gamma * V(final obs), the
@@ -307,7 +307,7 @@ class Agent(nn.Module):
     positions, the missing velocity, in one step instead of through the recurrence. Measured on that task (61,440
     steps, seeds 1-5, mean return of the episodes that ended in the second half; the LSTM pair: 84.1): 64-unit layers
     without the shift 67.1, with it 81.0; 128-unit layers without it 107.5, with it 134.6: the defaults (231k
-    parameters, the LSTM pair's 100k)."""
+    parameters; with the LSTM pair's count, ~100k: 96-unit layers, 64-unit minGRUs, 104.4)."""
 
     def __init__(self, n_obs, n_act, hidden_size=128, num_layers=2, width=128, device=None):
         super().__init__()
@@ -326,7 +326,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(width, 1, device=device), std=1)
 
     def get_states(self, x, rnn_state, done):
-        """The features [T, B, width] the heads read over the sequence `x`, and the recurrent state after its last step."""
+        """The features [T, B, width] the heads read over the sequence `x`, and the recurrent state after its last
+        step."""
         features, last_states = self.network(x), []
         for mingru, post, state in zip(self.mingru, self.post, rnn_state):
             h0, last_input = state.split([self.hidden_size, self.width], -1)
