@@ -3,7 +3,7 @@
     python -m benchmarks.memory                  # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
     python -m benchmarks.memory --candidates     # also every scan candidate on bare (a, b) tensors
     python -m benchmarks.memory --quick          # a smoke run: T 8 and 16, batch 2, short blocks
-    python -m benchmarks.memory --learning       # LSTM against minGRU (and minGRU without memory) at equal steps
+    python -m benchmarks.memory --learning       # LSTM against minGRU (and minGRU without memory) at equal steps, 5 seeds (~10 min)
 
 Variants, each the sequence model of a script (torso, recurrence over T steps with an episode start at about 5% of
 the steps, the layers after it), forward then backward to its parameters, 128 hidden units, one intra-op thread as
@@ -133,14 +133,14 @@ def model_variants(scripts, steps, batch, seed, device, backend):
     twin = scripts["ppo_lru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
     twin.load_state_dict(lru.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
-    state = torch.randn(2, batch, HIDDEN, generator=g).to(device)  # two minGRU layers
+    state = torch.randn(2, batch, lru.state_size, generator=g).to(device)  # two layers: h and the token shift's input
     lstm_state = (torch.randn(batch, HIDDEN, generator=g).to(device), torch.randn(batch, HIDDEN, generator=g).to(device))
     compiled = torch.compile(twin.get_states, backend=backend)
     return [
         model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),  # the LSTM's outputs
-        model_variant("lru-loop", lru, lru.get_states, state, obs, done, 64, seed),  # the tanh layer after the minGRU
-        model_variant("lru-scan", twin, twin.get_states, state, obs, done, 64, seed),
-        model_variant("lru-scan-compiled", twin, compiled, state, obs, done, 64, seed),
+        model_variant("lru-loop", lru, lru.get_states, state, obs, done, lru.width, seed),  # the tanh layer after the minGRU
+        model_variant("lru-scan", twin, twin.get_states, state, obs, done, lru.width, seed),
+        model_variant("lru-scan-compiled", twin, compiled, state, obs, done, lru.width, seed),
     ]
 
 
@@ -357,7 +357,7 @@ def parse_args(argv):
     parser.add_argument("--no-models", dest="models", action="store_false", help="skip the four sequence-model variants")
     parser.add_argument("--learning", action="store_true", help="also train the LSTM and minGRU agents at equal steps")
     parser.add_argument("--learning-steps", type=positive_int, default=61440, help="env steps of each learning run")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the learning runs")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5], help="seeds of the learning runs")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
     parser.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)")
     parser.add_argument("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")

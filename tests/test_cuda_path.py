@@ -13,6 +13,7 @@ from test_dqn import make_batch as dqn_batch
 from test_ppo_atari_envpool import make_minibatch as atari_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
 from test_ppo_lstm import make_minibatch as lstm_minibatch
+from test_ppo_lru import STATE_SIZE as LRU_STATE_SIZE
 from test_ppo_lru import make_minibatch as lru_minibatch
 from test_sac import make_batch as sac_batch
 from test_td3 import N_ACT as TD3_ACT
@@ -58,7 +59,7 @@ def build_ppo_lstm(module, args):
 
 def build_ppo_lru(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
-    obs = lambda: (torch.randn(1, 4, 2), torch.randn(2, 4, 128), torch.ones(1, 4))  # noqa: E731
+    obs = lambda: (torch.randn(1, 4, 2), torch.randn(2, 4, LRU_STATE_SIZE), torch.ones(1, 4))  # noqa: E731
     return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lru_minibatch(0))}
 
 
