@@ -459,12 +459,15 @@ class Adam:
         self.param_groups = [{"lr": lr}]
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.steps = torch.zeros((), device=lr.device)  # a tensor: no recompile per step
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: a power of a step-count
+        # tensor is recomputed by the generated CPU kernel for every vector of every parameter (a 2-3x slower step)
+        self.beta1_power, self.beta2_power = torch.ones((), device=lr.device), torch.ones((), device=lr.device)
 
     def step(self, grads):
         beta1, beta2 = self.betas
-        self.steps += 1
-        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
         for name, param in self.params.items():
             exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
             exp_avg.lerp_(grad, 1 - beta1)

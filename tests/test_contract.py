@@ -38,6 +38,34 @@ def test_every_finished_episode_is_counted(script):
     assert module.finished_episodes({}) == []
 
 
+# the optimized twins write Adam out for their CPU fast path, and so does the script that scales PPO's twin out
+WRITTEN_OUT_ADAM = [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT
+
+
+@pytest.mark.parametrize("script", WRITTEN_OUT_ADAM)
+def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
+    """The written-out Adam keeps beta1**t and beta2**t as running products, not powers of a step count: over
+    3,000 steps, past where the bias corrections fade, its parameters stay on torch.optim.Adam's."""
+    module = load_script(script)
+    torch.manual_seed(0)
+    start = {"weight": torch.randn(8, 5), "bias": torch.randn(5)}
+    lr, eps = 1e-3, 1e-5  # the PPO scripts' Adam takes its learning rate as a tensor, as the loop anneals it
+    params = {name: p.clone() for name, p in start.items()}
+    adam = module.Adam(params, torch.tensor(lr) if "ppo" in script else lr, eps=eps)
+    reference = {name: p.clone().requires_grad_() for name, p in start.items()}
+    torch_adam = torch.optim.Adam(reference.values(), lr=lr, eps=eps)
+    for step in range(3000):
+        grads = {name: torch.randn_like(p) * (1 + step % 7) for name, p in start.items()}
+        adam.step(grads)
+        for name, p in reference.items():
+            p.grad = grads[name]
+        torch_adam.step()
+        if step in (0, 9, 99, 2999):
+            for name, p in params.items():
+                torch.testing.assert_close(p, reference[name].detach(), rtol=0, atol=1e-5, msg=f"{name}, step {step + 1}")
+    assert (params["weight"] - start["weight"]).abs().max() > 0.01  # it moved: the comparison is not of two starts
+
+
 @pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
 def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
     module = load_script(script)
