@@ -447,9 +447,9 @@ def save_model(path, script, args, model):
     os.replace(path + ".tmp", path)
 
 
-def load_model(path, script, env_id):
-    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
-    env's exits with status 2."""
+def load_model(path, script, args):
+    """The `model` that `script` saved at `path`; a missing file, another script's file, or one trained on another
+    env, with other `--obs-indices` or with(out) `--no-memory` exits with status 2 naming the flag to add."""
     if not os.path.isfile(path):
         fail(f"--eval-model {path}: no such file")
     try:
@@ -459,14 +459,21 @@ def load_model(path, script, env_id):
     saved_by = saved.get("script") if isinstance(saved, dict) else None
     if saved_by != script:
         fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
-    if saved["args"]["env_id"] != env_id:
-        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
+    trained = saved["args"]
+    if trained["env_id"] != args.env_id:
+        fail(f"--eval-model {path} was trained on {trained['env_id']}: add --env-id {trained['env_id']}")
+    if tuple(trained["obs_indices"]) != tuple(args.obs_indices):
+        indices = " ".join(map(str, trained["obs_indices"]))
+        fail(f"--eval-model {path} was trained on observation entries ({indices or 'all'}): add --obs-indices {indices}".rstrip())
+    if trained["memory"] != args.memory:
+        fail(f"--eval-model {path} was trained {'with' if trained['memory'] else 'without'} memory: "
+             f"{'drop' if trained['memory'] else 'add'} --no-memory")
     return saved["model"]
 
 
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "ppo_lstm", args.env_id) if args.eval_model else None
+    saved_model = load_model(args.eval_model, "ppo_lstm", args) if args.eval_model else None
     envs_per_batch = args.num_envs // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"

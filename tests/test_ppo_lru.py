@@ -16,6 +16,7 @@ from test_ppo_lstm import (
     SMOKE,
     assert_compiled_loss_equals_eager,
     assert_no_recompilation_after_warmup,
+    assert_other_observation_flags_exit_2,
     late_return_mean,
 )
 from test_ppo_lstm import make_minibatch as lstm_minibatch
@@ -169,15 +170,7 @@ def test_cudagraphs_without_cuda_exits_2():
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
-    """A model trained on both positions, evaluated with the full observation or without memory, stops with one line
-    naming the flag to add (the LSTM pair answers the first with a shape error)."""
-    trained = summary(run_script(script, *SMOKE, "--save-model", cwd=tmp_path))
-    model = trained["model_file"]
-    line = assert_user_error(run_script(script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path),
-                             "--eval-model", "add --obs-indices 0 2")
-    assert "(0 2)" in line
-    assert_user_error(run_script(script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path),
-                      "trained with memory", "drop --no-memory")
+    assert_other_observation_flags_exit_2(script, tmp_path)
 
 
 @requires_cuda

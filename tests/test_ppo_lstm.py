@@ -200,6 +200,23 @@ def test_bad_input_exits_2(script, flags, words):
     assert_user_error(run_script(script, *flags, timeout=120), *words)
 
 
+def assert_other_observation_flags_exit_2(script, tmp_path):
+    """A model trained on both positions, evaluated with the full observation or without memory, stops with one line
+    naming the flag to add (the minGRU tests call this too)."""
+    trained = summary(run_script(script, *SMOKE, "--save-model", cwd=tmp_path))
+    model = trained["model_file"]
+    line = assert_user_error(run_script(script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path),
+                             "--eval-model", "add --obs-indices 0 2")
+    assert "(0 2)" in line
+    assert_user_error(run_script(script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path),
+                      "trained with memory", "drop --no-memory")
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
+    assert_other_observation_flags_exit_2(script, tmp_path)
+
+
 @requires_cuda
 @pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
 def test_cudagraphs_smoke(flags):
