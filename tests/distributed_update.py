@@ -9,8 +9,9 @@ batch, and saves its parameters and last gradients to OUT_DIR/rank<RANK>.pt. The
 process on the whole minibatches and compares. The batch and the arrangement of the minibatches are defined here.
 
 `main`: the script's own `main` with its randomness taken out: actions are the Gaussian's mean and each epoch's
-minibatches are the rollout in order (`torch.randn_like` and `torch.randperm` replaced), so that 2 ranks with E envs
-and one process with 2E envs see the same data in the same minibatches.
+minibatches are the rollout in order (`torch.randn_like` and `torch.randperm` replaced), and every env's
+observation is acted on alone, so that 2 ranks with E envs and one process with 2E envs see the same data in the
+same minibatches.
 """
 
 import os
@@ -84,10 +85,31 @@ def update_main(out_dir):
     dist.destroy_process_group()
 
 
+def one_row_at_a_time(fn):
+    """`fn` called on each row of its input alone, its outputs concatenated: a rank with one env acts on batches of
+    one row, and BLAS rounds a batch of two rows differently from two batches of one (other kernels), which 64 env
+    steps would amplify into the weights."""
+
+    def rows(x):
+        outputs = [fn(row) for row in x.split(1)]
+        if isinstance(outputs[0], tuple):
+            return tuple(torch.cat(parts) for parts in zip(*outputs))
+        return torch.cat(outputs)
+
+    return rows
+
+
 def deterministic_main(flags):
     torch.randn_like = torch.zeros_like
     torch.randperm = lambda n, device=None: torch.arange(n, device=device)
     module = load_script(SCRIPT)
+    make_learner = module.make_learner
+
+    def make_learner_acting_by_rows(*args, **kwargs):
+        agent, optimizer, (policy, get_value, update) = make_learner(*args, **kwargs)
+        return agent, optimizer, (one_row_at_a_time(policy), one_row_at_a_time(get_value), update)
+
+    module.make_learner = make_learner_acting_by_rows
     module.main(tyro.cli(module.Args, args=flags))
 
 
