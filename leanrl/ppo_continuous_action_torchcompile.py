@@ -15,9 +15,11 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
   Python loop, so the compiled graph is small and compiles in seconds;
 - a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU,
   one intra-op thread;
-- `--compile` compiles GAE and the acting policy, and the update: on CUDA its loss (forward and backward, the
-  clip and the fused Adam step stay eager); on a CPU the whole update as one graph, written as a function of the
-  parameters (`torch.func` gradients, the clip and Adam written out), which `cpu_fast_path` chooses;
+- `--compile` compiles GAE and the update, and on CUDA the acting policy: there the update's loss (forward and
+  backward; the clip and the fused Adam step stay eager); on a CPU the whole update as one graph, written as a
+  function of the parameters (`torch.func` gradients, the clip and Adam written out), and acting moves to the host:
+  the policy in numpy on views of the agent's weights, the rollout written through numpy views of its tensors
+  (`cpu_fast_path` chooses);
 - `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
   and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
 
@@ -34,6 +36,7 @@ same wrapper chain, in `infos["final_obs"]`. A terminated step bootstraps with 0
 of the episode. `gae` is a pure function of the rollout's tensors, so this is checked on hand-made data.
 """
 
+import functools
 import json
 import math
 import os
@@ -420,6 +423,34 @@ def make_functional_update(agent, lr, args):
     return update, optimizer
 
 
+def make_host_policy(agent, seed):
+    """`get_action_and_value` and `get_value` in numpy, for batch-1 acting on a CPU (the fast path): at batch 1 a
+    torch call costs more to dispatch than its arithmetic, a numpy call much less. The arrays are views of the
+    agent's weights, which the fast path's Adam updates in place, so the policy always acts with the current ones.
+    Numpy observations in, numpy arrays out; the Gaussian noise comes from numpy's generator, seeded with `seed`."""
+    w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
+    rng = np.random.default_rng(seed)
+
+    def mlp(net, x):  # Linear, Tanh, Linear, Tanh, Linear
+        x = np.tanh(x @ w[f"{net}.0.weight"].T + w[f"{net}.0.bias"])
+        x = np.tanh(x @ w[f"{net}.2.weight"].T + w[f"{net}.2.bias"])
+        return x @ w[f"{net}.4.weight"].T + w[f"{net}.4.bias"]
+
+    def get_value(x):
+        return mlp("critic", x)
+
+    def get_action_and_value(x):
+        action_mean = mlp("actor_mean", x)
+        action_logstd = np.broadcast_to(w["actor_logstd"], action_mean.shape)
+        action_std = np.exp(action_logstd)
+        action = action_mean + action_std * rng.standard_normal(action_mean.shape, dtype=np.float32)
+        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
+        return action, log_prob.sum(1), entropy.sum(1), get_value(x)
+
+    return get_action_and_value, get_value
+
+
 def adam_options(cudagraphs):
     """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
     capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
@@ -436,8 +467,10 @@ def cuda_graph(fn, compiled):
 
 def cpu_fast_path(args, device):
     """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    update as one graph, and its graphs get a C++ wrapper, whose fewer Python calls per kernel batch-1 acting feels
-    most. On CUDA (and under `--cudagraphs`), the module update, whose loss compiles and which CUDA graphs replay."""
+    update as one graph (and GAE), with a C++ wrapper (fewer Python calls per kernel), and acts in numpy on the host,
+    writing the rollout through numpy views: at batch 1, torch's dispatch cost more than the arithmetic, compiled or
+    not. On CUDA (and under `--cudagraphs`), the module update, whose loss compiles, and the device-side policy,
+    which CUDA graphs replay."""
     return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
@@ -452,11 +485,13 @@ def make_learner(args, n_obs, n_act, device):
     else:
         optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
         update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
-    agent_inference = Agent(n_obs, n_act, device=device)
-    from_module(agent).data.to_module(agent_inference)
-    policy = agent_inference.get_action_and_value
-    get_value = agent_inference.get_value
+    if cpu_fast_path(args, device):
+        policy, get_value = make_host_policy(agent, args.seed)
+    else:
+        # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+        agent_inference = Agent(n_obs, n_act, device=device)
+        from_module(agent).data.to_module(agent_inference)
+        policy, get_value = agent_inference.get_action_and_value, agent_inference.get_value
     return agent, optimizer, (policy, get_value, update)
 
 
@@ -573,10 +608,9 @@ def main(args):
         obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
     compute_gae = gae
     if cpu_fast_path(args, device):
-        # the whole functional update, acting and GAE, each with a C++ wrapper (fewer Python calls per kernel)
+        # the whole functional update and GAE, each with a C++ wrapper (fewer Python calls per kernel); acting is numpy
         options = {"cpp_wrapper": True}
         compute_gae = torch.compile(gae, fullgraph=True, options=options)
-        policy = torch.compile(policy, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
     elif args.compile:
         # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains from compile
@@ -600,9 +634,15 @@ def main(args):
         batch_size=[args.num_steps, args.num_envs],
         device=device,
     )
+    if cpu_fast_path(args, device):
+        # the host policy's numpy arrays are written through numpy views of the rollout's tensors (same memory)
+        store, as_stored, as_env_action = rollout.numpy(), functools.partial(np.asarray, dtype=np.float32), np.asarray
+    else:
+        store, as_stored = rollout, functools.partial(torch.as_tensor, device=device, dtype=torch.float)
+        as_env_action = lambda action: action.cpu().numpy()  # noqa: E731
 
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    next_obs = as_stored(next_obs)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
     global_step = 0
@@ -619,25 +659,25 @@ def main(args):
 
         for step in range(args.num_steps):
             global_step += args.num_envs
-            rollout["obs"][step] = next_obs
+            store["obs"][step] = next_obs
 
             # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = policy(next_obs)
-            rollout["values"][step] = value.flatten()
-            rollout["actions"][step] = action
-            rollout["logprobs"][step] = logprob
+            store["values"][step] = value.flatten()
+            store["actions"][step] = action
+            store["logprobs"][step] = logprob
 
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
-            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            next_obs, reward, terminations, truncations, infos = envs.step(as_env_action(action))
+            store["rewards"][step] = as_stored(reward)
+            store["terminations"][step] = as_stored(terminations)
+            store["truncations"][step] = as_stored(truncations)
             if truncations.any():
                 # the value of the state each truncated episode was cut at (gae reads it only there)
-                final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
+                final_obs = as_stored(true_next_obs(next_obs, infos))
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs).flatten()
-            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+                    store["final_values"][step] = get_value(final_obs).flatten()
+            next_obs = as_stored(next_obs)
 
             for episodic_return in finished_episodes(infos):
                 episode_returns.append(episodic_return)
@@ -647,7 +687,7 @@ def main(args):
 
         # bootstrap value if not done
         with torch.no_grad():
-            next_value = get_value(next_obs).flatten()
+            next_value = torch.as_tensor(get_value(next_obs), device=device).flatten()
         advantages, returns = compute_gae(
             rollout["rewards"], rollout["values"], next_value, rollout["final_values"],
             rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,

@@ -140,6 +140,31 @@ def test_compiled_update_equals_eager_update(functional):
     torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
 
 
+def test_host_policy_is_the_agents_policy_on_its_current_weights():
+    """The numpy policy of the CPU fast path: the agent's log-density, entropy and value of the action it draws,
+    a seeded Gaussian draw around the agent's mean, and still the agent's after an update changes the weights."""
+    module = load_script(TWIN)
+    update, agent, _ = build_update(module, False, functional=True)
+    policy, get_value = module.make_host_policy(agent, seed=3)
+    obs = torch.randn(4096, 3, generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        action, logprob, entropy, value = policy(obs.numpy())
+        with torch.no_grad():
+            mean = agent.actor_mean(obs)
+            _, agent_logprob, agent_entropy, agent_value = agent.get_action_and_value(obs, torch.from_numpy(action))
+        torch.testing.assert_close(torch.from_numpy(logprob), agent_logprob, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(entropy), agent_entropy, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(torch.from_numpy(value), agent_value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.from_numpy(get_value(obs.numpy())), agent_value, rtol=1e-5, atol=1e-6)
+        noise = (torch.from_numpy(action) - mean) / agent.actor_logstd.exp()
+        assert abs(noise.mean()) < 0.03 and abs(noise.std() - 1) < 0.03
+        update(make_minibatch(0, n_obs=3))  # in place: the policy's views see the new weights
+    assert not torch.equal(agent.actor_logstd, torch.zeros_like(agent.actor_logstd))
+    replay, _ = module.make_host_policy(agent, seed=3)
+    fresh, _ = module.make_host_policy(agent, seed=3)
+    assert (replay(obs.numpy())[0] == fresh(obs.numpy())[0]).all()
+
+
 @pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
 def test_no_recompilation_after_warmup(functional):
     module = load_script(TWIN)
