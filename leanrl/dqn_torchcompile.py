@@ -9,12 +9,12 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
 
 What changes from dqn.py, all for speed: epsilon-greedy acting is one function on the device (the step it reads
 lives in a device tensor that the function advances in place, so the schedule moves without a host sync or a
-recompile); transitions are kept as tensors and written to a TensorDict buffer on the device once per
-`train_frequency` iterations instead of once per step; a fused Adam; the target update is one `lerp_` over the
+recompile); transitions are kept as the env's numpy arrays and written to a TensorDict buffer on the device once per
+`train_frequency` iterations, one conversion per field, instead of once per step; a fused Adam; the target update is one `lerp_` over the
 parameters' TensorDict; on the CPU one intra-op thread. `--compile` on CUDA wraps acting and the update in
 `torch.compile`; on a CPU it compiles the update written as a function of the parameters (`torch.func` gradients,
-Adam written out) as one graph and acts eagerly with the eager twin's host-side coin (the device-side policy, compiled
-or not, was slower there): `cpu_fast_path` chooses.
+Adam written out) as one graph and acts on the host, the eager twin's coin and the Q network in numpy (the
+device-side policy, compiled or not, was slower there): `cpu_fast_path` chooses.
 `--cudagraphs` wraps them in tensordict's `CudaGraphModule` (it needs a CUDA device).
 
 Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.
@@ -24,6 +24,7 @@ iteration is N env steps and the updates per env step drop by N. Truncated episo
 final observation; terminated ones do not.
 """
 
+import functools
 import json
 import os
 import random
@@ -237,11 +238,13 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def extend(self, transitions):
-        """Write a list of per-step transitions (dicts of tensors) at once: one copy per key, not one per step."""
+        """Write a list of per-step transitions (dicts of host arrays) at once: one conversion and one copy per key,
+        not one per step."""
         n = sum(len(t["obs"]) for t in transitions)
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        for key in transitions[0]:
-            self.storage[key][idx] = torch.cat([t[key] for t in transitions]).to(self.device, non_blocking=True)
+        for key, column in self.storage.items():
+            values = np.concatenate([t[key] for t in transitions])
+            column[idx] = torch.as_tensor(values, dtype=column.dtype).to(self.device, non_blocking=True)
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -296,19 +299,24 @@ def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
 
 
 def make_host_policy(q_network, n_act, start_e, end_e, duration):
-    """Epsilon-greedy with the coin on the host, as the eager twin flips it, for a CPU: there a Python coin, and the
-    Q network run only when the coin says exploit, cost less than `make_policy`'s dozen small ops on every step.
-    Same schedule, one coin for all envs; the step is a Python int the policy advances by the number of envs."""
+    """Epsilon-greedy on the host, for a CPU: the eager twin's Python coin, and the Q network in numpy, run only when
+    the coin says exploit. At batch 1 a torch call costs more to dispatch than its arithmetic, a numpy call much
+    less. The arrays are views of the network's weights, which the fast path's Adam updates in place, so the policy
+    always acts with the current ones. Same schedule, one coin for all envs; the step is a Python int the policy
+    advances by the number of envs. Numpy observations in, numpy actions out."""
+    layers = [(layer.weight.detach().numpy(), layer.bias.detach().numpy()) for layer in q_network.network[::2]]
     step = 0
 
     def policy(obs):
         nonlocal step
         epsilon = max(end_e, start_e + (end_e - start_e) * step / duration)
-        step += obs.shape[0]
+        step += len(obs)
         if random.random() < epsilon:
-            return torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
-        with torch.no_grad():
-            return q_network(obs).argmax(dim=1)
+            return np.random.randint(n_act, size=len(obs))
+        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
+        x = np.maximum(obs @ w1.T + b1, 0)
+        x = np.maximum(x @ w2.T + b2, 0)
+        return (x @ w3.T + b3).argmax(axis=1)
 
     return policy
 
@@ -378,8 +386,8 @@ def cuda_graph(fn, compiled):
 
 def cpu_fast_path(args, device):
     """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    update as one graph (with a C++ wrapper: fewer Python calls per kernel) and acts eagerly with a host-side coin: a
-    compiled module update and device-side acting, compiled or not, ran slower there. On CUDA (and under
+    update as one graph (with a C++ wrapper: fewer Python calls per kernel) and acts on the host in numpy with the
+    eager twin's coin: a compiled module update and torch acting, compiled or not, ran slower there. On CUDA (and under
     `--cudagraphs`), the module update and the device-side policy, which CUDA graphs replay."""
     return args.compile and not args.cudagraphs and device.type == "cpu"
 
@@ -520,6 +528,11 @@ def main(args):
         update = cuda_graph(update, args.compile)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
+    if cpu_fast_path(args, device):  # the host policy takes and gives numpy arrays
+        as_policy_obs, as_env_action = functools.partial(np.asarray, dtype=np.float32), np.asarray
+    else:
+        as_policy_obs = functools.partial(torch.as_tensor, device=device, dtype=torch.float)
+        as_env_action = lambda actions: actions.cpu().numpy()  # noqa: E731
     obs, _ = envs.reset(seed=args.seed)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
@@ -537,9 +550,9 @@ def main(args):
             measure_start, measure_step = time.time(), global_step
 
         # ALGO LOGIC: put action logic here
-        actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float))
+        actions = as_env_action(policy(as_policy_obs(obs)))
 
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions.cpu().numpy())
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
         for episodic_return in finished_episodes(infos):
             episode_returns.append(episodic_return)
@@ -548,13 +561,13 @@ def main(args):
                 wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
         transition = {
-            "obs": torch.as_tensor(obs, dtype=torch.float),
-            "next_obs": torch.as_tensor(true_next_obs(next_obs, infos), dtype=torch.float),
+            "obs": obs,
+            "next_obs": true_next_obs(next_obs, infos),
             "actions": actions,
-            "rewards": torch.as_tensor(rewards, dtype=torch.float),
-            "terminations": torch.as_tensor(terminations, dtype=torch.float),
+            "rewards": rewards,
+            "terminations": terminations,
         }
-        transitions.append(transition)  # host tensors (and the action on the device) until the next write
+        transitions.append(transition)  # numpy arrays until the next write
 
         # CRUCIAL step easy to overlook
         obs = next_obs
