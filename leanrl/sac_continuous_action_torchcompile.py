@@ -17,7 +17,9 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - `--compile` on CUDA wraps the acting policy and both updates in `torch.compile`; on a CPU it compiles each update
   whole, forward pass to Adam step, as one graph: the updates are written as functions of the parameters
   (`torch.func` gradients, Adam written out), since autograd's backward and an optimizer's step would split the
-  graph, and batch-1 acting stays eager (compiled, it was slower there); `cpu_fast_path` makes that choice;
+  graph, and acting moves to the host: the actor in numpy on views of its weights, the replay buffer written
+  through numpy views of its tensors (torch's batch-1 calls, compiled or not, were slower there); `cpu_fast_path`
+  makes that choice;
 - `--cudagraphs` records the updates and the policy as CUDA graphs (tensordict's `CudaGraphModule`) and
   replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
 How each variant fares on a CPU and where a step's time goes is measured in the README.
@@ -25,6 +27,7 @@ One gradient step per vector step, as in CleanRL, so with `--num-envs N` the upd
 Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
 
+import functools
 import json
 import math
 import os
@@ -256,9 +259,11 @@ def sample_action(mean, log_std, action_scale, action_bias):
 
 class ReplayBuffer:
     """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
-    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them."""
+    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them. With
+    `host` (the CPU fast path) each step is written through numpy views of the tensors instead (the same memory):
+    a numpy write costs a fraction of a torch one."""
 
-    def __init__(self, buffer_size, n_obs, n_act, device):
+    def __init__(self, buffer_size, n_obs, n_act, device, host=False):
         self.storage = TensorDict(
             obs=torch.zeros(buffer_size, n_obs, device=device),
             next_obs=torch.zeros(buffer_size, n_obs, device=device),
@@ -268,12 +273,20 @@ class ReplayBuffer:
             batch_size=[buffer_size],
             device=device,
         )
+        self.views = self.storage.numpy() if host else None
         self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
 
     def add(self, transition):
-        n = transition.shape[0]
-        idx = torch.arange(self.cursor, self.cursor + n, device=self.storage.device) % self.buffer_size
-        self.storage[idx] = transition
+        """Write one vector step's transitions, a dict of arrays (the env's, and the actions)."""
+        n = len(transition["obs"])
+        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        if self.views is not None:
+            for key, view in self.views.items():
+                view[idx] = transition[key]
+        else:
+            device = self.storage.device
+            transition = {k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()}
+            self.storage[torch.as_tensor(idx, device=device)] = TensorDict(transition, [n])
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -430,6 +443,30 @@ def make_functional_updates(actor, qnet_params, qnet_target, log_alpha, alpha, a
     return update_critic, update_actor, optimizers
 
 
+def make_host_policy(actor, seed):
+    """`actor.get_action` in numpy, for batch-1 acting on a CPU (the fast path): at batch 1 a torch call costs more
+    to dispatch than its arithmetic, a numpy call much less. The arrays are views of the actor's weights, which the
+    fast path's Adam updates in place, so the policy always acts with the current ones. Numpy observations in,
+    numpy arrays out; the Gaussian noise comes from numpy's generator, seeded with `seed`."""
+    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
+    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
+    rng = np.random.default_rng(seed)
+
+    def get_action(obs):
+        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
+        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
+        mean = x @ w["fc_mean.weight"].T + w["fc_mean.bias"]
+        log_std = np.tanh(x @ w["fc_logstd.weight"].T + w["fc_logstd.bias"])
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        noise = rng.standard_normal(mean.shape, dtype=np.float32)  # then `sample_action`, in numpy
+        y_t = np.tanh(mean + np.exp(log_std) * noise)
+        log_prob = -0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)
+        log_prob -= np.log(action_scale * (1 - y_t**2) + 1e-6)
+        return y_t * action_scale + action_bias, log_prob.sum(-1, keepdims=True), np.tanh(mean) * action_scale + action_bias
+
+    return get_action
+
+
 def adam_options(cudagraphs):
     """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
     capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
@@ -446,8 +483,10 @@ def cuda_graph(fn, compiled):
 
 def cpu_fast_path(args, device):
     """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    updates, one graph each, and leaves batch-1 acting eager: compiled module updates and compiled acting both ran
-    slower there than eager ones. On CUDA (and under `--cudagraphs`), the module updates, which CUDA graphs replay."""
+    updates, one graph each, and acts on the host in numpy, writing the replay buffer through numpy views: compiled
+    module updates ran slower there than eager ones, and at batch 1 torch's dispatch, compiled or not, cost more than
+    the arithmetic. On CUDA (and under `--cudagraphs`), the module updates and the device-side policy, which CUDA
+    graphs replay."""
     return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
@@ -478,10 +517,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         update_critic, update_actor, optimizers = make_functional_updates(
             actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy
         )
-    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
-    actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
-    from_module(actor).data.to_module(actor_detach)
-    return actor, alpha, optimizers, (actor_detach.get_action, update_critic, update_actor, update_targets)
+    if cpu_fast_path(args, device):
+        policy = make_host_policy(actor, args.seed)
+    else:
+        # acting reads the actor's weights through a copy that shares their memory but has no autograd state
+        actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
+        from_module(actor).data.to_module(actor_detach)
+        policy = actor_detach.get_action
+    return actor, alpha, optimizers, (policy, update_critic, update_actor, update_targets)
 
 
 def write_summary(summary, run_dir):
@@ -602,7 +645,12 @@ def main(args):
         update_critic = cuda_graph(update_critic, args.compile)
         update_actor = cuda_graph(update_actor, args.compile)
 
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device, host=cpu_fast_path(args, device))
+    if cpu_fast_path(args, device):  # the host policy takes and gives numpy arrays
+        as_policy_obs, as_env_action = functools.partial(np.asarray, dtype=np.float32), np.asarray
+    else:
+        as_policy_obs = functools.partial(torch.as_tensor, device=device, dtype=torch.float)
+        as_env_action = lambda actions: actions.cpu().numpy()  # noqa: E731
     obs, _ = envs.reset(seed=args.seed)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
@@ -622,8 +670,8 @@ def main(args):
             actions = envs.action_space.sample()
         else:
             with torch.no_grad():
-                actions, _, _ = policy(torch.as_tensor(obs, device=device, dtype=torch.float))
-            actions = actions.cpu().numpy()
+                actions, _, _ = policy(as_policy_obs(obs))
+            actions = as_env_action(actions)
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
@@ -640,7 +688,7 @@ def main(args):
             "rewards": rewards,
             "terminations": terminations,
         }
-        rb.add(TensorDict({k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()}, [args.num_envs]))
+        rb.add(transition)
 
         # CRUCIAL step easy to overlook
         obs = next_obs

@@ -11,14 +11,16 @@ Same algorithm, defaults and loop as the eager twin, data flow rewritten for spe
 the device, the twin critics as one vmapped ensemble, `lerp_` target updates, a fused Adam (capturable under
 `--cudagraphs`). `--compile` on CUDA wraps acting and both updates in `torch.compile`; on a CPU it compiles each
 update whole, forward pass to Adam step, as one graph: written as functions of the parameters (`torch.func`
-gradients, Adam written out), since autograd's backward and an optimizer's step would split the graph; acting stays
-eager there (compiled, it was slower); `cpu_fast_path` chooses. `--cudagraphs` wraps them in tensordict's
+gradients, Adam written out), since autograd's backward and an optimizer's step would split the graph; acting moves
+to the host there, the actor in numpy on views of its weights and the replay buffer written through numpy views
+(torch's batch-1 calls, compiled or not, were slower); `cpu_fast_path` chooses. `--cudagraphs` wraps them in tensordict's
 `CudaGraphModule` (CUDA only). As in the eager twin, exploration noise is
 drawn on the device, inside the acting policy. One critic step per vector step and one actor step (plus the target
 updates) every `policy_frequency` vector steps, as in CleanRL, so with `--num-envs N` the updates per env step drop
 by N. Pendulum-v1 learns in 10k steps. Truncated episodes bootstrap from their true final observation; terminated
 ones do not."""
 
+import functools
 import json
 import os
 import random
@@ -221,9 +223,11 @@ class Actor(nn.Module):
 
 class ReplayBuffer:
     """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
-    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them."""
+    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them. With
+    `host` (the CPU fast path) each step is written through numpy views of the tensors instead (the same memory):
+    a numpy write costs a fraction of a torch one."""
 
-    def __init__(self, buffer_size, n_obs, n_act, device):
+    def __init__(self, buffer_size, n_obs, n_act, device, host=False):
         self.storage = TensorDict(
             obs=torch.zeros(buffer_size, n_obs, device=device),
             next_obs=torch.zeros(buffer_size, n_obs, device=device),
@@ -233,13 +237,20 @@ class ReplayBuffer:
             batch_size=[buffer_size],
             device=device,
         )
+        self.views = self.storage.numpy() if host else None
         self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
         self.device = device
 
     def add(self, transition):
+        """Write one vector step's transitions, a dict of arrays (the env's, and the actions)."""
         n = len(transition["obs"])
-        idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        self.storage[idx] = transition
+        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        if self.views is not None:
+            for key, view in self.views.items():
+                view[idx] = transition[key]
+        else:
+            transition = {k: torch.as_tensor(v, device=self.device, dtype=torch.float) for k, v in transition.items()}
+            self.storage[torch.as_tensor(idx, device=self.device)] = TensorDict(transition, [n])
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -383,6 +394,25 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, args)
     return update_critic, update_actor, optimizers
 
 
+def make_host_policy(actor, exploration_noise, seed):
+    """`make_policy` in numpy, for batch-1 acting on a CPU (the fast path): at batch 1 a torch call costs more to
+    dispatch than its arithmetic, a numpy call much less. The arrays are views of the actor's weights, which the
+    fast path's Adam updates in place, so the policy always acts with the current ones. Numpy observations in,
+    numpy actions out; the Gaussian noise comes from numpy's generator, seeded with `seed`."""
+    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
+    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
+    rng = np.random.default_rng(seed)
+
+    def policy(obs):
+        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
+        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
+        actions = np.tanh(x @ w["fc_mu.weight"].T + w["fc_mu.bias"]) * action_scale + action_bias
+        actions += rng.standard_normal(actions.shape, dtype=np.float32) * action_scale * exploration_noise
+        return np.clip(actions, action_bias - action_scale, action_bias + action_scale)
+
+    return policy
+
+
 def adam_options(cudagraphs):
     """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
     capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
@@ -399,8 +429,10 @@ def cuda_graph(fn, compiled):
 
 def cpu_fast_path(args, device):
     """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    updates, one graph each, and leaves batch-1 acting eager: compiled module updates and compiled acting both ran
-    slower there than eager ones. On CUDA (and under `--cudagraphs`), the module updates, which CUDA graphs replay."""
+    updates, one graph each, and acts on the host in numpy, writing the replay buffer through numpy views: compiled
+    module updates ran slower there than eager ones, and at batch 1 torch's dispatch, compiled or not, cost more than
+    the arithmetic. On CUDA (and under `--cudagraphs`), the module updates and the device-side policy, which CUDA
+    graphs replay."""
     return args.compile and not args.cudagraphs and device.type == "cpu"
 
 
@@ -426,10 +458,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     )
     if cpu_fast_path(args, device):
         update_critic, update_actor, optimizers = make_functional_updates(actor, target_actor, qnet_params, qnet_target, args)
-    # acting reads the actor's weights through a copy that shares their memory but has no autograd state
-    actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
-    from_module(actor).data.to_module(actor_detach)
-    return actor, optimizers, (make_policy(actor_detach, args.exploration_noise), update_critic, update_actor, update_targets)
+    if cpu_fast_path(args, device):
+        policy = make_host_policy(actor, args.exploration_noise, args.seed)
+    else:
+        # acting reads the actor's weights through a copy that shares their memory but has no autograd state
+        actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
+        from_module(actor).data.to_module(actor_detach)
+        policy = make_policy(actor_detach, args.exploration_noise)
+    return actor, optimizers, (policy, update_critic, update_actor, update_targets)
 
 
 def write_summary(summary, run_dir):
@@ -548,7 +584,12 @@ def main(args):
         update_critic = cuda_graph(update_critic, args.compile)
         update_actor = cuda_graph(update_actor, args.compile)
 
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device, host=cpu_fast_path(args, device))
+    if cpu_fast_path(args, device):  # the host policy takes and gives numpy arrays
+        as_policy_obs, as_env_action = functools.partial(np.asarray, dtype=np.float32), np.asarray
+    else:
+        as_policy_obs = functools.partial(torch.as_tensor, device=device, dtype=torch.float)
+        as_env_action = lambda actions: actions.cpu().numpy()  # noqa: E731
     obs, _ = envs.reset(seed=args.seed)
     episode_returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, return] of every finished episode
@@ -569,8 +610,7 @@ def main(args):
             actions = envs.action_space.sample()
         else:
             with torch.no_grad():
-                actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float))
-            actions = actions.cpu().numpy()
+                actions = as_env_action(policy(as_policy_obs(obs)))
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
@@ -587,8 +627,7 @@ def main(args):
             "rewards": rewards,
             "terminations": terminations,
         }
-        transition = {k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()}
-        rb.add(TensorDict(transition, [args.num_envs]))
+        rb.add(transition)
 
         # CRUCIAL step easy to overlook
         obs = next_obs

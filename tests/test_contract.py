@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
-from tensordict import TensorDict
 
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
 # the scripts that scale a twin out keep its contract: plainly run, they are one process of it
@@ -66,20 +65,22 @@ def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
     assert (params["weight"] - start["weight"]).abs().max() > 0.01  # it moved: the comparison is not of two starts
 
 
-@pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
-def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
+@pytest.mark.parametrize("script, host", [(s, False) for s in OFF_POLICY_CONTINUOUS] + [(s, True) for s in OFF_POLICY_CONTINUOUS if s.endswith("_torchcompile")])
+def test_replay_buffer_wraps_around_and_samples_what_was_added(script, host):
+    """The eager twins add tensors, the optimized ones the env's numpy arrays; `host`: the CPU fast path, which
+    writes them through numpy views of the buffer's tensors."""
     module = load_script(script)
-    rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, device="cpu")
+    rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, device="cpu", **({"host": True} if host else {}))
     for step in range(7):  # 14 transitions through a buffer of 5
-        values = torch.tensor([2.0 * step, 2.0 * step + 1])
+        values = np.array([2.0 * step, 2.0 * step + 1])
         transition = {
             "obs": values[:, None],
             "next_obs": values[:, None] + 0.5,
             "actions": -values[:, None],
             "rewards": values,
-            "terminations": torch.zeros(2),
+            "terminations": np.zeros(2),
         }
-        rb.add(TensorDict(transition, [2]) if script.endswith("_torchcompile") else transition)
+        rb.add(transition if script.endswith("_torchcompile") else {k: torch.as_tensor(v, dtype=torch.float) for k, v in transition.items()})
     assert (rb.size, rb.cursor) == (5, 4)
     batch = rb.sample(200)
     assert set(batch["rewards"].tolist()) == {9.0, 10.0, 11.0, 12.0, 13.0}

@@ -112,6 +112,27 @@ def assert_same_steps(updates, reference, steps=1):
     torch.testing.assert_close(updates[3]["alpha"], updates[3]["log_alpha"].detach().exp())
 
 
+def test_host_policy_is_get_action_in_numpy(monkeypatch):
+    """The CPU fast path's numpy policy draws its noise from numpy's generator seeded with `seed`; given the same
+    draws, `Actor.get_action` gives the same action, log-probability and squashed mean, on the actor's current
+    weights (changed in place, as the fast path's Adam changes them)."""
+    module = load_script(TWIN)
+    torch.manual_seed(0)
+    actor = module.Actor(3, 2, np.full(2, -2.0), np.full(2, 2.0))
+    obs = np.random.default_rng(0).standard_normal((64, 3), dtype=np.float32)
+    policy, draws = module.make_host_policy(actor, seed=1), np.random.default_rng(1)
+    for _ in range(2):
+        got = policy(obs)
+        noise = torch.from_numpy(draws.standard_normal((64, 2), dtype=np.float32))
+        with monkeypatch.context() as m, torch.no_grad():
+            m.setattr(module.torch, "randn_like", lambda mean: noise)
+            expected = actor.get_action(torch.from_numpy(obs))
+        for name, value, want in zip(("action", "log_prob", "mean"), got, expected):
+            torch.testing.assert_close(torch.from_numpy(value), want, rtol=1e-5, atol=1e-5, msg=name)
+        with torch.no_grad():
+            actor.fc_mean.bias.add_(0.3)
+
+
 def test_functional_update_equals_module_update():
     """The CPU fast path (torch.func gradients, Adam written out) takes the module updates' steps with fused Adam."""
     module = load_script(TWIN)

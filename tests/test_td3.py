@@ -218,6 +218,27 @@ def test_policy_explores_within_bounds():
     assert wide.min() == -2 and wide.max() == 2  # clipped to the bounds, and most draws are clipped
 
 
+def test_host_policy_is_make_policy_in_numpy(monkeypatch):
+    """The CPU fast path's numpy policy draws its noise from numpy's generator seeded with `seed`; given the same
+    draws, `make_policy` gives the same actions (a small noise, and a wide one that the bounds clip), on the actor's
+    current weights (changed in place, as the fast path's Adam changes them)."""
+    module = load_script(TWIN)
+    actor = build_networks(module)[0]
+    obs = np.random.default_rng(0).standard_normal((64, N_OBS), dtype=np.float32)
+    for exploration_noise in (0.1, 10.0):
+        policy, draws = module.make_host_policy(actor, exploration_noise, seed=1), np.random.default_rng(1)
+        for _ in range(2):
+            actions = policy(obs)
+            noise = torch.from_numpy(draws.standard_normal((64, N_ACT), dtype=np.float32))
+            with monkeypatch.context() as m, torch.no_grad():
+                m.setattr(module.torch, "randn_like", lambda actions: noise)
+                expected = module.make_policy(actor, exploration_noise)(torch.from_numpy(obs))
+            torch.testing.assert_close(torch.from_numpy(actions), expected, rtol=1e-5, atol=1e-5)
+            with torch.no_grad():
+                actor.fc_mu.bias.add_(0.3)
+    assert actions.min() == -2 and actions.max() == 2  # the wide noise, clipped
+
+
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_negative_policy_noise_exits_2(script):
     assert_user_error(run_script(script, "--policy-noise", "-0.1", timeout=120), "--policy-noise")
