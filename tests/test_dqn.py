@@ -113,6 +113,28 @@ def test_host_policy_follows_schedule_with_one_coin(monkeypatch):
     assert all((policy(obs) == -1).all() for _ in range(300))  # 2,400 steps
 
 
+@pytest.mark.parametrize("host", [False, True], ids=["device", "host"])
+def test_replay_buffer_extends_wraps_around_and_samples_what_was_added(host):
+    """Transitions are the env's numpy arrays, written once per `train_frequency` iterations; `host`: the CPU fast
+    path, which writes them through numpy views of the buffer's tensors."""
+    mod = load_script("dqn_torchcompile")
+    rb = mod.ReplayBuffer(buffer_size=5, n_obs=1, device=torch.device("cpu"), host=host)
+    for write in range(3):  # 12 transitions through a buffer of 5, in writes of 2 steps of 2 envs
+        steps = [np.array([4.0 * write + 2 * i, 4.0 * write + 2 * i + 1]) for i in range(2)]
+        rb.extend(
+            [
+                {"obs": v[:, None], "next_obs": v[:, None] + 0.5, "actions": (v % 2).astype(np.int64), "rewards": v, "terminations": v > 10}
+                for v in steps
+            ]
+        )
+    assert (rb.size, rb.cursor) == (5, 2)
+    batch = rb.sample(200)
+    assert set(batch["rewards"].tolist()) == {7.0, 8.0, 9.0, 10.0, 11.0}
+    torch.testing.assert_close(batch["next_obs"][:, 0], batch["rewards"] + 0.5)
+    assert batch["actions"].dtype == torch.long and torch.equal(batch["actions"], batch["rewards"].long() % 2)
+    torch.testing.assert_close(batch["terminations"], (batch["rewards"] > 10).float())
+
+
 # --- the update: compiled == eager --------------------------------------------------------------------------
 
 
