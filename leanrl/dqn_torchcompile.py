@@ -9,12 +9,13 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
 
 What changes from dqn.py, all for speed: epsilon-greedy acting is one function on the device (the step it reads
 lives in a device tensor that the function advances in place, so the schedule moves without a host sync or a
-recompile); transitions are kept as the env's numpy arrays and written to a TensorDict buffer on the device once per
-`train_frequency` iterations, one conversion per field, instead of once per step; a fused Adam; the target update is one `lerp_` over the
-parameters' TensorDict; on the CPU one intra-op thread. `--compile` on CUDA wraps acting and the update in
-`torch.compile`; on a CPU it compiles the update written as a function of the parameters (`torch.func` gradients,
-Adam written out) as one graph and acts on the host, the eager twin's coin and the Q network in numpy (the
-device-side policy, compiled or not, was slower there): `cpu_fast_path` chooses.
+recompile); transitions are kept as the env's numpy arrays and written to a TensorDict buffer on the device once
+per `train_frequency` iterations, one conversion per field, instead of once per step; a fused Adam; the target
+update is one `lerp_` over the parameters' TensorDict; on the CPU one intra-op thread. `--compile` on CUDA wraps
+acting and the update in `torch.compile`; on a CPU it compiles the update written as a function of the parameters
+(`torch.func` gradients, Adam written out) as one graph and acts on the host, the eager twin's coin and the Q
+network in numpy, writing the buffer through numpy views (torch's batch-1 calls, compiled or not, were slower
+there): `cpu_fast_path` chooses.
 `--cudagraphs` wraps them in tensordict's `CudaGraphModule` (it needs a CUDA device).
 
 Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.

@@ -462,7 +462,8 @@ def make_host_policy(actor, seed):
         y_t = np.tanh(mean + np.exp(log_std) * noise)
         log_prob = -0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)
         log_prob -= np.log(action_scale * (1 - y_t**2) + 1e-6)
-        return y_t * action_scale + action_bias, log_prob.sum(-1, keepdims=True), np.tanh(mean) * action_scale + action_bias
+        action, mean = y_t * action_scale + action_bias, np.tanh(mean) * action_scale + action_bias
+        return action, log_prob.sum(-1, keepdims=True), mean
 
     return get_action
 

@@ -121,12 +121,8 @@ def test_replay_buffer_extends_wraps_around_and_samples_what_was_added(host):
     rb = mod.ReplayBuffer(buffer_size=5, n_obs=1, device=torch.device("cpu"), host=host)
     for write in range(3):  # 12 transitions through a buffer of 5, in writes of 2 steps of 2 envs
         steps = [np.array([4.0 * write + 2 * i, 4.0 * write + 2 * i + 1]) for i in range(2)]
-        rb.extend(
-            [
-                {"obs": v[:, None], "next_obs": v[:, None] + 0.5, "actions": (v % 2).astype(np.int64), "rewards": v, "terminations": v > 10}
-                for v in steps
-            ]
-        )
+        transitions = [dict(obs=v[:, None], next_obs=v[:, None] + 0.5, actions=v.astype(int) % 2) for v in steps]
+        rb.extend([t | dict(rewards=v, terminations=v > 10) for t, v in zip(transitions, steps)])
     assert (rb.size, rb.cursor) == (5, 2)
     batch = rb.sample(200)
     assert set(batch["rewards"].tolist()) == {7.0, 8.0, 9.0, 10.0, 11.0}

@@ -250,10 +250,7 @@ def test_learns_pendulum():
     updates are tested equal to the module ones above). 10,000 steps, 1,000 of them random: within the 15,000 the
     issue allows; ~85 s on a 2-core AVX2 EPYC (one thread), where seed 1 ends at -215 (the twin without
     `--compile`: -161). A random policy scores about -1200 on Pendulum-v1; a broken update stays below -600."""
-    result = summary(
-        run_script(
-            TWIN, "--compile", "--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1"
-        )
-    )
+    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1")
+    result = summary(run_script(TWIN, "--compile", *flags))
     assert result["episodes"] == 50
     assert result["return_mean"] > -300, result
