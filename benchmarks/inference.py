@@ -5,7 +5,8 @@ compiled, per batch size.
     python -m benchmarks.inference --quick      # a smoke run: batch 1 and 8, default mode, short blocks
 
 For each policy (benchmarks/policies.py) and batch size, the policy is built the way its script builds it and
-wrapped as: eager; `torch.compile` in each `--modes` mode; on a CUDA device, tensordict's `CudaGraphModule` and
+wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the script's numpy policy (`numpy`: what the
+MLP twins act with under `--compile` there); on a CUDA device, tensordict's `CudaGraphModule` and
 `CudaGraphModule(torch.compile(...))`. Each variant first runs its warm-up calls (compile, capture), timed on
 their own as `setup_s`. Then `--rounds` rounds each run one block of the same number of calls per variant, the
 order rotated every round, so that a noisy machine hits every variant alike. Every call is timed alone: with
@@ -74,12 +75,25 @@ def compiled(act, mode, backend, cuda):
     return step
 
 
-def make_variants(act, modes, backend, cuda):
-    """Eager, one compiled variant per mode and, with `cuda`, the two CudaGraphModule variants (tensordict's
-    documented usage: `warmup` calls on a side stream, then the capture, then replays into which each call's
-    input is copied)."""
+def numpy_policy(host):
+    """The script's numpy policy called as the torch ones are: a tensor in, tensors out (the CPU tensors and the
+    arrays share memory, so the conversions copy nothing)."""
+
+    def act(obs):
+        out = host(obs.numpy())
+        return tuple(map(torch.from_numpy, out)) if isinstance(out, tuple) else torch.from_numpy(out)
+
+    return act
+
+
+def make_variants(act, modes, backend, cuda, host=None):
+    """Eager, one compiled variant per mode, the script's numpy `host` policy if it has one (on a CPU) and, with
+    `cuda`, the two CudaGraphModule variants (tensordict's documented usage: `warmup` calls on a side stream, then
+    the capture, then replays into which each call's input is copied)."""
     variants = [Variant("eager", act, 1)]
     variants += [Variant(f"compile:{mode}", compiled(act, mode, backend, cuda), COMPILE_WARMUP) for mode in modes]
+    if host is not None:
+        variants.append(Variant("numpy", numpy_policy(host), 1))
     if cuda:
         variants.append(Variant("cudagraphs", CudaGraphModule(act, warmup=GRAPH_WARMUP), GRAPH_WARMUP + 2))
         graphed = CudaGraphModule(torch.compile(act, backend=backend), warmup=COMPILE_WARMUP)
@@ -219,7 +233,7 @@ def bench_unit(spec, script, batch, args, device):
     cuda = device.type == "cuda"
     built = spec.build(script, device)
     obs = spec.observe(batch, device, torch.Generator().manual_seed(args.seed))
-    variants = make_variants(built.act, args.modes, args.backend, cuda)
+    variants = make_variants(built.act, args.modes, args.backend, cuda, built.host)
     with torch.no_grad():
         setup = {v.name: warm_up(v, obs, cuda) for v in variants}
         before = check_equal(spec, variants, obs, args.rtol, args.atol)

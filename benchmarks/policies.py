@@ -23,10 +23,13 @@ ATARI_FRAMES, ATARI_ACT = (4, 84, 84), 4
 @dataclass(frozen=True)
 class Built:
     """A policy ready to time: `source` is the training module whose weights it reads, `act` the function the
-    script calls to act (on a weight-sharing copy of `source`, or on `source` itself)."""
+    script calls to act (on a weight-sharing copy of `source`, or on `source` itself), `host` the script's numpy
+    policy on views of `source`'s weights (`make_host_policy`, what `--compile` acts with on a CPU; None on CUDA
+    and for the Atari CNN), called with numpy arrays."""
 
     source: torch.nn.Module
     act: Callable
+    host: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ def build_ppo_continuous(script, device):
         agent.actor_logstd.fill_(-20.0)
     agent_inference = script.Agent(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return Built(agent, agent_inference.get_action_and_value)
+    host = script.make_host_policy(agent, seed=0)[0] if device.type == "cpu" else None
+    return Built(agent, agent_inference.get_action_and_value, host)
 
 
 def build_ppo_atari(script, device):
@@ -97,7 +101,8 @@ def build_sac(script, device):
     actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     from_module(actor).data.to_module(actor_detach)
-    return Built(actor, actor_detach.get_action)
+    host = script.make_host_policy(actor, seed=0) if device.type == "cpu" else None
+    return Built(actor, actor_detach.get_action, host)
 
 
 def build_td3(script, device):
@@ -107,7 +112,8 @@ def build_td3(script, device):
     actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     from_module(actor).data.to_module(actor_detach)
-    return Built(actor, script.make_policy(actor_detach, 0.0))
+    host = script.make_host_policy(actor, 0.0, seed=0) if device.type == "cpu" else None
+    return Built(actor, script.make_policy(actor_detach, 0.0), host)
 
 
 def build_dqn(script, device):
@@ -115,7 +121,8 @@ def build_dqn(script, device):
     coins are still drawn), a greedy, deterministic action. The duration is the default's, 0.5 x 500k steps."""
     q_network = script.QNetwork(CARTPOLE_OBS, CARTPOLE_ACT, device=device)
     global_step = torch.zeros((), dtype=torch.long, device=device)
-    return Built(q_network, script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0))
+    host = script.make_host_policy(q_network, CARTPOLE_ACT, 0.0, 0.0, 250_000.0) if device.type == "cpu" else None
+    return Built(q_network, script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0), host)
 
 
 def negate_output_layer(q_network):

@@ -35,7 +35,7 @@ def test_quick_run_writes_json_table_and_plot(tmp_path):
     (json_path,), (md_path,), (png_path,) = (sorted(tmp_path.glob(f"*.{ext}")) for ext in ("json", "md", "png"))
     result = json.loads(json_path.read_text())
     rows = result["rows"]
-    expected = [(1, "eager"), (1, "compile:default"), (8, "eager"), (8, "compile:default")]
+    expected = [(b, v) for b in (1, 8) for v in ("eager", "compile:default", "numpy")]  # numpy: the twin's CPU policy
     assert [(r["batch"], r["variant"]) for r in rows] == expected
     for r in rows:
         assert r["check_equal"]["ok"] and r["check_after_update"]["ok"] and r["check_after_update"]["changed"]
@@ -43,14 +43,14 @@ def test_quick_run_writes_json_table_and_plot(tmp_path):
         assert r["samples_per_s"] == pytest.approx(r["calls_per_s"] * r["batch"])
         assert r["threads"] == 1  # the DQN twin's single intra-op thread on a CPU
     assert [r["speedup_pct"] for r in rows if r["variant"] == "eager"] == [0.0, 0.0]
-    assert result["rows"][1]["setup_s"] > 0 and result["settings"]["modes"] == ["default"]
+    assert rows[1]["setup_s"] > 0 and result["settings"]["modes"] == ["default"]
     reasons = {s["reason"] for s in result["skipped"]}
     assert reasons == {"cudagraphs needs a CUDA device", "compile+cudagraphs needs a CUDA device"}
     table = md_path.read_text()
     assert "| policy | batch | variant | median µs |" in table and "| dqn | 8 | compile:default |" in table
-    eager_8 = rows[2]
+    eager_8, compiled_8, numpy_8 = rows[3:]
     summary_line = f"| dqn | 8 | {eager_8['median_us']:.0f} ({eager_8['p10_us']:.0f}-{eager_8['p90_us']:.0f}) | "
-    assert summary_line + f"{rows[3]['speedup_pct']:+.0f}% |" in table.splitlines()
+    assert summary_line + f"{compiled_8['speedup_pct']:+.0f}% | {numpy_8['speedup_pct']:+.0f}% |" in table.splitlines()
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -65,6 +65,9 @@ def test_compiled_policy_follows_weights_and_stale_copy_fails(name):
         inference.Variant("stale", stale.act, 1),
         inference.Variant("stale compiled", torch.compile(stale.act, backend="aot_eager"), 2),
     ]
+    if built.host is not None:  # the numpy policy of the CPU fast path, on views of the same weights
+        variants += [inference.Variant("numpy", inference.numpy_policy(built.host), 1)]
+        variants += [inference.Variant("stale numpy", inference.numpy_policy(stale.host), 1)]
     obs = spec.observe(2, torch.device("cpu"), torch.Generator().manual_seed(0))
     with torch.no_grad():
         for variant in variants:
@@ -73,7 +76,8 @@ def test_compiled_policy_follows_weights_and_stale_copy_fails(name):
         after = inference.check_after_update(spec, built.source, variants, obs, before, rtol=1e-3, atol=1e-4)
     assert all(check["ok"] for check in before.values())  # equal weights: every variant agrees with eager
     assert after["eager"]["changed"] and after["compiled"]["ok"]
-    for stale_name in ("stale", "stale compiled"):
+    assert (built.host is None) == (name == "ppo_atari") and (name == "ppo_atari" or after["numpy"]["ok"])
+    for stale_name in [v.name for v in variants if v.name.startswith("stale")]:
         assert not after[stale_name]["ok"], f"{name}: a policy acting on a copy of the weights passed the check"
         assert not after[stale_name]["changed"]
 
@@ -83,7 +87,7 @@ def test_benchmark_exits_1_and_marks_stale_when_the_update_does_not_reach_the_po
     argv = ["--policies", "dqn", "--batch-sizes", "2", "--modes", "default", "--backend", "aot_eager", *TINY]
     assert inference.main([*argv, "--out", str(tmp_path)]) == 1
     rows = json.loads(next(tmp_path.glob("*.json")).read_text())["rows"]
-    assert [r["check_after_update"]["changed"] for r in rows] == [False, False]
+    assert [r["check_after_update"]["changed"] for r in rows] == [False, False, False]
     assert "| STALE |" in next(tmp_path.glob("*.md")).read_text()
 
 
