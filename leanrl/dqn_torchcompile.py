@@ -246,13 +246,13 @@ class ReplayBuffer:
         not one per step."""
         n = sum(len(t["obs"]) for t in transitions)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        device_idx = None if self.views is not None else torch.as_tensor(idx, device=self.device)
         for key, column in self.storage.items():
             values = np.concatenate([t[key] for t in transitions])
             if self.views is not None:
                 self.views[key][idx] = values
             else:
-                values = torch.as_tensor(values, dtype=column.dtype).to(self.device, non_blocking=True)
-                column[torch.as_tensor(idx, device=self.device)] = values
+                column[device_idx] = torch.as_tensor(values, dtype=column.dtype).to(self.device, non_blocking=True)
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 

@@ -76,7 +76,10 @@ def test_compiled_policy_follows_weights_and_stale_copy_fails(name):
         after = inference.check_after_update(spec, built.source, variants, obs, before, rtol=1e-3, atol=1e-4)
     assert all(check["ok"] for check in before.values())  # equal weights: every variant agrees with eager
     assert after["eager"]["changed"] and after["compiled"]["ok"]
-    assert (built.host is None) == (name == "ppo_atari") and (name == "ppo_atari" or after["numpy"]["ok"])
+    if name == "ppo_atari":
+        assert built.host is None  # the CNN acts with torch on every device
+    else:
+        assert after["numpy"]["ok"] and after["numpy"]["changed"]
     for stale_name in [v.name for v in variants if v.name.startswith("stale")]:
         assert not after[stale_name]["ok"], f"{name}: a policy acting on a copy of the weights passed the check"
         assert not after[stale_name]["changed"]
