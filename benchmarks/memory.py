@@ -9,10 +9,10 @@ Variants, each the sequence model of a script (torso, recurrence over T steps wi
 the steps, the layers after it), forward then backward to its parameters, 128 hidden units, one intra-op thread as
 the scripts use on a CPU:
 - `lstm-loop`: ppo_lstm.py's LSTM, its state multiplied by (1 - done) inside a Python loop over time;
-- `lru-loop`: ppo_lru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a Python loop;
-- `lru-scan`: ppo_lru_torchcompile.py's minGRU, the same recurrence as its associative scan, eager;
-- `lru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes, compiled per cell).
-Before timing, each minGRU variant's features and gradients must equal `lru-loop`'s: per tensor,
+- `mingru-loop`: ppo_mingru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a Python loop;
+- `mingru-scan`: ppo_mingru_torchcompile.py's minGRU, the same recurrence as its associative scan, eager;
+- `mingru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes, compiled per cell).
+Before timing, each minGRU variant's features and gradients must equal `mingru-loop`'s: per tensor,
 max |a - b| <= atol + rtol max |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block of calls
 per variant, the order rotated every round; a recompilation while timing is an error.
 
@@ -49,7 +49,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}
 QUICK = {"steps": [8, 16], "batch_sizes": [2], "rounds": 2, "block_ms": 5.0}
 HIDDEN, N_OBS, START_PROB = 128, 2, 0.05
-LEARNING = (("lstm", "ppo_lstm", ()), ("lru", "ppo_lru", ()), ("lru-no-memory", "ppo_lru", ("--no-memory",)))
+LEARNING = (("lstm", "ppo_lstm", ()), ("mingru", "ppo_mingru", ()), ("mingru-no-memory", "ppo_mingru", ("--no-memory",)))
 
 
 # ---- the scan candidates, on bare tensors: each maps (a, b, h0) to the states h_1..h_T ----
@@ -124,23 +124,23 @@ def model_variant(name, agent, get_states, state, obs, done, width, seed):
 
 
 def model_variants(scripts, steps, batch, seed, device, backend):
-    """The four variants at one (T, batch): the LSTM from ppo_lstm.py, the minGRU of ppo_lru.py and of its twin with
+    """The four variants at one (T, batch): the LSTM from ppo_lstm.py, the minGRU of ppo_mingru.py and of its twin with
     the same weights."""
     obs, done = sequence_inputs(steps, batch, seed, device)
     torch.manual_seed(seed)
     lstm = scripts["ppo_lstm"].Agent(N_OBS, 2, HIDDEN, device=device)
-    lru = scripts["ppo_lru"].Agent(N_OBS, 2, HIDDEN, device=device)
-    twin = scripts["ppo_lru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
-    twin.load_state_dict(lru.state_dict())
+    mingru = scripts["ppo_mingru"].Agent(N_OBS, 2, HIDDEN, device=device)
+    twin = scripts["ppo_mingru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
+    twin.load_state_dict(mingru.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
-    state = torch.randn(2, batch, lru.state_size, generator=g).to(device)  # two layers: h and the token shift's input
+    state = torch.randn(2, batch, mingru.state_size, generator=g).to(device)  # two layers: h and the token shift's input
     lstm_state = (torch.randn(batch, HIDDEN, generator=g).to(device), torch.randn(batch, HIDDEN, generator=g).to(device))
     compiled = torch.compile(twin.get_states, backend=backend)
     return [
         model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),  # the LSTM's outputs
-        model_variant("lru-loop", lru, lru.get_states, state, obs, done, lru.width, seed),  # the tanh layer after the minGRU
-        model_variant("lru-scan", twin, twin.get_states, state, obs, done, lru.width, seed),
-        model_variant("lru-scan-compiled", twin, compiled, state, obs, done, lru.width, seed),
+        model_variant("mingru-loop", mingru, mingru.get_states, state, obs, done, mingru.width, seed),  # the tanh layer after the minGRU
+        model_variant("mingru-scan", twin, twin.get_states, state, obs, done, mingru.width, seed),
+        model_variant("mingru-scan-compiled", twin, compiled, state, obs, done, mingru.width, seed),
     ]
 
 
@@ -155,7 +155,7 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
     h0 = torch.rand(batch, HIDDEN, generator=g).to(device).requires_grad_()
     weights = torch.randn(steps, batch, HIDDEN, generator=g).to(device)
     variants = []
-    loop, chunked = scripts["ppo_lru"].linear_recurrence, scripts["ppo_lru_torchcompile"].linear_recurrence
+    loop, chunked = scripts["ppo_mingru"].linear_recurrence, scripts["ppo_mingru_torchcompile"].linear_recurrence
     for name, (scan, compiles) in candidates(loop, chunked).items():
         for fn, label in [(scan, name)] + ([(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []):
             def forward_backward(_, fn=fn):
@@ -209,7 +209,7 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
             k = r % len(variants)
             for v in variants[k:] + variants[:k]:
                 latencies[v.name] += time_block(v.fn, None, calls[v.name], cuda)
-    base = "lru-loop" if "lru-loop" in latencies else "loop"
+    base = "mingru-loop" if "mingru-loop" in latencies else "loop"
     rows = []
     for v in variants:
         quantiles = statistics.quantiles(latencies[v.name], n=10, method="inclusive")
@@ -234,7 +234,7 @@ def run_grid(kind, scripts, args, device):
             note(f"{kind}: T {steps} batch {batch}")
             torch._dynamo.reset()
             variants = build(scripts, steps, batch, args.seed, device, args.backend)
-            reference = next(v for v in variants if v.name in ("lru-loop", "loop"))
+            reference = next(v for v in variants if v.name in ("mingru-loop", "loop"))
             rows += bench_cell(variants, reference, steps, batch, args, device.type == "cuda", fatal=kind == "models")
     return rows
 
@@ -310,7 +310,7 @@ def markdown(result):
              ""]
     if result["models"]:
         lines += cell_table(result["models"], "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up "
-                            "over lru-loop)") + [""]
+                            "over mingru-loop)") + [""]
     if result["candidates"]:
         lines += cell_table(result["candidates"], "Scan candidates on bare a, b (forward + backward), ms: median "
                             "[p10-p90] (speed-up over the loop)") + [""]
@@ -385,7 +385,7 @@ def main(argv=None):
     device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    scripts = {name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_lru", "ppo_lru_torchcompile")}
+    scripts = {name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")}
     started = datetime.now().isoformat(timespec="seconds")
     result = {
         "machine": machine_info(), "device": str(device), "started": started,

@@ -73,8 +73,8 @@ ALGOS = (
         full=("--total-timesteps", "200000"),
     ),
     Algo(
-        "ppo_lru",
-        "ppo_lru",
+        "ppo_mingru",
+        "ppo_mingru",
         quick=("--total-timesteps", "10240", "--measure-burnin", "2"),  # 10 iterations, velocity-hidden CartPole-v1
         full=("--total-timesteps", "200000"),
     ),

@@ -13,8 +13,8 @@ from test_dqn import make_batch as dqn_batch
 from test_ppo_atari_envpool import make_minibatch as atari_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
 from test_ppo_lstm import make_minibatch as lstm_minibatch
-from test_ppo_lru import STATE_SIZE as LRU_STATE_SIZE
-from test_ppo_lru import make_minibatch as lru_minibatch
+from test_ppo_mingru import STATE_SIZE as MINGRU_STATE_SIZE
+from test_ppo_mingru import make_minibatch as mingru_minibatch
 from test_sac import make_batch as sac_batch
 from test_td3 import N_ACT as TD3_ACT
 from test_td3 import N_OBS as TD3_OBS
@@ -57,10 +57,10 @@ def build_ppo_lstm(module, args):
     return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lstm_minibatch(0))}
 
 
-def build_ppo_lru(module, args):
+def build_ppo_mingru(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
-    obs = lambda: (torch.randn(1, 4, 2), torch.randn(2, 4, LRU_STATE_SIZE), torch.ones(1, 4))  # noqa: E731
-    return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lru_minibatch(0))}
+    obs = lambda: (torch.randn(1, 4, 2), torch.randn(2, 4, MINGRU_STATE_SIZE), torch.ones(1, 4))  # noqa: E731
+    return [optimizer], {"policy": (policy, obs), "update": (update, lambda: mingru_minibatch(0))}
 
 
 def build_ppo_atari(module, args):
@@ -78,7 +78,7 @@ TWINS = {
     "ppo_continuous_action_distributed": (build_ppo, ("policy",)),  # one process: --cudagraphs as in its twin
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),
-    "ppo_lru_torchcompile": (build_ppo_lru, ("policy",)),
+    "ppo_mingru_torchcompile": (build_ppo_mingru, ("policy",)),
 }
 
 

@@ -24,7 +24,7 @@ BUDGETS = {
     "dqn": ("--total-timesteps", "1500", "--learning-starts", "1000"),
     "ppo_continuous_action": PPO_SMOKE,
     "ppo_lstm": PPO_LSTM_SMOKE,
-    "ppo_lru": PPO_LSTM_SMOKE,
+    "ppo_mingru": PPO_LSTM_SMOKE,
     "ppo_atari_envpool": ("--total-timesteps", "512", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"),
 }
 ENV_FLAGS = {"sac_continuous_action": SAC_SMOKE[:2], "td3_continuous_action": SAC_SMOKE[:2],

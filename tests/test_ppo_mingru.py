@@ -23,7 +23,7 @@ from test_ppo_lstm import make_minibatch as lstm_minibatch
 
 from benchmarks import memory
 
-EAGER, TWIN = "ppo_lru", "ppo_lru_torchcompile"
+EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
 
 STATE_SIZE = 256  # per layer: the minGRU state h (128) and the layer's last input (128), the token shift's
@@ -187,7 +187,7 @@ def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
     assert memory.main(["--quick", "--candidates", "--backend", "aot_eager", "--out", str(tmp_path)]) == 0
     result = json.loads(next(tmp_path.glob("memory-*.json")).read_text())
     cells = {(2, 8), (2, 16)}
-    models = {"lstm-loop", "lru-loop", "lru-scan", "lru-scan-compiled"}
+    models = {"lstm-loop", "mingru-loop", "mingru-scan", "mingru-scan-compiled"}
     assert {(r["batch"], r["steps"], r["variant"]) for r in result["models"]} == {(*c, v) for c in cells for v in models}
     assert all(r["check"]["ok"] and r["check"]["diff"] < 1e-5 for r in result["models"] if r["variant"] != "lstm-loop")
     assert all(r["check"] is None for r in result["models"] if r["variant"] == "lstm-loop")  # another model
@@ -204,7 +204,7 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
     before any timing: exit status 1 and a line naming the variant."""
     scripts = tmp_path / "scripts"
     scripts.mkdir()
-    for name in ("ppo_lstm", "ppo_lru"):
+    for name in ("ppo_lstm", "ppo_mingru"):
         shutil.copy(ROOT / "leanrl" / f"{name}.py", scripts)
     source = (ROOT / "leanrl" / f"{TWIN}.py").read_text()
     assert source.count("entering, entering_states = h0, []") == 1
@@ -213,7 +213,7 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
     with pytest.raises(SystemExit) as stopped:
         memory.main(["--quick", "--backend", "aot_eager", "--scripts-dir", str(scripts), "--out", str(tmp_path)])
     assert stopped.value.code == 1
-    assert "check failed: T 8 batch 2 lru-scan:" in capsys.readouterr().err
+    assert "check failed: T 8 batch 2 mingru-scan:" in capsys.readouterr().err
     assert not list(tmp_path.glob("memory-*.json"))
 
 

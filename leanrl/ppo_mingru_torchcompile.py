@@ -1,18 +1,28 @@
-"""Recurrent PPO with linear recurrent memory (a minGRU policy) for discrete actions, the eager reference.
+"""Recurrent PPO with linear recurrent memory (a minGRU policy) for discrete actions, optimized: the twin of
+ppo_mingru.py.
 
 Paper: https://arxiv.org/abs/1707.06347 (PPO), https://arxiv.org/abs/2410.01201 (minGRU); the agent and its update
 are ppo_lstm.py's with the LSTM replaced by two minGRU layers. Defaults, as ppo_lstm.py's: CartPole-v1 with the two
 velocities hidden (`--obs-indices 0 2`), 200k steps, 8 envs, 32 steps per rollout, 2 minibatches of 4 whole env
 sequences, 10 epochs, learning rate 1e-3, clip 0.2, no entropy bonus.
 
-    python leanrl/ppo_lru.py                                       # velocity-hidden CartPole: memory at work
-    python leanrl/ppo_lru.py --no-memory                           # the same network without memory: it plateaus lower
-    python leanrl/ppo_lru.py --obs-indices --total-timesteps 50000 # the full observation
+    python leanrl/ppo_mingru_torchcompile.py --compile               # on a CPU
+    python leanrl/ppo_mingru_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
+    python leanrl/ppo_mingru_torchcompile.py --compile --no-memory   # the same network without memory: it plateaus lower
 
-Plain PyTorch, no tensordict: the readable twin of ppo_lru_torchcompile.py, written in the same shape so that
-`diff` shows only what buys speed. The update runs the recurrence over each sequence with a Python loop over time;
-the twin runs it as an associative scan. On a small or shared CPU run it with `OMP_NUM_THREADS=1` (the twin sets one
-thread itself): its ops are tiny.
+Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
+- the update runs the recurrence over each sequence as an associative scan, resets folded into its operator
+  (`linear_recurrence`): about 2 sqrt(T) vectorized steps instead of the eager twin's T-step Python loop;
+- the rollout is one TensorDict preallocated on the device; a minibatch of env sequences is one indexing call;
+- acting uses a copy of the agent that shares its weights but carries no autograd state;
+- the categorical's sampling (Gumbel-max), log-probability and entropy are written out;
+- GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a Python loop;
+- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU,
+  one intra-op thread;
+- `--compile` compiles acting, GAE and the whole sequence loss, forward and backward, scan included; the clip and
+  the fused Adam step stay eager;
+- `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
+  and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
 
 Why memory: CartPole's observation is the cart's position and velocity and the pole's angle and angular velocity.
 With all four a feedforward policy balances the pole. Keeping only the positions (entries 0 and 2) leaves a
@@ -54,12 +64,13 @@ import torch
 import torch.nn as nn
 import tqdm
 import tyro
-from torch.distributions.categorical import Categorical
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
 
 
 @dataclass
 class Args:
-    exp_name: str = "ppo_lru"
+    exp_name: str = "ppo_mingru_torchcompile"
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -124,6 +135,11 @@ class Args:
     target_kl: float | None = None
     """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
 
+    compile: bool = False
+    """compile acting, GAE and the update's sequence loss with `torch.compile`"""
+    cudagraphs: bool = False
+    """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
+
 
 def fail(message):
     """A user error: one line on stderr and exit status 2, before any training."""
@@ -145,6 +161,8 @@ def check_args(args):
         fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
     if args.eval_episodes < 0:
         fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
     if args.eval_model and args.eval_episodes == 0:
@@ -263,12 +281,37 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 def linear_recurrence(a, b, h0):
     """h_t = a_t * h_{t-1} + b_t for t = 1..T from the state h0 [B, H]; `a` and `b` are [T, B, H], the states
-    [T, B, H] come back. A Python loop over time: T small steps forward, T more in the backward pass."""
-    h, states = h0, []
-    for a_t, b_t in zip(a, b):
-        h = a_t * h + b_t
-        states.append(h)
-    return torch.stack(states)
+    [T, B, H] come back. An associative scan instead of the eager twin's T-step loop.
+
+    A step is the pair (a_t, b_t), the map h -> a_t * h + b_t. Two steps compose into one, (a1, b1) o (a2, b2) =
+    (a1 * a2, a2 * b1 + b2), and the composition is associative, so the steps can be grouped in any order. An
+    episode start has a_t = 0: the composition through it drops everything before, so resets need nothing more.
+    The grouping here is a chunked scan: the sequence is cut into chunks of about sqrt(T) steps; (1) each chunk is
+    composed from a zero state, all chunks at once, giving its states from a zero start and the products of its
+    a's; (2) the chunks are composed in order, giving the state entering each chunk; (3) h_t = chunk state +
+    product of a's * entering state, for all t at once. About 2 sqrt(T) vectorized steps instead of T, and about
+    2T work (a log-depth scan does T log T). The choice, measured by `benchmarks/memory.py --candidates` on a CPU
+    (the only device measured): the one scan ahead of the loop, eager at batch 8 and compiled at batch 8 and 64,
+    where Hillis-Steele, torch's prototype associative_scan and the log-space cumsums all lost."""
+    steps = a.shape[0]
+    chunk = min(c for c in range(1, steps + 1) if steps % c == 0 and c * c >= steps)  # a divisor: no padding
+    a_chunks, b_chunks = a.unflatten(0, (steps // chunk, chunk)), b.unflatten(0, (steps // chunk, chunk))
+    # (1) [num_chunks, B, H] at a time: h is each chunk's state from a zero start, decay the product of its a's
+    h, decay = torch.zeros_like(b_chunks[:, 0]), torch.ones_like(a_chunks[:, 0])
+    chunk_states, decays = [], []
+    # unbind, not indexing: its backward is one stack, where each index's backward would zero-fill a whole copy
+    for a_i, b_i in zip(a_chunks.unbind(1), b_chunks.unbind(1)):
+        h, decay = a_i * h + b_i, a_i * decay
+        chunk_states.append(h)
+        decays.append(decay)
+    # (2) the state entering each chunk: the same recurrence, one step per chunk
+    entering, entering_states = h0, []
+    for decay_j, h_j in zip(decay.unbind(0), h.unbind(0)):
+        entering_states.append(entering)
+        entering = decay_j * entering + h_j
+    # (3) every state at once
+    states = torch.stack(chunk_states, 1) + torch.stack(decays, 1) * torch.stack(entering_states)[:, None]
+    return states.flatten(0, 1)
 
 
 def token_shift(x, last_input, done):
@@ -345,10 +388,15 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, rnn_state, done, action=None):
         hidden, rnn_state = self.get_states(x, rnn_state, done)
         logits = self.actor(hidden)
-        probs = Categorical(logits=logits)
+        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out; sampling by the
+        # Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as softmax(logits)
+        log_probs = logits.log_softmax(-1)
         if action is None:
-            action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden), rnn_state
+            gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
+            action = (log_probs + gumbel).argmax(-1)
+        log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, log_prob, entropy, self.critic(hidden), rnn_state
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
@@ -364,18 +412,23 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + gamma * lambda * A_{t+1}, stopped at the end of an episode
-    advantages = torch.zeros_like(values)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(len(values))):
-        lastgaelam = deltas[t] + gamma * gae_lambda * (1 - dones[t]) * lastgaelam
-        advantages[t] = lastgaelam
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
+    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
+    # num_steps-long loop. The same sums, added in another order.
+    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
+    shift = 1
+    while shift < len(values):
+        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
+        shift *= 2
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args):
-    """One clipped-surrogate gradient step on a minibatch of whole sequences (a dict of [num_steps, envs] tensors)
-    replayed from the recurrent state `rnn_state` the rollout started with; returns its statistics."""
+def make_update(agent, optimizer, args, compile_loss=False):
+    """One clipped-surrogate gradient step on a minibatch of whole sequences (a TensorDict [num_steps, envs])
+    replayed from the recurrent state `rnn_state` the rollout started with; returns its statistics.
+    `compile_loss`: compile the forward and backward of the sequence loss; the clip and the Adam step stay eager."""
 
     def loss_fn(mb, rnn_state):
         _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(mb["obs"], rnn_state, mb["dones"], mb["actions"])
@@ -411,6 +464,9 @@ def make_update(agent, optimizer, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
+    if compile_loss:
+        loss_fn = torch.compile(loss_fn, fullgraph=True)
+
     def update(mb, rnn_state):
         optimizer.zero_grad()
         loss, stats = loss_fn(mb, rnn_state)
@@ -422,14 +478,33 @@ def make_update(agent, optimizer, args):
     return update
 
 
+def adam_options(cudagraphs):
+    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
+    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
+    the step of an optimizer that is not."""
+    return {"fused": True, "capturable": cudagraphs}
+
+
+def cuda_graph(fn, compiled):
+    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
+    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
+    it has compiled for the optimizers' created state before the recording."""
+    return CudaGraphModule(fn, warmup=3 if compiled else 2)
+
+
 def make_learner(args, n_obs, n_act, device):
     """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
     Returns the agent, the optimizer and the functions (policy, get_value, update)."""
     agent = Agent(n_obs, n_act, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    update = make_update(agent, optimizer, args)
-    policy = agent.get_action_and_value
-    get_value = agent.get_value
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
+    update = make_update(agent, optimizer, args, compile_loss=args.compile)
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    agent_inference = Agent(n_obs, n_act, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    policy = agent_inference.get_action_and_value
+    get_value = agent_inference.get_value
     return agent, optimizer, (policy, get_value, update)
 
 
@@ -523,7 +598,7 @@ def load_model(path, script, args):
 
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "ppo_lru", args) if args.eval_model else None
+    saved_model = load_model(args.eval_model, "ppo_mingru_torchcompile", args) if args.eval_model else None
     envs_per_batch = args.num_envs // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -544,6 +619,10 @@ def main(args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        # every op here is tiny (8-env acting, 2-env sequences in the update): waking a second thread costs more
+        # than it saves, and on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
+        torch.set_num_threads(1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
@@ -552,9 +631,16 @@ def main(args):
         agent.load_state_dict(saved_model["agent"])
         obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
     compute_gae = gae
+    if args.compile:
+        # GAE is one small graph per rollout; `make_update` compiles the sequence loss (the Adam step stays eager)
+        compute_gae = torch.compile(gae, fullgraph=True)
+        policy = torch.compile(policy)
+    if args.cudagraphs:
+        policy = cuda_graph(policy, args.compile)
+        update = cuda_graph(update, args.compile)
 
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
-    rollout = dict(
+    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    rollout = TensorDict(
         obs=torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
         actions=torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device),
         logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
@@ -564,6 +650,8 @@ def main(args):
         terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
         truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
         final_values=torch.zeros(args.num_steps, args.num_envs, device=device),
+        batch_size=[args.num_steps, args.num_envs],
+        device=device,
     )
 
     next_obs, _ = envs.reset(seed=args.seed)
@@ -587,7 +675,7 @@ def main(args):
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
 
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -628,7 +716,7 @@ def main(args):
         )
 
         # the batch stays [num_steps, num_envs]: a minibatch is the whole sequences of some envs
-        b = {key: rollout[key] for key in ("obs", "actions", "logprobs", "values", "dones")}
+        b = rollout.select("obs", "actions", "logprobs", "values", "dones")
         b["advantages"], b["returns"] = advantages, returns
 
         # Optimizing the policy and value network
@@ -636,7 +724,7 @@ def main(args):
             b_envs = torch.randperm(args.num_envs, device=device).split(envs_per_batch)
             for mb_envs in b_envs:
                 mb_rnn_state = initial_rnn_state[:, mb_envs]
-                stats = update({key: value[:, mb_envs] for key, value in b.items()}, mb_rnn_state)
+                stats = update(b[:, mb_envs], mb_rnn_state)
             if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
                 break
 
@@ -655,9 +743,9 @@ def main(args):
             break
 
     end_time = time.time()
-    model_file = os.path.join(run_dir, "ppo_lru.pt")
+    model_file = os.path.join(run_dir, "ppo_mingru_torchcompile.pt")
     if args.save_model:
-        save_model(model_file, "ppo_lru", args, {"agent": agent.state_dict(), "obs_rms": obs_rms_of(envs)})
+        save_model(model_file, "ppo_mingru_torchcompile", args, {"agent": agent.state_dict(), "obs_rms": obs_rms_of(envs)})
     eval_returns = []
     if args.eval_episodes:  # the most likely action, with memory
         eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, args.eval_episodes)
@@ -666,12 +754,12 @@ def main(args):
         eval_envs.close()
     steps = global_step
     summary = {
-        "script": "ppo_lru",
+        "script": "ppo_mingru_torchcompile",
         "env_id": args.env_id,
         "seed": args.seed,
         "device": str(device),
-        "compile": False,
-        "cudagraphs": False,
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
         "num_envs": args.num_envs,
         "total_timesteps": steps,
         "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
