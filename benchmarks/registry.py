@@ -1,7 +1,8 @@
 """What the harness benchmarks: one `Algo` line per algorithm, and the variants every algorithm runs in.
 
-Adding an algorithm is one line in `ALGOS`. Its scripts are `leanrl/<eager>.py` and
-`leanrl/<eager>_torchcompile.py`; an entry whose scripts are not on disk is skipped with a note.
+Adding an algorithm is one line in `ALGOS`. Its scripts are `leanrl/<eager>.py`, `leanrl/<eager>_torchcompile.py`
+and, for the algorithms with a CPU script (`cpu=True`), `leanrl/<eager>_cpu.py`; an entry whose scripts are not on
+disk is skipped with a note.
 """
 
 from dataclasses import dataclass, field
@@ -9,10 +10,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running an algorithm: which twin, with which flags, and whether it needs CUDA."""
+    """One way of running an algorithm: which of its scripts (the eager one's name + `suffix`), with which flags,
+    and whether it needs CUDA."""
 
     name: str
-    twin: bool
+    suffix: str
     flags: tuple[str, ...] = ()
     needs_cuda: bool = False
 
@@ -21,7 +23,8 @@ class Variant:
 class Algo:
     """An algorithm: its eager script's stem and the flags of every run under each budget.
 
-    `variant_flags` maps a variant's name to flags added to that variant only (e.g. best CPU settings).
+    `variant_flags` maps a variant's name to flags added to that variant only (e.g. best CPU settings); `cpu`: the
+    algorithm has a CPU script, `<eager>_cpu.py`, which the `cpu` variant runs.
     """
 
     name: str
@@ -29,19 +32,30 @@ class Algo:
     quick: tuple[str, ...]
     full: tuple[str, ...]
     variant_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    cpu: bool = False
 
     @property
     def twin(self):
         """The optimized twin's stem."""
         return f"{self.eager}_torchcompile"
 
+    def script(self, variant):
+        """The stem of the script `variant` runs."""
+        return f"{self.eager}{variant.suffix}"
 
+    def runs(self, variant):
+        """Whether `variant` is one of this algorithm's (the `cpu` variant only where there is a CPU script)."""
+        return self.cpu or variant.suffix != CPU_SUFFIX
+
+
+CPU_SUFFIX = "_cpu"
 VARIANTS = (
-    Variant("eager", twin=False),
-    Variant("torchcompile", twin=True),
-    Variant("compile", twin=True, flags=("--compile",)),
-    Variant("cudagraphs", twin=True, flags=("--cudagraphs",), needs_cuda=True),
-    Variant("compile+cudagraphs", twin=True, flags=("--compile", "--cudagraphs"), needs_cuda=True),
+    Variant("eager", suffix=""),
+    Variant("torchcompile", suffix="_torchcompile"),
+    Variant("compile", suffix="_torchcompile", flags=("--compile",)),
+    Variant("cudagraphs", suffix="_torchcompile", flags=("--cudagraphs",), needs_cuda=True),
+    Variant("compile+cudagraphs", suffix="_torchcompile", flags=("--compile", "--cudagraphs"), needs_cuda=True),
+    Variant("cpu", suffix=CPU_SUFFIX),
 )
 
 ALGOS = (
@@ -51,20 +65,23 @@ ALGOS = (
         quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "1500", "--learning-starts", "1000",
                "--measure-burnin", "50"),
         full=("--total-timesteps", "30000"),
+        cpu=True,
     ),
-    Algo("dqn", "dqn", quick=("--total-timesteps", "20000"), full=("--total-timesteps", "100000")),
+    Algo("dqn", "dqn", quick=("--total-timesteps", "20000"), full=("--total-timesteps", "100000"), cpu=True),
     Algo(
         "td3",
         "td3_continuous_action",
         quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "1500", "--learning-starts", "1000",
                "--measure-burnin", "50"),
         full=("--total-timesteps", "30000", "--learning-starts", "5000"),
+        cpu=True,
     ),
     Algo(
         "ppo_continuous_action",
         "ppo_continuous_action",
         quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "10240", "--measure-burnin", "2"),  # 5 iterations
         full=("--total-timesteps", "204800"),
+        cpu=True,
     ),
     Algo(
         "ppo_lstm",

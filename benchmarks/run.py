@@ -1,6 +1,6 @@
 """Benchmark the twins side by side: each algorithm's variants run in turn (A B C A B C ...), `--repeats` times.
 
-    python -m benchmarks.run --quick                             # every algorithm, seeds 1 2: ~11 min on 2 CPU cores
+    python -m benchmarks.run --quick                             # every algorithm, seeds 1 2: ~15 min on 2 CPU cores
     python -m benchmarks.run --algos sac --repeats 3 --quick     # one algorithm, seeds 1 2 3
     python -m benchmarks.run --repeats 5                         # every registered algorithm, full budget
 
@@ -41,8 +41,9 @@ def note(message):
 
 
 def missing_scripts(algo, scripts_dir):
-    """The paths of `algo`'s two scripts that are not in `scripts_dir`."""
-    paths = [scripts_dir / f"{stem}.py" for stem in (algo.eager, algo.twin)]
+    """The paths of `algo`'s scripts (eager, twin, and CPU where it has one) that are not in `scripts_dir`."""
+    stems = {algo.script(variant) for variant in VARIANTS if algo.runs(variant)}
+    paths = [scripts_dir / f"{stem}.py" for stem in sorted(stems)]
     return [path for path in paths if not path.exists()]
 
 
@@ -66,9 +67,15 @@ def round_seeds(repeats, seeds):
 def plan(algos, seeds, cuda, variants=VARIANTS):
     """The runs in execution order as (algo, variant, repeat, seed): per algorithm, one round of every variant in
     turn per entry of `seeds`, so that drift on a noisy machine hits all variants alike and all variants run the
-    same seeds. Variants needing CUDA only if `cuda`."""
+    same seeds. Variants needing CUDA only if `cuda`; the `cpu` variant only for the algorithms with a CPU script."""
     usable = [variant for variant in variants if cuda or not variant.needs_cuda]
-    return [(algo, variant, repeat, seed) for algo in algos for repeat, seed in enumerate(seeds) for variant in usable]
+    return [
+        (algo, variant, repeat, seed)
+        for algo in algos
+        for repeat, seed in enumerate(seeds)
+        for variant in usable
+        if algo.runs(variant)
+    ]
 
 
 def budget_flags(algo, quick, seed):
@@ -78,7 +85,7 @@ def budget_flags(algo, quick, seed):
 
 def command(algo, variant, scripts_dir, quick, seed):
     """The command line of one run: the variant's script, the budget's flags and seed, then the variant's flags."""
-    stem = algo.twin if variant.twin else algo.eager
+    stem = algo.script(variant)
     flags = [*budget_flags(algo, quick, seed), *variant.flags, *algo.variant_flags.get(variant.name, ())]
     return [sys.executable, str(scripts_dir / f"{stem}.py"), *flags]
 
@@ -194,7 +201,7 @@ def main(argv=None):
     args = parse_args(argv)
     algos = runnable([algo for algo in ALGOS if algo.name in args.algos], args.scripts_dir)
     if not algos:
-        note("benchmark stopped: no algorithm has both scripts on disk")
+        note("benchmark stopped: no algorithm has all its scripts on disk")
         return 1
     started = datetime.now()
     seeds = round_seeds(args.repeats, args.seeds)

@@ -104,13 +104,17 @@ print("SUMMARY " + json.dumps(dict(sps=1.0, episodes=0, summary_file=str(path)))
 
 EAGER = {"": [(100, -10.0), (120, -20.0), (90, None)]}
 TWIN = {"": [(150, 1.0), (200, 2.0), (250, 3.0)], "--compile": [(300, None), (500, None), (400, None)]}
+CPU = {"": [(800, 5.0), (700, 6.0), (600, 7.0)]}
 ENV_SECONDS = "0.05"
 
 
 def write_scripts(directory, algo, eager_source, twin_source):
-    """Write `algo`'s two scripts into `directory`; returns the directory."""
+    """Write `algo`'s scripts into `directory` (its CPU script, where it has one, on the CPU schedule); returns the
+    directory."""
     (directory / f"{algo.eager}.py").write_text(eager_source)
     (directory / f"{algo.twin}.py").write_text(twin_source)
+    if algo.cpu:
+        (directory / f"{algo.eager}_cpu.py").write_text(FAKE_SCRIPT.format(schedule=CPU))
     return directory
 
 
@@ -146,10 +150,12 @@ def test_plan_alternates_variants_with_one_seed_per_round_and_cuda_variants_only
     other = Algo("other", "other", quick=(), full=())
     order = [(algo.name, variant.name, repeat, seed) for algo, variant, repeat, seed in
              run.plan([FAKE, other], [7, 8], cuda)]
-    variants = [v.name for v in VARIANTS if cuda or not v.needs_cuda]
+    variants = [v.name for v in VARIANTS if (cuda or not v.needs_cuda) and v.name != "cpu"]
     expected = [(name, v, r, seed) for name in ("fake", "other") for r, seed in enumerate([7, 8]) for v in variants]
     assert order == expected
     assert ("cudagraphs" in variants) == cuda and ("compile+cudagraphs" in variants) == cuda
+    with_cpu = Algo("with_cpu", "with_cpu", quick=(), full=(), cpu=True)
+    assert [variant.name for _, variant, _, _ in run.plan([with_cpu], [7], cuda)] == [*variants, "cpu"]
 
 
 def test_round_seeds_cycle_through_the_seeds():
@@ -195,7 +201,7 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     assert calls(scripts) == [
         call for seed in (7, 8, 7)
         for call in (f"{SAC.eager} {budget} --seed {seed}", f"{SAC.twin} {budget} --seed {seed}",
-                     f"{SAC.twin} {budget} --seed {seed} --compile")
+                     f"{SAC.twin} {budget} --seed {seed} --compile", f"{SAC.eager}_cpu {budget} --seed {seed}")
     ]
 
     (json_path,) = out.glob("*.json")
@@ -209,6 +215,7 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     assert f"| sac | eager | 100 | 90-120 | 1.00x | {limit['sps']:.0f} | -15.0 | 3 |" in table
     assert f"| sac | torchcompile | 200 | 150-250 | 2.00x | {limit['sps']:.0f} | 2.0 | 3 |" in table
     assert f"| sac | compile | 400 | 300-500 | 4.00x | {limit['sps']:.0f} | n/a | 3 |" in table
+    assert f"| sac | cpu | 700 | 600-800 | 7.00x | {limit['sps']:.0f} | 6.0 | 3 |" in table
     assert "cudagraphs" not in table.split("| algo |")[1]
 
     stamp = json_path.stem
@@ -216,10 +223,10 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
         [f"{stamp}.json", f"{stamp}.md", f"{stamp}-sps.png", f"{stamp}-sac-returns.png"]
     )
     assert json_path.with_suffix(".md").read_text() == table
-    assert [r["variant"] for r in document["runs"]] == ["eager", "torchcompile", "compile"] * 3
-    assert [r["seed"] for r in document["runs"]] == [7, 7, 7, 8, 8, 8, 7, 7, 7]
-    assert [r["summary"]["seed"] for r in document["runs"]] == [7, 7, 7, 8, 8, 8, 7, 7, 7]
-    assert [r["summary"]["sps"] for r in document["runs"]] == [100, 150, 300, 120, 200, 500, 90, 250, 400]
+    assert [r["variant"] for r in document["runs"]] == ["eager", "torchcompile", "compile", "cpu"] * 3
+    assert [r["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
+    assert [r["summary"]["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
+    assert [r["summary"]["sps"] for r in document["runs"]] == [100, 150, 300, 800, 120, 200, 500, 700, 90, 250, 400, 600]
     assert document["runs"][0]["summary"]["curve"] == [[100, 0.1, -11.0], [200, 0.2, -10.0], [300, 0.3, -9.0]]
     assert document["runs"][2]["flags"] == [*SAC.quick, "--seed", "7", "--compile"]
     assert document["runs"][0]["summary"]["script"] == SAC.eager
@@ -229,7 +236,8 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     assert machine["cores"] >= 1 and machine["gpu"] is None
     assert machine["versions"]["torch"] and machine["versions"]["gymnasium"] and machine["versions"]["tensordict"]
     assert [(r["variant"], r["sps_median"], r["vs_eager"], r["env_only_sps"]) for r in document["table"]] == [
-        ("eager", 100, 1.0, limit["sps"]), ("torchcompile", 200, 2.0, limit["sps"]), ("compile", 400, 4.0, limit["sps"])
+        ("eager", 100, 1.0, limit["sps"]), ("torchcompile", 200, 2.0, limit["sps"]), ("compile", 400, 4.0, limit["sps"]),
+        ("cpu", 700, 7.0, limit["sps"]),
     ]
 
 
@@ -277,8 +285,8 @@ def test_algorithms_with_missing_scripts_are_skipped_with_a_note(tmp_path, capsy
     (tmp_path / f"{SAC.eager}.py").write_text(FAKE_SCRIPT.format(schedule=EAGER))
     assert run.main(main_args(tmp_path, tmp_path)) == 1
     err = capsys.readouterr().err
-    assert f"skipping sac: missing {tmp_path / SAC.twin}.py" in err
-    assert "no algorithm has both scripts on disk" in err
+    assert f"skipping sac: missing {tmp_path / SAC.eager}_cpu.py, {tmp_path / SAC.twin}.py" in err
+    assert "no algorithm has all its scripts on disk" in err
     assert not (tmp_path / "calls.txt").exists()
 
 
