@@ -93,8 +93,11 @@ def instrumented(module, algo, timers):
             return timers.wrap(fn.part, compile_(fn.__wrapped__, **kwargs))
         return compile_(fn, **kwargs)
 
-    patches = [(module, "make_learner", timed_make_learner), (module, "make_envs", timed_make_envs),
-               (torch, "compile", timed_compile)]
+    patches = [
+        (module, "make_learner", timed_make_learner),
+        (module, "make_envs", timed_make_envs),
+        (torch, "compile", timed_compile),
+    ]
     if hasattr(module, "ReplayBuffer"):
         store = "extend" if hasattr(module.ReplayBuffer, "extend") else "add"  # DQN writes once per update
         patches.append((module.ReplayBuffer, store, timers.wrap("storing", getattr(module.ReplayBuffer, store))))
@@ -155,10 +158,15 @@ def run_variant(algo, variant, budget_flags, timeout=1800):
 def table(algo, results):
     """Markdown: µs per env step of each part per variant, with its share, and each variant's sps."""
     variants = list(results)
-    parts = [part for part in (*("env step",), *FUNCTIONS[algo], "storing", "sampling", "gae", "other")
-             if any(part in results[v]["parts"] for v in variants)]
-    lines = [f"| {algo}: part | " + " | ".join(f"{v} µs/step (share)" for v in variants) + " |",
-             "|---" * (1 + len(variants)) + "|"]
+    parts = [
+        part
+        for part in (*("env step",), *FUNCTIONS[algo], "storing", "sampling", "gae", "other")
+        if any(part in results[v]["parts"] for v in variants)
+    ]
+    lines = [
+        f"| {algo}: part | " + " | ".join(f"{v} µs/step (share)" for v in variants) + " |",
+        "|---" * (1 + len(variants)) + "|",
+    ]
     for part in parts:
         cells = []
         for v in variants:
@@ -176,14 +184,22 @@ def main(argv=None):
         print(json.dumps({"sps": sps, "parts": parts}))
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown", description=__doc__.splitlines()[0])
-    parser.add_argument("algos", nargs="*", default=list(FUNCTIONS), choices=list(FUNCTIONS), metavar="ALGO",
-                        help=f"the algorithms (default: all of {', '.join(FUNCTIONS)})")
+    parser.add_argument(
+        "algos",
+        nargs="*",
+        default=list(FUNCTIONS),
+        choices=list(FUNCTIONS),
+        metavar="ALGO",
+        help=f"the algorithms (default: all of {', '.join(FUNCTIONS)})",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
     opts = parser.parse_args(argv)
     if opts.rounds < 1:
         parser.error("--rounds must be at least 1")
     info = machine_info()
-    print(f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick budgets, {opts.rounds} rounds")
+    print(
+        f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick budgets, {opts.rounds} rounds"
+    )
     for algo in opts.algos:
         rounds = {variant: [] for variant in VARIANTS}
         for _ in range(opts.rounds):
@@ -197,8 +213,10 @@ def main(argv=None):
 def median_result(runs):
     """Each part's and the sps's median over rounds."""
     parts = {part for run in runs for part in run["parts"]}
-    return {"sps": statistics.median(run["sps"] for run in runs),
-            "parts": {part: statistics.median(run["parts"].get(part, 0.0) for run in runs) for part in parts}}
+    return {
+        "sps": statistics.median(run["sps"] for run in runs),
+        "parts": {part: statistics.median(run["parts"].get(part, 0.0) for run in runs) for part in parts},
+    }
 
 
 if __name__ == "__main__":

@@ -66,8 +66,13 @@ def measure(script, flags, seconds):
     finally:
         envs.close()
     env_steps = steps * args.num_envs
-    return {"env_id": args.env_id, "num_envs": args.num_envs, "env_steps": env_steps, "seconds": elapsed,
-            "sps": env_steps / elapsed}
+    return {
+        "env_id": args.env_id,
+        "num_envs": args.num_envs,
+        "env_steps": env_steps,
+        "seconds": elapsed,
+        "sps": env_steps / elapsed,
+    }
 
 
 def main(argv=None):

@@ -245,9 +245,14 @@ def bench_unit(spec, script, batch, args, device):
             rest = timed_rounds(variants, obs, args.rounds - first_half, calls, cuda, offset=first_half)
     rows = [
         {
-            "policy": spec.name, "batch": batch, "variant": v.name, "threads": torch.get_num_threads(),
-            **latency_stats(latencies[v.name] + rest[v.name], batch), "setup_s": setup[v.name],
-            "check_equal": {k: before[v.name][k] for k in ("ok", "diff")}, "check_after_update": after[v.name],
+            "policy": spec.name,
+            "batch": batch,
+            "variant": v.name,
+            "threads": torch.get_num_threads(),
+            **latency_stats(latencies[v.name] + rest[v.name], batch),
+            "setup_s": setup[v.name],
+            "check_equal": {k: before[v.name][k] for k in ("ok", "diff")},
+            "check_after_update": after[v.name],
         }
         for v in variants
     ]
@@ -343,7 +348,8 @@ def full_table(rows):
     for r in rows:
         vs = "-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%"
         lines.append(
-            f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}-{r['p90_us']:.0f} "
+            f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} "
+            f"| {r['p10_us']:.0f}-{r['p90_us']:.0f} "
             f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | {check_mark(r)} |"
         )
     return lines
@@ -383,7 +389,7 @@ def plot(result, path):
     cols = min(3, max(1, len(policies)))
     grid_rows = math.ceil(max(1, len(policies)) / cols)
     fig, axes = plt.subplots(grid_rows, cols, figsize=(4.5 * cols, 3.5 * grid_rows), squeeze=False)
-    for ax in axes.flat[len(policies):]:
+    for ax in axes.flat[len(policies) :]:
         ax.set_visible(False)
     for ax, policy in zip(axes.flat, policies):
         rows = [r for r in result["rows"] if r["policy"] == policy and r["variant"] != "eager"]
@@ -425,8 +431,12 @@ def parse_args(argv):
     parser.add_argument("--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024")
     parser.add_argument("--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
-    parser.add_argument("--rounds", type=positive_int, help="alternating rounds, the weights change halfway (default: 10)")
-    parser.add_argument("--block-ms", type=positive_float, help="one block's length, from eager's latency (default: 40)")
+    parser.add_argument(
+        "--rounds", type=positive_int, help="alternating rounds, the weights change halfway (default: 10)"
+    )
+    parser.add_argument(
+        "--block-ms", type=positive_float, help="one block's length, from eager's latency (default: 40)"
+    )
     parser.add_argument("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks")
     parser.add_argument("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -476,10 +486,19 @@ def main(argv=None):
     rows = [row for spec in specs for row in run_policy(spec, args, device)]
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
     result = {
-        "machine": machine_info(), "device": str(device), "started": started, "settings": settings, "rows": rows,
-        "skipped": skipped, "notes": {s.name: s.note for s in specs},
+        "machine": machine_info(),
+        "device": str(device),
+        "started": started,
+        "settings": settings,
+        "rows": rows,
+        "skipped": skipped,
+        "notes": {s.name: s.note for s in specs},
     }
-    return conclude(markdown(result), write_result(result, args.out, f"inference-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot), failed_checks(rows))
+    return conclude(
+        markdown(result),
+        write_result(result, args.out, f"inference-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot),
+        failed_checks(rows),
+    )
 
 
 if __name__ == "__main__":

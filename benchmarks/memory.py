@@ -3,7 +3,7 @@
     python -m benchmarks.memory                  # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
     python -m benchmarks.memory --candidates     # also every scan candidate on bare (a, b) tensors
     python -m benchmarks.memory --quick          # a smoke run: T 8 and 16, batch 2, short blocks
-    python -m benchmarks.memory --learning       # LSTM against minGRU (and minGRU without memory) at equal steps, 5 seeds (~10 min)
+    python -m benchmarks.memory --learning       # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
 
 Variants, each the sequence model of a script (torso, recurrence over T steps with an episode start at about 5% of
 the steps, the layers after it), forward then backward to its parameters, 128 hidden units, one intra-op thread as
@@ -13,8 +13,8 @@ the scripts use on a CPU:
 - `mingru-scan`: ppo_mingru_torchcompile.py's minGRU, the same recurrence as its associative scan, eager;
 - `mingru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes, compiled per cell).
 Before timing, each minGRU variant's features and gradients must equal `mingru-loop`'s: per tensor,
-max |a - b| <= atol + rtol max |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block of calls
-per variant, the order rotated every round; a recompilation while timing is an error.
+max |a - b| <= atol + rtol max |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block
+of calls per variant, the order rotated every round; a recompilation while timing is an error.
 
 `--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the loop, and every
 way of scanning that was tried for the optimized twin: a log-depth Hillis-Steele scan in plain torch ops (T log T
@@ -39,8 +39,16 @@ from pathlib import Path
 import torch
 from torch._higher_order_ops.associative_scan import associative_scan
 
-from benchmarks.inference import Variant, calls_per_block, note, pick_device, positive_float, positive_int, time_block
-from benchmarks.inference import warm_up
+from benchmarks.inference import (
+    Variant,
+    calls_per_block,
+    note,
+    pick_device,
+    positive_float,
+    positive_int,
+    time_block,
+    warm_up,
+)
 from benchmarks.machine import machine_info
 from benchmarks.report import write_result
 from benchmarks.scripts import SCRIPTS, load_script
@@ -49,10 +57,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}
 QUICK = {"steps": [8, 16], "batch_sizes": [2], "rounds": 2, "block_ms": 5.0}
 HIDDEN, N_OBS, START_PROB = 128, 2, 0.05
-LEARNING = (("lstm", "ppo_lstm", ()), ("mingru", "ppo_mingru", ()), ("mingru-no-memory", "ppo_mingru", ("--no-memory",)))
+LEARNING = (
+    ("lstm", "ppo_lstm", ()),
+    ("mingru", "ppo_mingru", ()),
+    ("mingru-no-memory", "ppo_mingru", ("--no-memory",)),
+)
 
 
 # ---- the scan candidates, on bare tensors: each maps (a, b, h0) to the states h_1..h_T ----
+
 
 def hillis_steele_scan(a, b, h0):
     """log2(T) rounds; in the round with shift s every (a_t, b_t) composes with the pair s steps before it."""
@@ -101,6 +114,7 @@ def candidates(loop, chunked):
 
 # ---- inputs, variants and checks ----
 
+
 def sequence_inputs(steps, batch, seed, device):
     """Observations [T, B, N_OBS] and episode starts [T, B] (about START_PROB of the steps), from `seed`."""
     g = torch.Generator().manual_seed(seed)
@@ -133,12 +147,19 @@ def model_variants(scripts, steps, batch, seed, device, backend):
     twin = scripts["ppo_mingru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
     twin.load_state_dict(mingru.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
-    state = torch.randn(2, batch, mingru.state_size, generator=g).to(device)  # two layers: h and the token shift's input
-    lstm_state = (torch.randn(batch, HIDDEN, generator=g).to(device), torch.randn(batch, HIDDEN, generator=g).to(device))
+    state = torch.randn(2, batch, mingru.state_size, generator=g).to(
+        device
+    )  # two layers: h and the token shift's input
+    lstm_state = (
+        torch.randn(batch, HIDDEN, generator=g).to(device),
+        torch.randn(batch, HIDDEN, generator=g).to(device),
+    )
     compiled = torch.compile(twin.get_states, backend=backend)
     return [
         model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),  # the LSTM's outputs
-        model_variant("mingru-loop", mingru, mingru.get_states, state, obs, done, mingru.width, seed),  # the tanh layer after the minGRU
+        model_variant(
+            "mingru-loop", mingru, mingru.get_states, state, obs, done, mingru.width, seed
+        ),  # the tanh layer after the minGRU
         model_variant("mingru-scan", twin, twin.get_states, state, obs, done, mingru.width, seed),
         model_variant("mingru-scan-compiled", twin, compiled, state, obs, done, mingru.width, seed),
     ]
@@ -157,7 +178,10 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
     variants = []
     loop, chunked = scripts["ppo_mingru"].linear_recurrence, scripts["ppo_mingru_torchcompile"].linear_recurrence
     for name, (scan, compiles) in candidates(loop, chunked).items():
-        for fn, label in [(scan, name)] + ([(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []):
+        for fn, label in [(scan, name)] + (
+            [(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []
+        ):
+
             def forward_backward(_, fn=fn):
                 h = fn(a_raw * keep, b, h0)
                 return [h.detach(), *torch.autograd.grad((h * weights).sum(), (a_raw, b, h0))]
@@ -186,6 +210,7 @@ def check_against(reference, variants, rtol, atol):
 
 # ---- timing ----
 
+
 def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
     """Warm up, check and time every variant at one (T, batch); returns one row per variant. A variant whose
     outputs or gradients differ from the `reference`'s stops the run (exit status 1) before any timing if `fatal`,
@@ -195,14 +220,18 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
     failed = []
     for name, (ok, worst) in checks.items():
         if not ok:
-            note(f"check failed: T {steps} batch {batch} {name}: outputs or gradients differ from "
-                 f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol {args.atol:g})")
+            note(
+                f"check failed: T {steps} batch {batch} {name}: outputs or gradients differ from "
+                f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol {args.atol:g})"
+            )
             if fatal:
                 sys.exit(1)
             failed.append({"steps": steps, "batch": batch, "variant": name, "check": {"ok": False, "diff": worst}})
     variants = [v for v in variants if v.name not in {row["variant"] for row in failed}]
-    calls = {v.name: calls_per_block(statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000)
-             for v in variants}
+    calls = {
+        v.name: calls_per_block(statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000)
+        for v in variants
+    }
     latencies = {v.name: [] for v in variants}
     with torch.compiler.set_stance("fail_on_recompile"):
         for r in range(args.rounds):
@@ -213,12 +242,19 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
     rows = []
     for v in variants:
         quantiles = statistics.quantiles(latencies[v.name], n=10, method="inclusive")
-        rows.append({
-            "steps": steps, "batch": batch, "variant": v.name, "calls": len(latencies[v.name]),
-            "median_ms": statistics.median(latencies[v.name]) * 1e3, "p10_ms": quantiles[0] * 1e3,
-            "p90_ms": quantiles[-1] * 1e3, "setup_s": setup[v.name],
-            "check": {"ok": checks[v.name][0], "diff": checks[v.name][1]} if v.name in checks else None,
-        })
+        rows.append(
+            {
+                "steps": steps,
+                "batch": batch,
+                "variant": v.name,
+                "calls": len(latencies[v.name]),
+                "median_ms": statistics.median(latencies[v.name]) * 1e3,
+                "p10_ms": quantiles[0] * 1e3,
+                "p90_ms": quantiles[-1] * 1e3,
+                "setup_s": setup[v.name],
+                "check": {"ok": checks[v.name][0], "diff": checks[v.name][1]} if v.name in checks else None,
+            }
+        )
     base_median = next(row["median_ms"] for row in rows if row["variant"] == base)
     for row in rows:
         row["speedup_vs_loop"] = base_median / row["median_ms"]
@@ -241,6 +277,7 @@ def run_grid(kind, scripts, args, device):
 
 # ---- learning at equal steps ----
 
+
 def late_return_mean(summary):
     """The mean return of the episodes that ended in the second half of the run."""
     late = [r for step, _, r in summary["curve"] if step > summary["total_timesteps"] // 2]
@@ -249,8 +286,15 @@ def late_return_mean(summary):
 
 def learning_run(script, flags, steps, seed, scripts_dir):
     """One training run of `script`; returns its late mean return and its summary's return_mean and sps."""
-    cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py"), "--total-timesteps", str(steps), "--seed", str(seed),
-           *flags]
+    cmd = [
+        sys.executable,
+        str(Path(scripts_dir) / f"{script}.py"),
+        "--total-timesteps",
+        str(steps),
+        "--seed",
+        str(seed),
+        *flags,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=3600)
     line = next((line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")), None)
     if proc.returncode != 0 or line is None:
@@ -268,12 +312,20 @@ def learning(args):
     for seed in args.seeds:
         for name, script, flags in LEARNING:
             note(f"learning: {name} seed {seed}")
-            rows.append({"agent": name, "script": script, "flags": list(flags), "seed": seed,
-                         **learning_run(script, flags, args.learning_steps, seed, args.scripts_dir)})
+            rows.append(
+                {
+                    "agent": name,
+                    "script": script,
+                    "flags": list(flags),
+                    "seed": seed,
+                    **learning_run(script, flags, args.learning_steps, seed, args.scripts_dir),
+                }
+            )
     return rows
 
 
 # ---- output ----
+
 
 def cell_table(rows, title):
     """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and the ratio."""
@@ -281,9 +333,12 @@ def cell_table(rows, title):
     lines = [title, "", "| T | batch | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
     for key in dict.fromkeys((r["batch"], r["steps"]) for r in rows):
         cells = {r["variant"]: r for r in rows if (r["batch"], r["steps"]) == key}
-        text = [f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] ({c['speedup_vs_loop']:.2f}x)"
-                if "median_ms" in c else f"not exact: off by {c['check']['diff']:.2g} of the scale"
-                for c in (cells[v] for v in variants)]
+        text = [
+            f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] ({c['speedup_vs_loop']:.2f}x)"
+            if "median_ms" in c
+            else f"not exact: off by {c['check']['diff']:.2g} of the scale"
+            for c in (cells[v] for v in variants)
+        ]
         lines.append(f"| {key[1]} | {key[0]} | " + " | ".join(text) + " |")
     return lines
 
@@ -292,9 +347,13 @@ def learning_table(rows, steps):
     """A markdown table: mean return of the second half of each run, per agent and seed, and their mean."""
     agents = list(dict.fromkeys(r["agent"] for r in rows))
     seeds = list(dict.fromkeys(r["seed"] for r in rows))
-    lines = [f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the episodes that ended in "
-             "the second half of the run", "", "| agent | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
-             "|---|" + "---|" * (len(seeds) + 1)]
+    lines = [
+        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the episodes that ended in "
+        "the second half of the run",
+        "",
+        "| agent | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+        "|---|" + "---|" * (len(seeds) + 1),
+    ]
     for agent in agents:
         values = [next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s) for s in seeds]
         lines.append(f"| {agent} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {statistics.mean(values):.1f} |")
@@ -303,17 +362,27 @@ def learning_table(rows, steps):
 
 def markdown(result):
     machine, settings = result["machine"], result["settings"]
-    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
-             f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} intra-op thread(s)",
-             f"Started {result['started']}" + (f"; {settings['rounds']} alternating rounds of blocks of "
-                                               f"~{settings['block_ms']:g} ms" if result["models"] or result["candidates"] else ""),
-             ""]
+    lines = [
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
+        f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} intra-op thread(s)",
+        f"Started {result['started']}"
+        + (
+            f"; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms"
+            if result["models"] or result["candidates"]
+            else ""
+        ),
+        "",
+    ]
     if result["models"]:
-        lines += cell_table(result["models"], "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up "
-                            "over mingru-loop)") + [""]
+        lines += cell_table(
+            result["models"],
+            "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up over mingru-loop)",
+        ) + [""]
     if result["candidates"]:
-        lines += cell_table(result["candidates"], "Scan candidates on bare a, b (forward + backward), ms: median "
-                            "[p10-p90] (speed-up over the loop)") + [""]
+        lines += cell_table(
+            result["candidates"],
+            "Scan candidates on bare a, b (forward + backward), ms: median [p10-p90] (speed-up over the loop)",
+        ) + [""]
     if result["learning"]:
         lines += learning_table(result["learning"], settings["learning_steps"]) + [""]
     return "\n".join(lines)
@@ -324,8 +393,12 @@ def plot(result, path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = [(kind, batch) for kind in ("models", "candidates") if result[kind]
-              for batch in dict.fromkeys(r["batch"] for r in result[kind])]
+    panels = [
+        (kind, batch)
+        for kind in ("models", "candidates")
+        if result[kind]
+        for batch in dict.fromkeys(r["batch"] for r in result[kind])
+    ]
     fig = Figure(figsize=(5 * len(panels), 4))
     FigureCanvasAgg(fig)
     for i, (kind, batch) in enumerate(panels):
@@ -333,12 +406,20 @@ def plot(result, path):
         rows = [r for r in result[kind] if r["batch"] == batch and "median_ms" in r]
         for variant in dict.fromkeys(r["variant"] for r in rows):
             mine = [r for r in rows if r["variant"] == variant]
-            ax.errorbar([r["steps"] for r in mine], [r["median_ms"] for r in mine], marker="o", label=variant,
-                        yerr=[[r["median_ms"] - r["p10_ms"] for r in mine], [r["p90_ms"] - r["median_ms"] for r in mine]])
+            ax.errorbar(
+                [r["steps"] for r in mine],
+                [r["median_ms"] for r in mine],
+                marker="o",
+                label=variant,
+                yerr=[[r["median_ms"] - r["p10_ms"] for r in mine], [r["p90_ms"] - r["median_ms"] for r in mine]],
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set(title=f"{'sequence model' if kind == 'models' else 'bare scan'}, batch {batch}", xlabel="T (steps)",
-               ylabel="forward + backward (ms)")
+        ax.set(
+            title=f"{'sequence model' if kind == 'models' else 'bare scan'}, batch {batch}",
+            xlabel="T (steps)",
+            ylabel="forward + backward (ms)",
+        )
         ax.legend(fontsize=7)
     fig.suptitle(f"{result['device']}, {result['machine']['cpu']}", fontsize=8)
     fig.tight_layout()
@@ -354,12 +435,16 @@ def parse_args(argv):
     parser.add_argument("--block-ms", type=positive_float, help="one block's length (default: 200)")
     parser.add_argument("--threads", type=positive_int, default=1, help="intra-op threads on a CPU (the scripts use 1)")
     parser.add_argument("--candidates", action="store_true", help="also time every scan candidate on bare tensors")
-    parser.add_argument("--no-models", dest="models", action="store_false", help="skip the four sequence-model variants")
+    parser.add_argument(
+        "--no-models", dest="models", action="store_false", help="skip the four sequence-model variants"
+    )
     parser.add_argument("--learning", action="store_true", help="also train the LSTM and minGRU agents at equal steps")
     parser.add_argument("--learning-steps", type=positive_int, default=61440, help="env steps of each learning run")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5], help="seeds of the learning runs")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
-    parser.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)")
+    parser.add_argument(
+        "--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)"
+    )
     parser.add_argument("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=1)
@@ -385,10 +470,14 @@ def main(argv=None):
     device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    scripts = {name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")}
+    scripts = {
+        name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
+    }
     started = datetime.now().isoformat(timespec="seconds")
     result = {
-        "machine": machine_info(), "device": str(device), "started": started,
+        "machine": machine_info(),
+        "device": str(device),
+        "started": started,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")},
         "models": run_grid("models", scripts, args, device) if args.models else [],
         "candidates": run_grid("candidates", scripts, args, device) if args.candidates else [],

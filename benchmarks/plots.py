@@ -30,8 +30,9 @@ def sps_bars(table):
     the max (matplotlib's asymmetric error bars), and the algorithm's env-only sps (None where unmeasured)."""
     bars = {}
     for r in table:
-        algo = bars.setdefault(r["algo"], {"variants": [], "median": [], "down": [], "up": [],
-                                           "env_only": r["env_only_sps"]})
+        algo = bars.setdefault(
+            r["algo"], {"variants": [], "median": [], "down": [], "up": [], "env_only": r["env_only_sps"]}
+        )
         algo["variants"].append(r["variant"])
         algo["median"].append(r["sps_median"])
         algo["down"].append(r["sps_median"] - r["sps_min"])
@@ -69,8 +70,13 @@ def draw_sps(ax, algo, bars):
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     if bars["env_only"] is not None:
         ax.axhline(bars["env_only"], color="black", linestyle="--", linewidth=1)
-        ax.annotate(f"env only {bars['env_only']:.0f}", (0.02, bars["env_only"]), xycoords=("axes fraction", "data"),
-                    fontsize=7, va="bottom")
+        ax.annotate(
+            f"env only {bars['env_only']:.0f}",
+            (0.02, bars["env_only"]),
+            xycoords=("axes fraction", "data"),
+            fontsize=7,
+            va="bottom",
+        )
         ax.set_ylim(top=bars["env_only"] * 3)
 
 
@@ -98,7 +104,9 @@ def curves_figure(algo, curves, window=SMOOTHING, baseline=None):
             by_steps.plot(curve["steps"], curve["returns"], color=color, label=label, linewidth=1)
     if baseline is not None:
         for ax in (by_time, by_steps):
-            ax.axhline(baseline, color="black", linestyle="--", linewidth=1, label="random policy" if ax is by_steps else None)
+            ax.axhline(
+                baseline, color="black", linestyle="--", linewidth=1, label="random policy" if ax is by_steps else None
+            )
     by_time.set(xlabel="wall-clock seconds", ylabel=f"episodic return (mean of last {window})")
     by_steps.set(xlabel="environment steps")
     by_steps.legend(fontsize=8)
@@ -144,8 +152,14 @@ def main(argv=None):
     except (OSError, ValueError) as error:
         parser.error(str(error))
     run = {"algo": summary["env_id"], "variant": summary["script"], "summary": summary}
-    save(curves_figure(f"{summary['script']} on {summary['env_id']}", return_curves([run], summary["env_id"]),
-                       baseline=args.baseline), args.out)
+    save(
+        curves_figure(
+            f"{summary['script']} on {summary['env_id']}",
+            return_curves([run], summary["env_id"]),
+            baseline=args.baseline,
+        ),
+        args.out,
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -20,7 +20,8 @@ T = max(1, round(fragment_s / (K d))).
 
 Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000 steps; a step sleeps
 d seconds (`sleep`: an environment waiting on a simulator or a device) or spins until it has used d seconds of CPU
-(`busy`: an environment computing; a spinning worker that the OS has descheduled does not count the time it waits). The policy is PPO continuous's actor (17-64-64-6, tanh), one intra-op thread everywhere.
+(`busy`: an environment computing; a spinning worker that the OS has descheduled does not count the time it
+waits). The policy is PPO continuous's actor (17-64-64-6, tanh), one intra-op thread everywhere.
 
 Ideal sps, the same definition for the three designs: what the same R workers would reach if communication,
 inference and learning cost nothing. A worker steps its environments one after another, so it makes 1/d steps per
@@ -127,16 +128,20 @@ class Worker:
         self.actor.load_state_dict(weights)
         n = self.envs.num_envs
         fragment = {
-            "obs": np.zeros((num_steps, n, N_OBS), np.float32), "final_obs": np.zeros((num_steps, n, N_OBS), np.float32),
-            "actions": np.zeros((num_steps, n, N_ACT), np.float32), "logprobs": np.zeros((num_steps, n), np.float32),
-            "rewards": np.zeros((num_steps, n), np.float32), "terminations": np.zeros((num_steps, n), bool),
+            "obs": np.zeros((num_steps, n, N_OBS), np.float32),
+            "final_obs": np.zeros((num_steps, n, N_OBS), np.float32),
+            "actions": np.zeros((num_steps, n, N_ACT), np.float32),
+            "logprobs": np.zeros((num_steps, n), np.float32),
+            "rewards": np.zeros((num_steps, n), np.float32),
+            "terminations": np.zeros((num_steps, n), bool),
             "truncations": np.zeros((num_steps, n), bool),
         }
         for t in range(num_steps):
             fragment["obs"][t] = self.next_obs
             fragment["actions"][t], fragment["logprobs"][t] = act(self.actor, self.next_obs)
             self.next_obs, fragment["rewards"][t], fragment["terminations"][t], fragment["truncations"][t], infos = (
-                self.envs.step(fragment["actions"][t]))
+                self.envs.step(fragment["actions"][t])
+            )
             fragment["final_obs"][t] = self.next_obs
             if "_final_obs" in infos:
                 fragment["final_obs"][t][infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
@@ -171,8 +176,11 @@ def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
 def measure(ray, workers, design, cell, settings):
     """sps of one cell: `design` with these `workers`, each stepping `cell["num_envs"]` envs of `cell["duration"]`."""
     actor, timeout = actor_network(), settings["timeout"]
-    obs = np.stack(ray.get([w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers],
-                           timeout=timeout))
+    obs = np.stack(
+        ray.get(
+            [w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers], timeout=timeout
+        )
+    )
     steps_per_worker = cell["num_steps"] * cell["envs_per_runner"]  # per iteration, the same in every design
     steps_per_iteration = steps_per_worker * len(workers)
     weights = ray.put(actor.state_dict())
@@ -205,9 +213,16 @@ def cells(args):
             for runners in args.runners:
                 for design in DESIGNS:
                     num_envs = 1 if design == "per-step" else args.envs_per_runner
-                    yield {"kind": kind, "busy": kind == "busy", "duration": duration, "runners": runners,
-                           "design": design, "num_envs": num_envs, "envs_per_runner": args.envs_per_runner,
-                           "num_steps": steps_per_call(duration, args.envs_per_runner, args.fragment_s)}
+                    yield {
+                        "kind": kind,
+                        "busy": kind == "busy",
+                        "duration": duration,
+                        "runners": runners,
+                        "design": design,
+                        "num_envs": num_envs,
+                        "envs_per_runner": args.envs_per_runner,
+                        "num_steps": steps_per_call(duration, args.envs_per_runner, args.fragment_s),
+                    }
 
 
 def run(ray, args):
@@ -221,8 +236,10 @@ def run(ray, args):
         ideal = ideal_sps(cell["runners"], cell["duration"], cell["busy"], cores)
         row = {key: cell[key] for key in ("kind", "design", "runners", "duration", "num_steps")}
         row |= {"envs": cell["runners"] * cell["num_envs"], "sps": sps, "ideal_sps": ideal, "efficiency": sps / ideal}
-        note(f"{row['kind']:5} d={row['duration']:<6g} R={row['runners']:<3} {row['design']:15} "
-             f"{sps:9.0f} sps  {row['efficiency']:6.1%}")
+        note(
+            f"{row['kind']:5} d={row['duration']:<6g} R={row['runners']:<3} {row['design']:15} "
+            f"{sps:9.0f} sps  {row['efficiency']:6.1%}"
+        )
         rows.append(row)
     memory = max(memory, ray.get(workers[0].resident_memory_mib.remote(), timeout=args.timeout))
     return rows, memory
@@ -242,8 +259,10 @@ def markdown(result):
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
-                     f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%} |")
+        lines.append(
+            f"| {r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
+            f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -260,7 +279,9 @@ def plot(result, path):
         rows = [r for r in result["rows"] if r["kind"] == kind]
         for design, style, color in zip(DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")):
             for runners, marker in zip(dict.fromkeys(r["runners"] for r in rows), "os^Dv<>p*h"):
-                line = sorted((r["duration"], r["efficiency"]) for r in rows if (r["design"], r["runners"]) == (design, runners))
+                line = sorted(
+                    (r["duration"], r["efficiency"]) for r in rows if (r["design"], r["runners"]) == (design, runners)
+                )
                 ax.plot(*zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}")
         ax.set_xscale("log")
         ax.set(title=f"{kind} envs", xlabel="step duration (s)", ylabel="efficiency (sps / ideal)", ylim=(0, 1.1))
@@ -273,8 +294,14 @@ def plot(result, path):
 def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before Ray starts."""
     parser = OneLineParser(prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny budget: d in 0.01,0.001, R in 1,2, fragments of 0.04 s, 0.1 s a cell")
-    parser.add_argument("--durations", type=values_of(positive_float), help="step durations d in s (default 0.1,0.01,0.001)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny budget: d in 0.01,0.001, R in 1,2, fragments of 0.04 s, 0.1 s a cell",
+    )
+    parser.add_argument(
+        "--durations", type=values_of(positive_float), help="step durations d in s (default 0.1,0.01,0.001)"
+    )
     parser.add_argument("--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)")
     parser.add_argument("--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy")
     parser.add_argument("--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs")
@@ -311,10 +338,18 @@ def main(argv=None):
         return 1
     finally:
         ray.shutdown()
-    settings = {key: getattr(args, key) for key in ("durations", "runners", "kinds", "envs_per_runner", "fragment_s",
-                                                    "update_s", "seconds", "quick")}
-    result = {"settings": settings, "machine": machine_info(), "started": started, "worker_memory_mib": memory,
-              "rows": rows, "best": best(rows)}
+    settings = {
+        key: getattr(args, key)
+        for key in ("durations", "runners", "kinds", "envs_per_runner", "fragment_s", "update_s", "seconds", "quick")
+    }
+    result = {
+        "settings": settings,
+        "machine": machine_info(),
+        "started": started,
+        "worker_memory_mib": memory,
+        "rows": rows,
+        "best": best(rows),
+    }
     paths = write_result(result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot)
     print(markdown(result))
     note("wrote " + ", ".join(map(str, paths)))
@@ -326,8 +361,10 @@ def best(rows):
     groups = {}
     for r in rows:
         groups.setdefault((r["kind"], r["design"], r["duration"]), []).append(r["efficiency"])
-    return [{"kind": k, "design": d, "duration": s, "efficiency_max": max(v), "efficiency_median": statistics.median(v)}
-            for (k, d, s), v in groups.items()]
+    return [
+        {"kind": k, "design": d, "duration": s, "efficiency_max": max(v), "efficiency_median": statistics.median(v)}
+        for (k, d, s), v in groups.items()
+    ]
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ requests, eager or compiled.
     python -m benchmarks.rpc_inference --policies ppo_continuous --compile off,on --batch on
 
 One of --observers, --batch and --compile may list several values, comma-separated: it is the x-axis, and each
-value (times each policy, times --repeats, the values alternating) is one run. A run is a fresh set of processes on this machine: a coordinator, the agent
-and the observers, all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store on a free port
-it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op thread each.
+value (times each policy, times --repeats, the values alternating) is one run. A run is a fresh set of processes
+on this machine: a coordinator, the agent and the observers, all on loopback (MASTER_ADDR=127.0.0.1; the launcher
+hosts the rendezvous store on a free port it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo`
+interface), one intra-op thread each.
 
 The agent builds the policy as its optimized twin builds it (benchmarks/policies.py), compiled with `torch.compile`
 under --compile on (compile time reported apart as setup_s). Each observer steps its own environment (the
@@ -64,7 +65,14 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 from benchmarks.inference import (
-    COMPILE_WARMUP, RESULTS, check_mark, conclude, difference, note, positive_float, positive_int,
+    COMPILE_WARMUP,
+    RESULTS,
+    check_mark,
+    conclude,
+    difference,
+    note,
+    positive_float,
+    positive_int,
 )
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
@@ -80,8 +88,16 @@ ENVS = {  # policy -> (the environment its observers step, the answer they step 
 AXES = ("observers", "batch", "compile")
 QUANTILES = {"p50": 9, "p75": 14, "p90": 17, "p95": 18}  # indices into the 19 cut points of n=20 quantiles
 DISTRIBUTIONS = ("agent_latency_ms", "agent_throughput", "observer_latency_ms", "observer_throughput")
-SCALARS = ("served_per_s", "policy_us_per_request", "agent_cpu_us_per_request", "observer_cpu_us_per_request",
-           "setup_s", "requests", "batches", "wall_s")
+SCALARS = (
+    "served_per_s",
+    "policy_us_per_request",
+    "agent_cpu_us_per_request",
+    "observer_cpu_us_per_request",
+    "setup_s",
+    "requests",
+    "batches",
+    "wall_s",
+)
 MAX_OBSERVERS = 64
 SWITCH = {"on": True, "off": False}
 GRACE_S = 20.0  # how long finished processes get to leave rpc.shutdown before they are killed
@@ -210,11 +226,14 @@ class Observer:
     def ask(self, agent_rref, obs, step):
         """The agent's answer to `obs`; a timeout or a lost agent raises one line naming this observer."""
         try:
-            return rpc.rpc_sync(agent_rref.owner(), request_action, args=(agent_rref, self.index, obs),
-                                timeout=self.rpc_timeout)
+            return rpc.rpc_sync(
+                agent_rref.owner(), request_action, args=(agent_rref, self.index, obs), timeout=self.rpc_timeout
+            )
         except RuntimeError as error:
-            raise RuntimeError(f"observer{self.index}: no answer from the agent at step {step} "
-                               f"(--rpc-timeout {self.rpc_timeout:g} s): {first_line(error)}") from None
+            raise RuntimeError(
+                f"observer{self.index}: no answer from the agent at step {step} "
+                f"(--rpc-timeout {self.rpc_timeout:g} s): {first_line(error)}"
+            ) from None
 
     def env_action(self, answer):
         """The answer as an action the environment takes (continuous actions clipped to its bounds)."""
@@ -254,7 +273,7 @@ def first_line(error):
     for line in str(error).splitlines():
         text = line.strip().removeprefix("RuntimeError: ").removeprefix("RPCErr:1:")
         if text.startswith(("RuntimeError('", 'RuntimeError("')):
-            text = text[len("RuntimeError('"):-2]
+            text = text[len("RuntimeError('") : -2]
         if text and not text.startswith(("On WorkerInfo", "Traceback")):
             return text
     return "(no message)"
@@ -272,7 +291,7 @@ def wait_each(futures, names):
             values.append(future.wait())
         except RuntimeError as error:
             text = first_line(error)
-            raise RunFailed(text if text.startswith(name) else f"{name}: {text}")
+            raise RunFailed(text if text.startswith(name) else f"{name}: {text}") from error
     return values
 
 
@@ -340,13 +359,28 @@ def start_roles(config, settings):
     """Create the agent (built, compiled, warmed up) and the observers; returns their RRefs and the agent's
     setup seconds."""
     timeout = settings["timeout"]
-    agent = rpc.remote("agent", AgentServer, timeout=timeout, args=(
-        config["policy"], config["observers"], config["batch"], config["compile"], settings["backend"],
-        settings["seed"], settings["scripts_dir"]))
+    agent = rpc.remote(
+        "agent",
+        AgentServer,
+        timeout=timeout,
+        args=(
+            config["policy"],
+            config["observers"],
+            config["batch"],
+            config["compile"],
+            settings["backend"],
+            settings["seed"],
+            settings["scripts_dir"],
+        ),
+    )
     setup_s = agent.rpc_sync(timeout=timeout).setup_seconds()
     observers = [
-        rpc.remote(f"observer{i}", Observer, timeout=timeout,
-                   args=(i, config["policy"], settings["seed"] + i, settings["rpc_timeout"]))
+        rpc.remote(
+            f"observer{i}",
+            Observer,
+            timeout=timeout,
+            args=(i, config["policy"], settings["seed"] + i, settings["rpc_timeout"]),
+        )
         for i in range(config["observers"])
     ]
     return agent, observers, setup_s
@@ -363,8 +397,10 @@ def coordinate(config, settings, phase):
     agent.rpc_sync(timeout=timeout).take_batches()
     phase(f"agent ready (setup {setup_s:.1f} s), timed episodes running")
     start = time.perf_counter()
-    episodes = [run_episodes(observers, agent, steps, settings["check_steps"] if episode == 0 else 0, timeout)
-                for episode in range(settings["episodes"])]
+    episodes = [
+        run_episodes(observers, agent, steps, settings["check_steps"] if episode == 0 else 0, timeout)
+        for episode in range(settings["episodes"])
+    ]
     wall_s = time.perf_counter() - start
     batches, agent_cpu_s = agent.rpc_sync(timeout=timeout).take_batches()
     samples = [sample for observer in episodes[0] for sample in observer[1]]
@@ -408,11 +444,17 @@ def process_main(name, rank, world_size, port, config, settings, log_path, resul
     from torch._inductor import config as inductor_config
 
     inductor_config.compile_threads = 1  # compile in this process: no pool of compile workers
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TP_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo",
-                      TORCHELASTIC_USE_AGENT_STORE="True")  # connect to the launcher's store, as torchrun's ranks do
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TP_SOCKET_IFNAME="lo",
+        GLOO_SOCKET_IFNAME="lo",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )  # connect to the launcher's store, as torchrun's ranks do
     store = start_barrier(port, world_size, settings["timeout"])
-    options = rpc.TensorPipeRpcBackendOptions(init_method="env://", rpc_timeout=settings["rpc_timeout"],
-                                              num_worker_threads=max(16, config["observers"] + 8))
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method="env://", rpc_timeout=settings["rpc_timeout"], num_worker_threads=max(16, config["observers"] + 8)
+    )
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
     if name == "coordinator":
         try:
@@ -434,8 +476,10 @@ def loopback_listener():
 
 def label(config):
     """A run's name in messages."""
-    return (f"{config['policy']} observers={config['observers']} batch={onoff(config['batch'])} "
-            f"compile={onoff(config['compile'])}")
+    return (
+        f"{config['policy']} observers={config['observers']} batch={onoff(config['batch'])} "
+        f"compile={onoff(config['compile'])}"
+    )
 
 
 def exit_reason(code):
@@ -486,15 +530,24 @@ def run_one(config, settings, log_dir):
     names = ["coordinator", "agent", *(f"observer{i}" for i in range(config["observers"]))]
     listener = loopback_listener()
     port = listener.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, master_listen_fd=listener.detach(),
-                          wait_for_workers=False, timeout=timedelta(seconds=settings["timeout"]))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=True,
+        master_listen_fd=listener.detach(),
+        wait_for_workers=False,
+        timeout=timedelta(seconds=settings["timeout"]),
+    )
     context = multiprocessing.get_context("spawn")
     processes = {}
     failure = "interrupted"
     try:
         for rank, name in enumerate(names):
-            processes[name] = context.Process(target=process_main, name=name, args=(
-                name, rank, len(names), port, config, settings, str(log_dir / f"{name}.log"), str(result_path)))
+            processes[name] = context.Process(
+                target=process_main,
+                name=name,
+                args=(name, rank, len(names), port, config, settings, str(log_dir / f"{name}.log"), str(result_path)),
+            )
             processes[name].start()
         note(f"{label(config)}: " + ", ".join(f"{name} pid {p.pid}" for name, p in processes.items()))
         failure = supervise(processes, store, result_path, settings["timeout"], label(config))
@@ -527,11 +580,17 @@ def combined(group):
     for key in SCALARS:
         row[key] = statistics.median(run[key] for run in group)
     checks = [run["check_equal"] for run in group]
-    row["check_equal"] = {"ok": all(c["ok"] for c in checks), "diff": max(c["diff"] for c in checks),
-                          "samples": sum(c["samples"] for c in checks)}
+    row["check_equal"] = {
+        "ok": all(c["ok"] for c in checks),
+        "diff": max(c["diff"] for c in checks),
+        "samples": sum(c["samples"] for c in checks),
+    }
     updates = [run["check_after_update"] for run in group]
-    row["check_after_update"] = {"ok": all(u["ok"] for u in updates), "changed": all(u["changed"] for u in updates),
-                                 "diff": max(u["diff"] for u in updates)}
+    row["check_after_update"] = {
+        "ok": all(u["ok"] for u in updates),
+        "changed": all(u["changed"] for u in updates),
+        "diff": max(u["diff"] for u in updates),
+    }
     return row
 
 
@@ -599,9 +658,12 @@ def markdown(result):
             f"| {r['observer_cpu_us_per_request']:.0f} | {r['setup_s']:.1f} | {check_mark(r)} |"
         )
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
-    lines += ["", f"Checks: answers equal the eager policy's on one observation within {tolerance} and follow an "
-              "in-place weight update (DIFFERS: they were not equal; STALE: they did not follow). CPU: all "
-              "threads of the process, per request; policy: the forward passes alone."]
+    lines += [
+        "",
+        f"Checks: answers equal the eager policy's on one observation within {tolerance} and follow an "
+        "in-place weight update (DIFFERS: they were not equal; STALE: they did not follow). CPU: all "
+        "threads of the process, per request; policy: the forward passes alone.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -611,9 +673,11 @@ def plot(result, path):
     from matplotlib.figure import Figure
 
     axis = result["axis"]
-    panels = (("agent throughput p50 (requests/s)", lambda r: r["agent_throughput"]["p50"]),
-              ("served/s (whole run)", lambda r: r["served_per_s"]),
-              ("observer latency p50 (ms)", lambda r: r["observer_latency_ms"]["p50"]))
+    panels = (
+        ("agent throughput p50 (requests/s)", lambda r: r["agent_throughput"]["p50"]),
+        ("served/s (whole run)", lambda r: r["served_per_s"]),
+        ("observer latency p50 (ms)", lambda r: r["observer_latency_ms"]["p50"]),
+    )
     values = list(dict.fromkeys(r[axis] for r in result["rows"]))
     fig = Figure(figsize=(13, 3.8))
     FigureCanvasAgg(fig)
@@ -658,8 +722,11 @@ def parse_args(argv):
     parser = OneLineParser(prog="python -m benchmarks.rpc_inference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
     parser.add_argument("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
-    parser.add_argument("--batch", type=values_of(switch),
-                        help="off, on or off,on (default: off,on; on where another flag lists several values)")
+    parser.add_argument(
+        "--batch",
+        type=values_of(switch),
+        help="off, on or off,on (default: off,on; on where another flag lists several values)",
+    )
     parser.add_argument("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs per policy and axis value, alternating")
@@ -699,14 +766,28 @@ def plan(args):
     """One config per policy, repeat and axis value: per policy, the axis values alternate, repeat after repeat,
     so that a noisy machine hits them alike."""
     fixed = {axis: getattr(args, axis)[0] for axis in AXES}
-    return [{"policy": policy, **fixed, args.axis: value, "repeat": repeat}
-            for policy in args.policies for repeat in range(args.repeats) for value in getattr(args, args.axis)]
+    return [
+        {"policy": policy, **fixed, args.axis: value, "repeat": repeat}
+        for policy in args.policies
+        for repeat in range(args.repeats)
+        for value in getattr(args, args.axis)
+    ]
 
 
 def settings_of(args):
     """What every process of a run needs to know, as plain values (they cross process boundaries)."""
-    keys = ("backend", "episodes", "steps", "warmup_steps", "check_steps", "rtol", "atol", "rpc_timeout", "timeout",
-            "seed")
+    keys = (
+        "backend",
+        "episodes",
+        "steps",
+        "warmup_steps",
+        "check_steps",
+        "rtol",
+        "atol",
+        "rpc_timeout",
+        "timeout",
+        "seed",
+    )
     return {key: getattr(args, key) for key in keys} | {"scripts_dir": str(args.scripts_dir)}
 
 
@@ -750,8 +831,15 @@ def main(argv=None):
     rows = combine(runs, args.axis)
     add_speedups(rows, args.axis)
     arguments = {key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")}
-    result = {"arguments": arguments, "axis": args.axis, "settings": settings, "started": started,
-              "machine": machine_info(), "rows": rows, "runs": runs}
+    result = {
+        "arguments": arguments,
+        "axis": args.axis,
+        "settings": settings,
+        "started": started,
+        "machine": machine_info(),
+        "rows": rows,
+        "runs": runs,
+    }
     return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot), failed_checks(runs))
 
 

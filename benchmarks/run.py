@@ -5,8 +5,8 @@
     python -m benchmarks.run --repeats 5                         # every registered algorithm, full budget
 
 Each run is `python leanrl/<script>.py <budget flags> --seed <seed> <variant flags>` in a fresh interpreter; the
-harness reads only its `SUMMARY {...}` line. Round r (every variant once) runs with seed `seeds[r % len(seeds)]`, so the variants
-compare on the same seeds. Before its runs, each algorithm's environment alone is timed with random actions
+harness reads only its `SUMMARY {...}` line. Round r (every variant once) runs with seed `seeds[r % len(seeds)]`, so
+the variants compare on the same seeds. Before its runs, each algorithm's environment alone is timed with random actions
 (`benchmarks.env_limit`, its `ENV_ONLY` line): the limit its scripts could reach. The table goes to stdout and,
 with every run's summary and the machine, to `benchmarks/results/<timestamp>.{md,json}`, next to PNG plots of
 sps and of the return curves. Variants that need CUDA run only where there is a CUDA device. A failed run
@@ -93,8 +93,15 @@ def command(algo, variant, scripts_dir, quick, seed):
 def env_limit_command(algo, scripts_dir, quick, seed, seconds):
     """The command line that times `algo`'s environment alone, as its eager script builds it under the budget."""
     script = scripts_dir / f"{algo.eager}.py"
-    return [sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(seconds), str(script),
-            *budget_flags(algo, quick, seed)]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.env_limit",
+        "--seconds",
+        str(seconds),
+        str(script),
+        *budget_flags(algo, quick, seed),
+    ]
 
 
 def failure(cmd, reason, stderr=""):
@@ -172,8 +179,16 @@ def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
         cmd = command(algo, variant, scripts_dir, quick, seed)
         summary = run_one(cmd, timeout)
         note(f"[{index}/{len(order)}] {algo.name} {variant.name} seed {seed}: {summary['sps']:.0f} sps")
-        runs.append({"algo": algo.name, "variant": variant.name, "repeat": repeat, "seed": seed, "flags": cmd[2:],
-                     "summary": summary})
+        runs.append(
+            {
+                "algo": algo.name,
+                "variant": variant.name,
+                "repeat": repeat,
+                "seed": seed,
+                "flags": cmd[2:],
+                "summary": summary,
+            }
+        )
     return runs
 
 
@@ -183,8 +198,13 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
-                        help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3],
+        help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]",
+    )
     parser.add_argument("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
     parser.add_argument("--quick", action="store_true", help="the small budget of each algorithm (default: full)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
@@ -212,8 +232,12 @@ def main(argv=None):
         note(f"benchmark stopped: {error}")
         return 1
     machine = machine_info()
-    settings = {"budget": "quick" if args.quick else "full", "repeats": args.repeats, "seeds": seeds,
-                "started": started.isoformat()}
+    settings = {
+        "budget": "quick" if args.quick else "full",
+        "repeats": args.repeats,
+        "seeds": seeds,
+        "started": started.isoformat(),
+    }
     table = report.rows(runs, limits)
     table_md = report.markdown(table, machine, settings)
     document = {"settings": settings, "machine": machine, "env_limits": limits, "table": table, "runs": runs}

@@ -1,7 +1,7 @@
 """Data-parallel PPO on this machine: sps of 1 and N processes of ppo_continuous_action_distributed.py side by side,
 their scaling efficiency, and the environment-only limit of as many processes.
 
-    python -m benchmarks.scaling                         # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min on 2 cores
+    python -m benchmarks.scaling                         # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
     python -m benchmarks.scaling --processes 1 2 4 --repeats 2 --iterations 8
     python -m benchmarks.scaling -- --compile            # flags after -- go to every run
 
@@ -101,24 +101,59 @@ def run_command(processes, flags):
     """The command line of one run of `processes` processes."""
     if processes == 1:
         return [sys.executable, str(SCRIPT), *flags]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-            str(SCRIPT), *flags]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(processes),
+        str(SCRIPT),
+        *flags,
+    ]
 
 
 def run_flags(processes, args, seed):
     """The script's flags for a run of `processes` processes: `--iterations` iterations of all of them."""
     total = args.iterations * NUM_STEPS * args.num_envs * processes
-    return ["--env-id", args.env_id, "--num-envs", str(args.num_envs), "--total-timesteps", str(total),
-            "--measure-burnin", str(args.burnin), "--seed", str(seed), *args.script_flags]
+    return [
+        "--env-id",
+        args.env_id,
+        "--num-envs",
+        str(args.num_envs),
+        "--total-timesteps",
+        str(total),
+        "--measure-burnin",
+        str(args.burnin),
+        "--seed",
+        str(seed),
+        *args.script_flags,
+    ]
 
 
 def env_limit(processes, args):
     """The env-only sps of `processes` copies of the script's env stepped at the same time: their sps added, and each
     copy's ENV_ONLY object."""
-    commands = [[sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(args.env_seconds), str(SCRIPT),
-                 "--env-id", args.env_id, "--num-envs", str(args.num_envs), "--seed", str(1 + copy * args.num_envs)]
-                for copy in range(processes)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for cmd in commands]
+    commands = [
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.env_limit",
+            "--seconds",
+            str(args.env_seconds),
+            str(SCRIPT),
+            "--env-id",
+            args.env_id,
+            "--num-envs",
+            str(args.num_envs),
+            "--seed",
+            str(1 + copy * args.num_envs),
+        ]
+        for copy in range(processes)
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for cmd in commands
+    ]
     results = []
     try:
         for cmd, proc in zip(commands, procs):
@@ -146,17 +181,19 @@ def rows(runs, limits):
         sps = [s["sps"] for s in summaries]
         median = statistics.median(sps)
         returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
-        table.append({
-            "processes": processes,
-            "runs": len(summaries),
-            "sps_median": median,
-            "sps_min": min(sps),
-            "sps_max": max(sps),
-            "speedup": median / single if single else None,
-            "efficiency": median / (processes * single) if single else None,
-            "env_only_sps": limits[processes]["sps"],
-            "return_mean": statistics.fmean(returns) if returns else None,
-        })
+        table.append(
+            {
+                "processes": processes,
+                "runs": len(summaries),
+                "sps_median": median,
+                "sps_min": min(sps),
+                "sps_max": max(sps),
+                "speedup": median / single if single else None,
+                "efficiency": median / (processes * single) if single else None,
+                "env_only_sps": limits[processes]["sps"],
+                "return_mean": statistics.fmean(returns) if returns else None,
+            }
+        )
     return table
 
 
@@ -165,7 +202,8 @@ def markdown(table, machine, settings):
     lines = [
         machine_line(machine),
         f"{settings['env_id']}, {settings['num_envs']} env(s) per process, {settings['iterations']} iterations a run "
-        f"(sps after {settings['burnin']}), {settings['repeats']} rounds (seeds {' '.join(map(str, settings['seeds']))}), "
+        f"(sps after {settings['burnin']}), {settings['repeats']} rounds "
+        f"(seeds {' '.join(map(str, settings['seeds']))}), "
         f"script flags: {' '.join(settings['script_flags']) or 'none'}; started {settings['started']}",
         "",
         "| processes | sps median | sps min-max | speed-up | efficiency | env-only sps | return mean | runs |",
@@ -187,8 +225,9 @@ def figure(table, runs):
     bars, curves = fig.subplots(1, 2)
     labels = [str(r["processes"]) for r in table]
     errors = [[r["sps_median"] - r["sps_min"] for r in table], [r["sps_max"] - r["sps_median"] for r in table]]
-    drawn = bars.bar(labels, [r["sps_median"] for r in table], yerr=errors, capsize=3,
-                     color=[f"C{i}" for i in range(len(table))])
+    drawn = bars.bar(
+        labels, [r["sps_median"] for r in table], yerr=errors, capsize=3, color=[f"C{i}" for i in range(len(table))]
+    )
     bars.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
     single = next((r["sps_median"] for r in table if r["processes"] == 1), None)
     if single:
@@ -201,8 +240,13 @@ def figure(table, runs):
             points = run["summary"]["curve"]
             if points:
                 steps, _, returns = zip(*points)
-                curves.plot(steps, smooth(list(returns)), color=f"C{index}", linewidth=1,
-                            label=f"{r['processes']} process(es)" if n == 0 else None)
+                curves.plot(
+                    steps,
+                    smooth(list(returns)),
+                    color=f"C{index}",
+                    linewidth=1,
+                    label=f"{r['processes']} process(es)" if n == 0 else None,
+                )
     curves.set(xlabel="environment steps, all processes", ylabel="episodic return (rank 0's envs)")
     curves.legend(fontsize=8)
     return fig
@@ -246,8 +290,9 @@ def main(argv=None):
     except BenchmarkError as error:
         note(f"benchmark stopped: {error}")
         return 1
-    settings = {key: getattr(args, key) for key in ("env_id", "num_envs", "iterations", "burnin", "repeats",
-                                                    "script_flags")} | {"seeds": seeds, "started": started.isoformat()}
+    settings = {
+        key: getattr(args, key) for key in ("env_id", "num_envs", "iterations", "burnin", "repeats", "script_flags")
+    } | {"seeds": seeds, "started": started.isoformat()}
     machine = machine_info()
     table = rows(runs, limits)
     table_md = markdown(table, machine, settings)

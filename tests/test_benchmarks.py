@@ -118,7 +118,10 @@ def write_scripts(directory, algo, eager_source, twin_source):
     return directory
 
 
-def fake_scripts(directory, algo=FAKE, twin_source=FAKE_SCRIPT.format(schedule=TWIN)):
+FAKE_TWIN = FAKE_SCRIPT.format(schedule=TWIN)
+
+
+def fake_scripts(directory, algo=FAKE, twin_source=FAKE_TWIN):
     """`algo`'s scripts in `directory`: the fake eager script on the EAGER schedule and `twin_source`."""
     return write_scripts(directory, algo, FAKE_SCRIPT.format(schedule=EAGER), twin_source)
 
@@ -130,14 +133,33 @@ def calls(directory):
 
 def main_args(scripts, out, *extra):
     """`benchmarks.run` arguments for SAC's quick budget with the scripts in `scripts`, results into `out`."""
-    return ["--algos", "sac", "--quick", "--env-seconds", ENV_SECONDS, "--scripts-dir", str(scripts),
-            "--out-dir", str(out), *extra]
+    return [
+        "--algos",
+        "sac",
+        "--quick",
+        "--env-seconds",
+        ENV_SECONDS,
+        "--scripts-dir",
+        str(scripts),
+        "--out-dir",
+        str(out),
+        *extra,
+    ]
 
 
 def table_row(algo, variant, sps_median, sps_min, sps_max, return_mean, env_only_sps, vs_eager):
     """A row of `report.rows`, from its values."""
-    return {"algo": algo, "variant": variant, "runs": 2, "sps_median": sps_median, "sps_min": sps_min,
-            "sps_max": sps_max, "return_mean": return_mean, "vs_eager": vs_eager, "env_only_sps": env_only_sps}
+    return {
+        "algo": algo,
+        "variant": variant,
+        "runs": 2,
+        "sps_median": sps_median,
+        "sps_min": sps_min,
+        "sps_max": sps_max,
+        "return_mean": return_mean,
+        "vs_eager": vs_eager,
+        "env_only_sps": env_only_sps,
+    }
 
 
 def curve_run(algo, variant, curve):
@@ -148,8 +170,9 @@ def curve_run(algo, variant, curve):
 @pytest.mark.parametrize("cuda", [False, True])
 def test_plan_alternates_variants_with_one_seed_per_round_and_cuda_variants_only_with_cuda(cuda):
     other = Algo("other", "other", quick=(), full=())
-    order = [(algo.name, variant.name, repeat, seed) for algo, variant, repeat, seed in
-             run.plan([FAKE, other], [7, 8], cuda)]
+    order = [
+        (algo.name, variant.name, repeat, seed) for algo, variant, repeat, seed in run.plan([FAKE, other], [7, 8], cuda)
+    ]
     variants = [v.name for v in VARIANTS if (cuda or not v.needs_cuda) and v.name != "cpu"]
     expected = [(name, v, r, seed) for name in ("fake", "other") for r, seed in enumerate([7, 8]) for v in variants]
     assert order == expected
@@ -167,13 +190,32 @@ def test_command_adds_budget_seed_then_variant_flags(tmp_path):
     algo = Algo("fake", "fake", quick=("--q",), full=("--f",), variant_flags={"compile": ("--threads", "1")})
     compile_variant = next(v for v in VARIANTS if v.name == "compile")
     cmd = run.command(algo, compile_variant, tmp_path, quick=True, seed=5)
-    assert cmd == [sys.executable, str(tmp_path / "fake_torchcompile.py"), "--q", "--seed", "5", "--compile",
-                   "--threads", "1"]
+    assert cmd == [
+        sys.executable,
+        str(tmp_path / "fake_torchcompile.py"),
+        "--q",
+        "--seed",
+        "5",
+        "--compile",
+        "--threads",
+        "1",
+    ]
     eager_variant = next(v for v in VARIANTS if v.name == "eager")
-    assert run.command(algo, eager_variant, tmp_path, quick=False, seed=1)[1:] == [str(tmp_path / "fake.py"), "--f",
-                                                                                    "--seed", "1"]
+    assert run.command(algo, eager_variant, tmp_path, quick=False, seed=1)[1:] == [
+        str(tmp_path / "fake.py"),
+        "--f",
+        "--seed",
+        "1",
+    ]
     assert run.env_limit_command(algo, tmp_path, quick=True, seed=5, seconds=2.0)[1:] == [
-        "-m", "benchmarks.env_limit", "--seconds", "2.0", str(tmp_path / "fake.py"), "--q", "--seed", "5"
+        "-m",
+        "benchmarks.env_limit",
+        "--seconds",
+        "2.0",
+        str(tmp_path / "fake.py"),
+        "--q",
+        "--seed",
+        "5",
     ]
 
 
@@ -181,8 +223,12 @@ def test_rows_medians_spread_ratios_returns_and_env_limits():
     def record(variant, sps, return_mean):
         return {"algo": "fake", "variant": variant, "summary": {"sps": sps, "return_mean": return_mean}}
 
-    runs = [record("eager", 100, 1.0), record("compile", 300, None), record("eager", 200, 3.0),
-            record("compile", 600, None)]
+    runs = [
+        record("eager", 100, 1.0),
+        record("compile", 300, None),
+        record("eager", 200, 3.0),
+        record("compile", 600, None),
+    ]
     assert report.rows(runs, {"fake": {"sps": 900.0}}) == [
         table_row("fake", "eager", 150, 100, 200, 2.0, 900.0, 1.0),
         table_row("fake", "compile", 450, 300, 600, None, 900.0, 3.0),
@@ -190,8 +236,7 @@ def test_rows_medians_spread_ratios_returns_and_env_limits():
     assert [r["env_only_sps"] for r in report.rows(runs, {})] == [None, None]
 
 
-def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_and_plots(tmp_path, monkeypatch,
-                                                                                         capsys):
+def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_and_plots(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     scripts = fake_scripts(tmp_path, SAC)
     out = tmp_path / "results"
@@ -199,9 +244,14 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
 
     budget = " ".join(SAC.quick)
     assert calls(scripts) == [
-        call for seed in (7, 8, 7)
-        for call in (f"{SAC.eager} {budget} --seed {seed}", f"{SAC.twin} {budget} --seed {seed}",
-                     f"{SAC.twin} {budget} --seed {seed} --compile", f"{SAC.eager}_cpu {budget} --seed {seed}")
+        call
+        for seed in (7, 8, 7)
+        for call in (
+            f"{SAC.eager} {budget} --seed {seed}",
+            f"{SAC.twin} {budget} --seed {seed}",
+            f"{SAC.twin} {budget} --seed {seed} --compile",
+            f"{SAC.eager}_cpu {budget} --seed {seed}",
+        )
     ]
 
     (json_path,) = out.glob("*.json")
@@ -226,17 +276,36 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     assert [r["variant"] for r in document["runs"]] == ["eager", "torchcompile", "compile", "cpu"] * 3
     assert [r["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
     assert [r["summary"]["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
-    assert [r["summary"]["sps"] for r in document["runs"]] == [100, 150, 300, 800, 120, 200, 500, 700, 90, 250, 400, 600]
+    assert [r["summary"]["sps"] for r in document["runs"]] == [
+        100,
+        150,
+        300,
+        800,
+        120,
+        200,
+        500,
+        700,
+        90,
+        250,
+        400,
+        600,
+    ]
     assert document["runs"][0]["summary"]["curve"] == [[100, 0.1, -11.0], [200, 0.2, -10.0], [300, 0.3, -9.0]]
     assert document["runs"][2]["flags"] == [*SAC.quick, "--seed", "7", "--compile"]
     assert document["runs"][0]["summary"]["script"] == SAC.eager
-    assert document["settings"] | {"started": None} == {"budget": "quick", "repeats": 3, "seeds": [7, 8, 7],
-                                                        "started": None}
+    assert document["settings"] | {"started": None} == {
+        "budget": "quick",
+        "repeats": 3,
+        "seeds": [7, 8, 7],
+        "started": None,
+    }
     machine = document["machine"]
     assert machine["cores"] >= 1 and machine["gpu"] is None
     assert machine["versions"]["torch"] and machine["versions"]["gymnasium"] and machine["versions"]["tensordict"]
     assert [(r["variant"], r["sps_median"], r["vs_eager"], r["env_only_sps"]) for r in document["table"]] == [
-        ("eager", 100, 1.0, limit["sps"]), ("torchcompile", 200, 2.0, limit["sps"]), ("compile", 400, 4.0, limit["sps"]),
+        ("eager", 100, 1.0, limit["sps"]),
+        ("torchcompile", 200, 2.0, limit["sps"]),
+        ("compile", 400, 4.0, limit["sps"]),
         ("cpu", 700, 7.0, limit["sps"]),
     ]
 
@@ -328,11 +397,19 @@ def test_env_limit_measures_every_registered_scripts_own_env(algo):
 
 
 def test_sps_bars_give_medians_asymmetric_spread_and_env_limit_per_algorithm():
-    table = [table_row("a", "eager", 100, 90, 130, None, 1000.0, 1.0), table_row("b", "eager", 5, 5, 5, None, None, 1.0),
-             table_row("a", "compile", 200, 150, 210, None, 1000.0, 2.0)]
+    table = [
+        table_row("a", "eager", 100, 90, 130, None, 1000.0, 1.0),
+        table_row("b", "eager", 5, 5, 5, None, None, 1.0),
+        table_row("a", "compile", 200, 150, 210, None, 1000.0, 2.0),
+    ]
     assert plots.sps_bars(table) == {
-        "a": {"variants": ["eager", "compile"], "median": [100, 200], "down": [10, 50], "up": [30, 10],
-              "env_only": 1000.0},
+        "a": {
+            "variants": ["eager", "compile"],
+            "median": [100, 200],
+            "down": [10, 50],
+            "up": [30, 10],
+            "env_only": 1000.0,
+        },
         "b": {"variants": ["eager"], "median": [5], "down": [0], "up": [0], "env_only": None},
     }
 
@@ -344,17 +421,26 @@ def test_smooth_is_a_trailing_mean():
 
 
 def test_return_curves_split_each_runs_curve_by_variant_and_skip_runs_without_episodes():
-    runs = [curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]), curve_run("b", "eager", [[1, 0.1, 9.0]]),
-            curve_run("a", "compile", []), curve_run("a", "eager", [[15, 0.2, 5.0]])]
+    runs = [
+        curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]),
+        curve_run("b", "eager", [[1, 0.1, 9.0]]),
+        curve_run("a", "compile", []),
+        curve_run("a", "eager", [[15, 0.2, 5.0]]),
+    ]
     assert plots.return_curves(runs, "a", window=2) == {
-        "eager": [{"steps": [10, 20], "seconds": [0.5, 1.5], "returns": [1.0, 2.0]},
-                  {"steps": [15], "seconds": [0.2], "returns": [5.0]}]
+        "eager": [
+            {"steps": [10, 20], "seconds": [0.5, 1.5], "returns": [1.0, 2.0]},
+            {"steps": [15], "seconds": [0.2], "returns": [5.0]},
+        ]
     }
     assert plots.return_curves(runs, "c") == {}
 
 
 def test_plots_write_the_sps_png_and_a_returns_png_per_algorithm_with_episodes(tmp_path):
-    table = [table_row("a", "eager", 100, 90, 130, -1.0, 1000.0, 1.0), table_row("b", "eager", 5, 5, 5, None, None, 1.0)]
+    table = [
+        table_row("a", "eager", 100, 90, 130, -1.0, 1000.0, 1.0),
+        table_row("b", "eager", 5, 5, 5, None, None, 1.0),
+    ]
     runs = [curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]), curve_run("b", "eager", [])]
     paths = plots.write(tmp_path / "out", "stamp", table, runs)
     assert [path.name for path in paths] == ["stamp-sps.png", "stamp-a-returns.png"]
@@ -396,8 +482,16 @@ def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other()
     compile_ = torch.compile
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "200", "--batch-size", "32"]
     sps, parts = breakdown.measure_one("sac_continuous_action", "sac", flags)
-    assert set(parts) == {"env step", "acting", "storing", "sampling", "critic update", "actor update",
-                          "target update", "other"}
+    assert set(parts) == {
+        "env step",
+        "acting",
+        "storing",
+        "sampling",
+        "critic update",
+        "actor update",
+        "target update",
+        "other",
+    }
     assert all(us >= 0 for us in parts.values()) and parts["critic update"] > 0 and parts["env step"] > 0
     assert sum(parts.values()) == pytest.approx(1e6 / sps, rel=1e-6) or parts["other"] == 0
     assert torch.compile is compile_
@@ -408,8 +502,10 @@ def test_breakdown_window_leaves_out_warmup_calls_and_counts_calls_per_step():
     at its 4th call (env step 6) and ends at the last env step (10)."""
     timers = breakdown.Timers()
     timers.clock = [(step, float(step)) for step in range(1, 11)]  # one second per env step
-    timers.calls = {"update": [(at, 10.0 if at < 6 else 0.5) for at in range(0, 10, 2)],
-                    "env step": [(at, 0.25) for at in range(10)]}
+    timers.calls = {
+        "update": [(at, 10.0 if at < 6 else 0.5) for at in range(0, 10, 2)],
+        "env step": [(at, 0.25) for at in range(10)],
+    }
     sps, parts = breakdown.window(timers)
     assert sps == pytest.approx(1.0)
     assert parts == pytest.approx({"update": 0.25e6, "env step": 0.25e6, "other": 0.5e6})
@@ -425,25 +521,40 @@ def test_breakdown_times_a_compiled_part_around_its_compiled_function():
 
 
 def test_scaling_efficiency_is_sps_over_n_times_the_single_process_median():
-    runs = [{"processes": n, "summary": {"sps": sps, "return_mean": -1.0}}
-            for n, sps in [(1, 100.0), (2, 150.0), (1, 120.0), (2, 190.0), (1, 90.0), (2, 170.0)]]
+    runs = [
+        {"processes": n, "summary": {"sps": sps, "return_mean": -1.0}}
+        for n, sps in [(1, 100.0), (2, 150.0), (1, 120.0), (2, 190.0), (1, 90.0), (2, 170.0)]
+    ]
     limits = {1: {"sps": 1000.0}, 2: {"sps": 1900.0}}
     single, double = scaling.rows(runs, limits)
     assert (single["sps_median"], single["efficiency"], single["env_only_sps"]) == (100.0, 1.0, 1000.0)
     assert (double["sps_median"], double["sps_min"], double["sps_max"]) == (170.0, 150.0, 190.0)
     assert double["speedup"] == pytest.approx(1.7) and double["efficiency"] == pytest.approx(0.85)
-    assert "| 2 | 170 | 150-190 | 1.70x | 85% | 1900 |" in scaling.markdown([single, double], machine.machine_info(), {
-        "env_id": "X", "num_envs": 1, "iterations": 5, "burnin": 2, "repeats": 3, "seeds": [1, 2, 3],
-        "script_flags": [], "started": "now"})
+    assert "| 2 | 170 | 150-190 | 1.70x | 85% | 1900 |" in scaling.markdown(
+        [single, double],
+        machine.machine_info(),
+        {
+            "env_id": "X",
+            "num_envs": 1,
+            "iterations": 5,
+            "burnin": 2,
+            "repeats": 3,
+            "seeds": [1, 2, 3],
+            "script_flags": [],
+            "started": "now",
+        },
+    )
 
 
 def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
     """A launcher that starts a child in a session of its own (as torchrun starts its ranks) and both sleep: the
     timeout kills the child too."""
     pid_file = tmp_path / "child.pid"
-    launcher = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
-                f"time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
-                "time.sleep(600)")
+    launcher = (
+        "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+        f"time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
+        "time.sleep(600)"
+    )
     with pytest.raises(run.BenchmarkError, match="timeout"):
         scaling.execute([sys.executable, "-c", launcher], timeout=5)
     child = Path(f"/proc/{pid_file.read_text()}/stat")

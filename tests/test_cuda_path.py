@@ -28,7 +28,11 @@ def build_sac(module, args):
     _, _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CPU)
     obs = lambda: (torch.randn(1, 3),)  # noqa: E731
     batch = lambda: (sac_batch(0),)  # noqa: E731
-    return optimizers, {"policy": (policy, obs), "update_critic": (update_critic, batch), "update_actor": (update_actor, batch)}
+    return optimizers, {
+        "policy": (policy, obs),
+        "update_critic": (update_critic, batch),
+        "update_actor": (update_actor, batch),
+    }
 
 
 def build_td3(module, args):
@@ -36,7 +40,11 @@ def build_td3(module, args):
     _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(args, TD3_OBS, TD3_ACT, *bounds, CPU)
     obs = lambda: (torch.randn(1, TD3_OBS),)  # noqa: E731
     batch = lambda: (td3_batch(0),)  # noqa: E731
-    return optimizers, {"policy": (policy, obs), "update_critic": (update_critic, batch), "update_actor": (update_actor, batch)}
+    return optimizers, {
+        "policy": (policy, obs),
+        "update_critic": (update_critic, batch),
+        "update_actor": (update_actor, batch),
+    }
 
 
 def build_dqn(module, args):
@@ -47,7 +55,10 @@ def build_dqn(module, args):
 def build_ppo(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 3, 2, CPU)
     # the update compiles its loss itself under --compile (the Adam step stays eager), so `main` compiles only acting
-    return [optimizer], {"policy": (policy, lambda: (torch.randn(1, 3),)), "update": (update, lambda: (ppo_minibatch(0),))}
+    return [optimizer], {
+        "policy": (policy, lambda: (torch.randn(1, 3),)),
+        "update": (update, lambda: (ppo_minibatch(0),)),
+    }
 
 
 def build_ppo_lstm(module, args):

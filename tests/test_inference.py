@@ -14,7 +14,10 @@ from benchmarks.scripts import SCRIPTS, load_script
 TINY = ["--rounds", "2", "--block-ms", "1"]
 
 
-def built_policy(spec, device=torch.device("cpu")):
+CPU = torch.device("cpu")
+
+
+def built_policy(spec, device=CPU):
     """`spec`'s policy built from its script; the test is skipped, with the reason, if the script is missing."""
     if not (SCRIPTS / f"{spec.script}.py").exists():
         pytest.skip(f"{spec.script}.py does not exist yet")
@@ -121,7 +124,7 @@ def test_rounds_alternate_and_rotate():
     order = []
     variants = [inference.Variant(name, lambda obs, name=name: order.append(name), 1) for name in "abc"]
     latencies = inference.timed_rounds(variants, None, rounds=3, calls=2, cuda=False, offset=1)
-    assert order == list("bbccaa" "ccaabb" "aabbcc")
+    assert order == list("bbccaaccaabbaabbcc")
     assert {name: len(times) for name, times in latencies.items()} == {"a": 6, "b": 6, "c": 6}
 
 
@@ -129,14 +132,21 @@ def test_missing_script_is_skipped_with_a_note(tmp_path):
     (tmp_path / "dqn_torchcompile.py").write_text("")
     ready, skipped = inference.available(["dqn", "sac"], tmp_path)
     assert [spec.name for spec in ready] == ["dqn"]
-    assert skipped == [{"policy": "sac", "reason": f"{tmp_path / 'sac_continuous_action_torchcompile.py'} does not exist"}]
+    assert skipped == [
+        {"policy": "sac", "reason": f"{tmp_path / 'sac_continuous_action_torchcompile.py'} does not exist"}
+    ]
 
 
 @pytest.mark.parametrize(
     "argv, flag",
-    [(["--batch-sizes", "0"], "--batch-sizes"), (["--policies", "ppo"], "--policies"), (["--rounds", "1"], "--rounds"),
-     (["--modes", "fast"], "--modes"), (["--block-ms", "-1"], "--block-ms"),
-     (["--backend", "aot_eager", "--modes", "reduce-overhead"], "--modes")],
+    [
+        (["--batch-sizes", "0"], "--batch-sizes"),
+        (["--policies", "ppo"], "--policies"),
+        (["--rounds", "1"], "--rounds"),
+        (["--modes", "fast"], "--modes"),
+        (["--block-ms", "-1"], "--block-ms"),
+        (["--backend", "aot_eager", "--modes", "reduce-overhead"], "--modes"),
+    ],
 )
 def test_bad_input_exits_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
