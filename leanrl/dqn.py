@@ -5,19 +5,15 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
     python leanrl/dqn.py                                  # the benchmark run
     python leanrl/dqn.py --total-timesteps 100000         # learns CartPole
 
-Plain PyTorch, no tensordict: the readable twin of dqn_torchcompile.py, written in the same shape so that
-`diff` shows only what buys speed.
-
-Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.
-`total_timesteps`, `learning_starts` and the epsilon schedule count environment steps; `train_frequency` and
-`target_network_frequency` count iterations (vector steps), as in CleanRL, so with `--num-envs N` one
-iteration is N env steps and the updates per env step drop by N. Truncated episodes bootstrap from their true
-final observation; terminated ones do not.
+Plain PyTorch, no tensordict: the readable twin of dqn_torchcompile.py, in its shape so that `diff` shows only what
+buys speed. Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the env steps;
+`train_frequency` and `target_network_frequency` count iterations (vector steps), as in CleanRL.
 """
 
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -91,38 +87,6 @@ class Args:
     """one gradient step every `train_frequency` iterations"""
 
 
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_args(args):
-    for flag in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency"):
-        if getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.total_timesteps < args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.num_envs * args.train_frequency > args.buffer_size:
-        fail(f"--buffer-size {args.buffer_size} cannot hold one training interval (--num-envs x --train-frequency)")
-    if args.learning_starts < 0:
-        fail(f"--learning-starts must be >= 0, got {args.learning_starts}")
-    if not 0 < args.exploration_fraction <= 1:
-        fail(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
-    if not 0 <= args.end_e <= 1 or not 0 <= args.start_e <= 1:
-        fail("--start-e and --end-e must be in [0, 1]")
-    if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
-        fail("--tau must be in (0, 1] and --gamma in [0, 1]")
-    if not args.learning_rate > 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_model and args.eval_episodes == 0:
-        fail("--eval-model needs --eval-episodes N, N > 0")
-
-
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         if video_dir is None:
@@ -142,22 +106,17 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id, a non-Box observation space or a non-discrete action space exits
-    with status 2."""
-    if env_id not in gym.registry:
-        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
+    """A vector env in same-step autoreset mode (the true final obs of an ended episode in `info["final_obs"]`); with
+    `video_dir`, the first env records videos there (the first `video_episodes` episodes if given)."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-    if not isinstance(envs.single_observation_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_observation_space).__name__} observation space; DQN needs a Box")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; DQN needs a Discrete one")
+    spaces = envs.single_observation_space, envs.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
     envs.action_space.seed(seed)  # the random actions of exploration
     return envs
 
@@ -171,13 +130,11 @@ def finished_episodes(infos):
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
+    """`next_obs` with the true final observation of each episode that ended on this step (same-step autoreset puts
+    the reset one there): a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
     if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
+        real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
     return real_next_obs
 
 
@@ -198,12 +155,11 @@ class QNetwork(nn.Module):
 
 def linear_schedule(start_e, end_e, duration, t):
     """Epsilon at env step `t`: a line from `start_e` at 0 to `end_e` at `duration`, then flat."""
-    slope = (end_e - start_e) / duration
-    return max(slope * t + start_e, end_e)
+    return max(start_e + (end_e - start_e) * t / duration, end_e)
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement."""
+    """A circular buffer on `device`, written from the env's numpy arrays; `sample` draws uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs, device):
         self.storage = dict(
@@ -216,11 +172,10 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def extend(self, transitions):
-        """Write a list of per-step transitions (dicts of tensors)."""
         n = sum(len(t["obs"]) for t in transitions)
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        for key in transitions[0]:
-            self.storage[key][idx] = torch.cat([t[key] for t in transitions]).to(self.device, non_blocking=True)
+        for key, column in self.storage.items():
+            column[idx] = torch.as_tensor(np.concatenate([t[key] for t in transitions])).to(column)  # its dtype, device
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -229,13 +184,13 @@ class ReplayBuffer:
         return {key: value[idx] for key, value in self.storage.items()}
 
 
-def make_update(q_network, target_network, optimizer, gamma):
-    """One gradient step of the TD loss on a batch; returns the loss and the mean Q of the taken actions."""
+def make_updates(q_network, target_network, optimizer, args):
+    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's update."""
 
     def update(data):
         with torch.no_grad():
             target_max, _ = target_network(data["next_obs"]).max(dim=1)
-            td_target = data["rewards"] + gamma * target_max * (1 - data["terminations"])
+            td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
         old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
         loss = F.mse_loss(td_target, old_val)
 
@@ -244,17 +199,11 @@ def make_update(q_network, target_network, optimizer, gamma):
         optimizer.step()
         return loss.detach(), old_val.mean().detach()
 
-    return update
-
-
-def make_update_target(q_network, target_network, tau):
-    """Move the target network's parameters a fraction `tau` of the way to the online ones (tau=1: a copy)."""
-
-    def update_target():
+    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
         for param, target_param in zip(q_network.parameters(), target_network.parameters()):
-            target_param.data.copy_(tau * param.data + (1 - tau) * target_param.data)
+            target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
 
-    return update_target
+    return update, update_target
 
 
 def make_policy(q_network, action_space, device):
@@ -271,157 +220,53 @@ def make_policy(q_network, action_space, device):
 
 
 def make_learner(args, n_obs, n_act, action_space, device):
-    """DQN's networks, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the Q network, the optimizer and the functions (policy, update, update_target)."""
+    """DQN's Q network, optimizer and functions (policy, update, update_target) on `device`, as `main` runs them."""
     q_network = QNetwork(n_obs, n_act, device=device)
     target_network = QNetwork(n_obs, n_act, device=device)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    update = make_update(q_network, target_network, optimizer, args.gamma)
-    update_target = make_update_target(q_network, target_network, args.tau)
+    update, update_target = make_updates(q_network, target_network, optimizer, args)
     policy = make_policy(q_network, action_space, device)
     return q_network, optimizer, (policy, update, update_target)
 
 
-def write_summary(summary, run_dir):
-    """Write the whole summary, learning curve included, to `run_dir/summary.json` (a temporary file, then renamed:
-    a reader never sees half of it) and print it as one `SUMMARY` line without the curve, naming that file."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f)
-    os.replace(path + ".tmp", path)
-    line = {key: value for key, value in summary.items() if key != "curve"} | {"summary_file": os.path.abspath(path)}
-    print("SUMMARY " + json.dumps(line), flush=True)
-
-
-def check_rendering(env_id):
-    """`--capture-video` needs frames drawn off-screen (MuJoCo through EGL, classic control through pygame) and
-    moviepy to write them; without them the run exits with status 2 and the reason."""
-    os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        frame = env.render()
-        env.close()
-        import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
-    except Exception as e:
-        fail(f"--capture-video: {env_id} cannot record video here ({type(e).__name__}: {e})")
-    if not isinstance(frame, np.ndarray):
-        fail(f"--capture-video: {env_id} rendered no frame")
-
-
-def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env) with `act(obs) -> actions`, in order."""
-    obs, _ = envs.reset(seed=seed)
-    returns = []
-    while len(returns) < episodes:
-        with torch.no_grad():
-            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
-        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        returns += finished_episodes(infos)
-    return returns[:episodes]
-
-
-def stop_on_ctrl_c():
-    """The first Ctrl-C asks the training loop to stop after the current step: the run then evaluates, saves and
-    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
-    stop = threading.Event()
-
-    def first_ctrl_c(signum, frame):
-        stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    signal.signal(signal.SIGINT, first_ctrl_c)
-    return stop
-
-
-def save_model(path, script, args, model):
-    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
-    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
-    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path, script, env_id):
-    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
-    env's exits with status 2."""
-    if not os.path.isfile(path):
-        fail(f"--eval-model {path}: no such file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
-    saved_by = saved.get("script") if isinstance(saved, dict) else None
-    if saved_by != script:
-        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
-    if saved["args"]["env_id"] != env_id:
-        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
-    return saved["model"]
-
-
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "dqn", args.env_id) if args.eval_model else None
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
-    stop = stop_on_ctrl_c()
-    os.makedirs(run_dir, exist_ok=True)
-    videos = os.path.join(run_dir, "videos") if args.capture_video else None
-    if args.capture_video:
-        check_rendering(args.env_id)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else videos)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = Run(args, "dqn")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, envs.action_space, device)
-    if saved_model is not None:
-        q_network.load_state_dict(saved_model)
+    if run.saved_model is not None:
+        q_network.load_state_dict(run.saved_model)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=args.seed)
-    episode_returns = deque(maxlen=20)
-    curve = []  # [global_step, seconds since start, return] of every finished episode
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     exploration_steps = args.exploration_fraction * args.total_timesteps
     qf_loss = q_mean = torch.zeros((), device=device)
-    start_time = time.time()
-    measure_start, measure_step = None, 0
-    steps = 0  # environment steps done
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            measure_start, measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
 
         # ALGO LOGIC: put action logic here
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
         actions = policy(obs, epsilon)
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-
-        for episodic_return in finished_episodes(infos):
-            episode_returns.append(episodic_return)
-            curve.append([global_step, time.time() - start_time, episodic_return])
-            if args.track:
-                wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+        run.log_episodes(global_step, finished_episodes(infos))
 
         transition = {
-            "obs": torch.as_tensor(obs, device=device, dtype=torch.float),
-            "next_obs": torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float),
-            "actions": torch.as_tensor(actions, device=device, dtype=torch.long),
-            "rewards": torch.as_tensor(rewards, device=device, dtype=torch.float),
-            "terminations": torch.as_tensor(terminations, device=device, dtype=torch.float),
+            "obs": obs,
+            "next_obs": true_next_obs(next_obs, infos),
+            "actions": actions,
+            "rewards": rewards,
+            "terminations": terminations,
         }
         rb.extend([transition])
 
@@ -438,54 +283,167 @@ def main(args):
                 update_target()
 
         if iteration % 100 == 0:
-            sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
-            return_mean = np.mean(episode_returns) if episode_returns else float("nan")
-            pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-            if args.track:
-                logs = torch.stack([qf_loss, q_mean]).tolist() + [epsilon]  # host sync
-                names = ("losses/td_loss", "losses/q_values", "charts/epsilon")
-                wandb.log(dict(zip(names, logs)) | {"charts/SPS": sps}, step=global_step)
+            run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
 
-        steps = global_step + args.num_envs
-        if stop.is_set():  # Ctrl-C: stop after this step
+        run.steps = global_step + args.num_envs
+        if run.stop.is_set():  # a first Ctrl-C: stop after this step
             break
 
-    end_time = time.time()
-    model_file = os.path.join(run_dir, "dqn.pt")
-    if args.save_model:
-        save_model(model_file, "dqn", args, q_network.state_dict())
-    eval_returns = []
-    if args.eval_episodes:  # greedy
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, args.eval_episodes)
-        eval_returns = evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, args.eval_episodes, args.seed, device)
-        eval_envs.close()
-    summary = {
-        "script": "dqn",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "device": str(device),
-        "compile": False,
-        "cudagraphs": False,
-        "num_envs": args.num_envs,
-        "total_timesteps": steps,
-        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
-        "sps_wall": steps / (end_time - start_time),
-        "episodes": len(curve),
-        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
-        "wall_s": end_time - start_time,
-        "torch_version": torch.__version__,
-        "interrupted": stop.is_set(),
-        "model_file": os.path.abspath(model_file) if args.save_model else None,
-        "eval_returns": eval_returns,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-        "curve": curve,
-    }
-    write_summary(summary, run_dir)
+    def evaluate_greedy(episodes, videos):  # the greedy action
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device)
+
     envs.close()
-    if args.track:
-        wandb.finish()
-    if stop.is_set():
-        sys.exit(130)  # what a shell reports for a Ctrl-C
+    run.finish(device, q_network.state_dict(), evaluate_greedy)
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    for flag in (*sizes, "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
+        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
+    if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
+    if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
+        fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
 
 
 if __name__ == "__main__":
