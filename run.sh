@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The full sweep (LeanRL's): every script at its default budget, seeds 21 31 41, the eager twin and every
-# variant of the optimized twin. The CUDA-graph variants run only where CUDA exists. Each run ends with its
-# SUMMARY line; `grep '^SUMMARY' runs/sweep.log` collects them.
+# The full sweep (LeanRL's): every script at its default budget, seeds 21 31 41, the eager twin, every variant
+# of the optimized twin and, where the algorithm has one, the CPU script. The CUDA-graph variants run only where
+# CUDA exists. Each run ends with its SUMMARY line; `grep '^SUMMARY' runs/sweep.log` collects them.
 set -euo pipefail
 cd "$(dirname "$0")"
 mkdir -p runs
@@ -19,5 +19,8 @@ for algo in sac_continuous_action td3_continuous_action ppo_continuous_action pp
       # shellcheck disable=SC2086  # flags are words on purpose
       python "leanrl/${algo}_torchcompile.py" --seed "$seed" $flags | tee -a runs/sweep.log
     done
+    if [ -f "leanrl/${algo}_cpu.py" ]; then
+      python "leanrl/${algo}_cpu.py" --seed "$seed" | tee -a runs/sweep.log
+    fi
   done
 done
