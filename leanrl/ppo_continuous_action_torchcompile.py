@@ -2,45 +2,28 @@
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
-    python leanrl/ppo_continuous_action_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 --total-timesteps 40960
 
-Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
+On a CPU, run ppo_continuous_action_cpu.py: its updates compile whole and it acts in numpy. Same algorithm, defaults
+and loop as the eager twin; what changes is the data flow:
 - the rollout is one TensorDict preallocated on the device: flattening it and cutting minibatches are one call;
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
 - the Gaussian's log-density and entropy are written out (torch.distributions validates and builds objects
   on every call, which costs more than the math at these sizes);
 - GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a num_steps-long
   Python loop, so the compiled graph is small and compiles in seconds;
-- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU,
-  one intra-op thread;
-- `--compile` compiles GAE and the update, and on CUDA the acting policy: there the update's loss (forward and
-  backward; the clip and the fused Adam step stay eager); on a CPU the whole update as one graph, written as a
-  function of the parameters (`torch.func` gradients, the clip and Adam written out), and acting moves to the host:
-  the policy in numpy on views of the agent's weights, the rollout written through numpy views of its tensors
-  (`cpu_fast_path` chooses);
-- `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
-  and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
-
-Each iteration collects `num_steps` vector steps, computes advantages with GAE, then runs `update_epochs`
-epochs of `num_minibatches` clipped-surrogate steps; the learning rate falls linearly to 0 over the run. The env
-chain is CleanRL's: clipped actions, normalized and clipped observations and rewards (the episode returns logged
-are the raw ones).
-
-Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
-cut is taken as 0. That state is not terminal (the agent could have gone on collecting reward), so here a
-truncated step bootstraps with gamma * V(final obs), the value of its true final observation: the vector env runs
-in same-step autoreset mode, which returns the reset observation for acting and the final one, normalized by the
-same wrapper chain, in `infos["final_obs"]`. A terminated step bootstraps with 0. Either way GAE stops at the end
-of the episode. `gae` is a pure function of the rollout's tensors, so this is checked on hand-made data.
+- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place;
+- `--compile` compiles GAE, the acting policy and the update's loss (forward and backward; the clip and the fused
+  Adam step stay eager); `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's
+  `CudaGraphModule`) and replays them with one launch each; it needs a CUDA device and exits with status 2 without.
 """
 
-import functools
 import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -56,7 +39,6 @@ import tqdm
 import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
-from torch.func import functional_call, grad_and_value
 
 
 @dataclass
@@ -122,42 +104,12 @@ class Args:
     """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
 
     compile: bool = False
-    """compile GAE, the acting policy and the update (its loss on CUDA, all of it on a CPU) with `torch.compile`"""
+    """compile GAE, the acting policy and the update's loss (on a CPU, run ppo_continuous_action_cpu.py instead)"""
     cudagraphs: bool = False
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_args(args):
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if not getattr(args, flag) > 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.total_timesteps < args.num_steps * args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
-    if (args.num_steps * args.num_envs) % args.num_minibatches != 0:
-        fail(f"--num-steps x --num-envs ({args.num_steps * args.num_envs}) is not divisible by --num-minibatches {args.num_minibatches}")
-    if args.num_steps * args.num_envs < 2 * args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (--num-steps x --num-envs too small)")
-    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
-        fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
-        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
-    if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl must be positive, got {args.target_kl}")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_model and args.eval_episodes == 0:
-        fail("--eval-model needs --eval-episodes N, N > 0")
-
-
-def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None):
+def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
         if video_dir is None:
             env = gym.make(env_id)
@@ -174,6 +126,9 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None):
         env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
+        if obs_rms is not None:  # a trained policy acts on observations normalized as in its training, frozen
+            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
+            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
@@ -183,44 +138,17 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None):
     return thunk
 
 
-def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None):
+def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
     true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id or a non- Box action space exits with status 2."""
-    if env_id not in gym.registry:
-        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
+    `video_episodes` episodes if given); with `obs_rms`, observations are normalized with those statistics, frozen.
+    A bad id or a non-Box action space exits with status 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes) for i in range(num_envs)]
-        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
+        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
+        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-    return envs
-
-
-def obs_normalizations(envs):
-    """The NormalizeObservation wrapper of each env of `envs` (each env normalizes with statistics of its own)."""
-    wrappers = []
-    for env in envs.envs:
-        while not isinstance(env, gym.wrappers.NormalizeObservation):
-            env = env.env
-        wrappers.append(env)
-    return wrappers
-
-
-def obs_rms_of(envs):
-    """The first env's observation normalization statistics, as tensors (what a saved model needs to act)."""
-    rms = obs_normalizations(envs)[0].obs_rms
-    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(float(rms.count))}
-
-
-def obs_rms_to(envs, stats, update=True):
-    """Every env of `envs` normalizes with the statistics `stats`; `update=False` freezes them there."""
-    for wrapper in obs_normalizations(envs):
-        wrapper.obs_rms.mean = stats["mean"].numpy().copy()
-        wrapper.obs_rms.var = stats["var"].numpy().copy()
-        wrapper.obs_rms.count = float(stats["count"])
-        wrapper.update_running_mean = update
 
 
 def finished_episodes(infos):
@@ -242,7 +170,7 @@ def true_next_obs(next_obs, infos):
     return real_next_obs
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -267,9 +195,6 @@ class Agent(nn.Module):
         )
         self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
 
-    def forward(self, x, action=None):  # what `torch.func.functional_call` runs (the CPU fast path)
-        return self.get_action_and_value(x, action)
-
     def get_value(self, x):
         return self.critic(x)
 
@@ -286,12 +211,10 @@ class Agent(nn.Module):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs].
-
-    Every input is [num_steps, num_envs] but `next_value` [num_envs], the value of the observation after the
-    last step. `terminations[t]` / `truncations[t]` (0 or 1) say the episode ended at step t by reaching a
-    terminal state / by being cut off; `final_values[t]` is the value of the true final observation of a
-    truncated episode (read only where `truncations[t]` is 1 and `terminations[t]` is 0)."""
+    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
+    `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
+    the episode ended at step t in a terminal state / cut off; `final_values[t]`: the value of the true final obs of
+    a truncated episode (read only there)."""
     dones = torch.maximum(terminations, truncations)
     # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
     # value of its true final observation if it was cut off and 0 if it terminated
@@ -312,11 +235,12 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-def make_loss(get_action_and_value, args):
-    """PPO's loss on a minibatch (a TensorDict) and its statistics, for the agent's `get_action_and_value`."""
+def make_update(agent, optimizer, args, compile_loss=False):
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
+    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay eager."""
 
     def loss_fn(mb):
-        _, newlogprob, entropy, newvalue = get_action_and_value(mb["obs"], mb["actions"])
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
 
@@ -349,13 +273,6 @@ def make_loss(get_action_and_value, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
-    return loss_fn
-
-
-def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay eager."""
-    loss_fn = make_loss(agent.get_action_and_value, args)
     if compile_loss:
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
@@ -370,288 +287,66 @@ def make_update(agent, optimizer, args, compile_loss=False):
     return update
 
 
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph. The
-    learning rate is a tensor in `param_groups`, as in torch.optim, so the loop anneals either optimizer alike."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.betas, self.eps = params, betas, eps
-        self.param_groups = [{"lr": lr}]
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        self.beta1_power, self.beta2_power = torch.ones((), device=lr.device), torch.ones((), device=lr.device)
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
-
-
-def clip_grad_norm(grads, max_norm):
-    """`nn.utils.clip_grad_norm_` on a dict of gradients: all of them scaled down to a total norm of `max_norm`."""
-    total_norm = torch.stack([g.pow(2).sum() for g in grads.values()]).sum().sqrt()
-    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
-    return {name: g * clip_coef for name, g in grads.items()}
-
-
-def make_functional_update(agent, lr, args):
-    """The update of `make_update` written as a function of the parameters, for a CPU: `torch.func` takes the
-    gradients, the clip and Adam are written out, so `torch.compile(fullgraph=True)` makes the whole update, from
-    the forward pass to the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would
-    split it). The parameters are the agent's own tensors, updated in place. Returns the update and its Adam."""
-    params = {name: p.data for name, p in agent.named_parameters()}
-    optimizer = Adam(params, lr, eps=1e-5)
-
-    def params_loss(params, mb):
-        return make_loss(lambda obs, actions: functional_call(agent, params, (obs, actions)), args)(mb)
-
-    def update(mb):
-        grads, (loss, stats) = grad_and_value(params_loss, has_aux=True)(params, mb)
-        optimizer.step(clip_grad_norm(grads, args.max_grad_norm))
-        return stats
-
-    return update, optimizer
-
-
-def make_host_policy(agent, seed):
-    """`get_action_and_value` and `get_value` in numpy, for batch-1 acting on a CPU (the fast path): at batch 1 a
-    torch call costs more to dispatch than its arithmetic, a numpy call much less. The arrays are views of the
-    agent's weights, which the fast path's Adam updates in place, so the policy always acts with the current ones.
-    Numpy observations in, numpy arrays out; the Gaussian noise comes from numpy's generator, seeded with `seed`."""
-    w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
-    rng = np.random.default_rng(seed)
-
-    def mlp(net, x):  # Linear, Tanh, Linear, Tanh, Linear
-        x = np.tanh(x @ w[f"{net}.0.weight"].T + w[f"{net}.0.bias"])
-        x = np.tanh(x @ w[f"{net}.2.weight"].T + w[f"{net}.2.bias"])
-        return x @ w[f"{net}.4.weight"].T + w[f"{net}.4.bias"]
-
-    def get_value(x):
-        return mlp("critic", x)
-
-    def get_action_and_value(x):
-        action_mean = mlp("actor_mean", x)
-        action_logstd = np.broadcast_to(w["actor_logstd"], action_mean.shape)
-        action_std = np.exp(action_logstd)
-        action = action_mean + action_std * rng.standard_normal(action_mean.shape, dtype=np.float32)
-        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
-        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
-        return action, log_prob.sum(1), entropy.sum(1), get_value(x)
-
-    return get_action_and_value, get_value
-
-
-def adam_options(cudagraphs):
-    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
-    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
-    the step of an optimizer that is not."""
-    return {"fused": True, "capturable": cudagraphs}
-
-
-def cuda_graph(fn, compiled):
-    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
-    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
-    it has compiled for the optimizers' created state before the recording."""
-    return CudaGraphModule(fn, warmup=3 if compiled else 2)
-
-
-def cpu_fast_path(args, device):
-    """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    update as one graph (and GAE), with a C++ wrapper (fewer Python calls per kernel), and acts in numpy on the host,
-    writing the rollout through numpy views: at batch 1, torch's dispatch cost more than the arithmetic, compiled or
-    not. On CUDA (and under `--cudagraphs`), the module update, whose loss compiles, and the device-side policy,
-    which CUDA graphs replay."""
-    return args.compile and not args.cudagraphs and device.type == "cpu"
-
-
 def make_learner(args, n_obs, n_act, device):
     """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
     Returns the agent, the optimizer and the functions (policy, get_value, update)."""
     agent = Agent(n_obs, n_act, device=device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    if cpu_fast_path(args, device):
-        update, optimizer = make_functional_update(agent, lr, args)
-    else:
-        optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
-        update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    if cpu_fast_path(args, device):
-        policy, get_value = make_host_policy(agent, args.seed)
-    else:
-        # acting reads the agent's weights through a copy that shares their memory but has no autograd state
-        agent_inference = Agent(n_obs, n_act, device=device)
-        from_module(agent).data.to_module(agent_inference)
-        policy, get_value = agent_inference.get_action_and_value, agent_inference.get_value
+    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other Adam in a graph
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    update = make_update(agent, optimizer, args, compile_loss=args.compile)
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    agent_inference = Agent(n_obs, n_act, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    policy = agent_inference.get_action_and_value
+    get_value = agent_inference.get_value
     return agent, optimizer, (policy, get_value, update)
-
-
-def write_summary(summary, run_dir):
-    """Write the whole summary, learning curve included, to `run_dir/summary.json` (a temporary file, then renamed:
-    a reader never sees half of it) and print it as one `SUMMARY` line without the curve, naming that file."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f)
-    os.replace(path + ".tmp", path)
-    line = {key: value for key, value in summary.items() if key != "curve"} | {"summary_file": os.path.abspath(path)}
-    print("SUMMARY " + json.dumps(line), flush=True)
-
-
-def check_rendering(env_id):
-    """`--capture-video` needs frames drawn off-screen (MuJoCo through EGL, classic control through pygame) and
-    moviepy to write them; without them the run exits with status 2 and the reason."""
-    os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        frame = env.render()
-        env.close()
-        import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
-    except Exception as e:
-        fail(f"--capture-video: {env_id} cannot record video here ({type(e).__name__}: {e})")
-    if not isinstance(frame, np.ndarray):
-        fail(f"--capture-video: {env_id} rendered no frame")
-
-
-def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env) with `act(obs) -> actions`, in order."""
-    obs, _ = envs.reset(seed=seed)
-    returns = []
-    while len(returns) < episodes:
-        with torch.no_grad():
-            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
-        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        returns += finished_episodes(infos)
-    return returns[:episodes]
-
-
-def stop_on_ctrl_c():
-    """The first Ctrl-C asks the training loop to stop after the current iteration (rollout and update): the run then evaluates, saves and
-    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
-    stop = threading.Event()
-
-    def first_ctrl_c(signum, frame):
-        stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    signal.signal(signal.SIGINT, first_ctrl_c)
-    return stop
-
-
-def save_model(path, script, args, model):
-    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
-    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
-    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path, script, env_id):
-    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
-    env's exits with status 2."""
-    if not os.path.isfile(path):
-        fail(f"--eval-model {path}: no such file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
-    saved_by = saved.get("script") if isinstance(saved, dict) else None
-    if saved_by != script:
-        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
-    if saved["args"]["env_id"] != env_id:
-        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
-    return saved["model"]
 
 
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "ppo_continuous_action_torchcompile", args.env_id) if args.eval_model else None
-    batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
-    stop = stop_on_ctrl_c()
-    os.makedirs(run_dir, exist_ok=True)
-    videos = os.path.join(run_dir, "videos") if args.capture_video else None
-    if args.capture_video:
-        check_rendering(args.env_id)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, None if args.eval_model else videos)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = Run(
+        args, "ppo_continuous_action_torchcompile"
+    )  # seeds, run folder, wandb and Ctrl-C: see the end of the file
+    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cpu":
-        # every op here is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it
-        # saves, and on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
-        torch.set_num_threads(1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
-    if saved_model is not None:
-        agent.load_state_dict(saved_model["agent"])
-        obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
+    if run.saved_model is not None:
+        agent.load_state_dict(run.saved_model["agent"])
     compute_gae = gae
-    if cpu_fast_path(args, device):
-        # the whole functional update and GAE, each with a C++ wrapper (fewer Python calls per kernel); acting is numpy
-        options = {"cpp_wrapper": True}
-        compute_gae = torch.compile(gae, fullgraph=True, options=options)
-        update = torch.compile(update, fullgraph=True, options=options)
-    elif args.compile:
+    if args.compile:
         # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains from compile
-        # (README, `benchmarks.inference`)
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
     if args.cudagraphs:
-        policy = cuda_graph(policy, args.compile)
-        update = cuda_graph(update, args.compile)
+        # the first `warmup - 1` calls run as they are (Adam creates its state; a compiled function compiles once more
+        # for it), the next records a CUDA graph, later calls replay it
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
-    rollout = TensorDict(
-        obs=torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
-        actions=torch.zeros(args.num_steps, args.num_envs, n_act, device=device),
-        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
-        values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
-        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        final_values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        batch_size=[args.num_steps, args.num_envs],
-        device=device,
-    )
-    if cpu_fast_path(args, device):
-        # the host policy's numpy arrays are written through numpy views of the rollout's tensors (same memory)
-        store, as_stored, as_env_action = rollout.numpy(), functools.partial(np.asarray, dtype=np.float32), np.asarray
-    else:
-        store, as_stored = rollout, functools.partial(torch.as_tensor, device=device, dtype=torch.float)
-        as_env_action = lambda action: action.cpu().numpy()  # noqa: E731
+    scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
+    rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
+    rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = as_stored(next_obs)
-    episode_returns = deque(maxlen=20)
-    curve = []  # [global_step, seconds since start, return] of every finished episode
+    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
     global_step = 0
-    start_time = time.time()
-    measure_start, measure_step = None, 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            measure_start, measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -659,105 +354,220 @@ def main(args):
 
         for step in range(args.num_steps):
             global_step += args.num_envs
-            store["obs"][step] = next_obs
+            rollout["obs"][step] = next_obs
 
             # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = policy(next_obs)
-            store["values"][step] = value.flatten()
-            store["actions"][step] = action
-            store["logprobs"][step] = logprob
+            rollout["values"][step] = value.flatten()
+            rollout["actions"][step] = action
+            rollout["logprobs"][step] = logprob
 
-            next_obs, reward, terminations, truncations, infos = envs.step(as_env_action(action))
-            store["rewards"][step] = as_stored(reward)
-            store["terminations"][step] = as_stored(terminations)
-            store["truncations"][step] = as_stored(truncations)
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            run.log_episodes(global_step, finished_episodes(infos))
+            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
+            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
             if truncations.any():
                 # the value of the state each truncated episode was cut at (gae reads it only there)
-                final_obs = as_stored(true_next_obs(next_obs, infos))
+                final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
                 with torch.no_grad():
-                    store["final_values"][step] = get_value(final_obs).flatten()
-            next_obs = as_stored(next_obs)
-
-            for episodic_return in finished_episodes(infos):
-                episode_returns.append(episodic_return)
-                curve.append([global_step, time.time() - start_time, episodic_return])
-                if args.track:
-                    wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+                    rollout["final_values"][step] = get_value(final_obs).flatten()
+            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
 
         # bootstrap value if not done
         with torch.no_grad():
-            next_value = torch.as_tensor(get_value(next_obs), device=device).flatten()
-        advantages, returns = compute_gae(
-            rollout["rewards"], rollout["values"], next_value, rollout["final_values"],
-            rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
-        )
+            next_value = get_value(next_obs).flatten()
+        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
+        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
         # flatten the batch
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
         # Optimizing the policy and value network
-        for epoch in range(args.update_epochs):
+        for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
                 stats = update(b[mb_inds])
             if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
                 break
 
-        sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
-        return_mean = np.mean(episode_returns) if episode_returns else float("nan")
-        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if args.track:
-            y_pred, y_true = b["values"], b["returns"]
-            explained_var = 1 - (y_true - y_pred).var() / y_true.var()
-            logs = torch.cat([stats, explained_var.reshape(1)]).tolist()  # host sync, once per iteration
-            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
-            lr = float(optimizer.param_groups[0]["lr"])
-            wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
-
-        if stop.is_set():  # Ctrl-C: stop after this iteration
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        run.log_progress(pbar, global_step, dict(zip(names, stats), explained_variance=explained_var))
+        run.steps = global_step
+        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
             break
 
-    end_time = time.time()
-    model_file = os.path.join(run_dir, "ppo_continuous_action_torchcompile.pt")
-    if args.save_model:
-        model = {"agent": agent.state_dict(), "obs_rms": obs_rms_of(envs)}  # the normalization is part of the policy
-        save_model(model_file, "ppo_continuous_action_torchcompile", args, model)
-    eval_returns = []
-    if args.eval_episodes:  # the Gaussian's mean
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, args.eval_episodes)
-        obs_rms_to(eval_envs, obs_rms_of(envs), update=False)  # frozen: evaluation must not move it
-        eval_returns = evaluate(agent.actor_mean, eval_envs, args.eval_episodes, args.seed, device)
-        eval_envs.close()
-    steps = global_step
-    summary = {
-        "script": "ppo_continuous_action_torchcompile",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "device": str(device),
-        "compile": args.compile,
-        "cudagraphs": args.cudagraphs,
-        "num_envs": args.num_envs,
-        "total_timesteps": steps,
-        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
-        "sps_wall": steps / (end_time - start_time),
-        "episodes": len(curve),
-        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
-        "wall_s": end_time - start_time,
-        "torch_version": torch.__version__,
-        "interrupted": stop.is_set(),
-        "model_file": os.path.abspath(model_file) if args.save_model else None,
-        "eval_returns": eval_returns,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-        "curve": curve,
-    }
-    write_summary(summary, run_dir)
+    # the observation normalization (the first env's) is part of the policy: saved and evaluated with it
+    rms = envs.envs[0].get_wrapper_attr("obs_rms")
+    obs_rms = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(rms.count)}
+
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
+
     envs.close()
-    if args.track:
-        wandb.finish()
-    if stop.is_set():
-        sys.exit(130)  # what a shell reports for a Ctrl-C
+    run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent)
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    batch_size = args.num_steps * args.num_envs
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
+        fail(
+            f"--num-steps x --num-envs ({batch_size}) must split into --num-minibatches {args.num_minibatches}"
+            " equal minibatches of two samples or more"
+        )
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
+        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
 
 
 if __name__ == "__main__":
