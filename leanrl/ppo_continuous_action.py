@@ -126,20 +126,14 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
     true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given); with `obs_rms` (`obs_rms_of`), observations are normalized with those
-    statistics, frozen. A bad id or a non-Box action space exits with status 2."""
+    `video_episodes` episodes if given); with `obs_rms`, observations are normalized with those statistics, frozen.
+    A bad id or a non-Box action space exits with status 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-
-
-def obs_rms_of(envs):
-    """The first env's observation normalization statistics, as tensors (what a saved model needs to act)."""
-    rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(float(rms.count))}
 
 
 def finished_episodes(infos):
@@ -280,7 +274,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    run = Run(args, "ppo_continuous_action")  # seeds, run folder, wandb and Ctrl-C: see the end of the file
     saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
@@ -362,7 +356,9 @@ def main(args):
         if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
             break
 
-    obs_rms = obs_rms_of(envs)  # the observation normalization is part of the policy: saved and evaluated with it
+    # the observation normalization (the first env's) is part of the policy: saved and evaluated with it
+    rms = envs.envs[0].get_wrapper_attr("obs_rms")
+    obs_rms = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(rms.count)}
 
     def evaluate_agent(episodes, videos):  # the Gaussian's mean
         eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
