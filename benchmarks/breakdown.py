@@ -1,6 +1,6 @@
 """Where a step's time goes, for every algorithm: the script's own `main()` runs with timers around its parts.
 
-    python -m benchmarks.breakdown                      # every algorithm: eager twin, optimized twin, --compile
+    python -m benchmarks.breakdown                      # every algorithm: eager, twin, twin --compile, CPU script
     python -m benchmarks.breakdown sac dqn --rounds 3   # some algorithms, 3 alternating rounds
 
 Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the quick benchmark
@@ -31,6 +31,7 @@ import tyro
 
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS
+from benchmarks.registry import VARIANTS as ALL_VARIANTS
 from benchmarks.scripts import load_script
 
 # what each algorithm's `make_learner` returns last: its step functions, named as parts
@@ -43,7 +44,8 @@ FUNCTIONS = {
 }
 BY_NAME = {algo.name: algo for algo in ALGOS}
 WARMUP_CALLS = 3  # calls of each part left out of the window: compiling, the optimizers creating their state
-VARIANTS = {"eager": ("eager", ()), "torchcompile": ("twin", ()), "compile": ("twin", ("--compile",))}
+# the harness's variants that run on a CPU: eager, twin, twin --compile and, where there is one, the CPU script
+VARIANTS = {variant.name: variant for variant in ALL_VARIANTS if not variant.needs_cuda}
 
 
 class Timers:
@@ -146,9 +148,8 @@ def window(timers, warmup_calls=WARMUP_CALLS):
 
 def run_variant(algo, variant, budget_flags, timeout=1800):
     """One variant in a fresh interpreter (the scripts set thread counts for the whole process)."""
-    which, flags = VARIANTS[variant]
-    script = BY_NAME[algo].eager if which == "eager" else BY_NAME[algo].twin
-    cmd = [sys.executable, "-m", "benchmarks.breakdown", "--one", script, algo, *budget_flags, *flags]
+    script = BY_NAME[algo].script(VARIANTS[variant])
+    cmd = [sys.executable, "-m", "benchmarks.breakdown", "--one", script, algo, *budget_flags, *VARIANTS[variant].flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd[2:])} exited with status {proc.returncode}\n{proc.stderr[-3000:]}")
@@ -201,9 +202,9 @@ def main(argv=None):
         f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick budgets, {opts.rounds} rounds"
     )
     for algo in opts.algos:
-        rounds = {variant: [] for variant in VARIANTS}
+        rounds = {name: [] for name, variant in VARIANTS.items() if BY_NAME[algo].runs(variant)}
         for _ in range(opts.rounds):
-            for variant in VARIANTS:
+            for variant in rounds:
                 rounds[variant].append(run_variant(algo, variant, BY_NAME[algo].quick))
         results = {variant: median_result(runs) for variant, runs in rounds.items()}
         print(table(algo, results), flush=True)

@@ -231,7 +231,7 @@ def bench_unit(spec, script, batch, args, device):
     torch._dynamo.reset()  # static graphs: each batch size compiles afresh, as a script with fixed num_envs does
     torch.manual_seed(args.seed)
     cuda = device.type == "cuda"
-    built = spec.build(script, device)
+    built = spec.build(script, device, cpu_script(spec, args.scripts_dir, device))
     obs = spec.observe(batch, device, torch.Generator().manual_seed(args.seed))
     variants = make_variants(built.act, args.modes, args.backend, cuda, built.host)
     with torch.no_grad():
@@ -272,6 +272,14 @@ def available(names, scripts_dir):
         else:
             skipped.append({"policy": name, "reason": f"{path} does not exist"})
     return ready, skipped
+
+
+def cpu_script(spec, scripts_dir, device):
+    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU; None on CUDA or
+    where the algorithm has no CPU script on disk."""
+    if device.type != "cpu" or spec.cpu_script is None or not (Path(scripts_dir) / f"{spec.cpu_script}.py").exists():
+        return None
+    return load_script(spec.cpu_script, scripts_dir)
 
 
 def run_policy(spec, args, device):

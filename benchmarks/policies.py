@@ -23,9 +23,9 @@ ATARI_FRAMES, ATARI_ACT = (4, 84, 84), 4
 @dataclass(frozen=True)
 class Built:
     """A policy ready to time: `source` is the training module whose weights it reads, `act` the function the
-    script calls to act (on a weight-sharing copy of `source`, or on `source` itself), `host` the script's numpy
-    policy on views of `source`'s weights (`make_host_policy`, what `--compile` acts with on a CPU; None on CUDA
-    and for the Atari CNN), called with numpy arrays."""
+    twin calls to act (on a weight-sharing copy of `source`, or on `source` itself), `host` the CPU script's numpy
+    policy on views of `source`'s weights (`make_host_policy`, what `<algo>_cpu.py` acts with; None on CUDA and
+    where there is no CPU script), called with numpy arrays."""
 
     source: torch.nn.Module
     act: Callable
@@ -36,10 +36,12 @@ class Built:
 class PolicySpec:
     """How to build, feed and check the acting policy of one optimized twin.
 
-    `build(script, device)` returns a Built; `observe(batch, device, generator)` a batch of observations;
+    `build(script, device, cpu)` returns a Built (`cpu`: the module of `cpu_script`, or None);
+    `observe(batch, device, generator)` a batch of observations;
     `deterministic(outputs)` the outputs that do not depend on sampled noise, by name; `perturb(source)` changes
     the source's weights in place, under no_grad, so that every deterministic output changes; `threads` is the
-    intra-op thread count the script sets on a CPU (None: torch's default); `note` says what is compared."""
+    intra-op thread count the CPU script sets (None: torch's default); `note` says what is compared;
+    `cpu_script` the algorithm's CPU script, whose numpy policy is timed on a CPU (None: it has none)."""
 
     name: str
     script: str
@@ -49,6 +51,7 @@ class PolicySpec:
     perturb: Callable
     threads: int | None
     note: str
+    cpu_script: str | None = None
 
 
 def scale_weights(module, factor=1.5):
@@ -73,7 +76,7 @@ def atari_obs(batch, device, generator):
     return torch.randint(0, 256, (batch, *ATARI_FRAMES), dtype=torch.uint8, generator=generator).to(device)
 
 
-def build_ppo_continuous(script, device):
+def build_ppo_continuous(script, device, cpu=None):
     """PPO continuous: the agent and its weight-sharing acting copy; acting is `get_action_and_value`. The
     log-std is set to -20 (a weight, not an op): the sampled action is then the mean to within ~1e-8, so the
     whole actor can be compared."""
@@ -82,11 +85,11 @@ def build_ppo_continuous(script, device):
         agent.actor_logstd.fill_(-20.0)
     agent_inference = script.Agent(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device=device)
     from_module(agent).data.to_module(agent_inference)
-    host = script.make_host_policy(agent, seed=0)[0] if device.type == "cpu" else None
+    host = cpu.make_host_policy(agent, seed=0)[0] if cpu else None
     return Built(agent, agent_inference.get_action_and_value, host)
 
 
-def build_ppo_atari(script, device):
+def build_ppo_atari(script, device, cpu=None):
     """PPO Atari: the Nature-CNN agent (channels-last on a CPU, as the twin makes it) and its weight-sharing acting
     copy; acting is `get_action_and_value`."""
     agent = script.make_agent(ATARI_ACT, device)
@@ -95,33 +98,33 @@ def build_ppo_atari(script, device):
     return Built(agent, agent_inference.get_action_and_value)
 
 
-def build_sac(script, device):
+def build_sac(script, device, cpu=None):
     """SAC: the actor and its weight-sharing acting copy; acting is `get_action`."""
     low, high = -torch.ones(HALF_CHEETAH_ACT), torch.ones(HALF_CHEETAH_ACT)
     actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     from_module(actor).data.to_module(actor_detach)
-    host = script.make_host_policy(actor, seed=0) if device.type == "cpu" else None
+    host = cpu.make_host_policy(actor, seed=0) if cpu else None
     return Built(actor, actor_detach.get_action, host)
 
 
-def build_td3(script, device):
+def build_td3(script, device, cpu=None):
     """TD3: the actor, its weight-sharing acting copy and `make_policy` around it, with an exploration noise of 0:
     the same ops (the noise is still drawn, scaled and added), a deterministic action."""
     low, high = -torch.ones(HALF_CHEETAH_ACT), torch.ones(HALF_CHEETAH_ACT)
     actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     from_module(actor).data.to_module(actor_detach)
-    host = script.make_host_policy(actor, 0.0, seed=0) if device.type == "cpu" else None
+    host = cpu.make_host_policy(actor, 0.0, seed=0) if cpu else None
     return Built(actor, script.make_policy(actor_detach, 0.0), host)
 
 
-def build_dqn(script, device):
+def build_dqn(script, device, cpu=None):
     """DQN: epsilon-greedy `make_policy` on the Q-network, with epsilon 0 (start_e = end_e = 0): the same ops (the
     coins are still drawn), a greedy, deterministic action. The duration is the default's, 0.5 x 500k steps."""
     q_network = script.QNetwork(CARTPOLE_OBS, CARTPOLE_ACT, device=device)
     global_step = torch.zeros((), dtype=torch.long, device=device)
-    host = script.make_host_policy(q_network, CARTPOLE_ACT, 0.0, 0.0, 250_000.0) if device.type == "cpu" else None
+    host = cpu.make_host_policy(q_network, CARTPOLE_ACT, 0.0, 0.0, 250_000.0) if cpu else None
     return Built(q_network, script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0), host)
 
 
@@ -142,6 +145,7 @@ SPECS = {
         scale_weights,
         1,
         "action (= the mean, log-std -20), entropy and value; log-prob holds the noise",
+        "ppo_continuous_action_cpu",
     ),
     "ppo_atari": PolicySpec(
         "ppo_atari",
@@ -162,6 +166,7 @@ SPECS = {
         scale_weights,
         None,
         "the mean action; the sampled action and log-prob hold the noise (fc_logstd is not compared)",
+        "sac_continuous_action_cpu",
     ),
     "td3": PolicySpec(
         "td3",
@@ -172,6 +177,7 @@ SPECS = {
         scale_weights,
         None,
         "the action (exploration noise 0)",
+        "td3_continuous_action_cpu",
     ),
     "dqn": PolicySpec(
         "dqn",
@@ -182,5 +188,6 @@ SPECS = {
         negate_output_layer,
         1,
         "the greedy action (epsilon 0)",
+        "dqn_cpu",
     ),
 }

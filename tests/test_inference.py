@@ -18,16 +18,16 @@ CPU = torch.device("cpu")
 
 
 def built_policy(spec, device=CPU):
-    """`spec`'s policy built from its script; the test is skipped, with the reason, if the script is missing."""
-    if not (SCRIPTS / f"{spec.script}.py").exists():
-        pytest.skip(f"{spec.script}.py does not exist yet")
+    """`spec`'s policy built from its twin, with the CPU script's numpy policy on a CPU; returns the twin's module, the
+    CPU script's (or None) and the Built."""
     script = load_script(spec.script)
-    return script, spec.build(script, device)
+    cpu = inference.cpu_script(spec, SCRIPTS, device)
+    return script, cpu, spec.build(script, device, cpu)
 
 
-def stale_copy(spec, script, built):
+def stale_copy(spec, script, cpu, built):
     """The same policy built on a separate copy of `built`'s weights: equal now, stale after an update."""
-    stale = spec.build(script, torch.device("cpu"))
+    stale = spec.build(script, CPU, cpu)
     stale.source.load_state_dict(built.source.state_dict())
     return stale
 
@@ -60,15 +60,16 @@ def test_quick_run_writes_json_table_and_plot(tmp_path):
 @pytest.mark.parametrize("name", list(SPECS))
 def test_compiled_policy_follows_weights_and_stale_copy_fails(name):
     spec = SPECS[name]
-    script, built = built_policy(spec)
-    stale = stale_copy(spec, script, built)
+    script, cpu, built = built_policy(spec)
+    assert (cpu is None) == (spec.cpu_script is None)
+    stale = stale_copy(spec, script, cpu, built)
     variants = [
         inference.Variant("eager", built.act, 1),
         inference.Variant("compiled", torch.compile(built.act, backend="aot_eager"), 2),
         inference.Variant("stale", stale.act, 1),
         inference.Variant("stale compiled", torch.compile(stale.act, backend="aot_eager"), 2),
     ]
-    if built.host is not None:  # the numpy policy of the CPU fast path, on views of the same weights
+    if built.host is not None:  # the CPU script's numpy policy, on views of the same weights
         variants += [inference.Variant("numpy", inference.numpy_policy(built.host), 1)]
         variants += [inference.Variant("stale numpy", inference.numpy_policy(stale.host), 1)]
     obs = spec.observe(2, torch.device("cpu"), torch.Generator().manual_seed(0))
@@ -80,7 +81,7 @@ def test_compiled_policy_follows_weights_and_stale_copy_fails(name):
     assert all(check["ok"] for check in before.values())  # equal weights: every variant agrees with eager
     assert after["eager"]["changed"] and after["compiled"]["ok"]
     if name == "ppo_atari":
-        assert built.host is None  # the CNN acts with torch on every device
+        assert built.host is None  # no CPU script: the CNN acts with torch on every device
     else:
         assert after["numpy"]["ok"] and after["numpy"]["changed"]
     for stale_name in [v.name for v in variants if v.name.startswith("stale")]:
