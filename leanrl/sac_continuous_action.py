@@ -6,10 +6,9 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
     python leanrl/sac_continuous_action.py                                   # the benchmark run
     python leanrl/sac_continuous_action.py --env-id Pendulum-v1 --total-timesteps 10000   # learns Pendulum
 
-Plain PyTorch, no tensordict: the readable twin of sac_continuous_action_torchcompile.py, written in the same
-shape so that `diff` shows only what buys speed. One gradient step per vector step, as in CleanRL, so with
-`--num-envs N` the updates per env step drop by N. Truncated episodes bootstrap from their true final
-observation; terminated ones do not.
+Plain PyTorch: the readable twin of sac_continuous_action_torchcompile.py, in its shape so that `diff` shows only
+what buys speed. One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer per env step).
+Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
 
 import json
@@ -92,15 +91,11 @@ class Args:
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -109,9 +104,8 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id or a discrete action space exits with status 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
+    the first env records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
@@ -135,9 +129,8 @@ def finished_episodes(infos):
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
+    put the reset one: a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
     if "_final_obs" in infos:
         for idx in np.flatnonzero(infos["_final_obs"]):
@@ -203,30 +196,26 @@ class ReplayBuffer:
     """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
-        self.storage = dict(
-            obs=torch.zeros(buffer_size, n_obs, device=device),
-            next_obs=torch.zeros(buffer_size, n_obs, device=device),
-            actions=torch.zeros(buffer_size, n_act, device=device),
-            rewards=torch.zeros(buffer_size, device=device),
-            terminations=torch.zeros(buffer_size, device=device),
-        )
-        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
+        shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
+        self.storage = {key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()}
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
+        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
         n = len(transition["obs"])
-        idx = torch.arange(self.cursor, self.cursor + n) % self.buffer_size
+        idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
         for key, value in transition.items():
-            self.storage[key][idx] = value
+            self.storage[key][idx] = torch.as_tensor(value, device=self.device, dtype=torch.float)
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
     def sample(self, batch_size):
-        idx = torch.randint(0, self.size, (batch_size,), device=self.storage["obs"].device)
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
         return {key: value[idx] for key, value in self.storage.items()}
 
 
 def make_updates(actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, optimizers, args, target_entropy):
-    """The critic step and the actor (plus entropy) step of SAC. `optimizers` is (q, actor, alpha)."""
+    """The critic step, the actor (and entropy) step and the target update of SAC; `optimizers`: (q, actor, alpha)."""
     q_optimizer, actor_optimizer, a_optimizer = optimizers
 
     def update_critic(data):
@@ -276,9 +265,8 @@ def make_updates(actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, opti
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """SAC's networks, optimizers and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the actor, the entropy coefficient `alpha` (a tensor the updates change in place), the optimizers (q,
-    actor, alpha) and the functions (policy, update_critic, update_actor, update_targets)."""
+    """SAC's networks, optimizers and steps on `device`, as `main` runs them. Returns the actor, the entropy
+    coefficient `alpha` (changed in place), the optimizers and (policy, update_critic, update_actor, update_targets)."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
     qf1 = SoftQNetwork(n_obs, n_act, device=device)
     qf2 = SoftQNetwork(n_obs, n_act, device=device)
@@ -337,14 +325,8 @@ def main(args):
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
-        transition = {
-            "obs": obs,
-            "next_obs": true_next_obs(next_obs, infos),
-            "actions": actions,
-            "rewards": rewards,
-            "terminations": terminations,
-        }
-        rb.add({k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()})
+        real_next_obs = true_next_obs(next_obs, infos)
+        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
 
         # CRUCIAL step easy to overlook
         obs = next_obs
