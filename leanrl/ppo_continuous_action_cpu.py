@@ -1,0 +1,624 @@
+"""Proximal Policy Optimization for continuous actions on a CPU, grown from ppo_continuous_action_torchcompile.py:
+`diff` against it reads as what makes PPO fast on a CPU.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+
+    python leanrl/ppo_continuous_action_cpu.py                                             # the benchmark run
+    python leanrl/ppo_continuous_action_cpu.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns
+
+It trains on the CPU whatever the machine has (no --cuda, no --cudagraphs: for a GPU, run the twin). Same algorithm,
+defaults and loop as the twins; what changes:
+- the update is one compiled graph from the forward pass to the parameters' step: written as a function of the
+  parameters (`torch.func` gradients, the gradient clip and Adam written out, the learning rate a tensor annealed in
+  place), `torch.compile(fullgraph=True)` with a C++ wrapper (fewer Python calls per kernel), as GAE;
+- acting runs in numpy on views of the agent's weights (at batch 1, a torch call costs more to dispatch than its
+  arithmetic), and the rollout is written through numpy views of its tensors;
+- one intra-op thread (`torch.set_num_threads(1)`, `threads` in the SUMMARY): every op here is tiny.
+`--no-compile` runs the same functions eagerly.
+"""
+
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from tensordict import TensorDict
+from torch.func import functional_call, grad_and_value
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_continuous_action_cpu"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 10
+    """the number of epochs (passes over the rollout) of each update"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+
+    compile: bool = True
+    """compile GAE and each update as one graph; --no-compile runs the same functions eagerly"""
+
+
+def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
+    def thunk():
+        if video_dir is None:
+            env = gym.make(env_id)
+        else:
+            env = gym.make(env_id, render_mode="rgb_array")
+            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
+                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
+            else:  # evaluation: its first `video_episodes` episodes
+                record = lambda episode: episode < video_episodes  # noqa: E731
+                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        if not isinstance(env.action_space, gym.spaces.Box):
+            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        if obs_rms is not None:  # a trained policy acts on observations normalized as in its training, frozen
+            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
+            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
+    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
+    `video_episodes` episodes if given); with `obs_rms`, observations are normalized with those statistics, frozen.
+    A bad id or a non-Box action space exits with status 2."""
+    try:
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
+        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1, device=device), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
+
+    def forward(self, x, action):  # what `functional_call` runs; acting (and its sampling) is `make_host_policy`
+        return self.get_action_and_value(x, action)
+
+    def get_action_and_value(self, x, action):
+        action_mean = self.actor_mean(x)
+        action_logstd = self.actor_logstd.expand_as(action_mean)
+        action_std = torch.exp(action_logstd)
+        # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
+        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
+        return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+
+
+def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
+    `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
+    the episode ended at step t in a terminal state / cut off; `final_values[t]`: the value of the true final obs of
+    a truncated episode (read only there)."""
+    dones = torch.maximum(terminations, truncations)
+    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
+    # value of its true final observation if it was cut off and 0 if it terminated
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
+    deltas = rewards + gamma * next_values - values
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
+    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
+    # num_steps-long loop, and the compiled graph stays small where an unrolled loop would take minutes to compile.
+    # The same sums, added in another order.
+    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
+    shift = 1
+    while shift < len(values):
+        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
+        shift *= 2
+    return advantages, advantages + values
+
+
+def make_loss(get_action_and_value, args):
+    """PPO's loss on a minibatch (a TensorDict) and its statistics, for the agent's `get_action_and_value`."""
+
+    def loss_fn(mb):
+        _, newlogprob, entropy, newvalue = get_action_and_value(mb["obs"], mb["actions"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        mb_advantages = mb["advantages"]
+        if args.norm_adv:
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+    return loss_fn
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph. The
+    learning rate is a tensor in `param_groups`, as in torch.optim, so the loop anneals either optimizer alike."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.betas, self.eps = params, betas, eps
+        self.param_groups = [{"lr": lr}]
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        self.beta1_power, self.beta2_power = torch.ones((), device=lr.device), torch.ones((), device=lr.device)
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
+
+
+def clip_grad_norm(grads, max_norm):
+    """`nn.utils.clip_grad_norm_` on a dict of gradients: all of them scaled down to a total norm of `max_norm`."""
+    total_norm = torch.stack([g.pow(2).sum() for g in grads.values()]).sum().sqrt()
+    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    return {name: g * clip_coef for name, g in grads.items()}
+
+
+def make_functional_update(agent, lr, args):
+    """The update of `make_update` written as a function of the parameters, for a CPU: `torch.func` takes the
+    gradients, the clip and Adam are written out, so `torch.compile(fullgraph=True)` makes the whole update, from
+    the forward pass to the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would
+    split it). The parameters are the agent's own tensors, updated in place. Returns the update and its Adam."""
+    params = {name: p.data for name, p in agent.named_parameters()}
+    optimizer = Adam(params, lr, eps=1e-5)
+
+    def params_loss(params, mb):
+        return make_loss(lambda obs, actions: functional_call(agent, params, (obs, actions)), args)(mb)
+
+    def update(mb):
+        grads, (loss, stats) = grad_and_value(params_loss, has_aux=True)(params, mb)
+        optimizer.step(clip_grad_norm(grads, args.max_grad_norm))
+        return stats
+
+    return update, optimizer
+
+
+def make_host_policy(agent, seed):
+    """`get_action_and_value` and `get_value` in numpy, for batch-1 acting on a CPU (the fast path): at batch 1 a
+    torch call costs more to dispatch than its arithmetic, a numpy call much less. The arrays are views of the
+    agent's weights, which the fast path's Adam updates in place, so the policy always acts with the current ones.
+    Numpy observations in, numpy arrays out; the Gaussian noise comes from numpy's generator, seeded with `seed`."""
+    w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
+    rng = np.random.default_rng(seed)
+
+    def mlp(net, x):  # Linear, Tanh, Linear, Tanh, Linear
+        x = np.tanh(x @ w[f"{net}.0.weight"].T + w[f"{net}.0.bias"])
+        x = np.tanh(x @ w[f"{net}.2.weight"].T + w[f"{net}.2.bias"])
+        return x @ w[f"{net}.4.weight"].T + w[f"{net}.4.bias"]
+
+    def get_value(x):
+        return mlp("critic", x)
+
+    def get_action_and_value(x):
+        action_mean = mlp("actor_mean", x)
+        action_logstd = np.broadcast_to(w["actor_logstd"], action_mean.shape)
+        action_std = np.exp(action_logstd)
+        action = action_mean + action_std * rng.standard_normal(action_mean.shape, dtype=np.float32)
+        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
+        return action, log_prob.sum(1), entropy.sum(1), get_value(x)
+
+    return get_action_and_value, get_value
+
+
+def make_learner(args, n_obs, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the agent, the written-out Adam and the functions (policy and get_value in numpy, update)."""
+    agent = Agent(n_obs, n_act, device=device)
+    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    update, optimizer = make_functional_update(agent, lr, args)
+    policy, get_value = make_host_policy(agent, args.seed)
+    return agent, optimizer, (policy, get_value, update)
+
+
+def main(args):
+    check_args(args)
+    run = Run(args, "ppo_continuous_action_cpu")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
+    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
+    device = torch.device("cpu")
+    # every op here is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it saves, and
+    # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
+    torch.set_num_threads(1)
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
+    if run.saved_model is not None:
+        agent.load_state_dict(run.saved_model["agent"])
+    compute_gae = gae
+    if args.compile:
+        # GAE and the whole functional update, each one graph with a C++ wrapper (fewer Python calls per kernel)
+        options = {"cpp_wrapper": True}
+        compute_gae = torch.compile(gae, fullgraph=True, options=options)
+        update = torch.compile(update, fullgraph=True, options=options)
+
+    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
+    rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
+    rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
+    store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = np.asarray(next_obs, dtype=np.float32)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    global_step = 0
+    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    for iteration in pbar:
+        if iteration == args.measure_burnin + 1:
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            store["obs"][step] = next_obs
+
+            # ALGO LOGIC: action logic
+            action, logprob, _, value = policy(next_obs)
+            store["values"][step] = value.flatten()
+            store["actions"][step] = action
+            store["logprobs"][step] = logprob
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            run.log_episodes(global_step, finished_episodes(infos))
+            store["rewards"][step] = reward
+            store["terminations"][step] = terminations
+            store["truncations"][step] = truncations
+            if truncations.any():
+                # the value of the state each truncated episode was cut at (gae reads it only there)
+                final_obs = np.asarray(true_next_obs(next_obs, infos), dtype=np.float32)
+                store["final_values"][step] = get_value(final_obs).flatten()
+            next_obs = np.asarray(next_obs, dtype=np.float32)
+
+        # bootstrap value if not done
+        next_value = torch.from_numpy(get_value(next_obs)).flatten()
+        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
+        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
+
+        # flatten the batch
+        b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+
+        # Optimizing the policy and value network
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                stats = update(b[mb_inds])
+            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+                break
+
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        run.log_progress(pbar, global_step, dict(zip(names, stats), explained_variance=explained_var))
+        run.steps = global_step
+        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
+            break
+
+    # the observation normalization (the first env's) is part of the policy: saved and evaluated with it
+    rms = envs.envs[0].get_wrapper_attr("obs_rms")
+    obs_rms = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(rms.count)}
+
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
+
+    envs.close()
+    run.finish(
+        device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, threads=torch.get_num_threads()
+    )
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    batch_size = args.num_steps * args.num_envs
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
+        fail(
+            f"--num-steps x --num-envs ({batch_size}) must split into --num-minibatches {args.num_minibatches}"
+            " equal minibatches of two samples or more"
+        )
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
+        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl must be positive, got {args.target_kl}")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
