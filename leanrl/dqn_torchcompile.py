@@ -3,32 +3,21 @@
 Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps).
 
     python leanrl/dqn_torchcompile.py                             # the benchmark run, eager
-    python leanrl/dqn_torchcompile.py --compile                   # the update compiled whole (and on CUDA acting)
-    python leanrl/dqn_torchcompile.py --compile --cudagraphs      # and replay them as CUDA graphs (CUDA only)
-    python leanrl/dqn_torchcompile.py --total-timesteps 100000    # learns CartPole
+    python leanrl/dqn_torchcompile.py --compile                   # acting and the update compiled
+    python leanrl/dqn_torchcompile.py --compile --cudagraphs      # and replayed as CUDA graphs (CUDA only)
 
-What changes from dqn.py, all for speed: epsilon-greedy acting is one function on the device (the step it reads
-lives in a device tensor that the function advances in place, so the schedule moves without a host sync or a
-recompile); transitions are kept as the env's numpy arrays and written to a TensorDict buffer on the device once
-per `train_frequency` iterations, one conversion per field, instead of once per step; a fused Adam; the target
-update is one `lerp_` over the parameters' TensorDict; on the CPU one intra-op thread. `--compile` on CUDA wraps
-acting and the update in `torch.compile`; on a CPU it compiles the update written as a function of the parameters
-(`torch.func` gradients, Adam written out) as one graph and acts on the host, the eager twin's coin and the Q
-network in numpy, writing the buffer through numpy views (torch's batch-1 calls, compiled or not, were slower
-there): `cpu_fast_path` chooses.
-`--cudagraphs` wraps them in tensordict's `CudaGraphModule` (it needs a CUDA device).
-
-Epsilon falls linearly from `start_e` to `end_e` over the first `exploration_fraction` of the run.
-`total_timesteps`, `learning_starts` and the epsilon schedule count environment steps; `train_frequency` and
-`target_network_frequency` count iterations (vector steps), as in CleanRL, so with `--num-envs N` one
-iteration is N env steps and the updates per env step drop by N. Truncated episodes bootstrap from their true
-final observation; terminated ones do not.
+What changes from dqn.py, all for speed on a GPU: epsilon-greedy acting is one function on the device (the step it
+reads lives in a device tensor that it advances in place, so the schedule moves with no host sync and no recompile);
+transitions are written to a TensorDict buffer once per `train_frequency` iterations, one copy per field, not once
+per step; a fused Adam; the target update is one `lerp_` over the parameters' TensorDict. `--compile` wraps acting
+and the update in `torch.compile`, `--cudagraphs` in tensordict's `CudaGraphModule` (it needs a CUDA device).
+On a CPU, run dqn_cpu.py instead: it compiles the update as one functional graph and acts in numpy, faster there.
 """
 
-import functools
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -45,7 +34,6 @@ import tqdm
 import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
-from torch.func import functional_call, grad_and_value
 
 
 @dataclass
@@ -105,43 +93,9 @@ class Args:
     """one gradient step every `train_frequency` iterations"""
 
     compile: bool = False
-    """compile the update (on a CPU as one functional graph) and, on CUDA, acting"""
+    """compile acting and the update with torch.compile (on a CPU, dqn_cpu.py is faster)"""
     cudagraphs: bool = False
-    """wrap the acting and the update in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
-
-
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_args(args):
-    for flag in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency"):
-        if getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.total_timesteps < args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    if args.num_envs * args.train_frequency > args.buffer_size:
-        fail(f"--buffer-size {args.buffer_size} cannot hold one training interval (--num-envs x --train-frequency)")
-    if args.learning_starts < 0:
-        fail(f"--learning-starts must be >= 0, got {args.learning_starts}")
-    if not 0 < args.exploration_fraction <= 1:
-        fail(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
-    if not 0 <= args.end_e <= 1 or not 0 <= args.start_e <= 1:
-        fail("--start-e and --end-e must be in [0, 1]")
-    if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
-        fail("--tau must be in (0, 1] and --gamma in [0, 1]")
-    if not args.learning_rate > 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_model and args.eval_episodes == 0:
-        fail("--eval-model needs --eval-episodes N, N > 0")
+    """wrap acting and the update in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -163,42 +117,33 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id, a non-Box observation space or a non-discrete action space exits
-    with status 2."""
-    if env_id not in gym.registry:
-        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
+    """A vector env in same-step autoreset mode (the true final obs of an ended episode in `info["final_obs"]`); with
+    `video_dir`, the first env records videos there (the first `video_episodes` episodes if given)."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-    if not isinstance(envs.single_observation_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_observation_space).__name__} observation space; DQN needs a Box")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; DQN needs a Discrete one")
+    spaces = envs.single_observation_space, envs.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
     envs.action_space.seed(seed)  # the random actions of exploration
     return envs
 
 
 def finished_episodes(infos):
     """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+    final_info = infos.get("final_info", {})
+    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
+    """`next_obs` with the true final observation of each episode that ended on this step (same-step autoreset puts
+    the reset one there): a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
     if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
+        real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
     return real_next_obs
 
 
@@ -219,16 +164,14 @@ class QNetwork(nn.Module):
 
 def linear_schedule(start_e, end_e, duration, t):
     """Epsilon at env step `t` (a tensor): a line from `start_e` at 0 to `end_e` at `duration`, then flat."""
-    slope = (end_e - start_e) / duration
-    return (slope * t + start_e).clamp_min(end_e)
+    return (start_e + (end_e - start_e) * t / duration).clamp_min(end_e)
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement. With
-    `host` (the CPU fast path) writes go through numpy views of the tensors (the same memory): a numpy write costs a
-    fraction of a torch one."""
+    """A circular buffer on `device`, written from the env's numpy arrays; `sample` draws uniformly with replacement.
+    A TensorDict: a batch is one indexing of all its fields."""
 
-    def __init__(self, buffer_size, n_obs, device, host=False):
+    def __init__(self, buffer_size, n_obs, device):
         self.storage = TensorDict(
             obs=torch.zeros(buffer_size, n_obs, device=device),
             next_obs=torch.zeros(buffer_size, n_obs, device=device),
@@ -238,21 +181,13 @@ class ReplayBuffer:
             batch_size=[buffer_size],
             device=device,
         )
-        self.views = self.storage.numpy() if host else None
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def extend(self, transitions):
-        """Write a list of per-step transitions (dicts of host arrays) at once: one conversion and one copy per key,
-        not one per step."""
         n = sum(len(t["obs"]) for t in transitions)
-        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
-        device_idx = None if self.views is not None else torch.as_tensor(idx, device=self.device)
+        idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
         for key, column in self.storage.items():
-            values = np.concatenate([t[key] for t in transitions])
-            if self.views is not None:
-                self.views[key][idx] = values
-            else:
-                column[device_idx] = torch.as_tensor(values, dtype=column.dtype).to(self.device, non_blocking=True)
+            column[idx] = torch.as_tensor(np.concatenate([t[key] for t in transitions])).to(column)  # its dtype, device
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -261,13 +196,13 @@ class ReplayBuffer:
         return self.storage[idx]
 
 
-def make_update(q_network, target_network, optimizer, gamma):
-    """One gradient step of the TD loss on a batch; returns the loss and the mean Q of the taken actions."""
+def make_updates(q_network, target_network, optimizer, args):
+    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's update."""
 
     def update(data):
         with torch.no_grad():
             target_max, _ = target_network(data["next_obs"]).max(dim=1)
-            td_target = data["rewards"] + gamma * target_max * (1 - data["terminations"])
+            td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
         old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
         loss = F.mse_loss(td_target, old_val)
 
@@ -276,23 +211,18 @@ def make_update(q_network, target_network, optimizer, gamma):
         optimizer.step()
         return loss.detach(), old_val.mean().detach()
 
-    return update
-
-
-def make_update_target(q_network, target_network, tau):
-    """Move the target network's parameters a fraction `tau` of the way to the online ones (tau=1: a copy)."""
     params, target_params = from_module(q_network).data, from_module(target_network).data
 
-    def update_target():
+    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
         # one in-place lerp over all parameters: target + tau * (online - target), exactly online when tau=1
-        target_params.lerp_(params, tau)
+        target_params.lerp_(params, args.tau)
 
-    return update_target
+    return update, update_target
 
 
 def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
-    """Epsilon-greedy on the device, one coin for all envs as in CleanRL. `global_step` is a device tensor the policy reads and
-    advances in place (by the number of envs), so the schedule moves with no host sync and no recompile."""
+    """CleanRL's epsilon-greedy on the device, one coin for all envs. `global_step` is a device tensor the policy reads
+    and advances in place (by the number of envs), so the schedule moves with no host sync and no recompile."""
 
     def policy(obs):
         epsilon = linear_schedule(start_e, end_e, duration, global_step)
@@ -306,267 +236,58 @@ def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
     return policy
 
 
-def make_host_policy(q_network, n_act, start_e, end_e, duration):
-    """Epsilon-greedy on the host, for a CPU: the eager twin's Python coin, and the Q network in numpy, run only when
-    the coin says exploit. At batch 1 a torch call costs more to dispatch than its arithmetic, a numpy call much
-    less. The arrays are views of the network's weights, which the fast path's Adam updates in place, so the policy
-    always acts with the current ones. Same schedule, one coin for all envs; the step is a Python int the policy
-    advances by the number of envs. Numpy observations in, numpy actions out."""
-    layers = [(layer.weight.detach().numpy(), layer.bias.detach().numpy()) for layer in q_network.network[::2]]
-    step = 0
-
-    def policy(obs):
-        nonlocal step
-        epsilon = max(end_e, start_e + (end_e - start_e) * step / duration)
-        step += len(obs)
-        if random.random() < epsilon:
-            return np.random.randint(n_act, size=len(obs))
-        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
-        x = np.maximum(obs @ w1.T + b1, 0)
-        x = np.maximum(x @ w2.T + b2, 0)
-        return (x @ w3.T + b3).argmax(axis=1)
-
-    return policy
-
-
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        device = next(iter(params.values())).device
-        self.beta1_power, self.beta2_power = torch.ones((), device=device), torch.ones((), device=device)
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
-
-
-def make_functional_update(q_network, target_network, args):
-    """The update of `make_update` written as a function of the parameters, for a CPU: `torch.func` takes the
-    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes the whole update, from the forward
-    pass to the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would split it). The
-    parameters are the network's own tensors, updated in place. Returns the update and its Adam optimizer."""
-    params = {name: p.data for name, p in q_network.named_parameters()}
-    optimizer = Adam(params, args.learning_rate)
-
-    def loss_fn(params, data, td_target):
-        old_val = functional_call(q_network, params, (data["obs"],)).gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
-        return F.mse_loss(td_target, old_val), old_val.mean()
-
-    def update(data):
-        with torch.no_grad():
-            target_max, _ = target_network(data["next_obs"]).max(dim=1)
-            td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
-        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
-        optimizer.step(grads)
-        return loss, q_mean
-
-    return update, optimizer
-
-
-def adam_options(cudagraphs):
-    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
-    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
-    the step of an optimizer that is not."""
-    return {"fused": True, "capturable": cudagraphs}
-
-
-def cuda_graph(fn, compiled):
-    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
-    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
-    it has compiled for the optimizers' created state before the recording."""
-    return CudaGraphModule(fn, warmup=3 if compiled else 2)
-
-
-def cpu_fast_path(args, device):
-    """The one choice made per device (README, "Where the time goes"). On a CPU, `--compile` compiles the functional
-    update as one graph (with a C++ wrapper: fewer Python calls per kernel) and acts on the host in numpy with the
-    eager twin's coin: a compiled module update and torch acting, compiled or not, ran slower there. On CUDA (and under
-    `--cudagraphs`), the module update and the device-side policy, which CUDA graphs replay."""
-    return args.compile and not args.cudagraphs and device.type == "cpu"
-
-
 def make_learner(args, n_obs, n_act, device):
-    """DQN's networks, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the Q network, the optimizer and the functions (policy, update, update_target)."""
+    """DQN's Q network, optimizer and functions (policy, update, update_target) on `device`, as `main` runs them."""
     q_network = QNetwork(n_obs, n_act, device=device)
     target_network = QNetwork(n_obs, n_act, device=device)
     target_network.load_state_dict(q_network.state_dict())
+    # fused: one kernel for all parameters; capturable: torch records the step of no other Adam in a CUDA graph
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
+    update, update_target = make_updates(q_network, target_network, optimizer, args)
+    global_step = torch.zeros((), dtype=torch.long, device=device)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    if cpu_fast_path(args, device):
-        update, optimizer = make_functional_update(q_network, target_network, args)
-        policy = make_host_policy(q_network, n_act, args.start_e, args.end_e, exploration_steps)
-    else:
-        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam_options(args.cudagraphs))
-        update = make_update(q_network, target_network, optimizer, args.gamma)
-        global_step = torch.zeros((), dtype=torch.long, device=device)
-        policy = make_policy(q_network, n_act, global_step, args.start_e, args.end_e, exploration_steps)
-    update_target = make_update_target(q_network, target_network, args.tau)
+    policy = make_policy(q_network, n_act, global_step, args.start_e, args.end_e, exploration_steps)
     return q_network, optimizer, (policy, update, update_target)
-
-
-def write_summary(summary, run_dir):
-    """Write the whole summary, learning curve included, to `run_dir/summary.json` (a temporary file, then renamed:
-    a reader never sees half of it) and print it as one `SUMMARY` line without the curve, naming that file."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f)
-    os.replace(path + ".tmp", path)
-    line = {key: value for key, value in summary.items() if key != "curve"} | {"summary_file": os.path.abspath(path)}
-    print("SUMMARY " + json.dumps(line), flush=True)
-
-
-def check_rendering(env_id):
-    """`--capture-video` needs frames drawn off-screen (MuJoCo through EGL, classic control through pygame) and
-    moviepy to write them; without them the run exits with status 2 and the reason."""
-    os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        frame = env.render()
-        env.close()
-        import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
-    except Exception as e:
-        fail(f"--capture-video: {env_id} cannot record video here ({type(e).__name__}: {e})")
-    if not isinstance(frame, np.ndarray):
-        fail(f"--capture-video: {env_id} rendered no frame")
-
-
-def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env) with `act(obs) -> actions`, in order."""
-    obs, _ = envs.reset(seed=seed)
-    returns = []
-    while len(returns) < episodes:
-        with torch.no_grad():
-            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
-        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        returns += finished_episodes(infos)
-    return returns[:episodes]
-
-
-def stop_on_ctrl_c():
-    """The first Ctrl-C asks the training loop to stop after the current step: the run then evaluates, saves and
-    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
-    stop = threading.Event()
-
-    def first_ctrl_c(signum, frame):
-        stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    signal.signal(signal.SIGINT, first_ctrl_c)
-    return stop
-
-
-def save_model(path, script, args, model):
-    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
-    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
-    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path, script, env_id):
-    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
-    env's exits with status 2."""
-    if not os.path.isfile(path):
-        fail(f"--eval-model {path}: no such file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
-    saved_by = saved.get("script") if isinstance(saved, dict) else None
-    if saved_by != script:
-        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
-    if saved["args"]["env_id"] != env_id:
-        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
-    return saved["model"]
 
 
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "dqn_torchcompile", args.env_id) if args.eval_model else None
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
-    stop = stop_on_ctrl_c()
-    os.makedirs(run_dir, exist_ok=True)
-    videos = os.path.join(run_dir, "videos") if args.capture_video else None
-    if args.capture_video:
-        check_rendering(args.env_id)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else videos)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = Run(args, "dqn_torchcompile")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cpu":
-        # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more than it
-        # saves, and on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
-        torch.set_num_threads(1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, device)
-    if saved_model is not None:
-        q_network.load_state_dict(saved_model)
-    if cpu_fast_path(args, device):
-        update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": True})
-    elif args.compile:
+    if run.saved_model is not None:
+        q_network.load_state_dict(run.saved_model)
+    if args.compile:
         policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
-        policy = cuda_graph(policy, args.compile)
-        update = cuda_graph(update, args.compile)
+        # the first calls run as they are (the optimizer creates its state; a compiled function compiles, one call
+        # more), the next records the graph, later calls replay it
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    rb = ReplayBuffer(args.buffer_size, n_obs, device, host=cpu_fast_path(args, device))
-    if cpu_fast_path(args, device):  # the host policy takes and gives numpy arrays
-        as_policy_obs, as_env_action = functools.partial(np.asarray, dtype=np.float32), np.asarray
-    else:
-        as_policy_obs = functools.partial(torch.as_tensor, device=device, dtype=torch.float)
-        as_env_action = lambda actions: actions.cpu().numpy()  # noqa: E731
+    rb = ReplayBuffer(args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=args.seed)
-    episode_returns = deque(maxlen=20)
-    curve = []  # [global_step, seconds since start, return] of every finished episode
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
+    exploration_steps = args.exploration_fraction * args.total_timesteps
     transitions = []
     qf_loss = q_mean = torch.zeros((), device=device)
-    start_time = time.time()
-    measure_start, measure_step = None, 0
-    steps = 0  # environment steps done
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            measure_start, measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
 
         # ALGO LOGIC: put action logic here
-        actions = as_env_action(policy(as_policy_obs(obs)))
+        actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float)).cpu().numpy()
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-
-        for episodic_return in finished_episodes(infos):
-            episode_returns.append(episodic_return)
-            curve.append([global_step, time.time() - start_time, episodic_return])
-            if args.track:
-                wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+        run.log_episodes(global_step, finished_episodes(infos))
 
         transition = {
             "obs": obs,
@@ -593,56 +314,170 @@ def main(args):
                 update_target()
 
         if iteration % 100 == 0:
-            sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
-            return_mean = np.mean(episode_returns) if episode_returns else float("nan")
-            pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-            if args.track:
-                exploration_steps = args.exploration_fraction * args.total_timesteps
-                epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, torch.tensor(global_step))
-                logs = torch.stack([qf_loss, q_mean]).tolist() + [epsilon.item()]  # host sync
-                names = ("losses/td_loss", "losses/q_values", "charts/epsilon")
-                wandb.log(dict(zip(names, logs)) | {"charts/SPS": sps}, step=global_step)
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, torch.tensor(global_step)).to(device)
+            run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
 
-        steps = global_step + args.num_envs
-        if stop.is_set():  # Ctrl-C: stop after this step
+        run.steps = global_step + args.num_envs
+        if run.stop.is_set():  # a first Ctrl-C: stop after this step
             break
 
-    end_time = time.time()
-    model_file = os.path.join(run_dir, "dqn_torchcompile.pt")
-    if args.save_model:
-        save_model(model_file, "dqn_torchcompile", args, q_network.state_dict())
-    eval_returns = []
-    if args.eval_episodes:  # greedy
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, args.eval_episodes)
-        eval_returns = evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, args.eval_episodes, args.seed, device)
-        eval_envs.close()
-    summary = {
-        "script": "dqn_torchcompile",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "device": str(device),
-        "compile": args.compile,
-        "cudagraphs": args.cudagraphs,
-        "num_envs": args.num_envs,
-        "total_timesteps": steps,
-        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
-        "sps_wall": steps / (end_time - start_time),
-        "episodes": len(curve),
-        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
-        "wall_s": end_time - start_time,
-        "torch_version": torch.__version__,
-        "interrupted": stop.is_set(),
-        "model_file": os.path.abspath(model_file) if args.save_model else None,
-        "eval_returns": eval_returns,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-        "curve": curve,
-    }
-    write_summary(summary, run_dir)
+    def evaluate_greedy(episodes, videos):  # the greedy action
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device)
+
     envs.close()
-    if args.track:
-        wandb.finish()
-    if stop.is_set():
-        sys.exit(130)  # what a shell reports for a Ctrl-C
+    run.finish(device, q_network.state_dict(), evaluate_greedy)
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    for flag in (*sizes, "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
+        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
+    if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
+    if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
+        fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,506 @@
+"""Deep Q-Network for discrete actions, made fast on a CPU: dqn.py (same algorithm, same defaults) rewritten for it.
+
+Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps).
+
+    python leanrl/dqn_cpu.py                              # the benchmark run, the update compiled
+    python leanrl/dqn_cpu.py --no-compile                 # the same functions, eagerly
+    python leanrl/dqn_cpu.py --total-timesteps 100000     # learns CartPole
+
+Grown from dqn.py: `diff leanrl/dqn.py leanrl/dqn_cpu.py` shows what makes DQN fast on a CPU, where every call is
+small (batch-1 acting, batch-128 updates) and costs more in Python and dispatch than in arithmetic. The update is a
+function of the parameters (`torch.func` gradients, Adam written out) that `torch.compile` makes one graph, called
+through a C++ wrapper; acting is the eager script's Python coin and the Q network in numpy, on views of the weights;
+transitions stay numpy arrays until they are written, once per `train_frequency` iterations, through numpy views of
+the buffer; torch runs one intra-op thread (`threads` in the SUMMARY). It trains on the CPU whatever the machine has
+(no `--cuda`, no CUDA graphs: on a GPU, run dqn_torchcompile.py).
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from torch.func import functional_call, grad_and_value
+
+
+@dataclass
+class Args:
+    exp_name: str = "dqn_cpu"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "CartPole-v1"
+    """the id of the environment"""
+    total_timesteps: int = 500_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 10_000
+    """the replay memory buffer size, in transitions"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate (1: a hard copy)"""
+    target_network_frequency: int = 500
+    """the frequency of updates for the target network, in iterations"""
+    batch_size: int = 128
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.05
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.5
+    """the fraction of `total_timesteps` over which epsilon goes from `start_e` to `end_e`"""
+    learning_starts: int = 10_000
+    """environment steps before learning starts"""
+    train_frequency: int = 10
+    """one gradient step every `train_frequency` iterations"""
+
+    compile: bool = True
+    """compile each update as one graph; --no-compile runs the same functions eagerly"""
+
+
+def make_env(env_id, seed, video_dir=None, video_episodes=None):
+    def thunk():
+        if video_dir is None:
+            env = gym.make(env_id)
+        else:
+            env = gym.make(env_id, render_mode="rgb_array")
+            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
+                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
+            else:  # evaluation: its first `video_episodes` episodes
+                record = lambda episode: episode < video_episodes  # noqa: E731
+                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
+    """A vector env in same-step autoreset mode (the true final obs of an ended episode in `info["final_obs"]`); with
+    `video_dir`, the first env records videos there (the first `video_episodes` episodes if given)."""
+    try:
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    spaces = envs.single_observation_space, envs.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
+    envs.action_space.seed(seed)  # the random actions of exploration
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    final_info = infos.get("final_info", {})
+    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step (same-step autoreset puts
+    the reset one there): a truncated episode bootstraps from the state where it was cut."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
+    return real_next_obs
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(n_obs, 120, device=device),
+            nn.ReLU(),
+            nn.Linear(120, 84, device=device),
+            nn.ReLU(),
+            nn.Linear(84, n_act, device=device),
+        )
+
+    def forward(self, x):
+        return self.network(x)
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    """Epsilon at env step `t`: a line from `start_e` at 0 to `end_e` at `duration`, then flat."""
+    return max(start_e + (end_e - start_e) * t / duration, end_e)
+
+
+class ReplayBuffer:
+    """A circular buffer in CPU tensors, written from the env's numpy arrays through numpy views of the tensors (the
+    same memory: a numpy write costs a fraction of a torch one); `sample` draws uniformly with replacement."""
+
+    def __init__(self, buffer_size, n_obs):
+        self.storage = dict(
+            obs=torch.zeros(buffer_size, n_obs),
+            next_obs=torch.zeros(buffer_size, n_obs),
+            actions=torch.zeros(buffer_size, dtype=torch.long),
+            rewards=torch.zeros(buffer_size),
+            terminations=torch.zeros(buffer_size),
+        )
+        self.views = {key: column.numpy() for key, column in self.storage.items()}
+        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
+
+    def extend(self, transitions):
+        n = sum(len(t["obs"]) for t in transitions)
+        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        for key, view in self.views.items():
+            view[idx] = np.concatenate([t[key] for t in transitions])  # numpy converts to the view's dtype
+        self.cursor = (self.cursor + n) % self.buffer_size
+        self.size = min(self.size + n, self.buffer_size)
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size, (batch_size,))
+        return {key: value[idx] for key, value in self.storage.items()}
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_updates(q_network, target_network, optimizer, args):
+    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's update. The TD
+    step is a function of the parameters, `optimizer.params` (the network's own tensors, updated in place):
+    `torch.func` takes the gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes the whole
+    step, from the forward pass to the parameters' update, one graph (`backward` and `torch.optim` would split it)."""
+
+    def loss_fn(params, data, td_target):
+        q_values = functional_call(q_network, params, (data["obs"],))
+        old_val = q_values.gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
+        return F.mse_loss(td_target, old_val), old_val.mean()
+
+    def update(data):
+        with torch.no_grad():
+            target_max, _ = target_network(data["next_obs"]).max(dim=1)
+            td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(optimizer.params, data, td_target)
+        optimizer.step(grads)
+        return loss, q_mean
+
+    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
+        for param, target_param in zip(q_network.parameters(), target_network.parameters()):
+            target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
+
+    return update, update_target
+
+
+def make_host_policy(q_network, n_act, start_e, end_e, duration):
+    """CleanRL's epsilon-greedy on the host: one coin for all envs, and the Q network in numpy, run only when the coin
+    says exploit (at batch 1 a torch call costs more to dispatch than its arithmetic, a numpy call much less). The
+    arrays are views of the network's weights, which Adam updates in place, so it always acts with the current ones;
+    it restates `QNetwork.forward`, and a test holds it to it. The step that sets epsilon is a Python int the policy
+    advances by the number of envs. Numpy observations in, numpy actions out."""
+    layers = [(layer.weight.detach().numpy(), layer.bias.detach().numpy()) for layer in q_network.network[::2]]
+    step = 0
+
+    def policy(obs):
+        nonlocal step
+        epsilon = linear_schedule(start_e, end_e, duration, step)
+        step += len(obs)
+        if random.random() < epsilon:
+            return np.random.randint(n_act, size=len(obs))
+        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
+        x = np.maximum(obs @ w1.T + b1, 0)
+        x = np.maximum(x @ w2.T + b2, 0)
+        return (x @ w3.T + b3).argmax(axis=1)
+
+    return policy
+
+
+def make_learner(args, n_obs, n_act):
+    """DQN's Q network, optimizer and functions (policy, update, update_target) on the CPU, as `main` runs them."""
+    q_network = QNetwork(n_obs, n_act)
+    target_network = QNetwork(n_obs, n_act)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = Adam({name: param.data for name, param in q_network.named_parameters()}, lr=args.learning_rate)
+    update, update_target = make_functional_updates(q_network, target_network, optimizer, args)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    policy = make_host_policy(q_network, n_act, args.start_e, args.end_e, exploration_steps)
+    return q_network, optimizer, (policy, update, update_target)
+
+
+def main(args):
+    check_args(args)
+    run = Run(args, "dqn_cpu")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    device = torch.device("cpu")  # whatever the machine has
+    # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more than it saves, and
+    # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
+    torch.set_num_threads(1)
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(envs.single_action_space.n)
+    q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act)
+    if run.saved_model is not None:
+        q_network.load_state_dict(run.saved_model)  # in place: the policy's numpy views and Adam's params follow
+    if args.compile:  # one graph, whose C++ wrapper calls its kernels with fewer Python calls
+        update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": True})
+
+    rb = ReplayBuffer(args.buffer_size, n_obs)
+    obs, _ = envs.reset(seed=args.seed)
+    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    transitions = []
+    qf_loss = q_mean = torch.zeros(())
+    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    for iteration in pbar:
+        global_step = iteration * args.num_envs
+        if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+
+        # ALGO LOGIC: put action logic here
+        actions = policy(np.asarray(obs, dtype=np.float32))
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.log_episodes(global_step, finished_episodes(infos))
+
+        transition = {
+            "obs": obs,
+            "next_obs": true_next_obs(next_obs, infos),
+            "actions": actions,
+            "rewards": rewards,
+            "terminations": terminations,
+        }
+        transitions.append(transition)  # numpy arrays until the next write
+
+        # CRUCIAL step easy to overlook
+        obs = next_obs
+
+        # ALGO LOGIC: training.
+        if iteration % args.train_frequency == 0:
+            rb.extend(transitions)
+            transitions.clear()
+        if iteration > learning_starts:
+            if iteration % args.train_frequency == 0:
+                data = rb.sample(args.batch_size)
+                qf_loss, q_mean = update(data)
+
+            if iteration % args.target_network_frequency == 0:
+                update_target()
+
+        if iteration % 100 == 0:
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+            run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
+
+        run.steps = global_step + args.num_envs
+        if run.stop.is_set():  # a first Ctrl-C: stop after this step
+            break
+
+    def evaluate_greedy(episodes, videos):  # the greedy action
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device)
+
+    envs.close()
+    run.finish(device, q_network.state_dict(), evaluate_greedy, threads=torch.get_num_threads())
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    for flag in (*sizes, "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
+        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
+    if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
+    if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
+        fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
