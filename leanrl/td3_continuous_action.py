@@ -88,15 +88,11 @@ class Args:
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -105,9 +101,8 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id or an action space that is not a bounded Box exits with status 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
+    the first env records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
@@ -131,9 +126,8 @@ def finished_episodes(infos):
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where it holds the reset
+    one: bootstrapping a truncated episode needs the state where it was cut, not the next episode's first."""
     real_next_obs = next_obs.copy()
     if "_final_obs" in infos:
         for idx in np.flatnonzero(infos["_final_obs"]):
@@ -186,10 +180,11 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
+        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
         n = len(transition["obs"])
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
         for key, value in transition.items():
-            self.storage[key][idx] = value
+            self.storage[key][idx] = torch.as_tensor(value, device=self.device, dtype=torch.float)
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -252,8 +247,7 @@ def make_updates(actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimize
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """TD3's networks, optimizers and step functions on `device`, as `main` runs them (tests build them here too):
-    the actor, the optimizers (q, actor) and (policy, update_critic, update_actor, update_targets)."""
+    """The actor, the optimizers (q, actor) and the steps (policy, update_critic, update_actor, update_targets)."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
     target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
     target_actor.load_state_dict(actor.state_dict())
@@ -311,8 +305,7 @@ def main(args):
         run.log_episodes(global_step, finished_episodes(infos))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
-        rb.add({k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()})
+        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
 
         # CRUCIAL step easy to overlook
         obs = next_obs

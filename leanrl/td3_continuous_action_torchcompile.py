@@ -98,15 +98,11 @@ class Args:
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -196,8 +192,10 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
+        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
         n = len(transition["obs"])
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
+        transition = {k: torch.as_tensor(v, device=self.device, dtype=torch.float) for k, v in transition.items()}
         self.storage[idx] = TensorDict(transition, [n])
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
@@ -301,9 +299,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "td3_continuous_action_torchcompile"
-    )  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    run = Run(args, "td3_continuous_action_torchcompile")  # seeds, the run folder, wandb, Ctrl-C: see the end
     envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
@@ -350,8 +346,7 @@ def main(args):
         run.log_episodes(global_step, finished_episodes(infos))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
-        rb.add({k: torch.as_tensor(v, device=device, dtype=torch.float) for k, v in transition.items()})
+        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
 
         # CRUCIAL step easy to overlook
         obs = next_obs

@@ -1,0 +1,546 @@
+"""Twin Delayed DDPG (TD3) for continuous actions on a CPU, grown from td3_continuous_action_torchcompile.py.
+
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps); the default env is
+LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
+
+    python leanrl/td3_continuous_action_cpu.py                                   # the benchmark run
+    python leanrl/td3_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000
+
+The optimized twin's algorithm, defaults and loop, made fast on a CPU (`diff` against the twin shows how). It trains
+on the CPU whatever the machine has: no `--cuda`, no `--cudagraphs`. Each update, from the forward pass to the Adam
+step, compiles as one graph (`--no-compile` runs the same functions eagerly): it is written as a function of the
+parameters, `torch.func` gradients and Adam written out, since autograd's `backward` and an optimizer's `step` would
+split the graph. Acting runs in numpy on views of the actor's weights and the replay buffer is written through numpy
+views: at batch 1 a torch call costs more to dispatch than its arithmetic. Threads: torch's default intra-op count,
+one per physical core (OMP_NUM_THREADS=N to choose), reported in SUMMARY as `threads`.
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from tensordict import TensorDict, from_module, from_modules
+from torch.func import functional_call, grad_and_value
+
+
+@dataclass
+class Args:
+    exp_name: str = "td3_continuous_action"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the experiment"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    learning_rate: float = 3e-4
+    """the learning rate of both optimizers"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size, in transitions"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    policy_noise: float = 0.2
+    """the std of the noise on the target policy's actions (target policy smoothing), in half action ranges"""
+    exploration_noise: float = 0.1
+    """the std of the exploration noise on the acting policy's actions, in half action ranges"""
+    learning_starts: int = 25_000
+    """environment steps of random actions before learning starts"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed): one actor step and one target update every this many critic steps"""
+    noise_clip: float = 0.5
+    """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
+
+    compile: bool = True
+    """compile each update as one graph; --no-compile runs the same functions eagerly"""
+
+
+def make_env(env_id, seed, video_dir=None, video_episodes=None):
+    def thunk():
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
+    the first env records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
+    try:
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; TD3 needs a Box")
+    if not envs.single_action_space.is_bounded():
+        fail(f"--env-id {env_id!r} has an unbounded action space; TD3 needs finite bounds")
+    envs.action_space.seed(seed)  # the random actions of the first `learning_starts` steps
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step, where it holds the reset
+    one: bootstrapping a truncated episode needs the state where it was cut, not the next episode's first."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs + n_act, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc3 = nn.Linear(256, 1, device=device)
+
+    def forward(self, obs, actions):
+        x = torch.cat([obs, actions], -1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class Actor(nn.Module):
+    def __init__(self, n_obs, n_act, action_low, action_high, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc_mu = nn.Linear(256, n_act, device=device)
+        # action rescaling, from tanh's (-1, 1) to the env's bounds
+        high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+        low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, obs):
+        x = F.relu(self.fc1(obs))
+        x = F.relu(self.fc2(x))
+        return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
+
+    def clip(self, actions):
+        """`actions` clipped to the env's bounds, [bias - scale, bias + scale]."""
+        return actions.clamp(self.action_bias - self.action_scale, self.action_bias + self.action_scale)
+
+
+class ReplayBuffer:
+    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
+    One TensorDict holds every field, so sampling a batch is one indexing call for all of them. Each step is written
+    through numpy views of its tensors (the same memory): a numpy write costs a fraction of a torch one."""
+
+    def __init__(self, buffer_size, n_obs, n_act, device):
+        shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
+        storage = {key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()}
+        self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
+        self.views = self.storage.numpy()
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
+
+    def add(self, transition):
+        """Write one vector step's transitions, a dict of numpy arrays (the env's, and the actions)."""
+        n = len(transition["obs"])
+        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        for key, view in self.views.items():
+            view[idx] = transition[key]
+        self.cursor = (self.cursor + n) % self.buffer_size
+        self.size = min(self.size + n, self.buffer_size)
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
+        return self.storage[idx]
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        device = next(iter(params.values())).device
+        self.beta1_power, self.beta2_power = torch.ones((), device=device), torch.ones((), device=device)
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_host_policy(actor, exploration_noise, seed):
+    """The acting policy in numpy: the actor's action plus Gaussian noise of std `exploration_noise` half action
+    ranges (numpy's generator, seeded with `seed`), one draw per env and action dimension, clipped to the env's
+    bounds. At batch 1 a torch call costs more to dispatch than its arithmetic, a numpy call much less. The arrays are
+    views of the actor's weights, which Adam updates in place: the policy always acts with the current ones."""
+    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
+    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
+    rng = np.random.default_rng(seed)
+
+    def policy(obs):
+        # `Actor.forward`, restated: a test holds the two to the same actions
+        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
+        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
+        actions = np.tanh(x @ w["fc_mu.weight"].T + w["fc_mu.bias"]) * action_scale + action_bias
+        actions += rng.standard_normal(actions.shape, dtype=np.float32) * action_scale * exploration_noise
+        return np.clip(actions, action_bias - action_scale, action_bias + action_scale)
+
+    return policy
+
+
+def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optimizers, args):
+    """TD3's critic step, (delayed) actor step and soft update of the three target networks; `optimizers`: q, actor.
+    The two gradient steps are functions of the parameters: `torch.func` takes the gradients and Adam is written out,
+    so that `torch.compile(fullgraph=True)` makes each, from the forward pass to the parameters' step, one graph
+    (autograd's `backward` and an optimizer's `step` would split it)."""
+    q_optimizer, actor_optimizer = optimizers
+    q_params, actor_params = q_optimizer.params, actor_optimizer.params  # the networks' own tensors
+    q_target = dict(qnet_target.flatten_keys(".").items())
+    actor_weights, target_actor_weights = from_module(actor).data, from_module(target_actor).data
+    # one Q-network as a function of its parameters (a weightless shell, called on them), and that function mapped
+    # over the stack of both networks' parameters
+    qnet = QNetwork(actor.fc1.in_features, actor.fc_mu.out_features, device="meta")
+
+    def qf(params, obs, actions):
+        return functional_call(qnet, params, (obs, actions))
+
+    ensemble_qf = torch.vmap(qf, (0, None, None))
+
+    def qf_loss_fn(q_params, data, next_q_value):
+        qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+        return (qf_a_values - next_q_value).pow(2).mean(1).sum()  # qf1's plus qf2's mean squared error
+
+    def actor_loss_fn(actor_params, obs):
+        # the actor climbs the first Q-network only
+        qf1_params = {name: p[0] for name, p in q_params.items()}
+        return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
+
+    def update_critic(data):
+        with torch.no_grad():
+            # target policy smoothing: clipped noise on the target action, in half action ranges
+            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+            next_actions = target_actor.clip(target_actor(data["next_obs"]) + noise * target_actor.action_scale)
+            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
+            min_qf_next_target = qf_next_target.min(0).values
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+
+        grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
+        q_optimizer.step(grads)
+        return qf_loss
+
+    def update_actor(data):
+        grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params, data["obs"])
+        actor_optimizer.step(grads)
+        return actor_loss
+
+    def update_targets():
+        # soft update: tau * params + (1 - tau) * target
+        # as one in-place lerp over all leaves of each TensorDict: target + tau * (params - target)
+        target_actor_weights.lerp_(actor_weights, args.tau)
+        qnet_target.lerp_(qnet_params.data, args.tau)
+
+    return update_critic, update_actor, update_targets
+
+
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """The actor, the optimizers (q, actor) and the steps (policy, update_critic, update_actor, update_targets)."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    target_actor.load_state_dict(actor.state_dict())
+    qf1 = QNetwork(n_obs, n_act, device=device)
+    qf2 = QNetwork(n_obs, n_act, device=device)
+    qnet_params = from_modules(qf1, qf2, as_module=True)
+    qnet_target = qnet_params.data.clone()
+    # Adam steps the networks' own tensors in place: the modules, their stack and the numpy policy see every step
+    q_optimizer = Adam({name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate)
+    actor_optimizer = Adam({name: p.data for name, p in actor.named_parameters()}, args.learning_rate)
+
+    optimizers = (q_optimizer, actor_optimizer)
+    update_critic, update_actor, update_targets = make_functional_updates(
+        actor, target_actor, qnet_params, qnet_target, optimizers, args
+    )
+    policy = make_host_policy(actor, args.exploration_noise, args.seed)
+    return actor, optimizers, (policy, update_critic, update_actor, update_targets)
+
+
+def main(args):
+    check_args(args)
+    run = Run(args, "td3_continuous_action_cpu")  # seeds, the run folder, wandb, Ctrl-C: see the end of the file
+    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    device = torch.device("cpu")  # whatever the machine has
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    actor, _, (policy, update_critic, update_actor, update_targets) = make_learner(
+        args, n_obs, n_act, action_low, action_high, device
+    )
+    if run.saved_model is not None:
+        actor.load_state_dict(run.saved_model)
+    if args.compile:  # each update as one graph, forward pass to Adam step
+        update_critic = torch.compile(update_critic, fullgraph=True)
+        update_actor = torch.compile(update_actor, fullgraph=True)
+
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    obs, _ = envs.reset(seed=args.seed)
+    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs
+    actor_loss = torch.zeros((), device=device)
+    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    for iteration in pbar:
+        global_step = iteration * args.num_envs
+        if iteration == learning_starts + args.measure_burnin:
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+
+        # ALGO LOGIC: put action logic here
+        if iteration < learning_starts:
+            actions = envs.action_space.sample()
+        else:
+            actions = policy(np.asarray(obs, dtype=np.float32))  # numpy in, numpy out
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.log_episodes(global_step, finished_episodes(infos))
+
+        real_next_obs = true_next_obs(next_obs, infos)
+        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
+
+        # CRUCIAL step easy to overlook
+        obs = next_obs
+
+        # ALGO LOGIC: training.
+        if iteration >= learning_starts:
+            data = rb.sample(args.batch_size)
+            qf_loss = update_critic(data)
+
+            if iteration % args.policy_frequency == 0:  # delayed policy updates, on the critic's batch
+                actor_loss = update_actor(data)
+                update_targets()
+
+            if iteration % 100 == 0:
+                run.log_progress(pbar, global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
+
+        run.steps = global_step + args.num_envs
+        if run.stop.is_set():  # a first Ctrl-C: stop after this step
+            break
+
+    def evaluate_actor(episodes, videos):  # the actor's action, no noise
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(actor, eval_envs, episodes, args.seed, device)
+
+    envs.close()
+    run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.batch_size > args.buffer_size:
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    for flag in ("learning_starts", "policy_noise", "exploration_noise", "noise_clip"):
+        if getattr(args, flag) < 0:
+            fail(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail(f"--tau must be in (0, 1] and --gamma in [0, 1]; got {args.tau} and {args.gamma}")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
