@@ -18,21 +18,15 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
 - `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
   and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
 
-envpool (1.2.5, `env_type="gymnasium"`) steps the games in C++ threads and does DeepMind's preprocessing: 4 frames
-skipped per step, 30 no-op resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and
-episodic life (losing a life ends the episode the agent learns from). Its info has no episode statistics, so
-`EpisodeStats` sums `info["reward"]` (the unclipped score) over a whole game, across its lives, and logs each
-game when it ends (`info["terminated"]`: no life left, or the step limit).
-
-envpool resets in next-step mode: the step that ends an episode returns its true final observation, and the
-next step ignores the action and returns the first observation of the next episode with reward 0. So a
-truncated step bootstraps from the value of the observation after it, which is its true final observation (a
-terminated one bootstraps with 0), and the reset step stays in the rollout as CleanRL keeps it.
+envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op
+resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends
+the episode the agent learns from, not the game it reports).
 """
 
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -67,13 +61,13 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
     save_model: bool = False
     """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many games with the trained policy and report their mean score (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -118,63 +112,26 @@ class Args:
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_args(args):
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if not getattr(args, flag) > 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.total_timesteps < args.num_steps * args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
-    if (args.num_steps * args.num_envs) % args.num_minibatches != 0:
-        fail(f"--num-steps x --num-envs ({args.num_steps * args.num_envs}) is not divisible by --num-minibatches {args.num_minibatches}")
-    if args.num_steps * args.num_envs < 2 * args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (--num-steps x --num-envs too small)")
-    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
-        fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
-        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
-    if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl must be positive, got {args.target_kl}")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_model and args.eval_episodes == 0:
-        fail("--eval-model needs --eval-episodes N, N > 0")
-    if args.capture_video:
-        fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
-
-
 def make_envs(env_id, num_envs, seed):
-    """envpool's Atari games with DeepMind's preprocessing, stepped in C++ threads, gymnasium's step signature.
-    An unknown task or one that is not an Atari game exits with status 2."""
-    if env_id not in envpool.list_all_envs():
-        fail(f"--env-id {env_id!r} is not an envpool task (see envpool.list_all_envs())")
-    if type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
-        fail(f"--env-id {env_id!r} is not an Atari game; this PPO needs one of envpool's Atari tasks (e.g. Breakout-v5)")
-    return envpool.make(
-        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True,
-        noop_max=30, frame_skip=4, stack_num=4, img_height=84, img_width=84,
-    )
+    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default but episodic
+    life and clipped rewards). An id that is not one of envpool's Atari games exits with status 2."""
+    if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
+    return envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True)
 
 
 def finished_games(game_returns, infos, truncations):
-    """Add this step's unclipped rewards to `game_returns` (one per env, in place); return the scores and lengths
-    (agent steps) of the games that ended on this step: no life left (`info["terminated"]`) or cut off at
-    envpool's step limit. Several envs can finish on the same step."""
+    """envpool's info has no episode statistics: add this step's unclipped rewards (`info["reward"]`) to
+    `game_returns` (one per env, in place) and return the scores of the games that ended on this step, over all their
+    lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
     game_returns += infos["reward"]
     game_over = infos["terminated"].astype(bool) | truncations
-    finished = game_returns[game_over].tolist(), infos["elapsed_step"][game_over].tolist()
+    scores = game_returns[game_over].tolist()
     game_returns[game_over] = 0.0
-    return finished
+    return scores
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -224,13 +181,11 @@ def make_agent(n_act, device):
 
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs].
-
-    Every input is [num_steps, num_envs] but `next_value` [num_envs], the value of the observation after the
-    last step. `terminations[t]` / `truncations[t]` (0 or 1) say the episode ended at step t by reaching a
-    terminal state (or losing a life) / by being cut off. envpool returns the true final observation after the
-    step that ends an episode, so `values[t + 1]` is its value: a truncated step bootstraps from it, a terminated
-    one with 0."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input but `next_value`
+    [num_envs], the value of the observation after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
+    the episode ended at step t in a terminal state (or losing a life) / cut off. envpool resets in next-step mode:
+    the step after an episode's end returns its true final observation, so `values[t + 1]` is its value (a truncated
+    step bootstraps from it, a terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -299,27 +254,14 @@ def make_update(agent, optimizer, args, compile_loss=False):
     return update
 
 
-def adam_options(cudagraphs):
-    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
-    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
-    the step of an optimizer that is not."""
-    return {"fused": True, "capturable": cudagraphs}
-
-
-def cuda_graph(fn, compiled):
-    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
-    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
-    it has compiled for the optimizers' created state before the recording."""
-    return CudaGraphModule(fn, warmup=3 if compiled else 2)
-
-
 def make_learner(args, n_act, device):
     """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
     Returns the agent, the optimizer and the functions (policy, get_value, update)."""
     agent = make_agent(n_act, device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
+    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an optimizer that is not
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs)
     update = make_update(agent, optimizer, args, compile_loss=args.compile)
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_act, device=device)
@@ -329,100 +271,28 @@ def make_learner(args, n_act, device):
     return agent, optimizer, (policy, get_value, update)
 
 
-def write_summary(summary, run_dir):
-    """Write the whole summary, learning curve included, to `run_dir/summary.json` (a temporary file, then renamed:
-    a reader never sees half of it) and print it as one `SUMMARY` line without the curve, naming that file."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f)
-    os.replace(path + ".tmp", path)
-    line = {key: value for key, value in summary.items() if key != "curve"} | {"summary_file": os.path.abspath(path)}
-    print("SUMMARY " + json.dumps(line), flush=True)
-
-
-def evaluate(act, envs, games, device):
-    """The scores of `games` whole games (all their lives) played on `envs` (one env) with `act(obs) -> actions`."""
-    obs, _ = envs.reset()
-    game_returns, scores = np.zeros(1), []
-    while len(scores) < games:
-        with torch.no_grad():
-            action = act(torch.as_tensor(obs, device=device))
-        obs, _, _, truncations, infos = envs.step(action.cpu().numpy())
-        scores += finished_games(game_returns, infos, truncations)[0]
-    return scores[:games]
-
-
-def stop_on_ctrl_c():
-    """The first Ctrl-C asks the training loop to stop after the current iteration (rollout and update): the run then evaluates, saves and
-    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
-    stop = threading.Event()
-
-    def first_ctrl_c(signum, frame):
-        stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    signal.signal(signal.SIGINT, first_ctrl_c)
-    return stop
-
-
-def save_model(path, script, args, model):
-    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
-    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
-    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path, script, env_id):
-    """The `model` that `script` saved at `path` for `env_id`; a missing file, another script's file or another
-    env's exits with status 2."""
-    if not os.path.isfile(path):
-        fail(f"--eval-model {path}: no such file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
-    saved_by = saved.get("script") if isinstance(saved, dict) else None
-    if saved_by != script:
-        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
-    if saved["args"]["env_id"] != env_id:
-        fail(f"--eval-model {path} was trained on {saved['args']['env_id']}: add --env-id {saved['args']['env_id']}")
-    return saved["model"]
-
-
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "ppo_atari_envpool_torchcompile", args.env_id) if args.eval_model else None
+    run = Run(args, "ppo_atari_envpool_torchcompile")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
+    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
-    stop = stop_on_ctrl_c()
-    os.makedirs(run_dir, exist_ok=True)
-    envs = make_envs(args.env_id, args.num_envs, args.seed)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
     obs_shape = envs.single_observation_space.shape
-    n_act = envs.single_action_space.n
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_act, device)
-    if saved_model is not None:
-        agent.load_state_dict(saved_model)
+    agent, optimizer, (policy, get_value, update) = make_learner(args, envs.single_action_space.n, device)
+    if run.saved_model is not None:
+        agent.load_state_dict(run.saved_model)
     compute_gae = gae
     if args.compile:
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy, fullgraph=True)
     if args.cudagraphs:
-        policy = cuda_graph(policy, args.compile)
-        update = cuda_graph(update, args.compile)
+        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next records the graph,
+        # later calls replay it; a compiled function warms up once more, to compile for the optimizer's state first
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict; frames stay uint8
     rollout = TensorDict(
@@ -440,15 +310,11 @@ def main(args):
     next_obs, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs)
     game_returns = np.zeros(args.num_envs)
-    episode_returns = deque(maxlen=20)
-    curve = []
     global_step = 0
-    start_time = time.time()
-    measure_start, measure_step = None, 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            measure_start, measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -471,19 +337,19 @@ def main(args):
             rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
             rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
             next_obs = torch.from_numpy(next_obs)  # a view of envpool's array, no copy
-
-            for episodic_return, episodic_length in zip(*finished_games(game_returns, infos, truncations)):
-                episode_returns.append(episodic_return)
-                curve.append([global_step, time.time() - start_time, episodic_return])
-                if args.track:
-                    wandb.log({"charts/episodic_return": episodic_return, "charts/episodic_length": episodic_length}, step=global_step)
+            run.log_episodes(global_step, finished_games(game_returns, infos, truncations))
 
         # bootstrap value if not done
         with torch.no_grad():
             next_value = get_value(next_obs.to(device)).flatten()
         advantages, returns = compute_gae(
-            rollout["rewards"], rollout["values"], next_value,
-            rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
+            rollout["rewards"],
+            rollout["values"],
+            next_value,
+            rollout["terminations"],
+            rollout["truncations"],
+            args.gamma,
+            args.gae_lambda,
         )
 
         # flatten the batch
@@ -491,64 +357,169 @@ def main(args):
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
         # Optimizing the policy and value network
-        for epoch in range(args.update_epochs):
+        for _ in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
                 stats = update(b[mb_inds])
             if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
                 break
 
-        sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
-        return_mean = np.mean(episode_returns) if episode_returns else float("nan")
-        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if args.track:
-            y_pred, y_true = b["values"], b["returns"]
-            explained_var = 1 - (y_true - y_pred).var() / y_true.var()
-            logs = torch.cat([stats, explained_var.reshape(1)]).tolist()  # host sync, once per iteration
-            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
-            lr = float(optimizer.param_groups[0]["lr"])
-            wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
-
-        if stop.is_set():  # Ctrl-C: stop after this iteration
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"), stats))
+        metrics |= dict(explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"])
+        run.log_progress(pbar, global_step, metrics)
+        run.steps = global_step
+        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
             break
 
-    end_time = time.time()
-    model_file = os.path.join(run_dir, "ppo_atari_envpool_torchcompile.pt")
-    if args.save_model:
-        save_model(model_file, "ppo_atari_envpool_torchcompile", args, agent.state_dict())
-    eval_returns = []
-    if args.eval_episodes:  # actions sampled from the policy, as CleanRL evaluates: a greedy agent can stall a game
+    def evaluate_agent(episodes, videos):  # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
         eval_envs = make_envs(args.env_id, 1, args.seed)
-        eval_returns = evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, args.eval_episodes, device)
-        eval_envs.close()
-    steps = global_step
-    summary = {
-        "script": "ppo_atari_envpool_torchcompile",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "device": str(device),
-        "compile": args.compile,
-        "cudagraphs": args.cudagraphs,
-        "num_envs": args.num_envs,
-        "total_timesteps": steps,
-        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
-        "sps_wall": steps / (end_time - start_time),
-        "episodes": len(curve),
-        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
-        "wall_s": end_time - start_time,
-        "torch_version": torch.__version__,
-        "interrupted": stop.is_set(),
-        "model_file": os.path.abspath(model_file) if args.save_model else None,
-        "eval_returns": eval_returns,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-        "curve": curve,
-    }
-    write_summary(summary, run_dir)
+        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
+
     envs.close()
-    if args.track:
-        wandb.finish()
-    if stop.is_set():
-        sys.exit(130)  # what a shell reports for a Ctrl-C
+    run.finish(device, agent.state_dict(), evaluate_agent)
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    batch_size = args.num_steps * args.num_envs
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
+        fail("--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
+    if args.measure_burnin < 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--measure-burnin must be >= 0 and --target-kl positive")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+    if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)
+        fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, games, device):
+    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset()
+    game_returns, scores = np.zeros(1), []
+    while len(scores) < games:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device))
+        obs, _, _, truncations, infos = envs.step(actions.cpu().numpy())
+        scores += finished_games(game_returns, infos, truncations)
+    envs.close()
+    return scores[:games]
 
 
 if __name__ == "__main__":

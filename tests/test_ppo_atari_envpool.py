@@ -12,8 +12,18 @@ from torch.distributions import Categorical
 EAGER, TWIN = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
 # 8 Breakout games x 256 agent steps: random play loses a game in ~120-300 steps, so games end; 8 iterations of
 # 32 vector steps, 2 minibatches each
-SMOKE = ("--total-timesteps", "2048", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
-         "--measure-burnin", "2")
+SMOKE = (
+    "--total-timesteps",
+    "2048",
+    "--num-steps",
+    "32",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "1",
+    "--measure-burnin",
+    "2",
+)
 
 
 @pytest.mark.parametrize(
@@ -34,17 +44,18 @@ def test_smoke(script, flags):
 
 
 @requires_cuda
-@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+@pytest.mark.parametrize(
+    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+)
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, *flags))
     assert result["cudagraphs"] is True and result["device"].startswith("cuda")
     assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
 
 
-def step_infos(reward, terminated, elapsed_step):
+def step_infos(reward, terminated):
     """The part of envpool's info that `finished_games` reads, for two envs."""
-    return {"reward": np.array(reward, dtype=np.float32), "terminated": np.array(terminated, dtype=np.int32),
-            "elapsed_step": np.array(elapsed_step, dtype=np.int32)}
+    return {"reward": np.array(reward, dtype=np.float32), "terminated": np.array(terminated, dtype=np.int32)}
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
@@ -53,12 +64,12 @@ def test_a_game_is_counted_across_lives_with_unclipped_scores(script):
     game_returns = np.zeros(2)
     no_truncation = np.array([False, False])
     # env 0 scores 4 (clipped to 1 for learning) then loses a life: the learner's episode ends, the game goes on
-    assert finished_games(game_returns, step_infos([4.0, 1.0], [0, 0], [10, 10]), no_truncation) == ([], [])
-    # env 0 scores 7 more and loses its last life: one game of 11 points, 30 steps; env 1 is cut off on the same step
-    finished = finished_games(game_returns, step_infos([7.0, 2.0], [1, 0], [30, 30]), np.array([False, True]))
-    assert finished == ([11.0, 3.0], [30, 30])
+    assert finished_games(game_returns, step_infos([4.0, 1.0], [0, 0]), no_truncation) == []
+    # env 0 scores 7 more and loses its last life: one game of 11 points; env 1 is cut off on the same step
+    finished = finished_games(game_returns, step_infos([7.0, 2.0], [1, 0]), np.array([False, True]))
+    assert finished == [11.0, 3.0]
     # both counters start again from 0
-    assert finished_games(game_returns, step_infos([1.0, 0.0], [1, 0], [5, 5]), no_truncation) == ([1.0], [5])
+    assert finished_games(game_returns, step_infos([1.0, 0.0], [1, 0]), no_truncation) == [1.0]
 
 
 def test_written_out_categorical_is_torchs():
@@ -102,7 +113,9 @@ def test_gae_bootstraps_truncation_from_the_final_obs_and_not_termination(name):
     terminations = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
     truncations = torch.tensor([[0.0], [1.0], [0.0], [0.0]])
     gamma, lam = 0.9, 0.5
-    advantages, returns = gae_functions()[name](rewards, values, torch.tensor([7.0]), terminations, truncations, gamma, lam)
+    advantages, returns = gae_functions()[name](
+        rewards, values, torch.tensor([7.0]), terminations, truncations, gamma, lam
+    )
     # by hand: delta_0 = 1 + 0.9 * 1 - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 - 1 = 10 (the final obs' value);
     # delta_2 = 0 + 0 (terminal) - 10 = -10; delta_3 = 3 + 0.9 * 7 - 99 = -89.7. GAE stops after steps 1 and 2:
     # A_3 = -89.7, A_2 = -10, A_1 = 10, A_0 = 1.4 + 0.45 * 10 = 5.9
@@ -118,7 +131,13 @@ def test_doubling_gae_equals_the_reference_loop():
     n, e = 128, 8
     terminations = (torch.rand(n, e, generator=g) < 0.02).float()
     truncations = (torch.rand(n, e, generator=g) < 0.01).float() * (1 - terminations)
-    data = (torch.randn(n, e, generator=g), torch.randn(n, e, generator=g), torch.randn(e, generator=g), terminations, truncations)
+    data = (
+        torch.randn(n, e, generator=g),
+        torch.randn(n, e, generator=g),
+        torch.randn(e, generator=g),
+        terminations,
+        truncations,
+    )
     expected = functions["eager"](*data, 0.99, 0.95)
     for name in ("twin", "twin-compiled"):
         for got, want in zip(functions[name](*data, 0.99, 0.95), expected):
@@ -208,8 +227,8 @@ def test_no_recompilation_after_warmup():
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (("--env-id", "Breakout-v9"), ("--env-id", "not an envpool task")),
-        (("--env-id", "CartPole-v1"), ("--env-id", "not an Atari game")),
+        (("--env-id", "Breakout-v9"), ("--env-id", "Breakout-v9", "not one of envpool's Atari games")),
+        (("--env-id", "CartPole-v1"), ("--env-id", "CartPole-v1", "not one of envpool's Atari games")),
         (("--num-envs", "0"), ("--num-envs", "positive")),
         (("--num-minibatches", "3"), ("--num-minibatches", "divisible")),
         (("--total-timesteps", "512"), ("--total-timesteps", "one rollout")),
