@@ -94,8 +94,9 @@ def test_an_episode_start_resets_the_state_exactly(script):
     done = torch.zeros(12, 3)
     done[5, 0] = 1.0
     hidden, h = agent.get_states(obs, state, done)
-    grads = [torch.autograd.grad(hidden[5:, env].sum() + h[:, env].sum(), (obs, state), retain_graph=True)
-             for env in (0, 1)]
+    grads = [
+        torch.autograd.grad(hidden[5:, env].sum() + h[:, env].sum(), (obs, state), retain_graph=True) for env in (0, 1)
+    ]
     (obs_reset, state_reset), (obs_carried, state_carried) = grads
     assert obs_reset[:5, 0].abs().max() == 0 and state_reset[:, 0].abs().max() == 0
     assert obs_reset[5:, 0].abs().max() > 0
@@ -155,7 +156,7 @@ def test_no_recompilation_after_warmup():
         (("--env-id", "Pendulum-v1"), ("--env-id", "Box", "Discrete")),
         (("--num-envs", "5"), ("--num-envs", "--num-minibatches")),
         (("--obs-indices", "0", "4"), ("--obs-indices", "0 4", "4 entries")),
-        (("--eval-model", "no-such.pt", "--eval-episodes", "1"), ("--eval-model", "no such file")),
+        (("--eval-model", "no-such.pt", "--eval-episodes", "1"), ("--eval-model", "no-such.pt", "FileNotFoundError")),
     ],
     ids=["unknown-env", "box-actions", "envs-do-not-divide", "index-outside-obs", "missing-model"],
 )
@@ -174,7 +175,9 @@ def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
 
 
 @requires_cuda
-@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+@pytest.mark.parametrize(
+    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+)
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
     assert (result["device"], result["cudagraphs"], result["total_timesteps"]) == ("cuda", True, 96)
@@ -188,11 +191,19 @@ def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
     result = json.loads(next(tmp_path.glob("memory-*.json")).read_text())
     cells = {(2, 8), (2, 16)}
     models = {"lstm-loop", "mingru-loop", "mingru-scan", "mingru-scan-compiled"}
-    assert {(r["batch"], r["steps"], r["variant"]) for r in result["models"]} == {(*c, v) for c in cells for v in models}
+    assert {(r["batch"], r["steps"], r["variant"]) for r in result["models"]} == {
+        (*c, v) for c in cells for v in models
+    }
     assert all(r["check"]["ok"] and r["check"]["diff"] < 1e-5 for r in result["models"] if r["variant"] != "lstm-loop")
     assert all(r["check"] is None for r in result["models"] if r["variant"] == "lstm-loop")  # another model
-    assert {r["variant"] for r in result["candidates"]} >= {"loop", "hillis-steele", "prototype-associative-scan",
-                                                             "chunked", "chunked-compiled", "log-space"}
+    assert {r["variant"] for r in result["candidates"]} >= {
+        "loop",
+        "hillis-steele",
+        "prototype-associative-scan",
+        "chunked",
+        "chunked-compiled",
+        "log-space",
+    }
     assert all(r["check"]["ok"] for r in result["candidates"])
     assert all(0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in result["models"] + result["candidates"])
     assert "| 16 | 2 |" in next(tmp_path.glob("memory-*.md")).read_text()
@@ -208,8 +219,9 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
         shutil.copy(ROOT / "leanrl" / f"{name}.py", scripts)
     source = (ROOT / "leanrl" / f"{TWIN}.py").read_text()
     assert source.count("entering, entering_states = h0, []") == 1
-    (scripts / f"{TWIN}.py").write_text(source.replace("entering, entering_states = h0, []",
-                                                       "entering, entering_states = torch.zeros_like(h0), []"))
+    (scripts / f"{TWIN}.py").write_text(
+        source.replace("entering, entering_states = h0, []", "entering, entering_states = torch.zeros_like(h0), []")
+    )
     with pytest.raises(SystemExit) as stopped:
         memory.main(["--quick", "--backend", "aot_eager", "--scripts-dir", str(scripts), "--out", str(tmp_path)])
     assert stopped.value.code == 1
