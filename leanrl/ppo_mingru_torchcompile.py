@@ -9,17 +9,12 @@ which only an agent that remembers past positions balances well; 200k steps, 8 e
     python leanrl/ppo_mingru_torchcompile.py --compile --no-memory   # no memory: it plateaus lower
 
 Same algorithm, defaults and loop as the eager twin; what changes is the data flow:
-- the recurrence runs as a chunked associative scan (`linear_recurrence`): about 2 sqrt(T) vectorized steps instead
-  of the eager twin's T-step Python loop;
-- the rollout is one TensorDict on the device; a minibatch of env sequences is one indexing call;
-- acting uses a copy of the agent that shares its weights but carries no autograd state;
-- the categorical's sampling (Gumbel-max), log-probability and entropy are written out;
-- GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a Python loop;
-- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place; on the CPU, one
-  intra-op thread;
-- `--compile` compiles acting, GAE and the sequence loss, forward and backward (the clip and the Adam step stay
-  eager); `--cudagraphs` records acting and the update as CUDA graphs (tensordict's `CudaGraphModule`) and needs a
-  CUDA device.
+- the recurrence runs as a chunked associative scan (`linear_recurrence`): ~2 sqrt(T) vectorized steps, not T;
+- the rollout is one TensorDict on the device; acting uses a copy of the agent with no autograd state;
+- the categorical (Gumbel-max sampling, log-probability, entropy) is written out; GAE is solved by doubling;
+- a fused Adam (capturable under `--cudagraphs`) with a tensor learning rate annealed in place; one thread on a CPU;
+- `--compile` compiles acting, GAE and the sequence loss (the clip and the Adam step stay eager); `--cudagraphs`
+  records acting and the update as CUDA graphs (tensordict's `CudaGraphModule`) and needs a CUDA device.
 
 An episode start resets the state inside the recurrence (no padding); a minibatch is the whole sequences of some
 envs, replayed from the state the rollout started with. A truncated episode bootstraps from the value of its true
@@ -122,15 +117,11 @@ class Args:
 
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         if obs_indices:  # keep only these entries (e.g. CartPole's positions, not its velocities)
@@ -245,10 +236,8 @@ def linear_recurrence(a, b, h0):
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id, an index outside the observation or a non-Discrete action space
-    exits with status 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
+    the first env records videos to `video_dir`, if given. A bad id or index, or a non-Discrete action space, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, obs_indices, videos[i], video_episodes) for i in range(num_envs)]
@@ -286,9 +275,8 @@ def finished_episodes(infos):
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
+    put the reset one: a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
     if "_final_obs" in infos:
         for idx in np.flatnonzero(infos["_final_obs"]):
@@ -413,7 +401,8 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     run = Run(args, "ppo_mingru_torchcompile")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, run.videos)
+    videos = None if args.eval_model else run.videos  # evaluating a saved model records no training episode
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if device.type == "cpu":
         # every op here is tiny (8-env acting, 2-env sequences in the update): waking a second thread costs more

@@ -22,6 +22,7 @@ from test_ppo_lstm import (
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 
 from benchmarks import memory
+from benchmarks.env_limit import script_envs
 
 EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
@@ -148,25 +149,38 @@ def test_no_recompilation_after_warmup():
     assert_no_recompilation_after_warmup(TWIN, make_minibatch, torch.zeros(2, 2, STATE_SIZE))
 
 
+# bad flag values and the words their one line must hold (an unknown --env-id: test_contract.py)
+BAD_FLAGS = [
+    (("--env-id", "Pendulum-v1"), ("--env-id", "Box", "Discrete")),
+    (("--num-envs", "5"), ("--num-envs", "--num-minibatches")),
+    (("--obs-indices", "0", "4"), ("--obs-indices", "0 4", "4 entries")),
+]
+
+
+def assert_refused(module, flags, words, capsys):
+    """`flags` parsed by the script's `Args`, its envs made and its flags checked: exit 2 with one line on stderr."""
+    with pytest.raises(SystemExit) as stop:
+        args, _ = script_envs(module, flags)
+        module.check_args(args)
+    assert stop.value.code == 2, flags
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), (flags, lines)
+
+
 @pytest.mark.parametrize("script", [EAGER, TWIN])
-@pytest.mark.parametrize(
-    "flags, words",
-    [
-        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
-        (("--env-id", "Pendulum-v1"), ("--env-id", "Box", "Discrete")),
-        (("--num-envs", "5"), ("--num-envs", "--num-minibatches")),
-        (("--obs-indices", "0", "4"), ("--obs-indices", "0 4", "4 entries")),
-        (("--eval-model", "no-such.pt", "--eval-episodes", "1"), ("--eval-model", "no-such.pt", "FileNotFoundError")),
-    ],
-    ids=["unknown-env", "box-actions", "envs-do-not-divide", "index-outside-obs", "missing-model"],
-)
-def test_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags, timeout=120), *words)
+def test_bad_input_exits_2(script, capsys):
+    """Each bad value is refused by the script's own checks, in process; a missing --eval-model through a whole run,
+    which shows that `main` checks before it trains."""
+    module = load_script(script)
+    for flags, words in BAD_FLAGS:
+        assert_refused(module, flags, words, capsys)
+    missing = run_script(script, "--eval-model", "no-such.pt", "--eval-episodes", "1", timeout=120)
+    assert_user_error(missing, "--eval-model", "no-such.pt", "FileNotFoundError")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-def test_cudagraphs_without_cuda_exits_2():
-    assert_user_error(run_script(TWIN, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
+def test_cudagraphs_without_cuda_exits_2(capsys):
+    assert_refused(load_script(TWIN), ("--cudagraphs",), ("--cudagraphs", "CUDA"), capsys)
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
