@@ -1,20 +1,57 @@
-"""What every script promises alike (CONTRIBUTING.md): the true final observation of an ended episode is the
-one stored, every finished episode is counted, an off-policy replay buffer wraps around, and `--cudagraphs`
-without CUDA is a user error; SAC and TD3 share their bad inputs and their CUDA-graph smoke runs. Every smoke run's
-SUMMARY `curve` (one point per counted episode, steps in order) is checked by `conftest.summary`."""
+"""What every script promises alike (CONTRIBUTING.md), proved once per script by calling the script's own functions
+or running it: the true final observation of an ended episode is the one stored, every finished episode is counted,
+an off-policy replay buffer wraps around, `--env-id` takes what `gym.make` takes (gymnasium's `module:EnvId` form
+too) and refuses an unknown id with one line and exit status 2, bad flag values exit 2 with one line, `--cudagraphs`
+without CUDA is a user error, and a CPU script has no CUDA flag. Every smoke run's SUMMARY `curve` (one point per
+counted episode, steps in order) is checked by `conftest.summary`."""
+
+import inspect
 
 import numpy as np
 import pytest
 import torch
+import tyro
+from conftest import SCRIPTS as SCRIPTS_DIR
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 
+from benchmarks.env_limit import script_envs
+
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
+FAMILIES = {algo: [algo, f"{algo}_torchcompile", f"{algo}_cpu"] for algo in ALGOS}
 # the scripts that scale a twin out keep its contract: plainly run, they are one process of it
 SCALED_OUT = ["ppo_continuous_action_distributed"]
-SCRIPTS = [name for algo in ALGOS for name in (algo, f"{algo}_torchcompile")] + SCALED_OUT
-OFF_POLICY_CONTINUOUS = [name for algo in ALGOS[:2] for name in (algo, f"{algo}_torchcompile")]
+SCRIPTS = [name for family in FAMILIES.values() for name in family] + SCALED_OUT
+CPU_SCRIPTS = [f"{algo}_cpu" for algo in ALGOS]
+OFF_POLICY_CONTINUOUS = FAMILIES["sac_continuous_action"] + FAMILIES["td3_continuous_action"]
+# every script whose envs are gymnasium's (the Atari pair makes envpool's, the Ray script makes them in its actors)
+GYMNASIUM = SCRIPTS + ["ppo_lstm", "ppo_lstm_torchcompile", "ppo_mingru", "ppo_mingru_torchcompile"]
+# a classic-control env each script can train on, named in gymnasium's `module:EnvId` form
+MODULE_ENV_IDS = {
+    "dqn": "gymnasium.envs.classic_control:CartPole-v1",
+    "ppo_lstm": "gymnasium.envs.classic_control:CartPole-v1",
+    "ppo_mingru": "gymnasium.envs.classic_control:CartPole-v1",
+}
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
-PENDULUM_SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
+PENDULUM_SMOKE = (
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "500",
+    "--batch-size",
+    "32",
+)
+
+
+def family_of(script):
+    return next((algo for algo in MODULE_ENV_IDS if script.startswith(algo)), None)
+
+
+def test_the_families_are_on_disk():
+    """A script missing from disk would make every parametrized test below error, not skip: say it at once."""
+    missing = [name for name in GYMNASIUM if not (SCRIPTS_DIR / f"{name}.py").exists()]
+    assert missing == []
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -37,18 +74,14 @@ def test_every_finished_episode_is_counted(script):
     assert module.finished_episodes({}) == []
 
 
-# the optimized twins write Adam out for their CPU fast path, and so does the script that scales PPO's twin out
-WRITTEN_OUT_ADAM = [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT
-
-
-@pytest.mark.parametrize("script", WRITTEN_OUT_ADAM)
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
-    """The written-out Adam keeps beta1**t and beta2**t as running products, not powers of a step count: over
-    3,000 steps, past where the bias corrections fade, its parameters stay on torch.optim.Adam's."""
+    """The CPU scripts' written-out Adam keeps beta1**t and beta2**t as running products, not powers of a step
+    count: over 3,000 steps, past where the bias corrections fade, its parameters stay on torch.optim.Adam's."""
     module = load_script(script)
     torch.manual_seed(0)
     start = {"weight": torch.randn(8, 5), "bias": torch.randn(5)}
-    lr, eps = 1e-3, 1e-5  # the PPO scripts' Adam takes its learning rate as a tensor, as the loop anneals it
+    lr, eps = 1e-3, 1e-5  # the PPO script's Adam takes its learning rate as a tensor, as the loop anneals it
     params = {name: p.clone() for name, p in start.items()}
     adam = module.Adam(params, torch.tensor(lr) if "ppo" in script else lr, eps=eps)
     reference = {name: p.clone().requires_grad_() for name, p in start.items()}
@@ -61,19 +94,18 @@ def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
         torch_adam.step()
         if step in (0, 9, 99, 2999):
             for name, p in params.items():
-                torch.testing.assert_close(p, reference[name].detach(), rtol=0, atol=1e-5, msg=f"{name}, step {step + 1}")
+                expected = reference[name].detach()
+                torch.testing.assert_close(p, expected, rtol=0, atol=1e-5, msg=f"{name}, step {step + 1}")
     assert (params["weight"] - start["weight"]).abs().max() > 0.01  # it moved: the comparison is not of two starts
 
 
-HOST_MODES = [(s, False) for s in OFF_POLICY_CONTINUOUS] + [(s, True) for s in OFF_POLICY_CONTINUOUS if "_torchcompile" in s]
-
-
-@pytest.mark.parametrize("script, host", HOST_MODES)
-def test_replay_buffer_wraps_around_and_samples_what_was_added(script, host):
-    """The eager twins add tensors, the optimized ones the env's numpy arrays; `host`: the CPU fast path, which
-    writes them through numpy views of the buffer's tensors."""
+@pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
+def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
+    """The eager scripts add tensors, the twins and the CPU scripts the env's numpy arrays (the CPU scripts write them
+    through numpy views of the buffer's tensors)."""
     module = load_script(script)
-    rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, device="cpu", **({"host": True} if host else {}))
+    options = {"device": "cpu"} if "device" in inspect.signature(module.ReplayBuffer).parameters else {}
+    rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, **options)
     for step in range(7):  # 14 transitions through a buffer of 5
         values = np.array([2.0 * step, 2.0 * step + 1])
         transition = {
@@ -83,7 +115,7 @@ def test_replay_buffer_wraps_around_and_samples_what_was_added(script, host):
             "rewards": values,
             "terminations": np.zeros(2),
         }
-        if not script.endswith("_torchcompile"):
+        if script in ALGOS:
             transition = {k: torch.as_tensor(v, dtype=torch.float) for k, v in transition.items()}
         rb.add(transition)
     assert (rb.size, rb.cursor) == (5, 4)
@@ -94,30 +126,73 @@ def test_replay_buffer_wraps_around_and_samples_what_was_added(script, host):
     torch.testing.assert_close(batch["actions"][:, 0], -batch["rewards"])
 
 
+@pytest.mark.parametrize("script", GYMNASIUM)
+def test_env_id_takes_the_module_form_and_refuses_an_unknown_id(script, capsys):
+    """`--env-id package.module:EnvId` imports the module that registers the env, as `gym.make` does; an id that
+    names no env, or a module that does not exist, exits 2 with one line naming the flag and the id."""
+    module = load_script(script)
+    env_id = MODULE_ENV_IDS.get(family_of(script), "gymnasium.envs.classic_control:Pendulum-v1")
+    _, envs = script_envs(module, ["--env-id", env_id])
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape[0] == envs.num_envs and np.isfinite(obs).all()
+    envs.close()
+    for bad in ("NoSuchEnv-v0", "no_such_module:Pendulum-v1"):
+        with pytest.raises(SystemExit) as stop:
+            script_envs(module, ["--env-id", bad])
+        assert stop.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--env-id" in lines[0] and bad in lines[0], lines
+
+
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_a_cpu_script_has_no_cuda_flags(script, capsys):
+    """The CPU scripts train on the CPU whatever the machine has: `--cuda` and `--cudagraphs` are not theirs, and
+    tyro refuses them (exit 2) rather than ignoring them."""
+    module = load_script(script)
+    assert not {"cuda", "cudagraphs"} & set(vars(module.Args()))
+    for flag in ("--cuda", "--cudagraphs"):
+        with pytest.raises(SystemExit) as stop:
+            tyro.cli(module.Args, args=[flag])
+        assert stop.value.code == 2
+        assert flag in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
-@pytest.mark.parametrize("script", [name for name in SCRIPTS if name not in ALGOS] + ["ppo_atari_envpool_torchcompile"])
+@pytest.mark.parametrize(
+    "script", [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT + ["ppo_atari_envpool_torchcompile"]
+)
 def test_cudagraphs_without_cuda_exits_2(script):
     assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
 
 
+# bad flag values of the off-policy continuous scripts and the words their one line must hold
+BAD_FLAGS = [
+    (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
+    (("--batch-size", "0"), ("--batch-size",)),
+    (("--batch-size", "512", "--buffer-size", "256"), ("--batch-size", "--buffer-size")),
+]
+
+
 @pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
-@pytest.mark.parametrize(
-    "flags, words",
-    [
-        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
-        (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
-        (("--batch-size", "0"), ("--batch-size",)),
-        (("--batch-size", "512", "--buffer-size", "256"), ("--batch-size", "--buffer-size")),
-    ],
-    ids=["unknown-env", "discrete-env", "zero-batch", "batch-over-buffer"],
-)
-def test_off_policy_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags, timeout=120), *words)
+def test_off_policy_bad_input_exits_2(script, capsys):
+    """Each bad value is refused by the script's own checks, in process; one of them through a whole run too, which
+    shows `main` checks before it trains or makes a run folder."""
+    module = load_script(script)
+    for flags, words in BAD_FLAGS:
+        with pytest.raises(SystemExit) as stop:
+            args, _ = script_envs(module, flags)
+            module.check_args(args)
+        assert stop.value.code == 2, flags
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and all(word in lines[0] for word in words), (flags, lines)
+    assert_user_error(run_script(script, *BAD_FLAGS[2][0], timeout=120), *BAD_FLAGS[2][1])
 
 
 @requires_cuda
 @pytest.mark.parametrize("script", [name for name in OFF_POLICY_CONTINUOUS if name.endswith("_torchcompile")])
-@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+@pytest.mark.parametrize(
+    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+)
 def test_off_policy_cudagraphs_smoke(script, flags):
     result = summary(run_script(script, *PENDULUM_SMOKE, "--measure-burnin", "5", *flags))
     assert (result["device"], result["cudagraphs"], result["episodes"]) == ("cuda", True, 3)

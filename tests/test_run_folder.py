@@ -1,6 +1,7 @@
 """What a CleanRL user expects of every script: a run folder with the whole summary, `--save-model`,
-`--eval-episodes` after training or of a saved model (`--eval-model`), `--capture-video`, and a Ctrl-C that stops
-cleanly. `conftest.summary` checks on every run that summary.json holds what the SUMMARY line printed."""
+`--eval-episodes` after training or of a saved model (`--eval-model`, also one saved by another script of the same
+algorithm), `--capture-video`, and a Ctrl-C that stops cleanly. `conftest.summary` checks on every run that
+summary.json holds what the SUMMARY line printed."""
 
 import os
 import signal
@@ -13,27 +14,34 @@ import numpy as np
 import pytest
 import torch
 from conftest import SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
-from test_ppo_continuous_action import SMOKE as PPO_SMOKE
-from test_ppo_lstm import SMOKE as PPO_LSTM_SMOKE
-from test_sac import SMOKE as SAC_SMOKE
 
-# tiny training runs that reach the updates, per algorithm
+PENDULUM = ("--env-id", "Pendulum-v1")
+RECURRENT = ("--total-timesteps", "96", "--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1")
+# tiny training runs that reach the updates, per algorithm; the first two flags, where they name the env, are what a
+# replay of the saved model needs
 BUDGETS = {
-    "sac_continuous_action": SAC_SMOKE,
-    "td3_continuous_action": SAC_SMOKE,
+    "sac_continuous_action": (*PENDULUM, "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32"),
+    "td3_continuous_action": (*PENDULUM, "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32"),
     "dqn": ("--total-timesteps", "1500", "--learning-starts", "1000"),
-    "ppo_continuous_action": PPO_SMOKE,
-    "ppo_lstm": PPO_LSTM_SMOKE,
-    "ppo_mingru": PPO_LSTM_SMOKE,
-    "ppo_atari_envpool": ("--total-timesteps", "512", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"),
+    "ppo_continuous_action": (*PENDULUM, "--total-timesteps", "640", "--num-steps", "64", "--num-minibatches", "2"),
+    "ppo_lstm": (*RECURRENT, "--update-epochs", "1"),
+    "ppo_mingru": (*RECURRENT, "--update-epochs", "1"),
 }
-ENV_FLAGS = {"sac_continuous_action": SAC_SMOKE[:2], "td3_continuous_action": SAC_SMOKE[:2],
-             "ppo_continuous_action": PPO_SMOKE[:2]}
-ALL = [name for algo in BUDGETS for name in (algo, f"{algo}_torchcompile")]
-
-
-def algo_of(script):
-    return script.removesuffix("_torchcompile")
+ATARI = ("--total-timesteps", "512", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
+# each algorithm's scripts in a ring: a model one of them saves is replayed by the next one
+FAMILIES = {
+    "sac_continuous_action": ["", "_torchcompile", "_cpu"],
+    "td3_continuous_action": ["", "_torchcompile", "_cpu"],
+    "dqn": ["", "_torchcompile", "_cpu"],
+    "ppo_continuous_action": ["", "_torchcompile", "_cpu"],
+    "ppo_lstm": ["", "_torchcompile"],
+    "ppo_mingru": ["", "_torchcompile"],
+}
+RING = [
+    (f"{algo}{suffixes[i]}", f"{algo}{suffixes[(i + 1) % len(suffixes)]}", algo)
+    for algo, suffixes in FAMILIES.items()
+    for i in range(len(suffixes))
+]
 
 
 def saved(result):
@@ -43,48 +51,64 @@ def saved(result):
     return torch.load(path, weights_only=True)
 
 
-@pytest.mark.parametrize("script", [name for name in ALL if "atari" not in name])
-def test_a_saved_model_evaluates_as_the_live_policy(script, tmp_path):
-    """Train, save and evaluate 2 episodes; then evaluate the saved file alone, with the same seed. The evaluation
-    acts deterministically (and PPO normalizes observations with the saved statistics, frozen), so both give the
-    same returns, to the last bit."""
-    trained = summary(run_script(script, *BUDGETS[algo_of(script)], "--save-model", "--eval-episodes", "2", cwd=tmp_path))
+def training_flags(script, algo):
+    """`BUDGETS[algo]`; a CPU script trains without compiling (what it compiles does not change the run folder)."""
+    return (*BUDGETS[algo], *(("--no-compile",) if script.endswith("_cpu") else ()))
+
+
+@pytest.mark.parametrize("script, replayer, algo", RING, ids=[f"{s}->{r}" for s, r, _ in RING])
+def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(script, replayer, algo, tmp_path):
+    """Train, save and evaluate 2 episodes; then evaluate the saved file alone, with the same seed, in the next script
+    of the same algorithm (eager -> twin -> CPU -> eager). The evaluation acts deterministically with the same weights
+    and the same ops (PPO normalizes observations with the saved statistics, frozen), so both give the same returns,
+    to float32 rounding of the sums."""
+    trained = summary(
+        run_script(script, *training_flags(script, algo), "--save-model", "--eval-episodes", "2", cwd=tmp_path)
+    )
     assert trained["interrupted"] is False and len(trained["eval_returns"]) == 2
     assert trained["eval_return_mean"] == pytest.approx(np.mean(trained["eval_returns"]))
     checkpoint = saved(trained)
     assert checkpoint["script"] == script and checkpoint["args"]["env_id"] == trained["env_id"]
     assert all(isinstance(value, torch.Tensor) for value in torch.utils._pytree.tree_leaves(checkpoint["model"]))
-    env_flags = ENV_FLAGS.get(algo_of(script), ())
-    replayed = summary(run_script(script, *env_flags, "--eval-model", trained["model_file"], "--eval-episodes", "2", cwd=tmp_path))
-    assert replayed["eval_returns"] == trained["eval_returns"]
+    env_flags = BUDGETS[algo][:2] if BUDGETS[algo][0] == "--env-id" else ()
+    replay = run_script(
+        replayer, *env_flags, "--eval-model", trained["model_file"], "--eval-episodes", "2", cwd=tmp_path
+    )
+    replayed = summary(replay)
+    assert replayed["script"] == replayer
+    assert replayed["eval_returns"] == pytest.approx(trained["eval_returns"], rel=1e-5)
     assert (replayed["total_timesteps"], replayed["episodes"], replayed["model_file"]) == (0, 0, None)
 
 
 @pytest.mark.parametrize("script", ["ppo_atari_envpool", "ppo_atari_envpool_torchcompile"])
-def test_atari_saves_a_model_that_acts_as_the_live_agent(script, tmp_path):
-    """The Atari scripts evaluate by sampling (as CleanRL does), so two evaluations differ; here the saved weights,
-    loaded into a fresh agent, give the trained run's agent's logits exactly, and an evaluation of the file runs."""
-    module = load_script(script)
-    args = module.Args(save_model=True)
-    agent, _, _ = module.make_learner(args, 4, torch.device("cpu"))
-    path = str(tmp_path / f"{script}.pt")
-    module.save_model(path, script, args, agent.state_dict())
-    fresh, _, _ = module.make_learner(args, 4, torch.device("cpu"))
-    fresh.load_state_dict(module.load_model(path, script, args.env_id))
-    frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
-    with torch.no_grad():
-        torch.testing.assert_close(fresh.actor(fresh.network(frames.float() / 255)), agent.actor(agent.network(frames.float() / 255)), rtol=0, atol=0)
-    trained = summary(run_script(script, *BUDGETS["ppo_atari_envpool"], "--save-model", "--eval-episodes", "1", cwd=tmp_path))
-    assert set(saved(trained)["model"]) == set(agent.state_dict())
+def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script, tmp_path):
+    """The Atari scripts evaluate by sampling (as CleanRL does), so two evaluations differ; here the saved weights
+    load, strictly, into a fresh agent of the other Atari script, and an evaluation of the file runs."""
+    trained = summary(run_script(script, *ATARI, "--save-model", "--eval-episodes", "1", cwd=tmp_path))
+    other = "ppo_atari_envpool" if script.endswith("_torchcompile") else "ppo_atari_envpool_torchcompile"
+    module = load_script(other)
+    agent = module.make_learner(module.Args(), 4, torch.device("cpu"))[0]
+    agent.load_state_dict(saved(trained)["model"])  # strict: the same names and shapes
     replayed = summary(run_script(script, "--eval-model", trained["model_file"], "--eval-episodes", "1", cwd=tmp_path))
     assert len(replayed["eval_returns"]) == 1 and replayed["eval_return_mean"] == replayed["eval_returns"][0]
 
 
-@pytest.mark.parametrize("script, env_id, flags", [("dqn", "CartPole-v1", ("--total-timesteps", "300", "--learning-starts", "100")),
-                                                   ("sac_continuous_action", "HalfCheetah-v4", ("--total-timesteps", "60", "--learning-starts", "40", "--batch-size", "16"))],
-                         ids=["classic-control", "mujoco"])
+@pytest.mark.parametrize(
+    "script, env_id, flags",
+    [
+        ("dqn", "CartPole-v1", ("--total-timesteps", "300", "--learning-starts", "100")),
+        (
+            "sac_continuous_action",
+            "HalfCheetah-v4",
+            ("--total-timesteps", "60", "--learning-starts", "40", "--batch-size", "16"),
+        ),
+    ],
+    ids=["classic-control", "mujoco"],
+)
 def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flags, tmp_path):
-    result = summary(run_script(script, "--env-id", env_id, *flags, "--capture-video", "--eval-episodes", "2", cwd=tmp_path))
+    result = summary(
+        run_script(script, "--env-id", env_id, *flags, "--capture-video", "--eval-episodes", "2", cwd=tmp_path)
+    )
     videos = Path(result["summary_file"]).parent / "videos"
     sizes = {path.name: path.stat().st_size for path in videos.iterdir()}
     assert {"train-episode-0.mp4", "eval-episode-0.mp4", "eval-episode-1.mp4"} <= set(sizes), sizes
@@ -96,9 +120,12 @@ def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flag
 def test_ctrl_c_stops_after_the_step_and_reports_and_saves_what_it_has(script, tmp_path):
     """SIGINT once the run folder exists (the handler is installed just before): the run ends with status 130, a
     valid summary of the steps it did, `interrupted`, and a loadable model."""
-    budget = {"dqn_torchcompile": ("--total-timesteps", "1000000"), "ppo_continuous_action": (*PPO_SMOKE[:2], "--total-timesteps", "1000000")}
-    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *budget[script], "--save-model", "--eval-episodes", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=script_env())
+    budget = {"dqn_torchcompile": (), "ppo_continuous_action": PENDULUM}[script]
+    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *budget, "--total-timesteps", "1000000"]
+    cmd += ["--save-model", "--eval-episodes", "1"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=script_env()
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "runs").exists() and time.monotonic() < deadline:
@@ -116,22 +143,25 @@ def test_ctrl_c_stops_after_the_step_and_reports_and_saves_what_it_has(script, t
 
 
 def make_checkpoint(tmp_path, script, env_id):
+    """A file in the scripts' saved-model format (what `Run.finish` writes), by `script`, for `env_id`."""
     path = tmp_path / f"{script}-{env_id}.pt"
-    module = load_script(script)
-    module.save_model(str(path), script, module.Args(env_id=env_id), {"w": torch.zeros(1)})
+    torch.save({"script": script, "args": {"env_id": env_id}, "model": {"w": torch.zeros(1)}}, path)
     return str(path)
 
 
-@pytest.mark.parametrize("script", ["sac_continuous_action_torchcompile", "dqn"])
+@pytest.mark.parametrize("script", ["sac_continuous_action_cpu", "dqn"])
 def test_bad_evaluation_inputs_exit_2(script, tmp_path):
     env_id = load_script(script).Args().env_id
-    other = "td3_continuous_action" if script.startswith("sac") else "dqn_torchcompile"
+    other = "td3_continuous_action" if script.startswith("sac") else "ppo_lstm_torchcompile"
     (tmp_path / "junk.pt").write_text("not a model")
     cases = [
-        (("--eval-model", str(tmp_path / "missing.pt"), "--eval-episodes", "1"), ("--eval-model", "no such file")),
-        (("--eval-model", str(tmp_path / "junk.pt"), "--eval-episodes", "1"), ("--eval-model", "not a saved model")),
+        (("--eval-model", str(tmp_path / "missing.pt"), "--eval-episodes", "1"), ("--eval-model", "missing.pt")),
+        (("--eval-model", str(tmp_path / "junk.pt"), "--eval-episodes", "1"), ("--eval-model", "not a model saved")),
         (("--eval-model", make_checkpoint(tmp_path, other, env_id), "--eval-episodes", "1"), ("saved by", other)),
-        (("--eval-model", make_checkpoint(tmp_path, script, "Acrobot-v1"), "--eval-episodes", "1"), ("--env-id Acrobot-v1",)),
+        (
+            ("--eval-model", make_checkpoint(tmp_path, script, "Acrobot-v1"), "--eval-episodes", "1"),
+            ("--env-id Acrobot-v1",),
+        ),
         (("--eval-model", make_checkpoint(tmp_path, script, env_id)), ("--eval-episodes",)),
         (("--eval-episodes", "-1"), ("--eval-episodes",)),
     ]
@@ -141,5 +171,6 @@ def test_bad_evaluation_inputs_exit_2(script, tmp_path):
 
 
 def test_atari_refuses_to_capture_video(tmp_path):
-    assert_user_error(run_script("ppo_atari_envpool_torchcompile", "--capture-video", timeout=120, cwd=tmp_path), "--capture-video", "envpool")
+    proc = run_script("ppo_atari_envpool_torchcompile", "--capture-video", timeout=120, cwd=tmp_path)
+    assert_user_error(proc, "--capture-video", "envpool")
     assert os.listdir(tmp_path) == []
