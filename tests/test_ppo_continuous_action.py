@@ -1,44 +1,70 @@
-"""PPO (continuous actions): both twins run, GAE bootstraps truncations from the true final observation and
-not terminations, the compiled GAE and update are the eager ones, nothing recompiles, bad input exits 2, and
-both twins learn InvertedPendulum-v4."""
+"""PPO (continuous actions): the eager script, its twin and the CPU script run; GAE bootstraps truncations from the
+true final observation and not terminations; the twin's compiled update is its eager one and the CPU script's
+functional update is the eager script's module update, and nothing recompiles; the numpy policy is the agent's; a
+model saved by one script evaluates alike in the others; bad input exits 2; the eager and CPU scripts learn
+InvertedPendulum-v4."""
 
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import tyro
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 
-EAGER, TWIN = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
+EAGER, TWIN, CPU = "ppo_continuous_action", "ppo_continuous_action_torchcompile", "ppo_continuous_action_cpu"
 # Pendulum-v1 truncates every 200 steps: 640 steps are 10 iterations of 64, 3 episodes, 40 minibatch updates
-SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "640", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2")
+SMOKE = (
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "640",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+)
+# gymnasium's `module:EnvId` form: gym.make imports the module, then makes the env it registers
+MODULE_PENDULUM = "gymnasium.envs.classic_control:Pendulum-v1"
 
 
 @pytest.mark.parametrize(
     "script, flags",
-    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",))],
-    ids=["eager", "twin", "twin-compile"],
+    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",)), (CPU, ())],
+    ids=["eager", "twin", "twin-compile", "cpu-compile"],
 )
 def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
     assert result["script"] == script
-    assert result["compile"] is ("--compile" in flags)
+    assert result["compile"] is ("--compile" in flags or script == CPU)  # the CPU script compiles by default
     assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Pendulum-v1", 640, 1)
     assert result["episodes"] == 3
     assert -2000 < result["return_mean"] < 0
     assert result["sps"] > 0 and result["sps_wall"] > 0
+    if script == CPU:  # on the CPU, one thread, whatever the machine has
+        assert (result["device"], result["cudagraphs"], result["threads"]) == ("cpu", False, 1)
 
 
-@pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_several_envs_log_every_episode(script):
-    # two Pendulum envs truncate on the same step: 800 steps are 4 iterations of 100 vector steps, 2 episodes per env
-    result = summary(run_script(script, *SMOKE[:2], "--total-timesteps", "800", "--num-steps", "100", "--num-envs", "2",
-                                "--num-minibatches", "4", "--update-epochs", "1", "--measure-burnin", "1"))
-    assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
-
-
-def gae_functions():
-    eager, twin = load_script(EAGER), load_script(TWIN)
-    return {"eager": eager.gae, "twin": twin.gae, "twin-compiled": torch.compile(twin.gae, fullgraph=True)}
+@pytest.mark.parametrize(
+    "script, flags", [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))], ids=["eager", "twin", "cpu"]
+)
+def test_several_envs_log_every_episode(script, flags):
+    """Two Pendulum envs truncate on the same step: 800 steps are 4 iterations of 100 vector steps, 2 episodes per env.
+    The env is named in gymnasium's `module:EnvId` form, which the run folder's name keeps without the ':'."""
+    flags = ("--env-id", MODULE_PENDULUM, "--total-timesteps", "800", "--num-steps", "100", "--num-envs", "2", *flags)
+    result = summary(
+        run_script(script, *flags, "--num-minibatches", "4", "--update-epochs", "1", "--measure-burnin", "1")
+    )
+    assert (result["env_id"], result["num_envs"], result["total_timesteps"], result["episodes"]) == (
+        MODULE_PENDULUM,
+        2,
+        800,
+        4,
+    )
+    assert ":" not in Path(result["summary_file"]).parent.name
 
 
 def hand_made_rollout(final_value_truncated=10.0, final_value_terminated=99.0):
@@ -54,9 +80,10 @@ def hand_made_rollout(final_value_truncated=10.0, final_value_terminated=99.0):
     )
 
 
-@pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled"])
-def test_gae_bootstraps_truncation_from_final_obs_and_not_termination(name):
-    gae = gae_functions()[name]
+@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
+def test_gae_bootstraps_truncation_from_final_obs_and_not_termination(script):
+    """Each script's GAE as written (the compiled one is held to the eager loop below)."""
+    gae = load_script(script).gae
     gamma, lam = 0.9, 0.5
     advantages, returns = gae(**hand_made_rollout(), gamma=gamma, gae_lambda=lam)
     # by hand: delta_0 = 1 + 0.9 * V(s_1) - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 (the final obs, not the reset obs'
@@ -65,14 +92,17 @@ def test_gae_bootstraps_truncation_from_final_obs_and_not_termination(name):
     torch.testing.assert_close(advantages, torch.tensor([[5.9], [10.0], [1.5]]))
     torch.testing.assert_close(returns, advantages + torch.tensor([[0.5], [1.0], [1.5]]))
     # the truncated step's bootstrap moves with its final obs' value; the terminated step's does not
-    more, _ = gae(**hand_made_rollout(final_value_truncated=20.0, final_value_terminated=-50.0), gamma=gamma, gae_lambda=lam)
+    more, _ = gae(
+        **hand_made_rollout(final_value_truncated=20.0, final_value_terminated=-50.0), gamma=gamma, gae_lambda=lam
+    )
     torch.testing.assert_close(more - advantages, torch.tensor([[0.9 * 0.5 * 9.0], [9.0], [0.0]]))
 
 
 def test_doubling_gae_equals_the_reference_loop():
-    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 1000 random steps of 3 envs
-    with episode ends: float32 sums in another order agree to 1e-5."""
-    functions = gae_functions()
+    """The twin's and the CPU script's GAE (doubling; the twin's also compiled) against the eager script's loop, on
+    1000 random steps of 3 envs with episode ends: float32 sums in another order agree to 1e-5."""
+    twin = load_script(TWIN)
+    functions = [twin.gae, load_script(CPU).gae, torch.compile(twin.gae, fullgraph=True)]
     g = torch.Generator().manual_seed(0)
     n, e = 1000, 3
     terminations = (torch.rand(n, e, generator=g) < 0.01).float()
@@ -85,23 +115,10 @@ def test_doubling_gae_equals_the_reference_loop():
         terminations=terminations,
         truncations=truncations,
     )
-    expected = functions["eager"](**data, gamma=0.99, gae_lambda=0.95)
-    for name in ("twin", "twin-compiled"):
-        for got, want in zip(functions[name](**data, gamma=0.99, gae_lambda=0.95), expected):
+    expected = load_script(EAGER).gae(**data, gamma=0.99, gae_lambda=0.95)
+    for gae in functions:
+        for got, want in zip(gae(**data, gamma=0.99, gae_lambda=0.95), expected):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-def build_update(module, compile_loss, seed=0, n_obs=3, n_act=2, lr=3e-4, functional=False):
-    """The twin's agent, its Adam with a tensor learning rate and its update, from a fixed seed: the module update
-    with fused Adam (`compile_loss`: its loss compiled, as on CUDA) or, with `functional`, the functional update
-    compiled whole as `--compile` runs it on a CPU."""
-    torch.manual_seed(seed)
-    agent = module.Agent(n_obs, n_act)
-    if functional:
-        update, optimizer = module.make_functional_update(agent, torch.tensor(lr), module.Args())
-        return (torch.compile(update, fullgraph=True) if compile_loss else update), agent, optimizer
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(lr), eps=1e-5, fused=True)
-    return module.make_update(agent, optimizer, module.Args(), compile_loss=compile_loss), agent, optimizer
 
 
 def make_minibatch(seed, size=64, n_obs=3, n_act=2):
@@ -121,86 +138,174 @@ def flat_parameters(agent):
     return torch.cat([p.detach().flatten() for p in agent.parameters()])
 
 
-@pytest.mark.parametrize("functional", [False, True], ids=["module-compiled-loss", "functional-compiled-whole"])
-def test_compiled_update_equals_eager_update(functional):
-    """The compiled update (the functional one is what `--compile` runs on a CPU) against the eager module update."""
+def same_start(module, reference, n_obs=3, n_act=2):
+    """`module`'s agent with `reference`'s weights: every script's agent has the same state_dict keys."""
+    agent = module.Agent(n_obs, n_act)
+    agent.load_state_dict(reference.state_dict())
+    return agent
+
+
+def run_updates(updates, set_lrs, steps=5, warmup=2):
+    """Each of `updates` on the same minibatches, their statistics per step. The learning rate is annealed in place
+    (`set_lrs(lr)`) before each step after the first; after `warmup` steps a recompilation fails the test."""
+    stats = []
+    for step in range(steps):
+        if step:
+            set_lrs(3e-4 * (1 - step / (2 * steps)))
+        with torch.compiler.set_stance("fail_on_recompile" if step >= warmup else "default"):
+            stats.append([update(make_minibatch(step)) for update in updates])
+    return stats
+
+
+def test_twin_compiled_update_equals_eager_update_without_recompiling():
+    """The twin's update with its loss compiled (what `--compile` runs) against the same update run eagerly: five
+    steps from the same weights, the learning rate annealed in place; after two warm-up steps nothing recompiles,
+    neither the update nor GAE."""
     module = load_script(TWIN)
-    eager, eager_agent, _ = build_update(module, False)
-    compiled, compiled_agent, _ = build_update(module, True, functional=functional)
+    torch.manual_seed(0)
+    eager_agent = module.Agent(3, 2)
+    compiled_agent = same_start(module, eager_agent)
+    optimizers = [
+        torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True)  # as the twin builds it
+        for agent in (eager_agent, compiled_agent)
+    ]
+    updates = [
+        module.make_update(eager_agent, optimizers[0], module.Args()),
+        module.make_update(compiled_agent, optimizers[1], module.Args(), compile_loss=True),
+    ]
     before = flat_parameters(eager_agent)
-    torch.testing.assert_close(flat_parameters(compiled_agent), before, rtol=0, atol=0)
-    for seed in range(3):  # three steps: Adam's moments carry over
-        batch = make_minibatch(seed)
+
+    def set_lrs(lr):
+        for optimizer in optimizers:
+            optimizer.param_groups[0]["lr"].copy_(lr)
+
+    for eager, compiled in run_updates(updates, set_lrs):
         # float32, the same ops fused in another order: statistics agree to 1e-5 relative
-        torch.testing.assert_close(compiled(batch.clone()), eager(batch), rtol=1e-5, atol=1e-6)
-    after_eager, after_compiled = flat_parameters(eager_agent), flat_parameters(compiled_agent)
-    assert not torch.equal(after_eager, before)
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(flat_parameters(eager_agent), before)
     # Adam moves a parameter by about lr * g / (|g| + eps): where g is tiny a last-bit difference in g shows up
     # as up to ~lr * 1e-2 in the parameter, so parameters agree to 1e-5 absolute (3% of lr)
-    torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flat_parameters(compiled_agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5)
+    gae = torch.compile(module.gae, fullgraph=True)
+    for seed in range(2):
+        gae(**hand_made_rollout(final_value_truncated=float(seed)), gamma=0.99, gae_lambda=0.95)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        gae(**hand_made_rollout(final_value_truncated=5.0), gamma=0.99, gae_lambda=0.95)
+
+
+def test_cpu_functional_update_equals_eager_scripts_update_without_recompiling():
+    """The CPU script's functional update (torch.func gradients, the clip and Adam written out), eager and compiled
+    whole, against the eager script's module update (autograd, clip_grad_norm_, torch.optim.Adam) from the same
+    weights: five steps, the learning rate annealed in place (a tensor in the CPU script, a float in the eager one);
+    after two warm-up steps the compiled update does not recompile. Statistics agree to 1e-5 relative (float32, the
+    same math in another order, and torch.distributions' log-density against the written-out one); parameters to
+    1e-5 absolute (Adam turns a last-bit difference in a tiny gradient into up to ~lr * 1e-2)."""
+    eager, cpu = load_script(EAGER), load_script(CPU)
+    torch.manual_seed(0)
+    eager_agent = eager.Agent(3, 2)
+    optimizer = torch.optim.Adam(eager_agent.parameters(), lr=3e-4, eps=1e-5)
+    agents = [same_start(cpu, eager_agent), same_start(cpu, eager_agent)]
+    functional = [cpu.make_functional_update(agent, torch.tensor(3e-4), cpu.Args()) for agent in agents]
+    updates = [eager.make_update(eager_agent, optimizer, eager.Args()), functional[0][0]]
+    updates.append(torch.compile(functional[1][0], fullgraph=True))
+    before = flat_parameters(eager_agent)
+
+    def set_lrs(lr):
+        optimizer.param_groups[0]["lr"] = lr
+        for _, adam in functional:
+            adam.param_groups[0]["lr"].copy_(lr)
+
+    for module_stats, functional_stats, compiled_stats in run_updates(updates, set_lrs):
+        torch.testing.assert_close(functional_stats, module_stats, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled_stats, functional_stats, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(flat_parameters(eager_agent), before)
+    for agent in agents:
+        torch.testing.assert_close(flat_parameters(agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5)
 
 
 def test_host_policy_is_the_agents_policy_on_its_current_weights():
-    """The numpy policy of the CPU fast path: the agent's log-density, entropy and value of the action it draws,
-    a seeded Gaussian draw around the agent's mean, and still the agent's after an update changes the weights."""
-    module = load_script(TWIN)
-    update, agent, _ = build_update(module, False, functional=True)
+    """The CPU script's numpy policy (the one place that restates the actor) against its torch agent: the action is
+    the agent's mean plus its std times the numpy generator's draws (the same noise), and its log-density, entropy
+    and value are the agent's for that action; still so after an update changes the weights in place."""
+    module = load_script(CPU)
+    torch.manual_seed(0)
+    agent = module.Agent(3, 2)
+    update, _ = module.make_functional_update(agent, torch.tensor(3e-4), module.Args())
     policy, get_value = module.make_host_policy(agent, seed=3)
-    obs = torch.randn(4096, 3, generator=torch.Generator().manual_seed(0))
+    noise = np.random.default_rng(3)  # the draws the policy makes, in the same order
+    obs = torch.randn(256, 3, generator=torch.Generator().manual_seed(0))
     for _ in range(2):
         action, logprob, entropy, value = policy(obs.numpy())
         with torch.no_grad():
-            mean = agent.actor_mean(obs)
+            mean, std = agent.actor_mean(obs), agent.actor_logstd.exp()
             _, agent_logprob, agent_entropy, agent_value = agent.get_action_and_value(obs, torch.from_numpy(action))
+        draws = torch.from_numpy(noise.standard_normal((256, 2), dtype=np.float32))
+        torch.testing.assert_close(torch.from_numpy(action), mean + std * draws, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(logprob), agent_logprob, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(entropy), agent_entropy, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(torch.from_numpy(value), agent_value, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(torch.from_numpy(get_value(obs.numpy())), agent_value, rtol=1e-5, atol=1e-6)
-        noise = (torch.from_numpy(action) - mean) / agent.actor_logstd.exp()
-        assert abs(noise.mean()) < 0.03 and abs(noise.std() - 1) < 0.03
-        update(make_minibatch(0, n_obs=3))  # in place: the policy's views see the new weights
+        update(make_minibatch(0))  # in place: the policy's views see the new weights
     assert not torch.equal(agent.actor_logstd, torch.zeros_like(agent.actor_logstd))
-    replay, _ = module.make_host_policy(agent, seed=3)
-    fresh, _ = module.make_host_policy(agent, seed=3)
-    assert (replay(obs.numpy())[0] == fresh(obs.numpy())[0]).all()
 
 
-@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
-def test_no_recompilation_after_warmup(functional):
-    module = load_script(TWIN)
-    update, agent, optimizer = build_update(module, compile_loss=True, functional=functional)
-    gae = torch.compile(module.gae, fullgraph=True)
-    rollout = hand_made_rollout()
-    for seed in range(2):
-        update(make_minibatch(seed))
-        gae(**rollout, gamma=0.99, gae_lambda=0.95)
-    with torch.compiler.set_stance("fail_on_recompile"):
-        for seed in range(2, 5):
-            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)  # the annealed learning rate, in place
-            update(make_minibatch(seed))
-            gae(**hand_made_rollout(final_value_truncated=float(seed)), gamma=0.99, gae_lambda=0.95)
-    assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
+def test_a_model_saved_by_the_cpu_script_evaluates_alike_in_the_eager_script_and_the_twin(tmp_path):
+    """Every script of the algorithm saves the same state_dict keys, and each loads the others' files: the CPU
+    script's model, with its observation statistics, gives the same evaluation returns in all three."""
+    keys = [set(load_script(script).Agent(3, 2).state_dict()) for script in (EAGER, TWIN, CPU)]
+    assert keys[0] == keys[1] == keys[2]
+    flags = ("--save-model", "--eval-episodes", "1", "--no-compile")
+    trained = summary(run_script(CPU, *SMOKE, *flags, cwd=tmp_path))
+    for script in (EAGER, TWIN):
+        replayed = summary(
+            run_script(script, *SMOKE[:2], "--eval-model", trained["model_file"], "--eval-episodes", "1", cwd=tmp_path)
+        )
+        assert replayed["eval_returns"] == trained["eval_returns"], script
 
 
-@pytest.mark.parametrize("script", [EAGER, TWIN])
+@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
-        (("--env-id", "CartPole-v1"), ("--env-id", "Discrete")),
         (("--num-steps", "0"), ("--num-steps",)),
         (("--num-steps", "100", "--num-minibatches", "3"), ("--num-steps", "--num-envs", "--num-minibatches")),
         (("--total-timesteps", "1000"), ("--total-timesteps", "--num-steps")),
         (("--num-steps", "32", "--num-minibatches", "32"), ("--num-minibatches",)),
     ],
-    ids=["unknown-env", "discrete-env", "zero-steps", "minibatches-do-not-divide", "less-than-a-rollout", "minibatch-of-one"],
+    ids=["zero-steps", "minibatches-do-not-divide", "less-than-a-rollout", "minibatch-of-one"],
 )
-def test_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags, timeout=120), *words)
+def test_bad_flags_exit_2(script, flags, words, capsys):
+    """`main` checks its flags before it makes anything (run folder, envs, a Ctrl-C handler), so this runs in the
+    test's process: exit status 2 and one line on stderr naming the flags."""
+    module = load_script(script)
+    with pytest.raises(SystemExit) as stopped:
+        module.main(tyro.cli(module.Args, args=list(flags)))
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
+@pytest.mark.parametrize(
+    "env_id, words",
+    [
+        ("gymnasium.envs.classic_control:NoSuchEnv-v0", ("--env-id", "NoSuchEnv-v0")),
+        ("CartPole-v1", ("--env-id", "Discrete")),
+    ],
+    ids=["unknown-env", "discrete-env"],
+)
+def test_bad_env_exits_2(script, env_id, words):
+    assert_user_error(run_script(script, "--env-id", env_id, timeout=120), *words)
+
+
+def test_missing_env_module_exits_2():
+    assert_user_error(run_script(EAGER, "--env-id", "no_such_module:Env-v0", timeout=120), "--env-id", "no_such_module")
 
 
 @requires_cuda
-@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+@pytest.mark.parametrize(
+    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+)
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
     assert (result["device"], result["cudagraphs"], result["episodes"]) == ("cuda", True, 3)
@@ -208,13 +313,13 @@ def test_cudagraphs_smoke(flags):
 
 
 @pytest.mark.learning
-@pytest.mark.parametrize("script, flags", [(EAGER, ()), (TWIN, ("--compile",))], ids=["eager", "twin-compile"])
-def test_learns_inverted_pendulum(script, flags):
-    """40,960 steps (20 iterations of CleanRL's defaults): about 1 minute each on a 2-core CPU (the compiled twin
-    ~60 s of which ~30 s compiling). A random policy balances the pole for ~5-10 steps, a PPO that does not learn
-    stays far below 500; these runs reach the maximum, 1000. One intra-op thread (OMP_NUM_THREADS=1), as the twin
-    sets itself: on a shared 2-core CPU the eager twin's default two threads ran ~18x slower (44 against 808 sps)."""
-    flags = ("--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960", "--seed", "1", *flags)
+@pytest.mark.parametrize("script", [EAGER, CPU])
+def test_learns_inverted_pendulum(script):
+    """40,960 steps (20 iterations of CleanRL's defaults): about 1 minute each on a 2-core CPU (the CPU script ~60 s
+    of which ~30 s compiling). A random policy balances the pole for ~5-10 steps, a PPO that does not learn stays far
+    below 500; these runs reach the maximum, 1000. One intra-op thread (OMP_NUM_THREADS=1), as the CPU script sets
+    itself: on a shared 2-core CPU the eager script's default two threads ran ~18x slower (44 against 808 sps)."""
+    flags = ("--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960", "--seed", "1")
     result = summary(run_script(script, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 40960
     assert result["return_mean"] > 500, result
