@@ -1,6 +1,6 @@
-"""Recurrent PPO with linear recurrent memory (minGRU): both twins run, the twin's scan gives the eager twin's loop
-(outputs and gradients, with episode starts, at many lengths), an episode start resets the state exactly (the token
-shift's included), the compiled sequence loss is the eager one, nothing recompiles, bad input exits 2 (a saved model
+"""Recurrent PPO with minGRU memory: both twins run, the twin's scan gives the eager twin's loop (outputs and
+gradients, with episode starts, at many lengths), an episode start resets the state exactly (the token shift's
+included), the compiled sequence loss is the eager one, nothing recompiles, bad flag values exit 2 (a saved model
 evaluated under other observation flags included), benchmarks.memory checks what it times, and the agent learns
 velocity-hidden CartPole beyond a memoryless policy."""
 
