@@ -1,4 +1,4 @@
-"""Data-parallel runs made deterministic, run by torchrun (or plainly, as one process) for tests/test_ppo_distributed.py:
+"""Data-parallel runs made deterministic, run by torchrun (or plainly, as one process) for test_ppo_distributed.py:
 
     torchrun --standalone --nproc_per_node 2 tests/distributed_update.py update OUT_DIR
     torchrun --standalone --nproc_per_node 2 tests/distributed_update.py main --num-envs 1 ...  # or python ... main
@@ -100,6 +100,7 @@ def one_row_at_a_time(fn):
 
 
 def deterministic_main(flags):
+    torch.set_num_threads(1)  # as torchrun gives each rank (OMP_NUM_THREADS=1): more threads sum in another order
     torch.randn_like = torch.zeros_like
     torch.randperm = lambda n, device=None: torch.arange(n, device=device)
     module = load_script(SCRIPT)

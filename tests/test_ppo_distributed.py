@@ -5,8 +5,12 @@ seeds come from RANK, not LOCAL_RANK (two single-process "machines"); run plainl
 twin; a rank that dies or hangs ends the run; Ctrl-C stops every rank at the same iteration; bad input exits 2 before
 any collective.
 
-Every launch listens on loopback only (torchrun's --standalone store, or a static one on 127.0.0.1; gloo on `lo`),
-and torchrun and every rank are killed at the end of each test, also when it fails."""
+Every run is pinned to the CPU (--no-cuda) and every launch to gloo, so that a GPU machine runs these tests as this one
+does (with --cuda, a one-GPU machine would give LOCAL_RANK 1 no GPU, and two ranks nccl on one GPU); what a CUDA
+machine gets instead (a GPU per LOCAL_RANK, nccl, the process group's timeout for NCCL's watchdog) is checked on the
+script's functions with CUDA patched in. Every launch listens on loopback only (torchrun's --standalone store, or a
+static one on 127.0.0.1; gloo on `lo`), and torchrun and every rank are killed at the end of each test, also when it
+fails."""
 
 import os
 import re
@@ -15,17 +19,34 @@ import socket
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 
 import distributed_update
 import pytest
 import torch
+from conftest import ROOT, RUNS_CWD, SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
+
 from benchmarks.scaling import kill_tree
-from conftest import RUNS_CWD, ROOT, SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
 
 SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torchcompile"
-# Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs
-TINY = ("--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--measure-burnin", "1")
-BANNER = re.compile(r"rank (\d+) of (\d+) \(local rank (\d+), pid (\d+)\) on (\S+) with (\w+): envs seeded (\d+)\.\.(\d+)")
+# Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs; on the CPU
+TINY = (
+    "--no-cuda",
+    "--env-id",
+    "Pendulum-v1",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--measure-burnin",
+    "1",
+)
+BANNER = re.compile(
+    r"rank (\d+) of (\d+) \(local rank (\d+), pid (\d+)\) on (\S+) with (\w+): envs seeded (\d+)\.\.(\d+)"
+)
+GLOO = ("--dist-backend", "gloo")  # what the ranks of every launch use (the CPU's default, named)
 LAUNCH_TIMEOUT = 300
 HELPER = ROOT / "tests" / "distributed_update.py"
 
@@ -54,8 +75,14 @@ class Launch:
     is left of it (torchrun and every rank)."""
 
     def __init__(self, cmd, env=None):
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=RUNS_CWD,
-                                     env=distributed_env() | (env or {}))
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=RUNS_CWD,
+            env=distributed_env() | (env or {}),
+        )
         self.output = ""
 
     def ranks(self):
@@ -116,8 +143,25 @@ def test_two_ranks_train_in_lockstep_and_rank_0_reports(launches, tmp_path):
     """The README's one-machine line, compiled, with the early stop on KL (decided from the ranks' mean statistics,
     or they would diverge or wait forever), saving and evaluating on rank 0; a plain process then replays the saved
     model to the same evaluation returns."""
-    run = launches(torchrun_command(*standalone(2), *TINY, "--num-envs", "2", "--total-timesteps", "1280", "--compile",
-                                    "--target-kl", "0.001", "--save-model", "--eval-episodes", "1", "--dist-timeout", "60"))
+    run = launches(
+        torchrun_command(
+            *standalone(2),
+            *TINY,
+            *GLOO,
+            "--num-envs",
+            "2",
+            "--total-timesteps",
+            "1280",
+            "--compile",
+            "--target-kl",
+            "0.001",
+            "--save-model",
+            "--eval-episodes",
+            "1",
+            "--dist-timeout",
+            "60",
+        )
+    )
     result = summary(Finished(run.finish(), run.output))
     assert (result["world_size"], result["num_envs"], result["total_timesteps"]) == (2, 2, 1280)
     assert result["parameter_spread"] == 0.0, "the ranks' parameters drifted apart"
@@ -127,8 +171,11 @@ def test_two_ranks_train_in_lockstep_and_rank_0_reports(launches, tmp_path):
     # rank r steps the global envs seed + 2r .. seed + 2r + 1; only rank 0 prints a SUMMARY (checked by `summary`)
     assert run.ranks().keys() == {0, 1}
     assert [run.ranks()[rank][2:] for rank in (0, 1)] == [(1, 2), (3, 4)]
-    replayed = summary(run_script(SCRIPT, "--env-id", "Pendulum-v1", "--eval-model", result["model_file"],
-                                  "--eval-episodes", "1", env=distributed_env()))
+    replayed = summary(
+        run_script(
+            SCRIPT, *TINY[:3], "--eval-model", result["model_file"], "--eval-episodes", "1", env=distributed_env()
+        )
+    )
     assert replayed["eval_returns"] == result["eval_returns"]
 
 
@@ -138,9 +185,29 @@ def test_rank_and_seed_come_from_RANK_not_LOCAL_RANK(launches):
     would print a SUMMARY."""
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [
-        launches(torchrun_command(["--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node), "--rdzv_backend",
-                                   "static", "--rdzv_endpoint", endpoint], SCRIPTS / f"{SCRIPT}.py", *TINY,
-                                  "--total-timesteps", "1280", "--dist-timeout", "60"))
+        launches(
+            torchrun_command(
+                [
+                    "--nnodes",
+                    "2",
+                    "--nproc_per_node",
+                    "1",
+                    "--node_rank",
+                    str(node),
+                    "--rdzv_backend",
+                    "static",
+                    "--rdzv_endpoint",
+                    endpoint,
+                ],
+                SCRIPTS / f"{SCRIPT}.py",
+                *TINY,
+                *GLOO,
+                "--total-timesteps",
+                "1280",
+                "--dist-timeout",
+                "60",
+            )
+        )
         for node in (0, 1)
     ]
     statuses = [node.finish() for node in nodes]
@@ -176,13 +243,40 @@ def test_a_whole_run_of_two_ranks_is_one_process_with_both_ranks_envs(launches):
     seeds, same normalization, same minibatches: rank 0's saved weights equal the process's to 1e-6 (3e-8 measured:
     the all-reduce sums in another order); another seed differs by ~1. Acting on the process's batch of 2 instead
     rounds differently from two batches of 1, and 64 env steps amplified that to 3e-5 on a Xeon, 1.9e-4 on an EPYC."""
-    flags = ("--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2",
-             "--total-timesteps", "128", "--no-norm-adv", "--save-model", "--measure-burnin", "0")
+    flags = (
+        *TINY[:3],
+        *GLOO,
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "2",
+        "--total-timesteps",
+        "128",
+        "--no-norm-adv",
+        "--save-model",
+        "--measure-burnin",
+        "0",
+    )
     run = launches(torchrun_command(*standalone(2, HELPER), "main", *flags, "--num-envs", "1"))
     ranks = summary(Finished(run.finish(), run.output))
-    one = summary(subprocess.run([sys.executable, str(HELPER), "main", *flags, "--num-envs", "2"], capture_output=True,
-                                 text=True, timeout=LAUNCH_TIMEOUT, cwd=RUNS_CWD, env=distributed_env()))
-    assert (ranks["world_size"], ranks["total_timesteps"], one["world_size"], one["total_timesteps"]) == (2, 128, 1, 128)
+    one = summary(
+        subprocess.run(
+            [sys.executable, str(HELPER), "main", *flags, "--num-envs", "2"],
+            capture_output=True,
+            text=True,
+            timeout=LAUNCH_TIMEOUT,
+            cwd=RUNS_CWD,
+            env=distributed_env(),
+        )
+    )
+    assert (ranks["world_size"], ranks["total_timesteps"], one["world_size"], one["total_timesteps"]) == (
+        2,
+        128,
+        1,
+        128,
+    )
     weights = [torch.load(result["model_file"], weights_only=True)["model"] for result in (ranks, one)]
     torch.testing.assert_close(weights[0]["agent"], weights[1]["agent"], atol=1e-6, rtol=0)
     torch.testing.assert_close(weights[0]["obs_rms"], weights[1]["obs_rms"])  # rank 0's first env is the process's
@@ -201,8 +295,12 @@ def test_one_process_without_torchrun_trains_as_the_twin():
 def test_a_rank_that_dies_or_hangs_ends_the_run(launches, stop):
     """Rank 1 is killed, or stopped, in the middle of training. Rank 0 must not wait forever: when rank 1 dies, gloo
     sees the closed connection at once (or torchrun stops rank 0); when it hangs, rank 0's next collective gives up
-    after --dist-timeout (5 s) with one line naming the cause, and the launch fails."""
-    run = launches(torchrun_command(*standalone(2), *TINY, "--total-timesteps", "10000000", "--dist-timeout", "5"))
+    after --dist-timeout (5 s) with one line naming the cause, and the launch fails. (With nccl a collective does not
+    block: NCCL's watchdog aborts rank 0 after the same timeout, which `test_dist_timeout_is_the_groups_timeout`
+    shows is handed to the process group.)"""
+    run = launches(
+        torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "5")
+    )
     assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]  # training, past the burn-in
     os.kill(run.ranks()[1][1], stop)
     if stop == signal.SIGSTOP:
@@ -217,7 +315,9 @@ def test_a_rank_that_dies_or_hangs_ends_the_run(launches, stop):
 def test_ctrl_c_stops_every_rank_after_the_same_iteration(launches):
     """torchrun forwards a Ctrl-C to every rank, each at its own moment; the ranks agree on where to stop (an
     all-reduce once an iteration), so rank 0 reports a whole number of iterations of all ranks, still in lockstep."""
-    run = launches(torchrun_command(*standalone(2), *TINY, "--total-timesteps", "10000000", "--dist-timeout", "30"))
+    run = launches(
+        torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "30")
+    )
     assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
     run.proc.send_signal(signal.SIGINT)
     run.finish(timeout=90)  # torchrun itself ends with status 1 after a signal, whatever its ranks did
@@ -237,7 +337,14 @@ def test_ctrl_c_stops_every_rank_after_the_same_iteration(launches):
         ((), {"RANK": "1"}, ("RANK", "LOCAL_RANK", "WORLD_SIZE")),
         ((), {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, ("RANK 2",)),
     ],
-    ids=["nccl-on-cpu", "unknown-backend", "zero-timeout", "minibatches-do-not-divide", "rank-alone", "rank-past-world"],
+    ids=[
+        "nccl-on-cpu",
+        "unknown-backend",
+        "zero-timeout",
+        "minibatches-do-not-divide",
+        "rank-alone",
+        "rank-past-world",
+    ],
 )
 def test_bad_input_exits_2(flags, env, words):
     assert_user_error(run_script(SCRIPT, *flags, env=env, timeout=120), *words)
@@ -246,9 +353,11 @@ def test_bad_input_exits_2(flags, env, words):
 def test_bad_input_under_torchrun_exits_2_on_every_rank_before_any_collective(launches):
     """A budget below one rollout of all ranks (2 x 64 steps): each rank says so and exits 2 before it joins the
     process group (no banner, which each rank prints once it has joined)."""
-    run = launches(torchrun_command(*standalone(2), *TINY, "--total-timesteps", "100"))
+    run = launches(torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "100"))
     assert run.finish() != 0
-    assert run.output.count("error: --total-timesteps 100 is less than one rollout of all ranks") == 2, run.output[-3000:]
+    assert run.output.count("error: --total-timesteps 100 is less than one rollout of all ranks") == 2, run.output[
+        -3000:
+    ]
     assert not run.ranks() and not re.search(r"\[rank\d\]: Traceback", run.output)
     assert re.search(r"exitcode +: 2", run.output), run.output[-3000:]
 
@@ -263,3 +372,33 @@ def test_bad_input_under_torchrun_exits_2_on_every_rank_before_any_collective(la
 )
 def test_process_layout_reads_the_global_rank_from_RANK(environ, layout):
     assert load_script(SCRIPT).process_layout(environ) == layout
+
+
+def test_dist_timeout_is_the_groups_timeout(monkeypatch):
+    """--dist-timeout is the process group's timeout: how long a gloo collective blocks, and how long NCCL's watchdog
+    lets an nccl collective wait before it aborts the rank."""
+    module = load_script(SCRIPT)
+    calls = []
+    monkeypatch.setattr(module.dist, "init_process_group", lambda backend, **kwargs: calls.append((backend, kwargs)))
+    module.start_process_group("nccl", 7.5)
+    assert calls == [("nccl", {"timeout": timedelta(seconds=7.5)})]
+
+
+def test_a_cuda_machine_gives_each_local_rank_its_gpu_and_nccl(monkeypatch, capsys):
+    """What torchrun on a machine with one GPU gets (CUDA patched in): LOCAL_RANK 0 runs on cuda:0 with nccl by
+    default, LOCAL_RANK 1 has no GPU and exits 2 with one line, and --no-cuda puts every rank on the CPU with gloo
+    (what every launch in this file does)."""
+    module = load_script(SCRIPT)
+    devices = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    monkeypatch.setattr(module.dist, "is_backend_available", lambda backend: True)
+    assert module.rank_device(True, 0) == torch.device("cuda", 0) and devices == [0]
+    assert module.dist_backend(module.Args(), torch.device("cuda", 0)) == "nccl"
+    assert module.rank_device(False, 1) == torch.device("cpu")
+    assert module.dist_backend(module.Args(cuda=False), torch.device("cpu")) == "gloo"
+    with pytest.raises(SystemExit) as stop:
+        module.rank_device(True, 1)
+    assert stop.value.code == 2
+    assert "LOCAL_RANK 1 has no GPU" in capsys.readouterr().err
