@@ -6,12 +6,11 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
     python leanrl/dqn_torchcompile.py --compile                   # acting and the update compiled
     python leanrl/dqn_torchcompile.py --compile --cudagraphs      # and replayed as CUDA graphs (CUDA only)
 
-What changes from dqn.py, all for speed on a GPU: epsilon-greedy acting is one function on the device (the step it
-reads lives in a device tensor that it advances in place, so the schedule moves with no host sync and no recompile);
-transitions are written to a TensorDict buffer once per `train_frequency` iterations, one copy per field, not once
-per step; a fused Adam; the target update is one `lerp_` over the parameters' TensorDict. `--compile` wraps acting
-and the update in `torch.compile`, `--cudagraphs` in tensordict's `CudaGraphModule` (it needs a CUDA device).
-On a CPU, run dqn_cpu.py instead: it compiles the update as one functional graph and acts in numpy, faster there.
+What changes from dqn.py, all for speed on a GPU: epsilon-greedy acting on the device (its step is a device tensor it
+advances in place: no host sync, no recompile); transitions written to a TensorDict buffer once per `train_frequency`
+iterations, not once per step; a fused Adam; the target update as one `lerp_` over the parameters' TensorDict.
+`--compile` wraps acting and the update in `torch.compile`, `--cudagraphs` in tensordict's `CudaGraphModule`. On a
+CPU, run dqn_cpu.py instead (the update compiled as one functional graph, acting in numpy).
 """
 
 import json
