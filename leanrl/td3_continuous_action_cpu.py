@@ -116,10 +116,9 @@ def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; TD3 needs a Box")
-    if not envs.single_action_space.is_bounded():
-        fail(f"--env-id {env_id!r} has an unbounded action space; TD3 needs finite bounds")
+    space = envs.single_action_space
+    if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
+        fail(f"--env-id {env_id!r} has a {space} action space; TD3 needs a Box with finite bounds")
     envs.action_space.seed(seed)  # the random actions of the first `learning_starts` steps
     return envs
 
@@ -136,9 +135,8 @@ def true_next_obs(next_obs, infos):
     """`next_obs` with the true final observation of each episode that ended on this step, where it holds the reset
     one: bootstrapping a truncated episode needs the state where it was cut, not the next episode's first."""
     real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
     return real_next_obs
 
 
@@ -173,8 +171,7 @@ class Actor(nn.Module):
         x = F.relu(self.fc2(x))
         return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
 
-    def clip(self, actions):
-        """`actions` clipped to the env's bounds, [bias - scale, bias + scale]."""
+    def clip(self, actions):  # to the env's bounds, [bias - scale, bias + scale]
         return actions.clamp(self.action_bias - self.action_scale, self.action_bias + self.action_scale)
 
 
@@ -296,8 +293,7 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optim
         return actor_loss
 
     def update_targets():
-        # soft update: tau * params + (1 - tau) * target
-        # as one in-place lerp over all leaves of each TensorDict: target + tau * (params - target)
+        # soft update, one in-place lerp over all leaves of each TensorDict: target + tau * (params - target)
         target_actor_weights.lerp_(actor_weights, args.tau)
         qnet_target.lerp_(qnet_params.data, args.tau)
 
@@ -328,15 +324,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 def main(args):
     check_args(args)
     run = Run(args, "td3_continuous_action_cpu")  # seeds, the run folder, wandb, Ctrl-C: see the end of the file
-    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")  # whatever the machine has
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    actor, _, (policy, update_critic, update_actor, update_targets) = make_learner(
-        args, n_obs, n_act, action_low, action_high, device
-    )
+    learner = make_learner(args, n_obs, n_act, action_low, action_high, device)
+    actor, _, (policy, update_critic, update_actor, update_targets) = learner
     if run.saved_model is not None:
         actor.load_state_dict(run.saved_model)
     if args.compile:  # each update as one graph, forward pass to Adam step

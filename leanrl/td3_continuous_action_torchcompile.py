@@ -10,8 +10,7 @@ LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 The eager twin's algorithm, defaults and loop, its data flow rewritten for speed: a TensorDict replay buffer on the
 device, the twin critics as one vmapped ensemble, `lerp_` target updates, a fused Adam (capturable under
 `--cudagraphs`). `--compile` wraps acting and both updates in `torch.compile`, `--cudagraphs` in tensordict's
-`CudaGraphModule` (CUDA only). On a CPU, run td3_continuous_action_cpu.py: it compiles each update whole and acts
-in numpy, which is faster there.
+`CudaGraphModule` (CUDA only). On a CPU, td3_continuous_action_cpu.py is faster.
 """
 
 import json
@@ -119,10 +118,9 @@ def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; TD3 needs a Box")
-    if not envs.single_action_space.is_bounded():
-        fail(f"--env-id {env_id!r} has an unbounded action space; TD3 needs finite bounds")
+    space = envs.single_action_space
+    if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
+        fail(f"--env-id {env_id!r} has a {space} action space; TD3 needs a Box with finite bounds")
     envs.action_space.seed(seed)  # the random actions of the first `learning_starts` steps
     return envs
 
@@ -139,9 +137,8 @@ def true_next_obs(next_obs, infos):
     """`next_obs` with the true final observation of each episode that ended on this step, where it holds the reset
     one: bootstrapping a truncated episode needs the state where it was cut, not the next episode's first."""
     real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
     return real_next_obs
 
 
@@ -176,14 +173,12 @@ class Actor(nn.Module):
         x = F.relu(self.fc2(x))
         return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
 
-    def clip(self, actions):
-        """`actions` clipped to the env's bounds, [bias - scale, bias + scale]."""
+    def clip(self, actions):  # to the env's bounds, [bias - scale, bias + scale]
         return actions.clamp(self.action_bias - self.action_scale, self.action_bias + self.action_scale)
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
-    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them."""
+    """A circular buffer of transitions in one TensorDict on `device`: adding or sampling a batch is one indexing."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -195,8 +190,7 @@ class ReplayBuffer:
         """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
         n = len(transition["obs"])
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        transition = {k: torch.as_tensor(v, device=self.device, dtype=torch.float) for k, v in transition.items()}
-        self.storage[idx] = TensorDict(transition, [n])
+        self.storage[idx] = TensorDict(transition, [n], device=self.device).float()
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -219,8 +213,7 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 def make_policy(actor, exploration_noise):
-    """The acting policy: the actor's action plus Gaussian noise of std `exploration_noise` half action ranges,
-    drawn on the device, one draw per env and action dimension, clipped to the env's bounds."""
+    """Acting: the actor's action plus N(0, `exploration_noise` half ranges) noise drawn on the device, clipped."""
 
     def policy(obs):
         actions = actor(obs)
@@ -262,8 +255,7 @@ def make_updates(actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_para
         return actor_loss.detach()
 
     def update_targets():
-        # soft update: tau * params + (1 - tau) * target
-        # as one in-place lerp over all leaves of each TensorDict: target + tau * (params - target)
+        # soft update, one in-place lerp over all leaves of each TensorDict: target + tau * (params - target)
         target_actor_params.lerp_(actor_params, args.tau)
         qnet_target.lerp_(qnet_params.data, args.tau)
 
@@ -300,15 +292,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 def main(args):
     check_args(args)
     run = Run(args, "td3_continuous_action_torchcompile")  # seeds, the run folder, wandb, Ctrl-C: see the end
-    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    actor, _, (policy, update_critic, update_actor, update_targets) = make_learner(
-        args, n_obs, n_act, action_low, action_high, device
-    )
+    learner = make_learner(args, n_obs, n_act, action_low, action_high, device)
+    actor, _, (policy, update_critic, update_actor, update_targets) = learner
     if run.saved_model is not None:
         actor.load_state_dict(run.saved_model)
     if args.compile:
@@ -316,8 +307,7 @@ def main(args):
         update_critic = torch.compile(update_critic)
         update_actor = torch.compile(update_actor)
     if args.cudagraphs:
-        # the first calls run as they are (the optimizers create their state; a compiled function gets one more, to
-        # compile for that state), the next one records a CUDA graph, later calls replay it
+        # calls run as they are until the optimizers have state (and compiled for it), the next records, later replay
         warmup = 3 if args.compile else 2
         policy = CudaGraphModule(policy, warmup=warmup)
         update_critic = CudaGraphModule(update_critic, warmup=warmup)
