@@ -288,14 +288,9 @@ def main(args):
         # bootstrap value if not done
         with torch.no_grad():
             next_value = get_value(next_obs).flatten()
+        ends = (rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(
-            rollout["rewards"],
-            rollout["values"],
-            next_value,
-            rollout["terminations"],
-            rollout["truncations"],
-            args.gamma,
-            args.gae_lambda,
+            rollout["rewards"], rollout["values"], next_value, *ends, args.gamma, args.gae_lambda
         )
 
         # flatten the batch
@@ -347,10 +342,10 @@ def check_args(args):
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
     if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
         fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
-        fail("--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
-    if args.measure_burnin < 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--measure-burnin must be >= 0 and --target-kl positive")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)
         fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
 

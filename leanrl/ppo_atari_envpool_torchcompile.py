@@ -6,17 +6,14 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
 
 Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
-- observations stay uint8 (4x smaller than float32) from envpool to the network, which converts them; envpool
-  returns a fresh array each step, which is copied once, into its slot of the rollout, and acting reads that slot;
+- frames stay uint8 (4x smaller than float32) from envpool to the network, which converts them; envpool's fresh
+  array each step is copied once, into its slot of the rollout, and acting reads that slot;
 - the rollout is one TensorDict preallocated on the device: flattening it and cutting minibatches are one call;
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
-- the categorical's sampling, log-probability and entropy are written out (torch.distributions validates and
-  builds objects on every call);
-- GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a Python loop;
-- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place;
-- `--compile` compiles GAE and the loss (forward and backward) of the update, and the acting policy;
-- `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's `CudaGraphModule`)
-  and replays them with one launch each; it needs a CUDA device and exits with status 2 without one.
+- the categorical (Gumbel-max sampling, log-probability, entropy) is written out; GAE is solved by doubling;
+- a fused Adam (capturable under `--cudagraphs`), its learning rate a tensor annealed in place;
+- `--compile` compiles acting, GAE and the update's loss, forward and backward (the clip and Adam stay eager);
+  `--cudagraphs` records acting and the update as CUDA graphs, and exits with status 2 without a CUDA device.
 
 envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op
 resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends
@@ -342,14 +339,9 @@ def main(args):
         # bootstrap value if not done
         with torch.no_grad():
             next_value = get_value(next_obs.to(device)).flatten()
+        ends = (rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(
-            rollout["rewards"],
-            rollout["values"],
-            next_value,
-            rollout["terminations"],
-            rollout["truncations"],
-            args.gamma,
-            args.gae_lambda,
+            rollout["rewards"], rollout["values"], next_value, *ends, args.gamma, args.gae_lambda
         )
 
         # flatten the batch
@@ -401,10 +393,10 @@ def check_args(args):
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
     if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
         fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and args.clip_coef > 0 and args.max_grad_norm > 0):
-        fail("--gamma and --gae-lambda must be in [0, 1], --clip-coef and --max-grad-norm positive")
-    if args.measure_burnin < 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--measure-burnin must be >= 0 and --target-kl positive")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
     if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)

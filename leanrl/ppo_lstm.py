@@ -2,43 +2,28 @@
 observations).
 
 Paper: https://arxiv.org/abs/1707.06347; the recurrent agent and its update are CleanRL's. Defaults: CartPole-v1
-with the two velocities hidden (`--obs-indices 0 2`), 200k steps, 8 envs, and an update sized for this small task:
-32 steps per rollout, 2 minibatches of 4 whole env sequences, 10 epochs, learning rate 1e-3, clip 0.2, no entropy
-bonus. CleanRL's Atari settings (128 steps, 4 minibatches, 4 epochs, learning rate 2.5e-4, clip 0.1, entropy 0.01)
-learned here no faster than the memoryless baseline (mean return ~42 for both after 61k steps, seed 1).
+with both velocities hidden (`--obs-indices 0 2`), which only an agent that remembers past positions balances well;
+200k steps, 8 envs x 32 steps, 2 minibatches of 4 whole env sequences, 10 epochs, learning rate 1e-3, clip 0.2, no
+entropy bonus (CleanRL's Atari settings learned here no faster than the memoryless baseline).
 
-    python leanrl/ppo_lstm.py                                       # velocity-hidden CartPole: memory at work
-    python leanrl/ppo_lstm.py --no-memory                           # the same network without memory: it plateaus lower
-    python leanrl/ppo_lstm.py --obs-indices --total-timesteps 50000 # the full observation
+    python leanrl/ppo_lstm.py                                        # velocity-hidden CartPole: memory at work
+    python leanrl/ppo_lstm.py --no-memory                            # no memory: it plateaus lower
+    python leanrl/ppo_lstm.py --obs-indices --total-timesteps 50000  # the full observation
 
-Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, written in the same shape so that
-`diff` shows only what buys speed. On a small or shared CPU run it with `OMP_NUM_THREADS=1` (the twin sets one
-thread itself): its ops are tiny, and torch's default thread pool ran it ~10x slower on a busy 2-core machine.
+Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, in the same shape so that `diff` shows
+only what buys speed. Its ops are tiny: on a small or shared CPU run it with `OMP_NUM_THREADS=1` (torch's default
+thread pool ran it ~10x slower on a busy 2-core machine).
 
-Why memory: CartPole's observation is the cart's position and velocity and the pole's angle and angular velocity.
-With all four a feedforward policy balances the pole. Keeping only the positions (entries 0 and 2) leaves a
-policy that sees a snapshot: the direction the pole is falling in is not in it. An agent that remembers the last
-few positions can estimate the velocities as differences, so the default run is one where the LSTM is needed;
-`--no-memory` gives the same network with its state reset at every step, a feedforward baseline.
-
-The agent: a small MLP torso, an LSTM cell and policy and value heads on its output; observations are normalized
-by running statistics (as in CleanRL's continuous PPO), which are saved with the model. The LSTM state is carried
-from step to step and multiplied by (1 - done) when an episode starts, inside a Python loop over time, both while
-acting and when the update replays a rollout: the update splits the rollout by environment, so each minibatch
-holds whole sequences, and replays them from the LSTM state the rollout started with. Each iteration collects
-`num_steps` vector steps, computes advantages with GAE, then runs `update_epochs` epochs of `num_minibatches`
-clipped-surrogate steps; the learning rate falls linearly to 0 over the run.
-
-Truncation: CleanRL treats a time-limit cut like a termination, so the value of the state where the episode was
-cut is taken as 0. That state is not terminal, so here a truncated step bootstraps with gamma * V(final obs), the
-value of its true final observation seen with the memory of its own episode: the vector env runs in same-step
-autoreset mode, which returns the reset observation for acting and the final one in `infos["final_obs"]`. A
-terminated step bootstraps with 0. Either way GAE stops at the end of the episode.
+An episode start zeroes the LSTM state inside the time loop (no padding; `--no-memory` zeroes it at every step: a
+feedforward baseline); a minibatch is the whole sequences of some envs, replayed from the state the rollout started
+with. A truncated episode bootstraps from the value of its true final observation (seen with its episode's memory;
+CleanRL takes it as 0), a terminated one from 0.
 """
 
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -78,7 +63,7 @@ class Args:
     eval_episodes: int = 0
     """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with the same --obs-indices and --no-memory as its training)"""
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with its --obs-indices, memory)"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -123,51 +108,23 @@ class Args:
     """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
 
 
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def check_args(args):
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if not getattr(args, flag) > 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.total_timesteps < args.num_steps * args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
-    if args.num_envs % args.num_minibatches != 0:
-        fail(f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches} (minibatches are whole env sequences)")
-    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
-        fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
-        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
-    if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl must be positive, got {args.target_kl}")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_model and args.eval_episodes == 0:
-        fail("--eval-model needs --eval-episodes N, N > 0")
-
-
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
-        if not isinstance(env.action_space, gym.spaces.Discrete):
-            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; this PPO needs a Discrete one")
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        if obs_indices:
-            env = hide_observations(env, obs_indices)
-        # the hidden task's inputs are small (a pole angle within 0.21 rad): normalized, as in CleanRL's
-        # continuous PPO, the policy picks them up; unnormalized, 150k steps learned nothing here
+        if obs_indices:  # keep only these entries (e.g. CartPole's positions, not its velocities)
+            space, keep = env.observation_space, list(obs_indices)
+            if not all(-space.shape[0] <= i < space.shape[0] for i in keep):
+                fail(f"--obs-indices {' '.join(map(str, keep))}: the observation has {space.shape[0]} entries")
+            visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
+            env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
+        # normalized by running statistics, as in CleanRL's continuous PPO: the hidden task's inputs are small (a pole
+        # angle within 0.21 rad), and unnormalized, 150k steps learned nothing
         env = gym.wrappers.NormalizeObservation(env)
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
         env.action_space.seed(seed)
@@ -176,84 +133,7 @@ def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     return thunk
 
 
-def hide_observations(env, obs_indices):
-    """`env` whose observations keep only the entries `obs_indices` (e.g. CartPole's positions, not its velocities)."""
-    space = env.observation_space
-    if not all(-space.shape[0] <= i < space.shape[0] for i in obs_indices):
-        fail(f"--obs-indices {' '.join(map(str, obs_indices))}: the observation has {space.shape[0]} entries")
-    keep = list(obs_indices)
-    visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
-    return gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
-
-
-def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id, a non- Discrete action space or an index outside the
-    observation exits with status 2."""
-    if env_id not in gym.registry:
-        fail(f"--env-id {env_id!r} is not a registered gymnasium environment")
-    try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [make_env(env_id, seed + i, obs_indices, videos[i], video_episodes) for i in range(num_envs)]
-        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
-        fail(f"--env-id {env_id!r} cannot be made: {e}")
-    return envs
-
-
-def obs_normalizations(envs):
-    """The NormalizeObservation wrapper of each env of `envs` (each env normalizes with statistics of its own)."""
-    wrappers = []
-    for env in envs.envs:
-        while not isinstance(env, gym.wrappers.NormalizeObservation):
-            env = env.env
-        wrappers.append(env)
-    return wrappers
-
-
-def obs_rms_of(envs):
-    """The first env's observation normalization statistics, as tensors (what a saved model needs to act)."""
-    rms = obs_normalizations(envs)[0].obs_rms
-    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(float(rms.count))}
-
-
-def obs_rms_to(envs, stats, update=True):
-    """Every env of `envs` normalizes with the statistics `stats`; `update=False` freezes them there."""
-    for wrapper in obs_normalizations(envs):
-        wrapper.obs_rms.mean = stats["mean"].numpy().copy()
-        wrapper.obs_rms.var = stats["var"].numpy().copy()
-        wrapper.obs_rms.count = float(stats["count"])
-        wrapper.update_running_mean = update
-
-
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
-
-
-def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
-    real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
-    return real_next_obs
-
-
-def episode_starts(terminations, truncations, memory):
-    """The LSTM's reset flags for the next observations: 1 where an episode ended, so the next one starts afresh;
-    1 everywhere without `memory` (the state is then zeroed at every step: a feedforward policy)."""
-    dones = np.logical_or(terminations, truncations)
-    return dones if memory else np.ones_like(dones)
-
-
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -301,16 +181,72 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden), lstm_state
 
 
-def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs].
+def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
+    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
+    `video_episodes` episodes if given). A bad id, an index outside the observation or a non-Discrete action space
+    exits with status 2."""
+    try:
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, obs_indices, videos[i], video_episodes) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        space = type(envs.single_action_space).__name__
+        fail(f"--env-id {env_id!r} has a {space} action space; this PPO needs a Discrete one")
+    return envs
 
-    Every input is [num_steps, num_envs] but `next_value` [num_envs], the value of the observation after the
-    last step. `terminations[t]` / `truncations[t]` (0 or 1) say the episode ended at step t by reaching a
-    terminal state / by being cut off; `final_values[t]` is the value of the true final observation of a
-    truncated episode (read only where `truncations[t]` is 1 and `terminations[t]` is 0)."""
+
+def obs_rms_of(envs):
+    """The first env's observation normalization statistics, as tensors (what a saved model needs to act)."""
+    rms = envs.envs[0].get_wrapper_attr("obs_rms")
+    return {"mean": torch.tensor(rms.mean), "var": torch.tensor(rms.var), "count": torch.tensor(float(rms.count))}
+
+
+def freeze_obs_rms(envs, stats):
+    """Every env of `envs` normalizes with the statistics `stats`, which no longer move."""
+    for env in envs.envs:
+        rms = env.get_wrapper_attr("obs_rms")
+        rms.mean = stats["mean"].numpy().copy()
+        rms.var = stats["var"].numpy().copy()
+        rms.count = float(stats["count"])
+        env.set_wrapper_attr("update_running_mean", False)
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+def episode_starts(terminations, truncations, memory):
+    """The LSTM's reset flags for the next observations: 1 where an episode ended, so the next one starts afresh;
+    1 everywhere without `memory` (the state is then zeroed at every step: a feedforward policy)."""
+    dones = np.logical_or(terminations, truncations)
+    return dones if memory else np.ones_like(dones)
+
+
+def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs] like every input
+    but `next_value` [num_envs], the value after the last step. `final_values[t]` is the value of the true final
+    observation of an episode truncated at step t."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
-    # value of its true final observation if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's inside an episode; at its end, the true final
+    # observation's if it was cut off and 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -328,7 +264,9 @@ def make_update(agent, optimizer, args):
     replayed from the LSTM state `lstm_state` the rollout started with; returns its statistics."""
 
     def loss_fn(mb, lstm_state):
-        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(mb["obs"], lstm_state, mb["dones"], mb["actions"])
+        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
+            mb["obs"], lstm_state, mb["dones"], mb["actions"]
+        )
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
 
@@ -383,124 +321,18 @@ def make_learner(args, n_obs, n_act, device):
     return agent, optimizer, (policy, get_value, update)
 
 
-def write_summary(summary, run_dir):
-    """Write the whole summary, learning curve included, to `run_dir/summary.json` (a temporary file, then renamed:
-    a reader never sees half of it) and print it as one `SUMMARY` line without the curve, naming that file."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f)
-    os.replace(path + ".tmp", path)
-    line = {key: value for key, value in summary.items() if key != "curve"} | {"summary_file": os.path.abspath(path)}
-    print("SUMMARY " + json.dumps(line), flush=True)
-
-
-def check_rendering(env_id):
-    """`--capture-video` needs frames drawn off-screen (MuJoCo through EGL, classic control through pygame) and
-    moviepy to write them; without them the run exits with status 2 and the reason."""
-    os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        frame = env.render()
-        env.close()
-        import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
-    except Exception as e:
-        fail(f"--capture-video: {env_id} cannot record video here ({type(e).__name__}: {e})")
-    if not isinstance(frame, np.ndarray):
-        fail(f"--capture-video: {env_id} rendered no frame")
-
-
-def evaluate(agent, envs, episodes, seed, memory, device):
-    """The returns of `episodes` episodes played on `envs` (one env) by `agent`'s most likely action, its LSTM state
-    carried from step to step and zeroed when an episode starts (at every step without `memory`), in order."""
-    obs, _ = envs.reset(seed=seed)
-    lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device), torch.zeros(1, agent.lstm.hidden_size, device=device))
-    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
-    returns = []
-    while len(returns) < episodes:
-        with torch.no_grad():
-            hidden, lstm_state = agent.get_states(torch.as_tensor(obs, device=device, dtype=torch.float)[None], lstm_state, done)
-            actions = agent.actor(hidden[0]).argmax(-1)
-        obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
-        done = torch.as_tensor(episode_starts(terminations, truncations, memory), device=device, dtype=torch.float)[None]
-        returns += finished_episodes(infos)
-    return returns[:episodes]
-
-
-def stop_on_ctrl_c():
-    """The first Ctrl-C asks the training loop to stop after the current iteration (rollout and update): the run then evaluates, saves and
-    reports what it has, and exits with status 130. A second Ctrl-C stops at once."""
-    stop = threading.Event()
-
-    def first_ctrl_c(signum, frame):
-        stop.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    signal.signal(signal.SIGINT, first_ctrl_c)
-    return stop
-
-
-def save_model(path, script, args, model):
-    """`model` (tensors by name) with the script's name and arguments, written to `path` atomically (a temporary
-    file, then renamed) and loadable with `torch.load(path, weights_only=True)`."""
-    torch.save({"script": script, "args": vars(args), "model": model}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_model(path, script, args):
-    """The `model` that `script` saved at `path`; a missing file, another script's file, or one trained on another
-    env, with other `--obs-indices` or with(out) `--no-memory` exits with status 2 naming the flag to add."""
-    if not os.path.isfile(path):
-        fail(f"--eval-model {path}: no such file")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        fail(f"--eval-model {path} is not a saved model ({type(e).__name__})")
-    saved_by = saved.get("script") if isinstance(saved, dict) else None
-    if saved_by != script:
-        fail(f"--eval-model {path} was saved by {saved_by}, not by {script}")
-    trained = saved["args"]
-    if trained["env_id"] != args.env_id:
-        fail(f"--eval-model {path} was trained on {trained['env_id']}: add --env-id {trained['env_id']}")
-    if tuple(trained["obs_indices"]) != tuple(args.obs_indices):
-        indices = " ".join(map(str, trained["obs_indices"]))
-        fail(f"--eval-model {path} was trained on observation entries ({indices or 'all'}): add --obs-indices {indices}".rstrip())
-    if trained["memory"] != args.memory:
-        fail(f"--eval-model {path} was trained {'with' if trained['memory'] else 'without'} memory: "
-             f"{'drop' if trained['memory'] else 'add'} --no-memory")
-    return saved["model"]
-
-
 def main(args):
     check_args(args)
-    saved_model = load_model(args.eval_model, "ppo_lstm", args) if args.eval_model else None
-    envs_per_batch = args.num_envs // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)  # summary.json, the model and the videos go here
-    stop = stop_on_ctrl_c()
-    os.makedirs(run_dir, exist_ok=True)
-    videos = os.path.join(run_dir, "videos") if args.capture_video else None
-    if args.capture_video:
-        check_rendering(args.env_id)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, None if args.eval_model else videos)
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name, save_code=True)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
+    run = Run(args, "ppo_lstm")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
+    # with --eval-model no training episode is played, and none is recorded
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(envs.single_action_space.n)
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
-    if saved_model is not None:
-        agent.load_state_dict(saved_model["agent"])
-        obs_rms_to(envs, saved_model["obs_rms"], update=False)  # the normalization it was trained with
+    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, int(envs.single_action_space.n), device)
+    if run.saved_model is not None:
+        agent.load_state_dict(run.saved_model["agent"])
+        freeze_obs_rms(envs, run.saved_model["obs_rms"])  # the normalization it was trained with
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
@@ -526,15 +358,13 @@ def main(args):
     )
     # a true final observation continues its episode: no reset before it (but always one under --no-memory)
     final_done = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)
-    episode_returns = deque(maxlen=20)
-    curve = []  # [global_step, seconds since start, return] of every finished episode
+    envs_per_batch = args.num_envs // args.num_minibatches
+    num_iterations = 0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
     global_step = 0
-    start_time = time.time()
-    measure_start, measure_step = None, 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            measure_start, measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         # the update replays each env's sequence from the LSTM state this rollout starts with
         initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
         # Annealing the rate if instructed to do so.
@@ -555,6 +385,7 @@ def main(args):
             rollout["logprobs"][step] = logprob[0]
 
             next_obs, reward, terminations, truncations, infos = envs.step(action[0].cpu().numpy())
+            run.log_episodes(global_step, finished_episodes(infos))
             rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
             rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
             rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
@@ -564,20 +395,15 @@ def main(args):
                 with torch.no_grad():
                     rollout["final_values"][step] = get_value(final_obs[None], next_lstm_state, final_done).flatten()
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
-            next_done = torch.as_tensor(episode_starts(terminations, truncations, args.memory), device=device, dtype=torch.float)
-
-            for episodic_return in finished_episodes(infos):
-                episode_returns.append(episodic_return)
-                curve.append([global_step, time.time() - start_time, episodic_return])
-                if args.track:
-                    wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+            next_done = episode_starts(terminations, truncations, args.memory)
+            next_done = torch.as_tensor(next_done, device=device, dtype=torch.float)
 
         # bootstrap value if not done
         with torch.no_grad():
             next_value = get_value(next_obs[None], next_lstm_state, next_done[None]).flatten()
+        ends = (rollout["final_values"], rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(
-            rollout["rewards"], rollout["values"], next_value, rollout["final_values"],
-            rollout["terminations"], rollout["truncations"], args.gamma, args.gae_lambda,
+            rollout["rewards"], rollout["values"], next_value, *ends, args.gamma, args.gae_lambda
         )
 
         # the batch stays [num_steps, num_envs]: a minibatch is the whole sequences of some envs
@@ -585,7 +411,7 @@ def main(args):
         b["advantages"], b["returns"] = advantages, returns
 
         # Optimizing the policy and value network
-        for epoch in range(args.update_epochs):
+        for _ in range(args.update_epochs):
             b_envs = torch.randperm(args.num_envs, device=device).split(envs_per_batch)
             for mb_envs in b_envs:
                 mb_lstm_state = (initial_lstm_state[0][mb_envs], initial_lstm_state[1][mb_envs])
@@ -593,58 +419,189 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
                 break
 
-        sps = (global_step - measure_step) / (time.time() - measure_start) if measure_start else 0.0
-        return_mean = np.mean(episode_returns) if episode_returns else float("nan")
-        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if args.track:
-            y_pred, y_true = b["values"], b["returns"]
-            explained_var = 1 - (y_true - y_pred).var() / y_true.var()
-            logs = torch.cat([stats, explained_var.reshape(1)]).tolist()  # host sync, once per iteration
-            names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
-            lr = float(optimizer.param_groups[0]["lr"])
-            wandb.log({f"losses/{k}": v for k, v in zip(names, logs)} | {"charts/learning_rate": lr, "charts/SPS": sps}, step=global_step)
-
-        if stop.is_set():  # Ctrl-C: stop after this iteration
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        lr = optimizer.param_groups[0]["lr"]
+        metrics = dict(zip(names, stats), explained_variance=explained_var, learning_rate=lr)
+        run.log_progress(pbar, global_step, metrics)
+        run.steps = global_step
+        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
             break
 
-    end_time = time.time()
-    model_file = os.path.join(run_dir, "ppo_lstm.pt")
-    if args.save_model:
-        save_model(model_file, "ppo_lstm", args, {"agent": agent.state_dict(), "obs_rms": obs_rms_of(envs)})
-    eval_returns = []
-    if args.eval_episodes:  # the most likely action, with memory
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, args.eval_episodes)
-        obs_rms_to(eval_envs, obs_rms_of(envs), update=False)  # frozen: evaluation must not move it
-        eval_returns = evaluate(agent, eval_envs, args.eval_episodes, args.seed, args.memory, device)
-        eval_envs.close()
-    steps = global_step
-    summary = {
-        "script": "ppo_lstm",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "device": str(device),
-        "compile": False,
-        "cudagraphs": False,
-        "num_envs": args.num_envs,
-        "total_timesteps": steps,
-        "sps": (steps - measure_step) / (end_time - measure_start) if measure_start else None,
-        "sps_wall": steps / (end_time - start_time),
-        "episodes": len(curve),
-        "return_mean": float(np.mean(episode_returns)) if episode_returns else None,
-        "wall_s": end_time - start_time,
-        "torch_version": torch.__version__,
-        "interrupted": stop.is_set(),
-        "model_file": os.path.abspath(model_file) if args.save_model else None,
-        "eval_returns": eval_returns,
-        "eval_return_mean": float(np.mean(eval_returns)) if eval_returns else None,
-        "curve": curve,
-    }
-    write_summary(summary, run_dir)
+    obs_rms = obs_rms_of(envs)  # the normalization the agent was trained with: saved with it, frozen to evaluate
     envs.close()
-    if args.track:
-        wandb.finish()
-    if stop.is_set():
-        sys.exit(130)  # what a shell reports for a Ctrl-C
+
+    def evaluate_agent(episodes, videos):  # the most likely action, the LSTM state carried
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
+        freeze_obs_rms(eval_envs, obs_rms)
+        return evaluate(agent, eval_envs, episodes, args.seed, args.memory, device)
+
+    run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent)
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_steps * args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if args.num_envs % args.num_minibatches != 0:
+        fail(f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        # the recurrent scripts' addition: a policy acts on the observation entries and memory it was trained with
+        trained = saved["args"]
+        if tuple(trained["obs_indices"]) != tuple(self.args.obs_indices):
+            indices = " ".join(map(str, trained["obs_indices"]))
+            fail(f"--eval-model {path} was trained on entries ({indices or 'all'}): add --obs-indices {indices}")
+        if trained["memory"] != self.args.memory:
+            memory = "with memory: drop --no-memory" if trained["memory"] else "without memory: add --no-memory"
+            fail(f"--eval-model {path} was trained {memory}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(agent, envs, episodes, seed, memory, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) by `agent`'s most likely action, its
+    LSTM state carried from step to step and zeroed when an episode starts (at every step without `memory`)."""
+    obs, _ = envs.reset(seed=seed)
+    lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2
+    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            obs = torch.as_tensor(obs, device=device, dtype=torch.float)
+            hidden, lstm_state = agent.get_states(obs[None], lstm_state, done)
+            actions = agent.actor(hidden[0]).argmax(-1)
+        obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
+        starts = episode_starts(terminations, truncations, memory)
+        done = torch.as_tensor(starts, device=device, dtype=torch.float)[None]
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,18 @@ EAGER, TWIN = "ppo_lstm", "ppo_lstm_torchcompile"
 # 6 iterations of 2 envs x 8 steps, one minibatch of both sequences; CartPole episodes of a random policy last ~20
 # steps, so several end. The compiled functions' shapes (8 steps of 2 envs, acting on 2 envs) are those of the unit
 # tests below, which then find the smoke run's kernels in the compile cache.
-SMOKE = ("--total-timesteps", "96", "--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1")
+SMOKE = (
+    "--total-timesteps",
+    "96",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "8",
+    "--num-minibatches",
+    "1",
+    "--update-epochs",
+    "1",
+)
 N_OBS, N_ACT = 2, 2  # velocity-hidden CartPole
 
 
@@ -108,9 +119,14 @@ def test_doubling_gae_equals_the_reference_loop():
     same doubling on 1000 steps.)"""
     g = torch.Generator().manual_seed(0)
     terminations = (torch.rand(8, 2, generator=g) < 0.2).float()
-    data = dict(rewards=torch.randn(8, 2, generator=g), values=torch.randn(8, 2, generator=g),
-                next_value=torch.randn(2, generator=g), final_values=torch.randn(8, 2, generator=g),
-                terminations=terminations, truncations=(torch.rand(8, 2, generator=g) < 0.2).float() * (1 - terminations))
+    data = dict(
+        rewards=torch.randn(8, 2, generator=g),
+        values=torch.randn(8, 2, generator=g),
+        next_value=torch.randn(2, generator=g),
+        final_values=torch.randn(8, 2, generator=g),
+        terminations=terminations,
+        truncations=(torch.rand(8, 2, generator=g) < 0.2).float() * (1 - terminations),
+    )
     twin = load_script(TWIN)
     expected = load_script(EAGER).gae(**data, gamma=0.99, gae_lambda=0.95)
     for gae in (twin.gae, torch.compile(twin.gae, fullgraph=True)):
@@ -205,11 +221,17 @@ def assert_other_observation_flags_exit_2(script, tmp_path):
     naming the flag to add (the minGRU tests call this too)."""
     trained = summary(run_script(script, *SMOKE, "--save-model", cwd=tmp_path))
     model = trained["model_file"]
-    line = assert_user_error(run_script(script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path),
-                             "--eval-model", "add --obs-indices 0 2")
+    line = assert_user_error(
+        run_script(script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path),
+        "--eval-model",
+        "add --obs-indices 0 2",
+    )
     assert "(0 2)" in line
-    assert_user_error(run_script(script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path),
-                      "trained with memory", "drop --no-memory")
+    assert_user_error(
+        run_script(script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path),
+        "trained with memory",
+        "drop --no-memory",
+    )
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
@@ -218,7 +240,9 @@ def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
 
 
 @requires_cuda
-@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"])
+@pytest.mark.parametrize(
+    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+)
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
     assert (result["device"], result["cudagraphs"], result["total_timesteps"]) == ("cuda", True, 96)
