@@ -274,7 +274,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action")  # seeds, run folder, wandb and Ctrl-C: see the end of the file
+    run = Run(args, "ppo_continuous_action")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
@@ -387,11 +387,8 @@ def check_args(args):
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
-    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-steps x --num-envs ({batch_size}) must split into --num-minibatches {args.num_minibatches}"
-            " equal minibatches of two samples or more"
-        )
+    if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:

@@ -6,15 +6,12 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     python leanrl/ppo_continuous_action_cpu.py                                             # the benchmark run
     python leanrl/ppo_continuous_action_cpu.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns
 
-It trains on the CPU whatever the machine has (no --cuda, no --cudagraphs: for a GPU, run the twin). Same algorithm,
-defaults and loop as the twins; what changes:
-- the update is one compiled graph from the forward pass to the parameters' step: written as a function of the
-  parameters (`torch.func` gradients, the gradient clip and Adam written out, the learning rate a tensor annealed in
-  place), `torch.compile(fullgraph=True)` with a C++ wrapper (fewer Python calls per kernel), as GAE;
-- acting runs in numpy on views of the agent's weights (at batch 1, a torch call costs more to dispatch than its
-  arithmetic), and the rollout is written through numpy views of its tensors;
+It trains on the CPU whatever the machine has (for a GPU, run the twin). Same algorithm, defaults and loop; changed:
+- the update is a function of the parameters (`torch.func` gradients, the clip and Adam written out, the learning
+  rate a tensor annealed in place) compiled whole into one graph, as GAE, with a C++ wrapper (`--no-compile`: eager);
+- acting runs in numpy on views of the agent's weights (at batch 1, torch's dispatch costs more than the math), and
+  the rollout is written through numpy views of its tensors;
 - one intra-op thread (`torch.set_num_threads(1)`, `threads` in the SUMMARY): every op here is tiny.
-`--no-compile` runs the same functions eagerly.
 """
 
 import json
@@ -189,9 +186,6 @@ class Agent(nn.Module):
         )
         self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
 
-    def forward(self, x, action):  # what `functional_call` runs; acting (and its sampling) is `make_host_policy`
-        return self.get_action_and_value(x, action)
-
     def get_action_and_value(self, x, action):
         action_mean = self.actor_mean(x)
         action_logstd = self.actor_logstd.expand_as(action_mean)
@@ -200,6 +194,8 @@ class Agent(nn.Module):
         log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+
+    forward = get_action_and_value  # what `functional_call` runs; acting (and its sampling) is `make_host_policy`
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
@@ -213,11 +209,9 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
-    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
-    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
-    # num_steps-long loop, and the compiled graph stays small where an unrolled loop would take minutes to compile.
-    # The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
+    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
+    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -227,11 +221,41 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-def make_loss(get_action_and_value, args):
-    """PPO's loss on a minibatch (a TensorDict) and its statistics, for the agent's `get_action_and_value`."""
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
+    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`."""
 
-    def loss_fn(mb):
-        _, newlogprob, entropy, newvalue = get_action_and_value(mb["obs"], mb["actions"])
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.betas, self.eps = params, betas, eps
+        self.param_groups = [{"lr": lr}]
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        self.beta1_power, self.beta2_power = torch.ones((), device=lr.device), torch.ones((), device=lr.device)
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_update(agent, lr, args):
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict), returning its statistics, as a function of
+    the parameters (the agent's own tensors, updated in place): `torch.func` takes the gradients, the clip and Adam are
+    written out, so `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
+    params = {name: p.data for name, p in agent.named_parameters()}
+    optimizer = Adam(params, lr, eps=1e-5)
+
+    def loss_fn(params, mb):
+        _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
 
@@ -264,67 +288,22 @@ def make_loss(get_action_and_value, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
-    return loss_fn
-
-
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph. The
-    learning rate is a tensor in `param_groups`, as in torch.optim, so the loop anneals either optimizer alike."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.betas, self.eps = params, betas, eps
-        self.param_groups = [{"lr": lr}]
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        self.beta1_power, self.beta2_power = torch.ones((), device=lr.device), torch.ones((), device=lr.device)
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
-
-
-def clip_grad_norm(grads, max_norm):
-    """`nn.utils.clip_grad_norm_` on a dict of gradients: all of them scaled down to a total norm of `max_norm`."""
-    total_norm = torch.stack([g.pow(2).sum() for g in grads.values()]).sum().sqrt()
-    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
-    return {name: g * clip_coef for name, g in grads.items()}
-
-
-def make_functional_update(agent, lr, args):
-    """The update of `make_update` written as a function of the parameters, for a CPU: `torch.func` takes the
-    gradients, the clip and Adam are written out, so `torch.compile(fullgraph=True)` makes the whole update, from
-    the forward pass to the parameters' step, one graph (autograd's `backward` and an optimizer's `step` would
-    split it). The parameters are the agent's own tensors, updated in place. Returns the update and its Adam."""
-    params = {name: p.data for name, p in agent.named_parameters()}
-    optimizer = Adam(params, lr, eps=1e-5)
-
-    def params_loss(params, mb):
-        return make_loss(lambda obs, actions: functional_call(agent, params, (obs, actions)), args)(mb)
-
     def update(mb):
-        grads, (loss, stats) = grad_and_value(params_loss, has_aux=True)(params, mb)
-        optimizer.step(clip_grad_norm(grads, args.max_grad_norm))
+        grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
+        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of `max_grad_norm`
+        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
+        scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
+        optimizer.step({name: grad * scale for name, grad in grads.items()})
         return stats
 
     return update, optimizer
 
 
 def make_host_policy(agent, seed):
-    """`get_action_and_value` and `get_value` in numpy, for batch-1 acting on a CPU (the fast path): at batch 1 a
-    torch call costs more to dispatch than its arithmetic, a numpy call much less. The arrays are views of the
-    agent's weights, which the fast path's Adam updates in place, so the policy always acts with the current ones.
-    Numpy observations in, numpy arrays out; the Gaussian noise comes from numpy's generator, seeded with `seed`."""
+    """The agent's policy (`get_action_and_value`, sampling the action) and `get_value` in numpy: at batch 1 a torch
+    call costs more to dispatch than its arithmetic. The arrays are views of the agent's weights, which Adam updates
+    in place, so it acts with the current ones; the noise comes from numpy's generator, seeded with `seed`. The one
+    place that restates the actor: a test holds it to `Agent.get_action_and_value` on the same noise."""
     w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
     rng = np.random.default_rng(seed)
 
@@ -366,8 +345,7 @@ def main(args):
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
     device = torch.device("cpu")
-    # every op here is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it saves, and
-    # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
+    # every op is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it saves
     torch.set_num_threads(1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
@@ -459,9 +437,8 @@ def main(args):
         return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
 
     envs.close()
-    run.finish(
-        device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, threads=torch.get_num_threads()
-    )
+    model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
+    run.finish(device, model, evaluate_agent, threads=torch.get_num_threads())
 
 
 # ======================================================================================================================
@@ -483,11 +460,8 @@ def check_args(args):
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
-    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-steps x --num-envs ({batch_size}) must split into --num-minibatches {args.num_minibatches}"
-            " equal minibatches of two samples or more"
-        )
+    if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:

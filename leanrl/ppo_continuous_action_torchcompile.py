@@ -5,18 +5,14 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 --total-timesteps 40960
 
-On a CPU, run ppo_continuous_action_cpu.py: its updates compile whole and it acts in numpy. Same algorithm, defaults
-and loop as the eager twin; what changes is the data flow:
-- the rollout is one TensorDict preallocated on the device: flattening it and cutting minibatches are one call;
+On a CPU, run ppo_continuous_action_cpu.py instead. Same algorithm, defaults and loop as the eager twin; what changes:
+- the rollout is one TensorDict on the device: flattening it and cutting minibatches are one call each;
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
-- the Gaussian's log-density and entropy are written out (torch.distributions validates and builds objects
-  on every call, which costs more than the math at these sizes);
-- GAE solves its backward recurrence by doubling: log2(num_steps) vectorized steps instead of a num_steps-long
-  Python loop, so the compiled graph is small and compiles in seconds;
+- the Gaussian's log-density and entropy are written out (torch.distributions validates and builds objects on every
+  call, which costs more than the math at these sizes); GAE is solved by doubling (a small graph to compile);
 - a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place;
-- `--compile` compiles GAE, the acting policy and the update's loss (forward and backward; the clip and the fused
-  Adam step stay eager); `--cudagraphs` records the acting policy and the update as CUDA graphs (tensordict's
-  `CudaGraphModule`) and replays them with one launch each; it needs a CUDA device and exits with status 2 without.
+- `--compile` compiles GAE, acting and the update's loss (forward and backward); `--cudagraphs` records acting and
+  the update as CUDA graphs (tensordict's `CudaGraphModule`), replayed with one launch each (needs a CUDA device).
 """
 
 import json
@@ -221,11 +217,9 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
-    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
-    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
-    # num_steps-long loop, and the compiled graph stays small where an unrolled loop would take minutes to compile.
-    # The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
+    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
+    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -306,9 +300,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "ppo_continuous_action_torchcompile"
-    )  # seeds, run folder, wandb and Ctrl-C: see the end of the file
+    run = Run(args, "ppo_continuous_action_torchcompile")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
@@ -431,11 +423,8 @@ def check_args(args):
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
-    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-steps x --num-envs ({batch_size}) must split into --num-minibatches {args.num_minibatches}"
-            " equal minibatches of two samples or more"
-        )
+    if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
