@@ -96,15 +96,11 @@ class Args:
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -280,7 +276,8 @@ def make_learner(args, n_obs, n_act):
 def main(args):
     check_args(args)
     run = Run(args, "dqn_cpu")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
-    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
+    envs = make_envs(args.env_id, args.num_envs, args.seed, train_videos)
     device = torch.device("cpu")  # whatever the machine has
     # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more than it saves, and
     # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
@@ -313,13 +310,8 @@ def main(args):
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
-        transition = {
-            "obs": obs,
-            "next_obs": true_next_obs(next_obs, infos),
-            "actions": actions,
-            "rewards": rewards,
-            "terminations": terminations,
-        }
+        real_next_obs = true_next_obs(next_obs, infos)
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
         transitions.append(transition)  # numpy arrays until the next write
 
         # CRUCIAL step easy to overlook
@@ -370,6 +362,8 @@ def check_args(args):
     for flag in (*sizes, "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
         fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:

@@ -99,15 +99,11 @@ class Args:
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -240,7 +236,7 @@ def make_learner(args, n_obs, n_act, device):
     q_network = QNetwork(n_obs, n_act, device=device)
     target_network = QNetwork(n_obs, n_act, device=device)
     target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters; capturable: torch records the step of no other Adam in a CUDA graph
+    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other Adam's step
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
     update, update_target = make_updates(q_network, target_network, optimizer, args)
     global_step = torch.zeros((), dtype=torch.long, device=device)
@@ -252,7 +248,8 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     run = Run(args, "dqn_torchcompile")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
-    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
+    envs = make_envs(args.env_id, args.num_envs, args.seed, train_videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
@@ -288,13 +285,8 @@ def main(args):
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
-        transition = {
-            "obs": obs,
-            "next_obs": true_next_obs(next_obs, infos),
-            "actions": actions,
-            "rewards": rewards,
-            "terminations": terminations,
-        }
+        real_next_obs = true_next_obs(next_obs, infos)
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
         transitions.append(transition)  # numpy arrays until the next write
 
         # CRUCIAL step easy to overlook
@@ -345,6 +337,8 @@ def check_args(args):
     for flag in (*sizes, "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
         fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
