@@ -1,0 +1,351 @@
+"""The CUDA path, dry-run on a fake GPU. Every script that records functions with `--cudagraphs` (the optimized twins,
+the torchrun script, the Ray script's learner) is built by its own `make_learner` for a CUDA device, under each flag
+set, with torch's `FakeTensorMode`: tensors whose device is "cuda" on this CPU-only build (shapes, dtypes and devices,
+no data). Each function `main` hands to `CudaGraphModule` (and, without `--cudagraphs`, the acting and update
+functions) then runs eagerly, a few calls, under `OnlyOnTheDevice`, which fails on:
+- a CPU tensor read or made inside the function, 0-d included: a learning rate, `alpha` or schedule left on the CPU
+  is read on the host and baked into a captured graph, a tensor made without `device=` lands on the CPU;
+- a copy from the device to the host (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t, device="cpu")`);
+- any op whose result the host must wait for (`.item()`, `torch.equal`, `nonzero`, boolean-mask indexing and writes);
+- a device mismatch between two tensors (FakeTensorMode raises `FakeTensorDeviceMismatchError`) and any other
+  data-dependent op (FakeTensorMode cannot answer it and raises).
+What it cannot show: values (a fake tensor has none), speed, and what only a capture checks (allocations from the
+graph's private pool, a kernel that is not capturable); `torch.compile` is not run (the dry run is eager: compiled
+code runs the same Python, and tests/test_cuda_path.py checks it compiled on the CPU). `docs/cuda.md` says the rest.
+
+What makes it run on a CPU-only torch, in this module only:
+- a do-nothing CUDA device guard, 2 lines of C++ built with the system's compiler (`cuda_guard`): the Python bindings
+  and autograd ask for one on any CUDA tensor, fake or not;
+- while building (`BuildOnFakeCuda`, not in the dry run): random initialisation is skipped (no CUDA generator here,
+  and a fake tensor has no values to draw), a number copied to the device keeps a host copy for the constructors'
+  checks (Adam's `0 <= lr`), meta tensors are real ones (the vmapped Q ensembles' shells), and `torch.compile` returns
+  the function as it is (the PPO twins compile their loss inside `make_update` under `--compile`);
+- in the dry run: `loss.backward()` gives each leaf a fake gradient of its shape and device without running the
+  backward kernels (autograd's engine asks the CUDA runtime for a stream), and fused Adam with a tensor learning rate
+  runs the float overload's fake kernel (the tensor one has none) once the rate is checked to be on the device."""
+
+import contextlib
+import ctypes
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import SYNC_OPS, HostSync, load_script
+from tensordict import TensorDict
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+aten = torch.ops.aten
+CUDA = torch.device("cuda", 0)
+# meta tensors hold no data and run no kernel (the vmapped Q ensembles' shells are on "meta")
+ON_DEVICE = ("cuda", "meta")
+FLAG_SETS = {
+    "none": {},
+    "compile": {"compile": True},
+    "cudagraphs": {"cudagraphs": True},
+    "compile-cudagraphs": {"compile": True, "cudagraphs": True},
+}
+# in-place random initialisation: skipped while building (the values of a fake tensor do not exist)
+RANDOM_INIT = {aten.uniform_.default, aten.normal_.default, aten.bernoulli_.float, aten.exponential_.default}
+# ops whose result the host must wait for, beyond conftest's SYNC_OPS (which fake tensors also refuse, on their own)
+WAITING_OPS = {*SYNC_OPS, aten.item.default, aten.equal.default, aten.is_nonzero.default}
+
+# fused Adam with a tensor learning rate has no fake kernel; its float overload, which does the same writes, has one
+TENSOR_LR = {
+    aten._fused_adam_.tensor_lr: aten._fused_adam_.default,
+    aten._fused_adamw_.tensor_lr: aten._fused_adamw_.default,
+}
+
+
+class OffTheDevice(AssertionError):
+    """A function meant for a CUDA graph read, made or copied a tensor off the CUDA device."""
+
+
+class BuildOnFakeCuda(TorchDispatchMode):
+    """While `make_learner` builds: random initialisation does nothing, and a number copied to the device
+    (`torch.tensor(lr, device=device)`) keeps a real copy on the host, carried through the ops that read only such
+    tensors, so that a constructor can check its value (Adam's `0 <= lr`). The fake tensors themselves stay as
+    FakeTensorMode makes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = WeakIdKeyDictionary()  # fake tensor -> its real value, on the host
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in RANDOM_INIT:
+            return args[0]
+        if kwargs.get("device") == torch.device("meta"):
+            with unset_fake_temporarily():  # a real meta tensor: a Parameter made of a FakeTensor cannot be swapped
+                return func(*args, **kwargs)  # back into a module inside vmap (tensordict's to_module does it)
+        if func is aten._local_scalar_dense.default and args[0] in self.values:
+            return self.values[args[0]].item()
+        out = func(*args, **kwargs)
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
+            self.values[out] = args[0].constant.to(kwargs.get("dtype") or args[0].dtype)
+        elif tensors and all(t in self.values for t in tensors) and isinstance(out, torch.Tensor):
+            real = tree_map(lambda t: self.values[t] if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            with unset_fake_temporarily():
+                self.values[out] = func(*real[0], **real[1])
+        elif func._schema.is_mutable and args and args[0] in self.values:
+            del self.values[args[0]]  # written with a value the host does not know
+        return out
+
+
+class OnlyOnTheDevice(TorchDispatchMode):
+    """While a function runs in the dry run: every tensor an op reads or makes is on the CUDA device, and no op makes
+    the host wait for the device."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in WAITING_OPS:
+            raise HostSync(f"host sync: {func}")
+        if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default):
+            if any(i is not None and i.dtype == torch.bool for i in args[1]):
+                raise HostSync(f"host sync: {func} with a boolean mask")
+        off = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE]
+        if off:
+            raise OffTheDevice(f"{func} reads a tensor on {off[0].device} (shape {tuple(off[0].shape)})")
+        if func in TENSOR_LR:  # no fake kernel: the float overload's, once the tensor lr is known on the device
+            func, kwargs = TENSOR_LR[func], kwargs | {"lr": 1e-3}
+        out = func(*args, **kwargs)
+        off = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE]
+        if off:
+            raise OffTheDevice(f"{func} makes a tensor on {off[0].device} (shape {tuple(off[0].shape)})")
+        return out
+
+
+GUARD = """#include <c10/core/impl/DeviceGuardImplInterface.h>
+C10_REGISTER_GUARD_IMPL(CUDA, c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CUDA>);
+"""
+
+
+@pytest.fixture(scope="module")
+def cuda_guard(tmp_path_factory):
+    """On a CPU-only build of torch, a do-nothing CUDA device guard (2 lines of C++, built with the system's g++ in
+    about 2 s): torch's Python bindings (`Tensor.to`, `copy_`, `torch.as_tensor`) and autograd's nodes ask for one
+    on any CUDA tensor, fake or not, and abort the process without it. A CUDA build has its own; nothing is built."""
+    if torch.version.cuda is not None:
+        return
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("needs a C++ compiler to build a CUDA device guard for the CPU-only torch; none on PATH")
+    folder = tmp_path_factory.mktemp("fake_cuda_guard")
+    (folder / "guard.cpp").write_text(GUARD)
+    torch_dir = Path(torch.__file__).parent
+    cmd = [compiler, "-std=c++17", "-shared", "-fPIC", f"-I{torch_dir / 'include'}", str(folder / "guard.cpp")]
+    cmd += ["-o", str(folder / "guard.so"), f"-L{torch_dir / 'lib'}", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    ctypes.CDLL(str(folder / "guard.so"))  # registers on load, for the rest of this process
+
+
+def fake_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """`loss.backward()` in the dry run: every leaf the loss depends on gets a gradient of its shape on its device
+    (added to the one it has). Autograd's engine asks the CUDA runtime for the current stream, which a CPU-only build
+    has not; the backward kernels are not run, and they run where their forward ran, which the dry run checks."""
+    nodes, seen = [self.grad_fn], set()
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # an AccumulateGrad: a leaf
+            leaf = node.variable
+            leaf.grad = torch.zeros_like(leaf) if leaf.grad is None else leaf.grad + 0
+        nodes.extend(next_node for next_node, _ in node.next_functions)
+
+
+@contextlib.contextmanager
+def fake_cuda(monkeypatch):
+    """Tensors made inside can live on a fake CUDA device; see the module's docstring for the patches."""
+    monkeypatch.setattr(torch.Tensor, "backward", fake_backward)
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn if fn is not None else (lambda f: f))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        yield
+
+
+def batch(size, **columns):
+    """A TensorDict of `size` rows on the fake CUDA device: each column a (shape, dtype)."""
+    return TensorDict(
+        {key: torch.zeros(size, *shape, dtype=dtype, device=CUDA) for key, (shape, dtype) in columns.items()},
+        batch_size=[size],
+        device=CUDA,
+    )
+
+
+FLOAT, LONG, UINT8 = torch.float32, torch.long, torch.uint8
+BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
+
+
+def off_policy_batch(n_obs, n_act, actions=FLOAT):
+    act_shape = (n_act,) if actions is FLOAT else ()
+    return batch(
+        64,
+        obs=((n_obs,), FLOAT),
+        next_obs=((n_obs,), FLOAT),
+        actions=(act_shape, actions),
+        rewards=((), FLOAT),
+        terminations=((), FLOAT),
+    )
+
+
+def ppo_batch(obs_shape, act_shape, actions=FLOAT, size=64, steps=None):
+    columns = dict(obs=(obs_shape, FLOAT), actions=(act_shape, actions))
+    columns |= {key: ((), FLOAT) for key in ("logprobs", "values", "advantages", "returns")}
+    if steps is None:
+        return batch(size, **columns)
+    columns["dones"] = ((), FLOAT)
+    return TensorDict(
+        {key: torch.zeros(steps, size, *shape, dtype=dtype, device=CUDA) for key, (shape, dtype) in columns.items()},
+        batch_size=[steps, size],
+        device=CUDA,
+    )
+
+
+def zeros(*shape, dtype=FLOAT):
+    return torch.zeros(*shape, dtype=dtype, device=CUDA)
+
+
+def make_sac(module, args):
+    _, _, _, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
+    data = off_policy_batch(3, 1)
+    return {
+        "policy": (policy, (zeros(1, 3),)),
+        "update_critic": (update_critic, (data,)),
+        "update_actor": (update_actor, (data,)),
+    }
+
+
+def make_td3(module, args):
+    _, _, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
+    data = off_policy_batch(3, 1)
+    return {
+        "policy": (policy, (zeros(1, 3),)),
+        "update_critic": (update_critic, (data,)),
+        "update_actor": (update_actor, (data,)),
+    }
+
+
+def make_dqn(module, args):
+    _, _, (policy, update, _) = module.make_learner(args, 4, 2, CUDA)
+    return {"policy": (policy, (zeros(1, 4),)), "update": (update, (off_policy_batch(4, 2, actions=LONG),))}
+
+
+def make_ppo(module, args):
+    _, _, (policy, _, update) = module.make_learner(args, 3, 2, CUDA)
+    return {"policy": (policy, (zeros(1, 3),)), "update": (update, (ppo_batch((3,), (2,)),))}
+
+
+def make_ppo_ray(module, args):
+    # the learner's update is the one function the Ray script records; its actors act on the CPU, in their processes
+    _, _, (_, _, update) = module.make_learner(args, 3, 2, CUDA)
+    mb = ppo_batch((3,), (2,))
+    mb["behaviour_weights"] = zeros(64)  # importance weights for the policy that sampled (its off-policy lag)
+    return {"update": (update, (mb,))}
+
+
+def make_ppo_atari(module, args):
+    _, _, (policy, _, update) = module.make_learner(args, 4, CUDA)
+    mb = ppo_batch((4, 84, 84), (), actions=LONG, size=8)
+    mb["obs"] = zeros(8, 4, 84, 84, dtype=UINT8)
+    return {"policy": (policy, (zeros(2, 4, 84, 84, dtype=UINT8),)), "update": (update, (mb,))}
+
+
+def make_ppo_lstm(module, args):
+    _, _, (policy, _, update) = module.make_learner(args, 2, 2, CUDA)
+    state = (zeros(4, 128), zeros(4, 128))
+    mb = ppo_batch((2,), (), actions=LONG, size=2, steps=8)
+    return {
+        "policy": (policy, (zeros(1, 4, 2), state, zeros(1, 4))),
+        "update": (update, (mb, (zeros(2, 128), zeros(2, 128)))),
+    }
+
+
+def make_ppo_mingru(module, args):
+    agent, _, (policy, _, update) = module.make_learner(args, 2, 2, CUDA)
+    mb = ppo_batch((2,), (), actions=LONG, size=2, steps=8)
+    layers, size = agent.num_layers, agent.state_size
+    return {
+        "policy": (policy, (zeros(1, 4, 2), zeros(layers, 4, size), zeros(1, 4))),
+        "update": (update, (mb, zeros(layers, 2, size))),
+    }
+
+
+load = functools.cache(load_script)  # one import per script for its four flag sets
+
+SCRIPTS = {
+    "sac_continuous_action_torchcompile": make_sac,
+    "td3_continuous_action_torchcompile": make_td3,
+    "dqn_torchcompile": make_dqn,
+    "ppo_continuous_action_torchcompile": make_ppo,
+    "ppo_continuous_action_distributed": make_ppo,  # one process (the only case --cudagraphs accepts), no collective
+    "ppo_continuous_action_ray": make_ppo_ray,
+    "ppo_atari_envpool_torchcompile": make_ppo_atari,
+    "ppo_lstm_torchcompile": make_ppo_lstm,
+    "ppo_mingru_torchcompile": make_ppo_mingru,
+}
+
+
+@pytest.mark.parametrize("flags", FLAG_SETS)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_dry_run_on_a_fake_gpu(script, flags, monkeypatch, cuda_guard):
+    """Each function runs 3 calls, as CudaGraphModule's warm-up and recording would (the optimizers make their state
+    in the first), with every tensor on the device and no host sync."""
+    module = load(script)
+    args = module.Args(**FLAG_SETS[flags])
+    with fake_cuda(monkeypatch):
+        with BuildOnFakeCuda():
+            functions = SCRIPTS[script](module, args)
+        for name, (fn, inputs) in functions.items():
+            with torch.no_grad() if name == "policy" else contextlib.nullcontext():
+                for _ in range(3):
+                    with OnlyOnTheDevice():
+                        out = fn(*inputs)
+            leaves = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+            assert leaves and all(x.device == CUDA for x in leaves), f"{script}.{name}: {out}"
+
+
+def test_the_dry_run_catches_what_a_gpu_would_refuse(monkeypatch, cuda_guard):
+    """Not vacuous: each of these fails the dry run, as it would fail (or silently go stale in) a CUDA graph."""
+    with fake_cuda(monkeypatch):
+        with BuildOnFakeCuda():
+            x = zeros(8)
+            weight = torch.nn.Parameter(zeros(8))
+            weight.grad = zeros(8)
+            cpu_lr = torch.optim.Adam([weight], lr=torch.tensor(1e-3), fused=True, capturable=True)
+            dqn = load("dqn_torchcompile")
+            q_network = dqn.QNetwork(4, 2, device=CUDA)
+            cpu_schedule = dqn.make_policy(q_network, 2, torch.zeros((), dtype=torch.long), 1.0, 0.05, 100)
+
+        def masked_write(x):
+            x[x > 0] = x[0]  # a device value: a Python number would be a CPU tensor, refused before the write
+
+        placement = {
+            "a CPU 0-d tensor read": lambda x: x * torch.tensor(2.0),
+            "a tensor made without device=": lambda x: x + torch.zeros(8),
+            ".to('cpu')": lambda x: x.to("cpu"),
+            ".cpu()": lambda x: x.cpu(),
+            "torch.as_tensor(x, device='cpu')": lambda x: torch.as_tensor(x, device="cpu"),
+            "a learning rate on the CPU": lambda x: cpu_lr.step(),
+            "DQN's schedule on the CPU": lambda x: cpu_schedule(zeros(1, 4)),
+        }
+        syncs = {
+            ".item()": lambda x: x.sum().item(),
+            "a Python branch on a tensor": lambda x: x * 2 if x.sum() > 0 else x,
+            "torch.equal": lambda x: torch.equal(x, x),
+            "boolean-mask indexing": lambda x: x[x > 0],
+            "a boolean-mask write": masked_write,
+            "nonzero": lambda x: x.nonzero(),
+        }
+        for cases, error in ((placement, OffTheDevice), (syncs, HostSync)):
+            for name, fn in cases.items():
+                with pytest.raises(error), OnlyOnTheDevice():
+                    fn(x)
+                    pytest.fail(f"the dry run let {name} pass")
