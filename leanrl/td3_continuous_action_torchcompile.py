@@ -178,7 +178,7 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions in one TensorDict on `device`: adding or sampling a batch is one indexing."""
+    """A circular buffer of transitions in one TensorDict on `device`: one indexing call adds or samples all fields."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])

@@ -2,10 +2,10 @@
 compiled updates are their eager selves and do not recompile; the CPU script's numpy policy is the torch actor's;
 bad input exits 2; the CPU script learns Pendulum-v1.
 
-Compiling tests (a cold torch.compile costs 15-40 s on a 2-core CPU): the twin's and the CPU script's default smoke
-runs with compiled updates, the twin's compiled module updates and the CPU script's compiled functional updates (each
-checked equal to its eager self and free of recompilation with the same compiled functions), and the learning check
-(70-105 s). The rest take a few seconds each.
+Compiling tests (a cold torch.compile costs 15-40 s on a 2-core CPU): the twin's `--compile` smoke run and the CPU
+script's default one, the twin's compiled module updates and the CPU script's compiled functional updates (each
+checked equal to its eager self, then free of recompilation with the same compiled functions: one compile each), and
+the learning check (70-105 s alone on the CPU; 270 s on a shared one). The rest take a few seconds each.
 """
 
 import numpy as np
