@@ -4,7 +4,9 @@ double-buffered or not, with no Ray process left behind; a killed runner is repl
 benchmark runs on a tiny budget; bad input exits 2.
 
 One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
-killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner tests."""
+killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner
+tests. Runs that test CPU behaviour pin --no-cuda; the joined-cluster runs keep --cuda and check the learner's device
+(cuda where there is one), so a GPU machine runs them too."""
 
 import json
 import os
@@ -23,8 +25,21 @@ from conftest import ROOT, assert_user_error, load_script, run_script, script_en
 
 SCRIPT = "ppo_continuous_action_ray"
 # Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8 episodes
-SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "1600", "--num-steps", "200", "--num-minibatches", "4",
-         "--update-epochs", "2", "--measure-burnin", "1")
+SMOKE = (
+    "--no-cuda",
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "1600",
+    "--num-steps",
+    "200",
+    "--num-minibatches",
+    "4",
+    "--update-epochs",
+    "2",
+    "--measure-burnin",
+    "1",
+)
 # what the head, this process and the scripts joining the head run with: Ray keeps to 127.0.0.1 only with the first
 # (see connect_ray); the head requires a token (Ray 2.60's default for a new cluster), this session's own
 CLUSTER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
@@ -66,9 +81,27 @@ def ray_head():
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="lrt-")  # short: Ray's socket paths live under it
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-         "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir],
-        env=script_env() | CLUSTER, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            temp_dir,
+        ],
+        env=script_env() | CLUSTER,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.time() + 90
@@ -128,8 +161,14 @@ def test_fragment_shapes_and_true_final_observations(ray_here):
     fragment = ray.get(runner.sample.remote(state, 250), timeout=120)
     shapes = {key: tuple(value.shape) for key, value in fragment.items() if key not in ("episodes", "runner")}
     assert shapes == {
-        "obs": (250, 2, 3), "raw_obs": (250, 2, 3), "final_obs": (250, 2, 3), "actions": (250, 2, 1),
-        "logprobs": (250, 2), "rewards": (250, 2), "terminations": (250, 2), "truncations": (250, 2),
+        "obs": (250, 2, 3),
+        "raw_obs": (250, 2, 3),
+        "final_obs": (250, 2, 3),
+        "actions": (250, 2, 1),
+        "logprobs": (250, 2),
+        "rewards": (250, 2),
+        "terminations": (250, 2),
+        "truncations": (250, 2),
         "next_obs": (2, 3),
     }
     # both envs are cut at their 200th step (index 199), nowhere else; Pendulum never terminates
@@ -155,7 +194,9 @@ def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
     agent, state = policy(module, 3, 1, seed=1)
     first = ray.get(runner.sample.remote(state, 150), timeout=120)
     second = ray.get(runner.sample.remote(state, 100), timeout=120)
-    remote = {key: torch.cat([first[key], second[key]]) for key in first if key not in ("episodes", "next_obs", "runner")}
+    remote = {
+        key: torch.cat([first[key], second[key]]) for key in first if key not in ("episodes", "next_obs", "runner")
+    }
 
     torch.manual_seed(5)
     envs = module.make_envs("Pendulum-v1", 2, 5, 0.99)
@@ -178,16 +219,36 @@ def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
         episodes += [(step, r) for r in module.finished_episodes(infos)]
     for key, values in local.items():
         expected = torch.as_tensor(np.stack(values)).to(remote[key].dtype)
-        torch.testing.assert_close(remote[key], expected, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(remote[key], expected, msg=lambda m, key=key: f"{key}: {m}")
     remote_episodes = first["episodes"] + [(step + 150, r) for step, r in second["episodes"]]
     assert remote_episodes == pytest.approx(episodes) and len(episodes) == 2
 
 
-@pytest.mark.parametrize("flags", [(), ("--double-buffer",)], ids=["batched", "double-buffer"])
+@pytest.mark.parametrize(
+    "flags",
+    [(), ("--double-buffer", "--env-id", "gymnasium.envs.classic_control:Pendulum-v1")],
+    ids=["batched", "double-buffer-module-env-id"],
+)
 def test_run_on_a_joined_cluster(ray_head, flags, tmp_path):
-    result = summary(run_script(SCRIPT, *SMOKE, "--ray-address", ray_head, "--save-model", "--eval-episodes", "1",
-                                *flags, cwd=tmp_path, timeout=300, env=CLUSTER))
+    """Learns on the cluster (the second run with gymnasium's `module:EnvId` form, which every runner imports), with
+    the default --cuda: the learner on the GPU where there is one."""
+    result = summary(
+        run_script(
+            SCRIPT,
+            *SMOKE[1:],  # --cuda, the default
+            "--ray-address",
+            ray_head,
+            "--save-model",
+            "--eval-episodes",
+            "1",
+            *flags,
+            cwd=tmp_path,
+            timeout=300,
+            env=CLUSTER,
+        )
+    )
     assert result["script"] == SCRIPT and result["double_buffer"] is bool(flags)
+    assert result["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert (result["num_runners"], result["num_envs"], result["total_timesteps"]) == (2, 2, 1600)
     assert result["episodes"] == 8 and result["runner_restarts"] == 0  # 2 envs x 800 steps, 200 steps an episode
     assert -2000 < result["return_mean"] < 0 and len(result["eval_returns"]) == 1
@@ -216,8 +277,14 @@ def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
     """A runner killed (SIGKILL) while it samples: Ray restarts it, its fragment is sampled again, the run ends
     with every step it asked for and one restart reported."""
     flags = (*SMOKE, "--total-timesteps", "24000", "--double-buffer", "--ray-address", ray_head)  # 60 iterations
-    proc = subprocess.Popen([sys.executable, str(ROOT / "leanrl" / f"{SCRIPT}.py"), *flags], cwd=tmp_path,
-                            env=script_env() | CLUSTER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "leanrl" / f"{SCRIPT}.py"), *flags],
+        cwd=tmp_path,
+        env=script_env() | CLUSTER,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while not runner_pids():
@@ -240,15 +307,32 @@ def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
 
 
 def test_benchmark_tiny_budget(ray_head, tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.ray_scaling", "--quick", "--kinds", "sleep", "--durations", "0.002",
-           "--ray-address", ray_head, "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.ray_scaling",
+        "--quick",
+        "--kinds",
+        "sleep",
+        "--durations",
+        "0.002",
+        "--ray-address",
+        ray_head,
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=script_env() | CLUSTER, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(tmp_path.glob("*.json")).read_text())
     rows = result["rows"]
     assert [(r["design"], r["runners"], r["envs"]) for r in rows] == [
-        ("per-step", 1, 1), ("batched", 1, 4), ("double-buffered", 1, 4),
-        ("per-step", 2, 2), ("batched", 2, 8), ("double-buffered", 2, 8)]
+        ("per-step", 1, 1),
+        ("batched", 1, 4),
+        ("double-buffered", 1, 4),
+        ("per-step", 2, 2),
+        ("batched", 2, 8),
+        ("double-buffered", 2, 8),
+    ]
     for r in rows:
         assert r["ideal_sps"] == pytest.approx(r["runners"] / 0.002)  # sleeping: one env at a time per runner
         assert r["efficiency"] == pytest.approx(r["sps"] / r["ideal_sps"])
@@ -264,10 +348,11 @@ def test_benchmark_tiny_budget(ray_head, tmp_path):
     [
         (("--num-runners", "0"), ("--num-runners",)),
         (("--env-id", "NoSuchEnv-v0"), ("--env-id", "NoSuchEnv-v0")),
+        (("--env-id", "no_such_module:Pendulum-v1"), ("--env-id", "no_such_module")),
         (("--capture-video",), ("--capture-video", "--eval-episodes")),
         (("--ray-address", "nonsense"), ("--ray-address", "host:port")),
     ],
-    ids=["zero-runners", "unknown-env", "video-without-eval", "address-not-host-port"],
+    ids=["zero-runners", "unknown-env", "missing-env-module", "video-without-eval", "address-not-host-port"],
 )
 def test_bad_input_exits_2(flags, words):
     assert_user_error(run_script(SCRIPT, *flags, timeout=120), *words)
@@ -277,19 +362,37 @@ def test_unreachable_address_exits_2_at_once():
     """Nothing listens on the port: one line, exit 2, well within the 60 s timeout (Ray alone retries for minutes)."""
     port = free_port()
     assert_user_error(run_script(SCRIPT, "--ray-address", f"127.0.0.1:{port}", timeout=60), "--ray-address", str(port))
-    bench = subprocess.run([sys.executable, "-m", "benchmarks.ray_scaling", "--ray-address", f"127.0.0.1:{port}"],
-                           cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=60)
+    bench = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ray_scaling", "--ray-address", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_user_error(bench, "--ray-address")
 
 
 def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
-    assert_user_error(run_script(SCRIPT, *SMOKE, "--num-runners", "3", "--ray-address", ray_head, timeout=120, env=CLUSTER),
-                      "--num-runners 3", "the Ray cluster has 2")
+    assert_user_error(
+        run_script(SCRIPT, *SMOKE, "--num-runners", "3", "--ray-address", ray_head, timeout=120, env=CLUSTER),
+        "--num-runners 3",
+        "the Ray cluster has 2",
+    )
 
 
-@pytest.mark.parametrize("flags, words", [(("--kinds", "fast"), ("--kinds", "fast")), (("--runners", "0"), ("--runners",))],
-                         ids=["unknown-kind", "zero-runners"])
+@pytest.mark.parametrize(
+    "flags, words",
+    [(("--kinds", "fast"), ("--kinds", "fast")), (("--runners", "0"), ("--runners",))],
+    ids=["unknown-kind", "zero-runners"],
+)
 def test_benchmark_bad_input_exits_2(flags, words):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.ray_scaling", *flags], cwd=ROOT, env=script_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ray_scaling", *flags],
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_user_error(proc, *words)
