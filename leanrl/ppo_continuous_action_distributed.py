@@ -240,11 +240,9 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
-    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
-    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
-    # num_steps-long loop, and the compiled graph stays small where an unrolled loop would take minutes to compile.
-    # The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
+    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
+    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -576,11 +574,8 @@ def check_args(args, world_size):
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size * world_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout of all ranks ({world_size})")
-    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-steps x --num-envs ({batch_size}) must split into --num-minibatches {args.num_minibatches}"
-            " equal minibatches of two samples or more"
-        )
+    if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:

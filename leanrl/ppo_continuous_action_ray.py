@@ -599,12 +599,9 @@ def check_args(args):
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs * args.num_runners
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one iteration ({batch_size} steps)")
-    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-steps x --num-envs x --num-runners ({batch_size}) must split into --num-minibatches"
-            f" {args.num_minibatches} equal minibatches of two samples or more"
-        )
+        fail(f"--total-timesteps {args.total_timesteps} is less than one iteration ({batch_size} steps of all runners)")
+    if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-minibatches must split one iteration's {batch_size} steps into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
