@@ -15,18 +15,8 @@ from tensordict import TensorDict
 
 EAGER, TWIN, CPU = "ppo_continuous_action", "ppo_continuous_action_torchcompile", "ppo_continuous_action_cpu"
 # Pendulum-v1 truncates every 200 steps: 640 steps are 10 iterations of 64, 3 episodes, 40 minibatch updates
-SMOKE = (
-    "--env-id",
-    "Pendulum-v1",
-    "--total-timesteps",
-    "640",
-    "--num-steps",
-    "64",
-    "--num-minibatches",
-    "2",
-    "--update-epochs",
-    "2",
-)
+PENDULUM = ("--env-id", "Pendulum-v1")
+SMOKE = (*PENDULUM, "--total-timesteps", "640", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2")
 # gymnasium's `module:EnvId` form: gym.make imports the module, then makes the env it registers
 MODULE_PENDULUM = "gymnasium.envs.classic_control:Pendulum-v1"
 
@@ -291,10 +281,11 @@ def test_cudagraphs_smoke(flags):
 @pytest.mark.learning
 @pytest.mark.parametrize("script", [EAGER, CPU])
 def test_learns_inverted_pendulum(script):
-    """40,960 steps (20 iterations of CleanRL's defaults): about 1 minute each on a 2-core CPU (the CPU script ~60 s
-    of which ~30 s compiling). A random policy balances the pole for ~5-10 steps, a PPO that does not learn stays far
-    below 500; these runs reach the maximum, 1000. One intra-op thread (OMP_NUM_THREADS=1), as the CPU script sets
-    itself: on a shared 2-core CPU the eager script's default two threads ran ~18x slower (44 against 808 sps)."""
+    """40,960 steps (20 iterations of CleanRL's defaults; both runs took 4 minutes together on the shared 2-core CPU,
+    the CPU script's compile included). A random policy balances the pole for ~5-10 steps, a PPO that does not learn
+    stays far below 500; these runs reach the maximum, 1000. One intra-op thread (OMP_NUM_THREADS=1), as the CPU
+    script sets itself: on a shared 2-core CPU the eager script's default two threads ran ~18x slower (44 against 808
+    sps)."""
     flags = ("--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960", "--seed", "1")
     result = summary(run_script(script, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 40960
