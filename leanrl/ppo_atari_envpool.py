@@ -237,22 +237,17 @@ def main(args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    obs_shape = envs.single_observation_space.shape
     agent, optimizer, (policy, get_value, update) = make_learner(args, envs.single_action_space.n, device)
     if run.saved_model is not None:
         agent.load_state_dict(run.saved_model)
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
-    rollout = dict(
-        obs=torch.zeros(args.num_steps, args.num_envs, *obs_shape, device=device),
-        actions=torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device),
-        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
-        values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
-        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
-    )
+    shape = (args.num_steps, args.num_envs)
+    keys = ("logprobs", "values", "rewards", "terminations", "truncations")
+    rollout = {key: torch.zeros(shape, device=device) for key in keys}
+    rollout["obs"] = torch.zeros(*shape, *envs.single_observation_space.shape, device=device)
+    rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset()
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)

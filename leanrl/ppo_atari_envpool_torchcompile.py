@@ -277,7 +277,6 @@ def main(args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    obs_shape = envs.single_observation_space.shape
     agent, optimizer, (policy, get_value, update) = make_learner(args, envs.single_action_space.n, device)
     if run.saved_model is not None:
         agent.load_state_dict(run.saved_model)
@@ -292,17 +291,11 @@ def main(args):
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict; frames stay uint8
-    rollout = TensorDict(
-        obs=torch.zeros(args.num_steps, args.num_envs, *obs_shape, dtype=torch.uint8, device=device),
-        actions=torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device),
-        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
-        values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
-        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        batch_size=[args.num_steps, args.num_envs],
-        device=device,
-    )
+    shape = (args.num_steps, args.num_envs)
+    keys = ("logprobs", "values", "rewards", "terminations", "truncations")
+    rollout = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
+    rollout["obs"] = torch.zeros(*shape, *envs.single_observation_space.shape, dtype=torch.uint8, device=device)
+    rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs)

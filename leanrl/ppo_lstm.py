@@ -336,17 +336,11 @@ def main(args):
     compute_gae = gae
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
-    rollout = dict(
-        obs=torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
-        actions=torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device),
-        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
-        values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
-        dones=torch.zeros(args.num_steps, args.num_envs, device=device),
-        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        final_values=torch.zeros(args.num_steps, args.num_envs, device=device),
-    )
+    shape = (args.num_steps, args.num_envs)
+    keys = ("logprobs", "values", "rewards", "dones", "terminations", "truncations", "final_values")
+    rollout = {key: torch.zeros(shape, device=device) for key in keys}
+    rollout["obs"] = torch.zeros(*shape, n_obs, device=device)
+    rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)

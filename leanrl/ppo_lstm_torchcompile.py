@@ -384,19 +384,11 @@ def main(args):
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
-    rollout = TensorDict(
-        obs=torch.zeros(args.num_steps, args.num_envs, n_obs, device=device),
-        actions=torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device),
-        logprobs=torch.zeros(args.num_steps, args.num_envs, device=device),
-        values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        rewards=torch.zeros(args.num_steps, args.num_envs, device=device),
-        dones=torch.zeros(args.num_steps, args.num_envs, device=device),
-        terminations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        truncations=torch.zeros(args.num_steps, args.num_envs, device=device),
-        final_values=torch.zeros(args.num_steps, args.num_envs, device=device),
-        batch_size=[args.num_steps, args.num_envs],
-        device=device,
-    )
+    shape = (args.num_steps, args.num_envs)
+    keys = ("logprobs", "values", "rewards", "dones", "terminations", "truncations", "final_values")
+    rollout = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
+    rollout["obs"] = torch.zeros(*shape, n_obs, device=device)
+    rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
