@@ -347,9 +347,9 @@ def check_args(args):
 
 class Run:
     """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
-    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
-    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
-    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model; no videos/: envpool renders no frames),
+    starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second Ctrl-C stops
+    at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):

@@ -10,7 +10,8 @@ Same algorithm, same defaults and same loop as the eager twin; what changes is t
   array each step is copied once, into its slot of the rollout, and acting reads that slot;
 - the rollout is one TensorDict preallocated on the device: flattening it and cutting minibatches are one call;
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
-- the categorical (Gumbel-max sampling, log-probability, entropy) is written out; GAE is solved by doubling;
+- the categorical (Gumbel-max sampling, log-probability, entropy) is written out: torch.distributions checks its
+  arguments on every call, a host sync; GAE is solved by doubling;
 - a fused Adam (capturable under `--cudagraphs`), its learning rate a tensor annealed in place;
 - `--compile` compiles acting, GAE and the update's loss, forward and backward (the clip and Adam stay eager);
   `--cudagraphs` records acting and the update as CUDA graphs, and exits with status 2 without a CUDA device.
@@ -398,9 +399,9 @@ def check_args(args):
 
 class Run:
     """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
-    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
-    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
-    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model; no videos/: envpool renders no frames),
+    starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second Ctrl-C stops
+    at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):

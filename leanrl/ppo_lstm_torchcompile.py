@@ -14,7 +14,8 @@ Same algorithm, same defaults and same loop as the eager twin (read its docstrin
 - acting uses a copy of the agent that shares its weights but carries no autograd state;
 - the LSTM cell is written out: the input's share of the gates is one matmul for the whole sequence, and the
   time loop does only the recurrent part, in ops dynamo traces and inductor fuses (it refuses `nn.LSTM` itself);
-- the categorical (Gumbel-max sampling, log-probability, entropy) is written out; GAE is solved by doubling;
+- the categorical (Gumbel-max sampling, log-probability, entropy) is written out: torch.distributions checks its
+  arguments on every call, a host sync; GAE is solved by doubling;
 - a fused Adam (capturable under `--cudagraphs`), its learning rate a tensor annealed in place; one CPU thread;
 - `--compile` compiles acting, GAE and the sequence loss, forward and backward (the clip and Adam stay eager);
   `--cudagraphs` records acting and the update as CUDA graphs, and exits with status 2 without a CUDA device.
