@@ -582,7 +582,7 @@ def evaluate(agent, envs, episodes, seed, memory, device):
     """The returns of `episodes` episodes played on `envs` (one env, closed after) by `agent`'s most likely action, its
     LSTM state carried from step to step and zeroed when an episode starts (at every step without `memory`)."""
     obs, _ = envs.reset(seed=seed)
-    lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2
+    lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2  # (h, c): zeros, read and never written
     done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []
     while len(returns) < episodes:
