@@ -6,8 +6,7 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 --total-timesteps 40960
 
 On a CPU, run ppo_continuous_action_cpu.py instead. Same algorithm, defaults and loop as the eager twin; what changes:
-- the rollout is one TensorDict on the device: flattening it and cutting minibatches are one call each;
-- acting uses a copy of the agent that shares its weights but carries no autograd state;
+- the rollout is one TensorDict on the device; acting uses a copy of the agent sharing its weights, no autograd state;
 - the Gaussian's log-density and entropy are written out (torch.distributions validates and builds objects on every
   call, which costs more than the math at these sizes); GAE is solved by doubling (a small graph to compile);
 - a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place;
@@ -142,25 +141,6 @@ def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None
         fail(f"--env-id {env_id!r} cannot be made: {e}")
 
 
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
-
-
-def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
-    real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
-    return real_next_obs
-
-
 def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -199,6 +179,25 @@ class Agent(nn.Module):
         log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
