@@ -18,15 +18,37 @@ ROOT = Path(__file__).resolve().parents[1]
 # where script runs make their runs/ folders: one temporary folder per test session, not the repository
 RUNS_CWD = tempfile.mkdtemp(prefix="leanrl-tests-")
 
-requires_cuda = pytest.mark.skipif(
+_skip_without_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graph capture); none on this machine"
 )
+# whether the running test may show a GPU to the scripts it launches (set per test by `_scripts_see_gpus`); off by
+# default, also in a second import of this module (`tests.conftest`)
+_GPUS_SHOWN = {"now": False}
+
+
+def requires_cuda(test):
+    """Marks a CUDA test: skipped without CUDA (the reason printed), marked `cuda` (`-m cuda` selects them), and the
+    scripts it launches see the machine's GPUs."""
+    return pytest.mark.cuda(_skip_without_cuda(test))
+
+
+@pytest.fixture(autouse=True)
+def _scripts_see_gpus(request):
+    """A launched script sees the GPUs only in a test marked `cuda`: every other test checks CPU behaviour, and on a
+    GPU machine gets it, as here."""
+    _GPUS_SHOWN["now"] = request.node.get_closest_marker("cuda") is not None
+    yield
+    _GPUS_SHOWN["now"] = False
 
 
 def script_env():
-    """The environment a script runs in under test: no network, no window, no wandb account."""
+    """The environment a script runs in under test: no network, no window, no wandb account, and no GPU unless the
+    test is a CUDA test (`requires_cuda` or the `cuda` marker): `CUDA_VISIBLE_DEVICES=""` hides them, so that
+    `--cuda` (on by default) gives the CPU on a GPU machine too, and torchrun's ranks all take the CPU and gloo."""
     env = dict(os.environ)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", MUJOCO_GL="egl", PYTHONUNBUFFERED="1")
+    if not _GPUS_SHOWN["now"]:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -99,24 +121,40 @@ SYNC_METHODS = ("__bool__", "__int__", "__float__", "__index__", "__array__", "i
 # ops whose output (a Python scalar, or a shape) depends on the data: the host must wait for the device
 SYNC_OPS = {
     torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.equal.default,
+    torch.ops.aten.is_nonzero.default,
     torch.ops.aten.nonzero.default,
     torch.ops.aten.masked_select.default,
     torch.ops.aten._unique2.default,
     torch.ops.aten.unique_consecutive.default,
     torch.ops.aten.repeat_interleave.Tensor,
 }
+# indexing ops that, given a boolean mask, first find its true elements (a nonzero inside the kernel)
+MASKABLE_OPS = {
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten.index_put_.default,
+    torch.ops.aten._index_put_impl_.default,
+}
+# why dynamo breaks a graph at an op whose result the host must wait for (the first line of its graph-break record,
+# with torch's defaults `capture_scalar_outputs=False` and `capture_dynamic_output_shape_ops=False`)
+SYNC_GRAPH_BREAKS = ("Data dependent operator", "Dynamic shape operator", "Tensor.item()", "Tensor.tolist()")
+
+
+def _is_mask(index):
+    return isinstance(index, torch.Tensor) and index.dtype == torch.bool
 
 
 class RefuseSyncOps(TorchDispatchMode):
     """Raises HostSync on any op whose result the host must wait for, also those called from C++ (boolean-mask
-    indexing, `torch.distributions`' argument checks). Eager code only: dynamo does not compile under a dispatch
-    mode."""
+    indexing and writes, `torch.equal`, `torch.distributions`' argument checks). Eager code only: dynamo runs its
+    compiled code eagerly under a dispatch mode."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNC_OPS:
             raise HostSync(f"host sync: {func}")
-        if func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
-            raise HostSync("host sync: indexing with a boolean mask")
+        if func in MASKABLE_OPS and any(_is_mask(index) for index in args[1]):
+            raise HostSync(f"host sync: {func} with a boolean mask")
         return func(*args, **(kwargs or {}))
 
 
@@ -128,37 +166,107 @@ def _refuse(name):
     return method
 
 
+def _to_the_host(device):
+    """`device` names the CPU as a string (`"cpu"`): a torch.device is let through, since on this machine the CPU is
+    also the device, which `.to(device)` names (torch's own `clip_grad_norm_` does `norm.to(grads[0].device)`)."""
+    return isinstance(device, str) and torch.device(device).type == "cpu"
+
+
+def _refuse_host_copies(to, getitem, setitem, as_tensor):
+    """`Tensor.to`, indexing and `torch.as_tensor` that raise on a copy to the host or a boolean mask: on a CPU a copy
+    to the CPU is no op at all (nothing reaches the dispatch mode), and compiled code runs an indexing that breaks
+    its graph as Python, outside any dispatch mode."""
+
+    @torch.compiler.disable
+    def checked_to(self, *args, **kwargs):
+        if any(_to_the_host(arg) for arg in (*args, kwargs.get("device"))):
+            raise HostSync("host sync: Tensor.to the CPU")
+        return to(self, *args, **kwargs)
+
+    @torch.compiler.disable
+    def checked_getitem(self, index):
+        if any(_is_mask(i) for i in (index if isinstance(index, tuple) else (index,))):
+            raise HostSync("host sync: indexing with a boolean mask")
+        return getitem(self, index)
+
+    @torch.compiler.disable
+    def checked_setitem(self, index, value):
+        if any(_is_mask(i) for i in (index if isinstance(index, tuple) else (index,))):
+            raise HostSync("host sync: a write through a boolean mask")
+        return setitem(self, index, value)
+
+    def checked_as_tensor(data, dtype=None, device=None):
+        if isinstance(data, torch.Tensor) and _to_the_host(device):
+            raise HostSync("host sync: torch.as_tensor(tensor, device='cpu')")
+        return as_tensor(data, dtype=dtype, device=device)
+
+    return checked_to, checked_getitem, checked_setitem, checked_as_tensor
+
+
 @contextlib.contextmanager
 def no_host_sync(compiled=False):
-    """Any host-device synchronization inside raises HostSync. Compiled code can only sync where its graph breaks,
-    and the code run there reads the tensor from Python (`bool(t)`, `t.item()`), which the patched methods refuse;
-    eager code is also run under RefuseSyncOps, with torch.distributions' argument checks on as in a fresh process
-    (the first `torch.compile` turns them off for the whole process)."""
-    saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    """Any host-device synchronization inside raises HostSync.
+
+    Eager code (`compiled=False`) runs under RefuseSyncOps, which sees every op (syncing ops, boolean-mask indexing
+    and writes, `torch.equal`, also when called from C++), with `torch.distributions`' argument checks on as in a
+    fresh process (the first `torch.compile` turns them off for the whole process); the tensor methods that read a
+    value on the host (SYNC_METHODS) raise, and so do `Tensor.to` and `torch.as_tensor` to the CPU named as a string
+    (`.to("cpu")`, `torch.as_tensor(t, device="cpu")`). A `torch.device("cpu")` destination is let through: on this
+    machine the device IS the CPU, and `.to(device)` (as in torch's `clip_grad_norm_`) must pass.
+
+    Compiled code (`compiled=True`) can only sync where its graph breaks (with torch's defaults dynamo puts no op
+    whose result the host needs in a graph), and there the code runs as Python: the same tensor methods raise, and
+    indexing or writing with a boolean mask and `Tensor.to("cpu")` raise too. `assert_no_host_sync` also refuses a
+    graph break that dynamo made for such an op (SYNC_GRAPH_BREAKS: `torch.equal`, `nonzero`, `masked_select`, ...),
+    which then runs in C++, unseen here. What this cannot see: in compiled code, a copy to the host traced INTO a
+    graph (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t, device="cpu")` compile as ordinary ops, which on a CPU copy
+    nothing); anywhere, a copy to a `torch.device("cpu")` held in a variable. tests/test_fake_cuda.py runs the same
+    functions on a fake CUDA device, where each of these fails."""
+    saved = {name: getattr(torch.Tensor, name) for name in (*SYNC_METHODS, "to", "__getitem__", "__setitem__")}
+    as_tensor = torch.as_tensor
     validate = torch.distributions.Distribution._validate_args
     try:
         for name in SYNC_METHODS:
             setattr(torch.Tensor, name, _refuse(name))
+        to, getitem, setitem, checked_as_tensor = _refuse_host_copies(
+            saved["to"], saved["__getitem__"], saved["__setitem__"], as_tensor
+        )
+        torch.Tensor.to, torch.Tensor.__getitem__, torch.Tensor.__setitem__ = to, getitem, setitem
         if compiled:
             yield
         else:
+            torch.as_tensor = checked_as_tensor  # not in compiled code: dynamo would recompile for a new global
             torch.distributions.Distribution.set_default_validate_args(True)
             with RefuseSyncOps():
                 yield
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)
+        torch.as_tensor = as_tensor
         torch.distributions.Distribution.set_default_validate_args(validate)
+
+
+def sync_graph_breaks():
+    """The graph breaks dynamo has recorded since the last `counters.clear()` for an op the host must wait for."""
+    from torch._dynamo.utils import counters
+
+    return [reason for reason in counters["graph_break"] if reason.startswith(SYNC_GRAPH_BREAKS)]
 
 
 def assert_no_host_sync(fn, inputs, compiled, calls=3):
     """`fn(*inputs())` runs `calls` times without a host sync; returns the last output. A compiled `fn` first runs
-    `calls` unguarded warm-up calls (compiling, also for the optimizers' created state), then the guarded ones
-    with recompilation refused."""
+    `calls` unguarded warm-up calls (compiling, also for the optimizers' created state), with no graph break for a
+    syncing op, then the guarded ones with recompilation refused."""
+    from torch._dynamo.utils import counters
+
     with contextlib.ExitStack() as stack:
         if compiled:
+            counters["graph_break"].clear()
             for _ in range(calls):
                 fn(*inputs())
+            breaks = sync_graph_breaks()
+            if breaks:
+                raise HostSync(f"host sync: compiled code breaks its graph for {breaks[0].splitlines()[0]!r}")
             stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
         stack.enter_context(no_host_sync(compiled))
         for _ in range(calls):

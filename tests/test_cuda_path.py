@@ -1,14 +1,21 @@
-"""The CUDA path, checked on a CPU: every function an optimized twin hands to `CudaGraphModule` runs without a host
-sync, eagerly and compiled, and every optimizer stepped inside such a function is capturable under `--cudagraphs`.
-Inside a CUDA graph capture a host sync is an error, and torch refuses to record the step of an optimizer that is
-not capturable; both used to surface only on a GPU. Each twin is built by its own `make_learner` with
-`--cudagraphs` on, as `main` builds it on CUDA (the device here is the CPU). The smoke runs under `--cudagraphs`
-(test_contract.py and the per-algorithm modules) need CUDA and are skipped here."""
+"""The CUDA path, checked on a CPU: every function an optimized twin (and the torchrun and Ray scripts) hands to
+`CudaGraphModule` runs without a host sync, eagerly and compiled, and every optimizer stepped inside such a function
+is capturable under `--cudagraphs`. Inside a CUDA graph capture a host sync is an error, and torch refuses to record
+the step of an optimizer that is not capturable; both used to surface only on a GPU. Each script is built by its own
+`make_learner` with `--cudagraphs` on, as `main` builds it on CUDA, but on the CPU: placement (a tensor left on the
+CPU) is checked on a fake CUDA device by test_fake_cuda.py. The guard's own tests show each sync it catches, and
+the last two tests show that the scripts a test launches see no GPU unless it is a CUDA test (conftest's
+`script_env`). The smoke runs under `--cudagraphs` (test_contract.py and the per-algorithm modules) need CUDA and
+are skipped here."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_no_host_sync, load_script
+from conftest import assert_no_host_sync, load_script, requires_cuda, script_env
 from test_dqn import make_batch as dqn_batch
 from test_ppo_atari_envpool import make_minibatch as atari_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
@@ -61,6 +68,18 @@ def build_ppo(module, args):
     }
 
 
+def build_ppo_ray(module, args):
+    # the learner's update is what the Ray script records; its actors act on the CPU in their own processes
+    _, optimizer, (_, _, update) = module.make_learner(args, 3, 2, CPU)
+
+    def minibatch():
+        mb = ppo_minibatch(0)
+        mb["behaviour_weights"] = torch.rand(mb.batch_size)  # importance weights for the policy that sampled
+        return (mb,)
+
+    return [optimizer], {"update": (update, minibatch)}
+
+
 def build_ppo_lstm(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
     state = lambda: (torch.randn(4, 128), torch.randn(4, 128))  # noqa: E731
@@ -87,6 +106,7 @@ TWINS = {
     "dqn_torchcompile": (build_dqn, ("policy", "update")),
     "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
     "ppo_continuous_action_distributed": (build_ppo, ("policy",)),  # one process: --cudagraphs as in its twin
+    "ppo_continuous_action_ray": (build_ppo_ray, ()),  # main compiles GAE only; `make_update` compiles the loss
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),
     "ppo_mingru_torchcompile": (build_ppo_mingru, ("policy",)),
@@ -132,23 +152,68 @@ def test_graphed_functions_never_sync_with_the_host(twin, compile):
         assert leaves and all(torch.isfinite(x).all() for x in leaves), f"{twin}.{name}: {out}"
 
 
-def test_the_guard_catches_what_a_capture_refuses():
-    """The guard is not vacuous: it refuses a Python branch on a tensor, `.item()`, boolean-mask indexing and
-    torch.distributions' argument checks (the eager SAC twin's `Normal`), in eager and compiled code."""
+def masked_write(x):
+    y = x * 2
+    y[y > 0] = 0.0
+    return y
+
+
+# what a capture refuses -> whether the guard also sees it in compiled code (where it runs at a graph break); a copy to
+# the host traced into a graph is not seen there (see `no_host_sync`), test_fake_cuda.py catches it
+SYNCS = {
+    "a Python branch on a tensor": (lambda x: x * 2 if x.sum() > 0 else x, True),
+    ".item()": (lambda x: x * x.sum().item(), True),
+    "boolean-mask indexing": (lambda x: x[x > 0].sum() * 2, True),
+    "a write through a boolean mask": (masked_write, False),  # compiled: a torch.where, no sync at all
+    "torch.equal": (lambda x: x * 2 if torch.equal(x, x) else x, True),
+    "nonzero": (lambda x: x.nonzero().sum() * 2, True),
+    ".to('cpu')": (lambda x: (x * 2).to("cpu"), False),
+    "torch.as_tensor(t, device='cpu')": (lambda x: torch.as_tensor(x * 2, device="cpu"), False),
+    ".cpu()": (lambda x: (x * 2).cpu(), False),
+    "torch.distributions' argument checks": (lambda x: torch.distributions.Normal(x, 1.0).loc, False),
+}
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_the_guard_catches_what_a_capture_refuses(sync):
+    """The guard is not vacuous: it refuses each of these in eager code, and in compiled code where it syncs there."""
     from conftest import HostSync
 
+    fn, compiled_too = SYNCS[sync]
     x = torch.randn(8)
-
-    def branch(x):
-        return x * 2 if x.sum() > 0 else x
-
-    cases = [branch, lambda x: x.sum().item(), lambda x: x[x > 0].sum(), lambda x: torch.distributions.Normal(x, 1.0)]
-    for fn in cases:
-        with pytest.raises(HostSync):
-            assert_no_host_sync(fn, lambda: (x,), compiled=False)
     with pytest.raises(HostSync):
-        assert_no_host_sync(torch.compile(branch), lambda: (x,), compiled=True)
+        assert_no_host_sync(fn, lambda: (x,), compiled=False)
+    if compiled_too:
+        with pytest.raises(HostSync):
+            assert_no_host_sync(torch.compile(fn, backend="eager"), lambda: (x,), compiled=True)
+
+
+def test_the_guard_catches_the_eager_sac_actor():
+    """The eager SAC twin's `Normal` validates its arguments: a host sync per call."""
+    from conftest import HostSync
+
     eager_sac = load_script("sac_continuous_action")
     actor = eager_sac.Actor(3, 1, *BOUNDS)
     with pytest.raises(HostSync), torch.no_grad():
         assert_no_host_sync(actor.get_action, lambda: (torch.randn(1, 3),), compiled=False)
+
+
+SHOW_GPUS = "import os, torch; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), torch.cuda.is_available())"
+
+
+def test_a_launched_script_sees_no_gpu_outside_a_cuda_test():
+    """On a GPU machine as here, a script a CPU test launches (conftest's `script_env`, which `run_script` and the
+    torchrun and Ray tests use) sees no CUDA device: `--cuda` gives the CPU, torchrun's ranks take the CPU and gloo."""
+    proc = subprocess.run([sys.executable, "-c", SHOW_GPUS], env=script_env(), capture_output=True, text=True)
+    assert proc.stdout.split() == ["''", "False"], proc.stdout + proc.stderr
+
+
+@pytest.mark.cuda  # no GPU needed: it reads the environment a CUDA test would give its scripts
+def test_a_cuda_test_shows_its_scripts_the_gpus():
+    assert script_env().get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def a_test():
+        pass
+
+    marks = {mark.name for mark in requires_cuda(a_test).pytestmark}
+    assert marks == {"cuda", "skipif"}, "requires_cuda marks a test as a CUDA test and skips it without CUDA"
