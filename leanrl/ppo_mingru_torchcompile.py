@@ -368,27 +368,14 @@ def make_update(agent, optimizer, args, compile_loss=False):
     return update
 
 
-def adam_options(cudagraphs):
-    """Adam's flags in every variant. fused: one kernel for all parameters instead of a dozen ops per parameter.
-    capturable when the step is recorded in a CUDA graph (`--cudagraphs`, compiled or not): torch refuses to record
-    the step of an optimizer that is not."""
-    return {"fused": True, "capturable": cudagraphs}
-
-
-def cuda_graph(fn, compiled):
-    """`fn` recorded as a CUDA graph: its first `warmup - 1` calls run as they are (the optimizers create their
-    state), the next records the graph, later calls replay it. A compiled `fn` gets one more warm-up call, so that
-    it has compiled for the optimizers' created state before the recording."""
-    return CudaGraphModule(fn, warmup=3 if compiled else 2)
-
-
 def make_learner(args, n_obs, n_act, device):
     """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
     Returns the agent, the optimizer and the functions (policy, get_value, update)."""
     agent = Agent(n_obs, n_act, device=device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, **adam_options(args.cudagraphs))
+    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an optimizer that is not
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs)
     update = make_update(agent, optimizer, args, compile_loss=args.compile)
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
@@ -420,8 +407,10 @@ def main(args):
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
     if args.cudagraphs:
-        policy = cuda_graph(policy, args.compile)
-        update = cuda_graph(update, args.compile)
+        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next records the graph,
+        # later calls replay it; a compiled function warms up once more, to compile for the optimizer's state first
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
     shape = (args.num_steps, args.num_envs)
