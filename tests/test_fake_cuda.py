@@ -131,7 +131,9 @@ C10_REGISTER_GUARD_IMPL(CUDA, c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CU
 def cuda_guard(tmp_path_factory):
     """On a CPU-only build of torch, a do-nothing CUDA device guard (2 lines of C++, built with the system's g++ in
     about 2 s): torch's Python bindings (`Tensor.to`, `copy_`, `torch.as_tensor`) and autograd's nodes ask for one
-    on any CUDA tensor, fake or not, and abort the process without it. A CUDA build has its own; nothing is built."""
+    on any CUDA tensor, fake or not, and abort the process without it. It stays registered for the rest of the
+    process, and changes nothing else: `torch.cuda.is_available()` stays False and a real CUDA tensor still cannot
+    be made ("Torch not compiled with CUDA enabled"). A CUDA build has its own guard; nothing is built there."""
     if torch.version.cuda is not None:
         return
     compiler = shutil.which("g++") or shutil.which("c++")
@@ -142,7 +144,9 @@ def cuda_guard(tmp_path_factory):
     torch_dir = Path(torch.__file__).parent
     cmd = [compiler, "-std=c++17", "-shared", "-fPIC", f"-I{torch_dir / 'include'}", str(folder / "guard.cpp")]
     cmd += ["-o", str(folder / "guard.so"), f"-L{torch_dir / 'lib'}", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if built.returncode != 0:
+        pytest.skip(f"could not build the CUDA device guard: {(built.stderr.strip().splitlines() or ['?'])[-1]}")
     ctypes.CDLL(str(folder / "guard.so"))  # registers on load, for the rest of this process
 
 
