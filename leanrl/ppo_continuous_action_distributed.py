@@ -23,9 +23,10 @@ for. On CPUs it runs too (gloo), at the twin's CPU speed. What changes is that W
   by all-reduces, so the ranks always run the same updates. Rank 0 alone keeps the run folder, prints the bar and the
   SUMMARY (sps of all ranks), logs to wandb, records videos, saves and evaluates;
 - `--dist-timeout` is the process group's timeout (`init_process_group(timeout=...)`). With gloo (the CPU default) a
-  collective blocks: a rank that dies or hangs ends the others with exit status 1 and one line naming the cause. With
-  nccl (the CUDA default) it does not block the host: NCCL's watchdog aborts a rank whose collective has waited
-  `--dist-timeout` seconds (torch's log, not one line), and torchrun ends the others; so it does for a rank that dies.
+  collective blocks: if a rank dies the others fail at once, if it hangs after `--dist-timeout` s, with exit status 1
+  and one line naming the cause. With nccl (the CUDA default) a collective does not block the host: NCCL's watchdog
+  aborts a rank whose collective has waited `--dist-timeout` s (torch's own log, not one line), and torchrun ends the
+  other ranks, as it does when a rank dies.
 
 `--compile` compiles what the twin compiles; the all-reduce runs between the compiled loss and the eager Adam step.
 `--cudagraphs` (the twin's) is refused with more than one rank: the all-reduce would be recorded into the graph. With

@@ -1,7 +1,8 @@
 """PPO on Ray env runners: a fragment has the right shapes and the true final observations; one runner with a fixed
 seed yields the transitions of the same envs stepped here; runs learn-step on a joined cluster and on a local one,
-double-buffered or not, with no Ray process left behind; a killed runner is replaced and the run goes on; the scaling
-benchmark runs on a tiny budget; bad input exits 2.
+double-buffered or not, with no Ray process left behind; a killed runner is replaced and the run goes on; Ctrl-C
+stops after the iteration with a summary and exit 130, and the runners end; the scaling benchmark runs on a tiny
+budget; bad input exits 2 (a bad --env-id before Ray starts).
 
 One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
 killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner
@@ -260,50 +261,80 @@ def test_run_on_a_joined_cluster(ray_head, flags, tmp_path):
     assert saved["model"]["obs_rms"]["var"].min() < 0.9
 
 
-def runner_pids():
-    """Pids of env runners busy sampling (Ray titles an actor's process with the method it runs)."""
+def runner_pids(title=b"ray::EnvRunner.sample"):
+    """Pids of env runners busy sampling (Ray titles an actor's process with the method it runs), or of any process
+    whose title starts with `title`."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"ray::EnvRunner.sample"):
+                if f.read().startswith(title):
                     pids.append(int(pid))
         except OSError:
             continue
     return pids
 
 
+def start_run(tmp_path, *flags):
+    """The script started in the background, joined to the session's head with `flags`, its output piped."""
+    cmd = [sys.executable, str(ROOT / "leanrl" / f"{SCRIPT}.py"), *flags]
+    env = script_env() | CLUSTER
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_sampling(proc, timeout=120):
+    """The pids of the runners sampling, once one is (at most `timeout` s, and while `proc` runs)."""
+    deadline = time.time() + timeout
+    while not (sampling := runner_pids()):
+        assert proc.poll() is None and time.time() < deadline, "no runner sampling"
+        time.sleep(0.01)
+    return sampling
+
+
+def finish(proc, timeout):
+    """`proc` waited for, at most `timeout` s, as a CompletedProcess."""
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def stop(proc):
+    """`proc` killed if it still runs (a failed test leaves no learner behind; Ray then ends its runners)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
     """A runner killed (SIGKILL) while it samples: Ray restarts it, its fragment is sampled again, the run ends
     with every step it asked for and one restart reported."""
-    flags = (*SMOKE, "--total-timesteps", "24000", "--double-buffer", "--ray-address", ray_head)  # 60 iterations
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "leanrl" / f"{SCRIPT}.py"), *flags],
-        cwd=tmp_path,
-        env=script_env() | CLUSTER,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_run(tmp_path, *SMOKE, "--total-timesteps", "12000", "--double-buffer", "--ray-address", ray_head)
     try:
-        deadline = time.time() + 120
-        while not runner_pids():
-            assert proc.poll() is None and time.time() < deadline, "no runner started sampling"
-            time.sleep(0.05)
-        time.sleep(1.0)  # a few iterations in
-        while not (sampling := runner_pids()):
-            assert proc.poll() is None, "the run ended before a runner could be killed"
-            time.sleep(0.01)
-        os.kill(sampling[0], signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=300)
+        wait_for_sampling(proc)
+        time.sleep(1.0)  # a few iterations in (30 in all)
+        os.kill(wait_for_sampling(proc)[0], signal.SIGKILL)
+        result = summary(finish(proc, timeout=300))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    result = summary(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
-    assert result["runner_restarts"] == 1, "the kill must land during a run of 60 iterations"
-    assert result["total_timesteps"] == 24000 and not result["interrupted"]
+        stop(proc)
+    assert result["runner_restarts"] == 1, "the kill must land during a run of 30 iterations"
+    assert result["total_timesteps"] == 12000 and not result["interrupted"]
     assert -2000 < result["return_mean"] < 0
+
+
+def test_ctrl_c_stops_after_the_iteration_and_the_runners_end(ray_head, tmp_path):
+    """SIGINT to the learner while its runners sample: it ends the iteration, reports it (interrupted, whole
+    iterations of 400 steps) and exits 130, and its runners end with it."""
+    proc = start_run(tmp_path, *SMOKE, "--total-timesteps", "1000000", "--ray-address", ray_head)
+    try:
+        wait_for_sampling(proc)
+        proc.send_signal(signal.SIGINT)
+        result = summary(finish(proc, timeout=120), returncode=130)
+    finally:
+        stop(proc)
+    assert result["interrupted"] is True and result["total_timesteps"] % 400 == 0
+    deadline = time.time() + 30
+    while runner_pids(b"ray::EnvRunner"):
+        assert time.time() < deadline, "the runners outlived the run"
+        time.sleep(0.5)
 
 
 def test_benchmark_tiny_budget(ray_head, tmp_path):
