@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SYNC_OPS, HostSync, load_script
+from conftest import MASKABLE_OPS, SYNC_OPS, HostSync, load_script
 from tensordict import TensorDict
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -53,8 +53,8 @@ FLAG_SETS = {
 }
 # in-place random initialisation: skipped while building (the values of a fake tensor do not exist)
 RANDOM_INIT = {aten.uniform_.default, aten.normal_.default, aten.bernoulli_.float, aten.exponential_.default}
-# ops whose result the host must wait for, beyond conftest's SYNC_OPS (which fake tensors also refuse, on their own)
-WAITING_OPS = {*SYNC_OPS, aten.item.default, aten.equal.default, aten.is_nonzero.default}
+# ops whose result the host must wait for (most of which FakeTensorMode would refuse on its own, less clearly)
+WAITING_OPS = {*SYNC_OPS, aten.item.default}
 
 # fused Adam with a tensor learning rate has no fake kernel; its float overload, which does the same writes, has one
 TENSOR_LR = {
@@ -107,9 +107,8 @@ class OnlyOnTheDevice(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in WAITING_OPS:
             raise HostSync(f"host sync: {func}")
-        if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default):
-            if any(i is not None and i.dtype == torch.bool for i in args[1]):
-                raise HostSync(f"host sync: {func} with a boolean mask")
+        if func in MASKABLE_OPS and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            raise HostSync(f"host sync: {func} with a boolean mask")
         off = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE]
         if off:
             raise OffTheDevice(f"{func} reads a tensor on {off[0].device} (shape {tuple(off[0].shape)})")
