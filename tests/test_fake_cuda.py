@@ -174,61 +174,34 @@ def fake_cuda(monkeypatch):
         yield
 
 
-def batch(size, **columns):
-    """A TensorDict of `size` rows on the fake CUDA device: each column a (shape, dtype)."""
-    return TensorDict(
-        {key: torch.zeros(size, *shape, dtype=dtype, device=CUDA) for key, (shape, dtype) in columns.items()},
-        batch_size=[size],
-        device=CUDA,
-    )
-
-
-FLOAT, LONG, UINT8 = torch.float32, torch.long, torch.uint8
-BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
-
-
-def off_policy_batch(n_obs, n_act, actions=FLOAT):
-    act_shape = (n_act,) if actions is FLOAT else ()
-    return batch(
-        64,
-        obs=((n_obs,), FLOAT),
-        next_obs=((n_obs,), FLOAT),
-        actions=(act_shape, actions),
-        rewards=((), FLOAT),
-        terminations=((), FLOAT),
-    )
-
-
-def ppo_batch(obs_shape, act_shape, actions=FLOAT, size=64, steps=None):
-    columns = dict(obs=(obs_shape, FLOAT), actions=(act_shape, actions))
-    columns |= {key: ((), FLOAT) for key in ("logprobs", "values", "advantages", "returns")}
-    if steps is None:
-        return batch(size, **columns)
-    columns["dones"] = ((), FLOAT)
-    return TensorDict(
-        {key: torch.zeros(steps, size, *shape, dtype=dtype, device=CUDA) for key, (shape, dtype) in columns.items()},
-        batch_size=[steps, size],
-        device=CUDA,
-    )
-
-
-def zeros(*shape, dtype=FLOAT):
+def zeros(*shape, dtype=torch.float32):
     return torch.zeros(*shape, dtype=dtype, device=CUDA)
 
 
-def make_sac(module, args):
-    _, _, _, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
-    data = off_policy_batch(3, 1)
-    return {
-        "policy": (policy, (zeros(1, 3),)),
-        "update_critic": (update_critic, (data,)),
-        "update_actor": (update_actor, (data,)),
+def batch(size, **columns):
+    """A TensorDict of `size` rows ([steps, envs] for the recurrent PPO twins) on the fake CUDA device; each column
+    given by its shape per row, float32 unless it is a (shape, dtype) pair."""
+    columns = {
+        key: column if column and isinstance(column[-1], torch.dtype) else (column, torch.float32)
+        for key, column in columns.items()
     }
+    size = list(size) if isinstance(size, tuple) else [size]
+    return TensorDict(
+        {key: zeros(*size, *shape, dtype=dtype) for key, (shape, dtype) in columns.items()},
+        batch_size=size,
+        device=CUDA,
+    )
 
 
-def make_td3(module, args):
-    _, _, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
-    data = off_policy_batch(3, 1)
+BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
+OFF_POLICY = dict(obs=(3,), next_obs=(3,), actions=(1,), rewards=(), terminations=())
+PPO = dict(logprobs=(), values=(), advantages=(), returns=())  # with the obs and actions of each twin
+DISCRETE = ((), torch.long)
+
+
+def make_sac_or_td3(module, args):  # make_learner returns the functions last, as in every script
+    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, CUDA)[-1]
+    data = batch(64, **OFF_POLICY)
     return {
         "policy": (policy, (zeros(1, 3),)),
         "update_critic": (update_critic, (data,)),
@@ -237,43 +210,42 @@ def make_td3(module, args):
 
 
 def make_dqn(module, args):
-    _, _, (policy, update, _) = module.make_learner(args, 4, 2, CUDA)
-    return {"policy": (policy, (zeros(1, 4),)), "update": (update, (off_policy_batch(4, 2, actions=LONG),))}
+    policy, update, _ = module.make_learner(args, 4, 2, CUDA)[-1]
+    data = batch(64, **OFF_POLICY | dict(obs=(4,), next_obs=(4,), actions=DISCRETE))
+    return {"policy": (policy, (zeros(1, 4),)), "update": (update, (data,))}
 
 
 def make_ppo(module, args):
-    _, _, (policy, _, update) = module.make_learner(args, 3, 2, CUDA)
-    return {"policy": (policy, (zeros(1, 3),)), "update": (update, (ppo_batch((3,), (2,)),))}
+    policy, _, update = module.make_learner(args, 3, 2, CUDA)[-1]
+    return {"policy": (policy, (zeros(1, 3),)), "update": (update, (batch(64, obs=(3,), actions=(2,), **PPO),))}
 
 
 def make_ppo_ray(module, args):
     # the learner's update is the one function the Ray script records; its actors act on the CPU, in their processes
-    _, _, (_, _, update) = module.make_learner(args, 3, 2, CUDA)
-    mb = ppo_batch((3,), (2,))
-    mb["behaviour_weights"] = zeros(64)  # importance weights for the policy that sampled (its off-policy lag)
-    return {"update": (update, (mb,))}
+    _, _, update = module.make_learner(args, 3, 2, CUDA)[-1]
+    # behaviour_weights: importance weights for the policy that sampled (the actors' lag)
+    return {"update": (update, (batch(64, obs=(3,), actions=(2,), behaviour_weights=(), **PPO),))}
 
 
 def make_ppo_atari(module, args):
-    _, _, (policy, _, update) = module.make_learner(args, 4, CUDA)
-    mb = ppo_batch((4, 84, 84), (), actions=LONG, size=8)
-    mb["obs"] = zeros(8, 4, 84, 84, dtype=UINT8)
-    return {"policy": (policy, (zeros(2, 4, 84, 84, dtype=UINT8),)), "update": (update, (mb,))}
+    policy, _, update = module.make_learner(args, 4, CUDA)[-1]
+    frames = ((4, 84, 84), torch.uint8)
+    mb = batch(8, obs=frames, actions=DISCRETE, **PPO)
+    return {"policy": (policy, (zeros(2, 4, 84, 84, dtype=torch.uint8),)), "update": (update, (mb,))}
 
 
 def make_ppo_lstm(module, args):
-    _, _, (policy, _, update) = module.make_learner(args, 2, 2, CUDA)
-    state = (zeros(4, 128), zeros(4, 128))
-    mb = ppo_batch((2,), (), actions=LONG, size=2, steps=8)
+    policy, _, update = module.make_learner(args, 2, 2, CUDA)[-1]
+    mb = batch((8, 2), obs=(2,), actions=DISCRETE, dones=(), **PPO)
     return {
-        "policy": (policy, (zeros(1, 4, 2), state, zeros(1, 4))),
+        "policy": (policy, (zeros(1, 4, 2), (zeros(4, 128), zeros(4, 128)), zeros(1, 4))),
         "update": (update, (mb, (zeros(2, 128), zeros(2, 128)))),
     }
 
 
 def make_ppo_mingru(module, args):
     agent, _, (policy, _, update) = module.make_learner(args, 2, 2, CUDA)
-    mb = ppo_batch((2,), (), actions=LONG, size=2, steps=8)
+    mb = batch((8, 2), obs=(2,), actions=DISCRETE, dones=(), **PPO)
     layers, size = agent.num_layers, agent.state_size
     return {
         "policy": (policy, (zeros(1, 4, 2), zeros(layers, 4, size), zeros(1, 4))),
@@ -284,8 +256,8 @@ def make_ppo_mingru(module, args):
 load = functools.cache(load_script)  # one import per script for its four flag sets
 
 SCRIPTS = {
-    "sac_continuous_action_torchcompile": make_sac,
-    "td3_continuous_action_torchcompile": make_td3,
+    "sac_continuous_action_torchcompile": make_sac_or_td3,
+    "td3_continuous_action_torchcompile": make_sac_or_td3,
     "dqn_torchcompile": make_dqn,
     "ppo_continuous_action_torchcompile": make_ppo,
     "ppo_continuous_action_distributed": make_ppo,  # one process (the only case --cudagraphs accepts), no collective
