@@ -1,36 +1,28 @@
 """Proximal Policy Optimization for continuous actions, data-parallel over N processes with torch.distributed: grown
-from the optimized twin ppo_continuous_action_torchcompile.py, so that `diff` against it shows the scaling only.
+from the optimized twin ppo_continuous_action_torchcompile.py, so that `diff` against it shows the scaling only (not
+from the CPU script: nccl over GPUs is what torchrun is for; on CPUs it runs with gloo, at the twin's speed).
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
-    python leanrl/ppo_continuous_action_distributed.py --compile                                    # one process
     torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile  # 2 on this machine
     # 2 machines with 8 GPUs each: run on each, with --node_rank 0 on the first and 1 on the second
     torchrun --nnodes 2 --nproc_per_node 8 --node_rank 0 --rdzv_backend static --rdzv_endpoint 10.0.0.1:29500 \
         leanrl/ppo_continuous_action_distributed.py --compile
 
-Grown from the twin, not from ppo_continuous_action_cpu.py: data parallelism over GPUs with nccl is what torchrun is
-for. On CPUs it runs too (gloo), at the twin's CPU speed. What changes is that WORLD_SIZE processes (ranks) run it:
-- torchrun sets RANK (global), LOCAL_RANK (on this machine: it picks the GPU) and WORLD_SIZE; all else is keyed by
-  RANK (CleanRL's multi-GPU script seeds by LOCAL_RANK: two machines' ranks would share seeds). Without torchrun it
-  trains as the twin. Each rank is the twin seeded `seed + RANK * num_envs`: N ranks step the envs of one process
-  with N x num_envs envs, each normalizing with statistics of its own (a saved model keeps rank 0's first env's);
-- rank 0's initial weights are broadcast; after each minibatch's backward the gradients are averaged over the ranks
-  (one all-reduce), before the clip and the Adam step, so the ranks stay identical. One step learns from N
-  minibatches, one of each rank's rollout: a minibatch of one process with N x num_envs envs, except that
-  `--norm-adv` normalizes each rank's share with its own statistics;
-- `--total-timesteps` counts all ranks' steps; the early stop on `--target-kl` and the stop after a Ctrl-C are agreed
-  by all-reduces, so the ranks always run the same updates. Rank 0 alone keeps the run folder, prints the bar and the
-  SUMMARY (sps of all ranks), logs to wandb, records videos, saves and evaluates;
-- `--dist-timeout` is the process group's timeout (`init_process_group(timeout=...)`). With gloo (the CPU default) a
-  collective blocks: if a rank dies the others fail at once, if it hangs after `--dist-timeout` s, with exit status 1
-  and one line naming the cause. With nccl (the CUDA default) a collective does not block the host: NCCL's watchdog
-  aborts a rank whose collective has waited `--dist-timeout` s (torch's own log, not one line), and torchrun ends the
-  other ranks, as it does when a rank dies.
+Each of the WORLD_SIZE processes (ranks) is the twin seeded `seed + RANK * num_envs` (RANK is global: CleanRL's
+multi-GPU script seeds by LOCAL_RANK, which only picks the GPU); run without torchrun, it is the twin. Rank 0's
+weights are broadcast and every minibatch's gradients are averaged over the ranks before the clip and the Adam step,
+so the ranks stay identical and N of them train as one process with N x num_envs envs (`--norm-adv` apart, per
+rank). `--total-timesteps` counts all ranks; the `--target-kl` stop and Ctrl-C are agreed by all-reduces. Rank 0
+alone keeps the run folder, the bar, the SUMMARY (sps of all ranks), wandb, videos and the model. `--cudagraphs`
+runs in one process only (the all-reduce would be recorded in the graph). With more than one process per machine
+torchrun sets OMP_NUM_THREADS=1 (unless set): one intra-op CPU thread per rank.
 
-`--compile` compiles what the twin compiles; the all-reduce runs between the compiled loss and the eager Adam step.
-`--cudagraphs` (the twin's) is refused with more than one rank: the all-reduce would be recorded into the graph. With
-more than one process per machine torchrun sets OMP_NUM_THREADS=1 (unless set): one intra-op CPU thread per rank.
+Faults: `--dist-timeout` is the process group's timeout (`init_process_group(timeout=...)`). With gloo (the CPU
+default) a collective blocks: if a rank dies the others fail at once, if it hangs after `--dist-timeout` s, with exit
+status 1 and one line naming the cause. With nccl (the CUDA default) a collective does not block the host: NCCL's
+watchdog aborts a rank whose collective has waited `--dist-timeout` s (torch's own log, not one line), and torchrun
+ends the other ranks, as it does when a rank dies.
 """
 
 import json
@@ -131,15 +123,11 @@ class Args:
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:
-            env = gym.make(env_id, render_mode="rgb_array")
-            if video_episodes is None:  # training: gymnasium's schedule, episodes 0, 1, 8, 27, ..., then every 1000th
-                env = gym.wrappers.RecordVideo(env, video_dir, name_prefix="train", disable_logger=True)
-            else:  # evaluation: its first `video_episodes` episodes
-                record = lambda episode: episode < video_episodes  # noqa: E731
-                env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
         if not isinstance(env.action_space, gym.spaces.Box):
             fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
         env = gym.wrappers.FlattenObservation(env)
@@ -159,35 +147,15 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 
 
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given); with `obs_rms`, observations are normalized with those statistics, frozen.
-    A bad id or a non-Box action space exits with status 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
+    the first env records videos to `video_dir`, if given; with `obs_rms`, every env normalizes observations with
+    those statistics, frozen. A bad id, or actions not in a Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-
-
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
-
-
-def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
-    real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
-    return real_next_obs
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -228,6 +196,25 @@ class Agent(nn.Module):
         log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
@@ -428,9 +415,7 @@ def make_learner(args, n_obs, n_act, device, world_size=1):
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    policy = agent_inference.get_action_and_value
-    get_value = agent_inference.get_value
-    return agent, optimizer, (policy, get_value, update)
+    return agent, optimizer, (agent_inference.get_action_and_value, agent_inference.get_value, update)
 
 
 def main(args):

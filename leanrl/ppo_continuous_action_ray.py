@@ -130,10 +130,8 @@ class Args:
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
-        if video_dir is None:
-            env = gym.make(env_id)
-        else:  # evaluation: its first `video_episodes` episodes
-            env = gym.make(env_id, render_mode="rgb_array")
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # evaluation (runners record nothing): its first `video_episodes` episodes
             record = lambda episode: episode < video_episodes  # noqa: E731
             env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix="eval", disable_logger=True)
         if not isinstance(env.action_space, gym.spaces.Box):
@@ -164,30 +162,6 @@ def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-
-
-def normalize(obs, obs_rms):
-    """Raw `obs` normalized with `obs_rms` (`mean`, `var`) as NormalizeObservation does, clipped to [-10, 10]."""
-    return np.clip((obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8), -10, 10).astype(np.float32)
-
-
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
-
-
-def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
-    real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
-    return real_next_obs
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -232,6 +206,30 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         return *self.get_action(x, action), self.critic(x)
+
+
+def normalize(obs, obs_rms):
+    """Raw `obs` normalized with `obs_rms` (`mean`, `var`) as NormalizeObservation does, clipped to [-10, 10]."""
+    return np.clip((obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8), -10, 10).astype(np.float32)
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
+    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
+    needs the state where it was cut, not the first state of the next episode."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
