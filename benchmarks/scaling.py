@@ -7,9 +7,10 @@ their scaling efficiency, and the environment-only limit of as many processes.
 
 One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N processes are
 `torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on `lo`). Every process steps
-`--num-envs` envs (weak scaling: N processes step N times the envs, with the same work each) and runs its own
-intra-op threads as the script sets them (one on a CPU, the twin's best setting here). The process counts alternate
-run by run (1 2 1 2 ...), each round with its own seed, so a noisy machine hits all alike. Each run does
+`--num-envs` envs (weak scaling: N processes step N times the envs, with the same work each) on the CPU with gloo
+(`--no-cuda --dist-backend gloo`, also on a GPU machine) and one intra-op thread (`OMP_NUM_THREADS=1`, what torchrun
+gives each of several processes, so that 1 and N processes compare alike; a value set by the user is kept). The
+process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy machine hits all alike. Each run does
 `--iterations` iterations of CleanRL's defaults (2048 steps per env, 10 epochs of 32 minibatches); its sps counts
 every process's steps after the first `--burnin` iterations.
 
@@ -46,8 +47,10 @@ NUM_STEPS = 2048  # the script's default rollout length per env
 
 
 def loopback_env():
-    """The environment of every run: gloo's connections on the loopback interface."""
-    return dict(os.environ) | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    """The environment of every run: gloo's connections on the loopback interface, one intra-op thread per process
+    unless the user set `OMP_NUM_THREADS`."""
+    env = {"OMP_NUM_THREADS": "1"} | dict(os.environ)
+    return env | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
 
 
 def descendants(pid):
@@ -127,6 +130,9 @@ def run_flags(processes, args, seed):
         str(args.burnin),
         "--seed",
         str(seed),
+        "--no-cuda",
+        "--dist-backend",
+        "gloo",
         *args.script_flags,
     ]
 

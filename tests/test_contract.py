@@ -19,11 +19,12 @@ from benchmarks.env_limit import script_envs
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
 FAMILIES = {algo: [algo, f"{algo}_torchcompile", f"{algo}_cpu"] for algo in ALGOS}
 # the scripts that scale a twin out keep its contract: plainly run, they are one process of it
-SCALED_OUT = ["ppo_continuous_action_distributed"]
+SCALED_OUT = ["ppo_continuous_action_distributed", "ppo_continuous_action_ray"]
 SCRIPTS = [name for family in FAMILIES.values() for name in family] + SCALED_OUT
 CPU_SCRIPTS = [f"{algo}_cpu" for algo in ALGOS]
 OFF_POLICY_CONTINUOUS = FAMILIES["sac_continuous_action"] + FAMILIES["td3_continuous_action"]
-# every script whose envs are gymnasium's (the Atari pair makes envpool's, the Ray script makes them in its actors)
+# every script whose envs are gymnasium's (the Atari pair makes envpool's; the Ray script checks the id on the driver
+# with the `make_envs` its runners use)
 GYMNASIUM = SCRIPTS + ["ppo_lstm", "ppo_lstm_torchcompile", "ppo_mingru", "ppo_mingru_torchcompile"]
 # a classic-control env each script can train on, named in gymnasium's `module:EnvId` form
 MODULE_ENV_IDS = {
