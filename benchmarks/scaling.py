@@ -10,9 +10,9 @@ One process is the script run plainly (`python leanrl/ppo_continuous_action_dist
 `--num-envs` envs (weak scaling: N processes step N times the envs, with the same work each) on the CPU with gloo
 (`--no-cuda --dist-backend gloo`, also on a GPU machine) and one intra-op thread (`OMP_NUM_THREADS=1`, what torchrun
 gives each of several processes, so that 1 and N processes compare alike; a value set by the user is kept). The
-process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy machine hits all alike. Each run does
-`--iterations` iterations of CleanRL's defaults (2048 steps per env, 10 epochs of 32 minibatches); its sps counts
-every process's steps after the first `--burnin` iterations.
+process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy machine hits all alike.
+Each run does `--iterations` iterations of CleanRL's defaults (2048 steps per env, 10 epochs of 32 minibatches); its
+sps counts every process's steps after the first `--burnin` iterations.
 
 Scaling efficiency = sps(N) / (N x sps(1)), medians over the rounds. The env-only limit of N processes is N copies of
 `benchmarks.env_limit` stepping the script's env with random actions at the same time, their sps added: what N
