@@ -173,7 +173,7 @@ class Agent(nn.Module):
 
 
 def make_agent(n_act, device):
-    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are faster (README)."""
+    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are faster."""
     agent = Agent(n_act, device=device)
     return agent.to(memory_format=torch.channels_last) if device.type == "cpu" else agent
 
