@@ -291,7 +291,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "sac_continuous_action")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    run = Run(args, "sac_continuous_action")  # seeds, run folder, wandb, Ctrl-C: see the file's end
     envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 

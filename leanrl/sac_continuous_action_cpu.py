@@ -1,0 +1,605 @@
+"""Soft Actor-Critic for continuous actions on a CPU: sac_continuous_action_torchcompile.py made fast where there is
+no GPU (`diff` against that file reads as the lesson).
+
+Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's benchmark env,
+HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
+
+    python leanrl/sac_continuous_action_cpu.py                                   # the benchmark run
+    python leanrl/sac_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000   # learns Pendulum
+
+It trains on the CPU whatever the machine has (no `--cuda`, no `--cudagraphs`), on two intra-op threads (`threads`
+in the summary). What changes from the twin:
+- each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out), compiled whole with
+  `fullgraph=True`: autograd's `backward` and an optimizer's `step` would split the graph, and compiled module
+  updates ran slower than eager ones on a CPU (`--no-compile` runs the same functions eagerly);
+- acting runs in numpy on views of the actor's weights: at batch 1 a torch call costs more than its arithmetic;
+- the replay buffer is written through numpy views of its tensors: a numpy write costs a fraction of a torch one.
+One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer per env step).
+Truncated episodes bootstrap from their true final observation; terminated ones do not.
+"""
+
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from tensordict import TensorDict, from_modules
+from torch.func import functional_call, grad_and_value
+
+
+@dataclass
+class Args:
+    exp_name: str = "sac_continuous_action"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the experiment"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size, in transitions"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    learning_starts: int = 5_000
+    """environment steps of random actions before learning starts"""
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer"""
+    q_lr: float = 1e-3
+    """the learning rate of the Q network optimizer"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed): every `policy_frequency` steps, `policy_frequency` updates"""
+    target_network_frequency: int = 1
+    """the frequency of updates for the target networks, in gradient steps"""
+    alpha: float = 0.2
+    """entropy regularization coefficient, when not autotuned (autotuning starts at 1, as CleanRL's)"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient"""
+
+    compile: bool = True
+    """compile each update as one graph; --no-compile runs the same functions eagerly"""
+
+
+def make_env(env_id, seed, video_dir=None, video_episodes=None):
+    def thunk():
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
+    the first env records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
+    try:
+        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; SAC needs a Box")
+    if not envs.single_action_space.is_bounded():
+        fail(f"--env-id {env_id!r} has an unbounded action space; SAC needs finite bounds")
+    envs.action_space.seed(seed)  # the random actions of the first `learning_starts` steps
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    if "final_info" not in infos or "episode" not in infos["final_info"]:
+        return []
+    final_info = infos["final_info"]
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
+    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    real_next_obs = next_obs.copy()
+    if "_final_obs" in infos:
+        for idx in np.flatnonzero(infos["_final_obs"]):
+            real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+class SoftQNetwork(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs + n_act, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc3 = nn.Linear(256, 1, device=device)
+
+    def forward(self, obs, actions):
+        x = torch.cat([obs, actions], -1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+LOG_STD_MAX = 2
+LOG_STD_MIN = -5
+
+
+class Actor(nn.Module):
+    def __init__(self, n_obs, n_act, action_low, action_high, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc_mean = nn.Linear(256, n_act, device=device)
+        self.fc_logstd = nn.Linear(256, n_act, device=device)
+        # action rescaling, from tanh's (-1, 1) to the env's bounds
+        high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+        low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, obs):
+        x = F.relu(self.fc1(obs))
+        x = F.relu(self.fc2(x))
+        mean = self.fc_mean(x)
+        log_std = torch.tanh(self.fc_logstd(x))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
+        return mean, log_std
+
+    def get_action(self, obs):
+        mean, log_std = self(obs)
+        return sample_action(mean, log_std, self.action_scale, self.action_bias)
+
+
+def sample_action(mean, log_std, action_scale, action_bias):
+    """A squashed Gaussian action, its log-probability and the squashed mean: `Actor.get_action` and the updates'."""
+    std = log_std.exp()
+    # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per call
+    noise = torch.randn_like(mean)
+    x_t = mean + std * noise  # reparameterization trick
+    y_t = torch.tanh(x_t)
+    action = y_t * action_scale + action_bias
+    log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    # enforcing action bounds: the change of variables through tanh and the rescaling
+    log_prob -= torch.log(action_scale * (1 - y_t.pow(2)) + 1e-6)
+    log_prob = log_prob.sum(-1, keepdim=True)
+    mean = torch.tanh(mean) * action_scale + action_bias
+    return action, log_prob, mean
+
+
+class ReplayBuffer:
+    """A circular buffer of transitions in one TensorDict; `sample` draws uniformly with replacement. Each step is
+    written through numpy views of its tensors (the same memory): a numpy write costs a fraction of a torch one."""
+
+    def __init__(self, buffer_size, n_obs, n_act):
+        shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
+        storage = {key: torch.zeros(buffer_size, *shape) for key, shape in shapes.items()}
+        self.storage = TensorDict(storage, batch_size=[buffer_size])
+        self.views = self.storage.numpy()
+        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
+
+    def add(self, transition):
+        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
+        n = len(transition["obs"])
+        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        for key, view in self.views.items():
+            view[idx] = transition[key]
+        self.cursor = (self.cursor + n) % self.buffer_size
+        self.size = min(self.size + n, self.buffer_size)
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size, (batch_size,))
+        return self.storage[idx]
+
+
+def make_ensemble_qf(n_obs, n_act):
+    """`ensemble_qf(params, obs, actions)`: the Q-values, shape [2, batch, 1], of the Q-networks stacked in `params`
+    (a dict by name). `torch.vmap` maps over the stack: each layer of both is one batched matmul."""
+    qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a weightless shell: `params` are swapped in at each call
+
+    def qf(params, obs, actions):
+        return functional_call(qnet, params, (obs, actions))
+
+    return torch.vmap(qf, (0, None, None))
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        device = next(iter(params.values())).device
+        self.beta1_power, self.beta2_power = torch.ones((), device=device), torch.ones((), device=device)
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_updates(actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy):
+    """SAC's critic step, actor (and entropy) step and target update as functions of the parameters (the modules'
+    own tensors, updated in place), each one graph from forward pass to Adam's step. Returns them and the optimizers."""
+    actor_params = {name: p.data for name, p in actor.named_parameters()}
+    q_params = {name: p.data for name, p in qnet_params.flatten_keys(".").items()}
+    q_target = dict(qnet_target.flatten_keys(".").items())
+    alpha_params = {"log_alpha": log_alpha}
+    optimizers = (Adam(q_params, args.q_lr), Adam(actor_params, args.policy_lr), Adam(alpha_params, args.q_lr))
+    q_optimizer, actor_optimizer, a_optimizer = optimizers
+    ensemble_qf = make_ensemble_qf(actor.fc1.in_features, actor.fc_mean.out_features)
+
+    def get_action(actor_params, obs):  # the actor as a function of its parameters
+        mean, log_std = functional_call(actor, actor_params, (obs,))
+        return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
+
+    def update_critic(data):
+        with torch.no_grad():
+            next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
+            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
+            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+
+        def qf_loss_fn(q_params):
+            qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+            # the sum of both networks' mean squared errors, as in the eager twin
+            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+
+        grads, qf_loss = grad_and_value(qf_loss_fn)(q_params)
+        q_optimizer.step(grads)
+        return qf_loss
+
+    def update_actor(data):
+        def actor_loss_fn(actor_params):
+            pi, log_pi, _ = get_action(actor_params, data["obs"])
+            min_qf_pi = ensemble_qf(q_params, data["obs"], pi).min(0).values
+            return ((alpha * log_pi) - min_qf_pi).mean()
+
+        grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params)
+        actor_optimizer.step(grads)
+
+        alpha_loss = torch.zeros(())
+        if args.autotune:
+            with torch.no_grad():
+                _, log_pi, _ = get_action(actor_params, data["obs"])
+
+            def alpha_loss_fn(alpha_params):
+                return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
+
+            grads, alpha_loss = grad_and_value(alpha_loss_fn)(alpha_params)
+            a_optimizer.step(grads)
+            alpha.copy_(log_alpha.exp())
+        return actor_loss, alpha_loss
+
+    def update_targets():
+        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at once
+        qnet_target.lerp_(qnet_params.data, args.tau)
+
+    return update_critic, update_actor, update_targets, optimizers
+
+
+def make_host_policy(actor, seed):
+    """`actor.get_action` in numpy for batch-1 acting, on views of the actor's weights (Adam updates them in place):
+    numpy in, numpy out, the noise from numpy's generator seeded with `seed`. It restates `Actor` and `sample_action`
+    (the one other place the actor's math is written): a test holds it to them, on the same noise."""
+    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
+    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
+    rng = np.random.default_rng(seed)
+
+    def get_action(obs):
+        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
+        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
+        mean = x @ w["fc_mean.weight"].T + w["fc_mean.bias"]
+        log_std = np.tanh(x @ w["fc_logstd.weight"].T + w["fc_logstd.bias"])
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        noise = rng.standard_normal(mean.shape, dtype=np.float32)  # then `sample_action`, in numpy
+        y_t = np.tanh(mean + np.exp(log_std) * noise)
+        log_prob = -0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)
+        log_prob -= np.log(action_scale * (1 - y_t**2) + 1e-6)
+        action, mean = y_t * action_scale + action_bias, np.tanh(mean) * action_scale + action_bias
+        return action, log_prob.sum(-1, keepdims=True), mean
+
+    return get_action
+
+
+def make_learner(args, n_obs, n_act, action_low, action_high):
+    """SAC's networks, optimizers and steps, as `main` runs them. Returns the actor, the entropy coefficient `alpha`
+    (changed in place), the optimizers and (numpy policy, update_critic, update_actor, update_targets)."""
+    actor = Actor(n_obs, n_act, action_low, action_high)
+    qf1 = SoftQNetwork(n_obs, n_act)
+    qf2 = SoftQNetwork(n_obs, n_act)
+    qnet_params = from_modules(qf1, qf2, as_module=True)  # both networks' parameters, stacked leaf by leaf
+    qnet_target = qnet_params.data.clone()
+
+    # automatic entropy tuning starts at alpha = 1
+    target_entropy = -float(n_act)
+    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha))
+    alpha = log_alpha.exp()
+    update_critic, update_actor, update_targets, optimizers = make_functional_updates(
+        actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy
+    )
+    return actor, alpha, optimizers, (make_host_policy(actor, args.seed), update_critic, update_actor, update_targets)
+
+
+def main(args):
+    check_args(args)
+    run = Run(args, "sac_continuous_action_cpu")  # seeds, run folder, wandb, Ctrl-C: see the file's end
+    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    device = torch.device("cpu")
+    torch.set_num_threads(min(2, os.cpu_count()))  # the updates' batch-256 matmuls run ~1.8x faster on 2 than on 1
+
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = make_learner(
+        args, n_obs, n_act, action_low, action_high
+    )
+    if run.saved_model is not None:
+        actor.load_state_dict(run.saved_model)
+    if args.compile:
+        update_critic = torch.compile(update_critic, fullgraph=True)
+        update_actor = torch.compile(update_actor, fullgraph=True)
+
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act)
+    obs, _ = envs.reset(seed=args.seed)
+    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs
+    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    for iteration in pbar:
+        global_step = iteration * args.num_envs
+        if iteration == learning_starts + args.measure_burnin:
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+
+        # ALGO LOGIC: put action logic here
+        if iteration < learning_starts:
+            actions = envs.action_space.sample()
+        else:
+            actions, _, _ = policy(np.asarray(obs, dtype=np.float32))  # numpy in, numpy out
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.log_episodes(global_step, finished_episodes(infos))
+
+        real_next_obs = true_next_obs(next_obs, infos)
+        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
+
+        # CRUCIAL step easy to overlook
+        obs = next_obs
+
+        # ALGO LOGIC: training.
+        if iteration >= learning_starts:
+            data = rb.sample(args.batch_size)
+            qf_loss = update_critic(data)
+
+            if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
+                for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
+                    actor_loss, alpha_loss = update_actor(data)
+
+            if iteration % args.target_network_frequency == 0:
+                update_targets()
+
+            if iteration % 100 == 0:
+                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss, alpha=alpha)
+                run.log_progress(pbar, global_step, losses)
+
+        run.steps = global_step + args.num_envs
+        if run.stop.is_set():  # a first Ctrl-C: stop after this step
+            break
+
+    def evaluate_actor(episodes, videos):  # the actor's mean action, squashed
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device)
+
+    envs.close()
+    run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "policy_frequency",
+        "target_network_frequency",
+    )
+    for flag in positive:
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.batch_size > args.buffer_size:
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
+    if not args.autotune and args.alpha <= 0:
+        fail(f"--alpha must be positive, got {args.alpha}")
+
+
+class Run:
+    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
+    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
+    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
+    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
+        if args.eval_model:
+            self.saved_model = self.load_model(args.eval_model)
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:
+            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
+
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        return (
+            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            if self.measure_start
+            else None
+        )
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
+            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
+        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
+        )
+        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
