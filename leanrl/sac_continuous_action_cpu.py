@@ -1,5 +1,4 @@
-"""Soft Actor-Critic for continuous actions on a CPU: sac_continuous_action_torchcompile.py made fast where there is
-no GPU (`diff` against that file reads as the lesson).
+"""Soft Actor-Critic on a CPU, grown from sac_continuous_action_torchcompile.py: `diff` them for the CPU lesson.
 
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's benchmark env,
 HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
@@ -9,9 +8,9 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
 
 It trains on the CPU whatever the machine has (no `--cuda`, no `--cudagraphs`), on two intra-op threads (`threads`
 in the summary). What changes from the twin:
-- each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out), compiled whole with
+- each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out) compiled whole with
   `fullgraph=True`: autograd's `backward` and an optimizer's `step` would split the graph, and compiled module
-  updates ran slower than eager ones on a CPU (`--no-compile` runs the same functions eagerly);
+  updates ran slower than eager ones on a CPU; `--no-compile` runs the same functions eagerly;
 - acting runs in numpy on views of the actor's weights: at batch 1 a torch call costs more than its arithmetic;
 - the replay buffer is written through numpy views of its tensors: a numpy write costs a fraction of a torch one.
 One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer per env step).
@@ -234,8 +233,7 @@ class ReplayBuffer:
 
 
 def make_ensemble_qf(n_obs, n_act):
-    """`ensemble_qf(params, obs, actions)`: the Q-values, shape [2, batch, 1], of the Q-networks stacked in `params`
-    (a dict by name). `torch.vmap` maps over the stack: each layer of both is one batched matmul."""
+    """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in `params`, by vmap."""
     qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a weightless shell: `params` are swapped in at each call
 
     def qf(params, obs, actions):
@@ -245,8 +243,7 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
@@ -254,8 +251,7 @@ class Adam:
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
         # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        device = next(iter(params.values())).device
-        self.beta1_power, self.beta2_power = torch.ones((), device=device), torch.ones((), device=device)
+        self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -331,9 +327,8 @@ def make_functional_updates(actor, qnet_params, qnet_target, log_alpha, alpha, a
 
 
 def make_host_policy(actor, seed):
-    """`actor.get_action` in numpy for batch-1 acting, on views of the actor's weights (Adam updates them in place):
-    numpy in, numpy out, the noise from numpy's generator seeded with `seed`. It restates `Actor` and `sample_action`
-    (the one other place the actor's math is written): a test holds it to them, on the same noise."""
+    """`actor.get_action` in numpy for batch-1 acting, on views of the actor's weights (Adam updates them in place),
+    the noise from numpy's generator seeded with `seed`. It restates the actor's math: a test holds it to the actor."""
     w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
     action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
     rng = np.random.default_rng(seed)

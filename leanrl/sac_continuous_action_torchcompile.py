@@ -6,16 +6,14 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # the benchmark run, on a CUDA GPU
     python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
 
-On a CPU, run sac_continuous_action_cpu.py: it compiles each update whole and acts in numpy. This file is the eager
-twin's algorithm, defaults and loop with the data flow rewritten for a GPU:
-- the replay buffer is one TensorDict preallocated on the device: adding or sampling is one indexing call;
-- the two Q-networks are one ensemble: their parameters stacked with `from_modules` and run with `torch.vmap`, so
-  each layer of both networks is one batched matmul, and the target networks are updated with one `lerp_`;
-- the Gaussian is written out: `torch.distributions.Normal` checks its arguments on every call, a host sync;
-- acting uses a copy of the actor that shares its weights but carries no autograd state;
-- `--compile` wraps the acting policy and both updates in `torch.compile`;
-- `--cudagraphs` records them as CUDA graphs (tensordict's `CudaGraphModule`) and replays each with one launch; it
-  needs a CUDA device and exits with status 2 without one.
+On a CPU, run sac_continuous_action_cpu.py (each update compiled whole, acting in numpy). Here the eager twin's
+algorithm, defaults and loop have their data flow rewritten for a GPU:
+- the replay buffer is one TensorDict on the device: adding or sampling is one indexing call;
+- the Q-networks' parameters are stacked (`from_modules`) and run with `torch.vmap`: one batched matmul per layer,
+  one `lerp_` for the targets; the Gaussian is written out (`torch.distributions.Normal` checks its arguments, a
+  host sync); acting uses a copy of the actor that shares its weights but carries no autograd state;
+- `--compile` wraps acting and both updates in `torch.compile`; `--cudagraphs` records them as CUDA graphs
+  (tensordict's `CudaGraphModule`), replayed with one launch each (it needs a CUDA device, else exits 2).
 One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer per env step).
 Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
@@ -344,8 +342,7 @@ def main(args):
         update_critic = torch.compile(update_critic)
         update_actor = torch.compile(update_actor)
     if args.cudagraphs:
-        # the first calls run as they are (the optimizers create their state; a compiled function then compiles for
-        # it), the next one records a CUDA graph, later ones replay it with one launch
+        # warm-up calls first (the optimizers create their state, a compiled function compiles for it), then capture
         warmup = 3 if args.compile else 2
         policy = CudaGraphModule(policy, warmup=warmup)
         update_critic = CudaGraphModule(update_critic, warmup=warmup)
