@@ -20,13 +20,40 @@ from tests.conftest import ROOT, assert_user_error, script_env
 
 TINY = ["--observers", "2", "--episodes", "2", "--steps", "12", "--warmup-steps", "2", "--check-steps", "3"]
 RUN_KEYS = {
-    "policy", "observers", "batch", "compile", "setup_s", "agent_latency_ms", "agent_throughput",
-    "observer_latency_ms", "observer_throughput", "served_per_s", "policy_us_per_request",
-    "agent_cpu_us_per_request", "observer_cpu_us_per_request", "requests", "batches", "wall_s", "check_equal",
-    "check_after_update", "repeat",
+    "policy",
+    "observers",
+    "batch",
+    "compile",
+    "setup_s",
+    "agent_latency_ms",
+    "agent_throughput",
+    "observer_latency_ms",
+    "observer_throughput",
+    "served_per_s",
+    "policy_us_per_request",
+    "agent_cpu_us_per_request",
+    "observer_cpu_us_per_request",
+    "requests",
+    "batches",
+    "wall_s",
+    "check_equal",
+    "check_after_update",
+    "repeat",
 }
-FAULT_RUN = ["--policies", "dqn", "--observers", "2", "--episodes", "1000", "--steps", "200", "--rpc-timeout", "3",
-             "--timeout", "120"]
+FAULT_RUN = [
+    "--policies",
+    "dqn",
+    "--observers",
+    "2",
+    "--episodes",
+    "1000",
+    "--steps",
+    "200",
+    "--rpc-timeout",
+    "3",
+    "--timeout",
+    "120",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +71,9 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
     assert status == 0
     runs, rows = result["runs"], result["rows"]
     assert [(r["policy"], r["observers"], r["batch"], r["compile"]) for r in runs] == [
-        ("ppo_continuous", 2, False, False), ("ppo_continuous", 2, True, False)]
+        ("ppo_continuous", 2, False, False),
+        ("ppo_continuous", 2, True, False),
+    ]
     for run in runs:
         assert run["requests"] == 2 * 2 * 12  # observers x episodes x steps, warm-up not counted
         assert run["batches"] == (12 * 2 if run["batch"] else 2 * 2 * 12)  # batched: one forward per step
@@ -152,8 +181,16 @@ def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(poli
 def test_repeats_alternate_and_combine_to_medians():
     args = rpc_inference.parse_args(["--policies", "dqn", "td3", "--compile", "off,on", "--repeats", "2"])
     plan = [(c["policy"], c["batch"], c["compile"], c["repeat"]) for c in rpc_inference.plan(args)]
-    assert plan == [("dqn", True, False, 0), ("dqn", True, True, 0), ("dqn", True, False, 1), ("dqn", True, True, 1),
-                    ("td3", True, False, 0), ("td3", True, True, 0), ("td3", True, False, 1), ("td3", True, True, 1)]
+    assert plan == [
+        ("dqn", True, False, 0),
+        ("dqn", True, True, 0),
+        ("dqn", True, False, 1),
+        ("dqn", True, True, 1),
+        ("td3", True, False, 0),
+        ("td3", True, True, 0),
+        ("td3", True, False, 1),
+        ("td3", True, True, 1),
+    ]
     runs = [fake_run(served, ok) for served, ok in ((100.0, True), (300.0, True), (200.0, False))]
     (row,) = rpc_inference.combine(runs, "batch")
     assert row["served_per_s"] == 200.0 and row["agent_latency_ms"] == {"p50": 2.0, "p75": 3.0, "p90": 4.0, "p95": 5.0}
@@ -163,25 +200,34 @@ def test_repeats_alternate_and_combine_to_medians():
 def fake_run(served, ok):
     """A run record with `served` requests/s, latencies proportional to it and check `ok`."""
     stats = {q: served / 100.0 + i for i, q in enumerate(QUANTILES)}
-    return {"policy": "dqn", "observers": 2, "batch": True, "compile": False,
-            **{key: stats for key in rpc_inference.DISTRIBUTIONS}, **{key: served for key in rpc_inference.SCALARS},
-            "check_equal": {"ok": ok, "diff": 0.5 if not ok else 0.0, "samples": 4},
-            "check_after_update": {"ok": True, "changed": True, "diff": 0.0}}
+    return {
+        "policy": "dqn",
+        "observers": 2,
+        "batch": True,
+        "compile": False,
+        **{key: stats for key in rpc_inference.DISTRIBUTIONS},
+        **{key: served for key in rpc_inference.SCALARS},
+        "check_equal": {"ok": ok, "diff": 0.5 if not ok else 0.0, "samples": 4},
+        "check_after_update": {"ok": True, "changed": True, "diff": 0.0},
+    }
 
 
 def test_percentiles_and_error_lines():
     assert rpc_inference.percentiles([float(v) for v in range(1, 22)]) == {"p50": 11, "p75": 16, "p90": 19, "p95": 20}
     assert rpc_inference.percentiles([3.0]) == {"p50": 3.0, "p75": 3.0, "p90": 3.0, "p95": 3.0}
-    wrapped = RuntimeError("RuntimeError: On WorkerInfo(id=2, name=observer0):\nRuntimeError('observer0: no answer "
-                           "from the agent at step 4')\nTraceback (most recent call last):\n  File ...")
+    wrapped = RuntimeError(
+        "RuntimeError: On WorkerInfo(id=2, name=observer0):\nRuntimeError('observer0: no answer "
+        "from the agent at step 4')\nTraceback (most recent call last):\n  File ..."
+    )
     assert rpc_inference.first_line(wrapped) == "observer0: no answer from the agent at step 4"
 
 
 def start_benchmark(tmp_path, *argv):
     """The benchmark as a user starts it, its stderr read line by line."""
     cmd = [sys.executable, "-m", "benchmarks.rpc_inference", *argv, "--out", str(tmp_path)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def read_until(proc, words, timeout):
@@ -248,12 +294,18 @@ def test_a_hung_agent_ends_the_run_through_the_rpc_timeout(tmp_path):
 
 @pytest.mark.parametrize(
     "argv, flag",
-    [(["--observers", "0"], "--observers"), (["--observers", "2,x"], "--observers"),
-     (["--batch", "maybe"], "--batch"),
-     (["--batch", "off,on", "--compile", "off,on"], "--observers, --batch, --compile"),
-     (["--observers", "65"], "--observers"), (["--steps", "2", "--check-steps", "3"], "--check-steps"),
-     (["--backend", "nope"], "--backend"), (["--policies", "ppo_atari"], "--policies"),
-     (["--rpc-timeout", "0"], "--rpc-timeout"), (["--warmup-steps", "-1"], "--warmup-steps")],
+    [
+        (["--observers", "0"], "--observers"),
+        (["--observers", "2,x"], "--observers"),
+        (["--batch", "maybe"], "--batch"),
+        (["--batch", "off,on", "--compile", "off,on"], "--observers, --batch, --compile"),
+        (["--observers", "65"], "--observers"),
+        (["--steps", "2", "--check-steps", "3"], "--check-steps"),
+        (["--backend", "nope"], "--backend"),
+        (["--policies", "ppo_atari"], "--policies"),
+        (["--rpc-timeout", "0"], "--rpc-timeout"),
+        (["--warmup-steps", "-1"], "--warmup-steps"),
+    ],
 )
 def test_bad_input_exits_2_with_one_line(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -264,8 +316,19 @@ def test_bad_input_exits_2_with_one_line(argv, flag, capsys):
 
 
 def test_bad_input_from_the_shell_starts_nothing(tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.rpc_inference", "--observers", "4", "--compile", "off,on", "--batch",
-           "off,on", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.rpc_inference",
+        "--observers",
+        "4",
+        "--compile",
+        "off,on",
+        "--batch",
+        "off,on",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120)
     assert_user_error(proc, "--batch", "--compile")
     assert not list(tmp_path.iterdir())
