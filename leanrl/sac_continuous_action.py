@@ -292,7 +292,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 def main(args):
     check_args(args)
     run = Run(args, "sac_continuous_action")  # seeds, run folder, wandb, Ctrl-C: see the file's end
-    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
@@ -465,12 +465,12 @@ class Run:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
     def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors on any device, or numbers) to wandb."""
         sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
-            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
-            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}  # host syncs, only with --track
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
 
     def finish(self, device, model, evaluate, **extra):
         """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write

@@ -371,9 +371,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 def main(args):
     check_args(args)
     run = Run(args, "sac_continuous_action_cpu")  # seeds, run folder, wandb, Ctrl-C: see the file's end
-    envs = make_envs(args.env_id, args.num_envs, args.seed, run.videos)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")
-    torch.set_num_threads(min(2, os.cpu_count()))  # the updates' batch-256 matmuls run ~1.8x faster on 2 than on 1
+    # the updates' batch-256 matmuls run ~1.8x faster on 2 threads than on 1; OMP_NUM_THREADS still caps it
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
@@ -546,12 +547,12 @@ class Run:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
     def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and mean return; with `--track`, `metrics` (tensors) to wandb in one host sync."""
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors on any device, or numbers) to wandb."""
         sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
-            values = torch.stack([torch.as_tensor(v, dtype=torch.float) for v in metrics.values()]).tolist()
-            self.wandb.log({f"losses/{k}": v for k, v in zip(metrics, values)} | {"charts/SPS": sps}, step=global_step)
+            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}  # host syncs, only with --track
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
 
     def finish(self, device, model, evaluate, **extra):
         """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
