@@ -481,7 +481,7 @@ def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other()
     add up to the measured window's time per step (1 / sps); torch.compile is restored afterwards."""
     compile_ = torch.compile
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "200", "--batch-size", "32"]
-    sps, parts = breakdown.measure_one("sac_continuous_action", "sac", flags)
+    sps, parts = breakdown.measure_one("sac_continuous_action", "sac", [*flags, "--no-cuda"])
     assert set(parts) == {
         "env step",
         "acting",

@@ -33,7 +33,8 @@ def stale_copy(spec, script, cpu, built):
 
 
 def test_quick_run_writes_json_table_and_plot(tmp_path):
-    argv = ["--policies", "dqn", "--batch-sizes", "1", "8", "--modes", "default", *TINY, "--out", str(tmp_path)]
+    argv = ["--policies", "dqn", "--batch-sizes", "1", "8", "--modes", "default", "--device", "cpu", *TINY]
+    argv += ["--out", str(tmp_path)]
     assert inference.main(argv) == 0
     (json_path,), (md_path,), (png_path,) = (sorted(tmp_path.glob(f"*.{ext}")) for ext in ("json", "md", "png"))
     result = json.loads(json_path.read_text())

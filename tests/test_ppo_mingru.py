@@ -201,7 +201,8 @@ def test_cudagraphs_smoke(flags):
 def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
     """`benchmarks.memory --quick` (compiled with aot_eager: no inductor build here) times every variant and
     candidate in every cell, each checked against the loop first, and writes the json, markdown and png."""
-    assert memory.main(["--quick", "--candidates", "--backend", "aot_eager", "--out", str(tmp_path)]) == 0
+    argv = ["--quick", "--candidates", "--backend", "aot_eager", "--device", "cpu", "--out", str(tmp_path)]
+    assert memory.main(argv) == 0
     result = json.loads(next(tmp_path.glob("memory-*.json")).read_text())
     cells = {(2, 8), (2, 16)}
     models = {"lstm-loop", "mingru-loop", "mingru-scan", "mingru-scan-compiled"}
@@ -237,7 +238,19 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
         source.replace("entering, entering_states = h0, []", "entering, entering_states = torch.zeros_like(h0), []")
     )
     with pytest.raises(SystemExit) as stopped:
-        memory.main(["--quick", "--backend", "aot_eager", "--scripts-dir", str(scripts), "--out", str(tmp_path)])
+        memory.main(
+            [
+                "--quick",
+                "--backend",
+                "aot_eager",
+                "--device",
+                "cpu",
+                "--scripts-dir",
+                str(scripts),
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert stopped.value.code == 1
     assert "check failed: T 8 batch 2 mingru-scan:" in capsys.readouterr().err
     assert not list(tmp_path.glob("memory-*.json"))
