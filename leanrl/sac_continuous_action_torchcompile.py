@@ -1,7 +1,6 @@
 """Soft Actor-Critic for continuous actions, optimized: the twin of sac_continuous_action.py.
 
-Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's benchmark env,
-HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
+Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # the benchmark run, on a CUDA GPU
     python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
@@ -14,8 +13,6 @@ algorithm, defaults and loop have their data flow rewritten for a GPU:
   host sync); acting uses a copy of the actor that shares its weights but carries no autograd state;
 - `--compile` wraps acting and both updates in `torch.compile`; `--cudagraphs` records them as CUDA graphs
   (tensordict's `CudaGraphModule`), replayed with one launch each (it needs a CUDA device, else exits 2).
-One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer per env step).
-Truncated episodes bootstrap from their true final observation; terminated ones do not.
 """
 
 import json
