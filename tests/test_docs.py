@@ -248,7 +248,7 @@ def test_good_links_pass(repo):
         ("[case](docs/page.md#Where-the-time-goes)", "no heading with the anchor #Where-the-time-goes"),
         ("[self](#start-her)", "no heading with the anchor #start-her"),
         ("![plot](plot.png)", "no file plot.png"),
-        ("[out](../shared/FACTS.md)", "leaves the repository"),
+        ("[out](../outside/NOTES.md)", "leaves the repository"),
         ("[png anchor](docs/plot.png#top)", "can only point into a markdown page"),
         ("[ref]: docs/nothing.md", "no file docs/nothing.md"),
         ('<img src="docs/none.png">', "no file docs/none.png"),
