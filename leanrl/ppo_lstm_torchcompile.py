@@ -71,9 +71,9 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
-    obs_indices: tuple[int, ...] = (0, 2)
-    """the observation entries the agent sees (default: CartPole's cart position and pole angle, both velocities
-    hidden); `--obs-indices` with no value keeps them all"""
+    obs_indices: tuple[int, ...] | None = None
+    """the entries of the observation the agent sees; by default CartPole-v1's positions (0 2) on CartPole-v1, every
+    entry on any other env; `--obs-indices` with no value keeps them all"""
     memory: bool = True
     """carry the LSTM state from step to step; `--no-memory` resets it at every step (a feedforward baseline)"""
     total_timesteps: int = 200_000
@@ -115,9 +115,18 @@ class Args:
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
+def observed_indices(env_id, obs_indices):
+    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
+    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
+    if obs_indices is not None:
+        return tuple(obs_indices)
+    return (0, 2) if env_id == "CartPole-v1" else ()
+
+
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
-        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        # only with video: some envs (POPGym's) take no render_mode argument
+        env = gym.make(env_id) if video_dir is None else gym.make(env_id, render_mode="rgb_array")
         if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
             record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
             prefix = "train" if video_episodes is None else "eval"
@@ -359,6 +368,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
+    args.obs_indices = observed_indices(args.env_id, args.obs_indices)  # None: the env's default, resolved once
     run = Run(args, "ppo_lstm_torchcompile")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
     # with --eval-model no training episode is played, and none is recorded
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, None if args.eval_model else run.videos)
@@ -479,7 +489,9 @@ def main(args):
         freeze_obs_rms(eval_envs, obs_rms)
         return evaluate(agent, eval_envs, episodes, args.seed, args.memory, device)
 
-    run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent)
+    run.finish(
+        device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, obs_indices=list(args.obs_indices)
+    )
 
 
 # ======================================================================================================================
