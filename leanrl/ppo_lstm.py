@@ -9,6 +9,7 @@ entropy bonus (CleanRL's Atari settings learned here no faster than the memoryle
     python leanrl/ppo_lstm.py                                        # velocity-hidden CartPole: memory at work
     python leanrl/ppo_lstm.py --no-memory                            # no memory: it plateaus lower
     python leanrl/ppo_lstm.py --obs-indices --total-timesteps 50000  # the full observation
+    python leanrl/ppo_lstm.py --env-id popgym:popgym-RepeatFirstEasy-v0  # a POPGym POMDP (requirements-popgym.txt)
 
 Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, in the same shape so that `diff` shows
 only what buys speed. Its ops are tiny: on a small or shared CPU run it with `OMP_NUM_THREADS=1` (torch's default

@@ -8,6 +8,7 @@ entropy bonus (CleanRL's Atari settings learned here no faster than the memoryle
     python leanrl/ppo_lstm_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_lstm_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
     python leanrl/ppo_lstm_torchcompile.py --compile --no-memory   # no memory: it plateaus lower
+    python leanrl/ppo_lstm_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0  # POPGym's recall task
 
 Same algorithm, same defaults and same loop as the eager twin (read its docstring first); what changes is the data flow:
 - the rollout is one TensorDict preallocated on the device; a minibatch of env sequences is one indexing call;

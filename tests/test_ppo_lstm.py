@@ -39,9 +39,20 @@ def test_smoke(script, flags):
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
     assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("CartPole-v1", 96, 2)
+    assert result["obs_indices"] == [0, 2]  # resolved: CartPole-v1's positions, its velocities hidden
     assert result["episodes"] >= 2
     assert 5 <= result["return_mean"] <= 48
     assert result["sps"] > 0 and result["sps_wall"] > 0
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_observed_indices_are_cartpoles_positions_there_and_every_entry_elsewhere(script):
+    observed_indices = load_script(script).observed_indices
+    assert observed_indices("CartPole-v1", None) == (0, 2)
+    assert (
+        observed_indices("Acrobot-v1", None) == () and observed_indices("popgym:popgym-RepeatFirstEasy-v0", None) == ()
+    )
+    assert observed_indices("CartPole-v1", ()) == () and observed_indices("Acrobot-v1", [1, 3]) == (1, 3)
 
 
 def test_observations_keep_only_the_chosen_entries():
