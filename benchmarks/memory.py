@@ -4,6 +4,8 @@
     python -m benchmarks.memory --candidates     # also every scan candidate on bare (a, b) tensors
     python -m benchmarks.memory --quick          # a smoke run: T 8 and 16, batch 2, short blocks
     python -m benchmarks.memory --learning       # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
+    python -m benchmarks.memory --tasks --jobs 2  # the three agents on five POMDPs (POPGym's), 3 seeds (~1 h here)
+    python -m benchmarks.memory --tasks repeat-first --seeds 1 2  # one task of TASKS
 
 Variants, each the sequence model of a script (torso, recurrence over T steps with an episode start at about 5% of
 the steps, the layers after it), forward then backward to its parameters, 128 hidden units, one intra-op thread as
@@ -23,6 +25,15 @@ runs on a CPU), the chunked scan the twin keeps (about 2T work, 2 sqrt(T) steps)
 in the minGRU paper (exact resets as a_t = e^-60, in float64; it needs b > 0), eager and, where it compiles, compiled.
 A candidate whose outputs or gradients are not the loop's is reported as such and not timed in that cell.
 
+`--tasks` trains LSTM (ppo_lstm.py), minGRU (ppo_mingru.py) and no memory (ppo_mingru.py --no-memory) on each
+POMDP of TASKS (velocity-hidden CartPole and four of POPGym's, arXiv 2303.01859: a recall task, control with hidden
+state, noisy control, a card game; `pip install -r requirements/requirements-popgym.txt`) at the task's budget, every
+seed, `--jobs` runs at a time with one thread each. Per task it plays a random policy for scale, and tables each
+agent's final return (the episodes that ended in the last tenth of the run): mean and standard deviation over seeds,
+and the fraction of the way from random to the best of the three. Beside it: each eager run's sps, and one
+`--compile` run of each optimized twin on velocity-hidden CartPole (`--compiled-steps`, alone). It writes
+benchmarks/results/memory-tasks-<time>.{json,md,png}: the plot shows every seed's final return per task and agent.
+
 Writes benchmarks/results/memory-<time>.{json,md,png} (or to `--out`): median and p10/p90 per cell, the ratio to
 the loop, the machine; the plot shows time against T on log scales, one panel per batch size.
 """
@@ -33,9 +44,11 @@ import os
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 from torch._higher_order_ops.associative_scan import associative_scan
 
@@ -50,7 +63,7 @@ from benchmarks.inference import (
     warm_up,
 )
 from benchmarks.machine import machine_info
-from benchmarks.report import write_result
+from benchmarks.report import optional, write_result
 from benchmarks.scripts import SCRIPTS, load_script
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,6 +75,20 @@ LEARNING = (
     ("mingru", "ppo_mingru", ()),
     ("mingru-no-memory", "ppo_mingru", ("--no-memory",)),
 )
+# `--tasks`: each POMDP's env id, env steps per run and flags for every agent (the one place budgets live). POPGym's
+# ids need requirements/requirements-popgym.txt. Budgets: about a minute or two per run of an eager script on an idle
+# 2-core machine; one thread per run.
+TASKS = {
+    "cartpole-velocity-hidden": ("CartPole-v1", 100_000, ()),  # the scripts' default: positions only (0 2)
+    "repeat-first": ("popgym:popgym-RepeatFirstEasy-v0", 100_000, ()),  # recall the first of 51 one-hot cards
+    "position-only-cartpole": ("popgym:popgym-PositionOnlyCartPoleEasy-v0", 100_000, ()),  # control, hidden state
+    "noisy-position-only-cartpole": ("popgym:popgym-NoisyPositionOnlyCartPoleEasy-v0", 100_000, ()),  # noisy control
+    "higher-lower": ("popgym:popgym-HigherLowerEasy-v0", 100_000, ()),  # a card game: higher or lower than the last
+}
+# the agents of `--tasks` (the eager scripts, as `--learning`), and the optimized twins whose `--compile` sps is shown
+TASK_AGENTS = (("lstm", "ppo_lstm", ()), ("mingru", "ppo_mingru", ()), ("no-memory", "ppo_mingru", ("--no-memory",)))
+COMPILED = (("lstm", "ppo_lstm_torchcompile"), ("mingru", "ppo_mingru_torchcompile"))
+RANDOM_EPISODES = 200
 
 
 # ---- the scan candidates, on bare tensors: each maps (a, b, h0) to the states h_1..h_T ----
@@ -284,6 +311,12 @@ def late_return_mean(summary):
     return sum(late) / len(late) if late else None
 
 
+def final_return_mean(summary):
+    """The mean return of the episodes that ended in the last tenth of the run (its final return)."""
+    final = [r for step, _, r in summary["curve"] if step > summary["total_timesteps"] * 0.9]
+    return sum(final) / len(final) if final else None
+
+
 def learning_run(script, flags, steps, seed, scripts_dir):
     """One training run of `script`; returns its late mean return and its summary's return_mean and sps."""
     cmd = [
@@ -303,7 +336,12 @@ def learning_run(script, flags, steps, seed, scripts_dir):
     summary = json.loads(line.removeprefix("SUMMARY "))
     with open(summary["summary_file"]) as f:
         summary = json.load(f)
-    return {"late_return_mean": late_return_mean(summary), "return_mean": summary["return_mean"], "sps": summary["sps"]}
+    return {
+        "late_return_mean": late_return_mean(summary),
+        "final_return_mean": final_return_mean(summary),
+        "return_mean": summary["return_mean"],
+        "sps": summary["sps"],
+    }
 
 
 def learning(args):
@@ -322,6 +360,151 @@ def learning(args):
                 }
             )
     return rows
+
+
+# ---- POMDP tasks: the three agents at each task's budget, a random policy for scale ----
+
+
+def random_return(env_id, episodes, seed):
+    """The mean return of `episodes` episodes of `env_id` played with uniformly random actions."""
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    returns = []
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
+        episodic_return, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            episodic_return += float(reward)
+            done = terminated or truncated
+        returns.append(episodic_return)
+    env.close()
+    return statistics.fmean(returns)
+
+
+def task_runs(args):
+    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread: returns do not depend on timing)."""
+    jobs = [
+        (task, seed, agent, script, ("--env-id", TASKS[task][0], *TASKS[task][2], *flags))
+        for task in args.tasks
+        for seed in args.seeds
+        for agent, script, flags in TASK_AGENTS
+    ]
+
+    def run(job):
+        task, seed, agent, script, flags = job
+        note(f"tasks: {task} {agent} seed {seed}")
+        steps = args.task_steps or TASKS[task][1]
+        result = learning_run(script, flags, steps, seed, args.scripts_dir)
+        return {"task": task, "agent": agent, "script": script, "flags": list(flags), "seed": seed, **result}
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run, job) for job in jobs]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:  # a failed run (exit status 1) or Ctrl-C: the runs not started yet never start
+            pool.shutdown(cancel_futures=True)
+            raise
+
+
+def compiled_sps(args):
+    """{agent: sps} of each optimized twin with `--compile` on velocity-hidden CartPole, one run at a time."""
+    sps = {}
+    for agent, script in COMPILED:
+        note(f"tasks: {script} --compile, {args.compiled_steps} steps")
+        sps[agent] = learning_run(script, ("--compile",), args.compiled_steps, args.seed, args.scripts_dir)["sps"]
+    return sps
+
+
+def task_table(rows, randoms):
+    """{task: {agent: statistics}}: the final return's mean, spread (sample standard deviation, 0 for one seed), the
+    seeds' values, and the fraction of the way from the random policy's return to the best agent's mean."""
+    table = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        cells = {}
+        for agent, _, _ in TASK_AGENTS:
+            values = [r["final_return_mean"] for r in rows if r["task"] == task and r["agent"] == agent]
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            sps = statistics.median(r["sps"] for r in rows if r["task"] == task and r["agent"] == agent)
+            cells[agent] = {"mean": statistics.fmean(values), "spread": spread, "values": values, "sps": sps}
+        best = max(c["mean"] for c in cells.values())
+        for cell in cells.values():
+            gap = best - randoms[task]
+            cell["of_best"] = (cell["mean"] - randoms[task]) / gap if gap > 0 else None
+        table[task] = cells
+    return table
+
+
+def tasks(args):
+    """The `--tasks` result: random returns, every run, the table, the compiled twins' sps."""
+    randoms = {task: random_return(TASKS[task][0], RANDOM_EPISODES, args.seed) for task in args.tasks}
+    rows = task_runs(args)
+    return {
+        "random": randoms,
+        "runs": rows,
+        "table": task_table(rows, randoms),
+        "compiled_sps": compiled_sps(args) if args.compiled_steps else {},
+    }
+
+
+def tasks_markdown(result):
+    machine, settings, found = result["machine"], result["settings"], result["tasks"]
+    agents = [agent for agent, _, _ in TASK_AGENTS]
+    seeds = " ".join(map(str, settings["seeds"]))
+    lines = [
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
+        f"{machine['versions']['torch']}; started {result['started']}, {settings['jobs']} run(s) at a time",
+        "",
+        f"Final return (mean of the episodes that ended in the last tenth of each run) over seeds {seeds}: mean ± "
+        "standard deviation, [fraction of the way from random to the best of the three]; random: uniformly random "
+        f"actions, {RANDOM_EPISODES} episodes",
+        "",
+        "| task | env id | env steps | random | " + " | ".join(agents) + " |",
+        "|---|---|---:|---:|" + "---:|" * len(agents),
+    ]
+    for task, cells in found["table"].items():
+        env_id, steps, _ = TASKS[task]
+        text = [
+            f"{c['mean']:.3g} ± {c['spread']:.2g} [{optional(c['of_best'], '.2f')}]" for c in map(cells.get, agents)
+        ]
+        steps = settings["task_steps"] or steps
+        lines.append(f"| {task} | {env_id} | {steps} | {found['random'][task]:.3g} | " + " | ".join(text) + " |")
+    lines += ["", "Speed, env steps per second after burn-in (each eager run's sps: median over its task's runs)", ""]
+    lines += ["| task | " + " | ".join(agents) + " |", "|---|" + "---:|" * len(agents)]
+    for task, cells in found["table"].items():
+        lines.append(f"| {task} | " + " | ".join(f"{cells[a]['sps']:.0f}" for a in agents) + " |")
+    for agent, sps in found["compiled_sps"].items():
+        script = dict(COMPILED)[agent]
+        lines.append(
+            f"\n{script} --compile, cartpole-velocity-hidden, {settings['compiled_steps']} steps: {sps:.0f} sps"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def tasks_plot(result, path):
+    """One panel per task: each agent's final return per seed (dots) and mean ± spread (bar), random as a line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    found = result["tasks"]
+    agents = [agent for agent, _, _ in TASK_AGENTS]
+    fig = Figure(figsize=(3.2 * len(found["table"]), 3.6))
+    FigureCanvasAgg(fig)
+    for i, (task, cells) in enumerate(found["table"].items()):
+        ax = fig.add_subplot(1, len(found["table"]), i + 1)
+        for x, agent in enumerate(agents):
+            cell = cells[agent]
+            ax.bar(x, cell["mean"], yerr=cell["spread"], color=f"C{x}", alpha=0.6, capsize=3)
+            ax.plot([x] * len(cell["values"]), cell["values"], "k.", markersize=4)
+        ax.axhline(found["random"][task], color="gray", linestyle="--", label="random")
+        ax.set_xticks(range(len(agents)), agents, fontsize=7)
+        ax.set_title(task, fontsize=8)
+        ax.legend(fontsize=6)
+    fig.suptitle(
+        f"final return, seeds {' '.join(map(str, result['settings']['seeds']))}; {result['machine']['cpu']}", fontsize=8
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 # ---- output ----
@@ -436,11 +619,31 @@ def parse_args(argv):
     parser.add_argument("--threads", type=positive_int, default=1, help="intra-op threads on a CPU (the scripts use 1)")
     parser.add_argument("--candidates", action="store_true", help="also time every scan candidate on bare tensors")
     parser.add_argument(
-        "--no-models", dest="models", action="store_false", help="skip the four sequence-model variants"
+        "--no-models",
+        dest="models",
+        action="store_false",
+        default=None,
+        help="skip the four sequence-model variants (skipped by default with --tasks)",
     )
     parser.add_argument("--learning", action="store_true", help="also train the LSTM and minGRU agents at equal steps")
     parser.add_argument("--learning-steps", type=positive_int, default=61440, help="env steps of each learning run")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5], help="seeds of the learning runs")
+    parser.add_argument(
+        "--tasks",
+        nargs="*",
+        choices=list(TASKS),
+        help="train the LSTM, minGRU and no memory on these POMDPs (none named: all) at each one's budget",
+    )
+    parser.add_argument("--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)")
+    parser.add_argument("--task-steps", type=positive_int, help="env steps of every --tasks run (default: each task's)")
+    parser.add_argument(
+        "--compiled-steps",
+        type=int,
+        default=30720,
+        help="env steps of each compiled twin's sps run with --tasks (0: none)",
+    )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, help="seeds of the learning and task runs (default: 1-5 and 1-3)"
+    )
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
     parser.add_argument(
         "--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)"
@@ -455,12 +658,20 @@ def parse_args(argv):
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.models is None:
+        args.models = args.tasks is None
+    if args.tasks == []:
+        args.tasks = list(TASKS)
+    if args.seeds is None:
+        args.seeds = [1, 2, 3] if args.tasks else [1, 2, 3, 4, 5]
+    if args.compiled_steps < 0:
+        parser.error(f"--compiled-steps must be >= 0, got {args.compiled_steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (p10 and p90 need two timings)")
-    if not (args.models or args.candidates or args.learning):
-        parser.error("--no-models with neither --candidates nor --learning leaves nothing to do")
+    if not (args.models or args.candidates or args.learning or args.tasks):
+        parser.error("--no-models with neither --candidates, --learning nor --tasks leaves nothing to do")
     return args
 
 
@@ -474,11 +685,20 @@ def main(argv=None):
         name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
     }
     started = datetime.now().isoformat(timespec="seconds")
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
+    if args.tasks:
+        found = {"machine": machine_info(), "started": started, "settings": settings, "tasks": tasks(args)}
+        stem = f"memory-tasks-{datetime.now():%Y%m%d-%H%M%S}"
+        paths = write_result(found, args.out, stem, tasks_markdown, tasks_plot)
+        print(tasks_markdown(found))
+        note("wrote " + ", ".join(map(str, paths)))
+        if not (args.models or args.candidates or args.learning):
+            return 0
     result = {
         "machine": machine_info(),
         "device": str(device),
         "started": started,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")},
+        "settings": settings,
         "models": run_grid("models", scripts, args, device) if args.models else [],
         "candidates": run_grid("candidates", scripts, args, device) if args.candidates else [],
         "learning": learning(args) if args.learning else [],
