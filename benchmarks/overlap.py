@@ -1,0 +1,580 @@
+"""Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async mode, next to the
+bound each design can reach.
+
+    python -m benchmarks.overlap                  # stand-in envs at d = 0.1, 1, 10 ms, then PPO Atari (~6 min here)
+    python -m benchmarks.overlap --quick          # a smoke run (seconds): short blocks, tiny Atari budgets
+    python -m benchmarks.overlap --skip-atari     # the stand-in envs alone
+    python -m benchmarks.overlap --compile        # the Atari policy compiled (in the rollouts and the scripts' runs)
+
+Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but the async one).
+`async B`: envpool's async mode with `batch_size` B: `recv` the first B envs that finished stepping, act on them,
+`send` their actions, while the other envs step in the pool's threads.
+
+Bounds, from costs measured alone: E, the env-only time per env step of the design's own mode (the envs stepped with
+fixed actions, no policy), and A, the acting time per env step at the design's batch (the policy's median call on B
+frames, over B). sync: 1 / (E + A) steps/s (stepping and acting alternate); async: 1 / max(E, A) (they overlap).
+Each design's rollout sps is reported as a ratio to its bound. With two batches in flight (B = envs / 2) every batch
+still waits for its own actions before it steps again, so the stand-in rows also give the pipeline bound of k = envs / B
+batches, 1 / max(E + A / k, A): a batch takes as long to step as all envs together (E x envs, as long as there is a
+thread per env, as in the stand-in; so not for envpool on fewer cores than envs), then waits for its actions (A x B),
+and k batches share one policy. Only more batches (smaller B), or a policy much cheaper or much dearer than the envs,
+bring the async design to the larger-of-the-two bound.
+
+(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread, one thread per env
+in every design (so the envs can step at the same rate in both); the policy is a fixed matmul, one [64, 64] product per
+frame repeated so that acting on all envs costs about `--policy-ms` (its cost grows with the batch, as a network's).
+`--rounds` rounds alternate the designs, each a block of `--seconds`.
+(b) PPO Atari with envpool (Breakout-v5, 8 envs): the twin's rollout (ppo_atari_envpool_torchcompile.py's loop over
+`num_steps`, reproduced line for line in `twin_rollout` below, with the twin's own agent, `make_envs` and
+`finished_games`) against the async script's rollout function (ppo_atari_envpool_async.py, imported), both acting with
+the same agent; E from the twin's and the async script's envs stepped with random actions, A from the agent's acting
+policy on real frames. Beside it, whole-iteration sps (rollout and update) of both scripts: each run briefly, its
+SUMMARY's `sps`.
+
+Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`): every block's sps, the medians, the costs, the
+bounds and the ratios, the machine; the table; a plot of sps against each bound. Timings on a busy machine are noise:
+measure on an idle one.
+"""
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, closing
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from benchmarks.env_limit import random_actions
+from benchmarks.inference import calls_per_block, note, pick_device, positive_float, positive_int, time_block
+from benchmarks.machine import machine_info
+from benchmarks.plots import save
+from benchmarks.report import machine_line, optional, write_result
+from benchmarks.run import BenchmarkError, failure, parse_summary
+from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.standin import StandInEnvs
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"
+FULL = {
+    "step_ms": [0.1, 1.0, 10.0],
+    "rounds": 5,
+    "seconds": 2.0,
+    "atari_steps": 128,
+    "atari_rollouts": 2,
+    "script_flags": ["--total-timesteps", "20480", "--measure-burnin", "3"],  # 20 iterations of 8 x 128 steps
+}
+QUICK = {
+    "step_ms": [0.1, 1.0, 10.0],
+    "rounds": 2,
+    "seconds": 0.2,
+    "atari_steps": 8,
+    "atari_rollouts": 1,
+    "script_flags": ["--total-timesteps", "512", "--num-steps", "16", "--update-epochs", "1", "--measure-burnin", "1"],
+}
+WARMUP_CALLS = 5  # loop steps (or rollouts: 1) before a block's clock starts
+WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
+
+
+# ---- the rollout loops, on any env with envpool's API ----
+
+
+def sync_loop(envs, act):
+    """One vector step per call, the synchronous way: act on every env's frame, then step them all. Returns a function
+    that takes one step and returns the env steps it took."""
+    obs, _ = envs.reset()
+
+    def step():
+        nonlocal obs
+        obs = envs.step(act(obs))[0]
+        return len(obs)
+
+    return step
+
+
+def async_loop(envs, act):
+    """One batch per call, envpool's async way: receive the first envs done, act on them, send their actions (the
+    others step meanwhile). Returns a function that takes one batch and returns its env steps."""
+    envs.async_reset()
+
+    def step():
+        obs, _, _, _, info = envs.recv()
+        envs.send(act(obs), info["env_id"])
+        return len(obs)
+
+    return step
+
+
+def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter):
+    """Env steps per second of `step()` (which returns the env steps it took), called for `seconds` after `warmup`
+    calls."""
+    for _ in range(warmup):
+        step()
+    env_steps, start = 0, clock()
+    while (elapsed := clock() - start) < seconds:
+        env_steps += step()
+    return env_steps / elapsed
+
+
+def acting_ms(act, frames, block_s, cuda=False):
+    """The median time in ms of `act(frames)`, over a block of about `block_s` seconds (after 3 untimed calls)."""
+    for _ in range(3):
+        act(frames)
+    calls = calls_per_block(statistics.median(time_block(act, frames, 3, cuda)), block_s, 5, 2000)
+    return statistics.median(time_block(act, frames, calls, cuda)) * 1e3
+
+
+def bounds(design, num_envs, batch, env_sps, act_ms):
+    """The design's cost per env step: E (env only) and A (acting, the policy's call on `batch` frames over
+    `batch`), in µs, and its bound in env steps/s: 1 / (E + A) for sync, 1 / max(E, A) for async, where stepping and
+    acting overlap. For async also the pipeline bound of k = num_envs / batch batches, 1 / max(E + A / k, A), which
+    holds where a batch steps in E k (a thread per env)."""
+    env_us, act_us = 1e6 / env_sps, act_ms * 1e3 / batch
+    row = {"env_us_per_step": env_us, "acting_us_per_step": act_us}
+    if design == "sync":
+        return row | {"bound_sps": 1e6 / (env_us + act_us), "pipeline_bound_sps": None}
+    k = num_envs / batch
+    return row | {"bound_sps": 1e6 / max(env_us, act_us), "pipeline_bound_sps": 1e6 / max(env_us + act_us / k, act_us)}
+
+
+def summarize(row, sps):
+    """`row` with the blocks' `sps`, their median, min and max, and the median's ratio to the bounds."""
+    median = statistics.median(sps)
+    row |= {"sps": sps, "sps_median": median, "sps_min": min(sps), "sps_max": max(sps)}
+    row["ratio_to_bound"] = median / row["bound_sps"]
+    row["ratio_to_pipeline_bound"] = median / row["pipeline_bound_sps"] if row["pipeline_bound_sps"] else None
+    return row
+
+
+def with_speedups(rows):
+    """Each row's median sps over its case's sync median (`vs_sync`)."""
+    sync = {r["case"]: r["sps_median"] for r in rows if r["design"] == "sync"}
+    return [r | {"vs_sync": r["sps_median"] / sync[r["case"]]} for r in rows]
+
+
+def loop_of(design):
+    """The rollout loop of a design: `sync_loop` or `async_loop`."""
+    return sync_loop if design == "sync" else async_loop
+
+
+def designs(num_envs, batch_sizes):
+    """(name, batch) of every design: sync, then async at each batch size."""
+    return [("sync", num_envs)] + [(f"async {b}", b) for b in batch_sizes]
+
+
+# ---- (a) stand-in envs ----
+
+
+def matmul_policy(policy_ms, num_envs, n_actions, seed=0):
+    """A policy of known cost: per frame, `rounds` products with one [WIDTH, WIDTH] matrix (a batched matmul, so the
+    cost grows with the batch), `rounds` calibrated so that acting on `num_envs` frames takes about `policy_ms`. The
+    action is the frame's step in its episode, mod `n_actions`. Returns the policy (numpy frames in, actions out) and
+    `rounds`."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_envs, WIDTH, WIDTH, generator=g)
+    w = torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5
+
+    def work(batch, rounds):
+        y = x[:batch]
+        for _ in range(rounds):
+            y = torch.tanh(y @ w)
+        return y
+
+    probe = 20
+    work(num_envs, probe)  # the first calls allocate
+    per_round = statistics.median(time_block(lambda _: work(num_envs, probe), None, 10, False)) / probe
+    rounds = max(1, round(policy_ms / 1e3 / per_round))
+
+    def act(obs):
+        work(len(obs), rounds)
+        return obs.reshape(len(obs), -1)[:, 2].astype(np.int64) % n_actions
+
+    return act, rounds
+
+
+def fixed_actions(obs):
+    return np.zeros(len(obs), dtype=np.int64)
+
+
+def standin_case(step_ms, args, act, costs):
+    """One step cost d: each design's env-only sps and its rollout sps, the designs alternated over rounds; `costs`:
+    the policy's ms per call by batch size."""
+    case = f"stand-in d={step_ms:g} ms"
+    plan = designs(args.num_envs, args.async_batch_sizes)
+
+    def pool(batch):  # a thread per env in every design, so that all envs can step at once in each
+        return StandInEnvs(args.num_envs, batch, args.num_envs, step_ms / 1e3, seed=args.seed)
+
+    env_sps = {}
+    for name, batch in plan:
+        with closing(pool(batch)) as envs:
+            env_sps[name] = steps_per_second(loop_of(name)(envs, fixed_actions), args.seconds)
+    with ExitStack() as stack:
+        loops = {name: loop_of(name)(stack.enter_context(closing(pool(batch))), act) for name, batch in plan}
+        blocks = alternate(loops, args.rounds, args.seconds)
+    rows = []
+    for name, batch in plan:
+        row = {"case": case, "design": name, "batch": batch, "env_only_sps": env_sps[name], "acting_ms": costs[batch]}
+        rows.append(summarize(row | bounds(name, args.num_envs, batch, env_sps[name], costs[batch]), blocks[name]))
+    return rows
+
+
+def alternate(loops, rounds, seconds):
+    """Each loop's sps over `rounds` blocks of `seconds`, the loops taking turns in an order rotated each round."""
+    names, sps = list(loops), {name: [] for name in loops}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            sps[name].append(steps_per_second(loops[name], seconds))
+    return sps
+
+
+def standin(args):
+    """Every step cost's rows, with the stand-in policy's calibration."""
+    act, rounds = matmul_policy(args.policy_ms, args.num_envs, n_actions=4, seed=args.seed)
+    with closing(StandInEnvs(args.num_envs, seed=args.seed)) as envs:
+        frames = envs.reset()[0]
+    batches = [args.num_envs, *args.async_batch_sizes]
+    costs = {batch: acting_ms(act, frames[:batch], args.seconds / 4) for batch in batches}
+    rows = []
+    for step_ms in args.step_ms:
+        note(f"stand-in envs: d = {step_ms:g} ms")
+        rows += standin_case(step_ms, args, act, costs)
+    return {"policy_rounds": rounds, "acting_ms": costs, "rows": with_speedups(rows)}
+
+
+# ---- (b) PPO Atari with envpool ----
+
+
+def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, device):
+    """ppo_atari_envpool_torchcompile.py's rollout loop, line for line (its `for step in range(args.num_steps)`, the
+    games' scores computed by its `finished_games` and dropped instead of logged); returns the next frames."""
+    for step in range(rollout.shape[0]):
+        obs = rollout["obs"][step]
+        obs.copy_(next_obs, non_blocking=True)
+
+        with torch.no_grad():
+            action, logprob, _, value = policy(obs)
+        rollout["values"][step] = value.flatten()
+        rollout["actions"][step] = action
+        rollout["logprobs"][step] = logprob
+
+        next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+        rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
+        rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
+        rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+        next_obs = torch.from_numpy(next_obs)
+        finished_games(game_returns, infos, truncations)
+    return next_obs
+
+
+def storage(rows, envs, device):
+    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs] of uint8 frames, actions and floats."""
+    shape = (rows, envs.num_envs)
+    keys = ("logprobs", "values", "rewards", "terminations", "truncations")
+    rollout = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
+    rollout["obs"] = torch.zeros(*shape, *envs.single_observation_space.shape, dtype=torch.uint8, device=device)
+    rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
+    return rollout
+
+
+def twin_rollouts(twin, num_steps, envs, policy, get_value, device):
+    """A function that runs one rollout phase of the twin per call (its loop, then the bootstrap value it computes
+    after the loop) and returns its env steps."""
+    rollout = storage(num_steps, envs, device)
+    next_obs = torch.from_numpy(envs.reset()[0])
+    game_returns = np.zeros(envs.num_envs)
+
+    def one():
+        nonlocal next_obs
+        next_obs = twin_rollout(envs, policy, rollout, next_obs, game_returns, twin.finished_games, device)
+        with torch.no_grad():
+            get_value(next_obs.to(device))
+        return rollout.numel()
+
+    return one
+
+
+def async_rollouts(module, num_steps, envs, policy, get_value, device):
+    """A function that runs the async script's `collect_rollout` once per call (each env's `num_steps` steps and its
+    bootstrap value, the script's storage and state carried from call to call) and returns its env steps."""
+    rollout = storage(2 * num_steps, envs, device)
+    state = module.RolloutState(envs.num_envs)
+    envs.async_reset()
+
+    def one():
+        module.collect_rollout(envs, policy, get_value, rollout, state, num_steps, lambda *_: None)
+        return num_steps * envs.num_envs
+
+    return one
+
+
+def atari_policy(twin, agent_args, n_act, device, compile_policy):
+    """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and value function on a
+    fresh agent, the same for both designs."""
+    _, _, (policy, get_value, _) = twin.make_learner(agent_args, n_act, device)
+    return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
+
+
+def atari_env_only(envs, seconds, seed):
+    """Env-only sps of envpool `envs` (sync or async), stepped with pre-drawn random actions."""
+    actions = itertools.cycle(random_actions(envs.single_action_space, envs.num_envs, seed))
+
+    def act(obs):
+        return next(actions)[: len(obs)]
+
+    return steps_per_second(
+        loop_of("async" if envs.config["batch_size"] < envs.num_envs else "sync")(envs, act), seconds
+    )
+
+
+def atari(args, device, scripts_dir):
+    """Rows of the twin's and the async script's rollout phase, with the env-only and acting costs and bounds."""
+    twin, asynchronous = load_script(TWIN, scripts_dir), load_script(ASYNC, scripts_dir)
+    case = f"{args.env_id}, {args.num_envs} envs"
+    plan = designs(args.num_envs, args.async_batch_sizes)
+    agent_args = twin.Args(
+        env_id=args.env_id, num_envs=args.num_envs, num_steps=args.atari_steps, seed=args.seed, compile=args.compile
+    )
+
+    def pool(name, batch):
+        if name == "sync":
+            return twin.make_envs(args.env_id, args.num_envs, args.seed)
+        return asynchronous.make_envs(args.env_id, args.num_envs, batch, args.seed)
+
+    env_sps = {}
+    for name, batch in plan:
+        with closing(pool(name, batch)) as envs:
+            env_sps[name] = atari_env_only(envs, args.seconds, args.seed)
+            if name == "sync":
+                frames = torch.from_numpy(envs.reset()[0]).to(device)
+                n_act = envs.single_action_space.n
+    torch.manual_seed(args.seed)
+    policy, get_value = atari_policy(twin, agent_args, n_act, device, args.compile)
+    with torch.no_grad():
+        costs = {batch: acting_ms(policy, frames[:batch], args.seconds / 4, device.type == "cuda") for _, batch in plan}
+    with ExitStack() as stack:
+        loops = {}
+        for name, batch in plan:
+            envs = stack.enter_context(closing(pool(name, batch)))
+            if name == "sync":
+                loops[name] = twin_rollouts(twin, args.atari_steps, envs, policy, get_value, device)
+            else:
+                loops[name] = async_rollouts(asynchronous, args.atari_steps, envs, policy, get_value, device)
+        blocks = alternate_rollouts(loops, args.rounds, args.atari_rollouts)
+    rows = []
+    for name, batch in plan:
+        row = {"case": case, "design": name, "batch": batch, "env_only_sps": env_sps[name], "acting_ms": costs[batch]}
+        row |= bounds(name, args.num_envs, batch, env_sps[name], costs[batch]) | {"pipeline_bound_sps": None}
+        rows.append(summarize(row, blocks[name]))
+    return with_speedups(rows)
+
+
+def alternate_rollouts(loops, rounds, rollouts):
+    """Each loop's sps over `rounds` blocks of `rollouts` whole rollouts (after one untimed), in rotated order."""
+    for one in loops.values():
+        one()
+    names, sps = list(loops), {name: [] for name in loops}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            start, env_steps = time.perf_counter(), sum(loops[name]() for _ in range(rollouts))
+            sps[name].append(env_steps / (time.perf_counter() - start))
+    return sps
+
+
+def whole_iteration(args, scripts_dir, timeout=1800):
+    """Each script's SUMMARY sps (rollout and update, after its burn-in) from one brief run with `--script-flags`."""
+    rows = []
+    runs = [(TWIN, [])] + [(ASYNC, ["--async-batch-size", str(batch)]) for batch in args.async_batch_sizes]
+    for script, flags in runs:
+        cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py"), "--env-id", args.env_id]
+        cmd += ["--num-envs", str(args.num_envs), "--seed", str(args.seed), *args.script_flags, *flags]
+        cmd += ["--compile"] if args.compile else []
+        cmd += ["--no-cuda"] if args.device == "cpu" else []
+        note("whole iterations: " + " ".join(cmd[1:]))
+        with tempfile.TemporaryDirectory() as cwd:
+            try:
+                env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+            except subprocess.TimeoutExpired:
+                raise failure(cmd, f"ran past the {timeout} s timeout") from None
+            if proc.returncode != 0:
+                raise failure(cmd, f"exited with status {proc.returncode}", proc.stderr)
+            summary = parse_summary(cmd, proc)
+        rows.append({k: summary.get(k) for k in ("script", "sps", "sps_wall", "total_timesteps", "async_batch_size")})
+    return rows
+
+
+# ---- output ----
+
+
+def rows_table(rows):
+    """Markdown: per case and design, sps (median, min-max), the costs, the bounds and the ratios."""
+    lines = [
+        "| case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call | E + A or max(E, A) "
+        "bound sps | ratio to bound | pipeline bound sps | ratio to pipeline bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['design']} | {r['sps_median']:.0f} ({r['sps_min']:.0f}-{r['sps_max']:.0f}) "
+            f"| {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | {r['acting_ms']:.3g} | {r['bound_sps']:.0f} "
+            f"| {r['ratio_to_bound']:.2f} | {optional(r['pipeline_bound_sps'], '.0f')} "
+            f"| {optional(r['ratio_to_pipeline_bound'], '.2f')} |"
+        )
+    return lines
+
+
+def markdown(result):
+    settings = result["settings"]
+    lines = [
+        machine_line(result["machine"]) + f"; device {result['device']}",
+        f"Started {result['started']}; {settings['rounds']} alternating rounds; {settings['num_envs']} envs, async "
+        f"batches {' '.join(map(str, settings['async_batch_sizes']))}",
+        "",
+    ]
+    if result["standin"]:
+        lines += [
+            f"(a) Stand-in envs (a step sleeps d in a thread per env) against a matmul policy of "
+            f"~{settings['policy_ms']:g} ms for {settings['num_envs']} frames; blocks of {settings['seconds']:g} s",
+            "",
+            *rows_table(result["standin"]["rows"]),
+            "",
+        ]
+    if result["atari"]:
+        lines += [
+            f"(b) PPO Atari rollout phase (envpool), rollouts of {settings['atari_steps']} steps x "
+            f"{settings['num_envs']} envs, {settings['atari_rollouts']} per block; "
+            f"policy {'compiled' if settings['compile'] else 'eager'}",
+            "",
+            *rows_table(result["atari"]["rows"]),
+            "",
+            f"Whole iterations (rollout + update), each script run once with {' '.join(settings['script_flags'])}:",
+            "",
+            "| script | sps (after burn-in) | sps_wall | steps |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {r['script']} | {optional(r['sps'], '.0f')} | {r['sps_wall']:.0f} | {r['total_timesteps']} |"
+                for r in result["atari"]["whole_iteration"]
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def plot(result, path):
+    """Per case, each design's median sps (bar, min-max whiskers) with its bound (a black tick) and, for stand-in
+    async designs, the pipeline bound (a grey tick)."""
+    from matplotlib.figure import Figure
+
+    rows = (result["standin"]["rows"] if result["standin"] else []) + (
+        result["atari"]["rows"] if result["atari"] else []
+    )
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    figure = Figure(figsize=(3.4 * len(cases), 3.8), layout="constrained")
+    axes = figure.subplots(1, len(cases), squeeze=False)[0]
+    for ax, case in zip(axes, cases):
+        mine = [r for r in rows if r["case"] == case]
+        x = range(len(mine))
+        medians = [r["sps_median"] for r in mine]
+        spread = [[m - r["sps_min"] for m, r in zip(medians, mine)], [r["sps_max"] - m for m, r in zip(medians, mine)]]
+        drawn = ax.bar(x, medians, yerr=spread, color=[f"C{i}" for i in x], capsize=3)
+        ax.bar_label(drawn, labels=[f"{r['ratio_to_bound']:.2f}" for r in mine], fontsize=7, label_type="center")
+        left, right = [i - 0.4 for i in x], [i + 0.4 for i in x]
+        ax.hlines([r["bound_sps"] for r in mine], left, right, colors="black", label="bound: E + A, max(E, A)")
+        pipeline = [(i, r["pipeline_bound_sps"]) for i, r in zip(x, mine) if r["pipeline_bound_sps"]]
+        if pipeline:
+            ends = ([i - 0.4 for i, _ in pipeline], [i + 0.4 for i, _ in pipeline])
+            ax.hlines([p for _, p in pipeline], *ends, colors="grey", label="pipeline bound")
+        ax.set_xticks(list(x), [r["design"] for r in mine], fontsize=7)
+        ax.set_title(case, fontsize=9)
+        ax.legend(fontsize=6, loc="lower right")
+    axes[0].set_ylabel("env steps/s (labels: ratio to the black bound)")
+    figure.suptitle(f"rollout phase, sync against async; {result['machine']['cpu']}", fontsize=8)
+    save(figure, path)
+
+
+def parse_args(argv):
+    """The command line; bad input exits with status 2 and a message naming the flag."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overlap", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--step-ms", nargs="+", type=positive_float, help="stand-in step costs d (default: 0.1 1 10)")
+    parser.add_argument("--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs")
+    parser.add_argument("--num-envs", type=positive_int, default=8, help="envs in every design")
+    parser.add_argument(
+        "--async-batch-sizes",
+        nargs="+",
+        type=positive_int,
+        help="async designs' batch sizes (default: envs / 2 and envs / 4; --quick: envs / 2)",
+    )
+    parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
+    parser.add_argument("--seconds", type=positive_float, help="one stand-in block's length (default: 2)")
+    parser.add_argument("--skip-atari", action="store_true", help="only the stand-in envs")
+    parser.add_argument("--env-id", default="Breakout-v5", help="the Atari game")
+    parser.add_argument("--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)")
+    parser.add_argument("--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="torch's intra-op threads, here and in the scripts' runs"
+    )
+    parser.add_argument("--compile", action="store_true", help="compile the Atari policy; the scripts run --compile")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="the Atari policy's device")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="smoke-run defaults (seconds in all)")
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.async_batch_sizes is None:  # the async script's default, and in a full run a quarter of the envs too
+        halves = [args.num_envs // 2] + ([] if args.quick else [args.num_envs // 4])
+        args.async_batch_sizes = list(dict.fromkeys(b for b in halves if b > 0))
+    bad = [b for b in args.async_batch_sizes if b >= args.num_envs or args.num_envs % b]
+    if bad:
+        parser.error(f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    return args
+
+
+def main(argv=None):
+    """Run both parts, print the tables, write the results; exit status 1 if a script run failed."""
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    torch.set_num_threads(args.threads)
+    result = {
+        "machine": machine_info(),
+        "device": str(device),
+        "started": datetime.now().isoformat(timespec="seconds"),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "scripts_dir"},
+        "standin": standin(args),
+        "atari": None,
+    }
+    if not args.skip_atari:
+        note(f"PPO Atari rollout phase: {args.env_id}, {args.num_envs} envs")
+        try:
+            result["atari"] = {
+                "rows": atari(args, device, args.scripts_dir),
+                "whole_iteration": whole_iteration(args, args.scripts_dir),
+            }
+        except BenchmarkError as error:
+            note(f"error: {error}")
+            return 1
+    paths = write_result(result, args.out, f"overlap-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot)
+    print(markdown(result))
+    note("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
