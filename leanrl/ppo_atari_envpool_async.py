@@ -1,0 +1,566 @@
+"""Proximal Policy Optimization on Atari with envpool's async mode: ppo_atari_envpool_torchcompile.py, with the
+games stepping while the policy acts.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
+
+    python leanrl/ppo_atari_envpool_async.py --compile               # on a CPU
+    python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a CUDA GPU
+
+The twin alternates: all envs step, then the policy acts on all of them. Here envpool is made with a `batch_size`
+(`--async-batch-size`, by default half the envs) below `num_envs`: `recv` returns the first `batch_size` envs that
+are done stepping, the policy acts on them and `send` hands their actions back by `env_id`, while the other envs step
+in envpool's threads. What changes, all in `collect_rollout`:
+- the rollout is stored by env: each env's steps in its own column, in order, row t its t-th step, so GAE, truncation
+  bootstrapping and the games' scores are the twin's; the bootstrap value is each env's value after its steps;
+- the end of a rollout: an env that has its `num_steps` steps while others lag acts on with the current policy, and
+  these extra steps are the first of the next rollout (PPO's ratio uses the stored log-probabilities of the policy
+  that acted, so it stays right; their stored values are one update old). A batch whose envs all have their steps is
+  held and acts after the update: envpool's `recv` waits for `batch_size` envs, and holding only whole batches keeps
+  that many in flight while any env lags. With `--async-batch-size` equal to `--num-envs` every batch is held, and
+  the script takes the twin's steps.
+Everything else (the update, `--compile`, `--cudagraphs`, the flags, the run folder) is the twin's.
+
+envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op
+resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends
+the episode the agent learns from, not the game it reports).
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_atari_envpool_async"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
+    save_model: bool = False
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many games with the trained policy and report their mean score (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes games instead of training"""
+    measure_burnin: int = 3
+    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "Breakout-v5"
+    """the id of the envpool Atari task"""
+    total_timesteps: int = 10_000_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    async_batch_size: int | None = None
+    """the envs the policy acts on at once (envpool's batch_size), a divisor of --num-envs; the others step meanwhile
+    (default: half the envs)"""
+    num_steps: int = 128
+    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 4
+    """the number of epochs (passes over the rollout) of each update"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+
+    compile: bool = False
+    """compile GAE, the update's loss and the acting policy with `torch.compile`"""
+    cudagraphs: bool = False
+    """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
+
+
+def make_envs(env_id, num_envs, batch_size, seed):
+    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default but episodic
+    life and clipped rewards); with `batch_size` < `num_envs`, async: `recv` returns `batch_size` of them. An id that
+    is not one of envpool's Atari games exits with status 2."""
+    if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
+    return envpool.make_gymnasium(
+        env_id, num_envs=num_envs, batch_size=batch_size, seed=seed, episodic_life=True, reward_clip=True
+    )
+
+
+def finished_games(game_returns, infos, truncations):
+    """envpool's info has no episode statistics: add this batch's unclipped rewards (`info["reward"]`) to its envs'
+    `game_returns` (one per env, in place, by `info["env_id"]`) and return the scores of the games that ended on this
+    step, over all their lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can
+    finish on one step."""
+    env_id = infos["env_id"]
+    game_returns[env_id] += infos["reward"]
+    game_over = env_id[infos["terminated"].astype(bool) | truncations]
+    scores = game_returns[game_over].tolist()
+    game_returns[game_over] = 0.0
+    return scores
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head; takes the
+    stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+
+    def __init__(self, n_act, device=None):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4, device=device)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2, device=device)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1, device=device)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512, device=device)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_act, device=device), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1, device=device), std=1)
+
+    def get_value(self, x):
+        return self.critic(self.network(x.float() / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x.float() / 255.0)  # uint8 frames become floats here, in the network
+        logits = self.actor(hidden)
+        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out; sampling by the
+        # Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as softmax(logits)
+        log_probs = logits.log_softmax(-1)
+        if action is None:
+            gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
+            action = (log_probs + gumbel).argmax(-1)
+        log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, log_prob, entropy, self.critic(hidden)
+
+
+def make_agent(n_act, device):
+    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are faster."""
+    agent = Agent(n_act, device=device)
+    return agent.to(memory_format=torch.channels_last) if device.type == "cpu" else agent
+
+
+def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input but `next_value`
+    [num_envs], the value of the observation after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
+    the episode ended at step t in a terminal state (or losing a life) / cut off. envpool resets in next-step mode:
+    the step after an episode's end returns its true final observation, so `values[t + 1]` is its value (a truncated
+    step bootstraps from it, a terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
+    dones = torch.maximum(terminations, truncations)
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
+    deltas = rewards + gamma * next_values - values
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
+    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
+    # num_steps-long loop, and the compiled graph stays small. The same sums, added in another order.
+    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
+    shift = 1
+    while shift < len(values):
+        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
+        shift *= 2
+    return advantages, advantages + values
+
+
+def make_update(agent, optimizer, args, compile_loss=False):
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
+    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay eager."""
+
+    def loss_fn(mb):
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        mb_advantages = mb["advantages"]
+        if args.norm_adv:
+            mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+    if compile_loss:
+        loss_fn = torch.compile(loss_fn, fullgraph=True)
+
+    def update(mb):
+        optimizer.zero_grad()
+        loss, stats = loss_fn(mb)
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return stats
+
+    return update
+
+
+def make_learner(args, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
+    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    agent = make_agent(n_act, device)
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an optimizer that is not
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    update = make_update(agent, optimizer, args, compile_loss=args.compile)
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    agent_inference = Agent(n_act, device=device)
+    from_module(agent).data.to_module(agent_inference)
+    policy = agent_inference.get_action_and_value
+    get_value = agent_inference.get_value
+    return agent, optimizer, (policy, get_value, update)
+
+
+class RolloutState:
+    """What one rollout hands the next: per env, `step`, the row of its next action (the steps it has taken in this
+    rollout) and `game_returns`, the score of its game in play; `held`, the batches (frames, env ids) that wait for
+    the updated policy; `global_step`, the env steps sent so far."""
+
+    def __init__(self, num_envs):
+        self.step = np.zeros(num_envs, dtype=np.int64)
+        self.game_returns = np.zeros(num_envs)
+        self.held = []
+        self.global_step = 0
+
+
+def act(envs, policy, rollout, state, obs, env_id):
+    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`): the actions are sent first,
+    so that these envs step while their step is stored in each env's next row."""
+    with torch.no_grad():
+        action, logprob, _, value = policy(obs)
+    envs.send(action.cpu().numpy(), env_id)
+    index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
+    rollout["obs"][index] = obs
+    rollout["actions"][index] = action
+    rollout["logprobs"][index] = logprob
+    rollout["values"][index] = value.flatten()
+    state.step[env_id] += 1
+    state.global_step += len(env_id)
+
+
+def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
+    """Fill rows 0..num_steps-1 of `rollout` (a TensorDict [2 * num_steps, num_envs]) with each env's next
+    `num_steps` steps, in order, and row `num_steps` of its values with each env's bootstrap value. `envs` has
+    envpool's async API (`recv()`, `send(actions, env_id)`) and was started with `async_reset()`; `policy(obs) ->
+    (action, logprob, entropy, value)` and `get_value(obs)` take one batch of uint8 frames on the rollout's device;
+    `log_episodes(global_step, scores)` gets the scores of the games that end; `state` carries over between calls."""
+    if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
+        lead = state.step.max() - num_steps
+        if lead:
+            rollout[:lead] = rollout[num_steps : num_steps + lead]
+        state.step -= num_steps
+    held, state.held = state.held, []
+    for obs, env_id in held:  # held at the end of the last rollout, they act with the updated policy
+        act(envs, policy, rollout, state, obs, env_id)
+    complete = np.zeros(len(state.step), dtype=bool)
+    while not complete.all():
+        obs, reward, terminations, truncations, infos = envs.recv()
+        env_id = infos["env_id"]
+        step = state.step[env_id]
+        if step.max() >= len(rollout):  # envpool queues actions first come first served: a lead this long is a bug
+            raise RuntimeError(f"an env took {num_steps} steps more than another in one rollout")
+        # the outcome of each env's last action, one row above its new frame (after `async_reset`, the reset's zeros
+        # go to row 0 and the outcome of the env's first action overwrites them)
+        index = tuple(torch.as_tensor(np.stack([np.maximum(step - 1, 0), env_id]), device=rollout.device))
+        rollout["rewards"][index] = torch.as_tensor(reward, device=rollout.device, dtype=torch.float)
+        rollout["terminations"][index] = torch.as_tensor(terminations, device=rollout.device, dtype=torch.float)
+        rollout["truncations"][index] = torch.as_tensor(truncations, device=rollout.device, dtype=torch.float)
+        log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
+        obs = torch.from_numpy(obs).to(rollout.device)  # on a CPU a view of envpool's array, no copy
+        complete[env_id[step >= num_steps]] = True
+        if (step >= num_steps).all():  # every env of the batch has its steps: hold it, its value bootstraps
+            with torch.no_grad():
+                value = get_value(obs).flatten()
+            rollout["values"][tuple(torch.as_tensor(np.stack([step, env_id]), device=rollout.device))] = value
+            state.held.append((obs, env_id))
+        else:
+            act(envs, policy, rollout, state, obs, env_id)
+
+
+def main(args):
+    if args.async_batch_size is None:
+        args.async_batch_size = args.num_envs // 2  # the default, half the envs, resolved once
+    check_args(args)
+    run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
+    envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    agent, optimizer, (policy, get_value, update) = make_learner(args, envs.single_action_space.n, device)
+    if run.saved_model is not None:
+        agent.load_state_dict(run.saved_model)
+    compute_gae = gae
+    if args.compile:
+        compute_gae = torch.compile(gae, fullgraph=True)
+        policy = torch.compile(policy, fullgraph=True)
+    if args.cudagraphs:
+        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next records the graph,
+        # later calls replay it; a compiled function warms up once more, to compile for the optimizer's state first
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
+
+    # ALGO Logic: Storage setup, [2 * num_steps, num_envs, ...], one TensorDict; frames stay uint8. Each env's steps
+    # fill its column in order; rows past num_steps hold the steps it takes while others finish: the next rollout's first
+    shape = (2 * args.num_steps, args.num_envs)
+    keys = ("logprobs", "values", "rewards", "terminations", "truncations")
+    storage = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
+    storage["obs"] = torch.zeros(*shape, *envs.single_observation_space.shape, dtype=torch.uint8, device=device)
+    storage["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
+    rollout = storage[: args.num_steps]  # a view: what the update learns from
+
+    state = RolloutState(args.num_envs)
+    envs.async_reset()  # every env resets in envpool's threads; recv returns them a batch at a time
+    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    for iteration in pbar:
+        if iteration == args.measure_burnin + 1:
+            run.start_clock(state.global_step)  # sps counts from here: compile and warm-up are behind
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+
+        collect_rollout(envs, policy, get_value, storage, state, args.num_steps, run.log_episodes)
+
+        # bootstrap value if not done: each env's value after its num_steps steps, taken as they came
+        next_value = storage["values"][args.num_steps]
+        inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
+        advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
+
+        # flatten the batch
+        b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+
+        # Optimizing the policy and value network
+        for _ in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                stats = update(b[mb_inds])
+            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+                break
+
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"), stats))
+        metrics |= dict(explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"])
+        run.log_progress(pbar, state.global_step, metrics)
+        run.steps = state.global_step
+        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
+            break
+
+    def evaluate_agent(episodes, videos):  # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+        eval_envs = make_envs(args.env_id, 1, 1, args.seed)
+        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
+
+    envs.close()
+    run.finish(device, agent.state_dict(), evaluate_agent, async_batch_size=args.async_batch_size)
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
+# loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    batch_size = args.num_steps * args.num_envs
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
+    if args.async_batch_size <= 0 or args.num_envs % args.async_batch_size != 0:
+        fail(f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must divide --num-envs")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+    if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)
+        fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
+
+
+class Run:
+    """Seeds, loads `--eval-model` (saved by any script of the algorithm), makes `runs/<run_name>/` (no videos/: envpool
+    renders no frames), starts wandb with `--track`, turns a first Ctrl-C into `run.stop` (a second stops at once)."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        self.args, self.script, self.wandb = args, script, None
+        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        if self.measure_start:  # else None: the clock has not started
+            return (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and mean return; with `--track`, `metrics` (tensors on any device, or numbers) to wandb."""
+        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}  # host syncs, only with --track
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time = self.args, time.time()
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        if model_file:  # loadable with torch.load(model_file, weights_only=True)
+            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            os.replace(model_file + ".tmp", model_file)
+        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        wall_s = end_time - self.start_time
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
+        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(interrupted=self.stop.is_set(), model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": self.curve}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, games, device):
+    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset()
+    game_returns, scores = np.zeros(1), []
+    while len(scores) < games:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device))
+        obs, _, _, truncations, infos = envs.step(actions.cpu().numpy())
+        scores += finished_games(game_returns, infos, truncations)
+    envs.close()
+    return scores[:games]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
