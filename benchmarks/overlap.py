@@ -1,39 +1,46 @@
-"""Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async mode, next to the
-bound each design can reach.
+"""Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async mode, each next to
+the bound its design can reach.
 
-    python -m benchmarks.overlap                  # stand-in envs at d = 0.1, 1, 10 ms, then PPO Atari (~6 min here)
-    python -m benchmarks.overlap --quick          # a smoke run (seconds): short blocks, tiny Atari budgets
+    python -m benchmarks.overlap                  # stand-in envs at d = 0.1, 1, 10 ms, then PPO Atari (~8 min here)
+    python -m benchmarks.overlap --quick          # a smoke run (~1 min): short blocks, tiny Atari budgets
     python -m benchmarks.overlap --skip-atari     # the stand-in envs alone
     python -m benchmarks.overlap --compile        # the Atari policy compiled (in the rollouts and the scripts' runs)
 
 Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but the async one).
-`async B`: envpool's async mode with `batch_size` B: `recv` the first B envs that finished stepping, act on them,
-`send` their actions, while the other envs step in the pool's threads.
+`async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv` the first B envs done stepping,
+act on them, `send` their actions, while the other envs step in the pool's threads.
 
-Bounds, from costs measured alone: E, the env-only time per env step of the design's own mode (the envs stepped with
-fixed actions, no policy), and A, the acting time per env step at the design's batch (the policy's median call on B
-frames, over B). sync: 1 / (E + A) steps/s (stepping and acting alternate); async: 1 / max(E, A) (they overlap).
-Each design's rollout sps is reported as a ratio to its bound. With two batches in flight (B = envs / 2) every batch
-still waits for its own actions before it steps again, so the stand-in rows also give the pipeline bound of k = envs / B
-batches, 1 / max(E + A / k, A): a batch takes as long to step as all envs together (E x envs, as long as there is a
-thread per env, as in the stand-in; so not for envpool on fewer cores than envs), then waits for its actions (A x B),
-and k batches share one policy. Only more batches (smaller B), or a policy much cheaper or much dearer than the envs,
-bring the async design to the larger-of-the-two bound.
+Bounds, from costs measured alone: E, the env-only time per env step in the design's own mode (the envs driven by
+the same loop with fixed or random actions and no policy), and A, the acting time per env step at the design's batch
+(the policy's median call on B frames, over B). sync: 1 / (E + A) env steps/s, as stepping and acting alternate;
+async: 1 / max(E, A), as they overlap. Each rollout's sps is reported as a ratio to its design's bound. Two caveats:
+- with k = envs / B batches in flight, each batch still waits for its own actions before it steps again, so the
+  stand-in rows add the pipeline bound 1 / max(E + A / k, A): a batch steps in the time all envs do (E x envs, with a
+  thread per env as in the stand-in), then waits A x B for its actions, and k batches share one policy. At k = 2 and
+  E near A it is well below max(E, A): only more batches (smaller B), or a policy much cheaper or dearer than the
+  envs, bring the async design near the larger-of-the-two bound;
+- on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for the envs and
+  A with the policy alone, so neither bound counts what one takes from the other.
 
-(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread, one thread per env
-in every design (so the envs can step at the same rate in both); the policy is a fixed matmul, one [64, 64] product per
-frame repeated so that acting on all envs costs about `--policy-ms` (its cost grows with the batch, as a network's).
-`--rounds` rounds alternate the designs, each a block of `--seconds`.
-(b) PPO Atari with envpool (Breakout-v5, 8 envs): the twin's rollout (ppo_atari_envpool_torchcompile.py's loop over
-`num_steps`, reproduced line for line in `twin_rollout` below, with the twin's own agent, `make_envs` and
-`finished_games`) against the async script's rollout function (ppo_atari_envpool_async.py, imported), both acting with
-the same agent; E from the twin's and the async script's envs stepped with random actions, A from the agent's acting
-policy on real frames. Beside it, whole-iteration sps (rollout and update) of both scripts: each run briefly, its
-SUMMARY's `sps`.
+(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread, outside the GIL,
+one thread per env in every design (the envs can all step at once in each); the policy is a fixed matmul, per frame
+a chain of [64, 64] products calibrated so that acting on all envs costs about `--policy-ms` (its cost grows with the
+batch, as a network's). `--rounds` rounds alternate the designs, each a block of `--seconds`.
+(b) PPO Atari with envpool (`--env-id`, by default Breakout-v5, 8 envs). sync: the twin's rollout phase, its loop
+over `num_steps` reproduced line for line in `twin_rollout` below (tests/test_overlap.py checks each line against the
+twin) with the twin's `make_envs` and `finished_games`, then its bootstrap value. The async script's `collect_rollout`
+with `--async-batch-size` = `--num-envs` takes the same env steps, but with its own by-env bookkeeping: the twin's
+loop itself is what the twin runs. async B: ppo_atari_envpool_async.py's `collect_rollout` (imported), with the
+script's storage and state carried from rollout to rollout. Both act with one agent (the twin's `make_learner`), so
+A is the same network in both; E comes from each design's envpool stepped with pre-drawn random actions. Rollouts of
+`--atari-steps` steps, `--atari-rollouts` per block, one untimed first. Beside them, the whole iteration (rollout and
+update): each script run once for 20480 env steps, 3 iterations of burn-in (`--quick`: 512 steps in rollouts of 16
+steps, 1 of burn-in), its SUMMARY's `sps`.
 
-Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`): every block's sps, the medians, the costs, the
-bounds and the ratios, the machine; the table; a plot of sps against each bound. Timings on a busy machine are noise:
-measure on an idle one.
+torch runs `--threads` intra-op threads (default 1, the scripts' runs get OMP_NUM_THREADS the same): more spin in
+OpenMP and take the cores the envs step on. Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`):
+every block's sps, the medians, costs, bounds and ratios, the machine; the tables; a plot of each design's sps under
+its bounds. A script run that fails ends the benchmark with status 1. Timings on a busy machine are noise.
 """
 
 import argparse
@@ -311,8 +318,9 @@ def async_rollouts(module, num_steps, envs, policy, get_value, device):
     envs.async_reset()
 
     def one():
+        sent = state.global_step
         module.collect_rollout(envs, policy, get_value, rollout, state, num_steps, lambda *_: None)
-        return num_steps * envs.num_envs
+        return state.global_step - sent  # num_steps x num_envs, a few more or fewer as envs run ahead
 
     return one
 
@@ -392,7 +400,8 @@ def alternate_rollouts(loops, rounds, rollouts):
 
 
 def whole_iteration(args, scripts_dir, timeout=1800):
-    """Each script's SUMMARY sps (rollout and update, after its burn-in) from one brief run with `--script-flags`."""
+    """Each script's SUMMARY sps (rollout and update, after its burn-in) from one brief run with `args.script_flags`
+    (FULL's or QUICK's); the async script once per async batch size."""
     rows = []
     runs = [(TWIN, [])] + [(ASYNC, ["--async-batch-size", str(batch)]) for batch in args.async_batch_sizes]
     for script, flags in runs:

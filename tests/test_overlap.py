@@ -3,6 +3,7 @@ end by life, by game and by truncation with envpool's next-step reset, outputs t
 async recv that returns the first envs done while the others step in threads; and `python -m benchmarks.overlap
 --quick` writes its table, plot and JSON with bounds that follow from the costs it measured. Nothing here is timed."""
 
+import inspect
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, script_env
+from conftest import ROOT, SCRIPTS, script_env
 from tensordict import TensorDict
 
 from benchmarks import overlap
@@ -213,6 +214,16 @@ def test_the_twin_rollout_stores_each_env_step_in_its_slot():
     reset_next = torch.cat([torch.zeros(1, num_envs, dtype=torch.bool), ends[:-1]])
     expected = torch.where(reset_next, 0.0, torch.sign(rollout["actions"].float()))
     torch.testing.assert_close(rollout["rewards"], expected)
+
+
+def test_the_twin_rollout_is_the_twins_loop_line_for_line():
+    """Every statement of the benchmark's copy of the loop is a line of the twin (its comments aside), but the loop's
+    header and the episode logging, which the copy drops."""
+    twin = [line.split("  #")[0].strip() for line in (SCRIPTS / f"{overlap.TWIN}.py").read_text().splitlines()]
+    copy = inspect.getsource(overlap.twin_rollout).split('"""')[2].splitlines()
+    statements = [line.strip() for line in copy if line.strip() and not line.strip().startswith(("for ", "return"))]
+    missing = [line for line in statements if line not in twin and not line.startswith("finished_games(")]
+    assert len(statements) == 13 and not missing, missing
 
 
 def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_path):
