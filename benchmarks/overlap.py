@@ -10,10 +10,12 @@ Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them
 `async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv` the first B envs done stepping,
 act on them, `send` their actions, while the other envs step in the pool's threads.
 
-Bounds, from costs measured alone: E, the env-only time per env step in the design's own mode (the envs driven by
-the same loop with fixed or random actions and no policy), and A, the acting time per env step at the design's batch
-(the policy's median call on B frames, over B). sync: 1 / (E + A) env steps/s, as stepping and acting alternate;
-async: 1 / max(E, A), as they overlap. Each rollout's sps is reported as a ratio to its design's bound. Two caveats:
+Bounds, from costs measured alone, in blocks of their own that take turns with the rollouts' in every round (so a
+noisy machine hits costs and rollouts alike; medians over the rounds): E, the env-only time per env step in the
+design's own mode (the same loop with fixed or random actions, no policy), and A, the acting time per env step at
+the design's batch (the policy called on B frames, over B). sync: 1 / (E + A) env steps/s, as stepping and acting
+alternate; async: 1 / max(E, A), as they overlap. Each rollout's sps is reported as a ratio to its design's bound.
+Two caveats:
 - with k = envs / B batches in flight, each batch still waits for its own actions before it steps again, so the
   stand-in rows add the pipeline bound 1 / max(E + A / k, A): a batch steps in the time all envs do (E x envs, with a
   thread per env as in the stand-in), then waits A x B for its actions, and k batches share one policy. At k = 2 and
@@ -25,7 +27,8 @@ async: 1 / max(E, A), as they overlap. Each rollout's sps is reported as a ratio
 (a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread, outside the GIL,
 one thread per env in every design (the envs can all step at once in each); the policy is a fixed matmul, per frame
 a chain of [64, 64] products calibrated so that acting on all envs costs about `--policy-ms` (its cost grows with the
-batch, as a network's). `--rounds` rounds alternate the designs, each a block of `--seconds`.
+batch, as a network's). Each of `--rounds` rounds times a block of `--seconds` of every design's rollout and envs
+alone, and of the policy alone at every batch size (a quarter as long), in an order rotated each round.
 (b) PPO Atari with envpool (`--env-id`, by default Breakout-v5, 8 envs). sync: the twin's rollout phase, its loop
 over `num_steps` reproduced line for line in `twin_rollout` below (tests/test_overlap.py checks each line against the
 twin) with the twin's `make_envs` and `finished_games`, then its bootstrap value. The async script's `collect_rollout`
@@ -33,9 +36,9 @@ with `--async-batch-size` = `--num-envs` takes the same env steps, but with its 
 loop itself is what the twin runs. async B: ppo_atari_envpool_async.py's `collect_rollout` (imported), with the
 script's storage and state carried from rollout to rollout. Both act with one agent (the twin's `make_learner`), so
 A is the same network in both; E comes from each design's envpool stepped with pre-drawn random actions. Rollouts of
-`--atari-steps` steps, `--atari-rollouts` per block, one untimed first. Beside them, the whole iteration (rollout and
-update): each script run once for 20480 env steps, 3 iterations of burn-in (`--quick`: 512 steps in rollouts of 16
-steps, 1 of burn-in), its SUMMARY's `sps`.
+`--atari-steps` steps, `--atari-rollouts` per block, one untimed first; env-only and acting blocks as in (a). Beside
+them, the whole iteration (rollout and update): each script run once for 20480 env steps, 3 iterations of burn-in
+(`--quick`: 512 steps in rollouts of 16 steps, 1 of burn-in), its SUMMARY's `sps`.
 
 torch runs `--threads` intra-op threads (default 1, the scripts' runs get OMP_NUM_THREADS the same): more spin in
 OpenMP and take the cores the envs step on. Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`):
@@ -44,6 +47,7 @@ its bounds. A script run that fails ends the benchmark with status 1. Timings on
 """
 
 import argparse
+import functools
 import itertools
 import os
 import statistics
@@ -60,7 +64,7 @@ import torch
 from tensordict import TensorDict
 
 from benchmarks.env_limit import random_actions
-from benchmarks.inference import calls_per_block, note, pick_device, positive_float, positive_int, time_block
+from benchmarks.inference import note, pick_device, positive_float, positive_int, time_block
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
@@ -131,25 +135,68 @@ def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter
     return env_steps / elapsed
 
 
-def acting_ms(act, frames, block_s, cuda=False):
-    """The median time in ms of `act(frames)`, over a block of about `block_s` seconds (after 3 untimed calls)."""
-    for _ in range(3):
-        act(frames)
-    calls = calls_per_block(statistics.median(time_block(act, frames, 3, cuda)), block_s, 5, 2000)
-    return statistics.median(time_block(act, frames, calls, cuda)) * 1e3
+def acting_step(act, frames, cuda=False):
+    """A step function for `steps_per_second`: the policy `act` on `frames` once (no autograd; on CUDA, waited for)."""
+
+    def step():
+        with torch.no_grad():
+            act(frames)
+        if cuda:
+            torch.cuda.synchronize()
+        return len(frames)
+
+    return step
 
 
-def bounds(design, num_envs, batch, env_sps, act_ms):
-    """The design's cost per env step: E (env only) and A (acting, the policy's call on `batch` frames over
-    `batch`), in µs, and its bound in env steps/s: 1 / (E + A) for sync, 1 / max(E, A) for async, where stepping and
-    acting overlap. For async also the pipeline bound of k = num_envs / batch batches, 1 / max(E + A / k, A), which
-    holds where a batch steps in E k (a thread per env)."""
-    env_us, act_us = 1e6 / env_sps, act_ms * 1e3 / batch
-    row = {"env_us_per_step": env_us, "acting_us_per_step": act_us}
+def rollouts_block(one, rollouts):
+    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps); returns their sps."""
+
+    def block():
+        start, env_steps = time.perf_counter(), sum(one() for _ in range(rollouts))
+        return env_steps / (time.perf_counter() - start)
+
+    return block
+
+
+def alternate(blocks, rounds):
+    """Each block's rates over `rounds` rounds, the blocks (named functions that time one block and return its rate)
+    taking turns in an order rotated each round, so that a noisy machine hits each alike."""
+    names, rates = list(blocks), {name: [] for name in blocks}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            rates[name].append(blocks[name]())
+    return rates
+
+
+def bounds(design, num_envs, batch, env_sps, acting_sps):
+    """The design's costs per env step, E (`env_sps`: the envs alone) and A (`acting_sps`: frames/s of the policy on
+    `batch` frames), in µs, and its bound in env steps/s: 1 / (E + A) for sync, 1 / max(E, A) for async, where
+    stepping and acting overlap. For async also the pipeline bound of k = num_envs / batch batches,
+    1 / max(E + A / k, A), which holds where a batch steps in E x num_envs (a thread per env)."""
+    env_us, act_us = 1e6 / env_sps, 1e6 / acting_sps
+    row = {"env_us_per_step": env_us, "acting_us_per_step": act_us, "acting_ms": batch * act_us / 1e3}
     if design == "sync":
         return row | {"bound_sps": 1e6 / (env_us + act_us), "pipeline_bound_sps": None}
     k = num_envs / batch
     return row | {"bound_sps": 1e6 / max(env_us, act_us), "pipeline_bound_sps": 1e6 / max(env_us + act_us / k, act_us)}
+
+
+def design_rows(case, plan, num_envs, rates, pipeline=True):
+    """One row per design of `plan` from the rates of its blocks (`rollout <design>`, `env-only <design>`,
+    `acting <batch>`): medians, costs, bounds and ratios; sps relative to sync. `pipeline`: whether the pipeline
+    bound holds (a thread per env)."""
+    rows = []
+    for name, batch in plan:
+        env_sps, acting_sps = (statistics.median(rates[key]) for key in (f"env-only {name}", f"acting {batch}"))
+        row = {"case": case, "design": name, "batch": batch, "env_only_sps": env_sps, "acting_sps": acting_sps}
+        row |= {"env_only_blocks": rates[f"env-only {name}"], "acting_blocks": rates[f"acting {batch}"]}
+        row |= bounds(name, num_envs, batch, env_sps, acting_sps)
+        if not pipeline:
+            row["pipeline_bound_sps"] = None
+        rows.append(summarize(row, rates[f"rollout {name}"]))
+    sync = rows[0]["sps_median"]
+    return [r | {"vs_sync": r["sps_median"] / sync} for r in rows]
 
 
 def summarize(row, sps):
@@ -159,12 +206,6 @@ def summarize(row, sps):
     row["ratio_to_bound"] = median / row["bound_sps"]
     row["ratio_to_pipeline_bound"] = median / row["pipeline_bound_sps"] if row["pipeline_bound_sps"] else None
     return row
-
-
-def with_speedups(rows):
-    """Each row's median sps over its case's sync median (`vs_sync`)."""
-    sync = {r["case"]: r["sps_median"] for r in rows if r["design"] == "sync"}
-    return [r | {"vs_sync": r["sps_median"] / sync[r["case"]]} for r in rows]
 
 
 def loop_of(design):
@@ -211,37 +252,23 @@ def fixed_actions(obs):
     return np.zeros(len(obs), dtype=np.int64)
 
 
-def standin_case(step_ms, args, act, costs):
-    """One step cost d: each design's env-only sps and its rollout sps, the designs alternated over rounds; `costs`:
-    the policy's ms per call by batch size."""
-    case = f"stand-in d={step_ms:g} ms"
+def standin_case(step_ms, args, act, frames):
+    """One step cost d: the rollout, env-only and acting blocks of every design, alternated over rounds."""
     plan = designs(args.num_envs, args.async_batch_sizes)
 
     def pool(batch):  # a thread per env in every design, so that all envs can step at once in each
         return StandInEnvs(args.num_envs, batch, args.num_envs, step_ms / 1e3, seed=args.seed)
 
-    env_sps = {}
-    for name, batch in plan:
-        with closing(pool(batch)) as envs:
-            env_sps[name] = steps_per_second(loop_of(name)(envs, fixed_actions), args.seconds)
     with ExitStack() as stack:
-        loops = {name: loop_of(name)(stack.enter_context(closing(pool(batch))), act) for name, batch in plan}
-        blocks = alternate(loops, args.rounds, args.seconds)
-    rows = []
-    for name, batch in plan:
-        row = {"case": case, "design": name, "batch": batch, "env_only_sps": env_sps[name], "acting_ms": costs[batch]}
-        rows.append(summarize(row | bounds(name, args.num_envs, batch, env_sps[name], costs[batch]), blocks[name]))
-    return rows
-
-
-def alternate(loops, rounds, seconds):
-    """Each loop's sps over `rounds` blocks of `seconds`, the loops taking turns in an order rotated each round."""
-    names, sps = list(loops), {name: [] for name in loops}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            sps[name].append(steps_per_second(loops[name], seconds))
-    return sps
+        blocks = {}
+        for name, batch in plan:
+            for kind, policy in (("rollout", act), ("env-only", fixed_actions)):
+                step = loop_of(name)(stack.enter_context(closing(pool(batch))), policy)
+                blocks[f"{kind} {name}"] = functools.partial(steps_per_second, step, args.seconds)
+            step = acting_step(act, frames[:batch])
+            blocks[f"acting {batch}"] = functools.partial(steps_per_second, step, args.seconds / 4)
+        rates = alternate(blocks, args.rounds)
+    return design_rows(f"stand-in d={step_ms:g} ms", plan, args.num_envs, rates)
 
 
 def standin(args):
@@ -249,13 +276,11 @@ def standin(args):
     act, rounds = matmul_policy(args.policy_ms, args.num_envs, n_actions=4, seed=args.seed)
     with closing(StandInEnvs(args.num_envs, seed=args.seed)) as envs:
         frames = envs.reset()[0]
-    batches = [args.num_envs, *args.async_batch_sizes]
-    costs = {batch: acting_ms(act, frames[:batch], args.seconds / 4) for batch in batches}
     rows = []
     for step_ms in args.step_ms:
         note(f"stand-in envs: d = {step_ms:g} ms")
-        rows += standin_case(step_ms, args, act, costs)
-    return {"policy_rounds": rounds, "acting_ms": costs, "rows": with_speedups(rows)}
+        rows += standin_case(step_ms, args, act, frames)
+    return {"policy_rounds": rounds, "rows": rows}
 
 
 # ---- (b) PPO Atari with envpool ----
@@ -332,22 +357,19 @@ def atari_policy(twin, agent_args, n_act, device, compile_policy):
     return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
 
 
-def atari_env_only(envs, seconds, seed):
-    """Env-only sps of envpool `envs` (sync or async), stepped with pre-drawn random actions."""
+def random_actions_of(envs, seed):
+    """A policy for the env-only blocks: pre-drawn random actions, cycled, cut to the batch."""
     actions = itertools.cycle(random_actions(envs.single_action_space, envs.num_envs, seed))
 
     def act(obs):
         return next(actions)[: len(obs)]
 
-    return steps_per_second(
-        loop_of("async" if envs.config["batch_size"] < envs.num_envs else "sync")(envs, act), seconds
-    )
+    return act
 
 
 def atari(args, device, scripts_dir):
     """Rows of the twin's and the async script's rollout phase, with the env-only and acting costs and bounds."""
     twin, asynchronous = load_script(TWIN, scripts_dir), load_script(ASYNC, scripts_dir)
-    case = f"{args.env_id}, {args.num_envs} envs"
     plan = designs(args.num_envs, args.async_batch_sizes)
     agent_args = twin.Args(
         env_id=args.env_id, num_envs=args.num_envs, num_steps=args.atari_steps, seed=args.seed, compile=args.compile
@@ -358,45 +380,26 @@ def atari(args, device, scripts_dir):
             return twin.make_envs(args.env_id, args.num_envs, args.seed)
         return asynchronous.make_envs(args.env_id, args.num_envs, batch, args.seed)
 
-    env_sps = {}
-    for name, batch in plan:
-        with closing(pool(name, batch)) as envs:
-            env_sps[name] = atari_env_only(envs, args.seconds, args.seed)
-            if name == "sync":
-                frames = torch.from_numpy(envs.reset()[0]).to(device)
-                n_act = envs.single_action_space.n
     torch.manual_seed(args.seed)
-    policy, get_value = atari_policy(twin, agent_args, n_act, device, args.compile)
-    with torch.no_grad():
-        costs = {batch: acting_ms(policy, frames[:batch], args.seconds / 4, device.type == "cuda") for _, batch in plan}
     with ExitStack() as stack:
-        loops = {}
+        blocks = {}
         for name, batch in plan:
             envs = stack.enter_context(closing(pool(name, batch)))
             if name == "sync":
-                loops[name] = twin_rollouts(twin, args.atari_steps, envs, policy, get_value, device)
+                frames = torch.from_numpy(envs.reset()[0]).to(device)
+                policy, get_value = atari_policy(twin, agent_args, envs.single_action_space.n, device, args.compile)
+                one = twin_rollouts(twin, args.atari_steps, envs, policy, get_value, device)
             else:
-                loops[name] = async_rollouts(asynchronous, args.atari_steps, envs, policy, get_value, device)
-        blocks = alternate_rollouts(loops, args.rounds, args.atari_rollouts)
-    rows = []
-    for name, batch in plan:
-        row = {"case": case, "design": name, "batch": batch, "env_only_sps": env_sps[name], "acting_ms": costs[batch]}
-        row |= bounds(name, args.num_envs, batch, env_sps[name], costs[batch]) | {"pipeline_bound_sps": None}
-        rows.append(summarize(row, blocks[name]))
-    return with_speedups(rows)
-
-
-def alternate_rollouts(loops, rounds, rollouts):
-    """Each loop's sps over `rounds` blocks of `rollouts` whole rollouts (after one untimed), in rotated order."""
-    for one in loops.values():
-        one()
-    names, sps = list(loops), {name: [] for name in loops}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            start, env_steps = time.perf_counter(), sum(loops[name]() for _ in range(rollouts))
-            sps[name].append(env_steps / (time.perf_counter() - start))
-    return sps
+                one = async_rollouts(asynchronous, args.atari_steps, envs, policy, get_value, device)
+            one()  # untimed: the first rollout warms up (and compiles)
+            blocks[f"rollout {name}"] = rollouts_block(one, args.atari_rollouts)
+            envs_alone = stack.enter_context(closing(pool(name, batch)))
+            step = loop_of(name)(envs_alone, random_actions_of(envs_alone, args.seed))
+            blocks[f"env-only {name}"] = functools.partial(steps_per_second, step, args.seconds)
+            step = acting_step(policy, frames[:batch], device.type == "cuda")
+            blocks[f"acting {batch}"] = functools.partial(steps_per_second, step, args.seconds / 4)
+        rates = alternate(blocks, args.rounds)
+    return design_rows(f"{args.env_id}, {args.num_envs} envs", plan, args.num_envs, rates, pipeline=False)
 
 
 def whole_iteration(args, scripts_dir, timeout=1800):

@@ -172,15 +172,35 @@ def test_each_env_plays_the_same_game_async_as_sync_whatever_the_order_of_the_ba
 
 
 def test_bounds_follow_from_the_measured_costs():
-    # E = 100 µs per env step; acting on 8 envs 0.8 ms, on 4 envs 0.4 ms: A = 100 µs per env step in both
-    sync = overlap.bounds("sync", 8, 8, env_sps=10_000, act_ms=0.8)
+    # E = 100 µs per env step (10,000 env steps/s alone); the policy takes 100 µs per frame at any batch
+    sync = overlap.bounds("sync", 8, 8, env_sps=10_000, acting_sps=10_000)
     assert sync["bound_sps"] == pytest.approx(5000) and sync["pipeline_bound_sps"] is None
-    async_4 = overlap.bounds("async 4", 8, 4, env_sps=10_000, act_ms=0.4)
-    assert async_4["bound_sps"] == pytest.approx(10_000)
+    assert sync["acting_ms"] == pytest.approx(0.8)
+    async_4 = overlap.bounds("async 4", 8, 4, env_sps=10_000, acting_sps=10_000)
+    assert async_4["bound_sps"] == pytest.approx(10_000) and async_4["acting_ms"] == pytest.approx(0.4)
     # two batches: each steps for 8 x 100 µs, then waits 4 x 100 µs for its actions: 1.2 ms per 8 steps
     assert async_4["pipeline_bound_sps"] == pytest.approx(8 / 1.2e-3)
-    async_1 = overlap.bounds("async 1", 8, 1, env_sps=10_000, act_ms=0.3)  # policy-bound: 300 µs per step
+    async_1 = overlap.bounds("async 1", 8, 1, env_sps=10_000, acting_sps=1e6 / 300)  # policy-bound: 300 µs a step
     assert async_1["bound_sps"] == pytest.approx(1e6 / 300) == async_1["pipeline_bound_sps"]
+
+
+def test_design_rows_take_medians_of_the_alternated_blocks_and_compare_with_sync():
+    rates = {
+        "rollout sync": [90.0, 100.0, 400.0],
+        "env-only sync": [200.0, 250.0, 1.0],
+        "acting 2": [300.0, 1e9, 1e9],
+        "rollout async 1": [150.0, 120.0, 130.0],
+        "env-only async 1": [250.0, 250.0, 250.0],
+        "acting 1": [500.0, 500.0, 1.0],
+    }
+    sync, async_1 = overlap.design_rows("case", [("sync", 2), ("async 1", 1)], 2, rates)
+    assert (sync["sps_median"], sync["sps_min"], sync["sps_max"], sync["vs_sync"]) == (100.0, 90.0, 400.0, 1.0)
+    assert (sync["env_only_sps"], sync["acting_sps"]) == (200.0, 1e9)
+    assert sync["bound_sps"] == pytest.approx(1 / (1 / 200 + 1 / 1e9))
+    assert async_1["bound_sps"] == pytest.approx(250.0) and async_1["vs_sync"] == pytest.approx(1.3)
+    assert async_1["ratio_to_bound"] == pytest.approx(130 / 250)
+    no_pipeline = overlap.design_rows("case", [("sync", 2), ("async 1", 1)], 2, rates, pipeline=False)[1]
+    assert no_pipeline["pipeline_bound_sps"] is None and no_pipeline["ratio_to_pipeline_bound"] is None
 
 
 def test_the_twin_rollout_stores_each_env_step_in_its_slot():
