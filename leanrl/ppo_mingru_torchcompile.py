@@ -7,6 +7,7 @@ which only an agent that remembers past positions balances well; 200k steps, 8 e
     python leanrl/ppo_mingru_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_mingru_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
     python leanrl/ppo_mingru_torchcompile.py --compile --no-memory   # no memory: it plateaus lower
+    python leanrl/ppo_mingru_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0  # POPGym's recall task
 
 Same algorithm, defaults and loop as the eager twin; what changes is the data flow:
 - the recurrence runs as a chunked associative scan (`linear_recurrence`): ~2 sqrt(T) vectorized steps, not T;
@@ -71,9 +72,9 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
-    obs_indices: tuple[int, ...] = (0, 2)
-    """the observation entries the agent sees (default: CartPole's cart position and pole angle, both velocities
-    hidden); `--obs-indices` with no value keeps them all"""
+    obs_indices: tuple[int, ...] | None = None
+    """the entries of the observation the agent sees; by default CartPole-v1's positions (0 2) on CartPole-v1, every
+    entry on any other env; `--obs-indices` with no value keeps them all"""
     memory: bool = True
     """carry the recurrent state from step to step; `--no-memory` resets it at every step (a feedforward baseline)"""
     total_timesteps: int = 200_000
@@ -115,9 +116,18 @@ class Args:
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
+def observed_indices(env_id, obs_indices):
+    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
+    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
+    if obs_indices is not None:
+        return tuple(obs_indices)
+    return (0, 2) if env_id == "CartPole-v1" else ()
+
+
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
-        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        # only with video: some envs (POPGym's) take no render_mode argument
+        env = gym.make(env_id) if video_dir is None else gym.make(env_id, render_mode="rgb_array")
         if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
             record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
             prefix = "train" if video_episodes is None else "eval"
@@ -158,7 +168,7 @@ class Agent(nn.Module):
     u_{t-1}], the layer's input beside the previous step's (a token shift, as in RWKV): on velocity-hidden CartPole
     a layer sees the difference of consecutive positions, the missing velocity, in one step (docs/memory.md)."""
 
-    def __init__(self, n_obs, n_act, hidden_size=128, num_layers=2, width=128, device=None):
+    def __init__(self, n_obs, n_act, hidden_size=128, num_layers=2, width=128, horizon=64, device=None):
         super().__init__()
         self.hidden_size, self.num_layers, self.width = hidden_size, num_layers, width
         self.state_size = hidden_size + width
@@ -167,6 +177,14 @@ class Agent(nn.Module):
         self.mingru = nn.ModuleList(
             layer_init(nn.Linear(2 * width, 2 * hidden_size, device=device), std=1.0) for _ in range(num_layers)
         )
+        # the chrono initialization (Tallec and Ollivier 2018), its uniform's quantiles in place of random draws: W_z's
+        # bias -log(u), u spread evenly over [1, horizon - 1], so a_t = 1 - z_t starts near u / (1 + u) and the units
+        # remember over 2 to `horizon` steps. With a zero bias a_t was 0.5: h halved at every step, and at init the
+        # gradient from step 50 back to step 0 was 1e-16 of its own step's: POPGym's recall tasks stayed out of reach
+        timescales = torch.linspace(1, horizon - 1, hidden_size, device=device)
+        for mingru in self.mingru:
+            with torch.no_grad():
+                mingru.bias[:hidden_size] = -timescales.log()
         self.post = nn.ModuleList(
             nn.Sequential(layer_init(nn.Linear(2 * width + hidden_size, width, device=device)), nn.Tanh())
             for _ in range(num_layers)
@@ -387,6 +405,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
+    args.obs_indices = observed_indices(args.env_id, args.obs_indices)  # None: the env's default, resolved once
     run = Run(args, "ppo_mingru_torchcompile")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
     videos = None if args.eval_model else run.videos  # evaluating a saved model records no training episode
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, videos)
@@ -503,7 +522,9 @@ def main(args):
         freeze_obs_rms(eval_envs, obs_rms)
         return evaluate(agent, eval_envs, episodes, args.seed, args.memory, device)
 
-    run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent)
+    run.finish(
+        device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, obs_indices=list(args.obs_indices)
+    )
 
 
 # ======================================================================================================================
