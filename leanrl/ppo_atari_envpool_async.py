@@ -18,7 +18,9 @@ in envpool's threads. What changes, all in `collect_rollout`:
   held and acts after the update: envpool's `recv` waits for `batch_size` envs, and holding only whole batches keeps
   that many in flight while any env lags. With `--async-batch-size` equal to `--num-envs` every batch is held, and
   the script takes the twin's steps.
-Everything else (the update, `--compile`, `--cudagraphs`, the flags, the run folder) is the twin's.
+Everything else is the twin's: the update, the flags, the run folder, and `--compile` (acting, GAE and the update's
+loss) and `--cudagraphs` (acting and the update recorded as CUDA graphs: a batch always has `--async-batch-size`
+envs, so acting keeps one shape; exit status 2 without a CUDA device). SUMMARY adds `async_batch_size`.
 
 envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op
 resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends

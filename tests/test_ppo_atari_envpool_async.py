@@ -3,12 +3,12 @@ benchmarks/standin.py (frames that say which env, episode and step they are, a d
 `collect_rollout` stores what the twin's synchronous loop stores for the same env steps, each env's steps in order,
 and counts every finished game once, whatever order the envs come back in. The script trains (compiled), its model
 loads in the twin, with `--async-batch-size` equal to `--num-envs` it plays the twin's games, and a bad
-`--async-batch-size` exits 2."""
+`--async-batch-size` (or `--cudagraphs` without CUDA) exits 2."""
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, load_script, run_script, summary
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 from test_ppo_atari_envpool import SMOKE, TWIN
 
@@ -220,10 +220,23 @@ def test_one_batch_of_all_envs_plays_the_twins_games():
     assert [point[::2] for point in same["curve"]] == [point[::2] for point in twin["curve"]]
 
 
+@requires_cuda
+def test_cudagraphs_smoke():
+    """Acting on batches of 4 recorded as a CUDA graph (one shape: every batch has --async-batch-size envs)."""
+    result = summary(run_script(ASYNC, *SMOKE, "--compile", "--cudagraphs"))
+    assert result["cudagraphs"] is True and result["device"].startswith("cuda")
+    assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
+
+
 @pytest.mark.parametrize(
-    "flags",
-    [("--async-batch-size", "3"), ("--async-batch-size", "0"), ("--num-envs", "7")],
-    ids=["not-a-divisor", "zero", "default-on-7-envs"],
+    "flags, words",
+    [
+        (("--async-batch-size", "3"), ("--async-batch-size", "divide --num-envs")),
+        (("--async-batch-size", "0"), ("--async-batch-size", "divide --num-envs")),
+        (("--num-envs", "7"), ("--async-batch-size", "default", "divide --num-envs")),  # the default: 3
+        (("--cudagraphs",), ("--cudagraphs", "CUDA")),  # a launched script sees no GPU (conftest.script_env)
+    ],
+    ids=["not-a-divisor", "zero", "default-on-7-envs", "cudagraphs-without-cuda"],
 )
-def test_bad_async_batch_size_exits_2(flags):
-    assert_user_error(run_script(ASYNC, *flags, timeout=120), "--async-batch-size", "divide --num-envs")
+def test_bad_input_exits_2(flags, words):
+    assert_user_error(run_script(ASYNC, *flags, timeout=120), *words)
