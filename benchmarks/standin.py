@@ -129,10 +129,7 @@ class StandInEnvs:
 
     def async_reset(self, env_id=None):
         """Start a new game in every env of `env_id` (default: all); `recv` returns their first frames."""
-        env_id = np.arange(self.num_envs) if env_id is None else np.asarray(env_id)
-        self.new_game[env_id] = True
-        self.needs_reset[env_id] = True
-        self._send(None, env_id)
+        self._send(None, np.arange(self.num_envs) if env_id is None else np.asarray(env_id))
 
     def step(self, actions, env_id=None):
         """send + recv, as envpool's step: in sync mode, all envs, in `env_id` order."""
@@ -162,9 +159,13 @@ class StandInEnvs:
     # ---- the games ----
 
     def _send(self, actions, env_id):
+        """Queue a step of each env of `env_id` (a reset if `actions` is None) for the worker threads."""
         if self.in_flight[env_id].any():
             raise RuntimeError(f"envs {env_id[self.in_flight[env_id]].tolist()} were sent twice before a recv")
         self.in_flight[env_id] = True
+        if actions is None:  # no thread holds these envs: they are not in flight
+            self.new_game[env_id] = True
+            self.needs_reset[env_id] = True
         for i, env in enumerate(env_id.tolist()):
             self.tasks.put((env, None if actions is None else int(actions[i])))
 
