@@ -467,9 +467,9 @@ def tasks_markdown(result):
         f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
         f"{machine['versions']['torch']}; started {result['started']}, {settings['jobs']} run(s) at a time",
         "",
-        f"Final return (mean of the episodes that ended in the last tenth of each run) over seeds {seeds}: mean ± "
-        "standard deviation, [fraction of the way from random to the best of the three]; random: uniformly random "
-        f"actions, {RANDOM_EPISODES} episodes",
+        "Final return (mean of the episodes that ended in the last tenth of each run, of the last 20 if none did) "
+        f"over seeds {seeds}: mean ± standard deviation, [fraction of the way from random to the best of the three]; "
+        f"random: uniformly random actions, {RANDOM_EPISODES} episodes",
         "",
         "| task | env id | env steps | random | " + " | ".join(agents) + " |",
         "|---|---|---:|---:|" + "---:|" * len(agents),
@@ -494,7 +494,8 @@ def tasks_markdown(result):
 
 
 def tasks_plot(result, path):
-    """One panel per task: each agent's final return per seed (dots) and mean ± spread (bar), random as a line."""
+    """One panel per task: each agent's final return per seed (dots) and mean ± spread (a bar from random's return,
+    the dashed line)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -506,7 +507,8 @@ def tasks_plot(result, path):
         ax = fig.add_subplot(1, len(found["table"]), i + 1)
         for x, agent in enumerate(agents):
             cell = cells[agent]
-            ax.bar(x, cell["mean"], yerr=cell["spread"], color=f"C{x}", alpha=0.6, capsize=3)
+            random = found["random"][task]  # bars rise (or fall) from the random policy's return
+            ax.bar(x, cell["mean"] - random, bottom=random, yerr=cell["spread"], color=f"C{x}", alpha=0.6, capsize=3)
             ax.plot([x] * len(cell["values"]), cell["values"], "k.", markersize=4)
         ax.axhline(found["random"][task], color="gray", linestyle="--", label="random")
         ax.set_xticks(range(len(agents)), agents, fontsize=7)
