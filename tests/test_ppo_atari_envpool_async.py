@@ -74,21 +74,15 @@ class ShuffledPool:
         return obs, rewards, terminations, truncations, info
 
 
-def make_storage():
-    """The async script's storage, as its `main` makes it, for the stand-in."""
-    shape = (2 * NUM_STEPS, NUM_ENVS)
-    keys = ("logprobs", "values", "rewards", "terminations", "truncations")
-    storage = TensorDict({key: torch.zeros(shape) for key in keys}, batch_size=shape)
-    storage["obs"] = torch.zeros(*shape, 4, 84, 84, dtype=torch.uint8)
-    storage["actions"] = torch.zeros(shape, dtype=torch.long)
-    return storage
-
-
 def async_rollouts(envs):
     """`collect_rollout` for ITERATIONS rollouts: each rollout (rows 0..NUM_STEPS-1) and bootstrap value, the largest
     step row an env had reached at each rollout's end, the scores logged and the state."""
     module = load_script(ASYNC)
-    storage, state, scores, rollouts, rows = make_storage(), module.RolloutState(NUM_ENVS), [], [], []
+    storage, state = (
+        module.make_storage(NUM_STEPS, NUM_ENVS, (4, 84, 84), torch.device("cpu")),
+        module.RolloutState(NUM_ENVS),
+    )
+    scores, rollouts, rows = [], [], []
     envs.async_reset()
     for _ in range(ITERATIONS):
         module.collect_rollout(envs, policy, get_value, storage, state, NUM_STEPS, lambda step, s: scores.extend(s))
