@@ -1,7 +1,7 @@
 """Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async mode, each next to
 the bound its design can reach.
 
-    python -m benchmarks.overlap                  # stand-in envs at d = 0.1, 1, 10 ms, then PPO Atari (~8 min here)
+    python -m benchmarks.overlap                  # stand-in envs at d = 0.1, 1, 10 ms, then PPO Atari (~12 min here)
     python -m benchmarks.overlap --quick          # a smoke run (~1 min): short blocks, tiny Atari budgets
     python -m benchmarks.overlap --skip-atari     # the stand-in envs alone
     python -m benchmarks.overlap --compile        # the Atari policy compiled (in the rollouts and the scripts' runs)
@@ -73,7 +73,6 @@ from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.standin import StandInEnvs
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parents[1]
 TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"
 FULL = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -446,6 +445,17 @@ def rows_table(rows):
     return lines
 
 
+def whole_iteration_table(rows):
+    """Markdown rows: each script run's sps, and its ratio to the twin's (the first row)."""
+    twin = rows[0]["sps"]
+    return [
+        f"| {r['script']} | {optional(r['async_batch_size'], 'd')} | {optional(r['sps'], '.0f')} "
+        f"| {optional(r['sps'] / twin if r['sps'] and twin else None, '.2f', 'x')} | {r['sps_wall']:.0f} "
+        f"| {r['total_timesteps']} |"
+        for r in rows
+    ]
+
+
 def markdown(result):
     settings = result["settings"]
     lines = [
@@ -472,12 +482,9 @@ def markdown(result):
             "",
             f"Whole iterations (rollout + update), each script run once with {' '.join(settings['script_flags'])}:",
             "",
-            "| script | sps (after burn-in) | sps_wall | steps |",
-            "|---|---:|---:|---:|",
-            *(
-                f"| {r['script']} | {optional(r['sps'], '.0f')} | {r['sps_wall']:.0f} | {r['total_timesteps']} |"
-                for r in result["atari"]["whole_iteration"]
-            ),
+            "| script | async batch | sps (after burn-in) | vs twin | sps_wall | steps |",
+            "|---|---:|---:|---:|---:|---:|",
+            *whole_iteration_table(result["atari"]["whole_iteration"]),
             "",
         ]
     return "\n".join(lines)
@@ -509,8 +516,8 @@ def plot(result, path):
             ax.hlines([p for _, p in pipeline], *ends, colors="grey", label="pipeline bound")
         ax.set_xticks(list(x), [r["design"] for r in mine], fontsize=7)
         ax.set_title(case, fontsize=9)
-        ax.legend(fontsize=6, loc="lower right")
     axes[0].set_ylabel("env steps/s (labels: ratio to the black bound)")
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=7)
     figure.suptitle(f"rollout phase, sync against async; {result['machine']['cpu']}", fontsize=8)
     save(figure, path)
 
@@ -541,7 +548,7 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="smoke-run defaults (seconds in all)")
+    parser.add_argument("--quick", action="store_true", help="smoke-run defaults (about a minute in all)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
@@ -552,8 +559,6 @@ def parse_args(argv):
     bad = [b for b in args.async_batch_sizes if b >= args.num_envs or args.num_envs % b]
     if bad:
         parser.error(f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     return args
