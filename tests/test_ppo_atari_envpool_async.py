@@ -41,8 +41,8 @@ def stand_in(seed=0, batch_size=None):
 class ShuffledPool:
     """envpool's async API over a synchronous stand-in, in a seeded order: `recv` steps `batch_size` of the envs in
     flight and returns them, taking them by the order they were sent in plus a random lag of up to 2 batches, so
-    that batches mix envs ahead and behind (as envpool's threads do: see the script's test run), the same on every
-    run. The stand-in's `trace` then holds exactly the steps that `recv` returned."""
+    that batches mix envs ahead and behind (as envpool's threads do), the same on every run. The stand-in's `trace`
+    then holds exactly the steps that `recv` returned."""
 
     def __init__(self, pool, batch_size, seed):
         self.pool, self.batch_size, self.rng = pool, batch_size, np.random.default_rng(seed)
@@ -73,10 +73,13 @@ class ShuffledPool:
         info = {key: np.concatenate([part[4][key] for part in parts]) for key in parts[0][4]}
         return obs, rewards, terminations, truncations, info
 
+    def close(self):
+        self.pool.close()
+
 
 def async_rollouts(envs):
     """`collect_rollout` for ITERATIONS rollouts: each rollout (rows 0..NUM_STEPS-1) and bootstrap value, the largest
-    step row an env had reached at each rollout's end, the scores logged and the state."""
+    step row an env had reached at each rollout's end, and the scores logged; `envs` is closed after."""
     module = load_script(ASYNC)
     storage, state = (
         module.make_storage(NUM_STEPS, NUM_ENVS, (4, 84, 84), torch.device("cpu")),
@@ -88,29 +91,28 @@ def async_rollouts(envs):
         module.collect_rollout(envs, policy, get_value, storage, state, NUM_STEPS, lambda step, s: scores.extend(s))
         rollouts.append((storage[:NUM_STEPS].clone(), storage["values"][NUM_STEPS].clone()))
         rows.append(int(state.step.max()))
-    return rollouts, rows, scores, state
+    envs.close()
+    return rollouts, rows, scores
 
 
 def sync_rollouts(seed):
     """The twin's loop on a synchronous stand-in: per rollout, what it stores [NUM_STEPS, NUM_ENVS] and the bootstrap
-    value, and the scores of the games that ended (the twin's `finished_games`)."""
-    finished_games = load_script(TWIN).finished_games
+    value."""
     envs = stand_in(seed)
     next_obs, _ = envs.reset()
-    next_obs, game_returns, scores, rollouts = torch.from_numpy(next_obs), np.zeros(NUM_ENVS), [], []
+    next_obs, rollouts = torch.from_numpy(next_obs), []
     for _ in range(ITERATIONS):
         steps = []
         for _ in range(NUM_STEPS):
             action, logprob, _, value = policy(next_obs)
-            obs, reward, terminations, truncations, infos = envs.step(action.numpy())
-            scores += finished_games(game_returns, infos, truncations)
+            obs, reward, terminations, truncations, _ = envs.step(action.numpy())
             outcome = [torch.as_tensor(x, dtype=torch.float) for x in (reward, terminations, truncations)]
             steps.append(dict(zip(KEYS, [next_obs, action, logprob, value.flatten(), *outcome])))
             next_obs = torch.from_numpy(obs)
         rollout = TensorDict({key: torch.stack([step[key] for step in steps]) for key in KEYS}, [NUM_STEPS, NUM_ENVS])
         rollouts.append((rollout, get_value(next_obs).flatten()))
     envs.close()
-    return rollouts, scores
+    return rollouts
 
 
 def shuffled(seed=0, batch_size=4):
@@ -127,8 +129,8 @@ def test_rollout_by_env_is_the_synchronous_rollout(make_envs):
     depend only on each env's actions and the policy only on the frame, so the order envs come back in must not
     show. The shuffled order sends envs past their NUM_STEPS steps (rows beyond it, carried to the next rollout)."""
     envs = make_envs()
-    rollouts, rows, _, _ = async_rollouts(envs)
-    expected, _ = sync_rollouts(seed=0)
+    rollouts, rows, _ = async_rollouts(envs)
+    expected = sync_rollouts(seed=0)
     for iteration, ((rollout, next_value), (want, want_next_value)) in enumerate(zip(rollouts, expected)):
         for key in KEYS:
             assert torch.equal(rollout[key], want[key]), (iteration, key)
@@ -145,7 +147,7 @@ def test_every_env_steps_in_order():
     acted on, and the action its next step took), none skipped or repeated, though batches mix envs that are ahead
     and behind."""
     envs = shuffled(seed=1)
-    rollouts, _, _, _ = async_rollouts(envs)
+    rollouts, _, _ = async_rollouts(envs)
     for env in range(NUM_ENVS):
         column = torch.cat([rollout["obs"][:, env] for rollout, _ in rollouts]).numpy()
         actions = torch.cat([rollout["actions"][:, env] for rollout, _ in rollouts]).tolist()
@@ -163,7 +165,7 @@ def test_every_finished_game_is_counted_once():
     counted twice when a batch is held or an env runs ahead."""
     finished_games = load_script(TWIN).finished_games
     envs = shuffled(seed=2)
-    _, _, scores, _ = async_rollouts(envs)
+    _, _, scores = async_rollouts(envs)
     replay, expected = stand_in(seed=2), []
     for env, trace in enumerate(envs.pool.trace):
         replay.reset(np.array([env]))
@@ -171,6 +173,7 @@ def test_every_finished_game_is_counted_once():
         for _, _, action in trace[1:]:
             _, _, _, truncations, infos = replay.step(np.array([action or 0]), np.array([env]))
             expected += finished_games(game_return, infos, truncations)
+    replay.close()
     assert len(expected) >= NUM_ENVS  # games end: the comparison has teeth
     assert sorted(scores) == sorted(expected)
 
