@@ -1,7 +1,7 @@
 """Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async mode, each next to
 the bound its design can reach.
 
-    python -m benchmarks.overlap                  # stand-ins at d = 0.1, 1, 10 ms, then PPO Atari (18 min on 2 busy cores)
+    python -m benchmarks.overlap                  # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
     python -m benchmarks.overlap --quick          # a smoke run (~1 min): short blocks, tiny Atari budgets
     python -m benchmarks.overlap --skip-atari     # the stand-in envs alone
     python -m benchmarks.overlap --compile        # the Atari policy compiled (in the rollouts and the scripts' runs)
