@@ -282,3 +282,16 @@ def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_p
     # the twin takes its 512 steps; the async script counts the steps it sent, a few more when envs run ahead
     assert whole[0]["total_timesteps"] == 512 <= whole[1]["total_timesteps"] < 512 + 128
     assert "| Breakout-v5, 8 envs | async 4 |" in files[1].read_text()
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [(["--async-batch-sizes", "3"], "--async-batch-sizes 3"), (["--async-batch-sizes", "8"], "--async-batch-sizes 8")],
+    ids=["not-a-divisor", "not-smaller"],
+)
+def test_an_async_batch_that_does_not_divide_the_envs_below_their_number_exits_2(flags, words, capsys):
+    with pytest.raises(SystemExit) as stop:
+        overlap.parse_args(["--quick", *flags])
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+    assert overlap.parse_args(["--quick"]).async_batch_sizes == [4]
+    assert overlap.parse_args([]).async_batch_sizes == [4, 2]
