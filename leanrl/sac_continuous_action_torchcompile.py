@@ -123,10 +123,9 @@ def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
         fail(f"--env-id {env_id!r} cannot be made: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(envs.single_action_space).__name__} action space; SAC needs a Box")
-    if not envs.single_action_space.is_bounded():
-        fail(f"--env-id {env_id!r} has an unbounded action space; SAC needs finite bounds")
+    space = envs.single_action_space
+    if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
+        fail(f"--env-id {env_id!r} has a {space} action space; SAC needs a Box with finite bounds")
     envs.action_space.seed(seed)  # the random actions of the first `learning_starts` steps
     return envs
 
@@ -143,9 +142,8 @@ def true_next_obs(next_obs, infos):
     """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
     put the reset one: a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
     return real_next_obs
 
 
@@ -205,8 +203,7 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
-    One TensorDict holds every field, so adding or sampling a batch is one indexing call for all of them."""
+    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -329,9 +326,8 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = make_learner(
-        args, n_obs, n_act, action_low, action_high, device
-    )
+    learner = make_learner(args, n_obs, n_act, action_low, action_high, device)
+    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = learner
     if run.saved_model is not None:
         actor.load_state_dict(run.saved_model)
     if args.compile:
@@ -413,15 +409,8 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "target_network_frequency",
-    )
-    for flag in positive:
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
+    for flag in sizes:
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
@@ -435,17 +424,14 @@ def check_args(args):
 
 
 class Run:
-    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
-    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
-    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
-    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
+    can be recorded; starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once)."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
-        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
-        if args.eval_model:
-            self.saved_model = self.load_model(args.eval_model)
+        self.args, self.script, self.wandb = args, script, None
+        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
         os.makedirs(self.dir, exist_ok=True)
@@ -481,9 +467,7 @@ class Run:
 
     def check_rendering(self):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:
-            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
-
+        try:  # a frame, now: MuJoCo without EGL would fail at the first reset (RecordVideo checks moviepy)
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
@@ -494,11 +478,8 @@ class Run:
         self.measure_start, self.measure_step = time.time(), global_step
 
     def sps(self, global_step, now=None):
-        return (
-            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
-            if self.measure_start
-            else None
-        )
+        if self.measure_start:  # else None: the clock has not started
+            return (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
 
     def log_episodes(self, global_step, returns):
         for episodic_return in returns:
@@ -524,15 +505,13 @@ class Run:
             torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
             os.replace(model_file + ".tmp", model_file)
         eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
         summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
-        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
-        summary |= dict(
-            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
-        )
-        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
+        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(interrupted=self.stop.is_set(), model_file=model_file, eval_returns=eval_returns)
         summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
