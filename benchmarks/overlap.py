@@ -337,7 +337,7 @@ def twin_rollouts(twin, num_steps, envs, policy, get_value, device):
 def async_rollouts(module, num_steps, envs, policy, get_value, device):
     """A function that runs the async script's `collect_rollout` once per call (each env's `num_steps` steps and its
     bootstrap value, the script's storage and state carried from call to call) and returns its env steps."""
-    rollout = storage(2 * num_steps, envs, device)
+    rollout = module.make_storage(num_steps, envs.num_envs, envs.single_observation_space.shape, device)
     state = module.RolloutState(envs.num_envs)
     envs.async_reset()
 

@@ -472,8 +472,8 @@ def check_args(args):
 
 
 class Run:
-    """Seeds, loads `--eval-model` (saved by any script of the algorithm), makes `runs/<run_name>/` (no videos/: envpool
-    renders no frames), starts wandb with `--track`, turns a first Ctrl-C into `run.stop` (a second stops at once)."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/` (no videos/: envpool
+    renders no frames); starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once)."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):

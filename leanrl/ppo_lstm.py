@@ -473,17 +473,14 @@ def check_args(args):
 
 
 class Run:
-    """Made before training, a run seeds every generator, loads `--eval-model` (saved by any script of the algorithm:
-    eager, optimized or CPU), makes `runs/<run_name>/` (summary.json, the model, videos/), checks that video can be
-    recorded, starts wandb with `--track` and turns the first Ctrl-C into a request to stop (`run.stop`; a second
-    Ctrl-C stops at once). It keeps the finished episodes' returns and the sps clock; `finish` ends the run."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
+    can be recorded; starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once)."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
-        self.args, self.script, self.saved_model, self.wandb = args, script, None, None
-        if args.eval_model:
-            self.saved_model = self.load_model(args.eval_model)
+        self.args, self.script, self.wandb = args, script, None
+        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
         os.makedirs(self.dir, exist_ok=True)
@@ -527,9 +524,7 @@ class Run:
 
     def check_rendering(self):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:
-            import moviepy  # noqa: F401 (gymnasium's video recorder needs it)
-
+        try:  # a frame, now: MuJoCo without EGL would fail at the first reset (RecordVideo checks moviepy)
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
@@ -540,11 +535,8 @@ class Run:
         self.measure_start, self.measure_step = time.time(), global_step
 
     def sps(self, global_step, now=None):
-        return (
-            (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
-            if self.measure_start
-            else None
-        )
+        if self.measure_start:  # else None: the clock has not started
+            return (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
 
     def log_episodes(self, global_step, returns):
         for episodic_return in returns:
@@ -570,15 +562,13 @@ class Run:
             torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
             os.replace(model_file + ".tmp", model_file)
         eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
         summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / (end_time - self.start_time), episodes=len(self.curve))
-        summary |= dict(return_mean=float(np.mean(self.returns)) if self.returns else None)
-        summary |= dict(
-            wall_s=end_time - self.start_time, torch_version=torch.__version__, interrupted=self.stop.is_set()
-        )
-        summary |= dict(model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
+        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(interrupted=self.stop.is_set(), model_file=model_file, eval_returns=eval_returns)
         summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:

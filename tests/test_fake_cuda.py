@@ -263,6 +263,7 @@ SCRIPTS = {
     "ppo_continuous_action_distributed": make_ppo,  # one process (the only case --cudagraphs accepts), no collective
     "ppo_continuous_action_ray": make_ppo_ray,
     "ppo_atari_envpool_torchcompile": make_ppo_atari,
+    "ppo_atari_envpool_async": make_ppo_atari,
     "ppo_lstm_torchcompile": make_ppo_lstm,
     "ppo_mingru_torchcompile": make_ppo_mingru,
 }
