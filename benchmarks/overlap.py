@@ -8,7 +8,8 @@ the bound its design can reach.
 
 Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but the async one).
 `async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv` the first B envs done stepping,
-act on them, `send` their actions, while the other envs step in the pool's threads.
+act on them, `send` their actions, while the other envs step in the pool's threads (`--env-threads`, by default the
+async script's: one fewer than the cores, so that the policy keeps one).
 
 Bounds, from costs measured alone, in blocks of their own that take turns with the rollouts' in every round (so a
 noisy machine hits costs and rollouts alike; medians over the rounds): E, the env-only time per env step in the
@@ -377,7 +378,7 @@ def atari(args, device, scripts_dir):
     def pool(name, batch):
         if name == "sync":
             return twin.make_envs(args.env_id, args.num_envs, args.seed)
-        return asynchronous.make_envs(args.env_id, args.num_envs, batch, args.seed)
+        return asynchronous.make_envs(args.env_id, args.num_envs, batch, args.seed, args.env_threads)
 
     torch.manual_seed(args.seed)
     with ExitStack() as stack:
@@ -405,7 +406,8 @@ def whole_iteration(args, scripts_dir, timeout=1800):
     """Each script's SUMMARY sps (rollout and update, after its burn-in) from one brief run with `args.script_flags`
     (FULL's or QUICK's); the async script once per async batch size."""
     rows = []
-    runs = [(TWIN, [])] + [(ASYNC, ["--async-batch-size", str(batch)]) for batch in args.async_batch_sizes]
+    threads = ["--env-threads", str(args.env_threads)]
+    runs = [(TWIN, [])] + [(ASYNC, ["--async-batch-size", str(batch), *threads]) for batch in args.async_batch_sizes]
     for script, flags in runs:
         cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py"), "--env-id", args.env_id]
         cmd += ["--num-envs", str(args.num_envs), "--seed", str(args.seed), *args.script_flags, *flags]
@@ -476,7 +478,8 @@ def markdown(result):
         lines += [
             f"(b) PPO Atari rollout phase (envpool), rollouts of {settings['atari_steps']} steps x "
             f"{settings['num_envs']} envs, {settings['atari_rollouts']} per block; "
-            f"policy {'compiled' if settings['compile'] else 'eager'}",
+            f"policy {'compiled' if settings['compile'] else 'eager'}; async envs stepped by {settings['env_threads']} "
+            "envpool thread(s), sync envs by envpool's default",
             "",
             *rows_table(result["atari"]["rows"]),
             "",
@@ -538,6 +541,12 @@ def parse_args(argv):
     parser.add_argument("--seconds", type=positive_float, help="one stand-in block's length (default: 2)")
     parser.add_argument("--skip-atari", action="store_true", help="only the stand-in envs")
     parser.add_argument("--env-id", default="Breakout-v5", help="the Atari game")
+    parser.add_argument(
+        "--env-threads",
+        type=positive_int,
+        help="envpool's threads in the async designs, here and in the async script's runs (default: the script's, one"
+        " fewer than the cores; the sync designs keep envpool's default, as the twin does)",
+    )
     parser.add_argument("--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)")
     parser.add_argument("--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)")
     parser.add_argument(
@@ -553,6 +562,8 @@ def parse_args(argv):
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    if args.env_threads is None:
+        args.env_threads = max(1, (os.cpu_count() or 1) - 1)
     if args.async_batch_sizes is None:  # the async script's default, and in a full run a quarter of the envs too
         halves = [args.num_envs // 2] + ([] if args.quick else [args.num_envs // 4])
         args.async_batch_sizes = list(dict.fromkeys(b for b in halves if b > 0))

@@ -18,9 +18,12 @@ in envpool's threads. What changes, all in `collect_rollout`:
   held and acts after the update: envpool's `recv` waits for `batch_size` envs, and holding only whole batches keeps
   that many in flight while any env lags. With `--async-batch-size` equal to `--num-envs` every batch is held, and
   the script takes the twin's steps.
-Everything else is the twin's: the update, the flags, the run folder, and `--compile` (acting, GAE and the update's
+`--env-threads` is new too: envpool's threads that step the games, by default one fewer than the cores, so that the
+policy keeps a core (with a thread per core, the games and the policy take turns on a CPU instead of overlapping).
+Everything else is the twin's: the update, its flags, the run folder, and `--compile` (acting, GAE and the update's
 loss) and `--cudagraphs` (acting and the update recorded as CUDA graphs: a batch always has `--async-batch-size`
-envs, so acting keeps one shape; exit status 2 without a CUDA device). SUMMARY adds `async_batch_size`.
+envs, so acting keeps one shape; exit status 2 without a CUDA device). SUMMARY adds `async_batch_size` and
+`env_threads`.
 
 envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op
 resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends
@@ -86,6 +89,9 @@ class Args:
     async_batch_size: int | None = None
     """the envs the policy acts on at once (envpool's batch_size), a divisor of --num-envs; the others step meanwhile
     (default: half the envs)"""
+    env_threads: int | None = None
+    """envpool's threads that step the games (default: one fewer than the machine's cores, at least 1, so that the
+    policy keeps a core while they step)"""
     num_steps: int = 128
     """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
     anneal_lr: bool = True
@@ -119,14 +125,20 @@ class Args:
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def make_envs(env_id, num_envs, batch_size, seed):
+def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
     """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default but episodic
-    life and clipped rewards); with `batch_size` < `num_envs`, async: `recv` returns `batch_size` of them. An id that
-    is not one of envpool's Atari games exits with status 2."""
+    life and clipped rewards); with `batch_size` < `num_envs`, async: `recv` returns `batch_size` of them, stepped by
+    `num_threads` threads (0: envpool's choice). An id that is not one of envpool's Atari games exits with status 2."""
     if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
     return envpool.make_gymnasium(
-        env_id, num_envs=num_envs, batch_size=batch_size, seed=seed, episodic_life=True, reward_clip=True
+        env_id,
+        num_envs=num_envs,
+        batch_size=batch_size,
+        num_threads=num_threads,
+        seed=seed,
+        episodic_life=True,
+        reward_clip=True,
     )
 
 
@@ -367,9 +379,11 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
 def main(args):
     if args.async_batch_size is None:
         args.async_batch_size = args.num_envs // 2  # the default, half the envs, resolved once
+    if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
+        args.env_threads = max(1, (os.cpu_count() or 1) - 1)
     check_args(args)
     run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
-    envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed)
+    envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     batch_size = args.num_envs * args.num_steps
@@ -435,7 +449,8 @@ def main(args):
         return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
 
     envs.close()
-    run.finish(device, agent.state_dict(), evaluate_agent, async_batch_size=args.async_batch_size)
+    extra = dict(async_batch_size=args.async_batch_size, env_threads=args.env_threads)
+    run.finish(device, agent.state_dict(), evaluate_agent, **extra)
 
 
 # ======================================================================================================================
@@ -465,6 +480,8 @@ def check_args(args):
         fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.async_batch_size <= 0 or args.num_envs % args.async_batch_size != 0:
         fail(f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must divide --num-envs")
+    if args.env_threads <= 0:
+        fail(f"--env-threads must be positive, got {args.env_threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
     if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)

@@ -5,6 +5,8 @@ and counts every finished game once, whatever order the envs come back in. The s
 loads in the twin, with `--async-batch-size` equal to `--num-envs` it plays the twin's games, and a bad
 `--async-batch-size` (or `--cudagraphs` without CUDA) exits 2."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -199,6 +201,7 @@ def test_smoke_compiled_and_the_twin_loads_its_model(tmp_path):
     twin (load_model reads `_async` as the same algorithm)."""
     result = summary(run_script(ASYNC, *SMOKE, "--compile", "--save-model", cwd=tmp_path))
     assert (result["script"], result["compile"], result["async_batch_size"], result["num_envs"]) == (ASYNC, True, 4, 8)
+    assert result["env_threads"] == max(1, os.cpu_count() - 1)  # the default leaves the policy a core
     assert 2048 <= result["total_timesteps"] < 2048 + 32 * 8
     assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
     assert all(point[2] == int(point[2]) for point in result["curve"])
@@ -209,9 +212,10 @@ def test_smoke_compiled_and_the_twin_loads_its_model(tmp_path):
 def test_one_batch_of_all_envs_plays_the_twins_games():
     """With --async-batch-size 8 (= --num-envs) envpool returns all envs in env order, every batch is held at a
     rollout's end and acts after the update, so the script takes the twin's env steps with the twin's policy calls
-    in the twin's order (same random numbers): the same games, ended at the same steps, with the same scores."""
+    in the twin's order (same random numbers): the same games, ended at the same steps, with the same scores. One env
+    thread against the twin's envpool default: the threads that step the games do not change them."""
     twin = summary(run_script(TWIN, *SMOKE))
-    same = summary(run_script(ASYNC, *SMOKE, "--async-batch-size", "8"))
+    same = summary(run_script(ASYNC, *SMOKE, "--async-batch-size", "8", "--env-threads", "1"))
     assert same["async_batch_size"] == 8 and same["total_timesteps"] == twin["total_timesteps"] == 2048
     assert twin["episodes"] >= 4
     assert [point[::2] for point in same["curve"]] == [point[::2] for point in twin["curve"]]
@@ -231,9 +235,10 @@ def test_cudagraphs_smoke():
         (("--async-batch-size", "3"), ("--async-batch-size", "divide --num-envs")),
         (("--async-batch-size", "0"), ("--async-batch-size", "divide --num-envs")),
         (("--num-envs", "7"), ("--async-batch-size", "default", "divide --num-envs")),  # the default: 3
+        (("--env-threads", "0"), ("--env-threads", "positive")),
         (("--cudagraphs",), ("--cudagraphs", "CUDA")),  # a launched script sees no GPU (conftest.script_env)
     ],
-    ids=["not-a-divisor", "zero", "default-on-7-envs", "cudagraphs-without-cuda"],
+    ids=["not-a-divisor", "zero", "default-on-7-envs", "no-env-threads", "cudagraphs-without-cuda"],
 )
 def test_bad_input_exits_2(flags, words):
     assert_user_error(run_script(ASYNC, *flags, timeout=120), *words)
