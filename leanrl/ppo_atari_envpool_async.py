@@ -6,28 +6,14 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10
     python leanrl/ppo_atari_envpool_async.py --compile               # on a CPU
     python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a CUDA GPU
 
-The twin alternates: all envs step, then the policy acts on all of them. Here envpool is made with a `batch_size`
-(`--async-batch-size`, by default half the envs) below `num_envs`: `recv` returns the first `batch_size` envs that
-are done stepping, the policy acts on them and `send` hands their actions back by `env_id`, while the other envs step
-in envpool's threads. What changes, all in `collect_rollout`:
-- the rollout is stored by env: each env's steps in its own column, in order, row t its t-th step, so GAE, truncation
-  bootstrapping and the games' scores are the twin's; the bootstrap value is each env's value after its steps;
-- the end of a rollout: an env that has its `num_steps` steps while others lag acts on with the current policy, and
-  these extra steps are the first of the next rollout (PPO's ratio uses the stored log-probabilities of the policy
-  that acted, so it stays right; their stored values are one update old). A batch whose envs all have their steps is
-  held and acts after the update: envpool's `recv` waits for `batch_size` envs, and holding only whole batches keeps
-  that many in flight while any env lags. With `--async-batch-size` equal to `--num-envs` every batch is held, and
-  the script takes the twin's steps.
-`--env-threads` is new too: envpool's threads that step the games, by default one fewer than the cores, so that the
-policy keeps a core (with a thread per core, the games and the policy take turns on a CPU instead of overlapping).
-Everything else is the twin's: the update, its flags, the run folder, and `--compile` (acting, GAE and the update's
-loss) and `--cudagraphs` (acting and the update recorded as CUDA graphs: a batch always has `--async-batch-size`
-envs, so acting keeps one shape; exit status 2 without a CUDA device). SUMMARY adds `async_batch_size` and
-`env_threads`.
-
-envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op
-resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends
-the episode the agent learns from, not the game it reports).
+The twin alternates: all envs step, then the policy acts on all of them. Here envpool's `recv` returns the first
+`--async-batch-size` envs done stepping (default half), the policy acts on them and `send` hands their actions back
+by `env_id`, while the other envs step in envpool's `--env-threads` threads (default one fewer than the cores, so
+that the policy keeps a core). All of it is in `collect_rollout`: the rollout is stored by env (column e holds env
+e's steps in order), so GAE, bootstrapping and the scores are the twin's. Envs that finish their `num_steps` early
+act on, and those steps open the next rollout; a batch whose envs are all done is held until after the update.
+With `--async-batch-size` equal to `--num-envs` it takes the twin's steps. The rest is the twin's; SUMMARY adds
+`async_batch_size` and `env_threads`. The design and its measured overlap: docs/async-sampling.md.
 """
 
 import json

@@ -1,28 +1,12 @@
-"""Proximal Policy Optimization for continuous actions, data-parallel over N processes with torch.distributed: grown
-from the optimized twin ppo_continuous_action_torchcompile.py, so that `diff` against it shows the scaling only (not
-from the CPU script: nccl over GPUs is what torchrun is for; on CPUs it runs with gloo, at the twin's speed).
-
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, data-parallel over N
+processes with torch.distributed: grown from the optimized twin ppo_continuous_action_torchcompile.py, so that `diff`
+against it shows the scaling only. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
     torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile  # 2 on this machine
-    # 2 machines with 8 GPUs each: run on each, with --node_rank 0 on the first and 1 on the second
-    torchrun --nnodes 2 --nproc_per_node 8 --node_rank 0 --rdzv_backend static --rdzv_endpoint 10.0.0.1:29500 \
-        leanrl/ppo_continuous_action_distributed.py --compile
 
-Each of the WORLD_SIZE processes (ranks) is the twin seeded `seed + RANK * num_envs` (RANK is global: CleanRL's
-multi-GPU script seeds by LOCAL_RANK, which only picks the GPU); run without torchrun, it is the twin. Rank 0's
-weights are broadcast and every minibatch's gradients are averaged over the ranks before the clip and the Adam step,
-so the ranks stay identical and N of them train as one process with N x num_envs envs (`--norm-adv` apart, per
-rank). `--total-timesteps` counts all ranks; the `--target-kl` stop and Ctrl-C are agreed by all-reduces. Rank 0
-alone keeps the run folder, the bar, the SUMMARY (sps of all ranks), wandb, videos and the model. `--cudagraphs`
-runs in one process only (the all-reduce would be recorded in the graph). With more than one process per machine
-torchrun sets OMP_NUM_THREADS=1 (unless set): one intra-op CPU thread per rank.
-
-Faults: `--dist-timeout` is the process group's timeout (`init_process_group(timeout=...)`). With gloo (the CPU
-default) a collective blocks: if a rank dies the others fail at once, if it hangs after `--dist-timeout` s, with exit
-status 1 and one line naming the cause. With nccl (the CUDA default) a collective does not block the host: NCCL's
-watchdog aborts a rank whose collective has waited `--dist-timeout` s (torch's own log, not one line), and torchrun
-ends the other ranks, as it does when a rank dies.
+Each rank is the twin seeded `seed + RANK * num_envs`. Rank 0's weights are broadcast and each minibatch's gradients
+averaged over the ranks: N ranks train as one process with N x num_envs envs, rank 0 alone keeping the run folder,
+SUMMARY, wandb and model. A collective waits at most `--dist-timeout` s (docs/scaling-torchrun.md: more machines).
 """
 
 import json
@@ -118,7 +102,7 @@ class Args:
     dist_backend: str | None = None
     """the torch.distributed backend under torchrun, nccl or gloo (default: nccl on CUDA, gloo on the CPU)"""
     dist_timeout: float = 120.0
-    """seconds a collective may wait for the other ranks (the process group's timeout; see the docstring for nccl)"""
+    """seconds a collective may wait for the other ranks (the process group's timeout)"""
 
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):

@@ -1,27 +1,14 @@
-"""Proximal Policy Optimization for continuous actions whose rollouts come from Ray actors: grown from the optimized
-twin ppo_continuous_action_torchcompile.py, so that `diff` against it shows what sampling on Ray changes.
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions whose rollouts come from Ray
+actors: grown from the optimized twin ppo_continuous_action_torchcompile.py, so that `diff` against it shows what
+sampling on Ray changes. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per iteration).
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per
-iteration: 2 runners x 1 env x 1024 steps), the update is the twin's.
-
-    python leanrl/ppo_continuous_action_ray.py                                  # a local Ray instance on loopback
     python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer   # 2 runners x 4 envs
     python leanrl/ppo_continuous_action_ray.py --ray-address 10.0.0.1:6379     # join a running cluster (`ray start`)
 
-Each env runner is a Ray actor with `--num-envs` envs and a CPU copy of the policy; one remote call returns a
-fragment of `--num-steps` steps. The learner (this process) puts the weights in Ray's object store once per
-iteration, computes the values of all fragments side by side in one pass and updates as the twin does. It keeps the
-observation normalization: runners normalize with the statistics shipped with the weights and return the raw
-observations, which update one running mean and variance (reward normalization stays in each env).
-
-`--double-buffer`: runners sample the next fragments during the update, with weights one update old, whose policy
-already moved to the edge of the clip; so the update uses the decoupled objective of Hilton et al. (2021,
-arxiv.org/abs/2110.00641): the ratio is clipped around the learner's policy at the start of the update (the
-proximal one) and each sample's loss is weighted by pi_prox / pi_behaviour (1 without --double-buffer).
-
-Faults: Ray restarts a runner that dies (`--runner-restarts` times at most) and its fragment is sampled again
-(SUMMARY counts the restarts); a runner silent for `--ray-timeout` ends the run with one line. Runners end with the
-run, also on Ctrl-C and on failure. A local instance listens on 127.0.0.1 only.
+Each runner is a Ray actor with `--num-envs` envs and a CPU copy of the policy, returning fragments of `--num-steps`
+steps; the learner normalizes observations and updates as the twin. `--double-buffer` samples during the update with
+weights one update old, under Hilton et al.'s decoupled objective (arxiv.org/abs/2110.00641). Runners restart when
+they die and end with the run; a silent one ends it after `--ray-timeout` (docs/scaling-ray.md).
 """
 
 import json
@@ -115,8 +102,7 @@ class Args:
     double_buffer: bool = False
     """keep each runner's next fragment in flight during the update (sampled with the weights one update old)"""
     ray_address: str | None = None
-    """join the Ray cluster whose head is at this host:port (`ray start --head` prints it; with token authentication
-    set RAY_AUTH_MODE=token and its token); default: start a local instance sized to this machine"""
+    """join the Ray cluster at this host:port (`ray start --head` prints it); default: a local instance on loopback"""
     ray_timeout: float = 120.0
     """seconds a runner may take to start or to return a fragment before the run ends with one line"""
     runner_restarts: int = 3
@@ -153,9 +139,8 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 
 
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """A vector env in same-step autoreset mode (the step that ends an episode returns the reset obs, the true final
-    obs in `info["final_obs"]`); with `video_dir`, the first env records its first `video_episodes` episodes there;
-    with `obs_rms`, observations are normalized with it, frozen (else raw). A bad id or action space exits 2."""
+    """Vector env, same-step autoreset; the first env records `video_episodes` to `video_dir`, if given; `obs_rms`
+    normalizes observations, frozen (else raw). A bad id or action space exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]

@@ -109,14 +109,6 @@ class Args:
     """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
 
 
-def observed_indices(env_id, obs_indices):
-    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
-    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
-    if obs_indices is not None:
-        return tuple(obs_indices)
-    return (0, 2) if env_id == "CartPole-v1" else ()
-
-
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
         # only with video: some envs (POPGym's) take no render_mode argument
@@ -189,6 +181,14 @@ class Agent(nn.Module):
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden), lstm_state
+
+
+def observed_indices(env_id, obs_indices):
+    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
+    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
+    if obs_indices is not None:
+        return tuple(obs_indices)
+    return (0, 2) if env_id == "CartPole-v1" else ()
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):

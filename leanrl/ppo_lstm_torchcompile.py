@@ -7,7 +7,6 @@ entropy bonus (CleanRL's Atari settings learned here no faster than the memoryle
 
     python leanrl/ppo_lstm_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_lstm_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
-    python leanrl/ppo_lstm_torchcompile.py --compile --no-memory   # no memory: it plateaus lower
     python leanrl/ppo_lstm_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0  # POPGym's recall task
 
 Same algorithm, same defaults and same loop as the eager twin (read its docstring first); what changes is the data flow:
@@ -116,14 +115,6 @@ class Args:
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def observed_indices(env_id, obs_indices):
-    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
-    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
-    if obs_indices is not None:
-        return tuple(obs_indices)
-    return (0, 2) if env_id == "CartPole-v1" else ()
-
-
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
         # only with video: some envs (POPGym's) take no render_mode argument
@@ -211,6 +202,14 @@ def lstm_step(gates_x, h, c, weight_hh):
     i, f, g, o = (gates_x + h @ weight_hh.T).chunk(4, -1)
     c = f.sigmoid() * c + i.sigmoid() * g.tanh()
     return o.sigmoid() * c.tanh(), c
+
+
+def observed_indices(env_id, obs_indices):
+    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
+    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
+    if obs_indices is not None:
+        return tuple(obs_indices)
+    return (0, 2) if env_id == "CartPole-v1" else ()
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
