@@ -567,11 +567,11 @@ class Run:
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        if rank == 0:
-            os.makedirs(self.dir, exist_ok=True)
         self.videos = os.path.join(self.dir, "videos") if args.capture_video and rank == 0 else None
         if self.videos:
             self.check_rendering()
+        if rank == 0:
+            os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             import wandb
 
@@ -601,7 +601,9 @@ class Run:
 
     def check_rendering(self):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # a frame, now: MuJoCo without EGL would fail at the first reset (RecordVideo checks moviepy)
+        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+            import moviepy  # noqa: F401
+
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"

@@ -424,10 +424,10 @@ class Run:
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        os.makedirs(self.dir, exist_ok=True)
         self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
         if args.capture_video:
             self.check_rendering()
+        os.makedirs(self.dir, exist_ok=True)
         if args.track:
             import wandb
 
@@ -457,7 +457,9 @@ class Run:
 
     def check_rendering(self):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # a frame, now: MuJoCo without EGL would fail at the first reset (RecordVideo checks moviepy)
+        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+            import moviepy  # noqa: F401
+
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"

@@ -174,3 +174,14 @@ def test_atari_refuses_to_capture_video(tmp_path):
     proc = run_script("ppo_atari_envpool_torchcompile", "--capture-video", timeout=120, cwd=tmp_path)
     assert_user_error(proc, "--capture-video", "envpool")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("script", ["dqn", "ppo_lstm_torchcompile"])
+def test_capture_video_without_moviepy_names_the_flag(script, tmp_path):
+    """gymnasium writes videos with moviepy; without it `--capture-video` is the flag named, before a run folder."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "moviepy.py").write_text("raise ImportError('No module named moviepy')\n")
+    proc = run_script(script, "--capture-video", timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(blocked)})
+    assert_user_error(proc, "--capture-video", "moviepy")
+    assert not (tmp_path / "runs").exists()
