@@ -458,8 +458,7 @@ class Run:
     def check_rendering(self):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
         try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
-            import moviepy  # noqa: F401
-
+            __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
