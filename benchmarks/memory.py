@@ -177,9 +177,7 @@ def model_variants(scripts, steps, batch, seed, device, backend):
     twin = scripts["ppo_mingru_torchcompile"].Agent(N_OBS, 2, HIDDEN, device=device)
     twin.load_state_dict(mingru.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
-    state = torch.randn(2, batch, mingru.state_size, generator=g).to(
-        device
-    )  # two layers: h and the token shift's input
+    state = torch.randn(2, batch, mingru.state_size, generator=g).to(device)  # two layers' h
     lstm_state = (
         torch.randn(batch, HIDDEN, generator=g).to(device),
         torch.randn(batch, HIDDEN, generator=g).to(device),

@@ -149,23 +149,22 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 class Agent(nn.Module):
     """A tanh torso, `num_layers` minGRU layers of `hidden_size` units, each followed by a `width`-unit tanh layer that
     reads the layer's input beside its state (a skip connection), and policy and value heads. Time-major: observations
-    [T, B, n_obs], done flags [T, B] (1: the step starts an episode), the recurrent state [num_layers, B, hidden_size
-    + width], each layer's h and then its last input.
+    [T, B, n_obs], done flags [T, B] (1: the step starts an episode), the recurrent state [num_layers, B, hidden_size],
+    each layer's h.
 
     minGRU: the update gate z_t = sigmoid(W_z x_t) and the candidate h~_t = W_h x_t read the input alone, never
     h_{t-1}, so h_t = (1 - z_t) * h_{t-1} + z_t * h~_t = a_t * h_{t-1} + b_t is a diagonal linear recurrence (unlike
-    the Linear Recurrent Unit's, Orvieto et al. 2023, its a_t depends on the input, and it is real). x_t is [u_t,
-    u_{t-1}], the layer's input beside the previous step's (a token shift, as in RWKV): on velocity-hidden CartPole
-    a layer sees the difference of consecutive positions, the missing velocity, in one step (docs/memory.md)."""
+    the Linear Recurrent Unit's, Orvieto et al. 2023, its a_t depends on the input, and it is real). x_t is u_t, the
+    layer's input at step t alone: what the layer knows of earlier steps is in h."""
 
     def __init__(self, n_obs, n_act, hidden_size=128, num_layers=2, width=128, horizon=64, device=None):
         super().__init__()
         self.hidden_size, self.num_layers, self.width = hidden_size, num_layers, width
-        self.state_size = hidden_size + width
+        self.state_size = hidden_size
         self.network = nn.Sequential(layer_init(nn.Linear(n_obs, width, device=device)), nn.Tanh())
-        # each layer's W_z and W_h, stacked in one matmul, over the shifted input [u_t, u_{t-1}]
+        # each layer's W_z and W_h, stacked in one matmul over the layer's input u_t
         self.mingru = nn.ModuleList(
-            layer_init(nn.Linear(2 * width, 2 * hidden_size, device=device), std=1.0) for _ in range(num_layers)
+            layer_init(nn.Linear(width, 2 * hidden_size, device=device), std=1.0) for _ in range(num_layers)
         )
         # the chrono initialization (Tallec and Ollivier 2018), its uniform's quantiles in place of random draws: W_z's
         # bias -log(u), u spread evenly over [1, horizon - 1], so a_t = 1 - z_t starts near u / (1 + u) and the units
@@ -176,7 +175,7 @@ class Agent(nn.Module):
             with torch.no_grad():
                 mingru.bias[:hidden_size] = -timescales.log()
         self.post = nn.ModuleList(
-            nn.Sequential(layer_init(nn.Linear(2 * width + hidden_size, width, device=device)), nn.Tanh())
+            nn.Sequential(layer_init(nn.Linear(width + hidden_size, width, device=device)), nn.Tanh())
             for _ in range(num_layers)
         )
         self.actor = layer_init(nn.Linear(width, n_act, device=device), std=0.01)
@@ -186,16 +185,13 @@ class Agent(nn.Module):
         """The features [T, B, width] the heads read over the sequence `x`, and the recurrent state after it."""
         features, last_states = self.network(x), []
         carry = (1 - done).unsqueeze(-1)  # 0 where step t starts an episode
-        for mingru, post, state in zip(self.mingru, self.post, rnn_state):
-            h0, last_input = state.split([self.hidden_size, self.width], -1)
-            # the token shift: each step's input beside the previous step's, zeros where an episode starts
-            shifted = torch.cat([features, torch.cat([last_input[None], features[:-1]]) * carry], -1)
-            gate, candidate = mingru(shifted).chunk(2, -1)
+        for mingru, post, h0 in zip(self.mingru, self.post, rnn_state):
+            gate, candidate = mingru(features).chunk(2, -1)
             z = gate.sigmoid()
             # a_t = 0 where an episode starts: h_t = b_t there, and nothing of the previous episode leaks in
             h = linear_recurrence((1 - z) * carry, z * candidate, h0)
-            last_states.append(torch.cat([h[-1], features[-1]], -1))
-            features = post(torch.cat([shifted, h], -1))
+            last_states.append(h[-1])
+            features = post(torch.cat([features, h], -1))
         return features, torch.stack(last_states)
 
     def get_value(self, x, rnn_state, done):
