@@ -6,7 +6,6 @@ which only an agent that remembers past positions balances well; 200k steps, 8 e
 
     python leanrl/ppo_mingru_torchcompile.py --compile               # on a CPU
     python leanrl/ppo_mingru_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
-    python leanrl/ppo_mingru_torchcompile.py --compile --no-memory   # no memory: it plateaus lower
     python leanrl/ppo_mingru_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0  # POPGym's recall task
 
 Same algorithm, defaults and loop as the eager twin; what changes is the data flow:
@@ -114,14 +113,6 @@ class Args:
     """compile acting, GAE and the update's sequence loss with `torch.compile`"""
     cudagraphs: bool = False
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
-
-
-def observed_indices(env_id, obs_indices):
-    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
-    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
-    if obs_indices is not None:
-        return tuple(obs_indices)
-    return (0, 2) if env_id == "CartPole-v1" else ()
 
 
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
@@ -247,6 +238,14 @@ def linear_recurrence(a, b, h0):
     # (3) every state at once
     states = torch.stack(chunk_states, 1) + torch.stack(decays, 1) * torch.stack(entering_states)[:, None]
     return states.flatten(0, 1)
+
+
+def observed_indices(env_id, obs_indices):
+    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
+    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
+    if obs_indices is not None:
+        return tuple(obs_indices)
+    return (0, 2) if env_id == "CartPole-v1" else ()
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
@@ -562,10 +561,10 @@ class Run:
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        os.makedirs(self.dir, exist_ok=True)
         self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
         if args.capture_video:
             self.check_rendering()
+        os.makedirs(self.dir, exist_ok=True)
         if args.track:
             import wandb
 
@@ -603,7 +602,8 @@ class Run:
 
     def check_rendering(self):
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # a frame, now: MuJoCo without EGL would fail at the first reset (RecordVideo checks moviepy)
+        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+            __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
