@@ -28,6 +28,8 @@ EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
 
 STATE_SIZE = 128  # per layer: the minGRU state h
+# the LSTM tests' smoke flags at 160 steps, not 96: in 96 the eager twin's seed 1 ends a single episode (37 steps)
+SMOKE_160 = ("--total-timesteps", "160", *SMOKE[2:])
 
 
 def make_minibatch(seed, steps=8, envs=2):
@@ -43,12 +45,11 @@ def make_minibatch(seed, steps=8, envs=2):
     ids=["eager", "twin", "twin-compile"],
 )
 def test_smoke(script, flags):
-    result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
+    result = summary(run_script(script, *SMOKE_160, "--measure-burnin", "2", *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("CartPole-v1", 96, 2)
-    # how many episodes end in 48 steps per env is the random init's luck: the eager twin's seed 1 ends one (37 steps)
-    assert result["episodes"] >= 1
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("CartPole-v1", 160, 2)
+    assert result["episodes"] >= 2
     assert 5 <= result["return_mean"] <= 48
     assert result["sps"] > 0 and result["sps_wall"] > 0
 
