@@ -11,7 +11,8 @@ It trains on the CPU whatever the machine has (for a GPU, run the twin). Same al
   rate a tensor annealed in place) compiled whole into one graph, as GAE, with a C++ wrapper (`--no-compile`: eager);
 - acting runs in numpy on views of the agent's weights (at batch 1, torch's dispatch costs more than the math), and
   the rollout is written through numpy views of its tensors;
-- one intra-op thread (`torch.set_num_threads(1)`, `threads` in the SUMMARY): every op here is tiny.
+- one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op here is tiny, and two
+  threads were slower in every run measured (docs/performance.md).
 """
 
 import json
