@@ -388,6 +388,7 @@ def main(args):
     obs, _ = envs.reset(seed=args.seed)
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
+    actor_loss = alpha_loss = torch.zeros((), device=device)  # logged before the first delayed policy update
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
