@@ -364,7 +364,7 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
 
 def main(args):
     if args.async_batch_size is None:
-        args.async_batch_size = args.num_envs // 2  # the default, half the envs, resolved once
+        args.async_batch_size = max(1, args.num_envs // 2)  # the default, half the envs and at least one, resolved once
     if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
         args.env_threads = max(1, (os.cpu_count() or 1) - 1)
     check_args(args)
