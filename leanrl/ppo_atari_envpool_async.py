@@ -364,7 +364,7 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
 
 def main(args):
     if args.async_batch_size is None:
-        args.async_batch_size = args.num_envs // 2  # the default, half the envs, resolved once
+        args.async_batch_size = max(1, args.num_envs // 2)  # the default, half the envs and at least one, resolved once
     if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
         args.env_threads = max(1, (os.cpu_count() or 1) - 1)
     check_args(args)
@@ -452,6 +452,11 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
     for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")

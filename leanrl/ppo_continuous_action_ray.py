@@ -573,6 +573,11 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and {args.measure_burnin}")
     positive = ("total_timesteps", "num_runners", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     for flag in positive + ("learning_rate", "ray_timeout"):
         if getattr(args, flag) <= 0:
@@ -584,10 +589,8 @@ def check_args(args):
         fail(f"--num-minibatches must split one iteration's {batch_size} steps into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
-        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
-    if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.runner_restarts < 0:
         fail(f"--runner-restarts must be >= 0, got {args.runner_restarts}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
