@@ -91,6 +91,8 @@ class Args:
 
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
+    threads: int | None = None
+    """torch's intra-op threads (default 1: every op here is tiny, see the docstring)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -280,7 +282,7 @@ def main(args):
     device = torch.device("cpu")  # whatever the machine has
     # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more than it saves, and
     # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
@@ -374,6 +376,8 @@ def check_args(args):
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
     if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
 
 
 class Run:

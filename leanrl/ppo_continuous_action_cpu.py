@@ -97,6 +97,8 @@ class Args:
 
     compile: bool = True
     """compile GAE and each update as one graph; --no-compile runs the same functions eagerly"""
+    threads: int | None = None
+    """torch's intra-op threads (default 1: every op here is tiny, see the docstring)"""
 
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
@@ -335,7 +337,7 @@ def main(args):
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
     device = torch.device("cpu")
     # every op is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it saves
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
@@ -460,6 +462,8 @@ def check_args(args):
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
         fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
 
 
 class Run:
