@@ -99,35 +99,26 @@ class Reference:
     note: str = ""
 
 
-# CleanRL's documentation pages (docs/rl-algorithms/ in vwxyzjn/cleanrl), their Open RL Benchmark tables: the mean
-# and std over 3 seeds of the training episodic return at the end of the run.
+# CleanRL's documentation (vwxyzjn/cleanrl): docs/rl-algorithms/<algo>.md shows the Open RL Benchmark table of each
+# script, for PPO, SAC and TD3 included from docs/benchmark/<script>.md: the mean and std over 3 seeds of the
+# training episodic return at the end of a run at the script's default budget.
 CLEANRL = "https://github.com/vwxyzjn/cleanrl/blob/"
-PPO_PAGE = CLEANRL + "2d660b6d3053ea9037c746b4c9f3a6faa1f20c44/docs/rl-algorithms/ppo.md"
-PPO_NOTE = "the page's MuJoCo v4 table (tag v1.0.0-12-g99f7789); the current page draws it from a file not in the repo"
+BENCHMARK = CLEANRL + "35896b1fefa9898b904f7e09bcbe6e168e15d2a9/docs/benchmark/"  # the tables of tag pr-424
+PPO = BENCHMARK + "ppo_continuous_action.md"
 REFERENCES = {
-    ("ppo_continuous_action", "HalfCheetah-v4"): Reference(2905.85, 1129.37, 1_000_000, PPO_PAGE, PPO_NOTE),
-    ("ppo_continuous_action", "Hopper-v4"): Reference(2051.80, 313.94, 1_000_000, PPO_PAGE, PPO_NOTE),
-    ("ppo_continuous_action", "Walker2d-v4"): Reference(2890.97, 231.40, 1_000_000, PPO_PAGE, PPO_NOTE),
+    ("ppo_continuous_action", "HalfCheetah-v4"): Reference(1442.64, 46.03, 1_000_000, PPO),
+    ("ppo_continuous_action", "Hopper-v4"): Reference(2382.86, 271.74, 1_000_000, PPO),
+    ("ppo_continuous_action", "Walker2d-v4"): Reference(2287.95, 571.78, 1_000_000, PPO),
     ("dqn", "CartPole-v1"): Reference(
         488.69, 16.11, 500_000, CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/dqn.md"
     ),
     ("td3_continuous_action", "Hopper-v4"): Reference(
-        3134.61,
-        360.18,
-        1_000_000,
-        CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/td3.md",
-        "only the 1M value is published as a number (the curves are images)",
+        3134.61, 360.18, 1_000_000, BENCHMARK + "td3.md", "its curves are images: no value at 300k"
     ),
     ("sac_continuous_action", "Hopper-v4"): Reference(
-        2310.46,
-        342.82,
-        1_000_000,
-        CLEANRL + "9faf3e100169eb10b83f541a1f3749772425946e/docs/rl-algorithms/sac.md",
-        "labelled Hopper-v2 on the page, whose benchmark/sac.sh runs v4; only the 1M value is published as a number",
+        2310.46, 342.82, 1_000_000, BENCHMARK + "sac.md", "its curves are images: no value at 300k"
     ),
-    ("ppo_atari_envpool", "Breakout-v5"): Reference(
-        389.57, 29.62, 10_000_000, PPO_PAGE, "ppo_atari_envpool.py, labelled BreakoutNoFrameskip-v4 on the page"
-    ),
+    ("ppo_atari_envpool", "Breakout-v5"): Reference(211.24, 151.84, 10_000_000, BENCHMARK + "ppo_atari_envpool.md"),
 }
 
 
@@ -185,8 +176,8 @@ def stored(folder):
 
 
 def die_with_parent():
-    """In a run's process before it starts: the kernel sends it SIGTERM when the harness dies, also by SIGKILL."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In a run's process before it starts: the kernel kills it when the harness dies, however the harness dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def start(run, out_dir, scripts_dir, eval_episodes):
@@ -377,9 +368,14 @@ def markdown(table, machine, timing):
             f"| {published} | {within} | {optional(minutes, '.1f')} |"
         )
     lines += ["", "CleanRL's values: mean ± std over 3 seeds of the training return at the end of the run."]
-    sources = {(algorithm(r["script"]), r["env_id"]): r["reference"] for r in table if r["reference"]}
-    for (algo, env_id), ref in sources.items():
-        lines.append(f"- {algo} on {env_id}: {ref['source']}" + (f" ({ref['note']})" if ref["note"] else ""))
+    sources = {}
+    for r in table:
+        if r["reference"]:
+            runs = sources.setdefault((r["reference"]["source"], r["reference"]["note"]), {})
+            runs.setdefault(algorithm(r["script"]), {})[r["env_id"]] = None
+    for (source, ref_note), runs in sources.items():
+        names = "; ".join(f"{algo} on {', '.join(envs)}" for algo, envs in runs.items())
+        lines.append(f"- {names}: {source}" + (f" ({ref_note})" if ref_note else ""))
     return "\n".join(lines) + "\n"
 
 
