@@ -10,15 +10,16 @@ A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps 
 `_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in its own folder,
 `<out-dir>/<script>__<env>__<steps>__<seed>/`, the script's working directory (its `runs/` lands there). It is done
 when the harness has written that folder's `summary.json`: the script's summary with its curves thinned to at most
-500 points, the command, the times, the CPU and the load average. Done runs are skipped, so a killed harness picks up
-where it stopped; a folder without a summary.json is a partial run, deleted and started over. Hyperparameters stay
-the scripts' defaults (CleanRL's). A run ends with the harness: on Ctrl-C, SIGTERM or an error it is killed with
-every process it started, and on Linux the kernel stops it if the harness is killed outright.
+500 points, the command, the times, the CPU and the load average. Done runs are skipped, so a killed harness picks
+up where it stopped; a folder without a summary.json is a partial run, deleted and started over. Hyperparameters
+stay the scripts' defaults (CleanRL's); `--threads N` sets OMP_NUM_THREADS=N for every run (on a small or shared
+CPU, 1 keeps a run's thread pool from stalling it). A run ends with the harness: on Ctrl-C, SIGTERM or an error it
+is killed with every process it started, and on Linux the kernel stops it if the harness is killed outright.
 
-The report, `<set>.md`, `<set>.json` and `<set>-<env>.png` in `<out-dir>` (default benchmarks/results/learning/):
-per script, env and budget, the mean ± std over seeds of the final return (the mean of the last 20 training
-episodes) and of the evaluation, CleanRL's published value beside it, and the runs still pending; per env, every
-run's return curve with CleanRL's values as lines.
+The report goes to `<out-dir>` (default benchmarks/results/learning/): `<set>.md`, per script, env and budget,
+the mean ± std over seeds of the final return (the mean of the last 20 training episodes) and of the evaluation,
+CleanRL's published value beside it, and the runs still pending; `<set>-readme.md`, the README's short table;
+`<set>.json`; `<set>-<env>.png`, every run's return curve on an env with CleanRL's values as lines.
 
 The default set, from CleanRL's budgets, each algorithm's fastest CPU script (`_seeds` where leanrl/ has one, else
 `_cpu`), then its eager script on one env: DQN on CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on
@@ -180,24 +181,28 @@ def die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def start(run, out_dir, scripts_dir, eval_episodes):
-    """Start `run` in a fresh `<out_dir>/<run>/` (a partial run's folder is deleted first); its output goes to
-    `output.txt` there. Returns the job: the run, its process, command, folder and start time."""
-    folder = out_dir / run.name
+def start(run, args):
+    """Start `run` in a fresh `<out-dir>/<run>/` (a partial run's folder is deleted first), with `--threads` as
+    OMP_NUM_THREADS if given; its output goes to `output.txt` there. Returns the job: the run, its process, command,
+    folder, start time and load average."""
+    folder = args.out_dir / run.name
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    cmd = run.command(scripts_dir, eval_episodes)
+    cmd = run.command(args.scripts_dir, args.eval_episodes)
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
     with open(folder / "output.txt", "w") as output:
         proc = subprocess.Popen(
             cmd,
             cwd=folder,
+            env=env,
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C in the terminal reaches the harness, which stops the run
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
-    return {"run": run, "proc": proc, "cmd": cmd, "folder": folder, "started": datetime.now(), "load": os.getloadavg()}
+    job = {"run": run, "proc": proc, "cmd": cmd, "folder": folder, "threads": args.threads}
+    return job | {"started": datetime.now(), "load": os.getloadavg()}
 
 
 def thin(curve, points=CURVE_POINTS):
@@ -229,6 +234,7 @@ def finish(job):
         "started": job["started"].isoformat(timespec="seconds"),
         "finished": datetime.now().isoformat(timespec="seconds"),
         "cpu": cpu_model(),
+        "omp_num_threads": job["threads"],
         "load_average": {"start": job["load"], "end": os.getloadavg()},
         "summary": summary,
     }
@@ -252,18 +258,18 @@ def wait_any(jobs, timeout):
         time.sleep(POLL_SECONDS)
 
 
-def execute(todo, out_dir, scripts_dir, eval_episodes, jobs, timeout):
-    """Run `todo` in order, `jobs` at a time; returns the names of the runs that failed. Whatever stops the harness
-    (Ctrl-C, SIGTERM, an error) kills the runs in flight first."""
+def execute(todo, args):
+    """Run `todo` in order, `--jobs` at a time; returns the names of the runs that failed. Whatever stops the
+    harness (Ctrl-C, SIGTERM, an error) kills the runs in flight first."""
     active, failed, queue = [], [], list(todo)
     try:
         while queue or active:
-            while queue and len(active) < jobs:
-                active.append(start(queue.pop(0), out_dir, scripts_dir, eval_episodes))
+            while queue and len(active) < args.jobs:
+                active.append(start(queue.pop(0), args))
                 note(f"started {active[-1]['run'].name}")
-            job, timed_out = wait_any(active, timeout)
+            job, timed_out = wait_any(active, args.timeout)
             active.remove(job)
-            problem = f"ran past the {timeout:.0f} s timeout" if timed_out else finish(job)
+            problem = f"ran past the {args.timeout:.0f} s timeout" if timed_out else finish(job)
             minutes = (datetime.now() - job["started"]).total_seconds() / 60
             if problem:
                 failed.append(job["run"].name)
@@ -379,6 +385,23 @@ def markdown(table, machine, timing):
     return "\n".join(lines) + "\n"
 
 
+def short_markdown(table):
+    """The README's table: the rows of the fast scripts (not the eager ones), final return beside CleanRL's."""
+    lines = ["| script | env | steps | seeds | final return | CleanRL |", "|---|---|---:|---:|---:|---:|"]
+    for r in table:
+        if r["script"] == algorithm(r["script"]):
+            continue
+        ref = r["reference"]
+        published = "none" if ref is None else f"{ref['mean']:.1f} ± {ref['std']:.1f}"
+        if ref and ref["steps"] != r["steps"]:
+            published += f" at {steps_text(ref['steps'])}"
+        lines.append(
+            f"| `{r['script']}` | {r['env_id']} | {steps_text(r['steps'])} | {r['seeds_done']}/{r['seeds_planned']} "
+            f"| {mean_std(r['return_mean'], r['return_std'])} | {published} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def curves_figure(env_id, plan, records):
     """The return curves of every run on `env_id` against env steps, one color per algorithm, solid for the fast
     script and dotted for the eager one, each algorithm's CleanRL value dashed with its std shaded."""
@@ -408,8 +431,8 @@ def curves_figure(env_id, plan, records):
 
 
 def report(plan, out_dir, set_name):
-    """Write `<set>.md`, `<set>.json` and `<set>-<env>.png` into `out_dir` from the summaries of `plan`'s
-    runs that are done; returns the markdown."""
+    """Write `<set>.md`, `<set>-readme.md`, `<set>.json` and `<set>-<env>.png` into `out_dir` from the summaries of
+    `plan`'s runs that are done; returns the markdown."""
     records = {run.name: stored(out_dir / run.name) for run in plan}
     records = {name: record for name, record in records.items() if record}
     table = rows(plan, records)
@@ -423,6 +446,7 @@ def report(plan, out_dir, set_name):
     table_md = markdown(table, machine, timing)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{set_name}.md").write_text(table_md)
+    (out_dir / f"{set_name}-readme.md").write_text(short_markdown(table))
     pending = [run.name for run in plan if run.name not in records]
     document = {"set": set_name, "machine": machine, "timing": timing, "table": table, "pending": pending}
     (out_dir / f"{set_name}.json").write_text(json.dumps(document, indent=1) + "\n")
@@ -440,12 +464,13 @@ def parse_args(argv):
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after each run")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)")
     parser.add_argument("--report", action="store_true", help="only rebuild the report from the summaries present")
     parser.add_argument("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     args = parser.parse_args(argv)
-    for flag in ("jobs", "eval_episodes", "timeout"):
-        if getattr(args, flag) < 1:
+    for flag in ("jobs", "eval_episodes", "timeout", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return args, parser
 
@@ -464,7 +489,7 @@ def main(argv=None):
         note(f"{len(plan)} runs in the set, {len(plan) - len(todo)} done, {len(todo)} to run, {args.jobs} at a time")
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # runs the cleanup on the way out
         try:
-            failed = execute(todo, args.out_dir, args.scripts_dir, args.eval_episodes, args.jobs, args.timeout)
+            failed = execute(todo, args)
         except KeyboardInterrupt:
             note("stopped by Ctrl-C: the runs in flight were killed; run the same command to go on")
             return 130

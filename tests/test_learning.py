@@ -56,7 +56,9 @@ def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_othe
     assert not list(second.glob("runs/*/summary.json"))  # the kernel stopped the run in flight before its end
     assert not (second / "summary.json").exists()
 
-    resumed = subprocess.run(harness(tmp_path), cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        harness(tmp_path, "--threads", "1"), cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "2 runs in the set, 1 done, 1 to run" in resumed.stderr
     assert f"started {SMOKE[0].name}" not in resumed.stderr
@@ -65,6 +67,7 @@ def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_othe
     assert record["summary"]["total_timesteps"] == 1000 and record["summary"]["seed"] == 2
     assert record["command"][:2] == ["python", "leanrl/dqn_cpu.py"] and "--eval-episodes" in record["command"]
     assert len(record["summary"]["eval_returns"]) == 10
+    assert record["omp_num_threads"] == 1 and record["summary"]["threads"] == 1
     assert "| dqn_cpu | CartPole-v1 | 1k | 2/2 |" in resumed.stdout
     assert (tmp_path / "smoke.md").read_text() == resumed.stdout
     assert (tmp_path / "smoke-CartPole-v1.png").stat().st_size > 0
