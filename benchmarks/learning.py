@@ -355,6 +355,8 @@ def markdown(table, machine, timing):
     wall = "no run done yet"
     if timing["first_start"]:
         wall = f"{timing['run_hours']:.2f} h of runs, from {timing['first_start']} to {timing['last_finish']}"
+    if timing["load_average_1min"]:
+        wall += ", load average {:.1f} to {:.1f} at the runs' starts and ends".format(*timing["load_average_1min"])
     lines = [
         machine_line(machine),
         f"Wall time: {wall}.",
@@ -437,12 +439,15 @@ def report(plan, out_dir, set_name):
     records = {name: record for name, record in records.items() if record}
     table = rows(plan, records)
     done = list(records.values())
+    loads = [record["load_average"][end][0] for record in done if "load_average" in record for end in ("start", "end")]
     timing = {
         "run_hours": sum(map(run_seconds, done)) / 3600,
         "first_start": min((record["started"] for record in done), default=None),
         "last_finish": max((record["finished"] for record in done), default=None),
+        "load_average_1min": [min(loads), max(loads)] if loads else None,
     }
-    machine = machine_info()
+    cpus = sorted({record["cpu"] for record in done if record.get("cpu")})
+    machine = machine_info() | ({"cpu": "; ".join(cpus)} if cpus else {})  # where the runs ran
     table_md = markdown(table, machine, timing)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{set_name}.md").write_text(table_md)
