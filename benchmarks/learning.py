@@ -32,6 +32,7 @@ scripts use one thread; SAC's and TD3's updates two).
 
 import argparse
 import ctypes
+import fcntl
 import json
 import math
 import os
@@ -480,6 +481,19 @@ def parse_args(argv):
     return args, parser
 
 
+def lock(out_dir):
+    """Hold an exclusive lock on `out_dir` for as long as this process lives, or None if another harness holds it
+    (it would delete the folders of the runs in flight as partial ones)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def main(argv=None):
     """Run the set's runs that are not done, then write the report; returns the exit status."""
     args, parser = parse_args(argv)
@@ -490,6 +504,8 @@ def main(argv=None):
             parser.error(f"--only {' '.join(args.only)} matches no run of the set {args.set}")
     failed = []
     if not args.report:
+        if lock(args.out_dir) is None:
+            parser.error(f"--out-dir {args.out_dir}: another harness is running there (use --report to read it)")
         todo = [run for run in plan if stored(args.out_dir / run.name) is None]
         note(f"{len(plan)} runs in the set, {len(plan) - len(todo)} done, {len(todo)} to run, {args.jobs} at a time")
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # runs the cleanup on the way out

@@ -173,6 +173,20 @@ def test_the_fastest_cpu_script_is_the_seeds_one_where_there_is_one(tmp_path):
     assert "sac_continuous_action_cpu__Hopper-v4__300k__3" in names
 
 
+def test_a_second_harness_on_the_same_folder_exits_2_and_deletes_nothing(tmp_path, capsys):
+    partial = tmp_path / SMOKE[0].name
+    partial.mkdir()
+    held = learning.lock(tmp_path)  # as a running harness holds it (flock: each open of the folder is apart)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            learning.main(["--set", "smoke", "--out-dir", str(tmp_path)])
+    finally:
+        os.close(held)
+    assert exit_info.value.code == 2
+    assert "another harness is running there" in capsys.readouterr().err
+    assert partial.is_dir()
+
+
 def test_only_matching_no_run_exits_2_naming_the_flag(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         learning.main(["--set", "smoke", "--only", "ppo", "--out-dir", str(tmp_path)])
