@@ -56,6 +56,8 @@ README_ALGOS = {
     "PPO Atari": "ppo_atari_envpool",
 }
 README_VARIANTS = {"`_torchcompile`": "torchcompile", "`_torchcompile --compile`": "compile", "`_cpu`": "cpu"}
+# a speed table's columns that are figures of the eager row; every other column is a variant's ratio to eager
+EAGER_COLUMNS = {"eager sps": ("sps_median", "{:.0f}"), "env-only sps": ("env_only_sps", "{:.0f}")}
 
 
 def doc_files(root=ROOT):
@@ -201,15 +203,13 @@ def speed_table_problems(text, runs):
         for cells in body:
             algo = README_ALGOS.get(cells[0])
             for name, cell in zip(header[1:], cells[1:]):
-                variant = "eager" if name in ("eager sps", "env-only sps") else README_VARIANTS.get(name)
+                variant = "eager" if name in EAGER_COLUMNS else README_VARIANTS.get(name)
                 row = rows.get((algo, variant))
                 if row is None:
                     problems.append(f"{cells[0]} {name}: no such row in the results")
                     continue
-                key, form = {"eager sps": ("sps_median", ".0f"), "env-only sps": ("env_only_sps", ".0f")}.get(
-                    name, ("vs_eager", ".2f")
-                )
-                want = format(row[key], form) + ("x" if key == "vs_eager" else "")
+                key, form = EAGER_COLUMNS.get(name, ("vs_eager", "{:.2f}x"))
+                want = form.format(row[key])
                 if cell.strip("*") != want:
                     problems.append(f"{cells[0]} {name}: the page says {cell}, the results {want}")
     return problems
