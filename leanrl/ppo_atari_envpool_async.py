@@ -8,12 +8,12 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10
 
 The twin alternates: all envs step, then the policy acts on all of them. Here envpool's `recv` returns the first
 `--async-batch-size` envs done stepping (default half), the policy acts on them and `send` hands their actions back
-by `env_id`, while the other envs step in envpool's `--env-threads` threads (default one fewer than the cores, so
-that the policy keeps a core). All of it is in `collect_rollout`: the rollout is stored by env (column e holds env
-e's steps in order), so GAE, bootstrapping and the scores are the twin's. Envs that finish their `num_steps` early
-act on, and those steps open the next rollout; a batch whose envs are all done is held until after the update.
-With `--async-batch-size` equal to `--num-envs` it takes the twin's steps. The rest is the twin's; SUMMARY adds
-`async_batch_size` and `env_threads`. The design and its measured overlap: docs/async-sampling.md.
+by `env_id`, while the other envs step in envpool's `--env-threads` threads (default: the cores this process may
+use, less one for the policy). All of it is in `collect_rollout`: the rollout is stored by env (column e holds env
+e's steps in order), so GAE, bootstrapping and the scores are the twin's. An env that has its `num_steps` steps
+waits for the next rollout unless fewer than a batch would step. With `--async-batch-size` equal to `--num-envs` it
+takes the twin's steps. The rest is the twin's; SUMMARY adds `async_batch_size` and `env_threads`. The design and
+its measured overlap: docs/async-sampling.md.
 """
 
 import json
@@ -76,8 +76,8 @@ class Args:
     """the envs the policy acts on at once (envpool's batch_size), a divisor of --num-envs; the others step meanwhile
     (default: half the envs)"""
     env_threads: int | None = None
-    """envpool's threads that step the games (default: one fewer than the machine's cores, at least 1, so that the
-    policy keeps a core while they step)"""
+    """envpool's threads that step the games (default: one fewer than the cores this process may use, at least 1, so
+    that the policy keeps a core while they step)"""
     num_steps: int = 128
     """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
     anneal_lr: bool = True
@@ -117,15 +117,8 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
     `num_threads` threads (0: envpool's choice). An id that is not one of envpool's Atari games exits with status 2."""
     if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
-    return envpool.make_gymnasium(
-        env_id,
-        num_envs=num_envs,
-        batch_size=batch_size,
-        num_threads=num_threads,
-        seed=seed,
-        episodic_life=True,
-        reward_clip=True,
-    )
+    pool = dict(batch_size=batch_size, num_threads=num_threads)
+    return envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool)
 
 
 def finished_games(game_returns, infos, truncations):
@@ -282,11 +275,10 @@ def make_learner(args, n_act, device):
 
 
 def make_storage(num_steps, num_envs, obs_shape, device):
-    """The rollout's storage, one TensorDict [num_steps + 256, num_envs, ...] on `device`; frames stay uint8. Each env's
-    steps fill its column in order; the rows past num_steps hold the steps it takes while others finish theirs, the
-    next rollout's first. An env runs ahead by the steps it takes while the slowest takes its last ones (up to 15 in
-    a measured Breakout run with a policy of no cost): room for 256."""
-    shape = (num_steps + 256, num_envs)
+    """The rollout's storage, one TensorDict [2 * num_steps + 2, num_envs, ...] on `device`; frames stay uint8. Each
+    env's steps fill its column in order; the rows past num_steps hold the steps it takes while others finish theirs,
+    the next rollout's first: `collect_rollout` lets none take more than num_steps + 1 of them."""
+    shape = (2 * num_steps + 2, num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     storage = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
     storage["obs"] = torch.zeros(*shape, *obs_shape, dtype=torch.uint8, device=device)
@@ -295,23 +287,27 @@ def make_storage(num_steps, num_envs, obs_shape, device):
 
 
 class RolloutState:
-    """What one rollout hands the next: per env, `step`, the row of its next action (the steps it has taken in this
-    rollout) and `game_returns`, the score of its game in play; `held`, the batches (frames, env ids) that wait for
-    the updated policy; `global_step`, the env steps sent so far."""
+    """What one rollout hands the next: per env, `step` (the row of its next action) and `game_returns` (the score of
+    its game in play); `held`, batches (frames, env ids) that wait for the updated policy; `pending`, actions
+    (actions, env ids) chosen but not sent yet; `global_step`, the env steps sent so far."""
 
     def __init__(self, num_envs):
         self.step = np.zeros(num_envs, dtype=np.int64)
         self.game_returns = np.zeros(num_envs)
-        self.held = []
+        self.held, self.pending = [], []
         self.global_step = 0
 
 
-def act(envs, policy, rollout, state, obs, env_id):
-    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`): the actions are sent first,
-    so that these envs step while their step is stored in each env's next row."""
+def act(envs, policy, rollout, state, obs, env_id, send):
+    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`) and its step is stored in
+    each env's next row. The actions of the envs in `send` (a mask) are sent first, so that they step meanwhile; the
+    others' wait in `state.pending` for the next rollout."""
     with torch.no_grad():
         action, logprob, _, value = policy(obs)
-    envs.send(action.cpu().numpy(), env_id)
+    actions = action.cpu().numpy()
+    envs.send(actions[send], env_id[send])
+    if not send.all():
+        state.pending.append((actions[~send], env_id[~send]))
     index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
     frames = rollout["obs"]
     for row, env, frame in zip(state.step[env_id].tolist(), env_id.tolist(), obs):
@@ -320,30 +316,56 @@ def act(envs, policy, rollout, state, obs, env_id):
     rollout["logprobs"][index] = logprob
     rollout["values"][index] = value.flatten()
     state.step[env_id] += 1
-    state.global_step += len(env_id)
+    state.global_step += int(send.sum())
+
+
+def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, complete, others):
+    """Batches whose frames are in (just received, or held since the last rollout): envs that lag step on; of those
+    with their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any env lags
+    (recv waits for a whole batch), and the rest wait for the next rollout. Once some run ahead, a batch is every env
+    in flight, the laggards among them: none takes more than num_steps + 1 steps past its num_steps (see
+    docs/async-sampling.md). Returns how many envs it sent."""
+    env_ids = np.concatenate([env_id for _, env_id in batches])
+    step = state.step[env_ids]
+    complete[env_ids[step >= num_steps]] = True
+    send = step < num_steps
+    if not complete.all():
+        send[np.flatnonzero(~send)[: max(0, len(batches[0][1]) - others - send.sum())]] = True
+    for (obs, env_id), sends in zip(batches, np.split(send, len(batches))):
+        if sends.any():
+            act(envs, policy, rollout, state, obs, env_id, sends)
+        else:  # every env of the batch has its steps: it waits for the updated policy, its value bootstraps
+            index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
+            with torch.no_grad():
+                rollout["values"][index] = get_value(obs).flatten()
+            state.held.append((obs, env_id))
+    return int(send.sum())
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
-    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`, [num_steps + room, num_envs]) with each env's next
-    `num_steps` steps, in order, and row `num_steps` of its values with each env's bootstrap value. `envs` has
-    envpool's async API (`recv()`, `send(actions, env_id)`) and was started with `async_reset()`; `policy(obs) ->
-    (action, logprob, entropy, value)` and `get_value(obs)` take one batch of uint8 frames on the rollout's device;
-    `log_episodes(global_step, scores)` gets the scores of the games that end; `state` carries over between calls."""
+    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order,
+    and row `num_steps` of its values with each env's bootstrap value. `envs` has envpool's async API (`recv()`,
+    `send(actions, env_id)`) and was started with `async_reset()`; `policy(obs) -> (action, logprob, entropy, value)`
+    and `get_value(obs)` take one batch of uint8 frames on the rollout's device; `log_episodes(global_step, scores)`
+    gets the scores of the games that end; `state` carries over between calls."""
     if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
         lead = state.step.max() - num_steps
         if lead:
             rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
         state.step -= num_steps
-    held, state.held = state.held, []
-    for obs, env_id in held:  # held at the end of the last rollout, they act with the updated policy
-        act(envs, policy, rollout, state, obs, env_id)
+    pending, state.pending, held, state.held = state.pending, [], state.held, []
+    for actions, env_id in pending:  # chosen before the update, as a carried step was: its stored logprob says so
+        envs.send(actions, env_id)
+        state.global_step += len(env_id)
     complete = np.zeros(len(state.step), dtype=bool)
+    in_flight = len(state.step) - sum(len(env_id) for _, env_id in held)
+    if held:  # held at the end of the last rollout, they act with the updated policy, as if just received
+        in_flight += dispatch(envs, policy, get_value, rollout, state, held, num_steps, complete, in_flight)
     while not complete.all():
         obs, reward, terminations, truncations, infos = envs.recv()
         env_id = infos["env_id"]
         step = state.step[env_id]
-        if step.max() >= len(rollout):
-            raise RuntimeError(f"an env ran {len(rollout) - num_steps} steps ahead of the slowest, past the storage")
+        in_flight -= len(env_id)
         # the outcome of each env's last action, one row above its new frame (after `async_reset`, the reset's zeros
         # go to row 0 and the outcome of the env's first action overwrites them)
         index = tuple(torch.as_tensor(np.stack([np.maximum(step - 1, 0), env_id]), device=rollout.device))
@@ -352,21 +374,15 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
         rollout["truncations"][index] = torch.as_tensor(truncations, device=rollout.device, dtype=torch.float)
         log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
         obs = torch.from_numpy(obs).to(rollout.device)  # on a CPU a view of envpool's array, no copy
-        complete[env_id[step >= num_steps]] = True
-        if (step >= num_steps).all():  # every env of the batch has its steps: hold it, its value bootstraps
-            with torch.no_grad():
-                value = get_value(obs).flatten()
-            rollout["values"][tuple(torch.as_tensor(np.stack([step, env_id]), device=rollout.device))] = value
-            state.held.append((obs, env_id))
-        else:
-            act(envs, policy, rollout, state, obs, env_id)
+        in_flight += dispatch(envs, policy, get_value, rollout, state, [(obs, env_id)], num_steps, complete, in_flight)
 
 
 def main(args):
     if args.async_batch_size is None:
         args.async_batch_size = max(1, args.num_envs // 2)  # the default, half the envs and at least one, resolved once
     if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
-        args.env_threads = max(1, (os.cpu_count() or 1) - 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
+        args.env_threads = max(1, cores - 1)
     check_args(args)
     run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals: at the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)

@@ -219,8 +219,14 @@ def linear_recurrence(a, b, h0):
     composed from a zero state, all chunks at once; (2) the chunks, in order, give the state entering each; (3) every
     h_t at once. About 2 sqrt(T) vectorized steps and 2T work instead of T steps (docs/memory.md: why this scan)."""
     steps = a.shape[0]
-    chunk = min(c for c in range(1, steps + 1) if steps % c == 0 and c * c >= steps)  # a divisor: no padding
-    a_chunks, b_chunks = a.unflatten(0, (steps // chunk, chunk)), b.unflatten(0, (steps // chunk, chunk))
+    # chunks of c steps take c + ceil(T / c) sequential steps, the fewest at c = ceil(sqrt(T)); a divisor of T as
+    # good needs no padding. Else identity steps (a = 1, b = 0) pad T to whole chunks; their states are dropped
+    root = min(c for c in range(1, steps + 1) if c * c >= steps)
+    fewest = root + -(-steps // root)
+    chunk = next((c for c in range(root, fewest) if steps % c == 0 and c + steps // c == fewest), root)
+    if pad := -steps % chunk:
+        a, b = torch.cat([a, a.new_ones(pad, *a.shape[1:])]), torch.cat([b, b.new_zeros(pad, *b.shape[1:])])
+    a_chunks, b_chunks = a.unflatten(0, (-1, chunk)), b.unflatten(0, (-1, chunk))
     # (1) [num_chunks, B, H] at a time: h is each chunk's state from a zero start, decay the product of its a's
     h, decay = torch.zeros_like(b_chunks[:, 0]), torch.ones_like(a_chunks[:, 0])
     chunk_states, decays = [], []
@@ -236,7 +242,7 @@ def linear_recurrence(a, b, h0):
         entering = decay_j * entering + h_j
     # (3) every state at once
     states = torch.stack(chunk_states, 1) + torch.stack(decays, 1) * torch.stack(entering_states)[:, None]
-    return states.flatten(0, 1)
+    return states.flatten(0, 1)[:steps]
 
 
 def observed_indices(env_id, obs_indices):

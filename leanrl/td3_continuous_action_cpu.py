@@ -324,7 +324,8 @@ def main(args):
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")  # whatever the machine has
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
-    torch.set_num_threads(args.threads or min(2, cores))  # the updates' batch-256 matmuls gain from a second thread
+    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
+    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
