@@ -7,19 +7,18 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
     python leanrl/dqn_seeds.py --compile --cudagraphs         # and replayed as CUDA graphs (CUDA only)
 
 Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program. Member k
-(seed `seed + k`) is what dqn_cpu.py is with `--seed seed+k`: its Q network starts from the same weights, its
-`--num-envs` envs are seeded the same way, and it has its own target network, Adam state, replay buffer and
-exploration; members share nothing but the program. Their parameters, Adam state and buffers are stacked on a leading
-seeds axis, and each step makes one call for all of them: one vector env of N x `--num-envs` envs (member k owns a
-contiguous slice: one env loop per step, not N), one policy and one update vmapped over the seeds axis
-(`torch.func.vmap`; `randomness="different"`: one torch generator, a different draw for each member, so a member's
-coins and batches are not dqn_cpu.py's), one buffer write and one sample. Adam and the target update are elementwise,
-so they run on the stacked tensors as they are. `--compile` compiles acting and the update (one graph each),
-`--cudagraphs` records them with tensordict's `CudaGraphModule`. The SUMMARY reports each member (`seeds`,
-`return_means`, `eval_return_means`, one curve per member in summary.json), their mean, and the aggregate `sps`
-(all members' env steps per second); `total_timesteps` counts the steps of one member. `--save-model` writes one file
-per member, which dqn.py, dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here
-evaluates that one model on every member's evaluation env (seeds `seed + k`).
+is dqn_cpu.py with `--seed seed+k`: the same initial weights and env seeds, its own target network, Adam state,
+replay buffer and exploration. Members share nothing but the program (and one random generator, drawing differently
+for each member: vmap's `randomness="different"`; so a member's coins and batches are not dqn_cpu.py's). Parameters,
+Adam state and buffers are stacked on a leading seeds axis, and each step makes one call for all members: one vector
+env of N x `--num-envs` envs (member k's a contiguous slice: one env loop per step, not N), one policy, one buffer
+write, one sample and one update vmapped over the seeds axis (Adam and the target update are elementwise: they run on
+the stacked tensors as they are). `--compile` compiles the policy and the update, `--cudagraphs` records them with
+`CudaGraphModule`; on a CPU the members act in numpy instead, as in dqn_cpu.py. The SUMMARY reports every member
+(`seeds`, `return_means`, `eval_return_means`; a curve each in summary.json), their mean and the aggregate `sps` (all
+members' env steps per second); `total_timesteps` counts one member's steps. `--save-model` writes one file per
+member, which dqn.py, dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates
+that model as every member (on evaluation envs seeded `seed + k`).
 """
 
 import json
@@ -179,8 +178,9 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t` (a tensor): a line from `start_e` at 0 to `end_e` at `duration`, then flat."""
-    return (start_e + (end_e - start_e) * t / duration).clamp_min(end_e)
+    """Epsilon at env step `t` (a number or a tensor): from `start_e` at 0 down to `end_e` at `duration`, then flat."""
+    epsilon = start_e + (end_e - start_e) * t / duration
+    return epsilon.clamp_min(end_e) if isinstance(epsilon, torch.Tensor) else max(epsilon, end_e)
 
 
 class ReplayBuffer:
@@ -244,11 +244,9 @@ class Adam:
 
 def make_functional_updates(q_network, target_params, optimizer, args):
     """The TD step of every member (returns each member's loss and mean Q of the taken actions) and the target
-    networks' update. The TD step is a function of one member's parameters, vmapped over the stacked
-    `optimizer.params` (updated in place), `target_params` and the batch; `q_network` is a shell on the meta device
-    that `functional_call` fills. `torch.func` takes the gradients and Adam is written out, so
-    `torch.compile(fullgraph=True)` makes the whole step of all members, from the forward pass to the parameters'
-    update, one graph (`backward` and `torch.optim` would split it)."""
+    networks' update. The TD step of one member's parameters is vmapped over the stacked `optimizer.params` (updated in
+    place), `target_params` and batch (`q_network`: a meta shell that `functional_call` fills). `torch.func` takes the
+    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes all members' step one graph."""
 
     def td_target_fn(target_params, data):
         target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
@@ -295,12 +293,37 @@ def make_policy(q_network, params, n_act, global_step, start_e, end_e, duration)
     return policy
 
 
+def make_host_policy(params, n_act, start_e, end_e, duration):
+    """`make_policy` on the host, for a CPU: a coin per member, and the Q networks in numpy, one call for all members
+    (matmul broadcasts over the seeds axis; a torch call, even compiled, costs more to dispatch than to run here). The
+    arrays are views of the stacked weights, which Adam updates in place; it restates `QNetwork.forward`, and a test
+    holds it to it. Its step is a Python int. CPU tensors in and out, as `make_policy`'s, numpy views inside."""
+    layers = [(params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy()) for i in (0, 2, 4)]
+    layers = [(weight.transpose(0, 2, 1), bias[:, None]) for weight, bias in layers]  # x @ W.T + b, per member
+    step = 0
+
+    def policy(obs):
+        nonlocal step
+        epsilon = linear_schedule(start_e, end_e, duration, step)
+        step += obs.shape[1]
+        explore = np.random.random(len(obs)) < epsilon  # a coin per member
+        random_actions = np.random.randint(n_act, size=obs.shape[:2])
+        if explore.all():
+            return torch.from_numpy(random_actions)
+        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
+        x = np.maximum(obs.numpy() @ w1 + b1, 0)
+        x = np.maximum(x @ w2 + b2, 0)
+        return torch.from_numpy(np.where(explore[:, None], random_actions, (x @ w3 + b3).argmax(axis=2)))
+
+    return policy
+
+
 def make_learner(args, n_obs, n_act, seeds, device):
     """The members' stacked Q networks, optimizer and functions (policy, update, update_target) on `device`, as
     `main` runs them. Member k starts from the weights the single-seed script draws with `--seed seeds[k]`."""
     q_networks = []
     for seed in seeds:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng():  # the global generator is left as it was
             torch.manual_seed(seed)
             q_networks.append(QNetwork(n_obs, n_act, device=device))
     params = {name: param.detach() for name, param in stack_module_state(q_networks)[0].items()}
@@ -312,12 +335,6 @@ def make_learner(args, n_obs, n_act, seeds, device):
     exploration_steps = args.exploration_fraction * args.total_timesteps
     policy = make_policy(q_network, params, n_act, global_step, args.start_e, args.end_e, exploration_steps)
     return params, optimizer, (policy, update, update_target)
-
-
-def member_models(params):
-    """Each member's weights, as the state dict of a single-seed script's Q network (copies: a view would save the
-    whole stack)."""
-    return [{name: param[k].clone() for name, param in params.items()} for k in range(len(next(iter(params.values()))))]
 
 
 def main(args):
@@ -339,8 +356,8 @@ def main(args):
     if run.saved_model is not None:
         for name, param in params.items():
             param.copy_(run.saved_model[name])  # the saved model, as every member
-    if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
-        policy = torch.compile(policy, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"})
+    if args.compile:  # one graph each; on a CPU, a C++ wrapper calls the update's kernels with fewer Python calls
+        policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"})
     if args.cudagraphs:
         # the first calls run as they are (a compiled function compiles, one call more), the next records the
@@ -348,11 +365,14 @@ def main(args):
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    if device.type == "cpu":  # the members act in numpy, not with the torch policy: see make_host_policy
+        policy = make_host_policy(params, n_act, args.start_e, args.end_e, exploration_steps)
+
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=env_seeds)
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
-    exploration_steps = args.exploration_fraction * args.total_timesteps
     member_shape = (args.num_seeds, args.num_envs)  # the vector env's arrays, split by member
     transitions = []
     qf_loss = q_mean = torch.zeros(args.num_seeds)
@@ -390,14 +410,15 @@ def main(args):
                 update_target()
 
         if iteration % 100 == 0:
-            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, torch.tensor(global_step))
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
             run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
 
         run.steps = global_step + args.num_envs
         if run.stop.is_set():  # a first Ctrl-C: stop after this step
             break
 
-    models = member_models(params)
+    # each member's weights as a single-seed Q network's state dict (copies: a view would save the whole stack)
+    models = [{name: param[k].clone() for name, param in params.items()} for k in range(args.num_seeds)]
 
     def evaluate_greedy(member, episodes, videos):  # the greedy action of member `member`
         q_network = QNetwork(n_obs, n_act, device=device)
