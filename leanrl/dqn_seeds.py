@@ -2,23 +2,21 @@
 
 Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps per member).
 
-    python leanrl/dqn_seeds.py                                # 8 members (seeds 1..8), acting and the update compiled
+    python leanrl/dqn_seeds.py                                # 8 members (seeds 1..8), the update compiled
     python leanrl/dqn_seeds.py --num-seeds 3 --no-compile     # 3 members, the same functions, eagerly
-    python leanrl/dqn_seeds.py --compile --cudagraphs         # and replayed as CUDA graphs (CUDA only)
+    python leanrl/dqn_seeds.py --compile --cudagraphs         # on CUDA: acting and the update as CUDA graphs
 
-Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program. Member k
-is dqn_cpu.py with `--seed seed+k`: the same initial weights and env seeds, its own target network, Adam state,
-replay buffer and exploration. Members share nothing but the program (and one random generator, drawing differently
-for each member: vmap's `randomness="different"`; so a member's coins and batches are not dqn_cpu.py's). Parameters,
-Adam state and buffers are stacked on a leading seeds axis, and each step makes one call for all members: one vector
-env of N x `--num-envs` envs (member k's a contiguous slice: one env loop per step, not N), one policy, one buffer
-write, one sample and one update vmapped over the seeds axis (Adam and the target update are elementwise: they run on
-the stacked tensors as they are). `--compile` compiles the policy and the update, `--cudagraphs` records them with
-`CudaGraphModule`; on a CPU the members act in numpy instead, as in dqn_cpu.py. The SUMMARY reports every member
-(`seeds`, `return_means`, `eval_return_means`; a curve each in summary.json), their mean and the aggregate `sps` (all
-members' env steps per second); `total_timesteps` counts one member's steps. `--save-model` writes one file per
-member, which dqn.py, dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates
-that model as every member (on evaluation envs seeded `seed + k`).
+Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program. Member k is
+dqn_cpu.py with `--seed seed+k` (the same initial weights and env seeds) and has its own target network, Adam state,
+replay buffer and exploration; members share only the program and one random generator, which draws differently for
+each (vmap's `randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state and
+buffers are stacked on a leading seeds axis; each step makes one call for all members: one vector env of N x
+`--num-envs` envs (member k's a contiguous slice), one policy, one buffer write, one sample and one update vmapped
+over the seeds axis. `--compile` compiles the policy and the update, `--cudagraphs` records them with
+`CudaGraphModule`; on a CPU the members act in numpy, as in dqn_cpu.py. The SUMMARY reports each member (`seeds`,
+`return_means`, `eval_return_means`; a curve each in summary.json), their mean, and the aggregate `sps` (all members'
+env steps per second); `total_timesteps` counts one member's. `--save-model` writes a file per member, which dqn.py,
+dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates it as every member.
 """
 
 import json
@@ -121,13 +119,18 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
     return thunk
 
 
-def make_envs(env_id, num_envs, seeds, video_dir=None, video_episodes=None):
-    """One vector env in same-step autoreset mode (the true final obs of an ended episode in `info["final_obs"]`) with
-    `num_envs` envs per seed, member k's a contiguous slice (one env loop per step, not one per member); with
-    `video_dir`, the first env records videos there (the first `video_episodes` episodes if given)."""
+def member_env_seeds(seed, num_seeds, num_envs):
+    """Env i of member k has seed `seed + k + i`, as env i of the single-seed script run with `--seed seed+k`."""
+    return [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
+
+
+def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
+    """One vector env in same-step autoreset mode (an ended episode's true final obs in `info["final_obs"]`): `num_envs`
+    envs per member, member k's the k-th slice; with `video_dir`, its first env records videos there (the first
+    `video_episodes` episodes if given). One env loop per step for all members, not one per member."""
     try:
-        videos = [video_dir] + [None] * (len(seeds) * num_envs - 1)  # the first env alone records
-        env_seeds = [seed + i for seed in seeds for i in range(num_envs)]  # env i of a member: its seed + i
+        videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
+        env_seeds = member_env_seeds(seed, num_seeds, num_envs)
         thunks = [make_env(env_id, env_seed, video, video_episodes) for env_seed, video in zip(env_seeds, videos)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
@@ -135,7 +138,7 @@ def make_envs(env_id, num_envs, seeds, video_dir=None, video_episodes=None):
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
         fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
-    return envs, env_seeds
+    return envs
 
 
 def finished_episodes(infos):
@@ -184,10 +187,9 @@ def linear_schedule(start_e, end_e, duration, t):
 
 
 class ReplayBuffer:
-    """One circular buffer per member, stacked: CPU tensors [num_seeds, buffer_size, ...], written from the env's
-    numpy arrays through numpy views of the tensors (the same memory: a numpy write costs a fraction of a torch one),
-    all members in one write; `sample` draws uniformly with replacement, each member from its own buffer, and moves
-    the batch to `device`. The members step together, so one cursor serves them all."""
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...], written (all members at once)
+    through numpy views of the tensors; `sample` draws uniformly with replacement, each member from its own buffer, and
+    moves the batch to `device`. The members step together: one cursor serves them all."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, device):
         self.storage = dict(
@@ -201,11 +203,14 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
         self.members = torch.arange(num_seeds).unsqueeze(1)
 
-    def extend(self, transitions):  # each array [num_seeds, num_envs, ...]
-        n = sum(t["obs"].shape[1] for t in transitions)
+    def extend(self, transitions):  # the vector env's arrays: member k's envs are the k-th of num_seeds slices
+        n = sum(len(t["obs"]) for t in transitions) // len(self.members)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
-            view[:, idx] = np.concatenate([t[key] for t in transitions], axis=1)  # numpy converts to the view's dtype
+            columns = [
+                t[key].reshape(len(view), -1, *view.shape[2:]) for t in transitions
+            ]  # [num_seeds, num_envs, ...]
+            view[:, idx] = np.concatenate(columns, axis=1)  # numpy converts to the view's dtype
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -224,10 +229,9 @@ class Adam:
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. The
-        # members step together: one product serves them all
-        device = next(iter(params.values())).device
-        self.beta1_power, self.beta2_power = torch.ones((), device=device), torch.ones((), device=device)
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
+        # product serves all members, which step together
+        self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -272,10 +276,9 @@ def make_functional_updates(q_network, target_params, optimizer, args):
 
 
 def make_policy(q_network, params, n_act, global_step, start_e, end_e, duration):
-    """CleanRL's epsilon-greedy for every member at once: each member flips its own coin for all its envs (vmap's
-    `randomness="different"`). `global_step` is a device tensor the policy reads and advances in place (by the number
-    of envs of a member), so the schedule moves with no host sync and no recompile. Observations [num_seeds,
-    num_envs, n_obs] in, actions [num_seeds, num_envs] out."""
+    """CleanRL's epsilon-greedy for every member at once, a coin per member (vmap's `randomness="different"`).
+    `global_step`, a device tensor the policy advances in place (by a member's envs), moves the schedule with no host
+    sync and no recompile. Observations [num_seeds, num_envs, n_obs] in, actions [num_seeds, num_envs] out."""
 
     def act(params, obs, epsilon):  # one member
         q_values = functional_call(q_network, params, (obs,))
@@ -340,28 +343,25 @@ def make_learner(args, n_obs, n_act, seeds, device):
 def main(args):
     check_args(args)
     run = Run(args, "dqn_seeds")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
-    probe, _ = make_envs(args.env_id, 1, [args.seed])  # one env: the id, the spaces and the sizes, before N members'
-    n_obs = int(np.prod(probe.single_observation_space.shape))
-    n_act = int(probe.single_action_space.n)
+    probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
+    n_obs, n_act = int(np.prod(probe.single_observation_space.shape)), int(probe.single_action_space.n)
     probe.close()
     check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")  # 2 observations, 3 scalars, 8 bytes
     train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
-    envs, env_seeds = make_envs(args.env_id, args.num_envs, run.seeds, train_videos)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, train_videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # every op here is small (batch-1 acting and batch-128 updates per member): waking a second thread costs more
     # than it saves, and on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
     torch.set_num_threads(1)
 
     params, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, run.seeds, device)
-    if run.saved_model is not None:
-        for name, param in params.items():
-            param.copy_(run.saved_model[name])  # the saved model, as every member
+    for name, saved in (run.saved_model or {}).items():  # --eval-model: the saved model, as every member
+        params[name].copy_(saved)
     if args.compile:  # one graph each; on a CPU, a C++ wrapper calls the update's kernels with fewer Python calls
         policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"})
     if args.cudagraphs:
-        # the first calls run as they are (a compiled function compiles, one call more), the next records the
-        # graph, later calls replay it
+        # the first calls run as they are (compiling, with --compile), the next records the graph, later ones replay it
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
@@ -370,10 +370,9 @@ def main(args):
         policy = make_host_policy(params, n_act, args.start_e, args.end_e, exploration_steps)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, device)
-    obs, _ = envs.reset(seed=env_seeds)
+    obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
-    member_shape = (args.num_seeds, args.num_envs)  # the vector env's arrays, split by member
     transitions = []
     qf_loss = q_mean = torch.zeros(args.num_seeds)
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
@@ -383,14 +382,13 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
 
         # ALGO LOGIC: put action logic here
-        obs = np.asarray(obs, dtype=np.float32).reshape(*member_shape, n_obs)
-        actions = policy(torch.as_tensor(obs, device=device)).cpu().numpy()
+        member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(args.num_seeds, args.num_envs, n_obs)
+        actions = policy(member_obs).cpu().numpy().reshape(-1)  # member k's envs are a contiguous slice
 
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions.reshape(-1))
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes_per_member(infos, args.num_seeds))
 
-        real_next_obs = true_next_obs(next_obs, infos).reshape(*member_shape, n_obs)
-        rewards, terminations = rewards.reshape(member_shape), terminations.reshape(member_shape)
+        real_next_obs = true_next_obs(next_obs, infos)
         transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
         transitions.append(transition)  # numpy arrays until the next write
 
@@ -423,7 +421,7 @@ def main(args):
     def evaluate_greedy(member, episodes, videos):  # the greedy action of member `member`
         q_network = QNetwork(n_obs, n_act, device=device)
         q_network.load_state_dict(models[member])
-        eval_envs, _ = make_envs(args.env_id, 1, [run.seeds[member]], videos, episodes)
+        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
         return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, run.seeds[member], device)
 
     envs.close()
