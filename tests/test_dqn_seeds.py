@@ -156,6 +156,41 @@ def test_host_policy_flips_a_coin_per_member(monkeypatch):
     assert explored[:, 1].sum() == 14 and explored[:, 2].sum() == 66 and explored[:, 0].sum() == 119
 
 
+def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
+    """Two members with 2 envs each, 12 steps through buffers of 5 (in writes of 2 steps of the vector env's flat
+    arrays, member k's envs the k-th slice): each member's buffer holds its own last 5 transitions, and a member's
+    samples come from its own buffer only."""
+    mod = load_script("dqn_seeds")
+    rb = mod.ReplayBuffer(num_seeds=2, buffer_size=5, n_obs=1, device=CPU)
+    for write in range(3):
+        steps = [
+            np.array([0, 1, 100, 101]) + 4 * write + 2 * i for i in range(2)
+        ]  # member 1's values: 100 + member 0's
+        transitions = [
+            dict(obs=v[:, None], next_obs=v[:, None] + 0.5, actions=v % 2, rewards=v, terminations=v > 10)
+            for v in steps
+        ]
+        rb.extend(transitions)
+    assert (rb.size, rb.cursor) == (5, 2)
+    batch = rb.sample(300)
+    assert batch["rewards"].shape == (2, 300) and batch["obs"].shape == (2, 300, 1)
+    assert set(batch["rewards"][0].tolist()) == {7.0, 8.0, 9.0, 10.0, 11.0}
+    assert set(batch["rewards"][1].tolist()) == {107.0, 108.0, 109.0, 110.0, 111.0}
+    torch.testing.assert_close(batch["next_obs"][..., 0], batch["rewards"] + 0.5)
+    assert batch["actions"].dtype == torch.long and torch.equal(batch["actions"], batch["rewards"].long() % 2)
+    torch.testing.assert_close(batch["terminations"], (batch["rewards"] > 10).float())
+
+
+def test_finished_episodes_are_counted_per_member():
+    """Three members with 2 envs each: episodes of envs 1, 2 and 3 end on the same step; member 0 gets env 1's,
+    member 1 both of its own, member 2 none."""
+    episode = {"r": np.array([0.0, -5.0, 7.0, 8.0, 0.0, 0.0]), "l": np.array([0, 10, 20, 30, 0, 0])}
+    infos = {"final_info": {"episode": episode, "_episode": np.array([False, True, True, True, False, False])}}
+    finished_episodes = load_script("dqn_seeds").finished_episodes
+    assert finished_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
+    assert finished_episodes({}, 3) == [[], [], []]
+
+
 @pytest.mark.learning
 def test_every_member_learns_cartpole():
     """Three members (seeds 1, 2, 3) as a user runs them (the compiled update, numpy acting), for the budget and bar
