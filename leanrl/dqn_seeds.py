@@ -523,13 +523,11 @@ class Run:
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
 
-    def sps(self, global_step, now=None):
-        """All members' env steps per second (`global_step` counts one member's)."""
+    def sps(self, global_step, now=None):  # all members' env steps per second; `global_step` counts one member's
         if self.measure_start:  # else None: the clock has not started
             return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
 
-    def log_episodes(self, global_step, member_returns):
-        """`member_returns[k]`: the returns of the episodes member k finished on this step."""
+    def log_episodes(self, global_step, member_returns):  # member_returns[k]: those member k finished on this step
         for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
             for episodic_return in episode_returns:
                 returns.append(episodic_return)
