@@ -8,12 +8,14 @@ env-only limit of the same N x num_envs envs; and the "GPU proxy", each member's
     python -m benchmarks.seeds --quick                  # tiny budgets, N = 1 2, one round: a smoke test of the harness
 
 For each N and round, in turn:
-- `seeds`: `<algo>_seeds.py --num-seeds N --seed 1` under the algorithm's budget; its `sps` counts all members' env
-  steps per second after the burn-in (compile excluded).
+- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs (DQN: `--threads 1`
+  and `--threads 2`); its `sps` counts all members' env steps per second after the burn-in (compile excluded). The
+  best way is compared.
 - `P at once`: the single-seed script run N times (seeds 1..N) under the same budget, P processes at a time, for each P
-  in `--processes` (default: 1, the number of cores, and N; those up to N). Process i is pinned to core i mod cores
-  (`taskset -c`) with one intra-op thread (`OMP_NUM_THREADS=1`; the `_cpu` scripts set one thread themselves), so
-  P = cores gives each core one process. The processes of a wave start together with the same budget, so their
+  in `--processes` (default: 1, the number of cores, and N; those up to N). The cores are split between the P
+  processes of a wave: with P <= cores, process i gets cores // P cores of its own (`taskset -c`) and as many intra-op
+  threads (`OMP_NUM_THREADS`; a script may use fewer: dqn_cpu.py takes one); with P > cores, process i gets core
+  i mod cores and one thread. The processes of a wave start together with the same budget, so their
   measured windows overlap: a wave's aggregate sps is the sum of its processes' sps, and the row's the mean over
   waves weighted by their processes. The best P of each N is the baseline: `vs best` = seeds / best.
 - `env only`: the seeds script's own vector env of N x num_envs envs (its `make_envs`, from its `Args`), stepped with
@@ -52,19 +54,21 @@ from benchmarks.run import BenchmarkError, failure, note, result_line
 from benchmarks.scripts import SCRIPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to a core
+TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to its cores
 
 
 @dataclass(frozen=True)
 class SeedsAlgo:
-    """An algorithm's seeds script, the single-seed script it is measured against (its fastest on a CPU), and the
-    flags of every run of either (per member) under the full and the quick budget."""
+    """An algorithm's seeds script, the single-seed script it is measured against (its fastest on a CPU), the flags
+    of every run of either (per member) under the full and the quick budget, and the flags of each way the seeds
+    script runs (each is a row; the best one is compared)."""
 
     name: str
     script: str
     single: str
     full: tuple[str, ...]
     quick: tuple[str, ...]
+    seeds_variants: tuple[tuple[str, ...], ...] = ((),)
 
 
 # adding an algorithm is one line; one whose seeds script is not on disk is skipped with a note
@@ -76,6 +80,7 @@ ALGOS = (
         "dqn_cpu",
         ("--total-timesteps", "30000"),
         ("--total-timesteps", "2000", "--learning-starts", "1000"),
+        seeds_variants=(("--threads", "1"), ("--threads", "2")),  # a second thread: only on an idle machine
     ),
     SeedsAlgo(
         "ppo_continuous_action",
@@ -110,14 +115,25 @@ def budget(algo, quick):
     return list(algo.quick if quick else algo.full)
 
 
-def seeds_command(algo, scripts_dir, members, quick):
-    return [sys.executable, str(scripts_dir / f"{algo.script}.py"), *budget(algo, quick), "--num-seeds", str(members)]
+def seeds_command(algo, scripts_dir, members, quick, flags):
+    cmd = [sys.executable, str(scripts_dir / f"{algo.script}.py"), *budget(algo, quick), "--num-seeds", str(members)]
+    return cmd + list(flags)
 
 
-def single_command(algo, scripts_dir, seed, quick, core):
-    """One single-seed run, pinned to `core` (where `taskset` exists)."""
+def process_cores(index, at_once, cores):
+    """The cores of process `index` of `at_once` processes sharing `cores` cores: cores // at_once of its own, or one
+    shared round robin when there are more processes than cores."""
+    if at_once > cores:
+        return [index % cores]
+    share = cores // at_once
+    return list(range(index * share, (index + 1) * share))
+
+
+def single_command(algo, scripts_dir, seed, quick, cores):
+    """One single-seed run with its environment: pinned to `cores` (where `taskset` exists), as many threads."""
     cmd = [sys.executable, str(scripts_dir / f"{algo.single}.py"), *budget(algo, quick), "--seed", str(seed)]
-    return (["taskset", "-c", str(core)] if TASKSET else []) + cmd
+    pin = ["taskset", "-c", ",".join(map(str, cores))] if TASKSET else []
+    return pin + cmd, {"OMP_NUM_THREADS": str(len(cores))}
 
 
 def read_summary(cmd, proc):
@@ -129,13 +145,13 @@ def read_summary(cmd, proc):
     return summary
 
 
-def run_together(commands, timeout, cwd):
-    """Start `commands` at once, one intra-op thread each, and wait for all; their summaries, in order. A failure
-    kills the rest and raises a BenchmarkError."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run_together(commands, timeout, cwd, envs=None):
+    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all; their summaries, in
+    order. A failure kills the rest and raises a BenchmarkError."""
+    envs = [dict(os.environ, **extra) for extra in envs or [{}] * len(commands)]
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
-        for cmd in commands
+        for cmd, env in zip(commands, envs)
     ]
     try:
         summaries = []
@@ -193,25 +209,21 @@ def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_sec
             limits[f"{algo.name} {members}"] = env_only(algo, scripts_dir, members, quick, env_seconds)
         for repeat in range(repeats):
             for members in members_list:
-                cmd = seeds_command(algo, scripts_dir, members, quick)
-                (summary,) = run_together([cmd], timeout, cwd)
-                note(f"{algo.name} N={members} round {repeat + 1}: seeds {summary['sps']:.0f} sps")
-                runs.append(
-                    dict(
-                        algo=algo.name,
-                        members=members,
-                        variant="seeds",
-                        repeat=repeat,
-                        sps=summary["sps"],
-                        summaries=[summary],
-                    )
-                )
+                for flags in algo.seeds_variants:
+                    (summary,) = run_together([seeds_command(algo, scripts_dir, members, quick, flags)], timeout, cwd)
+                    variant = " ".join(["seeds", *flags])
+                    note(f"{algo.name} N={members} round {repeat + 1}: {variant} {summary['sps']:.0f} sps")
+                    run = dict(algo=algo.name, members=members, variant=variant, repeat=repeat, sps=summary["sps"])
+                    runs.append(run | dict(summaries=[summary]))
                 for at_once in processes_at_once(members, processes, cores):
                     summaries = []
                     for first in range(1, members + 1, at_once):
                         wave = range(first, min(first + at_once, members + 1))
-                        cmds = [single_command(algo, scripts_dir, seed, quick, (seed - first) % cores) for seed in wave]
-                        summaries += run_together(cmds, timeout, cwd)
+                        cores_of = [process_cores(seed - first, at_once, cores) for seed in wave]
+                        cmds, envs = zip(
+                            *(single_command(algo, scripts_dir, s, quick, c) for s, c in zip(wave, cores_of))
+                        )
+                        summaries += run_together(cmds, timeout, cwd, envs)
                     sps = waves_sps(summaries, at_once)
                     note(f"{algo.name} N={members} round {repeat + 1}: {at_once} at once {sps:.0f} sps")
                     runs.append(
@@ -228,32 +240,30 @@ def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_sec
 
 
 def rows(runs, limits):
-    """Per algorithm and N: the seeds script's median sps, each P's, the best P, the ratio seeds / best, the env-only
-    limit, and the members' mean return."""
+    """Per algorithm and N: the median sps of each way of running the seeds script and of each P, the best of either,
+    the ratio of the two bests, the env-only limit, and the seeds runs' mean return."""
     table = []
     for algo, members in dict.fromkeys((r["algo"], r["members"]) for r in runs):
         mine = [r for r in runs if (r["algo"], r["members"]) == (algo, members)]
         medians = {}
         for variant in dict.fromkeys(r["variant"] for r in mine):
             medians[variant] = statistics.median(r["sps"] for r in mine if r["variant"] == variant)
-        seeds = medians.pop("seeds")
-        best = max(medians, key=medians.get) if medians else None
-        returns = [
-            s["return_mean"]
-            for r in mine
-            if r["variant"] == "seeds"
-            for s in r["summaries"]
-            if s["return_mean"] is not None
-        ]
+        seeds = {variant: sps for variant, sps in medians.items() if variant.startswith("seeds")}
+        processes = {variant: sps for variant, sps in medians.items() if variant not in seeds}
+        best_seeds, best = max(seeds, key=seeds.get), max(processes, key=processes.get) if processes else None
+        summaries = [s for r in mine if r["variant"] in seeds for s in r["summaries"]]
+        returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
         table.append(
             dict(
                 algo=algo,
                 members=members,
-                seeds_sps=seeds,
-                processes_sps=medians,
+                seeds_variants=seeds,
+                best_seeds=best_seeds,
+                seeds_sps=seeds[best_seeds],
+                processes_sps=processes,
                 best=best,
-                best_sps=medians.get(best),
-                vs_best=seeds / medians[best] if best else None,
+                best_sps=processes.get(best),
+                vs_best=seeds[best_seeds] / processes[best] if best else None,
                 env_only_sps=limits[f"{algo} {members}"]["sps"],
                 return_mean=statistics.fmean(returns) if returns else None,
             )
@@ -265,16 +275,17 @@ def markdown(result):
     settings = result["settings"]
     lines = [
         machine_line(result["machine"]),
-        f"Budget: {settings['budget']}, {settings['repeats']} round(s), medians; single-seed runs pinned round robin "
-        f"to {settings['cores']} cores, a thread each (taskset: {settings['taskset']}); started {settings['started']}",
+        f"Budget: {settings['budget']}, {settings['repeats']} round(s), medians; the P single-seed processes split "
+        f"{settings['cores']} cores, a thread per core (taskset: {settings['taskset']}); started {settings['started']}",
         "",
-        "| algo | N | seeds sps | best P at once | its sps | seeds / best | env-only sps | every P (sps) | return |",
+        "| algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only sps | every run (sps) "
+        "| return |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in result["table"]:
-        every = ", ".join(f"{p}: {sps:.0f}" for p, sps in r["processes_sps"].items())
+        every = ", ".join(f"{v}: {sps:.0f}" for v, sps in (r["seeds_variants"] | r["processes_sps"]).items())
         lines.append(
-            f"| {r['algo']} | {r['members']} | {r['seeds_sps']:.0f} | {r['best'] or 'n/a'} | "
+            f"| {r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | {r['best'] or 'n/a'} | "
             f"{optional(r['best_sps'], '.0f')} | {optional(r['vs_best'], '.2f', 'x')} | {r['env_only_sps']:.0f} | "
             f"{every} | {optional(r['return_mean'], '.1f')} |"
         )

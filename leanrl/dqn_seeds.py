@@ -99,6 +99,9 @@ class Args:
     train_frequency: int = 10
     """one gradient step every `train_frequency` iterations"""
 
+    threads: int = 1
+    """torch's intra-op threads. 2 run N members' update ~1.7x faster (N=8, 2 idle cores), but on a shared CPU
+    whose cores are all busy a second thread stalls every matmul (a run 20x slower, measured): one by default"""
     compile: bool = True
     """compile acting and the update, one graph each; --no-compile runs the same functions eagerly"""
     cudagraphs: bool = False
@@ -348,9 +351,7 @@ def main(args):
     train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, train_videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one member's update is dqn_cpu.py's, too small for a second thread; N members' batched matmuls split over two
-    # (N=8: ~1.7x faster than on one), at most two: on a shared CPU an oversubscribed pool stalls for milliseconds
-    torch.set_num_threads(1 if args.num_seeds == 1 else min(2, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
 
     params, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, run.seeds, device)
     for name, saved in (run.saved_model or {}).items():  # --eval-model: the saved model, as every member
@@ -440,7 +441,7 @@ def fail(message):
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
-    for flag in (*sizes, "learning_rate"):
+    for flag in (*sizes, "learning_rate", "threads"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
