@@ -148,16 +148,9 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
     return envs
 
 
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
-
-
-def finished_episodes_per_member(infos, num_seeds):
-    """`finished_episodes` of each member, whose envs are a contiguous slice of the vector env."""
+def finished_episodes(infos, num_seeds):
+    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
+    member k's envs are the k-th of `num_seeds` slices)."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
@@ -245,12 +238,14 @@ class ReplayBuffer:
         self.storage = {key: torch.zeros(num_seeds, buffer_size, *shape) for key, shape in shapes.items()}
         self.views = {key: column.numpy() for key, column in self.storage.items()}
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
-        self.members = torch.arange(num_seeds).unsqueeze(1)
+        # the members' buffers end to end, and where each one starts: one index_select per field samples them all
+        self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
+        self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
 
     def add(self, transition):
         """Write one vector step's transitions: a dict of arrays (the env's, and the actions), member k's envs the
         k-th of `num_seeds` slices."""
-        n = len(transition["obs"]) // len(self.members)
+        n = len(transition["obs"]) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
             view[:, idx] = transition[key].reshape(len(view), n, *view.shape[2:])
@@ -258,8 +253,9 @@ class ReplayBuffer:
         self.size = min(self.size + n, self.buffer_size)
 
     def sample(self, batch_size):
-        idx = torch.randint(0, self.size, (len(self.members), batch_size))  # a row of indices per member
-        return {key: value[self.members, idx].to(self.device) for key, value in self.storage.items()}
+        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()  # [member, batch]
+        shape = (len(self.starts), batch_size)
+        return {key: col.index_select(0, idx).unflatten(0, shape).to(self.device) for key, col in self.flat.items()}
 
 
 def make_ensemble_qf(n_obs, n_act):
@@ -468,7 +464,7 @@ def main(args):
             actions = policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_episodes_per_member(infos, args.num_seeds))
+        run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
 
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
@@ -671,7 +667,7 @@ def evaluate(act, envs, episodes, seed, device):
         with torch.no_grad():
             actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
         obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        returns += finished_episodes(infos)
+        returns += finished_episodes(infos, 1)[0]
     envs.close()
     return returns[:episodes]
 
