@@ -7,20 +7,15 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps per member.
     python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 --total-timesteps 10000
     python leanrl/sac_continuous_action_seeds.py --compile --cudagraphs           # on CUDA: acting and the updates
 
-Grown from sac_continuous_action_cpu.py: `diff` them for how N runs become one program. Member k is that script with
-`--seed seed+k` (the same initial weights and env seeds) and has its own Q targets, entropy coefficient, Adam state and
-replay buffer; members share only the program and one random generator, which draws differently for each (vmap's
-`randomness="different"`: a member's noise and batches are not the single-seed script's). Parameters, Adam state and
-buffers are stacked on a leading seeds axis; each step makes one call for all members: one vector env of N x
-`--num-envs` envs (member k's a contiguous slice), one policy, one buffer write, one sample, and each update's
-gradients vmapped over the seeds axis (Adam's step is elementwise: it runs on the stacks as they are). `--compile`
-compiles the policy and the updates, `--cudagraphs` records them with `CudaGraphModule`; on a CPU the members act in
-numpy, as in sac_continuous_action_cpu.py. The SUMMARY reports each member (`seeds`, `return_means`,
-`eval_return_means`; a curve each in summary.json), their mean, and the aggregate `sps` (all members' env steps per
-second); `total_timesteps` counts one member's. `--save-model` writes a file per member, which the single-seed SAC
-scripts load with `--eval-model`; `--eval-model FILE` here evaluates it as every member.
-One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer per env step).
-Truncated episodes bootstrap from their true final observation; terminated ones do not.
+Grown from sac_continuous_action_cpu.py (`diff` them). Member k is that script run with `--seed seed+k` (its initial
+weights and env seeds), with its own targets, alpha, Adam state and replay buffer; members share the program and one
+random generator, which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and
+buffers are stacked on a leading seeds axis and each step is one call for all: one vector env of N x `--num-envs` envs
+(member k's a contiguous slice), one buffer write and sample, the policy and each update's gradients vmapped over the
+seeds axis (Adam's elementwise step runs on the stacks). Acting is that torch policy on a CPU too (numpy would save ~1%
+of a step). `--compile` compiles acting and the updates, `--cudagraphs` records them with `CudaGraphModule`. The
+SUMMARY has a return mean, curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps`
+counts one member's steps. The single-seed scripts load a member's file with `--eval-model`; here it plays every member.
 """
 
 import json
@@ -131,9 +126,8 @@ def member_env_seeds(seed, num_seeds, num_envs):
 
 
 def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
-    """One vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in
-    `infos`): `num_envs` envs per member, member k's the k-th slice; the first env records videos to `video_dir`, if
-    given. A bad id, or actions not in a bounded Box, exit 2."""
+    """One vector env in same-step autoreset mode, `num_envs` envs per member (member k's the k-th slice); the first
+    records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
         env_seeds = member_env_seeds(seed, num_seeds, num_envs)
@@ -149,8 +143,7 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
-    member k's envs are the k-th of `num_seeds` slices)."""
+    """Per member (its envs the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
@@ -228,10 +221,9 @@ def sample_action(mean, log_std, action_scale, action_bias):
 
 
 class ReplayBuffer:
-    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...]; `sample` draws uniformly
-    with replacement, each member from its own buffer, and moves the batch to `device`. Each step is written, all
-    members at once, through numpy views of its tensors (the same memory): a numpy write costs a fraction of a torch
-    one. The members step together: one cursor serves them all."""
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] and written through numpy
+    views of them (a numpy write costs a fraction of a torch one); one cursor serves the members, which step together.
+    `sample` draws uniformly with replacement, each member from its own buffer, and moves the batch to `device`."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -243,8 +235,7 @@ class ReplayBuffer:
         self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
 
     def add(self, transition):
-        """Write one vector step's transitions: a dict of arrays (the env's, and the actions), member k's envs the
-        k-th of `num_seeds` slices."""
+        """Write one vector step's transitions: the env's arrays and the actions, member k's envs the k-th slice."""
         n = len(transition["obs"]) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
@@ -295,11 +286,9 @@ class Adam:
 
 
 def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy):
-    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on parameters stacked
-    on a leading seeds axis (updated in place): each member's loss and gradients are vmapped over that axis, and Adam
-    steps the stacks. `actor` is a shell: `functional_call` swaps a member's parameters in, and its buffers (the
-    action bounds) serve every member. Each update is one graph from forward pass to Adam's step, for all members.
-    Returns the functions and the optimizers."""
+    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on parameters stacked on
+    a leading seeds axis (updated in place): each member's loss and gradients are vmapped over it, Adam steps the
+    stacks. `actor` is a shell whose buffers (the action bounds) serve every member. Returns them and the optimizers."""
     q_params = dict(qnet_params.flatten_keys(".").items())
     q_target = dict(qnet_target.flatten_keys(".").items())
     alpha_params = {"log_alpha": log_alpha}
@@ -311,9 +300,8 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
         mean, log_std = functional_call(actor, actor_params, (obs,))
         return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
 
-    def policy(obs):  # every member's envs at once: [num_seeds, num_envs, n_obs]
-        with torch.no_grad():
-            return vmap(get_action, randomness="different")(actor_params, obs)
+    def policy(obs):  # every member's envs at once: [num_seeds, num_envs, n_obs] (no gradients: plain tensors)
+        return vmap(get_action, randomness="different")(actor_params, obs)
 
     def qf_loss_fn(q_params, actor_params, q_target, alpha, data):  # one member's
         with torch.no_grad():
@@ -336,9 +324,7 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
         min_qf_pi = ensemble_qf(q_params, obs, pi).min(0).values
         return ((alpha * log_pi) - min_qf_pi).mean()
 
-    def alpha_loss_fn(alpha_params, actor_params, obs):  # one member's
-        with torch.no_grad():
-            _, log_pi, _ = get_action(actor_params, obs)
+    def alpha_loss_fn(alpha_params, log_pi):  # one member's
         return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
 
     def update_actor(data):
@@ -348,8 +334,8 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
 
         alpha_loss = torch.zeros_like(alpha)
         if args.autotune:
-            alpha_grads = vmap(grad_and_value(alpha_loss_fn), randomness="different")
-            grads, alpha_loss = alpha_grads(alpha_params, actor_params, data["obs"])
+            _, log_pi, _ = policy(data["obs"])  # with the actor's new parameters
+            grads, alpha_loss = vmap(grad_and_value(alpha_loss_fn))(alpha_params, log_pi)
             a_optimizer.step(grads)
             alpha.copy_(log_alpha.exp())
         return actor_loss, alpha_loss
@@ -361,56 +347,27 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
     return (policy, update_critic, update_actor, update_targets), optimizers
 
 
-def make_host_policy(actor_params, action_scale, action_bias, seed):
-    """The policy in numpy for a CPU, every member in one call (matmul broadcasts over the seeds axis; a torch call,
-    even compiled, costs more to dispatch than to run here), on views of the stacked weights (Adam updates them in
-    place), the noise from numpy's generator seeded with `seed`. It restates the actor's math: a test holds it to the
-    actor. CPU tensors in and out, as the torch policy's."""
-    # x @ W.T + b of each member: weights [num_seeds, in, out], biases [num_seeds, 1, out]
-    w = {name: p.numpy().swapaxes(1, 2) if p.dim() == 3 else p.numpy()[:, None] for name, p in actor_params.items()}
-    action_scale, action_bias = action_scale.numpy(), action_bias.numpy()
-    rng = np.random.default_rng(seed)
-
-    def get_action(obs):
-        x = np.maximum(obs.numpy() @ w["fc1.weight"] + w["fc1.bias"], 0)
-        x = np.maximum(x @ w["fc2.weight"] + w["fc2.bias"], 0)
-        mean = x @ w["fc_mean.weight"] + w["fc_mean.bias"]
-        log_std = np.tanh(x @ w["fc_logstd.weight"] + w["fc_logstd.bias"])
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
-        noise = rng.standard_normal(mean.shape, dtype=np.float32)  # then `sample_action`, in numpy
-        y_t = np.tanh(mean + np.exp(log_std) * noise)
-        log_prob = -0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)
-        log_prob -= np.log(action_scale * (1 - y_t**2) + 1e-6)
-        action, mean = y_t * action_scale + action_bias, np.tanh(mean) * action_scale + action_bias
-        return tuple(map(torch.from_numpy, (action, log_prob.sum(-1, keepdims=True), mean)))
-
-    return get_action
-
-
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
-    """SAC's networks, optimizers and steps for the members `seeds`, stacked on a leading seeds axis on `device`, as
-    `main` runs them. Member k starts from the weights the single-seed script draws with `--seed seeds[k]`. Returns
-    the actor shell, the stacked actor parameters, the entropy coefficients `alpha` (one per member, changed in
-    place), the optimizers and (policy, update_critic, update_actor, update_targets)."""
+    """SAC's networks, optimizers and steps for the members `seeds`, stacked on `device`, as `main` runs them; member k
+    starts from the weights the single-seed script draws with `--seed seeds[k]`. Returns the actor shell, the stacked
+    actor parameters, `alpha` (one per member, changed in place), the optimizers and the functions."""
     actors, qnets = [], []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
             torch.manual_seed(seed)
             actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
-            qf1 = SoftQNetwork(n_obs, n_act, device=device)
-            qf2 = SoftQNetwork(n_obs, n_act, device=device)
+            qf1, qf2 = SoftQNetwork(n_obs, n_act, device=device), SoftQNetwork(n_obs, n_act, device=device)
             qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
     actor_params = {name: param.detach() for name, param in stack_module_state(actors)[0].items()}
     qnet_params = torch.stack(qnets).detach()  # [num_seeds, 2]: the seeds axis first
     qnet_target = qnet_params.clone()
 
     # automatic entropy tuning starts at alpha = 1
-    target_entropy = -float(n_act)
     log_alpha = torch.full((len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device)
     alpha = log_alpha.exp()
     actor = actors[0]  # the shell, whose own parameters are never read
     functions, optimizers = make_functional_updates(
-        actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy
+        actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy=-float(n_act)
     )
     return actor, actor_params, alpha, optimizers, functions
 
@@ -419,8 +376,7 @@ def main(args):
     check_args(args)
     run = Run(args, "sac_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the file's end
     probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
-    n_obs = int(np.prod(probe.single_observation_space.shape))
-    n_act = int(np.prod(probe.single_action_space.shape))
+    n_obs, n_act = (int(np.prod(space.shape)) for space in (probe.single_observation_space, probe.single_action_space))
     action_low, action_high = probe.single_action_space.low, probe.single_action_space.high
     probe.close()
     check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")  # float32 columns
@@ -441,8 +397,6 @@ def main(args):
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update_critic = CudaGraphModule(update_critic, warmup=3 if args.compile else 2)
         update_actor = CudaGraphModule(update_actor, warmup=3 if args.compile else 2)
-    if device.type == "cpu":  # the members act in numpy, not with the torch policy: see make_host_policy
-        policy = make_host_policy(actor_params, actor.action_scale, actor.action_bias, args.seed)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
@@ -459,9 +413,8 @@ def main(args):
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float)
-            member_obs = member_obs.view(args.num_seeds, args.num_envs, n_obs)  # member k's envs: the k-th slice
-            actions = policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)
+            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(args.num_seeds, args.num_envs, -1)
+            actions = policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)  # member k's envs: the k-th slice
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
