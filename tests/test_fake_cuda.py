@@ -271,7 +271,7 @@ SCRIPTS = {
 }
 
 
-# --- the seeds scripts (issue 42): the members' functions, vmapped over a leading seeds axis (3 members) -----------
+# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members) -----------
 SEEDS = [1, 2, 3]
 
 
@@ -300,6 +300,21 @@ def make_dqn_seeds(module, args):
 
 SCRIPTS |= {"dqn_seeds": make_dqn_seeds}
 # --- end of the seeds scripts ------------------------------------------------------------------------------------
+
+
+# --- sac_continuous_action_seeds: acting, the critic step and the actor step, 3 members ------------------
+def make_sac_seeds(module, args):
+    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[-1]
+    data = dict(batch((len(SEEDS), 64), **OFF_POLICY).items())
+    return {
+        "policy": (policy, (zeros(len(SEEDS), 1, 3),)),
+        "update_critic": (with_fake_func_grads(update_critic), (data,)),
+        "update_actor": (with_fake_func_grads(update_actor), (data,)),
+    }
+
+
+SCRIPTS |= {"sac_continuous_action_seeds": make_sac_seeds}
+# --- end of sac_continuous_action_seeds --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)
