@@ -1,27 +1,24 @@
-"""Proximal Policy Optimization for continuous actions, N seeds as one program, grown from ppo_continuous_action_cpu.py:
-`diff` against it reads as what turns one run into N.
+"""Proximal Policy Optimization for continuous actions, N seeds trained as one program, grown from
+ppo_continuous_action_cpu.py: `diff` against it reads as what turns one run into N.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
 
-    python leanrl/ppo_continuous_action_seeds.py --num-seeds 8                               # 8 runs of the benchmark
+    python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
-`--num-seeds N` trains N independent runs, the members, with seeds seed, ..., seed+N-1. Member k starts from the weights
-the CPU script makes with `--seed seed+k`, and has its own `--num-envs` envs (env i seeded seed+k+i), rollout, GAE,
-minibatch shuffles, learning-rate schedule, Adam state and normalization statistics; the members share the program and
-one torch generator, from which vmap's `randomness="different"` draws each member its own noise. `total_timesteps` is
-per member; `sps` counts all members' steps. Same algorithm, defaults and loop as the CPU script; changed:
-- parameters and Adam's state are stacked on a leading seeds axis, and acting, GAE and the update are vmapped over it
-  (`torch.func.vmap`): one call steps every member. Adam is written as a function of its state, which vmap batches;
-- `--compile` (on) compiles acting, GAE and the update; `--cudagraphs` records acting and the update as CUDA graphs
-  (tensordict's `CudaGraphModule`, needs a CUDA device); acting is torch, not numpy, so that it runs on a GPU too;
-- the N x num_envs envs are one envpool (its MuJoCo and classic-control tasks), stepped by C++ threads on every core:
-  gymnasium steps its envs one by one on the Python thread, which N members would wait on. envpool's tasks are
-  gymnasium's (HalfCheetah-v4's observations agree to 1e-14 over the first steps from the same state), but it resets in
-  next-step mode: the step after an episode's end only resets (its action ignored), and weighs 0 in the loss;
-- make_env's wrappers (episode statistics, action clip, observation and reward normalization, each env its own) are
-  written out in numpy for all envs at once (`EnvpoolWrappers`); evaluation plays gymnasium's env, as the CPU script;
-- `--save-model` writes one file per member, which the single-seed scripts load (`--eval-model`).
+Member k (seed `seed + k`) is the CPU script with `--seed seed+k`: the same first weights, its own `--num-envs` envs
+(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization. Members share the program and one torch
+generator, from which vmap's `randomness="different"` draws each its own noise. `total_timesteps` counts one member's
+steps, `sps` all members'. What changes:
+- parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it
+  (`torch.func.vmap`), and Adam, elementwise, steps the stack: one call acts, or updates, for every member;
+- `--compile` (on) compiles acting, GAE and the update; `--cudagraphs` records acting and the update with tensordict's
+  `CudaGraphModule` (CUDA only), so acting is torch (numpy cannot act on a GPU);
+- all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python
+  thread). Its MuJoCo tasks are gymnasium's (HalfCheetah-v4's observations agree to 1e-14 over the first steps from one
+  state), but it resets in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss.
+  make_env's wrappers are written out in numpy, each env its own statistics (`EnvpoolWrappers`). envpool renders no
+  frames: record a saved member with the single-seed script (`--eval-model FILE --capture-video`).
 """
 
 import json
@@ -67,7 +64,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record every evaluation episode of member 0 to runs/<run_name>/videos/ (envpool renders no training frames)"""
+    """refused: envpool renders no frames (record a saved member with the single-seed script's --eval-model)"""
     save_model: bool = False
     """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at the end"""
     eval_episodes: int = 0
@@ -118,44 +115,8 @@ class Args:
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    def thunk():
-        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
-            prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
-        if not isinstance(env.action_space, gym.spaces.Box):
-            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
-        env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
-        env = gym.wrappers.ClipAction(env)
-        env = gym.wrappers.NormalizeObservation(env)
-        if obs_rms is not None:  # a trained policy acts on observations normalized as in its training, frozen
-            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
-            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
-        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
-        env.action_space.seed(seed)
-        return env
-
-    return thunk
-
-
-def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
-    the first env records to `video_dir`; `obs_rms` normalizes observations, frozen. A bad id or action space exit 2."""
-    try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
-        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
-        fail(f"--env-id {env_id!r} cannot be made: {e}")
-
-
 def envpool_spec(env_id):
-    """envpool's spec of `env_id`; an id envpool has not, or an action space other than a Box, exits 2."""
+    """envpool's spec of `env_id`; another id, or an action space other than a Box, exits 2."""
     if env_id not in envpool.list_all_envs():
         fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
     spec = envpool.make_spec(env_id)
@@ -164,65 +125,54 @@ def envpool_spec(env_id):
     return spec
 
 
-class RunningMeanStd:
-    """gymnasium's RunningMeanStd updated with one sample per env, one per env along the first axis: envs where
-    `counted` is False keep theirs."""
-
-    def __init__(self, envs_shape, shape):
-        self.mean, self.var = np.zeros((*envs_shape, *shape)), np.ones((*envs_shape, *shape))
-        self.count = np.full((*envs_shape,) + (1,) * len(shape), 1e-4)
-
-    def update(self, x, counted):
-        counted = counted.reshape(self.count.shape)
-        delta, count = x - self.mean, self.count + 1
-        self.mean = np.where(counted, self.mean + delta / count, self.mean)
-        self.var = np.where(counted, (self.var * self.count + delta**2 * self.count / count) / count, self.var)
-        self.count = np.where(counted, count, self.count)
+def update_rms(rms, x):
+    """gymnasium's RunningMeanStd.update with one sample per env: `rms` = (mean, var, count), a row per env."""
+    mean, var, count = rms
+    delta = x - mean
+    return mean + delta / (count + 1), (var + delta**2 / (count + 1)) * count / (count + 1), count + 1
 
 
 class EnvpoolWrappers:
-    """All members' envs in one envpool (member k owns envs k*num_envs, ..., (k+1)*num_envs - 1, env i seeded
-    seeds[k] + i as the single-seed script seeds it), with make_env's wrappers written out in numpy: each env keeps its
-    own episode return and normalization statistics, as gymnasium's wrappers keep them per env. Arrays in and out are
-    [num_seeds, num_envs, ...]. envpool resets in next-step mode: the step after an episode's end returns the next
-    episode's first observation, its action ignored and its reward 0; `resetting` marks the envs taking such a step,
-    which the episode and reward statistics skip (gymnasium's wrappers never see it)."""
+    """All members' envs in one envpool, member k's a contiguous slice, with make_env's wrappers written out in numpy,
+    each env its own statistics as gymnasium's wrappers keep them. envpool resets in next-step mode: the step after an
+    episode's end returns the next episode's first observation, its action ignored and its reward 0; `resetting` marks
+    the envs taking such a step, which the episode and reward statistics skip (gymnasium's wrappers never see one).
+    `obs_rms` (a saved model's) normalizes observations, frozen."""
 
-    def __init__(self, env_id, seeds, num_envs, gamma):
-        env_seeds = [seed + i for seed in seeds for i in range(num_envs)]
+    def __init__(self, env_id, env_seeds, num_seeds, gamma, obs_rms=None):
         threads = min(len(os.sched_getaffinity(0)), len(env_seeds))  # C++ threads: every core steps envs
         self.envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
-        self.shape, self.gamma = (len(seeds), num_envs), gamma
-        self.obs_rms = RunningMeanStd(self.shape, self.envs.observation_space.shape)
-        self.return_rms = RunningMeanStd(self.shape, ())
-        self.discounted_reward, self.episode_return = np.zeros(self.shape), np.zeros(self.shape)
-        self.resetting = np.zeros(self.shape, dtype=bool)
+        n, shape, self.num_seeds, self.gamma = len(env_seeds), self.envs.observation_space.shape, num_seeds, gamma
+        self.obs_rms = (np.zeros((n, *shape)), np.ones((n, *shape)), np.full((n, 1), 1e-4))
+        self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
+        if self.frozen:
+            self.obs_rms = tuple(obs_rms[key].numpy().reshape(x.shape) for key, x in zip(obs_rms, self.obs_rms))
+        self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
+        self.discounted_reward, self.episode_return, self.resetting = np.zeros(n), np.zeros(n), np.zeros(n, bool)
 
     def normalize(self, obs):  # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
-        obs = obs.reshape(*self.shape, -1)
-        self.obs_rms.update(obs, np.ones(self.shape, dtype=bool))
-        return np.clip((obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -10, 10).astype(np.float32)
+        self.obs_rms = self.obs_rms if self.frozen else update_rms(self.obs_rms, obs)
+        return np.clip((obs - self.obs_rms[0]) / np.sqrt(self.obs_rms[1] + 1e-8), -10, 10).astype(np.float32)
 
     def reset(self):
         return self.normalize(self.envs.reset()[0])
 
     def step(self, actions):
-        """(obs, rewards, terminations, truncations, finished): `finished[k]` lists the raw returns of the episodes
-        member k ended on this step."""
+        """(obs, rewards, terminations, truncations, finished): `finished[k]`, the raw returns of the episodes member
+        k ended on this step."""
         stepped = ~self.resetting
-        actions = np.clip(actions, self.envs.action_space.low, self.envs.action_space.high).reshape(
-            -1, actions.shape[-1]
-        )
+        actions = np.clip(actions, self.envs.action_space.low, self.envs.action_space.high)
         obs, reward, terminations, truncations, _ = self.envs.step(actions)
-        reward, terminations, truncations = (x.reshape(self.shape) for x in (reward, terminations, truncations))
         self.episode_return = np.where(stepped, self.episode_return, 0.0) + reward
         self.resetting = terminations | truncations
-        finished = [returns[ended].tolist() for returns, ended in zip(self.episode_return, self.resetting)]
+        ended = zip(self.episode_return.reshape(self.num_seeds, -1), self.resetting.reshape(self.num_seeds, -1))
         # NormalizeReward (its discounted return restarts at a termination only), then the clip to [-10, 10]
         discounted_reward = self.discounted_reward * self.gamma * (1 - terminations) + reward
         self.discounted_reward = np.where(stepped, discounted_reward, self.discounted_reward)
-        self.return_rms.update(self.discounted_reward, stepped)
-        reward = np.clip(reward / np.sqrt(self.return_rms.var + 1e-8), -10, 10)
+        rms = update_rms(self.return_rms, self.discounted_reward)
+        self.return_rms = tuple(np.where(stepped, new, old) for new, old in zip(rms, self.return_rms))
+        reward = np.clip(reward / np.sqrt(self.return_rms[1] + 1e-8), -10, 10)
+        finished = [returns[done].tolist() for returns, done in ended]
         return self.normalize(obs), reward, terminations, truncations, finished
 
 
@@ -265,14 +215,6 @@ class Agent(nn.Module):
     forward = get_action_and_value  # what `functional_call` runs
 
 
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
-
-
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
     `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
@@ -297,52 +239,49 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out as a function of its state: one member's
-    (parameters, moments, beta powers) in, its next state out, which vmap runs for every member at once. `state` holds
-    all members' (a TensorDict, batch [num_seeds]), updated in place; the lr (shared) is in `param_groups`."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
+    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`.
+    Every op is elementwise: on parameters stacked over the members, it takes each member's own step."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.betas, self.eps = betas, eps
+        self.params, self.betas, self.eps = params, betas, eps
         self.param_groups = [{"lr": lr}]
-        zeros = {name: torch.zeros_like(p) for name, p in params.items()}
-        num_seeds = len(next(iter(params.values())))
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        powers = torch.ones(num_seeds, device=lr.device)
-        self.state = TensorDict(
-            params=params, exp_avg=zeros, exp_avg_sq={name: z.clone() for name, z in zeros.items()},
-            beta1_power=powers, beta2_power=powers.clone(), batch_size=[num_seeds],
-        )  # fmt: skip
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps.
+        # A column per member: with --target-kl, a member stops its epochs on its own
+        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
 
-    def step(self, state, grads):
+    def step(self, grads):
         beta1, beta2 = self.betas
-        beta1_power, beta2_power = state["beta1_power"] * beta1, state["beta2_power"] * beta2
-        bias_correction1, bias_correction2 = 1 - beta1_power, 1 - beta2_power
-        new = dict(params={}, exp_avg={}, exp_avg_sq={}, beta1_power=beta1_power, beta2_power=beta2_power)
-        for name, param in state["params"].items():
-            grad = grads[name]
-            exp_avg = state["exp_avg"][name].lerp(grad, 1 - beta1)
-            exp_avg_sq = state["exp_avg_sq"][name] * beta2 + (1 - beta2) * grad * grad
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            new["params"][name] = param - self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom
-            new["exp_avg"][name], new["exp_avg_sq"][name] = exp_avg, exp_avg_sq
-        return new
+        self.beta_powers[0].mul_(beta1)
+        self.beta_powers[1].mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta_powers
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            members = (-1,) + (1,) * (param.dim() - 1)  # each member's bias corrections, against its parameters
+            denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
+            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom)
+
+    def state(self):  # every tensor it updates, a member per row
+        return [*self.params.values(), *self.exp_avg.values(), *self.exp_avg_sq.values(), self.beta_powers.T]
 
 
 def make_functional_update(agent, params, lr, args):
-    """One clipped-surrogate gradient step of every member on its own minibatch (a TensorDict, batch [num_seeds,
-    minibatch]), returning each member's statistics [num_seeds, 6]: a member's step is a function of its parameters
-    and Adam state (`torch.func` gradients, the clip and Adam written out), vmapped over the members, and the new
-    state is copied into `params` and Adam's state in place. `torch.compile(fullgraph=True)` makes it one graph."""
+    """One clipped-surrogate gradient step of every member on its own minibatch (a TensorDict [num_seeds,
+    minibatch]), returning each member's statistics [num_seeds, 6]. A member's clipped gradients are a function of its
+    parameters (`torch.func`), vmapped over the members; Adam, written out, steps the stacked `params` in place. So
+    `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
     optimizer = Adam(params, lr, eps=1e-5)
 
     def loss_fn(params, mb):
         _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-        # means over the samples that are steps: envpool's reset steps weigh 0
-        valid = mb["valid"]
-        count = valid.sum()
+        valid, count = mb["valid"], mb["valid"].sum()  # envpool's reset steps weigh 0 in every mean
 
         def mean(x):
             return (x * valid).sum() / count
@@ -355,9 +294,8 @@ def make_functional_update(agent, params, lr, args):
 
         mb_advantages = mb["advantages"]
         if args.norm_adv:
-            advantages_mean = mean(mb_advantages)
-            advantages_std = (((mb_advantages - advantages_mean) ** 2 * valid).sum() / (count - 1)).sqrt()
-            mb_advantages = (mb_advantages - advantages_mean) / (advantages_std + 1e-8)
+            centered = mb_advantages - mean(mb_advantages)
+            mb_advantages = centered / ((centered**2 * valid).sum() / (count - 1)).sqrt().add(1e-8)
 
         # Policy loss
         pg_loss1 = -mb_advantages * ratio
@@ -378,39 +316,26 @@ def make_functional_update(agent, params, lr, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
-    def member_update(state, mb):
-        grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(dict(state["params"].items()), mb)
+    def member_grads(params, mb):
+        grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
         # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of `max_grad_norm`
         total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
-        return optimizer.step(state, {name: grad * scale for name, grad in grads.items()}), stats
+        return {name: grad * scale for name, grad in grads.items()}, stats
 
     def update(mb):
-        new_state, stats = torch.vmap(member_update)(optimizer.state, mb)
-        optimizer.state.update_(new_state)  # in place: acting reads the parameters' memory
+        grads, stats = torch.vmap(member_grads)(params, mb)
+        optimizer.step(grads)
         return stats
 
     return update, optimizer
 
 
-def make_policy(agent, params):
-    """Acting for every member at once: `policy(obs [num_seeds, num_envs, n_obs])` samples each member's actions from
-    its own parameters (the agent's `get_action_and_value`, vmapped, each member its own noise); `get_value` too."""
-
-    def get_value(params, x):
-        critic = {name.removeprefix("critic."): p for name, p in params.items() if name.startswith("critic.")}
-        return functional_call(agent.critic, critic, (x,))
-
-    policy = torch.vmap(lambda params, x: functional_call(agent, params, (x,)), randomness="different")
-    get_values = torch.vmap(get_value)
-    return (lambda obs: policy(params, obs)), (lambda obs: get_values(params, obs))
-
-
 def make_learner(args, n_obs, n_act, seeds, device):
     """PPO's members, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the shell `functional_call` fills, the written-out Adam (its `state` holds every member's parameters,
-    [num_seeds, ...]) and the functions (policy, get_value, update). Member k starts from the weights the single-seed
-    script draws with `--seed seeds[k]`."""
+    Returns the shell `functional_call` fills, the written-out Adam (`optimizer.params`: every member's parameters,
+    [num_seeds, ...]) and the functions (policy, update). Member k starts from the weights the single-seed script
+    draws with `--seed seeds[k]`."""
     members = []
     for seed in seeds:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -421,8 +346,13 @@ def make_learner(args, n_obs, n_act, seeds, device):
     # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
     update, optimizer = make_functional_update(agent, params, lr, args)
-    policy, get_value = make_policy(agent, params)
-    return agent, optimizer, (policy, get_value, update)
+    # acting: the agent's `get_action_and_value`, sampling, vmapped over the members (each member its own noise)
+    member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
+
+    def policy(obs):  # [num_seeds * num_envs, ...] in and out, member k's envs a contiguous slice
+        return [x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1)))]
+
+    return agent, optimizer, (policy, update)
 
 
 def main(args):
@@ -432,21 +362,21 @@ def main(args):
     n_obs = int(np.prod(spec.observation_space.shape))
     n_act = int(np.prod(spec.action_space.shape))
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
-    envs = EnvpoolWrappers(args.env_id, run.seeds, args.num_envs, args.gamma)
+    env_seeds = [seed + i for seed in run.seeds for i in range(args.num_envs)]  # env i of a member: its seed + i
+    envs = EnvpoolWrappers(args.env_id, env_seeds, args.num_seeds, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
     torch.set_num_threads(1)
 
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, run.seeds, device)
-    params = optimizer.state["params"]
+    agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
     if run.saved_model is not None:
-        for name, param in params.items():
+        for name, param in optimizer.params.items():
             param.copy_(run.saved_model["agent"][name])  # the saved model, as every member
-    compute_gae = torch.vmap(gae, in_dims=(0, 0, 0, 0, 0, 0, None, None))
+    compute_gae = gae
     if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
         policy = torch.compile(policy, fullgraph=True, options=options)
-        compute_gae = torch.compile(compute_gae, fullgraph=True, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
     if args.cudagraphs:
         # the first calls run as they are (a compiled function compiles, one call more), the next records the
@@ -454,20 +384,20 @@ def main(args):
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    # ALGO Logic: Storage setup, [num_seeds, num_steps, num_envs, ...], one TensorDict on the host
-    n, e = args.num_seeds, args.num_envs
+    # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
+    num_envs = len(env_seeds)
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    rollout = {key: torch.zeros(n, args.num_steps, e) for key in scalars}
-    rollout["obs"] = torch.zeros(n, args.num_steps, e, n_obs)
-    rollout["actions"] = torch.zeros(n, args.num_steps, e, n_act)
-    rollout = TensorDict(rollout, batch_size=[n, args.num_steps, e])
+    rollout = {key: torch.zeros(args.num_steps, num_envs) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, num_envs, n_obs)
+    rollout["actions"] = torch.zeros(args.num_steps, num_envs, n_act)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, num_envs])
     store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
 
     next_obs = envs.reset()
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    members = torch.arange(n, device=device).unsqueeze(1)  # with a [num_seeds, minibatch] index: each member's rows
+    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)  # indexes, with [num_seeds, k], each member's
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
@@ -480,52 +410,51 @@ def main(args):
 
         for step in range(args.num_steps):
             global_step += args.num_envs
-            store["obs"][:, step] = next_obs
-            store["valid"][:, step] = ~envs.resetting
+            store["obs"][step] = next_obs
+            store["valid"][step] = ~envs.resetting
 
             # ALGO LOGIC: action logic
             with torch.no_grad():
-                action, logprob, _, value = policy(torch.as_tensor(next_obs, device=device))
-            action, store["logprobs"][:, step], store["values"][:, step] = (
-                x.cpu().numpy() for x in (action, logprob, value.squeeze(-1))
-            )
-            store["actions"][:, step] = action
+                action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
+            store["values"][step] = value.flatten()
+            store["actions"][step] = action
+            store["logprobs"][step] = logprob
 
             next_obs, reward, terminations, truncations, finished = envs.step(action)
             run.log_episodes(global_step, finished)
-            store["rewards"][:, step] = reward
-            store["terminations"][:, step] = terminations
-            store["truncations"][:, step] = truncations
+            store["rewards"][step] = reward
+            store["terminations"][step] = terminations
+            store["truncations"][step] = truncations
 
         # bootstrap value if not done
-        b = rollout.to(device)
         with torch.no_grad():
-            next_value = get_value(torch.as_tensor(next_obs, device=device)).squeeze(-1)
-        # envpool's next-step reset: the value of an episode's true final obs is the one stored at the step after
-        final_values = torch.cat([b["values"][:, 1:], next_value.unsqueeze(1)], dim=1)
-        inputs = [b["rewards"], b["values"], next_value, final_values, b["terminations"], b["truncations"]]
-        advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
+            next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
+        # envpool's next-step reset: the true final obs of an episode is the obs stored at the step after its end
+        rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
+        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
+        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
-        # flatten the batch: [num_seeds, num_steps * num_envs]
-        b = b.select("obs", "actions", "logprobs", "values", "valid").flatten(1, 2)
-        b["advantages"], b["returns"] = advantages.flatten(1, 2), returns.flatten(1, 2)
+        # flatten the batch: [num_seeds, num_steps * num_envs], each member its own rows
+        b = rollout.select("obs", "actions", "logprobs", "values", "valid")
+        b["advantages"], b["returns"] = advantages, returns
+        b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
 
         # Optimizing the policy and value network
-        stopped = torch.zeros(n, dtype=torch.bool, device=device)  # members whose epochs stopped early (--target-kl)
-        kept, kept_stats = optimizer.state.clone(), torch.zeros(n, 6, device=device)
+        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)  # --target-kl: members that stopped
+        kept = [x.clone() for x in optimizer.state()] if args.target_kl is not None else []
         for _epoch in range(args.update_epochs):
-            # each member its own permutation of its own rollout
-            b_inds = torch.rand(n, batch_size, device=device).argsort(dim=1).split(minibatch_size, dim=1)
+            b_inds = torch.rand(b.shape, device=device).argsort(dim=1).split(minibatch_size, dim=1)  # one per member
             for mb_inds in b_inds:
                 stats = update(b[members, mb_inds])
             if args.target_kl is not None:  # host sync, once per epoch: a member past the target keeps this state
                 stopping = (stats[:, 4] > args.target_kl) & ~stopped
-                kept[stopping], kept_stats[stopping] = optimizer.state[stopping], stats[stopping]
+                for x, saved in zip([*optimizer.state(), stats], [*kept, stats.clone()]):
+                    saved[stopping] = x[stopping]
                 stopped |= stopping
                 if stopped.all():
                     break
-        if stopped.any():  # each member that stopped early gets back the state and statistics it stopped with
-            optimizer.state[stopped], stats = kept[stopped], torch.where(stopped[:, None], kept_stats, stats)
+        for x, saved in zip(optimizer.state(), kept):  # members that stopped early get back the state they kept
+            x[stopped] = saved[stopped]
 
         explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
@@ -534,25 +463,20 @@ def main(args):
         if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
             break
 
-    # each member's policy: its weights and the observation normalization of its first env, evaluated with it
-    rms = envs.obs_rms
-    models = [{"agent": {name: p[k].cpu().clone() for name, p in params.items()}} for k in range(n)]
-    for k, model in enumerate(models):
-        obs_rms = dict(
-            mean=torch.tensor(rms.mean[k, 0]),
-            var=torch.tensor(rms.var[k, 0]),
-            count=torch.tensor(rms.count[k, 0].item()),
-        )
-        model["obs_rms"] = run.saved_model["obs_rms"] if args.eval_model else obs_rms
+    # each member's observation normalization (its first env's) is part of its policy: saved and evaluated with it
+    models = []
+    for k, (mean, var, count) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms))):
+        obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(count.item())}
+        agent_k = {name: param[k].cpu().clone() for name, param in optimizer.params.items()}
+        models.append({"agent": agent_k, "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms})
 
-    def evaluate_member(member, episodes, videos):  # the Gaussian's mean, on gymnasium's env with the member's seed
-        seed, model = run.seeds[member], models[member]
-        eval_envs = make_envs(args.env_id, 1, seed, args.gamma, videos, episodes, model["obs_rms"])
-        actor = {name.removeprefix("actor_mean."): p for name, p in model["agent"].items() if "actor_mean." in name}
-        return evaluate(lambda obs: functional_call(agent.actor_mean, actor, (obs,)), eval_envs, episodes, seed, "cpu")
+    def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
+        eval_envs = EnvpoolWrappers(args.env_id, [run.seeds[member]], 1, args.gamma, models[member]["obs_rms"])
+        actor = {name[11:]: p for name, p in models[member]["agent"].items() if name.startswith("actor_mean.")}
+        return evaluate(lambda obs: functional_call(agent.actor_mean, actor, (obs,)), eval_envs, episodes)
 
     envs.envs.close()
-    run.finish(device, models, evaluate_member, threads=torch.get_num_threads())
+    run.finish(device, models, evaluate_agent, threads=torch.get_num_threads())
 
 
 # ======================================================================================================================
@@ -584,6 +508,8 @@ def check_args(args):
         fail(f"--target-kl must be positive, got {args.target_kl}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
+    if args.capture_video:
+        fail("--capture-video: envpool renders no frames; record a saved member with the single-seed script")
 
 
 def check_memory(args, member_bytes, what):
@@ -712,16 +638,16 @@ class Run:
             sys.exit(130)  # what a shell reports for a Ctrl-C
 
 
-def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
-    obs, _ = envs.reset(seed=seed)
-    returns = []
+def evaluate(act, envs, episodes):
+    """The returns of `episodes` episodes played on `envs` (EnvpoolWrappers of one env, closed after) with
+    `act(obs) -> actions`."""
+    obs, returns = envs.reset(), []
     while len(returns) < episodes:
         with torch.no_grad():
-            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
-        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        returns += finished_episodes(infos)
-    envs.close()
+            actions = act(torch.as_tensor(obs)).numpy()
+        obs, _, _, _, finished = envs.step(actions)
+        returns += finished[0]
+    envs.envs.close()
     return returns[:episodes]
 
 
