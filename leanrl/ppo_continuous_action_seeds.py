@@ -7,18 +7,17 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
 Member k (seed `seed + k`) is the CPU script with `--seed seed+k`: the same first weights, its own `--num-envs` envs
-(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization. Members share the program and one torch
-generator, from which vmap's `randomness="different"` draws each its own noise. `total_timesteps` counts one member's
-steps, `sps` all members'. What changes:
+(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization. The members share one torch generator,
+from which vmap's `randomness="different"` draws each its own noise. `total_timesteps` is per member; `sps` counts all
+members' steps. What changes:
 - parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it
-  (`torch.func.vmap`), and Adam, elementwise, steps the stack: one call acts, or updates, for every member;
-- `--compile` (on) compiles acting, GAE and the update; `--cudagraphs` records acting and the update with tensordict's
-  `CudaGraphModule` (CUDA only), so acting is torch (numpy cannot act on a GPU);
+  (`torch.func.vmap`), and Adam, elementwise, steps the stack. `--compile` (on) compiles acting, GAE and the update;
+  `--cudagraphs` records acting and the update with tensordict's `CudaGraphModule` (CUDA only; so acting is torch);
 - all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python
-  thread). Its MuJoCo tasks are gymnasium's (HalfCheetah-v4's observations agree to 1e-14 over the first steps from one
-  state), but it resets in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss.
-  make_env's wrappers are written out in numpy, each env its own statistics (`EnvpoolWrappers`). envpool renders no
-  frames: record a saved member with the single-seed script (`--eval-model FILE --capture-video`).
+  thread). Its MuJoCo tasks are gymnasium's (HalfCheetah-v4 agrees to 1e-14 over the first steps from one state), but
+  it resets in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss. make_env's
+  wrappers are written out in numpy, each env its own statistics. envpool renders no frames: record a saved member
+  with the single-seed script (`--eval-model FILE --capture-video`).
 """
 
 import json
@@ -70,7 +69,7 @@ class Args:
     eval_episodes: int = 0
     """after training, play this many episodes with each member's policy and report their mean returns (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    """evaluate this saved .pt file as every member for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -115,14 +114,14 @@ class Args:
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def envpool_spec(env_id):
-    """envpool's spec of `env_id`; another id, or an action space other than a Box, exits 2."""
+def env_sizes(env_id):
+    """(n_obs, n_act) of envpool's task `env_id`; another id, or an action space other than a Box, exits 2."""
     if env_id not in envpool.list_all_envs():
         fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
     spec = envpool.make_spec(env_id)
     if not isinstance(spec.action_space, gym.spaces.Box):
         fail(f"--env-id {env_id!r} has a {type(spec.action_space).__name__} action space; PPO here needs a Box")
-    return spec
+    return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
 
 
 def update_rms(rms, x):
@@ -139,14 +138,16 @@ class EnvpoolWrappers:
     the envs taking such a step, which the episode and reward statistics skip (gymnasium's wrappers never see one).
     `obs_rms` (a saved model's) normalizes observations, frozen."""
 
-    def __init__(self, env_id, env_seeds, num_seeds, gamma, obs_rms=None):
+    def __init__(self, env_id, seeds, num_envs, gamma, obs_rms=None):
+        env_seeds = [seed + i for seed in seeds for i in range(num_envs)]  # env i of a member: its seed + i
         threads = min(len(os.sched_getaffinity(0)), len(env_seeds))  # C++ threads: every core steps envs
         self.envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
-        n, shape, self.num_seeds, self.gamma = len(env_seeds), self.envs.observation_space.shape, num_seeds, gamma
-        self.obs_rms = (np.zeros((n, *shape)), np.ones((n, *shape)), np.full((n, 1), 1e-4))
+        n, space, self.num_seeds, self.gamma = len(env_seeds), self.envs.observation_space, len(seeds), gamma
+        # in the observations' dtype, as gymnasium's; every env counts the same observations
+        self.obs_rms = (np.zeros((n, *space.shape), space.dtype), np.ones((n, *space.shape), space.dtype), 1e-4)
         self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
         if self.frozen:
-            self.obs_rms = tuple(obs_rms[key].numpy().reshape(x.shape) for key, x in zip(obs_rms, self.obs_rms))
+            self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
         self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
         self.discounted_reward, self.episode_return, self.resetting = np.zeros(n), np.zeros(n), np.zeros(n, bool)
 
@@ -358,12 +359,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
 def main(args):
     check_args(args)
     run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
-    spec = envpool_spec(args.env_id)
-    n_obs = int(np.prod(spec.observation_space.shape))
-    n_act = int(np.prod(spec.action_space.shape))
+    n_obs, n_act = env_sizes(args.env_id)
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
-    env_seeds = [seed + i for seed in run.seeds for i in range(args.num_envs)]  # env i of a member: its seed + i
-    envs = EnvpoolWrappers(args.env_id, env_seeds, args.num_seeds, args.gamma)
+    envs = EnvpoolWrappers(args.env_id, run.seeds, args.num_envs, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
     torch.set_num_threads(1)
@@ -378,14 +376,12 @@ def main(args):
         policy = torch.compile(policy, fullgraph=True, options=options)
         compute_gae = torch.compile(gae, fullgraph=True, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
-    if args.cudagraphs:
-        # the first calls run as they are (a compiled function compiles, one call more), the next records the
-        # graph, later calls replay it
+    if args.cudagraphs:  # the first calls run as they are (compiled: one call more), the next records, later replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
-    num_envs = len(env_seeds)
+    num_envs = args.num_seeds * args.num_envs
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
     rollout = {key: torch.zeros(args.num_steps, num_envs) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, num_envs, n_obs)
@@ -397,7 +393,7 @@ def main(args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)  # indexes, with [num_seeds, k], each member's
+    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)  # with a [num_seeds, k] index: member rows
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
@@ -440,21 +436,18 @@ def main(args):
         b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
 
         # Optimizing the policy and value network
-        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)  # --target-kl: members that stopped
-        kept = [x.clone() for x in optimizer.state()] if args.target_kl is not None else []
+        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)  # members stopped by --target-kl
+        kept = [x.clone() for x in optimizer.state()] + [torch.zeros(args.num_seeds, 6, device=device)]
         for _epoch in range(args.update_epochs):
-            b_inds = torch.rand(b.shape, device=device).argsort(dim=1).split(minibatch_size, dim=1)  # one per member
-            for mb_inds in b_inds:
-                stats = update(b[members, mb_inds])
+            b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]  # each member its own shuffle
+            for mb in b_shuffled.split(minibatch_size, dim=1):
+                stats = update(mb)
             if args.target_kl is not None:  # host sync, once per epoch: a member past the target keeps this state
-                stopping = (stats[:, 4] > args.target_kl) & ~stopped
-                for x, saved in zip([*optimizer.state(), stats], [*kept, stats.clone()]):
-                    saved[stopping] = x[stopping]
-                stopped |= stopping
+                for x, saved in zip([*optimizer.state(), stats], kept):
+                    x[stopped], saved[~stopped] = saved[stopped], x[~stopped]
+                stopped |= stats[:, 4] > args.target_kl
                 if stopped.all():
                     break
-        for x, saved in zip(optimizer.state(), kept):  # members that stopped early get back the state they kept
-            x[stopped] = saved[stopped]
 
         explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
@@ -465,8 +458,8 @@ def main(args):
 
     # each member's observation normalization (its first env's) is part of its policy: saved and evaluated with it
     models = []
-    for k, (mean, var, count) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms))):
-        obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(count.item())}
+    for k, (mean, var) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms[:2]))):
+        obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(envs.obs_rms[2])}
         agent_k = {name: param[k].cpu().clone() for name, param in optimizer.params.items()}
         models.append({"agent": agent_k, "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms})
 

@@ -70,25 +70,29 @@ def summary(proc, returncode=0):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
     line = json.loads(lines[0][len("SUMMARY ") :])
-    assert "curve" not in line, "the printed SUMMARY keeps the curve out (it is in summary.json)"
+    assert "curve" not in line and "curves" not in line, "the printed SUMMARY keeps the curves out (in summary.json)"
     path = Path(line.pop("summary_file"))
     assert path.name == "summary.json" and path.parent.parent.name == "runs"
     result = json.loads(path.read_text())
-    assert {key: value for key, value in result.items() if key != "curve"} == line
+    assert {key: value for key, value in result.items() if key not in ("curve", "curves")} == line
     assert_curve(result)
     return result | {"summary_file": str(path)}
 
 
 def assert_curve(result):
     """The SUMMARY's `curve` has one [global_step, seconds, return] per counted episode, in the order of both
-    steps and seconds, within the run's steps and wall time."""
-    curve = result["curve"]
-    assert len(curve) == result["episodes"], f"{len(curve)} curve points for {result['episodes']} episodes"
-    assert all(len(point) == 3 for point in curve)
-    steps, seconds = [point[0] for point in curve], [point[1] for point in curve]
-    assert steps == sorted(steps) and seconds == sorted(seconds), "curve steps or seconds go backwards"
-    assert all(0 <= step <= result["total_timesteps"] for step in steps)
-    assert all(0 <= second <= result["wall_s"] for second in seconds)
+    steps and seconds, within the run's steps and wall time. A seeds script's `curves` hold one such curve per member
+    (its `num_seeds` members), together one point per counted episode."""
+    curves = result["curves"] if "num_seeds" in result else [result["curve"]]
+    assert len(curves) == result.get("num_seeds", 1)
+    points = sum(map(len, curves))
+    assert points == result["episodes"], f"{points} curve points for {result['episodes']} episodes"
+    for curve in curves:
+        assert all(len(point) == 3 for point in curve)
+        steps, seconds = [point[0] for point in curve], [point[1] for point in curve]
+        assert steps == sorted(steps) and seconds == sorted(seconds), "curve steps or seconds go backwards"
+        assert all(0 <= step <= result["total_timesteps"] for step in steps)
+        assert all(0 <= second <= result["wall_s"] for second in seconds)
 
 
 def assert_user_error(proc, *words):
