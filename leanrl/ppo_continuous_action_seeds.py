@@ -358,9 +358,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     n_obs, n_act = env_sizes(args.env_id)
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
+    run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     envs = EnvpoolWrappers(args.env_id, run.seeds, args.num_envs, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
