@@ -282,10 +282,10 @@ def make_functional_update(agent, params, lr, args):
         _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-        valid, count = mb["valid"], mb["valid"].sum()  # envpool's reset steps weigh 0 in every mean
+        valid, count = mb["valid"], mb["valid"].sum(0, keepdim=True)  # envpool's reset steps weigh 0 in every mean
 
-        def mean(x):
-            return (x * valid).sum() / count
+        def mean(x):  # of shape [1], not []: vmap turns a number in arithmetic with a 0-d tensor into a CPU tensor
+            return (x * valid).sum(0, keepdim=True) / count
 
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
@@ -315,12 +315,12 @@ def make_functional_update(agent, params, lr, args):
 
         entropy_loss = mean(entropy)
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss.sum(), torch.cat([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
     def member_grads(params, mb):
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
         # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of `max_grad_norm`
-        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
+        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, keepdim=True).sqrt()
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
@@ -339,7 +339,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
     draws with `--seed seeds[k]`."""
     members = []
     for seed in seeds:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng():  # the global generator is left as it was
             torch.manual_seed(seed)
             members.append(Agent(n_obs, n_act, device=device))
     params = {name: param.detach() for name, param in stack_module_state(members)[0].items()}

@@ -29,6 +29,7 @@ import ctypes
 import functools
 import shutil
 import subprocess
+import unittest.mock
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ import pytest
 import torch
 from conftest import MASKABLE_OPS, SYNC_OPS, HostSync, load_script
 from tensordict import TensorDict
+from torch._functorch import eager_transforms
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
@@ -267,6 +269,49 @@ SCRIPTS = {
     "ppo_lstm_torchcompile": make_ppo_lstm,
     "ppo_mingru_torchcompile": make_ppo_mingru,
 }
+
+
+# --- the seeds scripts (issue 42): the members' functions, vmapped over a leading seeds axis (3 members) -----------
+SEEDS = [1, 2, 3]
+
+
+def fake_autograd_grad(outputs, inputs, *args, **kwargs):
+    """`torch.func`'s gradients in the dry run, as `fake_backward` for `.backward()`: a zero gradient of each input's
+    shape and device, without running autograd's engine (which asks the CUDA runtime for a stream)."""
+    return tuple(torch.zeros_like(x) for x in inputs)
+
+
+def with_fake_func_grads(fn):
+    """`fn`, whose `torch.func` gradients (a functional update's) are `fake_autograd_grad`'s."""
+
+    def call(*args):
+        with unittest.mock.patch.object(eager_transforms, "_autograd_grad", fake_autograd_grad):
+            return fn(*args)
+
+    return call
+
+
+def make_dqn_seeds(module, args):
+    policy, update, _ = module.make_learner(args, 4, 2, SEEDS, CUDA)[-1]
+    data = batch((len(SEEDS), 64), **OFF_POLICY | dict(obs=(4,), next_obs=(4,), actions=DISCRETE))
+    update = with_fake_func_grads(update)
+    return {"policy": (policy, (zeros(len(SEEDS), 1, 4),)), "update": (update, (dict(data.items()),))}
+
+
+SCRIPTS |= {"dqn_seeds": make_dqn_seeds}
+# --- end of the seeds scripts ------------------------------------------------------------------------------------
+
+
+# --- ppo_continuous_action_seeds (issue 42): acting and the update, 3 members of one env each -----------------------
+def make_ppo_seeds(module, args):
+    policy, update = module.make_learner(args, 3, 2, SEEDS, CUDA)[-1]
+    minibatch = batch((len(SEEDS), 64), obs=(3,), actions=(2,), valid=(), **PPO)  # valid: 0 for envpool's reset steps
+    update = with_fake_func_grads(update)
+    return {"policy": (policy, (zeros(len(SEEDS), 3),)), "update": (update, (minibatch,))}
+
+
+SCRIPTS |= {"ppo_continuous_action_seeds": make_ppo_seeds}
+# --- end of ppo_continuous_action_seeds --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)
