@@ -21,7 +21,6 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -92,6 +91,8 @@ class Args:
 
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
+    threads: int | None = None
+    """torch's intra-op threads (default 1: every op here is tiny, see the docstring)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -131,11 +132,11 @@ def finished_episodes(infos):
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step (same-step autoreset puts
-    the reset one there): a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
+    put the reset one: a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        real_next_obs[infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
     return real_next_obs
 
 
@@ -275,13 +276,13 @@ def make_learner(args, n_obs, n_act):
 
 def main(args):
     check_args(args)
-    run = Run(args, "dqn_cpu")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    run = Run(args, "dqn_cpu")  # seeds, the run folder, wandb and signals: see the end of the file
     train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
     envs = make_envs(args.env_id, args.num_envs, args.seed, train_videos)
     device = torch.device("cpu")  # whatever the machine has
     # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more than it saves, and
     # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
@@ -334,7 +335,7 @@ def main(args):
             run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
 
         run.steps = global_step + args.num_envs
-        if run.stop.is_set():  # a first Ctrl-C: stop after this step
+        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this step
             break
 
     def evaluate_greedy(episodes, videos):  # the greedy action
@@ -346,8 +347,8 @@ def main(args):
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
-# loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
+# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -358,6 +359,11 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
     for flag in (*sizes, "learning_rate"):
         if getattr(args, flag) <= 0:
@@ -370,27 +376,27 @@ def check_args(args):
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
     if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
 
 
 class Run:
     """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once)."""
+    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the
+    run folder, wandb, videos and the summary."""
 
-    def __init__(self, args, script):
+    def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
         self.args, self.script, self.wandb = args, script, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
-        if args.capture_video:
-            self.check_rendering()
-        os.makedirs(self.dir, exist_ok=True)
-        if args.track:
-            import wandb
-
-            self.wandb = wandb
+        self.videos = self.video_folder() if args.capture_video and rank == 0 else None
+        if rank == 0:
+            os.makedirs(self.dir, exist_ok=True)
+        if args.track and rank == 0:
+            self.wandb = wandb = __import__("wandb")  # imported with --track only
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -398,23 +404,30 @@ class Run:
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+        self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
 
     def load_model(self, path):
-        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+            saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
             fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
-        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if saved_env != self.args.env_id:
-            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+            if trained.get(flag) != getattr(self.args, flag, None):
+                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
         return saved["model"]
 
-    def check_rendering(self):
+    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
         try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
             __import__("moviepy")
@@ -423,6 +436,7 @@ class Run:
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+        return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
@@ -448,7 +462,7 @@ class Run:
 
     def finish(self, device, model, evaluate, **extra):
         """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
-        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
@@ -461,7 +475,7 @@ class Run:
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
         summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
         summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
-        summary |= dict(interrupted=self.stop.is_set(), model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=eval_returns)
         summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
@@ -470,8 +484,8 @@ class Run:
         print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if self.stop.is_set():
-            sys.exit(130)  # what a shell reports for a Ctrl-C
+        if self.stop_signal:
+            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
 
 
 def evaluate(act, envs, episodes, seed, device):

@@ -22,12 +22,12 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 
 import envpool
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -364,11 +364,11 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
 
 def main(args):
     if args.async_batch_size is None:
-        args.async_batch_size = args.num_envs // 2  # the default, half the envs, resolved once
+        args.async_batch_size = max(1, args.num_envs // 2)  # the default, half the envs and at least one, resolved once
     if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
         args.env_threads = max(1, (os.cpu_count() or 1) - 1)
     check_args(args)
-    run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
+    run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals: at the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
@@ -427,7 +427,7 @@ def main(args):
         metrics |= dict(explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"])
         run.log_progress(pbar, state.global_step, metrics)
         run.steps = state.global_step
-        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
+        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this iteration
             break
 
     def evaluate_agent(episodes, videos):  # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
@@ -440,8 +440,8 @@ def main(args):
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
-# loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
+# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -452,6 +452,11 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
     for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -475,22 +480,22 @@ def check_args(args):
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/` (no videos/: envpool
-    renders no frames); starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once)."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
+    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the
+    run folder, wandb, videos and the summary."""
 
-    def __init__(self, args, script):
+    def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
         self.args, self.script, self.wandb = args, script, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        os.makedirs(self.dir, exist_ok=True)
-        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
-        if args.track:
-            import wandb
-
-            self.wandb = wandb
+        self.videos = self.video_folder() if args.capture_video and rank == 0 else None
+        if rank == 0:
+            os.makedirs(self.dir, exist_ok=True)
+        if args.track and rank == 0:
+            self.wandb = wandb = __import__("wandb")  # imported with --track only
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -498,21 +503,39 @@ class Run:
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+        self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
 
     def load_model(self, path):
-        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+            saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
             fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
-        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if saved_env != self.args.env_id:
-            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+            if trained.get(flag) != getattr(self.args, flag, None):
+                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
         return saved["model"]
+
+    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+            __import__("moviepy")
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+        return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
@@ -538,7 +561,7 @@ class Run:
 
     def finish(self, device, model, evaluate, **extra):
         """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
-        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
@@ -551,7 +574,7 @@ class Run:
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
         summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
         summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
-        summary |= dict(interrupted=self.stop.is_set(), model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=eval_returns)
         summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
@@ -560,8 +583,8 @@ class Run:
         print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if self.stop.is_set():
-            sys.exit(130)  # what a shell reports for a Ctrl-C
+        if self.stop_signal:
+            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
 
 
 def evaluate(act, envs, games, device):

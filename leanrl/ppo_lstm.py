@@ -27,7 +27,6 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -226,26 +225,22 @@ def freeze_obs_rms(envs, stats):
 
 def finished_episodes(infos):
     """The returns of every episode that ended on this step (several envs can finish on the same step)."""
-    if "final_info" not in infos or "episode" not in infos["final_info"]:
-        return []
-    final_info = infos["final_info"]
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+    final_info = infos.get("final_info", {})
+    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step: in same-step
-    autoreset mode `next_obs` already holds the reset observation there. Bootstrapping a truncated episode
-    needs the state where it was cut, not the first state of the next episode."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
+    put the reset one: a truncated episode bootstraps from the state where it was cut."""
     real_next_obs = next_obs.copy()
-    if "_final_obs" in infos:
-        for idx in np.flatnonzero(infos["_final_obs"]):
-            real_next_obs[idx] = infos["final_obs"][idx]
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
     return real_next_obs
 
 
 def episode_starts(terminations, truncations, memory):
-    """The LSTM's reset flags for the next observations: 1 where an episode ended, so the next one starts afresh;
-    1 everywhere without `memory` (the state is then zeroed at every step: a feedforward policy)."""
+    """The reset flags of the next observations: 1 where an episode ended, so the next one starts afresh; 1
+    everywhere without `memory` (the state is then zeroed at every step: a feedforward policy)."""
     dones = np.logical_or(terminations, truncations)
     return dones if memory else np.ones_like(dones)
 
@@ -334,7 +329,7 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)  # None: the env's default, resolved once
-    run = Run(args, "ppo_lstm")  # seeds, run folder, wandb, Ctrl-C: at the end of the file
+    run = Run(args, "ppo_lstm")  # seeds, run folder, wandb, signals: at the end of the file
     # with --eval-model no training episode is played, and none is recorded
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -430,7 +425,7 @@ def main(args):
         metrics = dict(zip(names, stats), explained_variance=explained_var, learning_rate=lr)
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
+        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this iteration
             break
 
     obs_rms = obs_rms_of(envs)  # the normalization the agent was trained with: saved with it, frozen to evaluate
@@ -439,7 +434,8 @@ def main(args):
     def evaluate_agent(episodes, videos):  # the most likely action, the LSTM state carried
         eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
         freeze_obs_rms(eval_envs, obs_rms)
-        return evaluate(agent, eval_envs, episodes, args.seed, args.memory, device)
+        zeros = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2  # (h, c) of one env, never written
+        return evaluate(agent, eval_envs, episodes, args.seed, zeros, args.memory, device)
 
     run.finish(
         device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, obs_indices=list(args.obs_indices)
@@ -447,8 +443,8 @@ def main(args):
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every script: user errors, the run folder and its summary, wandb, Ctrl-C, saving,
-# loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
+# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -459,6 +455,11 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
     for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -474,23 +475,21 @@ def check_args(args):
 
 class Run:
     """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once)."""
+    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the
+    run folder, wandb, videos and the summary."""
 
-    def __init__(self, args, script):
+    def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
         self.args, self.script, self.wandb = args, script, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
-        if args.capture_video:
-            self.check_rendering()
-        os.makedirs(self.dir, exist_ok=True)
-        if args.track:
-            import wandb
-
-            self.wandb = wandb
+        self.videos = self.video_folder() if args.capture_video and rank == 0 else None
+        if rank == 0:
+            os.makedirs(self.dir, exist_ok=True)
+        if args.track and rank == 0:
+            self.wandb = wandb = __import__("wandb")  # imported with --track only
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -498,31 +497,30 @@ class Run:
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+        self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
 
     def load_model(self, path):
-        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", self.script)
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+            saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
             fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
-        if re.sub(r"_(torchcompile|cpu|distributed|ray|async)$", "", saved_by) != algorithm:
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if saved_env != self.args.env_id:
-            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
-        # the recurrent scripts' addition: a policy acts on the observation entries and memory it was trained with
-        trained = saved["args"]
-        if tuple(trained["obs_indices"]) != tuple(self.args.obs_indices):
-            indices = " ".join(map(str, trained["obs_indices"]))
-            fail(f"--eval-model {path} was trained on entries ({indices or 'all'}): add --obs-indices {indices}")
-        if trained["memory"] != self.args.memory:
-            memory = "with memory: drop --no-memory" if trained["memory"] else "without memory: add --no-memory"
-            fail(f"--eval-model {path} was trained {memory}")
+        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+            if trained.get(flag) != getattr(self.args, flag, None):
+                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
         return saved["model"]
 
-    def check_rendering(self):
+    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
         try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
             __import__("moviepy")
@@ -531,6 +529,7 @@ class Run:
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+        return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
@@ -556,7 +555,7 @@ class Run:
 
     def finish(self, device, model, evaluate, **extra):
         """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
-        summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
@@ -569,7 +568,7 @@ class Run:
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
         summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
         summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
-        summary |= dict(interrupted=self.stop.is_set(), model_file=model_file, eval_returns=eval_returns)
+        summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=eval_returns)
         summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
@@ -578,21 +577,21 @@ class Run:
         print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if self.stop.is_set():
-            sys.exit(130)  # what a shell reports for a Ctrl-C
+        if self.stop_signal:
+            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
 
 
-def evaluate(agent, envs, episodes, seed, memory, device):
+def evaluate(agent, envs, episodes, seed, state, memory, device):
     """The returns of `episodes` episodes played on `envs` (one env, closed after) by `agent`'s most likely action, its
-    LSTM state carried from step to step and zeroed when an episode starts (at every step without `memory`)."""
+    recurrent state (`state`: zeros) carried from step to step and zeroed when an episode starts (at every step without
+    `memory`)."""
     obs, _ = envs.reset(seed=seed)
-    lstm_state = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2  # (h, c): zeros, read and never written
     done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []
     while len(returns) < episodes:
         with torch.no_grad():
             obs = torch.as_tensor(obs, device=device, dtype=torch.float)
-            hidden, lstm_state = agent.get_states(obs[None], lstm_state, done)
+            hidden, state = agent.get_states(obs[None], state, done)
             actions = agent.actor(hidden[0]).argmax(-1)
         obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
         starts = episode_starts(terminations, truncations, memory)

@@ -1,16 +1,24 @@
 """The documentation points at what exists: every relative link in README.md, CONTRIBUTING.md and docs/*.md names a
 file of the repository (and, with `#anchor`, a heading of that file, by GitHub's slug rules), and every command in a
 fenced code block names scripts (`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`), shell
-scripts and requirements files that exist. The checker itself is tested on made-up pages, so that each check is
-shown able to fail. Nothing here runs a script."""
+scripts and requirements files that exist. Figures come from the results that produced them: the README's speed
+tables and docs/performance.md's quick tables from docs/benchmark_quick.json, the learning tables of the README and
+docs/results.md from the report of `python -m benchmarks.learning`. No page refers to the project's issues. The
+checker itself is tested on made-up pages, so that each check is shown able to fail. Nothing here runs a script."""
 
+import json
 import re
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
+from benchmarks import report
+from benchmarks.learning import short_markdown
+
 ROOT = Path(__file__).resolve().parents[1]
+QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
+LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
 
 # Scripts the README documents ahead of their arrival (issue 30: the CPU scripts). While one is missing, the command
 # check leaves it out and `test_scripts_awaited_by_the_readme` is skipped, naming it; once all exist, they are checked
@@ -35,6 +43,21 @@ SCRIPT = re.compile(r"(?:^|[\s'\"=(])(?:\./)?leanrl/(\w+)\.py\b")
 BENCHMARK = re.compile(r"\bpython3?\s+-m\s+benchmarks\.([\w.]+)")
 SHELL_SCRIPT = re.compile(r"\bbash\s+((?:\./)?[\w./-]+\.sh)\b")
 REQUIREMENTS = re.compile(r"\s-r\s+([\w./-]+\.txt)\b")
+ISSUE = re.compile(r"\b(?:the|an|this|that|its|our) issue\b|\bissue'?s? #?\d+|\bissue's\b", re.IGNORECASE)
+
+# the README's names of the algorithms and variants of benchmarks/registry.py
+README_ALGOS = {
+    "SAC": "sac",
+    "TD3": "td3",
+    "DQN": "dqn",
+    "PPO continuous": "ppo_continuous_action",
+    "PPO LSTM": "ppo_lstm",
+    "PPO minGRU": "ppo_mingru",
+    "PPO Atari": "ppo_atari_envpool",
+}
+README_VARIANTS = {"`_torchcompile`": "torchcompile", "`_torchcompile --compile`": "compile", "`_cpu`": "cpu"}
+# a speed table's columns that are figures of the eager row; every other column is a variant's ratio to eager
+EAGER_COLUMNS = {"eager sps": ("sps_median", "{:.0f}"), "env-only sps": ("env_only_sps", "{:.0f}")}
 
 
 def doc_files(root=ROOT):
@@ -152,6 +175,64 @@ def command_problems(page, root=ROOT, awaited=frozenset()):
     return problems
 
 
+def tables(text):
+    """Every markdown table in a page's prose, as (header cells, body rows of cells)."""
+    prose, _ = split_fences(text)
+    found, rows = [], None
+    for line in prose.splitlines():
+        if not line.startswith("|"):
+            rows = None
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if rows is None:
+            rows = []
+            found.append((cells, rows))
+        elif not set(line) <= set("|-: "):
+            rows.append(cells)
+    return found
+
+
+def speed_table_problems(text, runs):
+    """One line per cell of a README speed table (`| algorithm | eager sps | ... |`) that is not the figure of the
+    benchmark `runs` it comes from: eager sps, each variant's ratio to eager, env-only sps."""
+    rows = {(r["algo"], r["variant"]): r for run in runs for r in run["table"]}
+    problems = []
+    for header, body in tables(text):
+        if header[:2] != ["algorithm", "eager sps"]:
+            continue
+        for cells in body:
+            algo = README_ALGOS.get(cells[0])
+            for name, cell in zip(header[1:], cells[1:]):
+                variant = "eager" if name in EAGER_COLUMNS else README_VARIANTS.get(name)
+                row = rows.get((algo, variant))
+                if row is None:
+                    problems.append(f"{cells[0]} {name}: no such row in the results")
+                    continue
+                key, form = EAGER_COLUMNS.get(name, ("vs_eager", "{:.2f}x"))
+                want = form.format(row[key])
+                if cell.strip("*") != want:
+                    problems.append(f"{cells[0]} {name}: the page says {cell}, the results {want}")
+    return problems
+
+
+def missing_lines(text, lines):
+    """The lines of `lines` (blank ones aside) that the page does not have, each whole."""
+    page = set(text.splitlines())
+    return [line for line in lines if line.strip() and line not in page]
+
+
+def quick_table_lines(run):
+    """The table lines `benchmarks.run` prints for a run: its header and its rows."""
+    lines = report.markdown(run["table"], run["machine"], run["settings"]).splitlines()
+    return lines[lines.index(next(line for line in lines if line.startswith("| algo |"))) :]
+
+
+def issue_mentions(text):
+    """The lines of a page's prose that refer to an issue of the tracker ("the issue", "issue 31", "the issue's")."""
+    prose, _ = split_fences(HTML_COMMENT.sub("", text))
+    return [line.strip() for line in prose.splitlines() if ISSUE.search(INLINE_CODE.sub("", line))]
+
+
 # The project's pages
 
 
@@ -177,6 +258,33 @@ def test_scripts_awaited_by_the_readme():
     if missing:
         pytest.skip(f"the README documents scripts not yet in leanrl/ (issue 30): {', '.join(missing)}")
     assert command_problems(ROOT / "README.md") == []
+
+
+def test_the_readme_speed_tables_are_the_benchmarks_figures():
+    runs = json.loads(QUICK_RESULTS.read_text())["runs"]
+    readme = (ROOT / "README.md").read_text()
+    assert len([header for header, _ in tables(readme) if header[:2] == ["algorithm", "eager sps"]]) == len(runs)
+    assert speed_table_problems(readme, runs) == []
+    for run in runs:
+        assert run["settings"]["started"][:16] in readme
+
+
+def test_the_quick_tables_in_performance_md_are_the_benchmarks_tables():
+    page = (ROOT / "docs" / "performance.md").read_text()
+    for run in json.loads(QUICK_RESULTS.read_text())["runs"]:
+        assert missing_lines(page, quick_table_lines(run)) == []
+
+
+def test_the_learning_tables_are_the_learning_report():
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert missing_lines(results, (LEARNING_REPORT / "default.md").read_text().splitlines()) == []
+    table = json.loads((LEARNING_REPORT / "default.json").read_text())["table"]
+    assert missing_lines((ROOT / "README.md").read_text(), short_markdown(table).splitlines()) == []
+
+
+@pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_no_page_refers_to_an_issue(page):
+    assert issue_mentions(page.read_text()) == []
 
 
 def test_the_readme_keeps_the_ci_command():
@@ -294,6 +402,68 @@ def test_awaited_scripts_are_left_out_only_when_named(repo):
     readme = write_readme(repo, "```bash\npython leanrl/dqn_cpu.py\n```\n")
     assert command_problems(readme, repo, awaited={"dqn_cpu"}) == []
     assert len(command_problems(readme, repo)) == 1
+
+
+QUICK_RUN = {
+    "settings": {"budget": "quick", "repeats": 2, "seeds": [1, 2], "started": "2026-01-01T00:00:00"},
+    "machine": {"cpu": "a CPU", "cores": 2, "gpu": None, "versions": {"torch": "2.13.0+cpu"}},
+    "table": [
+        {"algo": "sac", "variant": "eager", "runs": 2, "sps_median": 91.4, "sps_min": 81, "sps_max": 101,
+         "return_mean": -273.2, "vs_eager": 1.0, "env_only_sps": 16710},
+        {"algo": "sac", "variant": "cpu", "runs": 2, "sps_median": 172, "sps_min": 152, "sps_max": 193,
+         "return_mean": -273.2, "vs_eager": 1.894, "env_only_sps": 16710},
+    ],
+}  # fmt: skip
+SPEED_TABLE = "| algorithm | eager sps | `_cpu` | env-only sps |\n|---|---:|---:|---:|\n| SAC | {} | {} | 16710 |\n"
+
+
+def test_a_speed_table_with_the_results_figures_passes():
+    assert speed_table_problems(SPEED_TABLE.format("91", "**1.89x**"), [QUICK_RUN]) == []
+
+
+@pytest.mark.parametrize(
+    "eager, cpu, complaint",
+    [
+        ("92", "1.89x", "SAC eager sps: the page says 92, the results 91"),
+        ("91", "1.90x", "SAC `_cpu`: the page says 1.90x, the results 1.89x"),
+    ],
+)
+def test_a_speed_table_that_drifted_from_the_results_fails(eager, cpu, complaint):
+    assert speed_table_problems(SPEED_TABLE.format(eager, cpu), [QUICK_RUN]) == [complaint]
+
+
+def test_a_speed_table_row_without_results_fails():
+    table = "| algorithm | eager sps | `_cpu` |\n|---|---:|---:|\n| TD3 | 175 | 1.41x |\n"
+    assert speed_table_problems(table, [QUICK_RUN]) == [
+        "TD3 eager sps: no such row in the results",
+        "TD3 `_cpu`: no such row in the results",
+    ]
+
+
+def test_a_full_table_needs_every_line_the_harness_printed():
+    lines = quick_table_lines(QUICK_RUN)
+    assert lines[2:] == [
+        "| sac | eager | 91 | 81-101 | 1.00x | 16710 | -273.2 | 2 |",
+        "| sac | cpu | 172 | 152-193 | 1.89x | 16710 | -273.2 | 2 |",
+    ]
+    page = "Intro.\n\n" + "\n".join(lines) + "\n"
+    assert missing_lines(page, lines) == []
+    assert missing_lines(page.replace("1.89x", "1.88x"), lines) == [lines[3]]
+
+
+@pytest.mark.parametrize(
+    "line, found",
+    [
+        ("As the issue asked, the table has seeds.", True),
+        ("Issue 31 moved it.", True),
+        ("The issue's bar is met.", True),
+        ("Tianshou's issue #1172 has the table.", True),
+        ("See pytorch/tutorials#2913 and `the issue` in code.", False),
+        ("Nothing here is at issue.", False),
+    ],
+)
+def test_issue_mentions_are_found_in_prose(line, found):
+    assert issue_mentions(line + "\n\n```\nthe issue in a code block\n```\n") == ([line] if found else [])
 
 
 def test_scripts_named_outside_code_blocks_are_not_commands(repo):

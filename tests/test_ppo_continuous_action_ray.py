@@ -1,8 +1,8 @@
 """PPO on Ray env runners: a fragment has the right shapes and the true final observations; one runner with a fixed
 seed yields the transitions of the same envs stepped here; runs learn-step on a joined cluster and on a local one,
 double-buffered or not, with no Ray process left behind; a killed runner is replaced and the run goes on; Ctrl-C
-stops after the iteration with a summary and exit 130, and the runners end; the scaling benchmark runs on a tiny
-budget; bad input exits 2 (a bad --env-id before Ray starts).
+or SIGTERM stops after the iteration with a summary and exit 130 or 143, and the runners end; the scaling benchmark
+runs on a tiny budget; bad input exits 2 (a bad --env-id before Ray starts).
 
 One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
 killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner
@@ -320,14 +320,16 @@ def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
     assert -2000 < result["return_mean"] < 0
 
 
-def test_ctrl_c_stops_after_the_iteration_and_the_runners_end(ray_head, tmp_path):
-    """SIGINT to the learner while its runners sample: it ends the iteration, reports it (interrupted, whole
-    iterations of 400 steps) and exits 130, and its runners end with it."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_after_the_iteration_and_the_runners_end(ray_head, tmp_path, signum):
+    """SIGINT or SIGTERM to the learner while its runners sample: it ends the iteration, reports it (interrupted,
+    whole iterations of 400 steps) and exits 130 or 143, and its runners end with it. (ray.init puts a SIGTERM handler
+    of its own, an exit at once; the script puts its own back.)"""
     proc = start_run(tmp_path, *SMOKE, "--total-timesteps", "1000000", "--ray-address", ray_head)
     try:
         wait_for_sampling(proc)
-        proc.send_signal(signal.SIGINT)
-        result = summary(finish(proc, timeout=120), returncode=130)
+        proc.send_signal(signum)
+        result = summary(finish(proc, timeout=120), returncode=128 + signum)
     finally:
         stop(proc)
     assert result["interrupted"] is True and result["total_timesteps"] % 400 == 0

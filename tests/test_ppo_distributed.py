@@ -2,8 +2,8 @@
 lockstep (identical parameters at the end) and rank 0 alone reports; two ranks with half the data each take the
 same steps as one process with all of it, for one epoch of updates and for a whole run made deterministic; ranks and
 seeds come from RANK, not LOCAL_RANK (two single-process "machines"); run plainly, the file trains exactly as its
-twin; a rank that dies or hangs ends the run; Ctrl-C stops every rank at the same iteration; bad input exits 2 before
-any collective.
+twin; a rank that dies or hangs ends the run; Ctrl-C or SIGTERM stops every rank at the same iteration; bad input exits
+2 before any collective.
 
 Every run is pinned to the CPU (--no-cuda) and every launch to gloo, so that a GPU machine runs these tests as this one
 does (with --cuda, a one-GPU machine would give LOCAL_RANK 1 no GPU, and two ranks nccl on one GPU); what a CUDA
@@ -312,19 +312,22 @@ def test_a_rank_that_dies_or_hangs_ends_the_run(launches, stop):
     assert "SUMMARY" not in run.output and "[rank0]: Traceback" not in run.output, run.output[-3000:]
 
 
-def test_ctrl_c_stops_every_rank_after_the_same_iteration(launches):
-    """torchrun forwards a Ctrl-C to every rank, each at its own moment; the ranks agree on where to stop (an
-    all-reduce once an iteration), so rank 0 reports a whole number of iterations of all ranks, still in lockstep."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_rank_after_the_same_iteration(launches, signum):
+    """torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment; the ranks agree on where to stop
+    (an all-reduce once an iteration), so rank 0 reports a whole number of iterations of all ranks, still in lockstep.
+    Every rank ends by itself: torchrun kills what is left 30 s after forwarding the signal, and says so."""
     run = launches(
         torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "30")
     )
     assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
-    run.proc.send_signal(signal.SIGINT)
+    run.proc.send_signal(signum)
     run.finish(timeout=90)  # torchrun itself ends with status 1 after a signal, whatever its ranks did
     result = summary(Finished(0, run.output))
     assert result["interrupted"] is True and result["parameter_spread"] == 0.0
     assert result["total_timesteps"] > 0 and result["total_timesteps"] % (2 * 64) == 0
     assert not re.search(r"\[rank\d\]: Traceback", run.output), run.output[-3000:]
+    assert f"closing signal {signal.Signals(signum).name}" in run.output and "SIGKILL" not in run.output
 
 
 @pytest.mark.parametrize(

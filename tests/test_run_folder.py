@@ -1,6 +1,6 @@
 """What a CleanRL user expects of every script: a run folder with the whole summary, `--save-model`,
 `--eval-episodes` after training or of a saved model (`--eval-model`, also one saved by another script of the same
-algorithm), `--capture-video`, and a Ctrl-C that stops cleanly. `conftest.summary` checks on every run that
+algorithm), `--capture-video`, and a Ctrl-C or SIGTERM that stops cleanly. `conftest.summary` checks on every run that
 summary.json holds what the SUMMARY line printed."""
 
 import os
@@ -116,30 +116,52 @@ def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flag
     assert all(size > 1000 for size in sizes.values()), sizes
 
 
-@pytest.mark.parametrize("script", ["dqn_torchcompile", "ppo_continuous_action"])
-def test_ctrl_c_stops_after_the_step_and_reports_and_saves_what_it_has(script, tmp_path):
-    """SIGINT once the run folder exists (the handler is installed just before): the run ends with status 130, a
-    valid summary of the steps it did, `interrupted`, and a loadable model."""
-    budget = {"dqn_torchcompile": (), "ppo_continuous_action": PENDULUM}[script]
-    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *budget, "--total-timesteps", "1000000"]
-    cmd += ["--save-model", "--eval-episodes", "1"]
+def start_training(script, tmp_path, *flags):
+    """`script` started on a budget too large to end by itself, once its run folder exists (the signal handlers are
+    installed just after) and it has trained a few seconds; the Popen."""
+    small_iterations = ("--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "2")
+    budget = {"ppo_continuous_action": (*PENDULUM, *small_iterations)}.get(script, ())
+    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *budget, "--total-timesteps", "1000000", *flags]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=script_env()
     )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3)  # some training
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("script", ["dqn_torchcompile", "ppo_continuous_action"])
+def test_ctrl_c_or_sigterm_stops_after_the_step_and_reports_and_saves_what_it_has(script, signum, tmp_path):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, Slurm's time limit) during training: the run ends with the status a shell
+    reports for the signal (130, 143), a valid summary of the steps it did, `interrupted`, and a loadable model."""
+    proc = start_training(script, tmp_path, "--save-model", "--eval-episodes", "1")
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "runs").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # some training
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    result = summary(subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), returncode=130)
+    result = summary(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), returncode=128 + signum)
     assert result["interrupted"] is True
     assert 0 < result["total_timesteps"] < 1_000_000
     assert len(result["eval_returns"]) == 1
     assert saved(result)["script"] == script
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    """SIGTERM, then Ctrl-C while the run evaluates (10,000 episodes): the second signal's default action ends the
+    process at once, with no summary."""
+    proc = start_training("dqn", tmp_path, "--eval-episodes", "10000")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(2)  # the step ends, the evaluation starts
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGINT and "SUMMARY" not in stdout
 
 
 def make_checkpoint(tmp_path, script, env_id):

@@ -1,0 +1,524 @@
+"""Learning at CleanRL's budgets: every run of a named set trained to the end, its final return beside the one
+CleanRL publishes for the same algorithm and env.
+
+    python -m benchmarks.learning --jobs 2             # the default set, two runs at a time
+    python -m benchmarks.learning --only dqn           # the runs whose script, env or seed contain "dqn"
+    python -m benchmarks.learning --report             # rebuild the table, plots and JSON from the summaries present
+    python -m benchmarks.learning --set atari          # PPO Atari (async) on Breakout, when time is left
+
+A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps N --seed S --eval-episodes 10` (a
+`_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in its own folder,
+`<out-dir>/<script>__<env>__<steps>__<seed>/`, the script's working directory (its `runs/` lands there). It is done
+when the harness has written that folder's `summary.json`: the script's summary with its curves thinned to at most
+500 points, the command, the times, the CPU and the load average. Done runs are skipped, so a killed harness picks
+up where it stopped; a folder without a summary.json is a partial run, deleted and started over. Hyperparameters
+stay the scripts' defaults (CleanRL's); `--threads N` sets OMP_NUM_THREADS=N for every run (on a small or shared
+CPU, 1 keeps a run's thread pool from stalling it). A run ends with the harness: on Ctrl-C, SIGTERM or an error it
+is killed with every process it started, and on Linux the kernel stops it if the harness is killed outright.
+
+The report goes to `<out-dir>` (default benchmarks/results/learning/): `<set>.md`, per script, env and budget,
+the mean ± std over seeds of the final return (the mean of the last 20 training episodes) and of the evaluation,
+CleanRL's published value beside it, and the runs still pending; `<set>-readme.md`, the README's short table;
+`<set>.json`; `<set>-<env>.png`, every run's return curve on an env with CleanRL's values as lines.
+
+The default set, from CleanRL's budgets, each algorithm's fastest CPU script (`_seeds` where leanrl/ has one, else
+`_cpu`), then its eager script on one env: DQN on CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on
+HalfCheetah-v4, Hopper-v4 and Walker2d-v4 (1M, seeds 1-3; ppo_continuous_action.py on Hopper-v4, seed 1), TD3 and
+SAC on Hopper-v4 (300k, seeds 1-3; the eager scripts 100k, seed 1). From the README's sps on an idle 2-core EPYC
+(`_cpu` DQN 11.5k, PPO 4.0k, TD3 250, SAC 170; eager DQN 3.9k, PPO 1.3k, TD3 175, SAC 91) that is about 4 hours one
+run at a time: DQN 5 min, PPO 50 min, TD3 70 min, SAC 105 min; about 3 hours with `--jobs 2` (the PPO and DQN
+scripts use one thread; SAC's and TD3's updates two).
+"""
+
+import argparse
+import ctypes
+import fcntl
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from benchmarks import plots
+from benchmarks.machine import cpu_model, machine_info
+from benchmarks.report import machine_line, optional
+from benchmarks.scaling import kill_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+CURVE_POINTS = 500  # at most this many points per stored curve
+POLL_SECONDS = 1.0
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+VARIANT_SUFFIX = re.compile(r"_(cpu|seeds|torchcompile|async)$")
+SEEDS = (1, 2, 3)
+MUJOCO = ("HalfCheetah-v4", "Hopper-v4", "Walker2d-v4")
+
+
+def steps_text(steps):
+    """1000 -> "1k", 300000 -> "300k", 1000000 -> "1M"."""
+    return f"{steps / 1e6:g}M" if steps >= 1_000_000 else f"{steps / 1e3:g}k"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One process: `script` on `env_id` for `steps` env steps from `seed`; a `_seeds` script trains `num_seeds`
+    seeds from `seed` at once."""
+
+    script: str
+    env_id: str
+    steps: int
+    seed: int
+    num_seeds: int = 1
+
+    @property
+    def name(self):
+        seeds = f"{self.seed}x{self.num_seeds}" if self.num_seeds > 1 else str(self.seed)
+        return f"{self.script}__{self.env_id}__{steps_text(self.steps)}__{seeds}"
+
+    def command(self, scripts_dir, eval_episodes):
+        seeds = ["--num-seeds", str(self.num_seeds)] if self.num_seeds > 1 else []
+        flags = ["--env-id", self.env_id, "--total-timesteps", str(self.steps), "--seed", str(self.seed), *seeds]
+        return [sys.executable, str(scripts_dir / f"{self.script}.py"), *flags, "--eval-episodes", str(eval_episodes)]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A published mean ± std of the final training return over seeds, at `steps`, from the page `source`."""
+
+    mean: float
+    std: float
+    steps: int
+    source: str
+    note: str = ""
+
+
+# CleanRL's documentation (vwxyzjn/cleanrl): docs/rl-algorithms/<algo>.md shows the Open RL Benchmark table of each
+# script, for PPO, SAC and TD3 included from docs/benchmark/<script>.md: the mean and std over 3 seeds of the
+# training episodic return at the end of a run at the script's default budget.
+CLEANRL = "https://github.com/vwxyzjn/cleanrl/blob/"
+BENCHMARK = CLEANRL + "35896b1fefa9898b904f7e09bcbe6e168e15d2a9/docs/benchmark/"  # the tables of tag pr-424
+PPO = BENCHMARK + "ppo_continuous_action.md"
+REFERENCES = {
+    ("ppo_continuous_action", "HalfCheetah-v4"): Reference(1442.64, 46.03, 1_000_000, PPO),
+    ("ppo_continuous_action", "Hopper-v4"): Reference(2382.86, 271.74, 1_000_000, PPO),
+    ("ppo_continuous_action", "Walker2d-v4"): Reference(2287.95, 571.78, 1_000_000, PPO),
+    ("dqn", "CartPole-v1"): Reference(
+        488.69, 16.11, 500_000, CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/dqn.md"
+    ),
+    ("td3_continuous_action", "Hopper-v4"): Reference(
+        3134.61, 360.18, 1_000_000, BENCHMARK + "td3.md", "its curves are images: no value at 300k"
+    ),
+    ("sac_continuous_action", "Hopper-v4"): Reference(
+        2310.46, 342.82, 1_000_000, BENCHMARK + "sac.md", "its curves are images: no value at 300k"
+    ),
+    ("ppo_atari_envpool", "Breakout-v5"): Reference(211.24, 151.84, 10_000_000, BENCHMARK + "ppo_atari_envpool.md"),
+}
+
+
+def algorithm(script):
+    """The algorithm a script runs: its name without the variant suffix (`dqn_cpu` -> `dqn`)."""
+    return VARIANT_SUFFIX.sub("", script)
+
+
+def fastest(algo, scripts_dir):
+    """The fastest CPU script of `algo`: `<algo>_seeds` where `scripts_dir` has it, else `<algo>_cpu`."""
+    return f"{algo}_seeds" if (scripts_dir / f"{algo}_seeds.py").is_file() else f"{algo}_cpu"
+
+
+def runs(script, env_id, steps, seeds):
+    """The runs of `script` on `env_id` for `seeds`: one per seed, or one for all of them with a `_seeds` script."""
+    if script.endswith("_seeds"):
+        return [Run(script, env_id, steps, seeds[0], len(seeds))]
+    return [Run(script, env_id, steps, seed) for seed in seeds]
+
+
+def learning_set(name, scripts_dir):
+    """The runs of the set `name`, cheap ones first."""
+    if name == "smoke":  # two runs of seconds each: the harness itself, not learning
+        return runs("dqn_cpu", "CartPole-v1", 1000, (1, 2))
+    if name == "atari":
+        return runs("ppo_atari_envpool_async", "Breakout-v5", 1_000_000, (1,))
+    algos = ("dqn", "ppo_continuous_action", "td3_continuous_action", "sac_continuous_action")
+    dqn, ppo, td3, sac = (fastest(algo, scripts_dir) for algo in algos)
+    return [
+        *runs(dqn, "CartPole-v1", 500_000, SEEDS),
+        *runs("dqn", "CartPole-v1", 500_000, (1,)),
+        *(run for env_id in MUJOCO for run in runs(ppo, env_id, 1_000_000, SEEDS)),
+        *runs("ppo_continuous_action", "Hopper-v4", 1_000_000, (1,)),
+        *runs(td3, "Hopper-v4", 300_000, SEEDS),
+        *runs("td3_continuous_action", "Hopper-v4", 100_000, (1,)),
+        *runs(sac, "Hopper-v4", 300_000, SEEDS),
+        *runs("sac_continuous_action", "Hopper-v4", 100_000, (1,)),
+    ]
+
+
+SETS = ("default", "atari", "smoke")
+
+
+# Running
+
+
+def note(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def stored(folder):
+    """The harness's summary.json of a run folder, or None where the run is not done."""
+    path = folder / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def die_with_parent():
+    """In a run's process before it starts: the kernel kills it when the harness dies, however the harness dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start(run, args):
+    """Start `run` in a fresh `<out-dir>/<run>/` (a partial run's folder is deleted first), with `--threads` as
+    OMP_NUM_THREADS if given; its output goes to `output.txt` there. Returns the job: the run, its process, command,
+    folder, start time and load average."""
+    folder = args.out_dir / run.name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    cmd = run.command(args.scripts_dir, args.eval_episodes)
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+    with open(folder / "output.txt", "w") as output:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=folder,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the harness, which stops the run
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+    job = {"run": run, "proc": proc, "cmd": cmd, "folder": folder, "threads": args.threads}
+    return job | {"started": datetime.now(), "load": os.getloadavg()}
+
+
+def thin(curve, points=CURVE_POINTS):
+    """A curve of [step, seconds, return] per episode cut to at most `points` points: consecutive episodes averaged
+    in chunks of equal size, each point at its chunk's last step and time."""
+    size = max(1, math.ceil(len(curve) / points))
+    chunks = [curve[i : i + size] for i in range(0, len(curve), size)]
+    return [[c[-1][0], round(c[-1][1], 1), round(statistics.fmean(p[2] for p in c), 2)] for c in chunks]
+
+
+def finish(job):
+    """Write a finished job's `summary.json` (atomically) if its script exited 0 with a summary of a whole run;
+    returns None, or the reason it failed."""
+    proc, folder = job["proc"], job["folder"]
+    found = sorted(folder.glob("runs/*/summary.json"))
+    if proc.returncode != 0 or len(found) != 1:
+        return f"exited with status {proc.returncode} and {len(found)} summary.json (see {folder / 'output.txt'})"
+    summary = json.loads(found[0].read_text())
+    if summary.get("interrupted"):
+        return "was interrupted"
+    if "curve" in summary:
+        summary["curve"] = thin(summary["curve"])
+    if "curves" in summary:  # a `_seeds` script's, one per seed
+        summary["curves"] = [thin(curve) for curve in summary["curves"]]
+    run = job["run"]
+    record = {
+        "run": run.name,
+        "command": ["python", os.path.relpath(job["cmd"][1], ROOT), *job["cmd"][2:]],
+        "started": job["started"].isoformat(timespec="seconds"),
+        "finished": datetime.now().isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "omp_num_threads": job["threads"],
+        "load_average": {"start": job["load"], "end": os.getloadavg()},
+        "summary": summary,
+    }
+    path = folder / "summary.json"
+    path.with_suffix(".tmp").write_text(json.dumps(record) + "\n")
+    os.replace(path.with_suffix(".tmp"), path)
+    return None
+
+
+def wait_any(jobs, timeout):
+    """The first of `jobs` to end or to run past `timeout` seconds (then it is killed with every process it
+    started), and whether it timed out."""
+    while True:
+        for job in jobs:
+            if job["proc"].poll() is not None:
+                return job, False
+            if (datetime.now() - job["started"]).total_seconds() > timeout:
+                kill_tree(job["proc"].pid)
+                job["proc"].wait(timeout=30)
+                return job, True
+        time.sleep(POLL_SECONDS)
+
+
+def execute(todo, args):
+    """Run `todo` in order, `--jobs` at a time; returns the names of the runs that failed. Whatever stops the
+    harness (Ctrl-C, SIGTERM, an error) kills the runs in flight first."""
+    active, failed, queue = [], [], list(todo)
+    try:
+        while queue or active:
+            while queue and len(active) < args.jobs:
+                active.append(start(queue.pop(0), args))
+                note(f"started {active[-1]['run'].name}")
+            job, timed_out = wait_any(active, args.timeout)
+            active.remove(job)
+            problem = f"ran past the {args.timeout:.0f} s timeout" if timed_out else finish(job)
+            minutes = (datetime.now() - job["started"]).total_seconds() / 60
+            if problem:
+                failed.append(job["run"].name)
+            note(f"{job['run'].name} {problem or 'done'} after {minutes:.1f} min; {len(queue) + len(active)} to go")
+    finally:
+        for job in active:
+            kill_tree(job["proc"].pid)
+            job["proc"].wait(timeout=30)
+    return failed
+
+
+# The report
+
+
+def members(summary):
+    """Per seed of a script's summary: seed, final return (mean of the last 20 episodes), evaluation mean and
+    curve, from a one-seed summary or a `_seeds` one (`seeds`, `return_means`, `eval_returns`, `curves`)."""
+    if "seeds" in summary:
+        columns = zip(summary["seeds"], summary["return_means"], summary["eval_returns"], summary["curves"])
+        return [
+            {"seed": seed, "return": final, "eval": statistics.fmean(ev) if ev else None, "curve": curve}
+            for seed, final, ev, curve in columns
+        ]
+    final, ev = summary["return_mean"], summary.get("eval_return_mean")
+    return [{"seed": summary["seed"], "return": final, "eval": ev, "curve": summary["curve"]}]
+
+
+def run_seconds(record):
+    """How long a done run took, from its start to its summary (interpreter start, compilation and evaluation
+    included)."""
+    return (datetime.fromisoformat(record["finished"]) - datetime.fromisoformat(record["started"])).total_seconds()
+
+
+def spread(values):
+    """Mean and population std of the values that are not None, or (None, None) without any."""
+    values = [v for v in values if v is not None]
+    return (statistics.fmean(values), statistics.pstdev(values)) if values else (None, None)
+
+
+def rows(plan, records):
+    """One row per (script, env, steps) of `plan`, in its order: seeds planned and done, mean ± std over the done
+    seeds of the final return and of the evaluation, wall time per run, CleanRL's reference and, at its budget with
+    every seed done, whether our mean lies within its mean ± std."""
+    groups = {}
+    for run in plan:
+        groups.setdefault((run.script, run.env_id, run.steps), []).append(run)
+    table = []
+    for (script, env_id, steps), group in groups.items():
+        done = [records[run.name] for run in group if run.name in records]
+        seeds = [m for record in done for m in members(record["summary"])]
+        reference = REFERENCES.get((algorithm(script), env_id))
+        mean, std = spread(m["return"] for m in seeds)
+        eval_mean, eval_std = spread(m["eval"] for m in seeds)
+        complete = len(done) == len(group)
+        within = None
+        if reference and complete and mean is not None and steps == reference.steps:
+            within = abs(mean - reference.mean) <= reference.std
+        table.append(
+            {
+                "script": script,
+                "env_id": env_id,
+                "steps": steps,
+                "seeds_planned": sum(run.num_seeds for run in group),
+                "seeds_done": len(seeds),
+                "return_mean": mean,
+                "return_std": std,
+                "eval_mean": eval_mean,
+                "eval_std": eval_std,
+                "seconds_per_run": spread(map(run_seconds, done))[0],
+                "reference": vars(reference) if reference else None,
+                "within_reference": within,
+            }
+        )
+    return table
+
+
+def mean_std(mean, std):
+    return "pending" if mean is None else f"{mean:.1f} ± {std:.1f}"
+
+
+def markdown(table, machine, timing):
+    """The table in markdown under the machine and the wall time, then the references' sources."""
+    wall = "no run done yet"
+    if timing["first_start"]:
+        wall = f"{timing['run_hours']:.2f} h of runs, from {timing['first_start']} to {timing['last_finish']}"
+    if timing["load_average_1min"]:
+        wall += ", load average {:.1f} to {:.1f} at the runs' starts and ends".format(*timing["load_average_1min"])
+    lines = [
+        machine_line(machine),
+        f"Wall time: {wall}.",
+        "",
+        "| script | env | steps | seeds | final return (last 20) | evaluation (10 episodes) | CleanRL | within | "
+        "min per run |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in table:
+        ref = r["reference"]
+        published = f"{ref['mean']:.1f} ± {ref['std']:.1f} at {steps_text(ref['steps'])}" if ref else "none"
+        within = {True: "yes", False: "**no**", None: "n/a"}[r["within_reference"]]
+        minutes = r["seconds_per_run"] and r["seconds_per_run"] / 60
+        lines.append(
+            f"| {r['script']} | {r['env_id']} | {steps_text(r['steps'])} | {r['seeds_done']}/{r['seeds_planned']} "
+            f"| {mean_std(r['return_mean'], r['return_std'])} | {mean_std(r['eval_mean'], r['eval_std'])} "
+            f"| {published} | {within} | {optional(minutes, '.1f')} |"
+        )
+    lines += ["", "CleanRL's values: mean ± std over 3 seeds of the training return at the end of the run."]
+    sources = {}
+    for r in table:
+        if r["reference"]:
+            runs = sources.setdefault((r["reference"]["source"], r["reference"]["note"]), {})
+            runs.setdefault(algorithm(r["script"]), {})[r["env_id"]] = None
+    for (source, ref_note), runs in sources.items():
+        names = "; ".join(f"{algo} on {', '.join(envs)}" for algo, envs in runs.items())
+        lines.append(f"- {names}: {source}" + (f" ({ref_note})" if ref_note else ""))
+    return "\n".join(lines) + "\n"
+
+
+def short_markdown(table):
+    """The README's table: the rows of the fast scripts (not the eager ones), final return beside CleanRL's."""
+    lines = ["| script | env | steps | seeds | final return | CleanRL |", "|---|---|---:|---:|---:|---:|"]
+    for r in table:
+        if r["script"] == algorithm(r["script"]):
+            continue
+        ref = r["reference"]
+        published = "none" if ref is None else f"{ref['mean']:.1f} ± {ref['std']:.1f}"
+        if ref and ref["steps"] != r["steps"]:
+            published += f" at {steps_text(ref['steps'])}"
+        lines.append(
+            f"| `{r['script']}` | {r['env_id']} | {steps_text(r['steps'])} | {r['seeds_done']}/{r['seeds_planned']} "
+            f"| {mean_std(r['return_mean'], r['return_std'])} | {published} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def curves_figure(env_id, plan, records):
+    """The return curves of every run on `env_id` against env steps, one color per algorithm, solid for the fast
+    script and dotted for the eager one, each algorithm's CleanRL value dashed with its std shaded."""
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = figure.subplots()
+    scripts = list(dict.fromkeys(run.script for run in plan if run.env_id == env_id))
+    colors = {algo: f"C{i}" for i, algo in enumerate(dict.fromkeys(map(algorithm, scripts)))}
+    for script in scripts:
+        color, style = colors[algorithm(script)], ":" if script == algorithm(script) else "-"
+        done = [
+            records[run.name] for run in plan if run.script == script and run.env_id == env_id and run.name in records
+        ]
+        curves = [m["curve"] for record in done for m in members(record["summary"]) if m["curve"]]
+        for index, curve in enumerate(curves):
+            steps, _, returns = zip(*curve)
+            label = script if index == 0 else None
+            ax.plot(steps, plots.smooth(list(returns), 5), color=color, linestyle=style, linewidth=1, label=label)
+    for algo, color in colors.items():
+        ref = REFERENCES.get((algo, env_id))
+        if ref:
+            label = f"CleanRL {algo}, {steps_text(ref.steps)} steps"
+            ax.axhline(ref.mean, color=color, linestyle="--", linewidth=1.5, label=label)
+            ax.axhspan(ref.mean - ref.std, ref.mean + ref.std, color=color, alpha=0.08)
+    ax.set(xlabel="environment steps", ylabel="episodic return (training)", title=f"{env_id}: one line per seed")
+    ax.legend(fontsize=7)
+    return figure
+
+
+def report(plan, out_dir, set_name):
+    """Write `<set>.md`, `<set>-readme.md`, `<set>.json` and `<set>-<env>.png` into `out_dir` from the summaries of
+    `plan`'s runs that are done; returns the markdown."""
+    records = {run.name: stored(out_dir / run.name) for run in plan}
+    records = {name: record for name, record in records.items() if record}
+    table = rows(plan, records)
+    done = list(records.values())
+    loads = [record["load_average"][end][0] for record in done if "load_average" in record for end in ("start", "end")]
+    timing = {
+        "run_hours": sum(map(run_seconds, done)) / 3600,
+        "first_start": min((record["started"] for record in done), default=None),
+        "last_finish": max((record["finished"] for record in done), default=None),
+        "load_average_1min": [min(loads), max(loads)] if loads else None,
+    }
+    cpus = sorted({record["cpu"] for record in done if record.get("cpu")})
+    machine = machine_info() | ({"cpu": "; ".join(cpus)} if cpus else {})  # where the runs ran
+    table_md = markdown(table, machine, timing)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{set_name}.md").write_text(table_md)
+    (out_dir / f"{set_name}-readme.md").write_text(short_markdown(table))
+    pending = [run.name for run in plan if run.name not in records]
+    document = {"set": set_name, "machine": machine, "timing": timing, "table": table, "pending": pending}
+    (out_dir / f"{set_name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    for env_id in dict.fromkeys(run.env_id for run in plan):
+        plots.save(curves_figure(env_id, plan, records), out_dir / f"{set_name}-{env_id}.png")
+    return table_md
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n")[0])
+    parser.add_argument("--set", choices=SETS, default="default", help="which runs (default: the default set)")
+    parser.add_argument(
+        "--only", nargs="+", metavar="TEXT", help="the runs whose name (script__env__steps__seed) has one"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after each run")
+    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)")
+    parser.add_argument("--report", action="store_true", help="only rebuild the report from the summaries present")
+    parser.add_argument("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
+    args = parser.parse_args(argv)
+    for flag in ("jobs", "eval_episodes", "timeout", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    return args, parser
+
+
+def lock(out_dir):
+    """Hold an exclusive lock on `out_dir` for as long as this process lives, or None if another harness holds it
+    (it would delete the folders of the runs in flight as partial ones)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def main(argv=None):
+    """Run the set's runs that are not done, then write the report; returns the exit status."""
+    args, parser = parse_args(argv)
+    plan = learning_set(args.set, args.scripts_dir)
+    if args.only:
+        plan = [run for run in plan if any(text in run.name for text in args.only)]
+        if not plan:
+            parser.error(f"--only {' '.join(args.only)} matches no run of the set {args.set}")
+    failed = []
+    if not args.report:
+        if lock(args.out_dir) is None:
+            parser.error(f"--out-dir {args.out_dir}: another harness is running there (use --report to read it)")
+        todo = [run for run in plan if stored(args.out_dir / run.name) is None]
+        note(f"{len(plan)} runs in the set, {len(plan) - len(todo)} done, {len(todo)} to run, {args.jobs} at a time")
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # runs the cleanup on the way out
+        try:
+            failed = execute(todo, args)
+        except KeyboardInterrupt:
+            note("stopped by Ctrl-C: the runs in flight were killed; run the same command to go on")
+            return 130
+    print(report(plan, args.out_dir, args.set), end="")
+    if failed:
+        note(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

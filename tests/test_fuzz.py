@@ -1,0 +1,367 @@
+"""Property-based flag tests: every script of leanrl/ (found on disk, so that a new script is covered too) runs with
+flag combinations that hypothesis draws from each `Args` field's valid range and from values just outside it (0,
+negatives, nan, a batch larger than the buffer, minibatches that do not divide, fractions out of range), with env ids
+from a small set per algorithm: a Box env, a Discrete env, gymnasium's `module:EnvId` form and unknown ids (envpool's
+ids for the Atari scripts). The property is the script contract's: a combination either trains (exit status 0,
+exactly one SUMMARY line) or is refused (exit status 2, exactly one line on stderr that names a flag, no traceback).
+Anything else fails the test: an exception (its traceback is the report), another exit status, a second line.
+
+What it costs, and how it is kept to about 2 minutes:
+- A run is in process where the script allows it: `tyro.cli(module.Args, args=flags)`, then `module.main(args)` in a
+  temporary folder, its stdout and stderr captured, `SystemExit` caught, the signal handlers and the thread count
+  restored. Budgets are a few hundred steps: a training run takes about a second, a refusal milliseconds.
+- FUZZ_EXAMPLES combinations per script, derandomized: the same ones on every run.
+- The Ray script, and the torchrun script under torchrun with 2 ranks, run as subprocesses (a Ray start or a launch
+  costs 10 s or more): SUBPROCESS_EXAMPLES combinations each.
+- MuJoCo (HalfCheetah-v4), POPGym, `--track` (wandb offline), `--capture-video` and `--eval-model` are drawn in
+  about 1 combination of 16.
+- `--compile` is not drawn: one cold compile costs 15-30 s here, more than the fuzz of a whole script, and each
+  compiled path has its smoke test. `LEANRL_FUZZ_COMPILE=1` draws it in 1 combination of 4.
+- Every failure the fuzz has found is an explicit example (FOUND), replayed first on every run.
+
+Run it longer, with new combinations each time (not derandomized), and count the combinations tried:
+`LEANRL_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -s` (each test prints its count).
+"""
+
+import collections
+import contextlib
+import io
+import math
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import warnings
+
+import pytest
+import torch
+import tyro
+from conftest import SCRIPTS, assert_user_error, load_script, run_script, summary
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from test_ppo_distributed import distributed_env, standalone, torchrun_command
+
+LONG_RUN = "LEANRL_FUZZ_EXAMPLES" in os.environ
+FUZZ_EXAMPLES = int(os.environ.get("LEANRL_FUZZ_EXAMPLES", 8))
+SUBPROCESS_EXAMPLES = max(2, FUZZ_EXAMPLES // 10)
+ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py"))
+RAY, DISTRIBUTED = "ppo_continuous_action_ray", "ppo_continuous_action_distributed"
+IN_PROCESS = [name for name in ALL_SCRIPTS if name != RAY]
+
+
+def rarely(common, rare, one_in=16):
+    """`rare` in about 1 draw of `one_in`, else `common` (shrinking goes to `common`)."""
+    return st.integers(1, one_in).flatmap(lambda i: rare if i == one_in else common)
+
+
+def floats(low, high, **kwargs):
+    return st.floats(low, high, allow_nan=False, allow_infinity=False, **kwargs)
+
+
+def mostly(good, bad):
+    """One of `good` in 3 draws of 4, else one of `bad`."""
+    return st.sampled_from([good, good, good, bad]).flatmap(st.sampled_from)
+
+
+# env ids per algorithm (a script's name starts with it): ids it trains on, ids it must refuse, and rarely an
+# expensive one
+BOX = ["Pendulum-v1", "gymnasium.envs.classic_control:Pendulum-v1", "MountainCarContinuous-v0"]
+DISCRETE = ["CartPole-v1", "gymnasium.envs.classic_control:CartPole-v1", "Acrobot-v1"]
+UNKNOWN = ["NoSuchEnv-v0", "no_such_module:CartPole-v1"]
+CONTINUOUS = rarely(mostly(BOX, DISCRETE[:2] + UNKNOWN), st.just("HalfCheetah-v4"))
+RECURRENT = rarely(mostly(DISCRETE, BOX[:1] + UNKNOWN), st.just("popgym:popgym-RepeatFirstEasy-v0"))
+ENV_IDS = {
+    "sac": CONTINUOUS,
+    "td3": CONTINUOUS,
+    "ppo_continuous": CONTINUOUS,
+    "dqn": rarely(mostly(DISCRETE, BOX[:1] + UNKNOWN), st.just("HalfCheetah-v4")),
+    "ppo_lstm": RECURRENT,
+    "ppo_mingru": RECURRENT,
+    # envpool's ids: two games; a game that does not exist, and an envpool env that is not Atari
+    "ppo_atari": mostly(["Pong-v5", "Breakout-v5"], ["NoSuchGame-v5", "CartPole-v1"]),
+}
+
+
+def positive(high):
+    """(valid, invalid) of a size: 1 to `high`; 0 or negative."""
+    return st.integers(1, high), st.integers(-2, 0)
+
+
+def fraction(closed_low=True):
+    """(valid, invalid) of a number in [0, 1] (or (0, 1]): just outside, or nan."""
+    valid = floats(0, 1, exclude_min=not closed_low)
+    return valid, st.sampled_from([-0.01, 1.01, math.nan] + ([] if closed_low else [0.0]))
+
+
+def positive_float(low, high):
+    """(valid, invalid) of a positive float drawn in [low, high]; 0, negative, nan or inf."""
+    return floats(low, high), st.sampled_from([0.0, -low, math.nan, math.inf])
+
+
+def non_negative_float(high):
+    return floats(0, high), st.sampled_from([-0.1, math.nan])
+
+
+def rollout(values):
+    """The env steps of one on-policy iteration."""
+    return values["num_steps"] * values["num_envs"] * values.get("num_runners", 1)
+
+
+def minibatches(values):
+    """Valid `--num-minibatches`: a divisor of the rollout's steps into minibatches of 2 or more, at most 8."""
+    steps = values["num_steps"] * values["num_envs"]
+    return st.sampled_from([d for d in range(1, 9) if steps % d == 0 and steps // d >= 2])
+
+
+def off_policy_budget(values):
+    """Valid `--total-timesteps` of an off-policy script: from a few steps before `--learning-starts` to 150 after."""
+    return st.integers(-10, 150).map(lambda steps: max(1, values["learning_starts"] + steps))
+
+
+# Each field's (valid, invalid) strategies, by name, in the order they are drawn (a strategy may be a function of the
+# values drawn before it). A field not named here keeps its default, unless it is a bool or a small int (GENERIC).
+FIELDS = {
+    "seed": (st.integers(0, 2**31 - 1), st.sampled_from([-1, 2**31])),
+    "torch_deterministic": (st.booleans(), None),
+    "cuda": (st.booleans(), None),
+    "cudagraphs": (st.booleans(), None),  # no CUDA here: exit 2
+    "compile": (st.booleans() if os.environ.get("LEANRL_FUZZ_COMPILE") else st.just(False), None),
+    "track": (rarely(st.just(False), st.just(True)), None),
+    "capture_video": (rarely(st.just(False), st.just(True)), None),
+    "save_model": (st.booleans(), None),
+    "eval_episodes": (st.integers(0, 2), st.just(-1)),
+    "eval_model": (rarely(st.none(), st.sampled_from(["missing.pt", "not_a_model.pt"])), None),
+    "measure_burnin": (st.integers(0, 4), st.just(-1)),
+    "num_envs": positive(3),
+    "num_runners": (st.integers(1, 2), st.just(3)),  # 3: more than this machine's 2 CPUs
+    "num_steps": (st.integers(2, 24), st.integers(-1, 0)),
+    "num_minibatches": (minibatches, lambda values: st.sampled_from([0, -1, values["num_steps"] + 1])),
+    "update_epochs": positive(2),
+    "learning_starts": (st.sampled_from([0, 1, 32, 100, 200]), st.just(-1)),
+    "total_timesteps": (
+        lambda values: (
+            st.integers(rollout(values), 3 * rollout(values)) if "num_steps" in values else off_policy_budget(values)
+        ),
+        lambda values: st.integers(-1, rollout(values) - 1) if "num_steps" in values else st.integers(-1, 0),
+    ),
+    "batch_size": positive(64),
+    # now and then smaller than the batch
+    "buffer_size": (lambda values: st.integers(max(1, values["batch_size"] - 8), 1000), st.integers(-1, 0)),
+    "learning_rate": positive_float(1e-5, 1e-2),
+    "policy_lr": positive_float(1e-5, 1e-2),
+    "q_lr": positive_float(1e-5, 1e-2),
+    "gamma": fraction(),
+    "gae_lambda": fraction(),
+    "tau": fraction(closed_low=False),
+    "exploration_fraction": fraction(closed_low=False),
+    "start_e": fraction(),
+    "end_e": fraction(),
+    "train_frequency": positive(10),
+    "target_network_frequency": positive(5),
+    "policy_frequency": positive(7),
+    "alpha": positive_float(1e-3, 1.0),
+    "autotune": (st.booleans(), None),
+    "policy_noise": non_negative_float(1.0),
+    "exploration_noise": non_negative_float(1.0),
+    "noise_clip": non_negative_float(1.0),
+    "anneal_lr": (st.booleans(), None),
+    "norm_adv": (st.booleans(), None),
+    "clip_vloss": (st.booleans(), None),
+    "clip_coef": positive_float(0.01, 1.0),
+    "ent_coef": (floats(0, 0.1), None),
+    "vf_coef": (floats(0, 1), None),
+    "max_grad_norm": positive_float(0.01, 10.0),
+    "target_kl": (st.none() | floats(1e-3, 0.1), st.sampled_from([0.0, -0.01, math.nan])),
+    "obs_indices": (st.sampled_from([None, (), (0, 2), (1,), (-1, 0)]), st.sampled_from([(0, 9), (-9,)])),
+    "memory": (st.booleans(), None),
+    "async_batch_size": (lambda values: st.none() | st.sampled_from(divisors(values["num_envs"])), st.just(0)),
+    "env_threads": (st.none() | st.integers(1, 2), st.just(0)),
+    "double_buffer": (st.booleans(), None),
+    "ray_timeout": (floats(30, 120), st.sampled_from([0.0, -1.0])),
+    "runner_restarts": (st.integers(0, 3), st.just(-1)),
+    "ray_address": (rarely(st.none(), st.sampled_from(["nohost", "127.0.0.1:1"])), None),
+    "dist_backend": (st.sampled_from([None, "gloo"]), st.sampled_from(["nccl", "mpi9"])),
+    "dist_timeout": (floats(30, 120), st.sampled_from([0.0, -1.0])),
+}
+# a field of a script not in FIELDS: a bool is drawn, a small int drawn from 1..3 (or 0, -1 outside)
+GENERIC = {bool: (st.booleans(), None), int: positive(3)}
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def env_ids(script):
+    family = next((name for name in ENV_IDS if script.startswith(name)), None)
+    assert family, f"{script}: add its algorithm's env ids to ENV_IDS"
+    return ENV_IDS[family]
+
+
+def field_strategies(module):
+    """{field: (valid, invalid)} of `module.Args`, in FIELDS' order, then the script's own fields (GENERIC)."""
+    defaults = vars(module.Args())
+    known = {name: FIELDS[name] for name in FIELDS if name in defaults}
+    generic = {name: GENERIC[type(value)] for name, value in defaults.items() if type(value) in GENERIC}
+    return known | {name: generic[name] for name in generic if name not in known}
+
+
+@st.composite
+def flag_values(draw, script):
+    """{field: value}: a valid value for each field, then up to 2 fields drawn again from outside their range."""
+    fields = field_strategies(load_script(script))
+    values = {"env_id": draw(env_ids(script))}
+    for name, (valid, _) in fields.items():
+        values[name] = draw(valid(values) if callable(valid) else valid)
+    breakable = [name for name, (_, invalid) in fields.items() if invalid is not None]
+    broken = draw(st.sampled_from([0, 0, 1, 2])) if breakable else 0  # half the combinations are all valid
+    for name in draw(st.lists(st.sampled_from(breakable), min_size=broken, max_size=broken)) if broken else []:
+        invalid = fields[name][1]
+        values[name] = draw(invalid(values) if callable(invalid) else invalid)
+    return values
+
+
+def cli(values):
+    """The command line of `values`: `--flag value`, `--flag`/`--no-flag`, a tuple as its items, None left out."""
+    flags = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else flag.replace("--", "--no-", 1))
+        elif isinstance(value, tuple):
+            flags += [flag, *map(str, value)]
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def run_in_process(script, flags, cwd):
+    """`python leanrl/<script>.py *flags`, in this process: a CompletedProcess of its exit status and output. An
+    exception other than SystemExit is raised, as the script would raise it."""
+    module = load_script(script)
+    args = tyro.cli(module.Args, args=flags)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    threads, here = torch.get_num_threads(), os.getcwd()
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        os.chdir(tempfile.mkdtemp(dir=cwd))  # a folder of its own: two runs in one second have the same run name
+        torch.set_num_threads(1)  # tiny networks: more threads only wait for each other, the more so on a busy machine
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the libraries' (pytest would collect them), not the script's lines
+            module.main(args)
+    except SystemExit as stop:
+        if isinstance(stop.code, str):  # sys.exit("message"): the message on stderr, status 1
+            err.write(stop.code + "\n")
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return subprocess.CompletedProcess(flags, code, out.getvalue(), err.getvalue())
+
+
+def assert_trains_or_refuses(proc):
+    """Exit 0 with one SUMMARY line (and its summary.json), or exit 2 with one line naming a flag, no traceback."""
+    if proc.returncode == 0:
+        summary(proc)
+    else:
+        line = assert_user_error(proc)
+        assert re.search(r"--[a-z]", line), f"the line names no flag: {line!r}"
+    return proc.returncode
+
+
+# Every failure the fuzz found, by script: its flags, replayed first on every run (docs/design.md says what each was).
+FOUND = {
+    "sac_continuous_action": [
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            "300",
+            "--learning-starts",
+            "100",
+            "--policy-frequency",
+            "3",
+            "--batch-size",
+            "32",
+        ],
+    ],
+}
+FOUND["sac_continuous_action_torchcompile"] = FOUND["sac_continuous_action_cpu"] = FOUND["sac_continuous_action"]
+
+
+def fuzz(script, run, max_examples):
+    """Run `run(flags) -> exit status` on FOUND's flags of `script`, then on `max_examples` drawn combinations; prints
+    and returns how many trained (0) and how many were refused (2)."""
+    statuses = collections.Counter()
+
+    def counted(flags):
+        statuses[run(flags)] += 1
+
+    test = given(flags=flag_values(script).map(cli))(counted)
+    for flags in FOUND.get(script, []):
+        test = example(flags=flags)(test)
+    settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=not LONG_RUN,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )(test)()
+    print(f"{script}: {statuses.total()} combinations, {statuses[0]} trained, {statuses[2]} refused")
+    return statuses
+
+
+@pytest.fixture
+def fuzz_cwd(tmp_path, monkeypatch):
+    """A folder for the runs' `runs/`, with a file that is not a model; wandb offline and quiet."""
+    (tmp_path / "not_a_model.pt").write_text("not a model")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    return tmp_path
+
+
+@pytest.mark.parametrize("script", IN_PROCESS)
+def test_every_flag_combination_trains_or_is_refused_in_one_line(script, fuzz_cwd):
+    statuses = fuzz(
+        script, lambda flags: assert_trains_or_refuses(run_in_process(script, flags, fuzz_cwd)), FUZZ_EXAMPLES
+    )
+    assert statuses[0] > 0, "no combination trained: the draws test refusals only"
+
+
+def test_the_ray_script_trains_or_refuses_in_one_line(fuzz_cwd):
+    """Through a subprocess: the run starts Ray, which this process must not host."""
+    fuzz(
+        RAY,
+        lambda flags: assert_trains_or_refuses(run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300)),
+        SUBPROCESS_EXAMPLES,
+    )
+
+
+def assert_every_rank_trains_or_refuses(proc, world_size=2):
+    """Under torchrun: rank 0 prints one SUMMARY line, or every rank exits 2 with the same one line naming a flag
+    (torchrun then fails, and reports each rank's exit code); no rank prints a traceback."""
+    assert not re.search(r"\[rank\d\]: Traceback", proc.stderr), proc.stderr[-3000:]
+    if proc.returncode == 0:
+        summary(proc)
+        return 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == world_size and len(set(errors)) == 1, proc.stderr[-3000:]
+    assert re.search(r"--[a-z]", errors[0]), f"the line names no flag: {errors[0]!r}"
+    assert len(re.findall(r"exitcode +: 2\b", proc.stderr)) >= 1, proc.stderr[-3000:]
+    assert "SUMMARY" not in proc.stdout
+    return 2
+
+
+def test_the_torchrun_script_under_torchrun_trains_or_refuses_on_every_rank(fuzz_cwd):
+    """2 ranks on the CPU with gloo on loopback, through torchrun (in process the script is one rank, fuzzed above)."""
+
+    def launch(flags):
+        cmd = torchrun_command(*standalone(2), *flags)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=fuzz_cwd, env=distributed_env())
+        return assert_every_rank_trains_or_refuses(proc)
+
+    fuzz(DISTRIBUTED, launch, SUBPROCESS_EXAMPLES)
