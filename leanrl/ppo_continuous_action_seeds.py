@@ -112,6 +112,8 @@ class Args:
     """compile acting, GAE and the update, each one graph; --no-compile runs the same functions eagerly"""
     cudagraphs: bool = False
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
+    threads: int | None = None
+    """torch's intra-op threads (default 1: every op here is small, see `main`)"""
 
 
 def env_sizes(env_id):
@@ -133,16 +135,17 @@ def update_rms(rms, x):
 
 class EnvpoolWrappers:
     """All members' envs in one envpool, member k's a contiguous slice, with make_env's wrappers written out in numpy,
-    each env its own statistics as gymnasium's wrappers keep them. envpool resets in next-step mode: the step after an
-    episode's end returns the next episode's first observation, its action ignored and its reward 0; `resetting` marks
-    the envs taking such a step, which the episode and reward statistics skip (gymnasium's wrappers never see one).
-    `obs_rms` (a saved model's) normalizes observations, frozen."""
+    each env its own statistics as gymnasium's wrappers keep them, and gymnasium's interface (the ended episodes'
+    returns in `infos["final_info"]`). envpool seeds its envs when made and resets in next-step mode: the step after an
+    episode's end returns the next episode's first observation, its action ignored and its reward 0; `resetting`
+    marks the envs taking such a step, which the episode and reward statistics skip (gymnasium's wrappers never see
+    one). `obs_rms` (a saved model's) normalizes observations, frozen."""
 
     def __init__(self, env_id, seeds, num_envs, gamma, obs_rms=None):
         env_seeds = [seed + i for seed in seeds for i in range(num_envs)]  # env i of a member: its seed + i
         threads = min(len(os.sched_getaffinity(0)), len(env_seeds))  # C++ threads: every core steps envs
         self.envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
-        n, space, self.num_seeds, self.gamma = len(env_seeds), self.envs.observation_space, len(seeds), gamma
+        n, space, self.gamma = len(env_seeds), self.envs.observation_space, gamma
         # in the observations' dtype, as gymnasium's; every env counts the same observations
         self.obs_rms = (np.zeros((n, *space.shape), space.dtype), np.ones((n, *space.shape), space.dtype), 1e-4)
         self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
@@ -150,31 +153,29 @@ class EnvpoolWrappers:
             self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
         self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
         self.discounted_reward, self.episode_return, self.resetting = np.zeros(n), np.zeros(n), np.zeros(n, bool)
+        self.close = self.envs.close
 
     def normalize(self, obs):  # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
         self.obs_rms = self.obs_rms if self.frozen else update_rms(self.obs_rms, obs)
         return np.clip((obs - self.obs_rms[0]) / np.sqrt(self.obs_rms[1] + 1e-8), -10, 10).astype(np.float32)
 
-    def reset(self):
-        return self.normalize(self.envs.reset()[0])
+    def reset(self, seed=None):  # `seed`: gymnasium's interface; envpool's seeds are set
+        return self.normalize(self.envs.reset()[0]), {}
 
     def step(self, actions):
-        """(obs, rewards, terminations, truncations, finished): `finished[k]`, the raw returns of the episodes member
-        k ended on this step."""
         stepped = ~self.resetting
         actions = np.clip(actions, self.envs.action_space.low, self.envs.action_space.high)
         obs, reward, terminations, truncations, _ = self.envs.step(actions)
         self.episode_return = np.where(stepped, self.episode_return, 0.0) + reward
         self.resetting = terminations | truncations
-        ended = zip(self.episode_return.reshape(self.num_seeds, -1), self.resetting.reshape(self.num_seeds, -1))
+        infos = {"final_info": {"episode": {"r": self.episode_return}, "_episode": self.resetting}}
         # NormalizeReward (its discounted return restarts at a termination only), then the clip to [-10, 10]
         discounted_reward = self.discounted_reward * self.gamma * (1 - terminations) + reward
         self.discounted_reward = np.where(stepped, discounted_reward, self.discounted_reward)
         rms = update_rms(self.return_rms, self.discounted_reward)
         self.return_rms = tuple(np.where(stepped, new, old) for new, old in zip(rms, self.return_rms))
         reward = np.clip(reward / np.sqrt(self.return_rms[1] + 1e-8), -10, 10)
-        finished = [returns[done].tolist() for returns, done in ended]
-        return self.normalize(obs), reward, terminations, truncations, finished
+        return self.normalize(obs), reward, terminations, truncations, infos
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -214,6 +215,16 @@ class Agent(nn.Module):
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
 
     forward = get_action_and_value  # what `functional_call` runs
+
+
+def finished_episodes(infos, num_seeds):
+    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
+    member k's envs are the k-th of `num_seeds` slices)."""
+    final_info = infos.get("final_info", {})
+    if "episode" not in final_info:
+        return [[]] * num_seeds
+    returns, ended = final_info["episode"]["r"].reshape(num_seeds, -1), final_info["_episode"].reshape(num_seeds, -1)
+    return [member_returns[member_ended].tolist() for member_returns, member_ended in zip(returns, ended)]
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
@@ -364,7 +375,7 @@ def main(args):
     envs = EnvpoolWrappers(args.env_id, run.seeds, args.num_envs, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads or 1)
 
     agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
     if run.saved_model is not None:
@@ -389,7 +400,7 @@ def main(args):
     rollout = TensorDict(rollout, batch_size=[args.num_steps, num_envs])
     store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
 
-    next_obs = envs.reset()
+    next_obs, _ = envs.reset()
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
@@ -416,8 +427,8 @@ def main(args):
             store["actions"][step] = action
             store["logprobs"][step] = logprob
 
-            next_obs, reward, terminations, truncations, finished = envs.step(action)
-            run.log_episodes(global_step, finished)
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
             store["rewards"][step] = reward
             store["terminations"][step] = terminations
             store["truncations"][step] = truncations
@@ -464,11 +475,12 @@ def main(args):
         models.append({"agent": agent_k, "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms})
 
     def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
-        eval_envs = EnvpoolWrappers(args.env_id, [run.seeds[member]], 1, args.gamma, models[member]["obs_rms"])
-        actor = {name[11:]: p for name, p in models[member]["agent"].items() if name.startswith("actor_mean.")}
-        return evaluate(lambda obs: functional_call(agent.actor_mean, actor, (obs,)), eval_envs, episodes)
+        seed, prefix = run.seeds[member], "actor_mean."
+        eval_envs = EnvpoolWrappers(args.env_id, [seed], 1, args.gamma, models[member]["obs_rms"])
+        actor = {name.removeprefix(prefix): p[member] for name, p in optimizer.params.items() if prefix in name}
+        return evaluate(lambda obs: functional_call(agent.actor_mean, actor, obs), eval_envs, episodes, seed, device)
 
-    envs.envs.close()
+    envs.close()
     run.finish(device, models, evaluate_agent, threads=torch.get_num_threads())
 
 
@@ -485,6 +497,12 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    last_seed = args.seed + max(args.num_seeds, 1) + max(args.num_envs, 1) - 2  # the last member's last env's
+    if not 0 <= args.seed <= last_seed < 2**31 or args.measure_burnin < 0:  # envpool's seeds are below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2) and --measure-burnin >= 0; got {args.seed}")
     for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -495,10 +513,10 @@ def check_args(args):
         fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.measure_burnin < 0:
-        fail("--clip-coef and --max-grad-norm must be positive and --measure-burnin >= 0")
-    if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl must be positive, got {args.target_kl}")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
     if args.capture_video:
@@ -631,16 +649,16 @@ class Run:
             sys.exit(130)  # what a shell reports for a Ctrl-C
 
 
-def evaluate(act, envs, episodes):
-    """The returns of `episodes` episodes played on `envs` (EnvpoolWrappers of one env, closed after) with
-    `act(obs) -> actions`."""
-    obs, returns = envs.reset(), []
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
     while len(returns) < episodes:
         with torch.no_grad():
-            actions = act(torch.as_tensor(obs)).numpy()
-        obs, _, _, _, finished = envs.step(actions)
-        returns += finished[0]
-    envs.envs.close()
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos, 1)[0]
+    envs.close()
     return returns[:episodes]
 
 

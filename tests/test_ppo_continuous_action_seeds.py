@@ -123,6 +123,9 @@ class ScriptedPool:
     def reset(self):
         return self.obs[0], {}
 
+    def close(self):
+        pass
+
     def step(self, actions):
         self.t += 1
         resetting = self.terminations[self.t - 1] | self.truncations[self.t - 1]
@@ -146,7 +149,7 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env(monke
     """EnvpoolWrappers (two members of one env) against the CPU script's make_env wrappers (gymnasium's, one stack
     per env) on the same raw steps: env 0 terminates at step 3, env 1 truncates at step 5, each then taking envpool's
     reset step, which gymnasium's vector env does as a reset in the same step. Observations and rewards agree to 1e-6
-    (float64 statistics, float32 outputs), finished returns exactly."""
+    (float64 statistics, float32 outputs), finished returns (read from gymnasium's `final_info`) exactly."""
     mod = load_script(SEEDS_SCRIPT)
     rng = np.random.default_rng(0)
     obs, rewards = rng.uniform(-1, 1, (9, 2, 3)).astype(np.float32), rng.standard_normal((9, 2)) * 3  # as envpool's
@@ -157,12 +160,12 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env(monke
     )
     wrappers = mod.EnvpoolWrappers("Pendulum-v1", [1, 2], 1, 0.99)
     envs = [load_script(CPU_SCRIPT).make_env("Pendulum-v1", 0, 0.99)() for _ in range(2)]
-    outputs = [wrappers.reset(), np.zeros(2), [[], []]]
+    outputs = [wrappers.reset()[0], np.zeros(2), [[], []]]
     expected = [replay(env, obs[0, e]) for e, env in enumerate(envs)]
     for t in range(9):
         if t:
-            outputs = wrappers.step(np.zeros((2, 1), dtype=np.float32))
-            outputs = (outputs[0], outputs[1], outputs[4])
+            next_obs, rewards_out, _, _, infos = wrappers.step(np.zeros((2, 1), dtype=np.float32))
+            outputs = (next_obs, rewards_out, mod.finished_episodes(infos, 2))  # two members of one env
             resetting = terminations[t - 1] | truncations[t - 1]  # envpool's reset step; gymnasium's reset
             raw = [
                 (obs[t, e], None if resetting[e] else rewards[t, e], terminations[t, e], truncations[t, e])
