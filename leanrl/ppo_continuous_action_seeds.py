@@ -7,17 +7,15 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
 Member k (seed `seed + k`) is the CPU script with `--seed seed+k`: the same first weights, its own `--num-envs` envs
-(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization. The members share one torch generator,
-from which vmap's `randomness="different"` draws each its own noise. `total_timesteps` is per member; `sps` counts all
-members' steps. What changes:
-- parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it
-  (`torch.func.vmap`), and Adam, elementwise, steps the stack. `--compile` (on) compiles acting, GAE and the update;
-  `--cudagraphs` records acting and the update with tensordict's `CudaGraphModule` (CUDA only; so acting is torch);
-- all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python
-  thread). Its MuJoCo tasks are gymnasium's (HalfCheetah-v4 agrees to 1e-14 over the first steps from one state), but
-  it resets in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss. make_env's
-  wrappers are written out in numpy, each env its own statistics. envpool renders no frames: record a saved member
-  with the single-seed script (`--eval-model FILE --capture-video`).
+(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization; one torch generator, from which vmap's
+`randomness="different"` draws each member its own noise. `total_timesteps` is per member, `sps` counts all. Changed:
+- parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it, Adam
+  steps the stack. `--compile` (on) compiles acting, GAE and the update, `--cudagraphs` records acting and the update
+  with tensordict's `CudaGraphModule` (CUDA only; so acting is torch, not numpy);
+- all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python thread).
+  Its MuJoCo tasks are gymnasium's (HalfCheetah-v4 agrees to 1e-14 over the first steps from one state), but it resets
+  in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss. make_env's wrappers are
+  written out in numpy, per env. It renders no frames: record a saved member with the CPU script's `--eval-model`.
 """
 
 import json
@@ -261,8 +259,8 @@ class Adam:
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps.
-        # A column per member: with --target-kl, a member stops its epochs on its own
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
+        # column per member: with --target-kl, a member stops its epochs on its own
         self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
 
     def step(self, grads):
@@ -283,10 +281,9 @@ class Adam:
 
 
 def make_functional_update(agent, params, lr, args):
-    """One clipped-surrogate gradient step of every member on its own minibatch (a TensorDict [num_seeds,
-    minibatch]), returning each member's statistics [num_seeds, 6]. A member's clipped gradients are a function of its
-    parameters (`torch.func`), vmapped over the members; Adam, written out, steps the stacked `params` in place. So
-    `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
+    """One clipped-surrogate gradient step of each member on its minibatch ([num_seeds, minibatch]), returning their
+    statistics [num_seeds, 6]: a member's gradients (`torch.func`) are vmapped, Adam steps the stacked `params` in
+    place, so `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
     optimizer = Adam(params, lr, eps=1e-5)
 
     def loss_fn(params, mb):
@@ -344,10 +341,8 @@ def make_functional_update(agent, params, lr, args):
 
 
 def make_learner(args, n_obs, n_act, seeds, device):
-    """PPO's members, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the shell `functional_call` fills, the written-out Adam (`optimizer.params`: every member's parameters,
-    [num_seeds, ...]) and the functions (policy, update). Member k starts from the weights the single-seed script
-    draws with `--seed seeds[k]`."""
+    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on `device`: the shell
+    `functional_call` fills, the written-out Adam (`params`: the members', stacked), the functions (policy, update)."""
     members = []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
@@ -471,8 +466,11 @@ def main(args):
     models = []
     for k, (mean, var) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms[:2]))):
         obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(envs.obs_rms[2])}
-        agent_k = {name: param[k].cpu().clone() for name, param in optimizer.params.items()}
-        models.append({"agent": agent_k, "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms})
+        model = {
+            "agent": {name: param[k].cpu().clone() for name, param in optimizer.params.items()},
+            "obs_rms": obs_rms,
+        }
+        models.append(model | ({"obs_rms": run.saved_model["obs_rms"]} if args.eval_model else {}))
 
     def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
         seed, prefix = run.seeds[member], "actor_mean."
