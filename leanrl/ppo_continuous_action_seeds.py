@@ -357,7 +357,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
     member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
 
     def policy(obs):  # [num_seeds * num_envs, ...] in and out, member k's envs a contiguous slice
-        return [x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1)))]
+        return tuple(x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1))))
 
     return agent, optimizer, (policy, update)
 
