@@ -271,7 +271,7 @@ SCRIPTS = {
 }
 
 
-# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members) -----------
+# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members) -------------------------
 SEEDS = [1, 2, 3]
 
 
@@ -298,11 +298,6 @@ def make_dqn_seeds(module, args):
     return {"policy": (policy, (zeros(len(SEEDS), 1, 4),)), "update": (update, (dict(data.items()),))}
 
 
-SCRIPTS |= {"dqn_seeds": make_dqn_seeds}
-# --- end of the seeds scripts ------------------------------------------------------------------------------------
-
-
-# --- sac_continuous_action_seeds: acting, the critic step and the actor step, 3 members ------------------
 def make_sac_seeds(module, args):
     policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[-1]
     data = dict(batch((len(SEEDS), 64), **OFF_POLICY).items())
@@ -313,8 +308,16 @@ def make_sac_seeds(module, args):
     }
 
 
-SCRIPTS |= {"sac_continuous_action_seeds": make_sac_seeds}
-# --- end of sac_continuous_action_seeds --------------------------------------------------------------------------
+def make_ppo_seeds(module, args):
+    policy, update = module.make_learner(args, 3, 2, SEEDS, CUDA)[-1]
+    minibatch = batch((len(SEEDS), 64), obs=(3,), actions=(2,), valid=(), **PPO)  # valid: 0 for envpool's reset steps
+    update = with_fake_func_grads(update)
+    return {"policy": (policy, (zeros(len(SEEDS), 3),)), "update": (update, (minibatch,))}
+
+
+SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "sac_continuous_action_seeds": make_sac_seeds}
+SCRIPTS |= {"ppo_continuous_action_seeds": make_ppo_seeds}
+# --- end of the seeds scripts ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)

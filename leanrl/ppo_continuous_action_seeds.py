@@ -1,0 +1,664 @@
+"""Proximal Policy Optimization for continuous actions, N seeds trained as one program, grown from
+ppo_continuous_action_cpu.py: `diff` against it reads as what turns one run into N.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
+
+    python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
+    python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
+
+Member k (seed `seed + k`) is the CPU script with `--seed seed+k`: the same first weights, its own `--num-envs` envs
+(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization; one torch generator, from which vmap's
+`randomness="different"` draws each member its own noise. `total_timesteps` is per member, `sps` counts all. Changed:
+- parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it, Adam
+  steps the stack. `--compile` (on) compiles acting, GAE and the update, `--cudagraphs` records acting and the update
+  with tensordict's `CudaGraphModule` (CUDA only; so acting is torch, not numpy);
+- all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python thread).
+  Its MuJoCo tasks are gymnasium's (HalfCheetah-v4 agrees to 1e-14 over the first steps from one state), but it resets
+  in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss. make_env's wrappers are
+  written out in numpy, per env. It renders no frames: record a saved member with the CPU script's `--eval-model`.
+"""
+
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from tensordict import TensorDict
+from tensordict.nn import CudaGraphModule
+from torch.func import functional_call, grad_and_value, stack_module_state
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_continuous_action_seeds"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (member k: seed + k)"""
+    num_seeds: int = 8
+    """the number of independent runs (members) trained as one program"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """refused: envpool renders no frames (record a saved member with the single-seed script's --eval-model)"""
+    save_model: bool = False
+    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with each member's policy and report their mean returns (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file as every member for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (one of envpool's tasks)"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of each member"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments of each member"""
+    num_steps: int = 2048
+    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda of the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 10
+    """the number of epochs (passes over the rollout) of each update"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the paper"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop a member's epochs early once its approximate KL exceeds this (off by default)"""
+
+    compile: bool = True
+    """compile acting, GAE and the update, each one graph; --no-compile runs the same functions eagerly"""
+    cudagraphs: bool = False
+    """record acting and the update as CUDA graphs (needs a CUDA device)"""
+    threads: int | None = None
+    """torch's intra-op threads (default 1: every op here is small, see `main`)"""
+
+
+def env_sizes(env_id):
+    """(n_obs, n_act) of envpool's task `env_id`; another id, or an action space other than a Box, exits 2."""
+    if env_id not in envpool.list_all_envs():
+        fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
+    spec = envpool.make_spec(env_id)
+    if not isinstance(spec.action_space, gym.spaces.Box):
+        fail(f"--env-id {env_id!r} has a {type(spec.action_space).__name__} action space; PPO here needs a Box")
+    return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
+
+
+def update_rms(rms, x):
+    """gymnasium's RunningMeanStd.update with one sample per env: `rms` = (mean, var, count), a row per env."""
+    mean, var, count = rms
+    delta = x - mean
+    return mean + delta / (count + 1), (var + delta**2 / (count + 1)) * count / (count + 1), count + 1
+
+
+class EnvpoolWrappers:
+    """All members' envs in one envpool, member k's a contiguous slice, with make_env's wrappers written out in numpy,
+    each env its own statistics as gymnasium's wrappers keep them, and gymnasium's interface (the ended episodes'
+    returns in `infos["final_info"]`). envpool seeds its envs when made and resets in next-step mode: the step after an
+    episode's end returns the next episode's first observation, its action ignored and its reward 0; `resetting`
+    marks the envs taking such a step, which the episode and reward statistics skip (gymnasium's wrappers never see
+    one). `obs_rms` (a saved model's) normalizes observations, frozen."""
+
+    def __init__(self, env_id, seeds, num_envs, gamma, obs_rms=None):
+        env_seeds = [seed + i for seed in seeds for i in range(num_envs)]  # env i of a member: its seed + i
+        threads = min(len(os.sched_getaffinity(0)), len(env_seeds))  # C++ threads: every core steps envs
+        self.envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
+        n, space, self.gamma = len(env_seeds), self.envs.observation_space, gamma
+        # in the observations' dtype, as gymnasium's; every env counts the same observations
+        self.obs_rms = (np.zeros((n, *space.shape), space.dtype), np.ones((n, *space.shape), space.dtype), 1e-4)
+        self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
+        if self.frozen:
+            self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
+        self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
+        self.discounted_reward, self.episode_return, self.resetting = np.zeros(n), np.zeros(n), np.zeros(n, bool)
+        self.close = self.envs.close
+
+    def normalize(self, obs):  # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
+        self.obs_rms = self.obs_rms if self.frozen else update_rms(self.obs_rms, obs)
+        return np.clip((obs - self.obs_rms[0]) / np.sqrt(self.obs_rms[1] + 1e-8), -10, 10).astype(np.float32)
+
+    def reset(self, seed=None):  # `seed`: gymnasium's interface; envpool's seeds are set
+        return self.normalize(self.envs.reset()[0]), {}
+
+    def step(self, actions):
+        stepped = ~self.resetting
+        actions = np.clip(actions, self.envs.action_space.low, self.envs.action_space.high)
+        obs, reward, terminations, truncations, _ = self.envs.step(actions)
+        self.episode_return = np.where(stepped, self.episode_return, 0.0) + reward
+        self.resetting = terminations | truncations
+        infos = {"final_info": {"episode": {"r": self.episode_return}, "_episode": self.resetting}}
+        # NormalizeReward (its discounted return restarts at a termination only), then the clip to [-10, 10]
+        discounted_reward = self.discounted_reward * self.gamma * (1 - terminations) + reward
+        self.discounted_reward = np.where(stepped, discounted_reward, self.discounted_reward)
+        rms = update_rms(self.return_rms, self.discounted_reward)
+        self.return_rms = tuple(np.where(stepped, new, old) for new, old in zip(rms, self.return_rms))
+        reward = np.clip(reward / np.sqrt(self.return_rms[1] + 1e-8), -10, 10)
+        return self.normalize(obs), reward, terminations, truncations, infos
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1, device=device), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_logstd = self.actor_logstd.expand_as(action_mean)
+        action_std = torch.exp(action_logstd)
+        if action is None:  # acting: under vmap's randomness="different", each member draws its own noise
+            action = action_mean + action_std * torch.randn_like(action_mean)
+        # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
+        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
+        return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+
+    forward = get_action_and_value  # what `functional_call` runs
+
+
+def finished_episodes(infos, num_seeds):
+    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
+    member k's envs are the k-th of `num_seeds` slices)."""
+    final_info = infos.get("final_info", {})
+    if "episode" not in final_info:
+        return [[]] * num_seeds
+    returns, ended = final_info["episode"]["r"].reshape(num_seeds, -1), final_info["_episode"].reshape(num_seeds, -1)
+    return [member_returns[member_ended].tolist() for member_returns, member_ended in zip(returns, ended)]
+
+
+def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
+    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
+    `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
+    the episode ended at step t in a terminal state / cut off; `final_values[t]`: the value of the true final obs of
+    a truncated episode (read only there)."""
+    dones = torch.maximum(terminations, truncations)
+    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
+    # value of its true final observation if it was cut off and 0 if it terminated
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
+    deltas = rewards + gamma * next_values - values
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
+    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
+    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
+    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
+    shift = 1
+    while shift < len(values):
+        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
+        shift *= 2
+    return advantages, advantages + values
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
+    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`.
+    Every op is elementwise: on parameters stacked over the members, it takes each member's own step."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.betas, self.eps = params, betas, eps
+        self.param_groups = [{"lr": lr}]
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
+        # column per member: with --target-kl, a member stops its epochs on its own
+        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta_powers[0].mul_(beta1)
+        self.beta_powers[1].mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta_powers
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            members = (-1,) + (1,) * (param.dim() - 1)  # each member's bias corrections, against its parameters
+            denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
+            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom)
+
+    def state(self):  # every tensor it updates, a member per row
+        return [*self.params.values(), *self.exp_avg.values(), *self.exp_avg_sq.values(), self.beta_powers.T]
+
+
+def make_functional_update(agent, params, lr, args):
+    """One clipped-surrogate gradient step of each member on its minibatch ([num_seeds, minibatch]), returning their
+    statistics [num_seeds, 6]: a member's gradients (`torch.func`) are vmapped, Adam steps the stacked `params` in
+    place, so `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
+    optimizer = Adam(params, lr, eps=1e-5)
+
+    def loss_fn(params, mb):
+        _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+        valid, count = mb["valid"], mb["valid"].sum(0, keepdim=True)  # envpool's reset steps weigh 0 in every mean
+
+        def mean(x):  # of shape [1], not []: vmap turns a number in arithmetic with a 0-d tensor into a CPU tensor
+            return (x * valid).sum(0, keepdim=True) / count
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = mean(-logratio)
+            approx_kl = mean((ratio - 1) - logratio)
+            clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
+
+        mb_advantages = mb["advantages"]
+        if args.norm_adv:
+            centered = mb_advantages - mean(mb_advantages)
+            mb_advantages = centered / ((centered**2 * valid).sum() / (count - 1)).sqrt().add(1e-8)
+
+        # Policy loss
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
+            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
+            v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
+        else:
+            v_loss = 0.5 * mean((newvalue - mb["returns"]) ** 2)
+
+        entropy_loss = mean(entropy)
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        return loss.sum(), torch.cat([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+    def member_grads(params, mb):
+        grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
+        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of `max_grad_norm`
+        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, keepdim=True).sqrt()
+        scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
+        return {name: grad * scale for name, grad in grads.items()}, stats
+
+    def update(mb):
+        grads, stats = torch.vmap(member_grads)(params, mb)
+        optimizer.step(grads)
+        return stats
+
+    return update, optimizer
+
+
+def make_learner(args, n_obs, n_act, seeds, device):
+    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on `device`: the shell
+    `functional_call` fills, the written-out Adam (`params`: the members', stacked), the functions (policy, update)."""
+    members = []
+    for seed in seeds:
+        with torch.random.fork_rng():  # the global generator is left as it was
+            torch.manual_seed(seed)
+            members.append(Agent(n_obs, n_act, device=device))
+    params = {name: param.detach() for name, param in stack_module_state(members)[0].items()}
+    agent = Agent(n_obs, n_act, device="meta")  # the shell `functional_call` fills
+    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    update, optimizer = make_functional_update(agent, params, lr, args)
+    # acting: the agent's `get_action_and_value`, sampling, vmapped over the members (each member its own noise)
+    member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
+
+    def policy(obs):  # [num_seeds * num_envs, ...] in and out, member k's envs a contiguous slice
+        return tuple(x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1))))
+
+    return agent, optimizer, (policy, update)
+
+
+def main(args):
+    check_args(args)
+    n_obs, n_act = env_sizes(args.env_id)
+    check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
+    run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
+    envs = EnvpoolWrappers(args.env_id, run.seeds, args.num_envs, args.gamma)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
+    torch.set_num_threads(args.threads or 1)
+
+    agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
+    if run.saved_model is not None:
+        for name, param in optimizer.params.items():
+            param.copy_(run.saved_model["agent"][name])  # the saved model, as every member
+    compute_gae = gae
+    if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
+        options = {"cpp_wrapper": device.type == "cpu"}
+        policy = torch.compile(policy, fullgraph=True, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True, options=options)
+        update = torch.compile(update, fullgraph=True, options=options)
+    if args.cudagraphs:  # the first calls run as they are (compiled: one call more), the next records, later replay
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
+
+    # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
+    num_envs = args.num_seeds * args.num_envs
+    scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
+    rollout = {key: torch.zeros(args.num_steps, num_envs) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, num_envs, n_obs)
+    rollout["actions"] = torch.zeros(args.num_steps, num_envs, n_act)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, num_envs])
+    store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+
+    next_obs, _ = envs.reset()
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)  # with a [num_seeds, k] index: member rows
+    global_step = 0
+    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    for iteration in pbar:
+        if iteration == args.measure_burnin + 1:
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            store["obs"][step] = next_obs
+            store["valid"][step] = ~envs.resetting
+
+            # ALGO LOGIC: action logic
+            with torch.no_grad():
+                action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
+            store["values"][step] = value.flatten()
+            store["actions"][step] = action
+            store["logprobs"][step] = logprob
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
+            store["rewards"][step] = reward
+            store["terminations"][step] = terminations
+            store["truncations"][step] = truncations
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
+        # envpool's next-step reset: the true final obs of an episode is the obs stored at the step after its end
+        rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
+        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
+        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
+
+        # flatten the batch: [num_seeds, num_steps * num_envs], each member its own rows
+        b = rollout.select("obs", "actions", "logprobs", "values", "valid")
+        b["advantages"], b["returns"] = advantages, returns
+        b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
+
+        # Optimizing the policy and value network
+        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)  # members stopped by --target-kl
+        kept = [x.clone() for x in optimizer.state()] + [torch.zeros(args.num_seeds, 6, device=device)]
+        for _epoch in range(args.update_epochs):
+            b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]  # each member its own shuffle
+            for mb in b_shuffled.split(minibatch_size, dim=1):
+                stats = update(mb)
+            if args.target_kl is not None:  # host sync, once per epoch: a member past the target keeps this state
+                for x, saved in zip([*optimizer.state(), stats], kept):
+                    x[stopped], saved[~stopped] = saved[stopped], x[~stopped]
+                stopped |= stats[:, 4] > args.target_kl
+                if stopped.all():
+                    break
+
+        explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        run.log_progress(pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var))
+        run.steps = global_step
+        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
+            break
+
+    # each member's observation normalization (its first env's) is part of its policy: saved and evaluated with it
+    models = []
+    for k, (mean, var) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms[:2]))):
+        obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(envs.obs_rms[2])}
+        model = {
+            "agent": {name: param[k].cpu().clone() for name, param in optimizer.params.items()},
+            "obs_rms": obs_rms,
+        }
+        models.append(model | ({"obs_rms": run.saved_model["obs_rms"]} if args.eval_model else {}))
+
+    def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
+        seed, prefix = run.seeds[member], "actor_mean."
+        eval_envs = EnvpoolWrappers(args.env_id, [seed], 1, args.gamma, models[member]["obs_rms"])
+        actor = {name.removeprefix(prefix): p[member] for name, p in optimizer.params.items() if prefix in name}
+        return evaluate(lambda obs: functional_call(agent.actor_mean, actor, obs), eval_envs, episodes, seed, device)
+
+    envs.close()
+    run.finish(device, models, evaluate_agent, threads=torch.get_num_threads())
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every seeds script: user errors, the run folder and its summary of every member, wandb,
+# Ctrl-C, saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    last_seed = args.seed + max(args.num_seeds, 1) + max(args.num_envs, 1) - 2  # the last member's last env's
+    if not 0 <= args.seed <= last_seed < 2**31 or args.measure_burnin < 0:  # envpool's seeds are below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2) and --measure-burnin >= 0; got {args.seed}")
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    batch_size = args.num_steps * args.num_envs
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+    if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
+        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail("--gamma and --gae-lambda must be in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
+        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
+    if args.capture_video:
+        fail("--capture-video: envpool renders no frames; record a saved member with the single-seed script")
+
+
+def check_memory(args, member_bytes, what):
+    """`--num-seeds` members whose `what` needs `member_bytes` each must fit in the machine's memory."""
+    need = args.num_seeds * member_bytes / 2**30
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    if need > memory:
+        fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+
+
+class Run:
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
+    can be recorded; starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once). Member k
+    has seed `run.seeds[k]`, its last 20 returns and its curve."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        if args.num_seeds < 1:
+            fail(f"--num-seeds must be at least 1, got {args.num_seeds}")
+        self.args, self.script, self.wandb = args, script, None
+        self.seeds = [args.seed + k for k in range(args.num_seeds)]
+        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
+        if args.capture_video:
+            self.check_rendering()
+        os.makedirs(self.dir, exist_ok=True)
+        if args.track:
+            import wandb
+
+            self.wandb = wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        # per member: the last 20 returns, and [step, seconds, return] of all
+        self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        if saved_env != self.args.env_id:
+            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        return saved["model"]
+
+    def check_rendering(self):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+            __import__("moviepy")
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        """All members' env steps per second (`global_step` counts one member's)."""
+        if self.measure_start:  # else None: the clock has not started
+            return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+
+    def log_episodes(self, global_step, member_returns):
+        """`member_returns[k]`: the returns of the episodes member k finished on this step."""
+        for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
+            for episodic_return in episode_returns:
+                returns.append(episodic_return)
+                curve.append([global_step, time.time() - self.start_time, episodic_return])
+                if self.wandb:
+                    self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
+
+    def return_means(self):  # each member's mean return over its last 20 episodes, None before its first
+        return [float(np.mean(returns)) if returns else None for returns in self.returns]
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and members' mean return; with `--track`, `metrics` (a value, or one per member) to wandb."""
+        sps, means = self.sps(global_step) or 0.0, [mean for mean in self.return_means() if mean is not None]
+        pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
+        if self.wandb:  # host syncs, only with --track
+            values = {k: np.broadcast_to(torch.as_tensor(v).cpu().numpy(), len(self.seeds)) for k, v in metrics.items()}
+            losses = {f"losses/{k}_seed{s}": float(v[m]) for k, v in values.items() for m, s in enumerate(self.seeds)}
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, models, evaluate, **extra):
+        """Save each member's model (`--save-model`: runs/<run_name>/<script>_seed<seed>.pt, the single-seed scripts'
+        format with its seed), play `--eval-episodes` per member with `evaluate(member, episodes, videos) -> returns`,
+        write summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        args, end_time, seeds = self.args, time.time(), self.seeds
+        model_files = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds if args.save_model]
+        for seed, model, path in zip(seeds, models, model_files):
+            torch.save({"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}, path + ".tmp")
+            os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
+        videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]  # member k's: videos/seed<seed>/
+        eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
+        means, eval_means = self.return_means(), [float(np.mean(returns)) for returns in eval_returns]
+        eval_mean, wall_s = float(np.mean(eval_means)) if eval_means else None, end_time - self.start_time
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
+        summary |= dict(num_seeds=len(seeds), seeds=seeds, episodes=sum(map(len, self.curves)), return_means=means)
+        summary |= dict(return_mean=None if None in means else float(np.mean(means)), interrupted=self.stop.is_set())
+        summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_returns=eval_returns)
+        summary |= dict(eval_return_means=eval_means, eval_return_mean=eval_mean, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curves": self.curves}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop.is_set():
+            sys.exit(130)  # what a shell reports for a Ctrl-C
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos, 1)[0]
+    envs.close()
+    return returns[:episodes]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
