@@ -30,13 +30,16 @@ SHARED = {
     "Run": [SINGLE_RUN, ("seeds",)],
     "evaluate": [("standard",), ("atari",), ("recurrent",), ("seeds",)],
     "true_next_obs": [("standard", "recurrent", "seeds")],
-    "finished_episodes": [("standard", "recurrent", "seeds")],
+    "finished_episodes": [("standard", "recurrent"), ("seeds",)],
     "episode_starts": [("recurrent",)],
+    "check_memory": [("seeds",)],
 }
 # written by each script for itself: its flag checks
 PER_SCRIPT = ("check_args",)
-# under the banner of every script, in this order, then the `__main__` guard and nothing else
+# under the banner of every script, in this order, then the `__main__` guard and nothing else; the seeds scripts also
+# check that their members' storage fits in memory
 BELOW_THE_BANNER = ["fail", "check_args", "Run", "evaluate"]
+BELOW_THE_SEEDS_BANNER = ["fail", "check_args", "check_memory", "Run", "evaluate"]
 MAIN_GUARD = 'if __name__ == "__main__":\n    main(tyro.cli(Args))'
 RULE = "# " + "=" * 118
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py"))
@@ -71,7 +74,8 @@ def test_the_family_rule():
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_the_banner_is_followed_by_the_plumbing_it_names(script):
-    assert plumbing(script)["below"] == [*BELOW_THE_BANNER, MAIN_GUARD]
+    below = BELOW_THE_SEEDS_BANNER if family(script) == "seeds" else BELOW_THE_BANNER
+    assert plumbing(script)["below"] == [*below, MAIN_GUARD]
 
 
 @pytest.mark.parametrize("part", SHARED)
