@@ -254,7 +254,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -283,7 +282,6 @@ def main(args):
         inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
 
-        # flatten the batch
         b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 

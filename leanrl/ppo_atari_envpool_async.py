@@ -1,19 +1,15 @@
-"""Proximal Policy Optimization on Atari with envpool's async mode: ppo_atari_envpool_torchcompile.py, with the
-games stepping while the policy acts.
+"""Proximal Policy Optimization on Atari: ppo_atari_envpool_torchcompile.py with envpool's async mode.
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
 
     python leanrl/ppo_atari_envpool_async.py --compile               # on a CPU
     python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a CUDA GPU
 
-The twin alternates: all envs step, then the policy acts on all of them. Here envpool's `recv` returns the first
-`--async-batch-size` envs done stepping (default half), the policy acts on them and `send` hands their actions back
-by `env_id`, while the other envs step in envpool's `--env-threads` threads (default: the cores this process may
-use, less one for the policy). All of it is in `collect_rollout`: the rollout is stored by env (column e holds env
-e's steps in order), so GAE, bootstrapping and the scores are the twin's. An env that has its `num_steps` steps
-waits for the next rollout unless fewer than a batch would step. With `--async-batch-size` equal to `--num-envs` it
-takes the twin's steps. The rest is the twin's; SUMMARY adds `async_batch_size` and `env_threads`. The design and
-its measured overlap: docs/async-sampling.md.
+The twin steps all envs, then acts on all of them. Here envpool's `recv` returns the first `--async-batch-size` envs
+done stepping, the policy acts on them and `send` hands their actions back by `env_id`, while the other envs step in
+envpool's `--env-threads` threads. All of it is in `collect_rollout`, which stores each env's steps in order, so that
+the rest (GAE, bootstrapping, scores) is the twin's; with `--async-batch-size` equal to `--num-envs` it takes the twin's
+steps. SUMMARY adds `async_batch_size` and `env_threads`. The design and its measured overlap: docs/async-sampling.md.
 """
 
 import json
@@ -73,8 +69,7 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     async_batch_size: int | None = None
-    """the envs the policy acts on at once (envpool's batch_size), a divisor of --num-envs; the others step meanwhile
-    (default: half the envs)"""
+    """the envs the policy acts on at once, the others stepping meanwhile (a divisor of --num-envs; default: half)"""
     env_threads: int | None = None
     """envpool's threads that step the games (default: one fewer than the cores this process may use, at least 1, so
     that the policy keeps a core while they step)"""
@@ -123,9 +118,8 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
 
 def finished_games(game_returns, infos, truncations):
     """envpool's info has no episode statistics: add this batch's unclipped rewards (`info["reward"]`) to its envs'
-    `game_returns` (one per env, in place, by `info["env_id"]`) and return the scores of the games that ended on this
-    step, over all their lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can
-    finish on one step."""
+    `game_returns` (one per env, in place) and return the scores of the games that ended on this step, over all their
+    lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
     game_over = env_id[infos["terminated"].astype(bool) | truncations]
@@ -296,9 +290,8 @@ class RolloutState:
 
 
 def act(envs, policy, rollout, state, obs, env_id, send):
-    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`) and its step is stored in
-    each env's next row. The actions of the envs in `send` (a mask) are sent first, so that they step meanwhile; the
-    others' wait in `state.pending` for the next rollout."""
+    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`), its step stored in each env's
+    next row; the envs in `send` (a mask) step meanwhile, the others' actions wait in `state.pending`."""
     with torch.no_grad():
         action, logprob, _, value = policy(obs)
     actions = action.cpu().numpy()
@@ -306,9 +299,8 @@ def act(envs, policy, rollout, state, obs, env_id, send):
     if not send.all():
         state.pending.append((actions[~send], env_id[~send]))
     index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
-    frames = rollout["obs"]
     for row, env, frame in zip(state.step[env_id].tolist(), env_id.tolist(), obs):
-        frames[row, env] = frame  # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
+        rollout["obs"][row, env] = frame  # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
     rollout["actions"][index] = action
     rollout["logprobs"][index] = logprob
     rollout["values"][index] = value.flatten()
@@ -317,15 +309,13 @@ def act(envs, policy, rollout, state, obs, env_id, send):
 
 
 def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, complete, others):
-    """Batches whose frames are in (just received, or held since the last rollout): envs that lag step on; of those
-    with their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any env lags
-    (recv waits for a whole batch), and the rest wait for the next rollout. Once some run ahead, a batch is every env
-    in flight, the laggards among them: none takes more than num_steps + 1 steps past its num_steps (see
-    docs/async-sampling.md). Returns how many envs it sent."""
+    """Batches whose frames are in (just received, or held since the last rollout): envs that lag step on; of those with
+    their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any env lags (recv
+    waits for a whole batch), the rest wait for the next rollout. Once some run ahead, a batch is every env in flight,
+    the laggards among them: none takes more than num_steps + 1 steps past its num_steps. Returns the number sent."""
     env_ids = np.concatenate([env_id for _, env_id in batches])
-    step = state.step[env_ids]
-    complete[env_ids[step >= num_steps]] = True
-    send = step < num_steps
+    send = state.step[env_ids] < num_steps  # the laggards
+    complete[env_ids[~send]] = True
     if not complete.all():
         send[np.flatnonzero(~send)[: max(0, len(batches[0][1]) - others - send.sum())]] = True
     for (obs, env_id), sends in zip(batches, np.split(send, len(batches))):
@@ -347,8 +337,7 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
     gets the scores of the games that end; `state` carries over between calls."""
     if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
         lead = state.step.max() - num_steps
-        if lead:
-            rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
+        rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
         state.step -= num_steps
     pending, state.pending, held, state.held = state.pending, [], state.held, []
     for actions, env_id in pending:  # chosen before the update, as a carried step was: its stored logprob says so
@@ -361,11 +350,10 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
     while not complete.all():
         obs, reward, terminations, truncations, infos = envs.recv()
         env_id = infos["env_id"]
-        step = state.step[env_id]
         in_flight -= len(env_id)
         # the outcome of each env's last action, one row above its new frame (after `async_reset`, the reset's zeros
         # go to row 0 and the outcome of the env's first action overwrites them)
-        index = tuple(torch.as_tensor(np.stack([np.maximum(step - 1, 0), env_id]), device=rollout.device))
+        index = tuple(torch.as_tensor(np.stack([np.maximum(state.step[env_id] - 1, 0), env_id]), device=rollout.device))
         rollout["rewards"][index] = torch.as_tensor(reward, device=rollout.device, dtype=torch.float)
         rollout["terminations"][index] = torch.as_tensor(terminations, device=rollout.device, dtype=torch.float)
         rollout["truncations"][index] = torch.as_tensor(truncations, device=rollout.device, dtype=torch.float)
@@ -411,7 +399,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(state.global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -423,7 +410,6 @@ def main(args):
         inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
 
-        # flatten the batch
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 

@@ -370,7 +370,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -401,7 +400,6 @@ def main(args):
         inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
         advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
-        # flatten the batch
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 

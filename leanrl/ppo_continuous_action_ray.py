@@ -480,7 +480,6 @@ def main(args):
         for iteration in pbar:
             if iteration == args.measure_burnin + 1:
                 run.start_clock(global_step)  # sps counts from here: the runners' start and compile are behind
-            # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -519,7 +518,6 @@ def main(args):
                 behaviour_logprobs, rollout["logprobs"] = rollout["logprobs"], logprobs.view_as(rollout["logprobs"])
                 rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
 
-            # flatten the batch
             b = rollout.select("obs", "actions", "logprobs", "values", "behaviour_weights").flatten(0, 1)
             b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 

@@ -412,7 +412,6 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         # the update replays each env's sequence from the LSTM state this rollout starts with
         initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
