@@ -294,14 +294,12 @@ class RolloutState:
     def __init__(self, num_envs):
         self.step = np.zeros(num_envs, dtype=np.int64)
         self.game_returns = np.zeros(num_envs)
-        self.held, self.pending = [], []
-        self.global_step = 0
+        self.held, self.pending, self.global_step = [], [], 0
 
 
 def act(envs, policy, rollout, state, obs, env_id, send):
-    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`) and its step is stored in
-    each env's next row. The actions of the envs in `send` (a mask) are sent first, so that they step meanwhile; the
-    others' wait in `state.pending` for the next rollout."""
+    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`), stored in each env's next row;
+    the actions of the envs in `send` (a mask) go first, to step meanwhile, the others' to `state.pending`."""
     with torch.no_grad():
         action, logprob, _, value = policy(obs)
     actions = action.cpu().numpy()
@@ -320,11 +318,10 @@ def act(envs, policy, rollout, state, obs, env_id, send):
 
 
 def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, complete, others):
-    """Batches whose frames are in (just received, or held since the last rollout): envs that lag step on; of those
-    with their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any env lags
-    (recv waits for a whole batch), and the rest wait for the next rollout. Once some run ahead, a batch is every env
-    in flight, the laggards among them: none takes more than num_steps + 1 steps past its num_steps (see
-    docs/async-sampling.md). Returns how many envs it sent."""
+    """Batches whose frames are in (received, or held since the last rollout): lagging envs step on; of those with
+    their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any lags (recv waits
+    for a whole batch), the rest wait for the next rollout. So no env runs more than num_steps + 1 steps past its
+    num_steps (docs/async-sampling.md). Returns how many envs it sent."""
     env_ids = np.concatenate([env_id for _, env_id in batches])
     step = state.step[env_ids]
     complete[env_ids[step >= num_steps]] = True
@@ -343,11 +340,10 @@ def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, comple
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
-    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order,
-    and row `num_steps` of its values with each env's bootstrap value. `envs` has envpool's async API (`recv()`,
-    `send(actions, env_id)`) and was started with `async_reset()`; `policy(obs) -> (action, logprob, entropy, value)`
-    and `get_value(obs)` take one batch of uint8 frames on the rollout's device; `log_episodes(global_step, scores)`
-    gets the scores of the games that end; `state` carries over between calls."""
+    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order, and
+    row `num_steps` of its values with its bootstrap value. `envs` has envpool's async API, started by `async_reset()`;
+    `policy(obs) -> (action, logprob, entropy, value)` and `get_value(obs)` take a batch of uint8 frames on the
+    rollout's device; `log_episodes(global_step, scores)` gets the scores of games that end; `state` carries over."""
     if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
         lead = state.step.max() - num_steps
         if lead:
