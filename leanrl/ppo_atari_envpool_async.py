@@ -285,8 +285,7 @@ class RolloutState:
     def __init__(self, num_envs):
         self.step = np.zeros(num_envs, dtype=np.int64)
         self.game_returns = np.zeros(num_envs)
-        self.held, self.pending = [], []
-        self.global_step = 0
+        self.held, self.pending, self.global_step = [], [], 0
 
 
 def act(envs, policy, rollout, state, obs, env_id, send):
@@ -330,11 +329,10 @@ def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, comple
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
-    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order,
-    and row `num_steps` of its values with each env's bootstrap value. `envs` has envpool's async API (`recv()`,
-    `send(actions, env_id)`) and was started with `async_reset()`; `policy(obs) -> (action, logprob, entropy, value)`
-    and `get_value(obs)` take one batch of uint8 frames on the rollout's device; `log_episodes(global_step, scores)`
-    gets the scores of the games that end; `state` carries over between calls."""
+    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order, and
+    row `num_steps` of its values with its bootstrap value. `envs` has envpool's async API, started by `async_reset()`;
+    `policy(obs) -> (action, logprob, entropy, value)` and `get_value(obs)` take a batch of uint8 frames on the
+    rollout's device; `log_episodes(global_step, scores)` gets the scores of games that end; `state` carries over."""
     if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
         lead = state.step.max() - num_steps
         rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
