@@ -555,8 +555,7 @@ def check_args(args):
 
 class Run:
     """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the
-    run folder, wandb, videos and the summary."""
+    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
@@ -662,9 +661,8 @@ class Run:
 
 
 def evaluate(agent, envs, episodes, seed, state, memory, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) by `agent`'s most likely action, its
-    recurrent state (`state`: zeros) carried from step to step and zeroed when an episode starts (at every step without
-    `memory`)."""
+    """The returns of `episodes` episodes on `envs` (one env, closed after) by `agent`'s most likely action, its state
+    (`state`: zeros) carried from step to step and zeroed when an episode starts (at every step without `memory`)."""
     obs, _ = envs.reset(seed=seed)
     done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []

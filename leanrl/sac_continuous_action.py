@@ -386,8 +386,7 @@ def check_args(args):
 
 class Run:
     """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the
-    run folder, wandb, videos and the summary."""
+    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
