@@ -562,8 +562,8 @@ def parse_args(argv):
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.env_threads is None:
-        args.env_threads = max(1, (os.cpu_count() or 1) - 1)
+    if args.env_threads is None:  # the async script's default: the cores this process may use, less one
+        args.env_threads = max(1, len(os.sched_getaffinity(0)) - 1)
     if args.async_batch_sizes is None:  # the async script's default, and in a full run a quarter of the envs too
         halves = [args.num_envs // 2] + ([] if args.quick else [args.num_envs // 4])
         args.async_batch_sizes = list(dict.fromkeys(b for b in halves if b > 0))

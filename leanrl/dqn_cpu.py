@@ -11,8 +11,9 @@ small (batch-1 acting, batch-128 updates) and costs more in Python and dispatch 
 function of the parameters (`torch.func` gradients, Adam written out) that `torch.compile` makes one graph, called
 through a C++ wrapper; acting is the eager script's Python coin and the Q network in numpy, on views of the weights;
 transitions stay numpy arrays until they are written, once per `train_frequency` iterations, through numpy views of
-the buffer; torch runs one intra-op thread (`threads` in the SUMMARY). It trains on the CPU whatever the machine has
-(no `--cuda`, no CUDA graphs: on a GPU, run dqn_torchcompile.py).
+the buffer. Torch runs one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op is
+tiny, and two threads were slower in every run measured (docs/performance.md). It trains on the CPU whatever the
+machine has (no `--cuda`, no CUDA graphs: on a GPU, run dqn_torchcompile.py).
 """
 
 import json

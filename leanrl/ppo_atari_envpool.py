@@ -218,14 +218,11 @@ def make_update(agent, optimizer, args):
 
 
 def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs them."""
     agent = Agent(n_act, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     update = make_update(agent, optimizer, args)
-    policy = agent.get_action_and_value
-    get_value = agent.get_value
-    return agent, optimizer, (policy, get_value, update)
+    return agent, optimizer, (agent.get_action_and_value, agent.get_value, update)
 
 
 def main(args):
@@ -257,7 +254,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -286,7 +282,6 @@ def main(args):
         inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
 
-        # flatten the batch
         b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
@@ -332,8 +327,9 @@ def check_args(args):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if getattr(args, flag) <= 0:
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
@@ -342,8 +338,6 @@ def check_args(args):
         fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)
         fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
 

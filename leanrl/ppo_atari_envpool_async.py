@@ -1,19 +1,15 @@
-"""Proximal Policy Optimization on Atari with envpool's async mode: ppo_atari_envpool_torchcompile.py, with the
-games stepping while the policy acts.
+"""Proximal Policy Optimization on Atari: ppo_atari_envpool_torchcompile.py with envpool's async mode.
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
 
     python leanrl/ppo_atari_envpool_async.py --compile               # on a CPU
     python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a CUDA GPU
 
-The twin alternates: all envs step, then the policy acts on all of them. Here envpool's `recv` returns the first
-`--async-batch-size` envs done stepping (default half), the policy acts on them and `send` hands their actions back
-by `env_id`, while the other envs step in envpool's `--env-threads` threads (default one fewer than the cores, so
-that the policy keeps a core). All of it is in `collect_rollout`: the rollout is stored by env (column e holds env
-e's steps in order), so GAE, bootstrapping and the scores are the twin's. Envs that finish their `num_steps` early
-act on, and those steps open the next rollout; a batch whose envs are all done is held until after the update.
-With `--async-batch-size` equal to `--num-envs` it takes the twin's steps. The rest is the twin's; SUMMARY adds
-`async_batch_size` and `env_threads`. The design and its measured overlap: docs/async-sampling.md.
+The twin steps all envs, then acts on all of them. Here envpool's `recv` returns the first `--async-batch-size` envs
+done stepping, the policy acts on them and `send` hands their actions back by `env_id`, while the other envs step in
+envpool's `--env-threads` threads. All of it is in `collect_rollout`, which stores each env's steps in order, so that
+the rest (GAE, bootstrapping, scores) is the twin's; with `--async-batch-size` equal to `--num-envs` it takes the twin's
+steps. SUMMARY adds `async_batch_size` and `env_threads`. The design and its measured overlap: docs/async-sampling.md.
 """
 
 import json
@@ -73,11 +69,10 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     async_batch_size: int | None = None
-    """the envs the policy acts on at once (envpool's batch_size), a divisor of --num-envs; the others step meanwhile
-    (default: half the envs)"""
+    """the envs the policy acts on at once, the others stepping meanwhile (a divisor of --num-envs; default: half)"""
     env_threads: int | None = None
-    """envpool's threads that step the games (default: one fewer than the machine's cores, at least 1, so that the
-    policy keeps a core while they step)"""
+    """envpool's threads that step the games (default: one fewer than the cores this process may use, at least 1, so
+    that the policy keeps a core while they step)"""
     num_steps: int = 128
     """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
     anneal_lr: bool = True
@@ -117,22 +112,14 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
     `num_threads` threads (0: envpool's choice). An id that is not one of envpool's Atari games exits with status 2."""
     if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
         fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
-    return envpool.make_gymnasium(
-        env_id,
-        num_envs=num_envs,
-        batch_size=batch_size,
-        num_threads=num_threads,
-        seed=seed,
-        episodic_life=True,
-        reward_clip=True,
-    )
+    pool = dict(batch_size=batch_size, num_threads=num_threads)
+    return envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool)
 
 
 def finished_games(game_returns, infos, truncations):
     """envpool's info has no episode statistics: add this batch's unclipped rewards (`info["reward"]`) to its envs'
-    `game_returns` (one per env, in place, by `info["env_id"]`) and return the scores of the games that ended on this
-    step, over all their lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can
-    finish on one step."""
+    `game_returns` (one per env, in place) and return the scores of the games that ended on this step, over all their
+    lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
     game_over = env_id[infos["terminated"].astype(bool) | truncations]
@@ -265,8 +252,7 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
 
 def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs them."""
     agent = make_agent(n_act, device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
@@ -276,17 +262,14 @@ def make_learner(args, n_act, device):
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    policy = agent_inference.get_action_and_value
-    get_value = agent_inference.get_value
-    return agent, optimizer, (policy, get_value, update)
+    return agent, optimizer, (agent_inference.get_action_and_value, agent_inference.get_value, update)
 
 
 def make_storage(num_steps, num_envs, obs_shape, device):
-    """The rollout's storage, one TensorDict [num_steps + 256, num_envs, ...] on `device`; frames stay uint8. Each env's
-    steps fill its column in order; the rows past num_steps hold the steps it takes while others finish theirs, the
-    next rollout's first. An env runs ahead by the steps it takes while the slowest takes its last ones (up to 15 in
-    a measured Breakout run with a policy of no cost): room for 256."""
-    shape = (num_steps + 256, num_envs)
+    """The rollout's storage, one TensorDict [2 * num_steps + 2, num_envs, ...] on `device`; frames stay uint8. Each
+    env's steps fill its column in order; the rows past num_steps hold the steps it takes while others finish theirs,
+    the next rollout's first: `collect_rollout` lets none take more than num_steps + 1 of them."""
+    shape = (2 * num_steps + 2, num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     storage = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
     storage["obs"] = torch.zeros(*shape, *obs_shape, dtype=torch.uint8, device=device)
@@ -295,78 +278,94 @@ def make_storage(num_steps, num_envs, obs_shape, device):
 
 
 class RolloutState:
-    """What one rollout hands the next: per env, `step`, the row of its next action (the steps it has taken in this
-    rollout) and `game_returns`, the score of its game in play; `held`, the batches (frames, env ids) that wait for
-    the updated policy; `global_step`, the env steps sent so far."""
+    """What one rollout hands the next: per env, `step` (the row of its next action) and `game_returns` (the score of
+    its game in play); `held`, batches (frames, env ids) that wait for the updated policy; `pending`, actions
+    (actions, env ids) chosen but not sent yet; `global_step`, the env steps sent so far."""
 
     def __init__(self, num_envs):
         self.step = np.zeros(num_envs, dtype=np.int64)
         self.game_returns = np.zeros(num_envs)
-        self.held = []
-        self.global_step = 0
+        self.held, self.pending, self.global_step = [], [], 0
 
 
-def act(envs, policy, rollout, state, obs, env_id):
-    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`): the actions are sent first,
-    so that these envs step while their step is stored in each env's next row."""
+def act(envs, policy, rollout, state, obs, env_id, send):
+    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`), its step stored in each env's
+    next row; the envs in `send` (a mask) step meanwhile, the others' actions wait in `state.pending`."""
     with torch.no_grad():
         action, logprob, _, value = policy(obs)
-    envs.send(action.cpu().numpy(), env_id)
+    actions = action.cpu().numpy()
+    envs.send(actions[send], env_id[send])
+    if not send.all():
+        state.pending.append((actions[~send], env_id[~send]))
     index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
-    frames = rollout["obs"]
     for row, env, frame in zip(state.step[env_id].tolist(), env_id.tolist(), obs):
-        frames[row, env] = frame  # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
+        rollout["obs"][row, env] = frame  # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
     rollout["actions"][index] = action
     rollout["logprobs"][index] = logprob
     rollout["values"][index] = value.flatten()
     state.step[env_id] += 1
-    state.global_step += len(env_id)
+    state.global_step += int(send.sum())
+
+
+def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, complete, others):
+    """Batches whose frames are in (just received, or held since the last rollout): envs that lag step on; of those with
+    their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any env lags (recv
+    waits for a whole batch), the rest wait for the next rollout. Once some run ahead, a batch is every env in flight,
+    the laggards among them: none takes more than num_steps + 1 steps past its num_steps. Returns the number sent."""
+    env_ids = np.concatenate([env_id for _, env_id in batches])
+    send = state.step[env_ids] < num_steps  # the laggards
+    complete[env_ids[~send]] = True
+    if not complete.all():
+        send[np.flatnonzero(~send)[: max(0, len(batches[0][1]) - others - send.sum())]] = True
+    for (obs, env_id), sends in zip(batches, np.split(send, len(batches))):
+        if sends.any():
+            act(envs, policy, rollout, state, obs, env_id, sends)
+        else:  # every env of the batch has its steps: it waits for the updated policy, its value bootstraps
+            index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
+            with torch.no_grad():
+                rollout["values"][index] = get_value(obs).flatten()
+            state.held.append((obs, env_id))
+    return int(send.sum())
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
-    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`, [num_steps + room, num_envs]) with each env's next
-    `num_steps` steps, in order, and row `num_steps` of its values with each env's bootstrap value. `envs` has
-    envpool's async API (`recv()`, `send(actions, env_id)`) and was started with `async_reset()`; `policy(obs) ->
-    (action, logprob, entropy, value)` and `get_value(obs)` take one batch of uint8 frames on the rollout's device;
-    `log_episodes(global_step, scores)` gets the scores of the games that end; `state` carries over between calls."""
+    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order, and
+    row `num_steps` of its values with its bootstrap value. `envs` has envpool's async API, started by `async_reset()`;
+    `policy(obs) -> (action, logprob, entropy, value)` and `get_value(obs)` take a batch of uint8 frames on the
+    rollout's device; `log_episodes(global_step, scores)` gets the scores of games that end; `state` carries over."""
     if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
         lead = state.step.max() - num_steps
-        if lead:
-            rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
+        rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
         state.step -= num_steps
-    held, state.held = state.held, []
-    for obs, env_id in held:  # held at the end of the last rollout, they act with the updated policy
-        act(envs, policy, rollout, state, obs, env_id)
+    pending, state.pending, held, state.held = state.pending, [], state.held, []
+    for actions, env_id in pending:  # chosen before the update, as a carried step was: its stored logprob says so
+        envs.send(actions, env_id)
+        state.global_step += len(env_id)
     complete = np.zeros(len(state.step), dtype=bool)
+    in_flight = len(state.step) - sum(len(env_id) for _, env_id in held)
+    if held:  # held at the end of the last rollout, they act with the updated policy, as if just received
+        in_flight += dispatch(envs, policy, get_value, rollout, state, held, num_steps, complete, in_flight)
     while not complete.all():
         obs, reward, terminations, truncations, infos = envs.recv()
         env_id = infos["env_id"]
-        step = state.step[env_id]
-        if step.max() >= len(rollout):
-            raise RuntimeError(f"an env ran {len(rollout) - num_steps} steps ahead of the slowest, past the storage")
+        in_flight -= len(env_id)
         # the outcome of each env's last action, one row above its new frame (after `async_reset`, the reset's zeros
         # go to row 0 and the outcome of the env's first action overwrites them)
-        index = tuple(torch.as_tensor(np.stack([np.maximum(step - 1, 0), env_id]), device=rollout.device))
+        index = tuple(torch.as_tensor(np.stack([np.maximum(state.step[env_id] - 1, 0), env_id]), device=rollout.device))
         rollout["rewards"][index] = torch.as_tensor(reward, device=rollout.device, dtype=torch.float)
         rollout["terminations"][index] = torch.as_tensor(terminations, device=rollout.device, dtype=torch.float)
         rollout["truncations"][index] = torch.as_tensor(truncations, device=rollout.device, dtype=torch.float)
         log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
         obs = torch.from_numpy(obs).to(rollout.device)  # on a CPU a view of envpool's array, no copy
-        complete[env_id[step >= num_steps]] = True
-        if (step >= num_steps).all():  # every env of the batch has its steps: hold it, its value bootstraps
-            with torch.no_grad():
-                value = get_value(obs).flatten()
-            rollout["values"][tuple(torch.as_tensor(np.stack([step, env_id]), device=rollout.device))] = value
-            state.held.append((obs, env_id))
-        else:
-            act(envs, policy, rollout, state, obs, env_id)
+        in_flight += dispatch(envs, policy, get_value, rollout, state, [(obs, env_id)], num_steps, complete, in_flight)
 
 
 def main(args):
     if args.async_batch_size is None:
         args.async_batch_size = max(1, args.num_envs // 2)  # the default, half the envs and at least one, resolved once
     if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
-        args.env_threads = max(1, (os.cpu_count() or 1) - 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
+        args.env_threads = max(1, cores - 1)
     check_args(args)
     run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals: at the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)
@@ -398,7 +397,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(state.global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -410,7 +408,6 @@ def main(args):
         inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
 
-        # flatten the batch
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
@@ -457,8 +454,9 @@ def check_args(args):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if getattr(args, flag) <= 0:
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    for flag in positive + ("env_threads", "clip_coef", "max_grad_norm", "target_kl"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
@@ -467,12 +465,8 @@ def check_args(args):
         fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.async_batch_size <= 0 or args.num_envs % args.async_batch_size != 0:
         fail(f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must divide --num-envs")
-    if args.env_threads <= 0:
-        fail(f"--env-threads must be positive, got {args.env_threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
     if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)

@@ -11,7 +11,8 @@ It trains on the CPU whatever the machine has (for a GPU, run the twin). Same al
   rate a tensor annealed in place) compiled whole into one graph, as GAE, with a C++ wrapper (`--no-compile`: eager);
 - acting runs in numpy on views of the agent's weights (at batch 1, torch's dispatch costs more than the math), and
   the rollout is written through numpy views of its tensors;
-- one intra-op thread (`torch.set_num_threads(1)`, `threads` in the SUMMARY): every op here is tiny.
+- one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op here is tiny, and two
+  threads were slower in every run measured (docs/performance.md).
 """
 
 import json
@@ -369,7 +370,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -400,7 +400,6 @@ def main(args):
         inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
         advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
-        # flatten the batch
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
@@ -450,8 +449,9 @@ def check_args(args):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
     if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and {args.measure_burnin}")
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if getattr(args, flag) <= 0:
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
@@ -460,8 +460,6 @@ def check_args(args):
         fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.threads is not None and args.threads <= 0:
         fail(f"--threads must be positive, got {args.threads}")
 

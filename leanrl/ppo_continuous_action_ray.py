@@ -480,7 +480,6 @@ def main(args):
         for iteration in pbar:
             if iteration == args.measure_burnin + 1:
                 run.start_clock(global_step)  # sps counts from here: the runners' start and compile are behind
-            # Annealing the rate if instructed to do so.
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -519,7 +518,6 @@ def main(args):
                 behaviour_logprobs, rollout["logprobs"] = rollout["logprobs"], logprobs.view_as(rollout["logprobs"])
                 rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
 
-            # flatten the batch
             b = rollout.select("obs", "actions", "logprobs", "values", "behaviour_weights").flatten(0, 1)
             b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
@@ -579,8 +577,8 @@ def check_args(args):
     if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and {args.measure_burnin}")
     positive = ("total_timesteps", "num_runners", "num_envs", "num_steps", "num_minibatches", "update_epochs")
-    for flag in positive + ("learning_rate", "ray_timeout"):
-        if getattr(args, flag) <= 0:
+    for flag in positive + ("learning_rate", "ray_timeout", "clip_coef", "max_grad_norm", "target_kl"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs * args.num_runners
     if args.total_timesteps < batch_size:
@@ -589,8 +587,6 @@ def check_args(args):
         fail(f"--num-minibatches must split one iteration's {batch_size} steps into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.runner_restarts < 0:
         fail(f"--runner-restarts must be >= 0, got {args.runner_restarts}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):

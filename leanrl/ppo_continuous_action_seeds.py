@@ -25,7 +25,6 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -466,7 +465,7 @@ def main(args):
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         run.log_progress(pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var))
         run.steps = global_step
-        if run.stop.is_set():  # a first Ctrl-C: stop after this iteration
+        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this iteration
             break
 
     # each member's observation normalization (its first env's) is part of its policy: saved and evaluated with it
@@ -538,8 +537,8 @@ def check_memory(args, member_bytes, what):
 
 class Run:
     """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb with `--track`; a first Ctrl-C sets `run.stop` (a second stops at once). Member k
-    has seed `run.seeds[k]`, its last 20 returns and its curve."""
+    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Member k has seed `run.seeds[k]`, its
+    last 20 returns and its curve."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
@@ -551,14 +550,10 @@ class Run:
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        self.videos = os.path.join(self.dir, "videos") if args.capture_video else None
-        if args.capture_video:
-            self.check_rendering()
+        self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
         if args.track:
-            import wandb
-
-            self.wandb = wandb
+            self.wandb = wandb = __import__("wandb")  # imported with --track only
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -567,23 +562,30 @@ class Run:
         # per member: the last 20 returns, and [step, seconds, return] of all
         self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda signum, frame: (self.stop.set(), signal.signal(signum, signal.SIG_DFL)))
+        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+        self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
 
     def load_model(self, path):
         algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, saved_env = saved["script"], saved["args"]["env_id"]
+            saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
             fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if saved_env != self.args.env_id:
-            fail(f"--eval-model {path} was trained on {saved_env}: add --env-id {saved_env}")
+        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+            if trained.get(flag) != getattr(self.args, flag, None):
+                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
         return saved["model"]
 
-    def check_rendering(self):
+    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
         os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
         try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
             __import__("moviepy")
@@ -592,6 +594,7 @@ class Run:
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+        return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
@@ -625,7 +628,8 @@ class Run:
     def finish(self, device, models, evaluate, **extra):
         """Save each member's model (`--save-model`: runs/<run_name>/<script>_seed<seed>.pt, the single-seed scripts'
         format with its seed), play `--eval-episodes` per member with `evaluate(member, episodes, videos) -> returns`,
-        write summary.json (atomically: a temporary file, renamed) and one SUMMARY line, exit 130 after a Ctrl-C."""
+        write summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it
+        would."""
         args, end_time, seeds = self.args, time.time(), self.seeds
         model_files = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds if args.save_model]
         for seed, model, path in zip(seeds, models, model_files):
@@ -640,7 +644,7 @@ class Run:
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
         summary |= dict(sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
         summary |= dict(num_seeds=len(seeds), seeds=seeds, episodes=sum(map(len, self.curves)), return_means=means)
-        summary |= dict(return_mean=None if None in means else float(np.mean(means)), interrupted=self.stop.is_set())
+        summary |= dict(return_mean=None if None in means else float(np.mean(means)), interrupted=self.stop_signal > 0)
         summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_returns=eval_returns)
         summary |= dict(eval_return_means=eval_means, eval_return_mean=eval_mean, **extra)
         path = os.path.join(self.dir, "summary.json")
@@ -650,8 +654,8 @@ class Run:
         print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if self.stop.is_set():
-            sys.exit(130)  # what a shell reports for a Ctrl-C
+        if self.stop_signal:
+            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
 
 
 def evaluate(act, envs, episodes, seed, device):

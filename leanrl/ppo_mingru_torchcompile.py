@@ -219,8 +219,14 @@ def linear_recurrence(a, b, h0):
     composed from a zero state, all chunks at once; (2) the chunks, in order, give the state entering each; (3) every
     h_t at once. About 2 sqrt(T) vectorized steps and 2T work instead of T steps (docs/memory.md: why this scan)."""
     steps = a.shape[0]
-    chunk = min(c for c in range(1, steps + 1) if steps % c == 0 and c * c >= steps)  # a divisor: no padding
-    a_chunks, b_chunks = a.unflatten(0, (steps // chunk, chunk)), b.unflatten(0, (steps // chunk, chunk))
+    # chunks of c steps take c + ceil(T / c) sequential steps, the fewest at c = ceil(sqrt(T)); a divisor of T as
+    # good needs no padding. Else identity steps (a = 1, b = 0) pad T to whole chunks; their states are dropped
+    root = min(c for c in range(1, steps + 1) if c * c >= steps)
+    fewest = root + -(-steps // root)
+    chunk = next((c for c in range(root, fewest) if steps % c == 0 and c + steps // c == fewest), root)
+    if pad := -steps % chunk:
+        a, b = torch.cat([a, a.new_ones(pad, *a.shape[1:])]), torch.cat([b, b.new_zeros(pad, *b.shape[1:])])
+    a_chunks, b_chunks = a.unflatten(0, (-1, chunk)), b.unflatten(0, (-1, chunk))
     # (1) [num_chunks, B, H] at a time: h is each chunk's state from a zero start, decay the product of its a's
     h, decay = torch.zeros_like(b_chunks[:, 0]), torch.ones_like(a_chunks[:, 0])
     chunk_states, decays = [], []
@@ -236,7 +242,7 @@ def linear_recurrence(a, b, h0):
         entering = decay_j * entering + h_j
     # (3) every state at once
     states = torch.stack(chunk_states, 1) + torch.stack(decays, 1) * torch.stack(entering_states)[:, None]
-    return states.flatten(0, 1)
+    return states.flatten(0, 1)[:steps]
 
 
 def observed_indices(env_id, obs_indices):
@@ -378,8 +384,7 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
 
 def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs them."""
     agent = Agent(n_obs, n_act, device=device)
     # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
@@ -389,9 +394,7 @@ def make_learner(args, n_obs, n_act, device):
     # acting reads the agent's weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    policy = agent_inference.get_action_and_value
-    get_value = agent_inference.get_value
-    return agent, optimizer, (policy, get_value, update)
+    return agent, optimizer, (agent_inference.get_action_and_value, agent_inference.get_value, update)
 
 
 def main(args):
@@ -445,7 +448,6 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         # the update replays each env's sequence from the recurrent state this rollout starts with
         initial_rnn_state = next_rnn_state.clone()
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -537,8 +539,9 @@ def check_args(args):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if getattr(args, flag) <= 0:
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_steps * args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
@@ -546,8 +549,6 @@ def check_args(args):
         fail(f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
 

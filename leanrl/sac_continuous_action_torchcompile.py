@@ -223,8 +223,7 @@ class ReplayBuffer:
 
 
 def make_ensemble_qf(n_obs, n_act):
-    """`ensemble_qf(params, obs, actions)`: the Q-values, shape [2, batch, 1], of the Q-networks whose parameters
-    `from_modules` stacked in `params`. `torch.vmap` maps over the stack: each layer of both is one batched matmul."""
+    """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in `params`, by vmap."""
     qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a weightless shell: `params` are swapped in at each call
 
     def qf(params, obs, actions):

@@ -11,8 +11,10 @@ on the CPU whatever the machine has: no `--cuda`, no `--cudagraphs`. Each update
 step, compiles as one graph (`--no-compile` runs the same functions eagerly): it is written as a function of the
 parameters, `torch.func` gradients and Adam written out, since autograd's `backward` and an optimizer's `step` would
 split the graph. Acting runs in numpy on views of the actor's weights and the replay buffer is written through numpy
-views: at batch 1 a torch call costs more to dispatch than its arithmetic. At most two intra-op threads (fewer
-on one core or with OMP_NUM_THREADS=1), `threads` in the SUMMARY.
+views: at batch 1 a torch call costs more to dispatch than its arithmetic. Intra-op threads (`--threads`, `threads`
+in the SUMMARY): by default 2, or 1 where this process may use one core (its CPU affinity) or OMP_NUM_THREADS is 1.
+The critics' batch-256 matmuls gain from a second thread on an idle CPU, but a thread pool that loses a core to other
+work stalls: on a busy machine pass `--threads 1` (docs/performance.md).
 """
 
 import json
@@ -91,7 +93,7 @@ class Args:
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default: 2, or 1 where this process may use one core only; see the docstring)"""
+    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1; see the docstring)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -324,7 +326,8 @@ def main(args):
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")  # whatever the machine has
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
-    torch.set_num_threads(args.threads or min(2, cores))  # the updates' batch-256 matmuls gain from a second thread
+    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
+    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))

@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import breakdown, env_limit, machine, plots, report, run, scaling
+from benchmarks import breakdown, env_limit, machine, plots, report, run, scaling, seeds
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
@@ -564,3 +564,123 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the launcher's child is still running: {child.read_text()}")
+
+
+# --- benchmarks.seeds: a seeds script against N single-seed processes, and the GPU proxy ---------------------------
+
+# A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a seeds run
+# (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs builds N x num_envs fake envs
+FAKE_SEEDS_SCRIPT = """
+import dataclasses, json, sys
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Args:
+    seed: int = 1
+    num_seeds: int = 1
+    num_envs: int = 3
+    env_id: str = "Fake-v0"
+    total_timesteps: int = 300
+    learning_starts: int = 0
+
+
+class Space:
+    def seed(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def sample(self):
+        return self.rng.integers(2)
+
+
+class Envs:
+    def __init__(self, num_envs):
+        self.num_envs, self.single_action_space = num_envs, Space()
+
+    def reset(self):
+        return np.zeros((self.num_envs, 1)), {}
+
+    def step(self, actions):
+        assert len(actions) == self.num_envs
+
+    def close(self):
+        pass
+
+
+def make_envs(env_id, num_envs, seed, num_seeds):
+    return Envs(num_envs * num_seeds)
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    members = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
+    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 1
+    summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
+    path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
+    path.write_text(json.dumps(summary))
+    print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
+"""
+
+
+def test_seeds_benchmark_runs_each_n_against_p_single_seed_processes_and_writes_its_results(tmp_path, capsys):
+    """With fake scripts, N = 1 2 (quick): the seeds script once per N and way (--threads 1 and 2), the single-seed
+    script N times P at a time (P = 1, and 2 for N = 2), the env-only limit of N x 3 fake envs; the best of either
+    compared; the table, its JSON and plot."""
+    dqn = seeds.ALGOS[0]
+    for name in (dqn.script, dqn.single):
+        (tmp_path / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
+    out = tmp_path / "out"
+    argv = ["--quick", "--algos", "dqn", "--scripts-dir", str(tmp_path), "--out-dir", str(out), "--env-seconds", "0.01"]
+    assert seeds.main(argv) == 0
+    (json_path,) = out.glob("seeds-*.json")
+    result = json.loads(json_path.read_text())
+    table = {row["members"]: row for row in result["table"]}
+    assert table[1]["seeds_variants"] == {"seeds --threads 1": 1000, "seeds --threads 2": 2000}
+    assert table[1]["processes_sps"] == {"1 at once": 600}
+    assert table[2]["seeds_sps"] == 4000 and table[2]["best_seeds"] == "seeds --threads 2"
+    assert table[2]["processes_sps"] == {"1 at once": 600, "2 at once": 1200}
+    assert table[2]["best"] == "2 at once" and table[2]["vs_best"] == pytest.approx(4000 / 1200)
+    assert [result["env_limits"][f"dqn {n}"]["num_envs"] for n in (1, 2)] == [3, 6]
+    assert [(r["members"], r["variant"], len(r["summaries"])) for r in result["runs"]] == [
+        (1, "seeds --threads 1", 1),
+        (1, "seeds --threads 2", 1),
+        (1, "1 at once", 1),
+        (2, "seeds --threads 1", 1),
+        (2, "seeds --threads 2", 1),
+        (2, "1 at once", 2),
+        (2, "2 at once", 2),
+    ]
+    assert "| dqn | 2 | 4000 (seeds --threads 2) | 2 at once | 1200 | 3.33x |" in capsys.readouterr().out
+    assert (out / json_path.name.replace(".json", ".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_seeds_waves_add_the_sps_of_processes_that_run_together_on_their_share_of_the_cores():
+    summaries = [{"sps": sps} for sps in (100.0, 120.0, 90.0, 110.0, 200.0)]
+    assert seeds.waves_sps(summaries, 2) == pytest.approx((2 * 220 + 2 * 200 + 1 * 200) / 5)
+    assert seeds.waves_sps(summaries, 5) == pytest.approx(620.0)
+    assert seeds.processes_at_once(8, None, cores=2) == [1, 2, 8]
+    assert seeds.processes_at_once(1, None, cores=2) == [1]
+    assert seeds.processes_at_once(4, [3, 6], cores=2) == [3]
+    assert [seeds.process_cores(i, 1, 4) for i in range(1)] == [[0, 1, 2, 3]]  # one process: every core
+    assert [seeds.process_cores(i, 2, 4) for i in range(2)] == [[0, 1], [2, 3]]
+    assert [seeds.process_cores(i, 3, 2) for i in range(3)] == [[0], [1], [0]]  # more processes than cores
+
+
+def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
+    """The real dqn_seeds functions for N = 1 2, eagerly (no compile, so no fused-kernel count): per-call and
+    per-member times, the graphs' ATen ops (the three Linear layers' matmuls in acting) and the GPU expectation."""
+    table = seeds.proxy(seeds.ALGOS[:1], SCRIPTS, [1, 2], compiled=False, seconds=0.01, us_per_kernel=3.0)
+    assert [(r["function"], r["members"]) for r in table] == [
+        ("acting", 1),
+        ("update", 1),
+        ("acting", 2),
+        ("update", 2),
+    ]
+    for r in table:
+        assert r["us_per_call"] > 0 and r["us_per_member"] == pytest.approx(r["us_per_call"] / r["members"])
+        assert r["fused_kernels"] is None and r["kernels"] == r["aten_ops"]
+        assert r["gpu_us_per_member_unmeasured"] == pytest.approx(3.0 * r["kernels"] / r["members"])
+    assert [r["matmuls"] for r in table if r["function"] == "acting"] == [3, 3]
+    assert all(r["aten_ops"] > 3 * table[0]["aten_ops"] for r in table if r["function"] == "update")

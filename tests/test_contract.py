@@ -158,6 +158,18 @@ def test_a_cpu_script_has_no_cuda_flags(script, capsys):
         assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_a_cpu_script_refuses_threads_below_one(script, capsys):
+    """`--threads` (by default the script's rule, in its docstring) must be positive: 0 or -1 exits 2 in one line."""
+    module = load_script(script)
+    for value in ("0", "-1"):
+        with pytest.raises(SystemExit) as stop:
+            module.check_args(tyro.cli(module.Args, args=["--threads", value]))
+        assert stop.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--threads" in lines[0] and value in lines[0], lines
+
+
 # a launched script sees no GPU (conftest.script_env), so this holds on a GPU machine too
 @pytest.mark.parametrize(
     "script", [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT + ["ppo_atari_envpool_torchcompile"]

@@ -271,7 +271,7 @@ SCRIPTS = {
 }
 
 
-# --- the seeds scripts (issue 42): the members' functions, vmapped over a leading seeds axis (3 members) -----------
+# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members) -------------------------
 SEEDS = [1, 2, 3]
 
 
@@ -298,11 +298,16 @@ def make_dqn_seeds(module, args):
     return {"policy": (policy, (zeros(len(SEEDS), 1, 4),)), "update": (update, (dict(data.items()),))}
 
 
-SCRIPTS |= {"dqn_seeds": make_dqn_seeds}
-# --- end of the seeds scripts ------------------------------------------------------------------------------------
+def make_sac_seeds(module, args):
+    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[-1]
+    data = dict(batch((len(SEEDS), 64), **OFF_POLICY).items())
+    return {
+        "policy": (policy, (zeros(len(SEEDS), 1, 3),)),
+        "update_critic": (with_fake_func_grads(update_critic), (data,)),
+        "update_actor": (with_fake_func_grads(update_actor), (data,)),
+    }
 
 
-# --- ppo_continuous_action_seeds (issue 42): acting and the update, 3 members of one env each -----------------------
 def make_ppo_seeds(module, args):
     policy, update = module.make_learner(args, 3, 2, SEEDS, CUDA)[-1]
     minibatch = batch((len(SEEDS), 64), obs=(3,), actions=(2,), valid=(), **PPO)  # valid: 0 for envpool's reset steps
@@ -310,8 +315,9 @@ def make_ppo_seeds(module, args):
     return {"policy": (policy, (zeros(len(SEEDS), 3),)), "update": (update, (minibatch,))}
 
 
+SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "sac_continuous_action_seeds": make_sac_seeds}
 SCRIPTS |= {"ppo_continuous_action_seeds": make_ppo_seeds}
-# --- end of ppo_continuous_action_seeds --------------------------------------------------------------------------
+# --- end of the seeds scripts ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)

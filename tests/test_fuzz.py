@@ -177,6 +177,7 @@ FIELDS = {
     "memory": (st.booleans(), None),
     "async_batch_size": (lambda values: st.none() | st.sampled_from(divisors(values["num_envs"])), st.just(0)),
     "env_threads": (st.none() | st.integers(1, 2), st.just(0)),
+    "threads": (st.sampled_from([None, 1]), st.integers(-1, 0)),  # not 2: a busy machine stalls a 2-thread pool
     "double_buffer": (st.booleans(), None),
     "ray_timeout": (floats(30, 120), st.sampled_from([0.0, -1.0])),
     "runner_restarts": (st.integers(0, 3), st.just(-1)),

@@ -1,6 +1,7 @@
 """Each script ends with the run plumbing under one banner comment, and the banner's words hold: the parts it names are
 byte-identical within a family of scripts, the per-script ones are named here. Scripts are found on disk (every
-`leanrl/*.py`), so a new script is held to its family's plumbing at once. Parsing only, each script once: ~1 s."""
+`leanrl/*.py`), so a new script is held to its family's plumbing, and to the size budget of its suffix, at once.
+Parsing only, each script once: ~1 s."""
 
 import ast
 import difflib
@@ -30,13 +31,16 @@ SHARED = {
     "Run": [SINGLE_RUN, ("seeds",)],
     "evaluate": [("standard",), ("atari",), ("recurrent",), ("seeds",)],
     "true_next_obs": [("standard", "recurrent", "seeds")],
-    "finished_episodes": [("standard", "recurrent", "seeds")],
+    "finished_episodes": [("standard", "recurrent"), ("seeds",)],
     "episode_starts": [("recurrent",)],
+    "check_memory": [("seeds",)],
 }
 # written by each script for itself: its flag checks
 PER_SCRIPT = ("check_args",)
-# under the banner of every script, in this order, then the `__main__` guard and nothing else
+# under the banner of every script, in this order, then the `__main__` guard and nothing else; the seeds scripts also
+# check that their members' storage fits in memory
 BELOW_THE_BANNER = ["fail", "check_args", "Run", "evaluate"]
+BELOW_THE_SEEDS_BANNER = ["fail", "check_args", "check_memory", "Run", "evaluate"]
 MAIN_GUARD = 'if __name__ == "__main__":\n    main(tyro.cli(Args))'
 RULE = "# " + "=" * 118
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py"))
@@ -71,7 +75,8 @@ def test_the_family_rule():
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_the_banner_is_followed_by_the_plumbing_it_names(script):
-    assert plumbing(script)["below"] == [*BELOW_THE_BANNER, MAIN_GUARD]
+    below = BELOW_THE_SEEDS_BANNER if family(script) == "seeds" else BELOW_THE_BANNER
+    assert plumbing(script)["below"] == [*below, MAIN_GUARD]
 
 
 @pytest.mark.parametrize("part", SHARED)
@@ -85,3 +90,44 @@ def test_shared_parts_are_byte_identical_within_their_family(part):
         for name, text in texts.items():
             diff = difflib.unified_diff(common.splitlines(), text.splitlines(), "most scripts", name, lineterm="")
             assert text == common, f"{part} of {name} differs within {'/'.join(group)}:\n" + "\n".join(diff)
+
+
+# The most lines (`wc -l`) a script may have, by the first pattern its name matches: the recurrent scripts carry a
+# state through acting, storage and update, and the plumbing section (from the banner's rule to the end) is capped
+# in every script.
+SIZE_BUDGETS = [
+    ("*_seeds", 600),
+    ("*_cpu", 600),
+    ("*_async", 600),
+    ("*_distributed", 750),
+    ("*_ray", 750),
+    ("ppo_lstm_torchcompile", 690),
+    ("ppo_mingru_torchcompile", 690),
+    ("*_torchcompile", 550),
+    ("ppo_lstm", 630),
+    ("ppo_mingru", 630),
+    ("*", 510),
+]
+PLUMBING_BUDGET = 160
+
+
+def size_budget(script):
+    return next(lines for pattern, lines in SIZE_BUDGETS if fnmatch(script, pattern))
+
+
+def test_the_size_budget_rule():
+    scripts = ("ppo_lstm_seeds", "td3_continuous_action_cpu", "ppo_atari_envpool_async", "ppo_continuous_action_ray")
+    scripts += ("ppo_continuous_action_distributed", "ppo_mingru_torchcompile", "dqn_torchcompile", "ppo_lstm", "dqn")
+    assert [size_budget(name) for name in scripts] == [600, 600, 600, 750, 750, 690, 550, 630, 510]
+
+
+def test_every_script_is_within_its_size_budgets():
+    over = []
+    for script in ALL_SCRIPTS:
+        lines = (SCRIPTS / f"{script}.py").read_text().splitlines()
+        plumbing = len(lines) - lines.index(RULE)
+        if len(lines) > size_budget(script):
+            over.append(f"{script}.py: {len(lines)} lines, budget {size_budget(script)}")
+        if plumbing > PLUMBING_BUDGET:
+            over.append(f"{script}.py: its plumbing section has {plumbing} lines, budget {PLUMBING_BUDGET}")
+    assert not over, "\n".join(over)

@@ -44,7 +44,8 @@ class ShuffledPool:
     """envpool's async API over a synchronous stand-in, in a seeded order: `recv` steps `batch_size` of the envs in
     flight and returns them, taking them by the order they were sent in plus a random lag of up to 2 batches, so
     that batches mix envs ahead and behind (as envpool's threads do), the same on every run. The stand-in's `trace`
-    then holds exactly the steps that `recv` returned."""
+    then holds exactly the steps that `recv` returned. Like envpool's, `recv` needs a whole batch in flight (envpool's
+    would wait forever): it fails the test if there is none."""
 
     def __init__(self, pool, batch_size, seed):
         self.pool, self.batch_size, self.rng = pool, batch_size, np.random.default_rng(seed)
@@ -60,6 +61,7 @@ class ShuffledPool:
             self.sent += 1
 
     def recv(self):
+        assert len(self.in_flight) >= self.batch_size, f"{len(self.in_flight)} envs in flight: recv would never return"
         envs = sorted(self.in_flight, key=lambda env: self.in_flight[env][0])[: self.batch_size]
         actions = {env: self.in_flight.pop(env)[1] for env in envs}
         resets = np.array([env for env in envs if actions[env] is None], dtype=np.int64)
@@ -77,6 +79,16 @@ class ShuffledPool:
 
     def close(self):
         self.pool.close()
+
+
+class StarvingPool(ShuffledPool):
+    """ShuffledPool's order, but env 0 comes back last of the envs in flight: the slowest env there can be, which
+    lets the others run as far ahead as `collect_rollout` lets any env."""
+
+    def send(self, actions, env_id):
+        super().send(actions, env_id)
+        if 0 in env_id.tolist():
+            self.in_flight[0] = (float("inf"), self.in_flight[0][1])
 
 
 def async_rollouts(envs):
@@ -121,6 +133,13 @@ def shuffled(seed=0, batch_size=4):
     return ShuffledPool(stand_in(seed), batch_size, seed)
 
 
+def assert_rollouts_equal(rollouts, expected):
+    for iteration, ((rollout, next_value), (want, want_next_value)) in enumerate(zip(rollouts, expected)):
+        for key in KEYS:
+            assert torch.equal(rollout[key], want[key]), (iteration, key)
+        assert torch.equal(next_value, want_next_value), iteration
+
+
 @pytest.mark.parametrize(
     "make_envs",
     [shuffled, lambda: stand_in(batch_size=4), lambda: ShuffledPool(stand_in(), NUM_ENVS, 0)],
@@ -133,15 +152,22 @@ def test_rollout_by_env_is_the_synchronous_rollout(make_envs):
     envs = make_envs()
     rollouts, rows, _ = async_rollouts(envs)
     expected = sync_rollouts(seed=0)
-    for iteration, ((rollout, next_value), (want, want_next_value)) in enumerate(zip(rollouts, expected)):
-        for key in KEYS:
-            assert torch.equal(rollout[key], want[key]), (iteration, key)
-        assert torch.equal(next_value, want_next_value), iteration
+    assert_rollouts_equal(rollouts, expected)
     assert sum(want["terminations"].sum() + want["truncations"].sum() for want, _ in expected) > 20
     if isinstance(envs, ShuffledPool) and envs.batch_size < NUM_ENVS:
         assert max(rows) > NUM_STEPS, "no env ran past its steps: the carry to the next rollout went untested"
     if isinstance(envs, ShuffledPool) and envs.batch_size == NUM_ENVS:
         assert rows == [NUM_STEPS] * ITERATIONS, "one batch of all envs is held whole at each rollout's end"
+
+
+def test_no_env_runs_past_the_storage():
+    """Against the slowest env there can be (env 0 returns only when no other env is left to return, its reset
+    included), envs with their steps wait, then as few as keep a batch stepping run ahead, by NUM_STEPS + 1 steps at
+    most: the furthest row reached is the storage's last, and the rollouts are still the synchronous ones."""
+    rollouts, rows, _ = async_rollouts(StarvingPool(stand_in(), 4, seed=0))
+    assert_rollouts_equal(rollouts, sync_rollouts(seed=0))
+    storage = load_script(ASYNC).make_storage(NUM_STEPS, NUM_ENVS, (4, 84, 84), torch.device("cpu"))
+    assert max(rows) == 2 * NUM_STEPS + 1 == len(storage) - 1, rows
 
 
 def test_every_env_steps_in_order():
@@ -201,7 +227,7 @@ def test_smoke_compiled_and_the_twin_loads_its_model(tmp_path):
     twin (load_model reads `_async` as the same algorithm)."""
     result = summary(run_script(ASYNC, *SMOKE, "--compile", "--save-model", cwd=tmp_path))
     assert (result["script"], result["compile"], result["async_batch_size"], result["num_envs"]) == (ASYNC, True, 4, 8)
-    assert result["env_threads"] == max(1, os.cpu_count() - 1)  # the default leaves the policy a core
+    assert result["env_threads"] == max(1, len(os.sched_getaffinity(0)) - 1)  # the default leaves the policy a core
     assert 2048 <= result["total_timesteps"] < 2048 + 32 * 8
     assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
     assert all(point[2] == int(point[2]) for point in result["curve"])

@@ -1,6 +1,9 @@
-"""SAC: the three scripts run; the CPU script's functional update is the eager script's module update; compiled updates
-are their eager selves and never recompile; the CPU script's numpy policy is the torch actor; flag values out of range
-exit 2; the eager and CPU scripts learn Pendulum-v1."""
+"""SAC: the three scripts run, the CPU script on no more threads than the cores it may use; the CPU script's functional
+update is the eager script's module update; compiled updates are their eager selves and never recompile; the CPU
+script's numpy policy is the torch actor; flag values out of range exit 2; the eager and CPU scripts learn
+Pendulum-v1."""
+
+import os
 
 import numpy as np
 import pytest
@@ -40,6 +43,19 @@ def test_smoke(script, flags):
     assert result["sps"] > 0 and result["sps_wall"] > 0
     if script == CPU:
         assert (result["device"], result["cudagraphs"], result["threads"]) == ("cpu", False, 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_cpu_threads_follow_the_cores_the_process_may_use():
+    """Pinned to one core, as `taskset -c 0` or a one-core cpuset would pin it, the CPU script runs one thread by
+    default, though OMP_NUM_THREADS offers it three (the rule reads its affinity, not the machine's cores)."""
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # the script, a child, inherits it
+    try:
+        proc = run_script(CPU, *SMOKE, "--no-compile", env={"OMP_NUM_THREADS": "3"})
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert summary(proc)["threads"] == 1
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,603 @@
+"""Deep Q-Network for discrete actions, `--num-seeds N` independent runs trained as one vmapped program.
+
+Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps per member).
+
+    python leanrl/dqn_seeds.py                                # 8 members (seeds 1..8), the update compiled
+    python leanrl/dqn_seeds.py --num-seeds 3 --no-compile     # 3 members, the same functions, eagerly
+    python leanrl/dqn_seeds.py --compile --cudagraphs         # on CUDA: acting and the update as CUDA graphs
+
+Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program. Member k is
+dqn_cpu.py with `--seed seed+k` (the same initial weights and env seeds) and has its own target network, Adam state,
+replay buffer and exploration; members share only the program and one random generator, which draws differently for
+each (vmap's `randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state and
+buffers are stacked on a leading seeds axis; each step makes one call for all members: one vector env of N x
+`--num-envs` envs (member k's a contiguous slice), one policy, one buffer write, one sample and one update vmapped
+over the seeds axis. `--compile` compiles the policy and the update, `--cudagraphs` records them with
+`CudaGraphModule`; on a CPU the members act in numpy, as in dqn_cpu.py. The SUMMARY reports each member (`seeds`,
+`return_means`, `eval_return_means`; a curve each in summary.json), their mean, and the aggregate `sps` (all members'
+env steps per second); `total_timesteps` counts one member's. `--save-model` writes a file per member, which dqn.py,
+dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates it as every member.
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from tensordict.nn import CudaGraphModule
+from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+
+
+@dataclass
+class Args:
+    exp_name: str = "dqn_seeds"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the first member; member k has seed `seed + k`"""
+    num_seeds: int = 8
+    """the number of independent runs (members) trained together"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    save_model: bool = False
+    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at the end"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with each member's policy and report their mean returns (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file as every member for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+
+    env_id: str = "CartPole-v1"
+    """the id of the environment"""
+    total_timesteps: int = 500_000
+    """environment steps of each member"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments of each member"""
+    buffer_size: int = 10_000
+    """the replay memory buffer size of each member, in transitions"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate (1: a hard copy)"""
+    target_network_frequency: int = 500
+    """the frequency of updates for the target network, in iterations"""
+    batch_size: int = 128
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.05
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.5
+    """the fraction of `total_timesteps` over which epsilon goes from `start_e` to `end_e`"""
+    learning_starts: int = 10_000
+    """environment steps before learning starts"""
+    train_frequency: int = 10
+    """one gradient step every `train_frequency` iterations"""
+
+    threads: int = 1
+    """torch's intra-op threads. 2 run N members' update ~1.7x faster (N=8, 2 idle cores), but on a shared CPU
+    whose cores are all busy a second thread stalls every matmul (a run 20x slower, measured): one by default"""
+    compile: bool = True
+    """compile acting and the update, one graph each; --no-compile runs the same functions eagerly"""
+    cudagraphs: bool = False
+    """wrap acting and the update in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
+
+
+def make_env(env_id, seed, video_dir=None, video_episodes=None):
+    def thunk():
+        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
+        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+            prefix = "train" if video_episodes is None else "eval"
+            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def member_env_seeds(seed, num_seeds, num_envs):
+    """Env i of member k has seed `seed + k + i`, as env i of the single-seed script run with `--seed seed+k`."""
+    return [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
+
+
+def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
+    """One vector env in same-step autoreset mode (an ended episode's true final obs in `info["final_obs"]`): `num_envs`
+    envs per member, member k's the k-th slice; with `video_dir`, its first env records videos there (the first
+    `video_episodes` episodes if given). One env loop per step for all members, not one per member."""
+    try:
+        videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
+        env_seeds = member_env_seeds(seed, num_seeds, num_envs)
+        thunks = [make_env(env_id, env_seed, video, video_episodes) for env_seed, video in zip(env_seeds, videos)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    spaces = envs.single_observation_space, envs.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
+    return envs
+
+
+def finished_episodes(infos, num_seeds):
+    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
+    member k's envs are the k-th of `num_seeds` slices)."""
+    final_info = infos.get("final_info", {})
+    if "episode" not in final_info:
+        return [[]] * num_seeds
+    returns, ended = final_info["episode"]["r"].reshape(num_seeds, -1), final_info["_episode"].reshape(num_seeds, -1)
+    return [member_returns[member_ended].tolist() for member_returns, member_ended in zip(returns, ended)]
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
+    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    real_next_obs = next_obs.copy()
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(n_obs, 120, device=device),
+            nn.ReLU(),
+            nn.Linear(120, 84, device=device),
+            nn.ReLU(),
+            nn.Linear(84, n_act, device=device),
+        )
+
+    def forward(self, x):
+        return self.network(x)
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    """Epsilon at env step `t` (a number or a tensor): from `start_e` at 0 down to `end_e` at `duration`, then flat."""
+    epsilon = start_e + (end_e - start_e) * t / duration
+    return epsilon.clamp_min(end_e) if isinstance(epsilon, torch.Tensor) else max(epsilon, end_e)
+
+
+class ReplayBuffer:
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...], written (all members at once)
+    through numpy views of the tensors; `sample` draws uniformly with replacement, each member from its own buffer, and
+    moves the batch to `device`. The members step together: one cursor serves them all."""
+
+    def __init__(self, num_seeds, buffer_size, n_obs, device):
+        self.storage = dict(
+            obs=torch.zeros(num_seeds, buffer_size, n_obs),
+            next_obs=torch.zeros(num_seeds, buffer_size, n_obs),
+            actions=torch.zeros(num_seeds, buffer_size, dtype=torch.long),
+            rewards=torch.zeros(num_seeds, buffer_size),
+            terminations=torch.zeros(num_seeds, buffer_size),
+        )
+        self.views = {key: column.numpy() for key, column in self.storage.items()}
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
+        # the members' buffers end to end, and where each one starts: one index_select per field samples them all
+        self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
+        self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
+
+    def extend(self, transitions):  # the vector env's arrays: member k's envs are the k-th of num_seeds slices
+        n = sum(len(t["obs"]) for t in transitions) // len(self.starts)
+        idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
+        for key, view in self.views.items():
+            columns = [
+                t[key].reshape(len(view), -1, *view.shape[2:]) for t in transitions
+            ]  # [num_seeds, num_envs, ...]
+            view[:, idx] = np.concatenate(columns, axis=1)  # numpy converts to the view's dtype
+        self.cursor = (self.cursor + n) % self.buffer_size
+        self.size = min(self.size + n, self.buffer_size)
+
+    def sample(self, batch_size):
+        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()  # [member, batch]
+        shape = (len(self.starts), batch_size)
+        return {key: col.index_select(0, idx).unflatten(0, shape).to(self.device) for key, col in self.flat.items()}
+
+
+class Adam:
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
+    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph. Every
+    operation is elementwise, so on parameters stacked over members it takes each member's own step."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
+        # product serves all members, which step together
+        self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
+
+    def step(self, grads):
+        beta1, beta2 = self.betas
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
+        for name, param in self.params.items():
+            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
+            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+
+
+def make_functional_updates(q_network, target_params, optimizer, args):
+    """The TD step of every member (returns each member's loss and mean Q of the taken actions) and the target
+    networks' update. The TD step of one member's parameters is vmapped over the stacked `optimizer.params` (updated in
+    place), `target_params` and batch (`q_network`: a meta shell that `functional_call` fills). `torch.func` takes the
+    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes all members' step one graph."""
+
+    def td_target_fn(target_params, data):
+        target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
+        return data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+
+    def loss_fn(params, data, td_target):
+        q_values = functional_call(q_network, params, (data["obs"],))
+        old_val = q_values.gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
+        return F.mse_loss(td_target, old_val), old_val.mean()
+
+    def update(data):  # every tensor with a leading seeds axis
+        with torch.no_grad():
+            td_target = vmap(td_target_fn)(target_params, data)
+        grads, (loss, q_mean) = vmap(grad_and_value(loss_fn, has_aux=True))(optimizer.params, data, td_target)
+        optimizer.step(grads)
+        return loss, q_mean
+
+    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
+        for name, target_param in target_params.items():
+            target_param.copy_(args.tau * optimizer.params[name] + (1 - args.tau) * target_param)
+
+    return update, update_target
+
+
+def make_policy(q_network, params, n_act, global_step, start_e, end_e, duration):
+    """CleanRL's epsilon-greedy for every member at once, a coin per member (vmap's `randomness="different"`).
+    `global_step`, a device tensor the policy advances in place (by a member's envs), moves the schedule with no host
+    sync and no recompile. Observations [num_seeds, num_envs, n_obs] in, actions [num_seeds, num_envs] out."""
+
+    def act(params, obs, epsilon):  # one member
+        q_values = functional_call(q_network, params, (obs,))
+        explore = torch.rand((), device=obs.device) < epsilon
+        random_actions = torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
+        return torch.where(explore, random_actions, q_values.argmax(dim=1))
+
+    def policy(obs):
+        epsilon = linear_schedule(start_e, end_e, duration, global_step)
+        with torch.no_grad():
+            actions = vmap(act, in_dims=(0, 0, None), randomness="different")(params, obs, epsilon)
+        global_step.add_(obs.shape[1])
+        return actions
+
+    return policy
+
+
+def make_host_policy(params, n_act, start_e, end_e, duration):
+    """`make_policy` on the host, for a CPU: a coin per member, and the Q networks in numpy, one call for all members
+    (matmul broadcasts over the seeds axis; a torch call, even compiled, costs more to dispatch than to run here). The
+    arrays are views of the stacked weights, which Adam updates in place; it restates `QNetwork.forward`, and a test
+    holds it to it. Its step is a Python int. CPU tensors in and out, as `make_policy`'s, numpy views inside."""
+    layers = [(params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy()) for i in (0, 2, 4)]
+    layers = [(weight.transpose(0, 2, 1), bias[:, None]) for weight, bias in layers]  # x @ W.T + b, per member
+    step = 0
+
+    def policy(obs):
+        nonlocal step
+        epsilon = linear_schedule(start_e, end_e, duration, step)
+        step += obs.shape[1]
+        explore = np.random.random(len(obs)) < epsilon  # a coin per member
+        random_actions = np.random.randint(n_act, size=obs.shape[:2])
+        if explore.all():
+            return torch.from_numpy(random_actions)
+        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
+        x = np.maximum(obs.numpy() @ w1 + b1, 0)
+        x = np.maximum(x @ w2 + b2, 0)
+        return torch.from_numpy(np.where(explore[:, None], random_actions, (x @ w3 + b3).argmax(axis=2)))
+
+    return policy
+
+
+def make_learner(args, n_obs, n_act, seeds, device):
+    """The members' stacked Q networks, optimizer and functions (policy, update, update_target) on `device`, as
+    `main` runs them. Member k starts from the weights the single-seed script draws with `--seed seeds[k]`."""
+    q_networks = []
+    for seed in seeds:
+        with torch.random.fork_rng():  # the global generator is left as it was
+            torch.manual_seed(seed)
+            q_networks.append(QNetwork(n_obs, n_act, device=device))
+    params = {name: param.detach() for name, param in stack_module_state(q_networks)[0].items()}
+    target_params = {name: param.clone() for name, param in params.items()}
+    q_network = QNetwork(n_obs, n_act, device="meta")  # the shell `functional_call` fills
+    optimizer = Adam(params, lr=args.learning_rate)
+    update, update_target = make_functional_updates(q_network, target_params, optimizer, args)
+    global_step = torch.zeros((), dtype=torch.long, device=device)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    policy = make_policy(q_network, params, n_act, global_step, args.start_e, args.end_e, exploration_steps)
+    return params, optimizer, (policy, update, update_target)
+
+
+def main(args):
+    check_args(args)
+    run = Run(args, "dqn_seeds")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
+    probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
+    n_obs, n_act = int(np.prod(probe.single_observation_space.shape)), int(probe.single_action_space.n)
+    probe.close()
+    check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")  # 2 observations, 3 scalars, 8 bytes
+    train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, train_videos)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.set_num_threads(args.threads)
+
+    params, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, run.seeds, device)
+    for name, saved in (run.saved_model or {}).items():  # --eval-model: the saved model, as every member
+        params[name].copy_(saved)
+    if args.compile:  # one graph each; on a CPU, a C++ wrapper calls the update's kernels with fewer Python calls
+        policy = torch.compile(policy, fullgraph=True)
+        update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"})
+    if args.cudagraphs:
+        # the first calls run as they are (compiling, with --compile), the next records the graph, later ones replay it
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
+
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    if device.type == "cpu":  # the members act in numpy, not with the torch policy: see make_host_policy
+        policy = make_host_policy(params, n_act, args.start_e, args.end_e, exploration_steps)
+
+    rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, device)
+    obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
+    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs
+    transitions = []
+    qf_loss = q_mean = torch.zeros(args.num_seeds)
+    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    for iteration in pbar:
+        global_step = iteration * args.num_envs
+        if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
+            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+
+        # ALGO LOGIC: put action logic here
+        member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(args.num_seeds, args.num_envs, n_obs)
+        actions = policy(member_obs).cpu().numpy().reshape(-1)  # member k's envs are a contiguous slice
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
+
+        real_next_obs = true_next_obs(next_obs, infos)
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
+        transitions.append(transition)  # numpy arrays until the next write
+
+        # CRUCIAL step easy to overlook
+        obs = next_obs
+
+        # ALGO LOGIC: training.
+        if iteration % args.train_frequency == 0:
+            rb.extend(transitions)
+            transitions.clear()
+        if iteration > learning_starts:
+            if iteration % args.train_frequency == 0:
+                data = rb.sample(args.batch_size)
+                qf_loss, q_mean = update(data)
+
+            if iteration % args.target_network_frequency == 0:
+                update_target()
+
+        if iteration % 100 == 0:
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+            run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
+
+        run.steps = global_step + args.num_envs
+        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this step
+            break
+
+    # each member's weights as a single-seed Q network's state dict (copies: a view would save the whole stack)
+    models = [{name: param[k].clone() for name, param in params.items()} for k in range(args.num_seeds)]
+
+    def evaluate_greedy(member, episodes, videos):  # the greedy action of member `member`
+        q_network = QNetwork(n_obs, n_act, device=device)
+        q_network.load_state_dict(models[member])
+        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
+        return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, run.seeds[member], device)
+
+    envs.close()
+    run.finish(device, models, evaluate_greedy, threads=torch.get_num_threads())
+
+
+# ======================================================================================================================
+# Run plumbing, the same in every seeds script: user errors, the run folder and its summary of every member, wandb,
+# Ctrl-C, saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    for flag in (*sizes, "learning_rate", "threads"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_timesteps < args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
+    if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
+        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
+    if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
+        fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
+    if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
+        fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
+
+
+def check_memory(args, member_bytes, what):
+    """`--num-seeds` members whose `what` needs `member_bytes` each must fit in the machine's memory."""
+    need = args.num_seeds * member_bytes / 2**30
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    if need > memory:
+        fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+
+
+class Run:
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
+    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Member k has seed `run.seeds[k]`, its
+    last 20 returns and its curve."""
+
+    def __init__(self, args, script):
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+        if args.num_seeds < 1:
+            fail(f"--num-seeds must be at least 1, got {args.num_seeds}")
+        self.args, self.script, self.wandb = args, script, None
+        self.seeds = [args.seed + k for k in range(args.num_seeds)]
+        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        self.videos = self.video_folder() if args.capture_video else None
+        os.makedirs(self.dir, exist_ok=True)
+        if args.track:
+            self.wandb = wandb = __import__("wandb")  # imported with --track only
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        # per member: the last 20 returns, and [step, seconds, return] of all
+        self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
+        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
+        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+        self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+
+    def load_model(self, path):
+        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, trained = saved["script"], dict(saved["args"])
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+            if trained.get(flag) != getattr(self.args, flag, None):
+                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        return saved["model"]
+
+    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
+        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
+        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+            __import__("moviepy")
+            env = gym.make(self.args.env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            assert isinstance(env.render(), np.ndarray), "no frame"
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+        return os.path.join(self.dir, "videos")
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        """All members' env steps per second (`global_step` counts one member's)."""
+        if self.measure_start:  # else None: the clock has not started
+            return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+
+    def log_episodes(self, global_step, member_returns):
+        """`member_returns[k]`: the returns of the episodes member k finished on this step."""
+        for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
+            for episodic_return in episode_returns:
+                returns.append(episodic_return)
+                curve.append([global_step, time.time() - self.start_time, episodic_return])
+                if self.wandb:
+                    self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
+
+    def return_means(self):  # each member's mean return over its last 20 episodes, None before its first
+        return [float(np.mean(returns)) if returns else None for returns in self.returns]
+
+    def log_progress(self, pbar, global_step, metrics):
+        """The bar's sps and members' mean return; with `--track`, `metrics` (a value, or one per member) to wandb."""
+        sps, means = self.sps(global_step) or 0.0, [mean for mean in self.return_means() if mean is not None]
+        pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
+        if self.wandb:  # host syncs, only with --track
+            values = {k: np.broadcast_to(torch.as_tensor(v).cpu().numpy(), len(self.seeds)) for k, v in metrics.items()}
+            losses = {f"losses/{k}_seed{s}": float(v[m]) for k, v in values.items() for m, s in enumerate(self.seeds)}
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+
+    def finish(self, device, models, evaluate, **extra):
+        """Save each member's model (`--save-model`: runs/<run_name>/<script>_seed<seed>.pt, the single-seed scripts'
+        format with its seed), play `--eval-episodes` per member with `evaluate(member, episodes, videos) -> returns`,
+        write summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it
+        would."""
+        args, end_time, seeds = self.args, time.time(), self.seeds
+        model_files = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds if args.save_model]
+        for seed, model, path in zip(seeds, models, model_files):
+            torch.save({"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}, path + ".tmp")
+            os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
+        videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]  # member k's: videos/seed<seed>/
+        eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
+        means, eval_means = self.return_means(), [float(np.mean(returns)) for returns in eval_returns]
+        eval_mean, wall_s = float(np.mean(eval_means)) if eval_means else None, end_time - self.start_time
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
+        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
+        summary |= dict(sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
+        summary |= dict(num_seeds=len(seeds), seeds=seeds, episodes=sum(map(len, self.curves)), return_means=means)
+        summary |= dict(return_mean=None if None in means else float(np.mean(means)), interrupted=self.stop_signal > 0)
+        summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_returns=eval_returns)
+        summary |= dict(eval_return_means=eval_means, eval_return_mean=eval_mean, **extra)
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curves": self.curves}, f)
+        os.replace(path + ".tmp", path)
+        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if self.stop_signal:
+            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos, 1)[0]
+    envs.close()
+    return returns[:episodes]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

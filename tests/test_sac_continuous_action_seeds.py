@@ -1,0 +1,246 @@
+"""SAC's seeds script, N runs as one vmapped program: each member starts from the weights sac_continuous_action_cpu.py
+draws with its seed; each member's critic, actor, entropy and target steps are the CPU script's on that member's
+parameters, targets, Adam state and batch; a member's update does not
+depend on another member's batch; the vmapped policy is each member's actor; every member of a short run learns
+Pendulum; the per-member summary, model files a single-seed script evaluates, and bad inputs."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import SCRIPTS, load_script, run_script, summary
+from tensordict import from_modules
+from test_sac import HIGH, LOW, N_ACT, N_OBS, make_batch
+
+SEEDS_SCRIPT, CPU_SCRIPT = "sac_continuous_action_seeds", "sac_continuous_action_cpu"
+SEEDS = [1, 2, 3]
+CPU = torch.device("cpu")
+
+
+def fixed_noise(mean):
+    """`torch.randn_like` made a function of its argument's values, the same for one member alone or vmapped."""
+    return torch.sin(1e3 * mean.detach())
+
+
+def member_state(seed):
+    """The CPU script's networks drawn with `seed` (actor, then both Q networks, as its make_learner draws them), with
+    target networks that differ from the online ones (the first layer 0.9x) and a log alpha of its own."""
+    mod = load_script(CPU_SCRIPT)
+    torch.manual_seed(seed)
+    actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
+    qnet = from_modules(mod.SoftQNetwork(N_OBS, N_ACT), mod.SoftQNetwork(N_OBS, N_ACT)).detach()
+    qnet_target = qnet.clone()
+    qnet_target["fc1", "weight"].mul_(0.9)
+    log_alpha = torch.tensor(0.1 * seed - 0.2)
+    return actor, qnet, qnet_target, log_alpha
+
+
+def build_cpu(seed, autotune):
+    """The CPU script's update functions on member `seed`'s state; returns them with that state."""
+    mod = load_script(CPU_SCRIPT)
+    actor, qnet, qnet_target, log_alpha = member_state(seed)
+    alpha = log_alpha.exp()
+    args = mod.Args(autotune=autotune)
+    update_critic, update_actor, update_targets, _ = mod.make_functional_updates(
+        actor, qnet, qnet_target, log_alpha, alpha, args, -float(N_ACT)
+    )
+    state = dict(actor=dict(actor.named_parameters()), q=qnet, q_target=qnet_target, log_alpha=log_alpha, alpha=alpha)
+    return (update_critic, update_actor, update_targets), state
+
+
+def build_seeds(autotune):
+    """The seeds script's update functions on the members SEEDS, stacked from `member_state`; returns them with the
+    stacked state."""
+    mod = load_script(SEEDS_SCRIPT)
+    members = [member_state(seed) for seed in SEEDS]
+    actor = members[0][0]
+    actor_params = {
+        name: torch.stack([m[0].get_parameter(name).detach() for m in members]) for name, _ in actor.named_parameters()
+    }
+    qnet, qnet_target = torch.stack([m[1] for m in members]), torch.stack([m[2] for m in members])
+    log_alpha = torch.stack([m[3] for m in members])
+    alpha = log_alpha.exp()
+    args = mod.Args(num_seeds=len(SEEDS), autotune=autotune)
+    (_, update_critic, update_actor, update_targets), _ = mod.make_functional_updates(
+        actor, qnet, qnet_target, actor_params, log_alpha, alpha, args, -float(N_ACT)
+    )
+    state = dict(actor=actor_params, q=qnet, q_target=qnet_target, log_alpha=log_alpha, alpha=alpha)
+    return (update_critic, update_actor, update_targets), state
+
+
+def flat(state, member=None):
+    """Every parameter of a state (the seeds state's member `member`), one vector per kind."""
+    take = (lambda x: x) if member is None else (lambda x: x[member])
+    return {
+        "actor": torch.cat([take(p).detach().flatten() for p in state["actor"].values()]),
+        "q": torch.cat([take(p).flatten() for p in state["q"].flatten_keys(".").values()]),
+        "q_target": torch.cat([take(p).flatten() for p in state["q_target"].flatten_keys(".").values()]),
+        "log_alpha": take(state["log_alpha"]).reshape(-1).clone(),
+    }
+
+
+def take_step(functions, batch):
+    """One iteration's updates (critic, actor and entropy, targets) on `batch`; returns the losses."""
+    update_critic, update_actor, update_targets = functions
+    qf_loss = update_critic(batch)
+    actor_loss, alpha_loss = update_actor(batch)
+    update_targets()
+    return torch.stack([qf_loss, actor_loss, alpha_loss], -1)
+
+
+def stacked_batches(step):
+    """A batch per member (test_sac's, a different one each) and the same stacked on a seeds axis."""
+    batches = [make_batch(100 * step + k) for k in range(len(SEEDS))]
+    return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0].keys()}
+
+
+@pytest.mark.parametrize("autotune", [True, False], ids=["autotune", "fixed-alpha"])
+def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(autotune, monkeypatch):
+    """Three iterations on fresh batches: member k's losses and parameters (actor, Q networks, targets, log alpha)
+    after each are the CPU script's on member k's own state and batch, the actor's noise a function of its input in
+    both. In float64: the members' batched matmuls sum in another order than the CPU script's, ~1e-13 apart here
+    (in float32 Adam's first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
+    monkeypatch.setattr(torch, "randn_like", fixed_noise)
+    torch.set_default_dtype(torch.float64)  # modules and batches; reset below
+    try:
+        seeds_functions, seeds_state = build_seeds(autotune)
+        singles = [build_cpu(seed, autotune) for seed in SEEDS]
+        start = flat(seeds_state)
+        for step in range(3):
+            batches, stacked = stacked_batches(step)
+            losses = take_step(seeds_functions, stacked)
+            assert losses.shape == (len(SEEDS), 3) and losses.dtype == torch.float64
+            for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
+                torch.testing.assert_close(losses[member], take_step(functions, batch), rtol=1e-10, atol=1e-10)
+                for key, value in flat(state).items():
+                    torch.testing.assert_close(flat(seeds_state, member)[key], value, rtol=1e-10, atol=1e-10, msg=key)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    changed = {key: not torch.equal(value, start[key]) for key, value in flat(seeds_state).items()}
+    assert changed == {"actor": True, "q": True, "q_target": True, "log_alpha": autotune}
+
+
+def test_a_members_update_depends_on_its_own_batch_alone():
+    """Two iterations from the same state and random draws, on the same batches except member 0's: members 1 and 2
+    come out with exactly the same losses and parameters (bit for bit), member 0 with others."""
+    outcomes = []
+    for changed in (False, True):
+        functions, state = build_seeds(autotune=True)
+        _, stacked = stacked_batches(0)
+        if changed:
+            stacked = {key: value.clone() for key, value in stacked.items()}
+            stacked["obs"][0] += 1.0
+            stacked["rewards"][0] = 1 - stacked["rewards"][0]
+        torch.manual_seed(0)
+        losses = torch.stack([take_step(functions, stacked) for _ in range(2)])
+        outcomes.append((losses, [flat(state, member) for member in range(len(SEEDS))]))
+    (losses, members), (losses_changed, members_changed) = outcomes
+    assert torch.equal(losses[:, 1:], losses_changed[:, 1:])
+    assert all(torch.equal(members[k][key], members_changed[k][key]) for k in (1, 2) for key in members[k])
+    assert not torch.equal(losses[:, 0], losses_changed[:, 0])
+    assert not torch.equal(members[0]["actor"], members_changed[0]["actor"])
+
+
+def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
+    """Member k's actor and Q networks are the ones sac_continuous_action_cpu.py builds after seeding torch with
+    `seed + k` (as its Run does), its targets equal its Q networks, its alpha is 1; the global generator is left as
+    it was."""
+    mod, cpu = load_script(SEEDS_SCRIPT), load_script(CPU_SCRIPT)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    _, actor_params, alpha, optimizers, _ = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    assert torch.equal(torch.get_rng_state(), before) and torch.equal(alpha, torch.ones(len(SEEDS)))
+    q_params = optimizers[0].params
+    for member, seed in enumerate(SEEDS):
+        torch.manual_seed(seed)
+        actor, _, cpu_optimizers, _ = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH)
+        assert all(torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters())
+        assert all(torch.equal(q_params[name][member], p) for name, p in cpu_optimizers[0].params.items())
+
+
+def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
+    """The policy, one call for all members, gives each member's `Actor.get_action` on that member's observations
+    (action, log-probability, squashed mean; the noise a smooth function of the mean in both), also after the stacked
+    weights change in place, as Adam changes them."""
+    monkeypatch.setattr(torch, "randn_like", lambda mean: torch.sin(3 * mean))
+    mod = load_script(SEEDS_SCRIPT)
+    _, actor_params, _, _, (policy, *_) = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    obs = torch.randn(len(SEEDS), 16, N_OBS)
+    for _ in range(2):
+        got = policy(obs)
+        for member in range(len(SEEDS)):
+            member_actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
+            member_actor.load_state_dict({name: p[member] for name, p in actor_params.items()}, strict=False)
+            with torch.no_grad():
+                expected = member_actor.get_action(obs[member])
+            for name, value, want in zip(("action", "log_prob", "mean"), got, expected):
+                torch.testing.assert_close(value[member], want, rtol=1e-5, atol=1e-6, msg=name)
+        assert not torch.allclose(got[2][0], got[2][1])
+        actor_params["fc_mean.bias"].add_(torch.tensor([[0.3], [-0.2], [0.1]]))
+
+
+@pytest.mark.learning
+def test_every_member_learns_pendulum():
+    """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled), for the budget and bar
+    of test_sac.py's learning check: 8,000 steps each, 1,000 of them random, the mean return of each member's last 20
+    episodes above -300 (a random policy scores about -1200; a broken update stays below -600)."""
+    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 8000, "--learning-starts", 1000, "--seed", 1)
+    s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags))
+    assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 8000 and s["episodes"] == 3 * 40
+    assert all(mean > -300 for mean in s["return_means"]), s["return_means"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """Two members on Pendulum, eagerly, 20 iterations past the random phase (2 episodes each), saving their models
+    and evaluating each for one episode."""
+    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 420, "--learning-starts", 400, "--batch-size", 32)
+    flags += ("--num-seeds", 2, "--no-compile", "--save-model", "--eval-episodes", 1)
+    return summary(run_script(SEEDS_SCRIPT, *flags, cwd=tmp_path_factory.mktemp("smoke")))
+
+
+def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
+    """The summary reports each member (seeds, last-20 means and their mean, a curve each, aggregate sps, evaluation
+    returns) and a model file per member, in the single-seed format with the member's seed: an actor's state dict."""
+    s = smoke_run
+    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (SEEDS_SCRIPT, 2, [1, 2], 420)
+    assert (s["compile"], s["cudagraphs"], s["device"], s["threads"]) == (False, False, "cpu", 2)
+    assert s["sps_wall"] == pytest.approx(2 * 420 / s["wall_s"], rel=0.01) and s["sps"] > 0
+    assert s["episodes"] == 4 and [len(curve) for curve in s["curves"]] == [2, 2]
+    assert all(-2000 < mean < 0 for mean in s["return_means"])
+    assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
+    assert [len(returns) for returns in s["eval_returns"]] == [1, 1]
+    assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
+    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)]
+    saved = torch.load(s["model_files"][1], weights_only=True)
+    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (SEEDS_SCRIPT, 2, 2)
+    actor = load_script("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH)
+    assert {name: value.shape for name, value in saved["model"].items()} == {
+        name: value.shape for name, value in actor.state_dict().items()
+    }
+
+
+def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run):
+    """sac_continuous_action.py loads member 2's file and, given its seed, replays that member's evaluation."""
+    if "|seeds)" not in (SCRIPTS / "sac_continuous_action.py").read_text():
+        pytest.skip("sac_continuous_action.py's Run.load_model does not take the seeds scripts' files yet")
+    flags = ("--env-id", "Pendulum-v1", "--seed", 2, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 1)
+    assert summary(run_script("sac_continuous_action", *flags))["eval_returns"] == smoke_run["eval_returns"][1]
+
+
+BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test_sac.py)
+    (dict(num_seeds=0), ("--num-seeds",)),
+    (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),  # 4,470 GiB of replay buffers
+    (dict(cudagraphs=True), ("--cudagraphs",)),
+    (dict(env_id="CartPole-v1"), ("--env-id", "Box")),
+]
+
+
+@pytest.mark.parametrize("values, words", BAD_INPUTS, ids=lambda x: str(x))
+def test_bad_inputs_exit_2_with_one_line(values, words, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    mod = load_script(SEEDS_SCRIPT)
+    with pytest.raises(SystemExit) as stop:
+        mod.main(mod.Args(**values))
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
