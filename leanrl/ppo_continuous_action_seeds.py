@@ -131,18 +131,15 @@ def update_rms(rms, x):
 
 
 class EnvpoolWrappers:
-    """All members' envs in one envpool, member k's a contiguous slice, with make_env's wrappers written out in numpy,
-    each env its own statistics as gymnasium's wrappers keep them, and gymnasium's interface (the ended episodes'
-    returns in `infos["final_info"]`). envpool seeds its envs when made and resets in next-step mode: the step after an
-    episode's end returns the next episode's first observation, its action ignored and its reward 0; `resetting`
-    marks the envs taking such a step, which the episode and reward statistics skip (gymnasium's wrappers never see
-    one). `obs_rms` (a saved model's) normalizes observations, frozen."""
+    """make_env's wrappers written out in numpy around `num_envs` envpool envs, each env its own statistics as
+    gymnasium's wrappers keep them, with gymnasium's interface (the ended episodes' returns in `infos["final_info"]`).
+    envpool seeds its envs when made and resets in next-step mode: the step after an episode's end returns the next
+    episode's first observation, its action ignored and its reward 0; `resetting` marks the envs taking such a step,
+    which the episode and reward statistics skip (gymnasium's wrappers never see one)."""
 
-    def __init__(self, env_id, seeds, num_envs, gamma, obs_rms=None):
-        env_seeds = [seed + i for seed in seeds for i in range(num_envs)]  # env i of a member: its seed + i
-        threads = min(len(os.sched_getaffinity(0)), len(env_seeds))  # C++ threads: every core steps envs
-        self.envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
-        n, space, self.gamma = len(env_seeds), self.envs.observation_space, gamma
+    def __init__(self, envs, num_envs, gamma, obs_rms=None):
+        self.envs, self.num_envs, self.single_action_space, self.gamma = envs, num_envs, envs.action_space, gamma
+        n, space = num_envs, envs.observation_space
         # in the observations' dtype, as gymnasium's; every env counts the same observations
         self.obs_rms = (np.zeros((n, *space.shape), space.dtype), np.ones((n, *space.shape), space.dtype), 1e-4)
         self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
@@ -150,7 +147,7 @@ class EnvpoolWrappers:
             self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
         self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
         self.discounted_reward, self.episode_return, self.resetting = np.zeros(n), np.zeros(n), np.zeros(n, bool)
-        self.close = self.envs.close
+        self.close = envs.close
 
     def normalize(self, obs):  # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
         self.obs_rms = self.obs_rms if self.frozen else update_rms(self.obs_rms, obs)
@@ -173,6 +170,16 @@ class EnvpoolWrappers:
         self.return_rms = tuple(np.where(stepped, new, old) for new, old in zip(rms, self.return_rms))
         reward = np.clip(reward / np.sqrt(self.return_rms[1] + 1e-8), -10, 10)
         return self.normalize(obs), reward, terminations, truncations, infos
+
+
+def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
+    """All members' envs as one envpool, stepped by C++ threads on every core, in EnvpoolWrappers: member k's
+    `num_envs` envs a contiguous slice, env i of member k seeded seed+k+i, as the single-seed script seeds it.
+    `obs_rms` (a saved model's) normalizes observations, frozen."""
+    env_seeds = [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
+    threads = min(len(os.sched_getaffinity(0)), len(env_seeds))
+    envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
+    return EnvpoolWrappers(envs, len(env_seeds), gamma, obs_rms)
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -366,7 +373,7 @@ def main(args):
     n_obs, n_act = env_sizes(args.env_id)
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
     run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
-    envs = EnvpoolWrappers(args.env_id, run.seeds, args.num_envs, args.gamma)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
     torch.set_num_threads(args.threads or 1)
@@ -386,7 +393,7 @@ def main(args):
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
-    num_envs = args.num_seeds * args.num_envs
+    num_envs = envs.num_envs  # all members'
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
     rollout = {key: torch.zeros(args.num_steps, num_envs) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, num_envs, n_obs)
@@ -473,7 +480,7 @@ def main(args):
 
     def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
         seed, prefix = run.seeds[member], "actor_mean."
-        eval_envs = EnvpoolWrappers(args.env_id, [seed], 1, args.gamma, models[member]["obs_rms"])
+        eval_envs = make_envs(args.env_id, 1, seed, 1, args.gamma, models[member]["obs_rms"])
         actor = {name.removeprefix(prefix): p[member] for name, p in optimizer.params.items() if prefix in name}
         return evaluate(lambda obs: functional_call(agent.actor_mean, actor, obs), eval_envs, episodes, seed, device)
 

@@ -145,7 +145,7 @@ def replay(env, obs, reward=None, terminated=False, truncated=False):
     return obs, reward, [info["episode"]["r"]] if "episode" in info else []
 
 
-def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env(monkeypatch):
+def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
     """EnvpoolWrappers (two members of one env) against the CPU script's make_env wrappers (gymnasium's, one stack
     per env) on the same raw steps: env 0 terminates at step 3, env 1 truncates at step 5, each then taking envpool's
     reset step, which gymnasium's vector env does as a reset in the same step. Observations and rewards agree to 1e-6
@@ -155,10 +155,7 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env(monke
     obs, rewards = rng.uniform(-1, 1, (9, 2, 3)).astype(np.float32), rng.standard_normal((9, 2)) * 3  # as envpool's
     terminations, truncations = np.zeros((9, 2), dtype=bool), np.zeros((9, 2), dtype=bool)
     terminations[3, 0], truncations[5, 1] = True, True
-    monkeypatch.setattr(
-        mod.envpool, "make_gymnasium", lambda *a, **k: ScriptedPool(obs, rewards, terminations, truncations)
-    )
-    wrappers = mod.EnvpoolWrappers("Pendulum-v1", [1, 2], 1, 0.99)
+    wrappers = mod.EnvpoolWrappers(ScriptedPool(obs, rewards, terminations, truncations), 2, 0.99)
     envs = [load_script(CPU_SCRIPT).make_env("Pendulum-v1", 0, 0.99)() for _ in range(2)]
     outputs = [wrappers.reset()[0], np.zeros(2), [[], []]]
     expected = [replay(env, obs[0, e]) for e, env in enumerate(envs)]
