@@ -507,8 +507,9 @@ def check_args(args):
     last_seed = args.seed + max(args.num_seeds, 1) + max(args.num_envs, 1) - 2  # the last member's last env's
     if not 0 <= args.seed <= last_seed < 2**31 or args.measure_burnin < 0:  # envpool's seeds are below 2**31
         fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2) and --measure-burnin >= 0; got {args.seed}")
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if getattr(args, flag) <= 0:
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl, --threads None: off, default
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
@@ -517,10 +518,6 @@ def check_args(args):
         fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or (args.target_kl is not None and args.target_kl <= 0):
-        fail("--clip-coef, --max-grad-norm and --target-kl must be positive")
-    if args.threads is not None and args.threads <= 0:
-        fail(f"--threads must be positive, got {args.threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
     if args.capture_video:
