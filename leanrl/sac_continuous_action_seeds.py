@@ -470,7 +470,6 @@ def fail(message):
 
 
 def check_args(args):
-    """Flag values that make no sense: one line naming the flag and exit status 2."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
     for flag in ("num_seeds", *sizes):
         if getattr(args, flag) <= 0:
@@ -499,15 +498,14 @@ class Run:
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
-        self.args, self.script, self.wandb = args, script, None
-        self.seeds = [args.seed + k for k in range(args.num_seeds)]
+        self.args, self.script, self.seeds = args, script, [args.seed + k for k in range(args.num_seeds)]
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
-        if args.track:
-            self.wandb = wandb = __import__("wandb")  # imported with --track only
+        self.wandb = wandb = __import__("wandb") if args.track else None  # imported with --track only
+        if wandb:
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
         random.seed(args.seed)
         np.random.seed(args.seed)
