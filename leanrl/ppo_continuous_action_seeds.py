@@ -131,11 +131,10 @@ def update_rms(rms, x):
 
 
 class EnvpoolWrappers:
-    """make_env's wrappers written out in numpy around `num_envs` envpool envs, each env its own statistics as
-    gymnasium's wrappers keep them, with gymnasium's interface (the ended episodes' returns in `infos["final_info"]`).
-    envpool seeds its envs when made and resets in next-step mode: the step after an episode's end returns the next
-    episode's first observation, its action ignored and its reward 0; `resetting` marks the envs taking such a step,
-    which the episode and reward statistics skip (gymnasium's wrappers never see one)."""
+    """make_env's wrappers in numpy around `num_envs` envpool envs, each env its own statistics, with gymnasium's
+    interface (ended episodes' returns in `infos["final_info"]`). In next-step reset mode the step after an episode's
+    end returns the next episode's first obs, its action ignored, its reward 0: `resetting` marks the envs taking such
+    a step, which the episode and reward statistics skip (gymnasium's wrappers never see one)."""
 
     def __init__(self, envs, num_envs, gamma, obs_rms=None):
         self.envs, self.num_envs, self.single_action_space, self.gamma = envs, num_envs, envs.action_space, gamma
@@ -411,7 +410,6 @@ def main(args):
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -472,11 +470,8 @@ def main(args):
     models = []
     for k, (mean, var) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms[:2]))):
         obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(envs.obs_rms[2])}
-        model = {
-            "agent": {name: param[k].cpu().clone() for name, param in optimizer.params.items()},
-            "obs_rms": obs_rms,
-        }
-        models.append(model | ({"obs_rms": run.saved_model["obs_rms"]} if args.eval_model else {}))
+        member_agent = {name: param[k].cpu().clone() for name, param in optimizer.params.items()}
+        models.append({"agent": member_agent, "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms})
 
     def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
         seed, prefix = run.seeds[member], "actor_mean."

@@ -12,10 +12,9 @@ weights and env seeds), with its own targets, alpha, Adam state and replay buffe
 random generator, which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and
 buffers are stacked on a leading seeds axis and each step is one call for all: one vector env of N x `--num-envs` envs
 (member k's a contiguous slice), one buffer write and sample, the policy and each update's gradients vmapped over the
-seeds axis (Adam's elementwise step runs on the stacks). Acting is that torch policy on a CPU too (numpy would save ~1%
-of a step). `--compile` compiles acting and the updates, `--cudagraphs` records them with `CudaGraphModule`. The
-SUMMARY has a return mean, curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps`
-counts one member's steps. The single-seed scripts load a member's file with `--eval-model`; here it plays every member.
+seeds axis. Acting is that torch policy on a CPU too (numpy would save ~1% of a step). The SUMMARY has a return mean,
+curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps` counts one member's steps. The
+single-seed scripts load a member's file with `--eval-model`; here it plays every member.
 """
 
 import json
@@ -221,9 +220,8 @@ def sample_action(mean, log_std, action_scale, action_bias):
 
 
 class ReplayBuffer:
-    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] and written through numpy
-    views of them (a numpy write costs a fraction of a torch one); one cursor serves the members, which step together.
-    `sample` draws uniformly with replacement, each member from its own buffer, and moves the batch to `device`."""
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] written through numpy views
+    (cheaper than torch writes), one cursor for all; `sample` draws uniformly, each member from its own, to `device`."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -260,8 +258,8 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph.
-    Every operation is elementwise, so on parameters stacked over members it takes each member's own step."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph;
+    elementwise, so on the members' stacked parameters it takes each member's own step."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
@@ -349,8 +347,7 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
 
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     """SAC's networks, optimizers and steps for the members `seeds`, stacked on `device`, as `main` runs them; member k
-    starts from the weights the single-seed script draws with `--seed seeds[k]`. Returns the actor shell, the stacked
-    actor parameters, `alpha` (one per member, changed in place), the optimizers and the functions."""
+    starts from the weights the single-seed script draws with `--seed seeds[k]`. `alpha`: one per member, in place."""
     actors, qnets = [], []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
