@@ -12,10 +12,9 @@ weights and env seeds), with its own targets, alpha, Adam state and replay buffe
 random generator, which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and
 buffers are stacked on a leading seeds axis and each step is one call for all: one vector env of N x `--num-envs` envs
 (member k's a contiguous slice), one buffer write and sample, the policy and each update's gradients vmapped over the
-seeds axis (Adam's elementwise step runs on the stacks). Acting is that torch policy on a CPU too (numpy would save ~1%
-of a step). `--compile` compiles acting and the updates, `--cudagraphs` records them with `CudaGraphModule`. The
-SUMMARY has a return mean, curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps`
-counts one member's steps. The single-seed scripts load a member's file with `--eval-model`; here it plays every member.
+seeds axis. Acting is that torch policy on a CPU too (numpy would save ~1% of a step). The SUMMARY has a return mean,
+curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps` counts one member's steps. The
+single-seed scripts load a member's file with `--eval-model`; here it plays every member.
 """
 
 import json
@@ -221,9 +220,8 @@ def sample_action(mean, log_std, action_scale, action_bias):
 
 
 class ReplayBuffer:
-    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] and written through numpy
-    views of them (a numpy write costs a fraction of a torch one); one cursor serves the members, which step together.
-    `sample` draws uniformly with replacement, each member from its own buffer, and moves the batch to `device`."""
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] written through numpy views
+    (cheaper than torch writes), one cursor for all; `sample` draws uniformly, each member from its own, to `device`."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -260,8 +258,8 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph.
-    Every operation is elementwise, so on parameters stacked over members it takes each member's own step."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph;
+    elementwise, so on the members' stacked parameters it takes each member's own step."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
@@ -349,8 +347,7 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
 
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     """SAC's networks, optimizers and steps for the members `seeds`, stacked on `device`, as `main` runs them; member k
-    starts from the weights the single-seed script draws with `--seed seeds[k]`. Returns the actor shell, the stacked
-    actor parameters, `alpha` (one per member, changed in place), the optimizers and the functions."""
+    starts from the weights the single-seed script draws with `--seed seeds[k]`. `alpha`: one per member, in place."""
     actors, qnets = [], []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
@@ -455,12 +452,12 @@ def main(args):
         return evaluate(lambda obs: member_actor.get_action(obs)[2], eval_envs, episodes, run.seeds[member], device)
 
     envs.close()
-    run.finish(device, models, evaluate_actor, threads=torch.get_num_threads())
+    run.finish(device, models, evaluate_actor)
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder and its summary of every member, wandb,
-# Ctrl-C, saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, the same in every seeds script: user errors, the run folder and each member's summary, wandb, Ctrl-C,
+# saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
 
 
 def fail(message):
@@ -470,9 +467,8 @@ def fail(message):
 
 
 def check_args(args):
-    """Flag values that make no sense: one line naming the flag and exit status 2."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
-    for flag in sizes:
+    for flag in ("num_seeds", *sizes):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
@@ -481,13 +477,11 @@ def check_args(args):
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
     if not args.autotune and args.alpha <= 0:
         fail(f"--alpha must be positive, got {args.alpha}")
-
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
 
 def check_memory(args, member_bytes, what):
-    """`--num-seeds` members whose `what` needs `member_bytes` each must fit in the machine's memory."""
     need = args.num_seeds * member_bytes / 2**30
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     if need > memory:
@@ -495,30 +489,25 @@ def check_memory(args, member_bytes, what):
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb with `--track`; catches Ctrl-C and SIGTERM. Member k has seed `run.seeds[k]`, its
-    last 20 returns and its curve."""
+    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded; starts wandb; catches
+    Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its curve `curves[k]`."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
-        if args.num_seeds < 1:
-            fail(f"--num-seeds must be at least 1, got {args.num_seeds}")
-        self.args, self.script, self.wandb = args, script, None
-        self.seeds = [args.seed + k for k in range(args.num_seeds)]
+        self.args, self.script, self.seeds = args, script, [args.seed + k for k in range(args.num_seeds)]
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
-        if args.track:
-            self.wandb = wandb = __import__("wandb")  # imported with --track only
+        self.wandb = wandb = __import__("wandb") if args.track else None  # imported with --track only
+        if wandb:
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        # per member: the last 20 returns, and [step, seconds, return] of all
         self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
         self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
@@ -539,9 +528,8 @@ class Run:
             fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
-            if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        if trained.get("env_id") != self.args.env_id:  # what a policy acts on
+            fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
@@ -558,13 +546,11 @@ class Run:
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
 
-    def sps(self, global_step, now=None):
-        """All members' env steps per second (`global_step` counts one member's)."""
+    def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
         if self.measure_start:  # else None: the clock has not started
             return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
 
-    def log_episodes(self, global_step, member_returns):
-        """`member_returns[k]`: the returns of the episodes member k finished on this step."""
+    def log_episodes(self, global_step, member_returns):  # member k's returns of the episodes ended on this step
         for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
             for episodic_return in episode_returns:
                 returns.append(episodic_return)
@@ -572,23 +558,18 @@ class Run:
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
 
-    def return_means(self):  # each member's mean return over its last 20 episodes, None before its first
-        return [float(np.mean(returns)) if returns else None for returns in self.returns]
-
     def log_progress(self, pbar, global_step, metrics):
         """The bar's sps and members' mean return; with `--track`, `metrics` (a value, or one per member) to wandb."""
-        sps, means = self.sps(global_step) or 0.0, [mean for mean in self.return_means() if mean is not None]
+        sps, means = self.sps(global_step) or 0.0, [np.mean(returns) for returns in self.returns if returns]
         pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
         if self.wandb:  # host syncs, only with --track
             values = {k: np.broadcast_to(torch.as_tensor(v).cpu().numpy(), len(self.seeds)) for k, v in metrics.items()}
             losses = {f"losses/{k}_seed{s}": float(v[m]) for k, v in values.items() for m, s in enumerate(self.seeds)}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
 
-    def finish(self, device, models, evaluate, **extra):
-        """Save each member's model (`--save-model`: runs/<run_name>/<script>_seed<seed>.pt, the single-seed scripts'
-        format with its seed), play `--eval-episodes` per member with `evaluate(member, episodes, videos) -> returns`,
-        write summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it
-        would."""
+    def finish(self, device, models, evaluate):
+        """Save each member's model (`--save-model`), play `--eval-episodes` per member with `evaluate(member, episodes,
+        videos) -> returns`, write summary.json (atomically) and one SUMMARY line; after a signal, exit as it would."""
         args, end_time, seeds = self.args, time.time(), self.seeds
         model_files = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds if args.save_model]
         for seed, model, path in zip(seeds, models, model_files):
@@ -596,16 +577,16 @@ class Run:
             os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
         videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]  # member k's: videos/seed<seed>/
         eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
-        means, eval_means = self.return_means(), [float(np.mean(returns)) for returns in eval_returns]
-        eval_mean, wall_s = float(np.mean(eval_means)) if eval_means else None, end_time - self.start_time
-        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(num_seeds=len(seeds), seeds=seeds, episodes=sum(map(len, self.curves)), return_means=means)
-        summary |= dict(return_mean=None if None in means else float(np.mean(means)), interrupted=self.stop_signal > 0)
-        summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_returns=eval_returns)
-        summary |= dict(eval_return_means=eval_means, eval_return_mean=eval_mean, **extra)
+        means = [float(np.mean(returns)) if returns else None for returns in self.returns]
+        eval_means, wall_s = [float(np.mean(returns)) for returns in eval_returns], end_time - self.start_time
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device), compile=args.compile)
+        summary |= dict(cudagraphs=args.cudagraphs, num_envs=args.num_envs, num_seeds=len(seeds), seeds=seeds)
+        summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
+        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s)
+        summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
+        summary |= dict(return_mean=None if None in means else float(np.mean(means)), eval_returns=eval_returns)
+        summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_return_means=eval_means)
+        summary |= dict(eval_return_mean=float(np.mean(eval_means)) if eval_means else None)
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
             json.dump(summary | {"curves": self.curves}, f)
