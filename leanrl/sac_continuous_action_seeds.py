@@ -477,7 +477,7 @@ def check_args(args):
         fail(f"--seed must be in [0, 2**31 - num_seeds), got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
     for flag in ("num_seeds", *sizes, "policy_lr", "q_lr", "threads"):
-        if getattr(args, flag) <= 0:
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --threads None: the default rule
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
