@@ -7,15 +7,15 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps per member.
     python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 --total-timesteps 10000
     python leanrl/sac_continuous_action_seeds.py --compile --cudagraphs           # on CUDA: acting and the updates
 
-Grown from sac_continuous_action_cpu.py (`diff` them). Member k is that script run with `--seed seed+k` (its initial
-weights and env seeds), with its own targets, alpha, Adam state and replay buffer; members share the program and one
-random generator, which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and
-buffers are stacked on a leading seeds axis and each step is one call for all: one vector env of N x `--num-envs` envs
-(member k's a contiguous slice), one buffer write and sample, the policy and each update's gradients vmapped over the
-seeds axis (Adam's elementwise step runs on the stacks). Acting is that torch policy on a CPU too (numpy would save ~1%
-of a step). `--compile` compiles acting and the updates, `--cudagraphs` records them with `CudaGraphModule`. The
-SUMMARY has a return mean, curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps`
-counts one member's steps. The single-seed scripts load a member's file with `--eval-model`; here it plays every member.
+Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed seed+k` (initial weights,
+env seeds), its own targets, alpha, Adam state and replay buffer; members share the program and one random generator,
+which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and buffers are stacked on a
+leading seeds axis and a step is one call for all: one vector env of N x `--num-envs` envs (member k's a contiguous
+slice), one buffer write and sample, the policy and each update's gradients vmapped over the seeds axis, Adam on the
+stacks. Acting is that torch policy on a CPU too (numpy saved ~1% of a step). `--compile` compiles acting and the
+updates, `--cudagraphs` records them (`CudaGraphModule`). The SUMMARY has each member's returns, curve, model file and
+evaluation, and the aggregate `sps`; `total_timesteps` counts one member's steps. `--eval-model FILE` plays a saved
+single-seed or member file as every member.
 """
 
 import json
@@ -103,6 +103,8 @@ class Args:
     """compile acting and each update as one graph; --no-compile runs the same functions eagerly"""
     cudagraphs: bool = False
     """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
+    threads: int | None = None
+    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1), as the CPU script"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -227,12 +229,11 @@ class ReplayBuffer:
 
     def __init__(self, num_seeds, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        self.storage = {key: torch.zeros(num_seeds, buffer_size, *shape) for key, shape in shapes.items()}
-        self.views = {key: column.numpy() for key, column in self.storage.items()}
-        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
         # the members' buffers end to end, and where each one starts: one index_select per field samples them all
-        self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
+        self.flat = {key: torch.zeros(num_seeds * buffer_size, *shape) for key, shape in shapes.items()}
         self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
+        self.views = {key: column.unflatten(0, (num_seeds, -1)).numpy() for key, column in self.flat.items()}
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
         """Write one vector step's transitions: the env's arrays and the actions, member k's envs the k-th slice."""
@@ -360,16 +361,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
             qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
     actor_params = {name: param.detach() for name, param in stack_module_state(actors)[0].items()}
     qnet_params = torch.stack(qnets).detach()  # [num_seeds, 2]: the seeds axis first
-    qnet_target = qnet_params.clone()
 
     # automatic entropy tuning starts at alpha = 1
     log_alpha = torch.full((len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device)
     alpha = log_alpha.exp()
-    actor = actors[0]  # the shell, whose own parameters are never read
-    functions, optimizers = make_functional_updates(
-        actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy=-float(n_act)
+    functions, optimizers = make_functional_updates(  # member 0's actor is the shell: its parameters are never read
+        actors[0], qnet_params, qnet_params.clone(), actor_params, log_alpha, alpha, args, target_entropy=-float(n_act)
     )
-    return actor, actor_params, alpha, optimizers, functions
+    return actors[0], actor_params, alpha, optimizers, functions
 
 
 def main(args):
@@ -382,7 +381,9 @@ def main(args):
     check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")  # float32 columns
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # batch-256 matmuls: ~1.8x faster on 2 threads than 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
+    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
+    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
 
     learner = make_learner(args, n_obs, n_act, action_low, action_high, run.seeds, device)
     actor, actor_params, alpha, _, (policy, update_critic, update_actor, update_targets) = learner
@@ -471,8 +472,14 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
+        if isinstance(value, float) and not np.isfinite(value):
+            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    last_seed = args.seed + max(args.num_seeds, 1) + max(args.num_envs, 1) - 2  # the last member's last env's
+    if not 0 <= args.seed <= last_seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2), got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
-    for flag in sizes:
+    for flag in (*sizes, "policy_lr", "q_lr", *(("threads",) if args.threads is not None else ())):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
@@ -481,7 +488,6 @@ def check_args(args):
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
     if not args.autotune and args.alpha <= 0:
         fail(f"--alpha must be positive, got {args.alpha}")
-
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
