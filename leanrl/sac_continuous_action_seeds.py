@@ -10,12 +10,10 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps per member.
 Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed seed+k` (initial weights,
 env seeds), its own targets, alpha, Adam state and replay buffer; members share the program and one random generator,
 which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and buffers are stacked on a
-leading seeds axis and a step is one call for all: one vector env of N x `--num-envs` envs (member k's a contiguous
-slice), one buffer write and sample, the policy and each update's gradients vmapped over the seeds axis, Adam on the
-stacks. Acting is that torch policy on a CPU too (numpy saved ~1% of a step). `--compile` compiles acting and the
-updates, `--cudagraphs` records them (`CudaGraphModule`). The SUMMARY has each member's returns, curve, model file and
-evaluation, and the aggregate `sps`; `total_timesteps` counts one member's steps. `--eval-model FILE` plays a saved
-single-seed or member file as every member.
+leading seeds axis; a step is one call for all: one vector env of N x `--num-envs` envs (member k's a contiguous slice),
+one buffer write and sample, the torch policy (numpy acting saved <1% of a step) and each update's gradients vmapped
+over the seeds axis, Adam on the stacks. `--compile` compiles acting and the updates, `--cudagraphs` records them. The
+SUMMARY has each member's returns, curve, file and evaluation, the aggregate `sps`, and `total_timesteps` per member.
 """
 
 import json
@@ -262,15 +260,14 @@ def make_ensemble_qf(n_obs, n_act):
 
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph.
-    Every operation is elementwise, so on parameters stacked over members it takes each member's own step."""
+    Elementwise: on parameters stacked over members, which step together, it takes each member's own step."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
-        # product serves all members, which step together
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
         self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
 
     def step(self, grads):
