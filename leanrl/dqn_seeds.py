@@ -441,8 +441,8 @@ def check_args(args):
     for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
-    if not 0 <= args.seed < 2**31 - args.num_seeds:  # member seeds: numpy's are below 2**32, envpool's below 2**31
-        fail(f"--seed must be in [0, 2**31 - num_seeds), got {args.seed}")
+    if not 0 <= args.seed < 2**31 - args.num_seeds - args.num_envs + 2:  # the envs' seeds: envpool's are below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2), got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
     for flag in ("num_seeds", *sizes, "learning_rate", "threads"):
         if getattr(args, flag) <= 0:

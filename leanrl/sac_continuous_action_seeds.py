@@ -7,14 +7,13 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps per member.
     python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 --total-timesteps 10000
     python leanrl/sac_continuous_action_seeds.py --compile --cudagraphs           # on CUDA: acting and the updates
 
-Grown from sac_continuous_action_cpu.py (`diff` them). Member k is that script run with `--seed seed+k` (its initial
-weights and env seeds), with its own targets, alpha, Adam state and replay buffer; members share the program and one
-random generator, which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and
-buffers are stacked on a leading seeds axis and each step is one call for all: one vector env of N x `--num-envs` envs
-(member k's a contiguous slice), one buffer write and sample, the policy and each update's gradients vmapped over the
-seeds axis. Acting is that torch policy on a CPU too (numpy would save ~1% of a step). The SUMMARY has a return mean,
-curve, model file and evaluation per member and the aggregate `sps`; `total_timesteps` counts one member's steps. The
-single-seed scripts load a member's file with `--eval-model`; here it plays every member.
+Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed seed+k` (initial weights,
+env seeds), its own targets, alpha, Adam state and replay buffer; members share the program and one random generator,
+which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and buffers are stacked on a
+leading seeds axis; a step is one call for all: one vector env of N x `--num-envs` envs (member k's a contiguous slice),
+one buffer write and sample, the torch policy (numpy acting saved <1% of a step) and each update's gradients vmapped
+over the seeds axis, Adam on the stacks. `--compile` compiles acting and the updates, `--cudagraphs` records them. The
+SUMMARY has each member's returns, curve, file and evaluation, the aggregate `sps`, and `total_timesteps` per member.
 """
 
 import json
@@ -103,7 +102,7 @@ class Args:
     cudagraphs: bool = False
     """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
     threads: int | None = None
-    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1, as the `_cpu` script)"""
+    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1), as the CPU script"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -227,12 +226,11 @@ class ReplayBuffer:
 
     def __init__(self, num_seeds, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        self.storage = {key: torch.zeros(num_seeds, buffer_size, *shape) for key, shape in shapes.items()}
-        self.views = {key: column.numpy() for key, column in self.storage.items()}
-        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
         # the members' buffers end to end, and where each one starts: one index_select per field samples them all
-        self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
+        self.flat = {key: torch.zeros(num_seeds * buffer_size, *shape) for key, shape in shapes.items()}
         self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
+        self.views = {key: column.unflatten(0, (num_seeds, -1)).numpy() for key, column in self.flat.items()}
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
         """Write one vector step's transitions: the env's arrays and the actions, member k's envs the k-th slice."""
@@ -260,16 +258,15 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph;
-    elementwise, so on the members' stacked parameters it takes each member's own step."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph.
+    Elementwise: on parameters stacked over members, which step together, it takes each member's own step."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
-        # product serves all members, which step together
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
         self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
 
     def step(self, grads):
@@ -359,16 +356,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
             qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
     actor_params = {name: param.detach() for name, param in stack_module_state(actors)[0].items()}
     qnet_params = torch.stack(qnets).detach()  # [num_seeds, 2]: the seeds axis first
-    qnet_target = qnet_params.clone()
 
     # automatic entropy tuning starts at alpha = 1
     log_alpha = torch.full((len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device)
     alpha = log_alpha.exp()
-    actor = actors[0]  # the shell, whose own parameters are never read
-    functions, optimizers = make_functional_updates(
-        actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy=-float(n_act)
+    functions, optimizers = make_functional_updates(  # member 0's actor is the shell: its parameters are never read
+        actors[0], qnet_params, qnet_params.clone(), actor_params, log_alpha, alpha, args, target_entropy=-float(n_act)
     )
-    return actor, actor_params, alpha, optimizers, functions
+    return actors[0], actor_params, alpha, optimizers, functions
 
 
 def main(args):
@@ -382,7 +377,8 @@ def main(args):
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
-    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))  # batch-256 matmuls gain from 2
+    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
+    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
 
     learner = make_learner(args, n_obs, n_act, action_low, action_high, run.seeds, device)
     actor, actor_params, alpha, _, (policy, update_critic, update_actor, update_targets) = learner
@@ -473,8 +469,8 @@ def check_args(args):
     for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
-    if not 0 <= args.seed < 2**31 - args.num_seeds:  # member seeds: numpy's are below 2**32, envpool's below 2**31
-        fail(f"--seed must be in [0, 2**31 - num_seeds), got {args.seed}")
+    if not 0 <= args.seed < 2**31 - args.num_seeds - args.num_envs + 2:  # the envs' seeds: envpool's are below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2), got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
     for flag in ("num_seeds", *sizes, "policy_lr", "q_lr", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --threads None: the default rule

@@ -182,8 +182,10 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
 def test_every_member_learns_pendulum():
     """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled), for the budget and bar
     of test_sac.py's learning check: 8,000 steps each, 1,000 of them random, the mean return of each member's last 20
-    episodes above -300 (a random policy scores about -1200; a broken update stays below -600)."""
+    episodes above -300 (a random policy scores about -1200; a broken update stays below -600). One thread: on a
+    busy machine a second one stalls the run."""
     flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 8000, "--learning-starts", 1000, "--seed", 1)
+    flags += ("--threads", 1)
     s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags))
     assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 8000 and s["episodes"] == 3 * 40
     assert all(mean > -300 for mean in s["return_means"]), s["return_means"]
@@ -203,7 +205,7 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
     returns) and a model file per member, in the single-seed format with the member's seed: an actor's state dict."""
     s = smoke_run
     assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (SEEDS_SCRIPT, 2, [1, 2], 420)
-    assert (s["compile"], s["cudagraphs"], s["device"], s["threads"]) == (False, False, "cpu", 2)
+    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu") and s["threads"] in (1, 2)
     assert s["sps_wall"] == pytest.approx(2 * 420 / s["wall_s"], rel=0.01) and s["sps"] > 0
     assert s["episodes"] == 4 and [len(curve) for curve in s["curves"]] == [2, 2]
     assert all(-2000 < mean < 0 for mean in s["return_means"])
@@ -231,6 +233,8 @@ BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test
     (dict(num_seeds=0), ("--num-seeds",)),
     (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),  # 4,470 GiB of replay buffers
     (dict(cudagraphs=True), ("--cudagraphs",)),
+    (dict(seed=2**31 - 4), ("--seed",)),  # member 8's seed is 2**31 + 3
+    (dict(threads=0), ("--threads",)),
     (dict(env_id="CartPole-v1"), ("--env-id", "Box")),
 ]
 
