@@ -8,19 +8,20 @@ Anything else fails the test: an exception (its traceback is the report), anothe
 
 What it costs, and how it is kept to about 2 minutes:
 - A run is in process where the script allows it: `tyro.cli(module.Args, args=flags)`, then `module.main(args)` in a
-  temporary folder, its stdout and stderr captured, `SystemExit` caught, the signal handlers and the thread count
-  restored. Budgets are a few hundred steps: a training run takes about a second, a refusal milliseconds.
-- FUZZ_EXAMPLES combinations per script, derandomized: the same ones on every run.
+  folder of its own, on one thread, its stdout and stderr captured, `SystemExit` caught, the signal handlers and the
+  thread count restored. Budgets are a few hundred steps: a training run takes about a second, a refusal milliseconds.
+  The libraries' warnings are not counted as lines (in process pytest would collect them).
+- FUZZ_EXAMPLES (8) combinations per script, derandomized: the same ones on every run, after FOUND's.
 - The Ray script, and the torchrun script under torchrun with 2 ranks, run as subprocesses (a Ray start or a launch
-  costs 10 s or more): SUBPROCESS_EXAMPLES combinations each.
+  costs 10 s or more): SUBPROCESS_EXAMPLES (1) combinations each.
 - MuJoCo (HalfCheetah-v4), POPGym, `--track` (wandb offline), `--capture-video` and `--eval-model` are drawn in
-  about 1 combination of 16.
+  about 1 combination of 16, `--cudagraphs` (exit 2 without CUDA) in 1 of 4.
 - `--compile` is not drawn: one cold compile costs 15-30 s here, more than the fuzz of a whole script, and each
   compiled path has its smoke test. `LEANRL_FUZZ_COMPILE=1` draws it in 1 combination of 4.
 - Every failure the fuzz has found is an explicit example (FOUND), replayed first on every run.
 
-Run it longer, with new combinations each time (not derandomized), and count the combinations tried:
-`LEANRL_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -s` (each test prints its count).
+Run it longer, with new combinations on each run (not derandomized; a tenth as many for the subprocesses), and read the
+counts each test prints: `LEANRL_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -s`.
 """
 
 import collections
