@@ -240,9 +240,9 @@ def linear_recurrence(a, b, h0):
     for decay_j, h_j in zip(decay.unbind(0), h.unbind(0)):
         entering_states.append(entering)
         entering = decay_j * entering + h_j
-    # (3) every state at once
+    # (3) every state at once (the padding cut off; no slice without it: its backward copies the whole gradient)
     states = torch.stack(chunk_states, 1) + torch.stack(decays, 1) * torch.stack(entering_states)[:, None]
-    return states.flatten(0, 1)[:steps]
+    return states.flatten(0, 1)[:steps] if pad else states.flatten(0, 1)
 
 
 def observed_indices(env_id, obs_indices):
