@@ -140,6 +140,7 @@ FIELDS = {
     "num_envs": positive(3),
     "num_runners": (st.integers(1, 2), st.just(3)),  # 3: more than this machine's 2 CPUs
     "num_steps": (st.integers(2, 24), st.integers(-1, 0)),
+    # num_steps + 1: mostly no divisor of the rollout
     "num_minibatches": (minibatches, lambda values: st.sampled_from([0, -1, values["num_steps"] + 1])),
     "update_epochs": positive(2),
     "learning_starts": (st.sampled_from([0, 1, 32, 100, 200]), st.just(-1)),
@@ -212,9 +213,9 @@ def field_strategies(module):
 
 
 @st.composite
-def flag_values(draw, script):
-    """{field: value}: a valid value for each field, then up to 2 fields drawn again from outside their range."""
-    fields = field_strategies(load_script(script))
+def flag_values(draw, script, fields):
+    """{field: value}: an env id for `script`, a valid value for each of `fields`, then up to 2 of them drawn again
+    from outside their range."""
     values = {"env_id": draw(env_ids(script))}
     for name, (valid, _) in fields.items():
         values[name] = draw(valid(values) if callable(valid) else valid)
@@ -309,7 +310,8 @@ def fuzz(script, run, max_examples, examples=()):
     def counted(flags):
         statuses[run(flags)] += 1
 
-    test = given(flags=flag_values(script).map(cli))(counted)
+    fields = field_strategies(load_script(script))
+    test = given(flags=flag_values(script, fields).map(cli))(counted)
     for flags in examples:
         test = example(flags=flags)(test)
     settings(
