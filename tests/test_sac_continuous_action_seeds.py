@@ -233,6 +233,14 @@ def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_ru
     assert summary(run_script("sac_continuous_action", *flags))["eval_returns"] == smoke_run["eval_returns"][1]
 
 
+def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
+    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the member's seed: member 2
+    of the new run replays the saved member 2's evaluation."""
+    flags = ("--env-id", "Pendulum-v1", "--num-seeds", 3, "--eval-model", smoke_run["model_files"][1])
+    s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-episodes", 1))
+    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3 and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+
+
 BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test_sac.py)
     (dict(num_seeds=0), ("--num-seeds",)),
     (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),  # 4,470 GiB of replay buffers
