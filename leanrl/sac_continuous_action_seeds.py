@@ -368,12 +368,12 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "sac_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the file's end
     probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
     n_obs, n_act = (int(np.prod(space.shape)) for space in (probe.single_observation_space, probe.single_action_space))
     action_low, action_high = probe.single_action_space.low, probe.single_action_space.high
     probe.close()
     check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")  # float32 columns
+    run = Run(args, "sac_continuous_action_seeds")  # seeds, run folder, wandb, signals: see the file's end
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use

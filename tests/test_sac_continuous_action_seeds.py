@@ -1,8 +1,11 @@
 """SAC's seeds script, N runs as one vmapped program: each member starts from the weights sac_continuous_action_cpu.py
 draws with its seed; each member's critic, actor, entropy and target steps are the CPU script's on that member's
-parameters, targets, Adam state and batch; a member's update does not
-depend on another member's batch; the vmapped policy is each member's actor; every member of a short run learns
-Pendulum; the per-member summary, model files a single-seed script evaluates, and bad inputs."""
+parameters, targets, Adam state and batch; a member's update does not depend on another member's batch; the vmapped
+policy is each member's actor; every member of a short run learns Pendulum; the per-member summary, model files a
+single-seed script evaluates, and bad inputs. The learning check dominates the cost (3 members' updates at the
+single-seed check's budget); the other tests run eagerly, in seconds."""
+
+import functools
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from test_sac import HIGH, LOW, N_ACT, N_OBS, make_batch
 SEEDS_SCRIPT, CPU_SCRIPT = "sac_continuous_action_seeds", "sac_continuous_action_cpu"
 SEEDS = [1, 2, 3]
 CPU = torch.device("cpu")
+load = functools.cache(load_script)  # one import per script
 
 
 def fixed_noise(mean):
@@ -24,7 +28,7 @@ def fixed_noise(mean):
 def member_state(seed):
     """The CPU script's networks drawn with `seed` (actor, then both Q networks, as its make_learner draws them), with
     target networks that differ from the online ones (the first layer 0.9x) and a log alpha of its own."""
-    mod = load_script(CPU_SCRIPT)
+    mod = load(CPU_SCRIPT)
     torch.manual_seed(seed)
     actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
     qnet = from_modules(mod.SoftQNetwork(N_OBS, N_ACT), mod.SoftQNetwork(N_OBS, N_ACT)).detach()
@@ -36,7 +40,7 @@ def member_state(seed):
 
 def build_cpu(seed, autotune):
     """The CPU script's update functions on member `seed`'s state; returns them with that state."""
-    mod = load_script(CPU_SCRIPT)
+    mod = load(CPU_SCRIPT)
     actor, qnet, qnet_target, log_alpha = member_state(seed)
     alpha = log_alpha.exp()
     args = mod.Args(autotune=autotune)
@@ -50,7 +54,7 @@ def build_cpu(seed, autotune):
 def build_seeds(autotune):
     """The seeds script's update functions on the members SEEDS, stacked from `member_state`; returns them with the
     stacked state."""
-    mod = load_script(SEEDS_SCRIPT)
+    mod = load(SEEDS_SCRIPT)
     members = [member_state(seed) for seed in SEEDS]
     actor = members[0][0]
     actor_params = {
@@ -144,7 +148,7 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     """Member k's actor and Q networks are the ones sac_continuous_action_cpu.py builds after seeding torch with
     `seed + k` (as its Run does), its targets equal its Q networks, its alpha is 1; the global generator is left as
     it was."""
-    mod, cpu = load_script(SEEDS_SCRIPT), load_script(CPU_SCRIPT)
+    mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
     _, actor_params, alpha, optimizers, _ = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
@@ -162,7 +166,7 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
     (action, log-probability, squashed mean; the noise a smooth function of the mean in both), also after the stacked
     weights change in place, as Adam changes them."""
     monkeypatch.setattr(torch, "randn_like", lambda mean: torch.sin(3 * mean))
-    mod = load_script(SEEDS_SCRIPT)
+    mod = load(SEEDS_SCRIPT)
     _, actor_params, _, _, (policy, *_) = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
     obs = torch.randn(len(SEEDS), 16, N_OBS)
     for _ in range(2):
@@ -215,7 +219,7 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
     assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)]
     saved = torch.load(s["model_files"][1], weights_only=True)
     assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (SEEDS_SCRIPT, 2, 2)
-    actor = load_script("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH)
+    actor = load("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH)
     assert {name: value.shape for name, value in saved["model"].items()} == {
         name: value.shape for name, value in actor.state_dict().items()
     }
@@ -227,6 +231,14 @@ def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_ru
         pytest.skip("sac_continuous_action.py's Run.load_model does not take the seeds scripts' files yet")
     flags = ("--env-id", "Pendulum-v1", "--seed", 2, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 1)
     assert summary(run_script("sac_continuous_action", *flags))["eval_returns"] == smoke_run["eval_returns"][1]
+
+
+def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
+    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the member's seed: member 2
+    of the new run replays the saved member 2's evaluation."""
+    flags = ("--env-id", "Pendulum-v1", "--num-seeds", 3, "--eval-model", smoke_run["model_files"][1])
+    s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-episodes", 1))
+    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3 and s["eval_returns"][1] == smoke_run["eval_returns"][1]
 
 
 BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test_sac.py)
@@ -242,7 +254,7 @@ BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test
 @pytest.mark.parametrize("values, words", BAD_INPUTS, ids=lambda x: str(x))
 def test_bad_inputs_exit_2_with_one_line(values, words, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    mod = load_script(SEEDS_SCRIPT)
+    mod = load(SEEDS_SCRIPT)
     with pytest.raises(SystemExit) as stop:
         mod.main(mod.Args(**values))
     assert stop.value.code == 2
