@@ -249,10 +249,9 @@ class Adam:
 
 
 def make_policy(actor, actor_params, exploration_noise):
-    """The acting policy of every member, one call for all their envs, obs [num_seeds, num_envs, n_obs]: each member's
-    action (its actor: `actor`, a shell, on its parameters in the stack `actor_params`, which Adam updates in place)
-    plus Gaussian noise of std `exploration_noise` half action ranges, one draw per member, env and action dimension,
-    clipped to the env's bounds."""
+    """Every member's acting policy in one call, obs [num_seeds, num_envs, n_obs]: member k's actor (the shell `actor`
+    on its parameters in the stack `actor_params`, which Adam updates in place) plus Gaussian noise of std
+    `exploration_noise` half action ranges, one draw per member, env and action dimension, clipped to the bounds."""
 
     def get_action(actor_params, obs):  # one member's
         actions = functional_call(actor, actor_params, (obs,))
@@ -327,13 +326,12 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     actors, target_actors, qnets = [], [], []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
-            torch.manual_seed(seed)
-            actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-            target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-            target_actor.load_state_dict(actor.state_dict())
-            qf1 = QNetwork(n_obs, n_act, device=device)
-            qf2 = QNetwork(n_obs, n_act, device=device)
-        actors.append(actor), target_actors.append(target_actor), qnets.append(from_modules(qf1, qf2))
+            torch.manual_seed(seed)  # then the CPU script's draws: actor, target actor (the actor's copy), Q networks
+            actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
+            target_actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
+            target_actors[-1].load_state_dict(actors[-1].state_dict())
+            qf1, qf2 = QNetwork(n_obs, n_act, device=device), QNetwork(n_obs, n_act, device=device)
+            qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
     actor_params, target_actor_params = (
         {name: param.detach() for name, param in stack_module_state(modules)[0].items()}
         for modules in (actors, target_actors)
