@@ -117,6 +117,7 @@ OVER_BUDGET = {
     "dqn_seeds": (593, 165),
     "ppo_continuous_action_seeds": (651, 166),
     "sac_continuous_action_seeds": (619, 163),
+    "td3_continuous_action_seeds": (599, 164),
 }
 
 
