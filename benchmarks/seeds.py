@@ -334,7 +334,26 @@ def dqn_proxy(module, members):
     return {"acting": (policy, (torch.randn(members, args.num_envs, 4),)), "update": (update, (batch,))}
 
 
-PROXIES = {"dqn": dqn_proxy}  # PPO and SAC add theirs: (module, members) -> {"acting": (fn, inputs), "update": ...}
+def actor_critic_proxy(module, members):
+    """SAC's or TD3's vmapped torch policy, critic update and actor update for `members` members (HalfCheetah's
+    sizes, a batch of 256 per member); the update is the critic's then the actor's, as on every policy-delay step."""
+    import torch
+
+    n_obs, n_act, batch_size = 17, 6, 256
+    args, low, high = module.Args(num_seeds=members), -torch.ones(n_act).numpy(), torch.ones(n_act).numpy()
+    learner = module.make_learner(args, n_obs, n_act, low, high, list(range(1, members + 1)), torch.device("cpu"))
+    policy, update_critic, update_actor = learner[-1][:3]
+    columns = dict(obs=n_obs, next_obs=n_obs, actions=n_act, rewards=None, terminations=None)
+    batch = {key: torch.rand(members, batch_size, *([n] if n else [])) for key, n in columns.items()}
+
+    def update(batch):
+        return update_critic(batch), update_actor(batch)
+
+    return {"acting": (policy, (torch.randn(members, args.num_envs, n_obs),)), "update": (update, (batch,))}
+
+
+# (module, N) -> {name: (fn, inputs)}; PPO has none yet
+PROXIES = {"dqn": dqn_proxy, "sac": actor_critic_proxy, "td3": actor_critic_proxy}
 MATMULS = ("aten.mm.", "aten.bmm.", "aten.addmm.", "aten.baddbmm.")
 
 
