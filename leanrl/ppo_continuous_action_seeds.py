@@ -1,21 +1,15 @@
-"""Proximal Policy Optimization for continuous actions, N seeds trained as one program, grown from
-ppo_continuous_action_cpu.py: `diff` against it reads as what turns one run into N.
-
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
+"""Proximal Policy Optimization for continuous actions, N seeds as one program, grown from ppo_continuous_action_cpu.py
+(`diff` them). Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
 
     python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
-Member k (seed `seed + k`) is the CPU script with `--seed seed+k`: the same first weights, its own `--num-envs` envs
-(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization; one torch generator, from which vmap's
-`randomness="different"` draws each member its own noise. `total_timesteps` is per member, `sps` counts all. Changed:
-- parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it, Adam
-  steps the stack. `--compile` (on) compiles acting, GAE and the update, `--cudagraphs` records acting and the update
-  with tensordict's `CudaGraphModule` (CUDA only; so acting is torch, not numpy);
-- all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python thread).
-  Its MuJoCo tasks are gymnasium's (HalfCheetah-v4 agrees to 1e-14 over the first steps from one state), but it resets
-  in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss. make_env's wrappers are
-  written out in numpy, per env. It renders no frames: record a saved member with the CPU script's `--eval-model`.
+Member k is the CPU script with `--seed seed+k`: its first weights, env seeds, shuffles, Adam state and normalization.
+- Parameters and Adam's state are stacked on a seeds axis; acting and the gradients are vmapped over it (each member
+  draws its own noise: `randomness="different"`), Adam steps the stack. `--cudagraphs` records them: acting is torch.
+- All envs are one envpool (the same MuJoCo tasks), stepped by C++ threads on every core where gymnasium steps envs one
+  by one on this thread. It resets in next-step mode: the step after an episode's end only resets, and weighs 0 in the
+  loss. make_env's wrappers are written out in numpy, per env. It renders no frames: record members with the CPU script.
 """
 
 import json
@@ -113,16 +107,6 @@ class Args:
     """torch's intra-op threads (default 1: every op here is small, see `main`)"""
 
 
-def env_sizes(env_id):
-    """(n_obs, n_act) of envpool's task `env_id`; another id, or an action space other than a Box, exits 2."""
-    if env_id not in envpool.list_all_envs():
-        fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
-    spec = envpool.make_spec(env_id)
-    if not isinstance(spec.action_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(spec.action_space).__name__} action space; PPO here needs a Box")
-    return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
-
-
 def update_rms(rms, x):
     """gymnasium's RunningMeanStd.update with one sample per env: `rms` = (mean, var, count), a row per env."""
     mean, var, count = rms
@@ -132,15 +116,13 @@ def update_rms(rms, x):
 
 class EnvpoolWrappers:
     """make_env's wrappers in numpy around `num_envs` envpool envs, each env its own statistics, with gymnasium's
-    interface (ended episodes' returns in `infos["final_info"]`). In next-step reset mode the step after an episode's
-    end returns the next episode's first obs, its action ignored, its reward 0: `resetting` marks the envs taking such
-    a step, which the episode and reward statistics skip (gymnasium's wrappers never see one)."""
+    interface. In next-step reset mode the step after an episode's end only resets (its action ignored, its reward 0):
+    `resetting` marks the envs taking such a step, which the episode and reward statistics skip."""
 
     def __init__(self, envs, num_envs, gamma, obs_rms=None):
         self.envs, self.num_envs, self.single_action_space, self.gamma = envs, num_envs, envs.action_space, gamma
-        n, space = num_envs, envs.observation_space
-        # in the observations' dtype, as gymnasium's; every env counts the same observations
-        self.obs_rms = (np.zeros((n, *space.shape), space.dtype), np.ones((n, *space.shape), space.dtype), 1e-4)
+        n, shape, dtype = num_envs, (num_envs, *envs.observation_space.shape), envs.observation_space.dtype
+        self.obs_rms = (np.zeros(shape, dtype), np.ones(shape, dtype), 1e-4)  # as gymnasium's; one count for all envs
         self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
         if self.frozen:
             self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
@@ -172,12 +154,15 @@ class EnvpoolWrappers:
 
 
 def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
-    """All members' envs as one envpool, stepped by C++ threads on every core, in EnvpoolWrappers: member k's
-    `num_envs` envs a contiguous slice, env i of member k seeded seed+k+i, as the single-seed script seeds it.
-    `obs_rms` (a saved model's) normalizes observations, frozen."""
+    """All members' envs as one envpool in EnvpoolWrappers, member k's a slice, env i of member k seeded seed+k+i as
+    the single-seed script seeds it; `obs_rms` (a saved model's) normalizes, frozen. A bad id or action space exit 2."""
+    if env_id not in envpool.list_all_envs():
+        fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
     env_seeds = [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
     threads = min(len(os.sched_getaffinity(0)), len(env_seeds))
     envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
+    if not isinstance(envs.action_space, gym.spaces.Box):
+        fail(f"--env-id {env_id!r} has a {type(envs.action_space).__name__} action space; PPO here needs a Box")
     return EnvpoolWrappers(envs, len(env_seeds), gamma, obs_rms)
 
 
@@ -254,8 +239,7 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
-    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`.
-    Every op is elementwise: on parameters stacked over the members, it takes each member's own step."""
+    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.betas, self.eps = params, betas, eps
@@ -267,7 +251,7 @@ class Adam:
         # column per member: with --target-kl, a member stops its epochs on its own
         self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
 
-    def step(self, grads):
+    def step(self, grads):  # elementwise: on parameters stacked over the members, each member's own step
         beta1, beta2 = self.betas
         self.beta_powers[0].mul_(beta1)
         self.beta_powers[1].mul_(beta2)
@@ -357,10 +341,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
     # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
     update, optimizer = make_functional_update(agent, params, lr, args)
-    # acting: the agent's `get_action_and_value`, sampling, vmapped over the members (each member its own noise)
     member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
 
-    def policy(obs):  # [num_seeds * num_envs, ...] in and out, member k's envs a contiguous slice
+    def policy(obs):  # get_action_and_value sampling, each member its own noise; member k's envs: the k-th slice
         return tuple(x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1))))
 
     return agent, optimizer, (policy, update)
@@ -368,7 +351,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
 def main(args):
     check_args(args)
-    n_obs, n_act = env_sizes(args.env_id)
+    probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)  # one env first: its id and sizes, before N members'
+    n_obs, n_act = (int(np.prod(space.shape)) for space in (probe.envs.observation_space, probe.single_action_space))
+    probe.close()
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
     run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
@@ -377,9 +362,8 @@ def main(args):
     torch.set_num_threads(args.threads or 1)
 
     agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
-    if run.saved_model is not None:
-        for name, param in optimizer.params.items():
-            param.copy_(run.saved_model["agent"][name])  # the saved model, as every member
+    for name, param in optimizer.params.items() if run.saved_model else ():  # --eval-model: as every member
+        param.copy_(run.saved_model["agent"][name])
     compute_gae = gae
     if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
@@ -391,12 +375,11 @@ def main(args):
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
-    num_envs = envs.num_envs  # all members'
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    rollout = {key: torch.zeros(args.num_steps, num_envs) for key in scalars}
-    rollout["obs"] = torch.zeros(args.num_steps, num_envs, n_obs)
-    rollout["actions"] = torch.zeros(args.num_steps, num_envs, n_act)
-    rollout = TensorDict(rollout, batch_size=[args.num_steps, num_envs])
+    rollout = {key: torch.zeros(args.num_steps, envs.num_envs) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, envs.num_envs, n_obs)
+    rollout["actions"] = torch.zeros(args.num_steps, envs.num_envs, n_act)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, envs.num_envs])
     store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
 
     next_obs, _ = envs.reset()
@@ -419,8 +402,7 @@ def main(args):
             store["valid"][step] = ~envs.resetting
 
             # ALGO LOGIC: action logic
-            with torch.no_grad():
-                action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
+            action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
             store["values"][step] = value.flatten()
             store["actions"][step] = action
             store["logprobs"][step] = logprob
@@ -432,8 +414,7 @@ def main(args):
             store["truncations"][step] = truncations
 
         # bootstrap value if not done
-        with torch.no_grad():
-            next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
+        next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
         # envpool's next-step reset: the true final obs of an episode is the obs stored at the step after its end
         rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
         inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
