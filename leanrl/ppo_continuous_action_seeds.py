@@ -1,15 +1,13 @@
-"""Proximal Policy Optimization for continuous actions, N seeds as one program, grown from ppo_continuous_action_cpu.py
-(`diff` them). Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, N seeds as one program, grown
+from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
 
     python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
-Member k is the CPU script with `--seed seed+k`: its first weights, env seeds, shuffles, Adam state and normalization.
-- Parameters and Adam's state are stacked on a seeds axis; acting and the gradients are vmapped over it (each member
-  draws its own noise: `randomness="different"`), Adam steps the stack. `--cudagraphs` records them: acting is torch.
-- All envs are one envpool (the same MuJoCo tasks), stepped by C++ threads on every core where gymnasium steps envs one
-  by one on this thread. It resets in next-step mode: the step after an episode's end only resets, and weighs 0 in the
-  loss. make_env's wrappers are written out in numpy, per env. It renders no frames: record members with the CPU script.
+Member k is the CPU script with `--seed seed+k`. Parameters and Adam's state are stacked on a seeds axis, acting
+(torch, which `--cudagraphs` records) and the gradients vmapped over it. All envs are one envpool (the same MuJoCo
+tasks), stepped by C++ threads on every core; it resets in next-step mode (the step after an episode's end only
+resets, and weighs 0 in the loss) and renders no frames. make_env's wrappers are written out in numpy, per env.
 """
 
 import json
@@ -107,17 +105,15 @@ class Args:
     """torch's intra-op threads (default 1: every op here is small, see `main`)"""
 
 
-def update_rms(rms, x):
-    """gymnasium's RunningMeanStd.update with one sample per env: `rms` = (mean, var, count), a row per env."""
+def update_rms(rms, x):  # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
     mean, var, count = rms
     delta = x - mean
     return mean + delta / (count + 1), (var + delta**2 / (count + 1)) * count / (count + 1), count + 1
 
 
 class EnvpoolWrappers:
-    """make_env's wrappers in numpy around `num_envs` envpool envs, each env its own statistics, with gymnasium's
-    interface. In next-step reset mode the step after an episode's end only resets (its action ignored, its reward 0):
-    `resetting` marks the envs taking such a step, which the episode and reward statistics skip."""
+    """make_env's wrappers in numpy, each env its own statistics, around `num_envs` envpool envs, with gymnasium's
+    interface. `resetting` marks the envs taking a reset step (next-step mode), which the statistics skip."""
 
     def __init__(self, envs, num_envs, gamma, obs_rms=None):
         self.envs, self.num_envs, self.single_action_space, self.gamma = envs, num_envs, envs.action_space, gamma
@@ -247,9 +243,8 @@ class Adam:
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
-        # column per member: with --target-kl, a member stops its epochs on its own
-        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)  # a column per member
 
     def step(self, grads):  # elementwise: on parameters stacked over the members, each member's own step
         beta1, beta2 = self.betas
