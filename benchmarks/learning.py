@@ -2,7 +2,7 @@
 CleanRL publishes for the same algorithm and env.
 
     python -m benchmarks.learning --jobs 2             # the default set, two runs at a time
-    python -m benchmarks.learning --only dqn           # the runs whose script, env or seed contain "dqn"
+    python -m benchmarks.learning --only sac dqn       # the runs whose name has "sac", then those with "dqn"
     python -m benchmarks.learning --report             # rebuild the table, plots and JSON from the summaries present
     python -m benchmarks.learning --set atari          # PPO Atari (async) on Breakout, when time is left
 
@@ -21,13 +21,12 @@ the mean ± std over seeds of the final return (the mean of the last 20 training
 CleanRL's published value beside it, and the runs still pending; `<set>-readme.md`, the README's short table;
 `<set>.json`; `<set>-<env>.png`, every run's return curve on an env with CleanRL's values as lines.
 
-The default set, from CleanRL's budgets, each algorithm's fastest CPU script (`_seeds` where leanrl/ has one, else
-`_cpu`), then its eager script on one env: DQN on CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on
-HalfCheetah-v4, Hopper-v4 and Walker2d-v4 (1M, seeds 1-3; ppo_continuous_action.py on Hopper-v4, seed 1), TD3 and
-SAC on Hopper-v4 (300k, seeds 1-3; the eager scripts 100k, seed 1). From the README's sps on an idle 2-core EPYC
-(`_cpu` DQN 11.5k, PPO 4.0k, TD3 250, SAC 170; eager DQN 3.9k, PPO 1.3k, TD3 175, SAC 91) that is about 4 hours one
-run at a time: DQN 5 min, PPO 50 min, TD3 70 min, SAC 105 min; about 3 hours with `--jobs 2` (the PPO and DQN
-scripts use one thread; SAC's and TD3's updates two).
+The default set, from CleanRL's budgets: per algorithm, its fastest CPU script (the `_seeds` script of DQN, PPO and
+SAC, all seeds in one process; `_cpu` for TD3, whose seeds script came after the table was run), the `_cpu` script at
+the same seeds where it ran too (DQN, PPO: a member learns as the one-seed run of its seed does), then the eager script
+on one env. DQN on CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on HalfCheetah-v4, Hopper-v4 and
+Walker2d-v4 (1M, seeds 1-3; ppo_continuous_action.py on Hopper-v4, seed 1), TD3 and SAC on Hopper-v4 (300k, seeds
+1-3; the eager scripts 100k, seed 1). docs/results.md says how long each run took on this machine.
 """
 
 import argparse
@@ -129,11 +128,6 @@ def algorithm(script):
     return VARIANT_SUFFIX.sub("", script)
 
 
-def fastest(algo, scripts_dir):
-    """The fastest CPU script of `algo`: `<algo>_seeds` where `scripts_dir` has it, else `<algo>_cpu`."""
-    return f"{algo}_seeds" if (scripts_dir / f"{algo}_seeds.py").is_file() else f"{algo}_cpu"
-
-
 def runs(script, env_id, steps, seeds):
     """The runs of `script` on `env_id` for `seeds`: one per seed, or one for all of them with a `_seeds` script."""
     if script.endswith("_seeds"):
@@ -141,23 +135,24 @@ def runs(script, env_id, steps, seeds):
     return [Run(script, env_id, steps, seed) for seed in seeds]
 
 
-def learning_set(name, scripts_dir):
+def learning_set(name):
     """The runs of the set `name`, cheap ones first."""
     if name == "smoke":  # two runs of seconds each: the harness itself, not learning
         return runs("dqn_cpu", "CartPole-v1", 1000, (1, 2))
     if name == "atari":
         return runs("ppo_atari_envpool_async", "Breakout-v5", 1_000_000, (1,))
-    algos = ("dqn", "ppo_continuous_action", "td3_continuous_action", "sac_continuous_action")
-    dqn, ppo, td3, sac = (fastest(algo, scripts_dir) for algo in algos)
+    dqn, ppo, td3, sac = "dqn", "ppo_continuous_action", "td3_continuous_action", "sac_continuous_action"
     return [
-        *runs(dqn, "CartPole-v1", 500_000, SEEDS),
-        *runs("dqn", "CartPole-v1", 500_000, (1,)),
-        *(run for env_id in MUJOCO for run in runs(ppo, env_id, 1_000_000, SEEDS)),
-        *runs("ppo_continuous_action", "Hopper-v4", 1_000_000, (1,)),
-        *runs(td3, "Hopper-v4", 300_000, SEEDS),
-        *runs("td3_continuous_action", "Hopper-v4", 100_000, (1,)),
-        *runs(sac, "Hopper-v4", 300_000, SEEDS),
-        *runs("sac_continuous_action", "Hopper-v4", 100_000, (1,)),
+        *runs(f"{dqn}_seeds", "CartPole-v1", 500_000, SEEDS),
+        *runs(f"{dqn}_cpu", "CartPole-v1", 500_000, SEEDS),
+        *runs(dqn, "CartPole-v1", 500_000, (1,)),
+        *(run for env_id in MUJOCO for run in runs(f"{ppo}_seeds", env_id, 1_000_000, SEEDS)),
+        *(run for env_id in MUJOCO for run in runs(f"{ppo}_cpu", env_id, 1_000_000, SEEDS)),
+        *runs(ppo, "Hopper-v4", 1_000_000, (1,)),
+        *runs(f"{td3}_cpu", "Hopper-v4", 300_000, SEEDS),
+        *runs(td3, "Hopper-v4", 100_000, (1,)),
+        *runs(f"{sac}_seeds", "Hopper-v4", 300_000, SEEDS),
+        *runs(sac, "Hopper-v4", 100_000, (1,)),
     ]
 
 
@@ -406,14 +401,17 @@ def short_markdown(table):
 
 
 def curves_figure(env_id, plan, records):
-    """The return curves of every run on `env_id` against env steps, one color per algorithm, solid for the fast
-    script and dotted for the eager one, each algorithm's CleanRL value dashed with its std shaded."""
+    """The return curves of every run on `env_id` against env steps, one color per algorithm: solid for the fast
+    script, dash-dotted for a `_cpu` script beside its `_seeds` one, dotted for the eager one; each algorithm's
+    CleanRL value dashed with its std shaded."""
     figure = Figure(figsize=(8, 4.5), layout="constrained")
     ax = figure.subplots()
     scripts = list(dict.fromkeys(run.script for run in plan if run.env_id == env_id))
     colors = {algo: f"C{i}" for i, algo in enumerate(dict.fromkeys(map(algorithm, scripts)))}
     for script in scripts:
-        color, style = colors[algorithm(script)], ":" if script == algorithm(script) else "-"
+        algo = algorithm(script)  # the eager script dotted, a `_cpu` script beside a `_seeds` one dash-dotted
+        style = ":" if script == algo else "-." if script.endswith("_cpu") and f"{algo}_seeds" in scripts else "-"
+        color = colors[algo]
         done = [
             records[run.name] for run in plan if run.script == script and run.env_id == env_id and run.name in records
         ]
@@ -465,7 +463,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n")[0])
     parser.add_argument("--set", choices=SETS, default="default", help="which runs (default: the default set)")
     parser.add_argument(
-        "--only", nargs="+", metavar="TEXT", help="the runs whose name (script__env__steps__seed) has one"
+        "--only", nargs="+", metavar="TEXT", help="run those whose name (script__env__steps__seed) has one, in order"
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after each run")
@@ -497,16 +495,17 @@ def lock(out_dir):
 def main(argv=None):
     """Run the set's runs that are not done, then write the report; returns the exit status."""
     args, parser = parse_args(argv)
-    plan = learning_set(args.set, args.scripts_dir)
-    if args.only:
-        plan = [run for run in plan if any(text in run.name for text in args.only)]
-        if not plan:
+    plan = selected = learning_set(args.set)
+    if args.only:  # in the order of the texts: the longest runs can go first
+        matching = [[run for run in plan if text in run.name] for text in args.only]
+        selected = list(dict.fromkeys(run for runs in matching for run in runs))
+        if not selected:
             parser.error(f"--only {' '.join(args.only)} matches no run of the set {args.set}")
     failed = []
     if not args.report:
         if lock(args.out_dir) is None:
             parser.error(f"--out-dir {args.out_dir}: another harness is running there (use --report to read it)")
-        todo = [run for run in plan if stored(args.out_dir / run.name) is None]
+        todo = [run for run in selected if stored(args.out_dir / run.name) is None]
         note(f"{len(plan)} runs in the set, {len(plan) - len(todo)} done, {len(todo)} to run, {args.jobs} at a time")
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # runs the cleanup on the way out
         try:

@@ -96,6 +96,13 @@ ALGOS = (
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "8000", "--learning-starts", "5000"),
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "1200", "--learning-starts", "1000"),
     ),
+    SeedsAlgo(
+        "td3",
+        "td3_continuous_action_seeds",
+        "td3_continuous_action_cpu",
+        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "8000", "--learning-starts", "5000"),
+        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "1200", "--learning-starts", "1000"),
+    ),
 )
 
 

@@ -298,7 +298,7 @@ def make_dqn_seeds(module, args):
     return {"policy": (policy, (zeros(len(SEEDS), 1, 4),)), "update": (update, (dict(data.items()),))}
 
 
-def make_sac_seeds(module, args):
+def make_sac_or_td3_seeds(module, args):
     policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[-1]
     data = dict(batch((len(SEEDS), 64), **OFF_POLICY).items())
     return {
@@ -315,8 +315,8 @@ def make_ppo_seeds(module, args):
     return {"policy": (policy, (zeros(len(SEEDS), 3),)), "update": (update, (minibatch,))}
 
 
-SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "sac_continuous_action_seeds": make_sac_seeds}
-SCRIPTS |= {"ppo_continuous_action_seeds": make_ppo_seeds}
+SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "sac_continuous_action_seeds": make_sac_or_td3_seeds}
+SCRIPTS |= {"ppo_continuous_action_seeds": make_ppo_seeds, "td3_continuous_action_seeds": make_sac_or_td3_seeds}
 # --- end of the seeds scripts ----------------------------------------------------------------------------------------
 
 

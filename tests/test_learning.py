@@ -14,7 +14,7 @@ from conftest import ROOT, script_env
 
 from benchmarks import learning
 
-SMOKE = learning.learning_set("smoke", ROOT / "leanrl")
+SMOKE = learning.learning_set("smoke")
 
 
 def wait_for(condition, seconds, what):
@@ -164,13 +164,13 @@ def test_thin_averages_consecutive_episodes_into_at_most_the_given_points():
     assert learning.thin(episodes[:5], points=500) == [[10 * (i + 1), float(i), float(i)] for i in range(5)]
 
 
-def test_the_fastest_cpu_script_is_the_seeds_one_where_there_is_one(tmp_path):
-    (tmp_path / "dqn_seeds.py").write_text("")
-    assert learning.fastest("dqn", tmp_path) == "dqn_seeds"
-    assert learning.fastest("sac_continuous_action", tmp_path) == "sac_continuous_action_cpu"
-    names = [run.name for run in learning.learning_set("default", tmp_path)]
-    assert names[:2] == ["dqn_seeds__CartPole-v1__500k__1x3", "dqn__CartPole-v1__500k__1"]
-    assert "sac_continuous_action_cpu__Hopper-v4__300k__3" in names
+def test_the_default_set_holds_every_committed_run_and_a_seeds_script_runs_its_seeds_in_one_process():
+    names = [run.name for run in learning.learning_set("default")]
+    assert names[:2] == ["dqn_seeds__CartPole-v1__500k__1x3", "dqn_cpu__CartPole-v1__500k__1"]
+    assert "sac_continuous_action_seeds__Hopper-v4__300k__1x3" in names
+    assert len(names) == len(set(names))
+    committed = {path.parent.name for path in (ROOT / "benchmarks" / "results" / "learning").glob("*/summary.json")}
+    assert committed and committed <= set(names)  # a committed run outside the set would drop out of the report
 
 
 def test_a_second_harness_on_the_same_folder_exits_2_and_deletes_nothing(tmp_path, capsys):

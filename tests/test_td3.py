@@ -18,6 +18,7 @@ EAGER, TWIN, CPU = "td3_continuous_action", "td3_continuous_action_torchcompile"
 # 3 Pendulum episodes of 200 steps; 100 critic steps and 50 actor steps after the random phase
 SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
 N_OBS, N_ACT = 3, 2
+LOW, HIGH = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)  # the action bounds of the networks built here
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +61,7 @@ def test_several_envs_log_every_episode(script, flags):
 def build_networks(module, seed=0):
     """Actor, target actor and two Q-networks (targets are copies), with bounds [-2, 2], from a fixed seed."""
     torch.manual_seed(seed)
-    low, high = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)
-    actor, target_actor = module.Actor(N_OBS, N_ACT, low, high), module.Actor(N_OBS, N_ACT, low, high)
+    actor, target_actor = module.Actor(N_OBS, N_ACT, LOW, HIGH), module.Actor(N_OBS, N_ACT, LOW, HIGH)
     target_actor.load_state_dict(actor.state_dict())
     return actor, target_actor, module.QNetwork(N_OBS, N_ACT), module.QNetwork(N_OBS, N_ACT)
 
