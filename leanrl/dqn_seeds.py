@@ -144,8 +144,7 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
-    member k's envs are the k-th of `num_seeds` slices)."""
+    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
@@ -377,7 +376,7 @@ def main(args):
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.measure_start, run.measure_step = time.time(), global_step  # sps counts from here, past compiling
 
         # ALGO LOGIC: put action logic here
         member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(args.num_seeds, args.num_envs, n_obs)
@@ -427,8 +426,7 @@ def main(args):
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder and each member's summary, wandb, Ctrl-C,
-# saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results, wandb, Ctrl-C.
 
 
 def fail(message):
@@ -459,9 +457,8 @@ def check_args(args):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
 
-def check_memory(args, member_bytes, what):
-    need = args.num_seeds * member_bytes / 2**30
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+def check_memory(args, per_member, what):  # per_member: one member's bytes
+    need, memory = args.num_seeds * per_member / 2**30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
         fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
@@ -521,9 +518,6 @@ class Run:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
         return os.path.join(self.dir, "videos")
 
-    def start_clock(self, global_step):
-        self.measure_start, self.measure_step = time.time(), global_step
-
     def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
         if self.measure_start:  # else None: the clock has not started
             return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
@@ -536,8 +530,7 @@ class Run:
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
 
-    def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and members' mean return; with `--track`, `metrics` (a value, or one per member) to wandb."""
+    def log_progress(self, pbar, global_step, metrics):  # the bar; with --track, `metrics` (one or N values) to wandb
         sps, means = self.sps(global_step) or 0.0, [np.mean(returns) for returns in self.returns if returns]
         pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
         if self.wandb:  # host syncs, only with --track
@@ -557,10 +550,10 @@ class Run:
         eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
         means = [float(np.mean(returns)) if returns else None for returns in self.returns]
         eval_means, wall_s = [float(np.mean(returns)) for returns in eval_returns], end_time - self.start_time
-        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device), compile=args.compile)
-        summary |= dict(cudagraphs=args.cudagraphs, num_envs=args.num_envs, num_seeds=len(seeds), seeds=seeds)
+        summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
+        summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
         summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
-        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s)
+        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
         summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
         summary |= dict(return_mean=None if None in means else float(np.mean(means)), eval_returns=eval_returns)
         summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_return_means=eval_means)

@@ -1,21 +1,13 @@
-"""Proximal Policy Optimization for continuous actions, N seeds trained as one program, grown from
-ppo_continuous_action_cpu.py: `diff` against it reads as what turns one run into N.
-
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, N seeds as one program, grown
+from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
 
     python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
-Member k (seed `seed + k`) is the CPU script with `--seed seed+k`: the same first weights, its own `--num-envs` envs
-(env i seeded seed+k+i), rollout, GAE, shuffles, Adam state and normalization; one torch generator, from which vmap's
-`randomness="different"` draws each member its own noise. `total_timesteps` is per member, `sps` counts all. Changed:
-- parameters and Adam's state are stacked on a leading seeds axis; acting and the gradients are vmapped over it, Adam
-  steps the stack. `--compile` (on) compiles acting, GAE and the update, `--cudagraphs` records acting and the update
-  with tensordict's `CudaGraphModule` (CUDA only; so acting is torch, not numpy);
-- all envs are one envpool, stepped by C++ threads on every core (gymnasium steps envs one by one on the Python thread).
-  Its MuJoCo tasks are gymnasium's (HalfCheetah-v4 agrees to 1e-14 over the first steps from one state), but it resets
-  in next-step mode: the step after an episode's end only resets, and weighs 0 in the loss. make_env's wrappers are
-  written out in numpy, per env. It renders no frames: record a saved member with the CPU script's `--eval-model`.
+Member k is the CPU script with `--seed seed+k`. Parameters and Adam's state are stacked on a seeds axis, acting
+(torch, which `--cudagraphs` records) and the gradients vmapped over it. All envs are one envpool (the same MuJoCo
+tasks), stepped by C++ threads on every core; it resets in next-step mode (the step after an episode's end only
+resets, and weighs 0 in the loss) and renders no frames. make_env's wrappers are written out in numpy, per env.
 """
 
 import json
@@ -113,34 +105,20 @@ class Args:
     """torch's intra-op threads (default 1: every op here is small, see `main`)"""
 
 
-def env_sizes(env_id):
-    """(n_obs, n_act) of envpool's task `env_id`; another id, or an action space other than a Box, exits 2."""
-    if env_id not in envpool.list_all_envs():
-        fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
-    spec = envpool.make_spec(env_id)
-    if not isinstance(spec.action_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(spec.action_space).__name__} action space; PPO here needs a Box")
-    return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
-
-
-def update_rms(rms, x):
-    """gymnasium's RunningMeanStd.update with one sample per env: `rms` = (mean, var, count), a row per env."""
+def update_rms(rms, x):  # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
     mean, var, count = rms
     delta = x - mean
     return mean + delta / (count + 1), (var + delta**2 / (count + 1)) * count / (count + 1), count + 1
 
 
 class EnvpoolWrappers:
-    """make_env's wrappers in numpy around `num_envs` envpool envs, each env its own statistics, with gymnasium's
-    interface (ended episodes' returns in `infos["final_info"]`). In next-step reset mode the step after an episode's
-    end returns the next episode's first obs, its action ignored, its reward 0: `resetting` marks the envs taking such
-    a step, which the episode and reward statistics skip (gymnasium's wrappers never see one)."""
+    """make_env's wrappers in numpy, each env its own statistics, around `num_envs` envpool envs, with gymnasium's
+    interface. `resetting` marks the envs taking a reset step (next-step mode), which the statistics skip."""
 
     def __init__(self, envs, num_envs, gamma, obs_rms=None):
         self.envs, self.num_envs, self.single_action_space, self.gamma = envs, num_envs, envs.action_space, gamma
-        n, space = num_envs, envs.observation_space
-        # in the observations' dtype, as gymnasium's; every env counts the same observations
-        self.obs_rms = (np.zeros((n, *space.shape), space.dtype), np.ones((n, *space.shape), space.dtype), 1e-4)
+        n, shape, dtype = num_envs, (num_envs, *envs.observation_space.shape), envs.observation_space.dtype
+        self.obs_rms = (np.zeros(shape, dtype), np.ones(shape, dtype), 1e-4)  # as gymnasium's; one count for all envs
         self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
         if self.frozen:
             self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
@@ -172,12 +150,15 @@ class EnvpoolWrappers:
 
 
 def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
-    """All members' envs as one envpool, stepped by C++ threads on every core, in EnvpoolWrappers: member k's
-    `num_envs` envs a contiguous slice, env i of member k seeded seed+k+i, as the single-seed script seeds it.
-    `obs_rms` (a saved model's) normalizes observations, frozen."""
+    """All members' envs as one envpool in EnvpoolWrappers, member k's a slice, env i of member k seeded seed+k+i as
+    the single-seed script seeds it; `obs_rms` (a saved model's) normalizes, frozen. A bad id or action space exit 2."""
+    if env_id not in envpool.list_all_envs():
+        fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
     env_seeds = [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
     threads = min(len(os.sched_getaffinity(0)), len(env_seeds))
     envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
+    if not isinstance(envs.action_space, gym.spaces.Box):
+        fail(f"--env-id {env_id!r} has a {type(envs.action_space).__name__} action space; PPO here needs a Box")
     return EnvpoolWrappers(envs, len(env_seeds), gamma, obs_rms)
 
 
@@ -221,8 +202,7 @@ class Agent(nn.Module):
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
-    member k's envs are the k-th of `num_seeds` slices)."""
+    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
@@ -255,8 +235,7 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
-    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`.
-    Every op is elementwise: on parameters stacked over the members, it takes each member's own step."""
+    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.betas, self.eps = params, betas, eps
@@ -264,11 +243,10 @@ class Adam:
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
-        # column per member: with --target-kl, a member stops its epochs on its own
-        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
+        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)  # a column per member
 
-    def step(self, grads):
+    def step(self, grads):  # elementwise: on parameters stacked over the members, each member's own step
         beta1, beta2 = self.betas
         self.beta_powers[0].mul_(beta1)
         self.beta_powers[1].mul_(beta2)
@@ -358,10 +336,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
     # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
     update, optimizer = make_functional_update(agent, params, lr, args)
-    # acting: the agent's `get_action_and_value`, sampling, vmapped over the members (each member its own noise)
     member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
 
-    def policy(obs):  # [num_seeds * num_envs, ...] in and out, member k's envs a contiguous slice
+    def policy(obs):  # get_action_and_value sampling, each member its own noise; member k's envs: the k-th slice
         return tuple(x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1))))
 
     return agent, optimizer, (policy, update)
@@ -369,7 +346,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
 def main(args):
     check_args(args)
-    n_obs, n_act = env_sizes(args.env_id)
+    probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)  # one env first: its id and sizes, before N members'
+    n_obs, n_act = (int(np.prod(space.shape)) for space in (probe.envs.observation_space, probe.single_action_space))
+    probe.close()
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
     run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
@@ -378,9 +357,8 @@ def main(args):
     torch.set_num_threads(args.threads or 1)
 
     agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
-    if run.saved_model is not None:
-        for name, param in optimizer.params.items():
-            param.copy_(run.saved_model["agent"][name])  # the saved model, as every member
+    for name, param in optimizer.params.items() if run.saved_model else ():  # --eval-model: as every member
+        param.copy_(run.saved_model["agent"][name])
     compute_gae = gae
     if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
@@ -392,12 +370,11 @@ def main(args):
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
-    num_envs = envs.num_envs  # all members'
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    rollout = {key: torch.zeros(args.num_steps, num_envs) for key in scalars}
-    rollout["obs"] = torch.zeros(args.num_steps, num_envs, n_obs)
-    rollout["actions"] = torch.zeros(args.num_steps, num_envs, n_act)
-    rollout = TensorDict(rollout, batch_size=[args.num_steps, num_envs])
+    rollout = {key: torch.zeros(args.num_steps, envs.num_envs) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, envs.num_envs, n_obs)
+    rollout["actions"] = torch.zeros(args.num_steps, envs.num_envs, n_act)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, envs.num_envs])
     store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
 
     next_obs, _ = envs.reset()
@@ -409,7 +386,7 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.measure_start, run.measure_step = time.time(), global_step  # sps counts from here, past compiling
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
@@ -420,8 +397,7 @@ def main(args):
             store["valid"][step] = ~envs.resetting
 
             # ALGO LOGIC: action logic
-            with torch.no_grad():
-                action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
+            action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
             store["values"][step] = value.flatten()
             store["actions"][step] = action
             store["logprobs"][step] = logprob
@@ -433,8 +409,7 @@ def main(args):
             store["truncations"][step] = truncations
 
         # bootstrap value if not done
-        with torch.no_grad():
-            next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
+        next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
         # envpool's next-step reset: the true final obs of an episode is the obs stored at the step after its end
         rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
         inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
@@ -484,8 +459,7 @@ def main(args):
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder and each member's summary, wandb, Ctrl-C,
-# saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results, wandb, Ctrl-C.
 
 
 def fail(message):
@@ -517,9 +491,8 @@ def check_args(args):
         fail("--capture-video: envpool renders no frames; record a saved member with the single-seed script")
 
 
-def check_memory(args, member_bytes, what):
-    need = args.num_seeds * member_bytes / 2**30
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+def check_memory(args, per_member, what):  # per_member: one member's bytes
+    need, memory = args.num_seeds * per_member / 2**30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
         fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
@@ -579,9 +552,6 @@ class Run:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
         return os.path.join(self.dir, "videos")
 
-    def start_clock(self, global_step):
-        self.measure_start, self.measure_step = time.time(), global_step
-
     def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
         if self.measure_start:  # else None: the clock has not started
             return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
@@ -594,8 +564,7 @@ class Run:
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
 
-    def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and members' mean return; with `--track`, `metrics` (a value, or one per member) to wandb."""
+    def log_progress(self, pbar, global_step, metrics):  # the bar; with --track, `metrics` (one or N values) to wandb
         sps, means = self.sps(global_step) or 0.0, [np.mean(returns) for returns in self.returns if returns]
         pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
         if self.wandb:  # host syncs, only with --track
@@ -615,10 +584,10 @@ class Run:
         eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
         means = [float(np.mean(returns)) if returns else None for returns in self.returns]
         eval_means, wall_s = [float(np.mean(returns)) for returns in eval_returns], end_time - self.start_time
-        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device), compile=args.compile)
-        summary |= dict(cudagraphs=args.cudagraphs, num_envs=args.num_envs, num_seeds=len(seeds), seeds=seeds)
+        summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
+        summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
         summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
-        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s)
+        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
         summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
         summary |= dict(return_mean=None if None in means else float(np.mean(means)), eval_returns=eval_returns)
         summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_return_means=eval_means)

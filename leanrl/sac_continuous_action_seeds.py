@@ -1,19 +1,14 @@
 """Soft Actor-Critic for continuous actions, `--num-seeds N` independent runs trained as one vmapped program.
 
-Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's benchmark env,
-HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps per member.
+Paper: https://arxiv.org/abs/1812.05905. Defaults are CleanRL's but the env: HalfCheetah-v4, 1M steps per member.
 
     python leanrl/sac_continuous_action_seeds.py                                  # 8 members (seeds 1..8), compiled
     python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 --total-timesteps 10000
-    python leanrl/sac_continuous_action_seeds.py --compile --cudagraphs           # on CUDA: acting and the updates
 
-Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed seed+k` (initial weights,
-env seeds), its own targets, alpha, Adam state and replay buffer; members share the program and one random generator,
-which draws differently for each (vmap's `randomness="different"`). Parameters, Adam state and buffers are stacked on a
-leading seeds axis; a step is one call for all: one vector env of N x `--num-envs` envs (member k's a contiguous slice),
-one buffer write and sample, the torch policy (numpy acting saved <1% of a step) and each update's gradients vmapped
-over the seeds axis, Adam on the stacks. `--compile` compiles acting and the updates, `--cudagraphs` records them. The
-SUMMARY has each member's returns, curve, file and evaluation, the aggregate `sps`, and `total_timesteps` per member.
+Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed seed+k` (weights, env
+seeds) and its own targets, alpha, Adam state and buffer. Parameters, Adam state and buffers are stacked on a seeds
+axis: acting (in torch; numpy saved <1% of a step) and the updates' gradients are vmapped over it, each member drawing
+its own noise (`randomness="different"`); one vector env steps every member's envs. The SUMMARY reports each member.
 """
 
 import json
@@ -119,17 +114,12 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
     return thunk
 
 
-def member_env_seeds(seed, num_seeds, num_envs):
-    """Env i of member k has seed `seed + k + i`, as env i of the single-seed script run with `--seed seed+k`."""
-    return [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
-
-
 def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
-    """One vector env in same-step autoreset mode, `num_envs` envs per member (member k's the k-th slice); the first
-    records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
+    """One vector env in same-step autoreset mode, `num_envs` envs per member (member k's the k-th slice, env i seeded
+    seed+k+i); the first records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
-        env_seeds = member_env_seeds(seed, num_seeds, num_envs)
+        env_seeds = [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
         thunks = [make_env(env_id, env_seed, video, video_episodes) for env_seed, video in zip(env_seeds, videos)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
@@ -142,8 +132,7 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member, the returns of every episode that ended on this step (several envs can finish on the same step;
-    member k's envs are the k-th of `num_seeds` slices)."""
+    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
@@ -258,8 +247,7 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph.
-    Elementwise: on parameters stacked over members, which step together, it takes each member's own step."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
@@ -269,7 +257,7 @@ class Adam:
         # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
         self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
 
-    def step(self, grads):
+    def step(self, grads):  # elementwise: on parameters stacked over members, each member's own step
         beta1, beta2 = self.betas
         self.beta1_power.mul_(beta1)
         self.beta2_power.mul_(beta2)
@@ -283,9 +271,9 @@ class Adam:
 
 
 def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy):
-    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on parameters stacked on
-    a leading seeds axis (updated in place): each member's loss and gradients are vmapped over it, Adam steps the
-    stacks. `actor` is a shell whose buffers (the action bounds) serve every member. Returns them and the optimizers."""
+    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on parameters stacked on a
+    seeds axis, updated in place: each member's loss and gradients are vmapped, Adam steps the stacks. `actor`: a shell
+    whose buffers (the action bounds) serve every member. Returns the functions and the optimizers."""
     q_params = dict(qnet_params.flatten_keys(".").items())
     q_target = dict(qnet_target.flatten_keys(".").items())
     alpha_params = {"log_alpha": log_alpha}
@@ -388,14 +376,13 @@ def main(args):
         policy = torch.compile(policy, fullgraph=True)
         update_critic = torch.compile(update_critic, fullgraph=True)
         update_actor = torch.compile(update_actor, fullgraph=True)
-    if args.cudagraphs:
-        # the first calls run as they are (compiling, with --compile), the next records the graph, later ones replay it
+    if args.cudagraphs:  # the first calls run as they are (compiled: one call more), the next records, later replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update_critic = CudaGraphModule(update_critic, warmup=3 if args.compile else 2)
         update_actor = CudaGraphModule(update_actor, warmup=3 if args.compile else 2)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
-    obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
+    obs, _ = envs.reset(seed=[seed + i for seed in run.seeds for i in range(args.num_envs)])  # as make_envs seeds them
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     losses = {}  # the latest of each, every member's; the actor's exist from its first (delayed) update
@@ -403,7 +390,7 @@ def main(args):
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.measure_start, run.measure_step = time.time(), global_step  # sps counts from here, past compiling
 
         # ALGO LOGIC: put action logic here
         if iteration < learning_starts:
@@ -455,8 +442,7 @@ def main(args):
 
 
 # ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder and each member's summary, wandb, Ctrl-C,
-# saving each member's model, loading and evaluating a model, video. Nothing below is the algorithm.
+# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results, wandb, Ctrl-C.
 
 
 def fail(message):
@@ -485,9 +471,8 @@ def check_args(args):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
 
-def check_memory(args, member_bytes, what):
-    need = args.num_seeds * member_bytes / 2**30
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+def check_memory(args, per_member, what):  # per_member: one member's bytes
+    need, memory = args.num_seeds * per_member / 2**30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
         fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
@@ -547,9 +532,6 @@ class Run:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
         return os.path.join(self.dir, "videos")
 
-    def start_clock(self, global_step):
-        self.measure_start, self.measure_step = time.time(), global_step
-
     def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
         if self.measure_start:  # else None: the clock has not started
             return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
@@ -562,8 +544,7 @@ class Run:
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
 
-    def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and members' mean return; with `--track`, `metrics` (a value, or one per member) to wandb."""
+    def log_progress(self, pbar, global_step, metrics):  # the bar; with --track, `metrics` (one or N values) to wandb
         sps, means = self.sps(global_step) or 0.0, [np.mean(returns) for returns in self.returns if returns]
         pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
         if self.wandb:  # host syncs, only with --track
@@ -583,10 +564,10 @@ class Run:
         eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
         means = [float(np.mean(returns)) if returns else None for returns in self.returns]
         eval_means, wall_s = [float(np.mean(returns)) for returns in eval_returns], end_time - self.start_time
-        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device), compile=args.compile)
-        summary |= dict(cudagraphs=args.cudagraphs, num_envs=args.num_envs, num_seeds=len(seeds), seeds=seeds)
+        summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
+        summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
         summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
-        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s, wall_s=wall_s)
+        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
         summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
         summary |= dict(return_mean=None if None in means else float(np.mean(means)), eval_returns=eval_returns)
         summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_return_means=eval_means)
