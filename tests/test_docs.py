@@ -13,12 +13,13 @@ from urllib.parse import unquote
 
 import pytest
 
-from benchmarks import report
+from benchmarks import report, seeds
 from benchmarks.learning import short_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
 LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
+SEEDS_RESULTS = {"seeds_cpu.json": seeds.markdown}  # in docs/
 
 # Scripts the README documents ahead of their arrival (issue 30: the CPU scripts). While one is missing, the command
 # check leaves it out and `test_scripts_awaited_by_the_readme` is skipped, naming it; once all exist, they are checked
@@ -280,6 +281,13 @@ def test_the_learning_tables_are_the_learning_report():
     assert missing_lines(results, (LEARNING_REPORT / "default.md").read_text().splitlines()) == []
     table = json.loads((LEARNING_REPORT / "default.json").read_text())["table"]
     assert missing_lines((ROOT / "README.md").read_text(), short_markdown(table).splitlines()) == []
+
+
+@pytest.mark.parametrize("name", SEEDS_RESULTS)
+def test_the_seeds_tables_in_performance_md_are_the_benchmarks_tables(name):
+    page = (ROOT / "docs" / "performance.md").read_text()
+    table = SEEDS_RESULTS[name](json.loads((ROOT / "docs" / name).read_text()))
+    assert missing_lines(page, table.splitlines()) == []
 
 
 @pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
