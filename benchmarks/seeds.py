@@ -71,6 +71,11 @@ class SeedsAlgo:
     seeds_variants: tuple[tuple[str, ...], ...] = ((),)
 
 
+# SAC and TD3: 5,000 random steps, then 3,000 updates; quick: 1,000, then 200
+ACTOR_CRITIC_BUDGETS = (
+    ("--env-id", "HalfCheetah-v4", "--total-timesteps", "8000", "--learning-starts", "5000"),
+    ("--env-id", "HalfCheetah-v4", "--total-timesteps", "1200", "--learning-starts", "1000"),
+)
 # adding an algorithm is one line; one whose seeds script is not on disk is skipped with a note
 ALGOS = (
     # learning from 10k steps (CleanRL's default), sps over the 20k after it; quick: 1,000 steps, then 100 updates
@@ -89,19 +94,9 @@ ALGOS = (
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "40960", "--measure-burnin", "5"),
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "6144", "--measure-burnin", "1", "--num-steps", "512"),
     ),
-    SeedsAlgo(
-        "sac",
-        "sac_continuous_action_seeds",
-        "sac_continuous_action_cpu",
-        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "8000", "--learning-starts", "5000"),
-        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "1200", "--learning-starts", "1000"),
-    ),
-    SeedsAlgo(
-        "td3",
-        "td3_continuous_action_seeds",
-        "td3_continuous_action_cpu",
-        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "8000", "--learning-starts", "5000"),
-        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "1200", "--learning-starts", "1000"),
+    *(
+        SeedsAlgo(name, f"{script}_seeds", f"{script}_cpu", *ACTOR_CRITIC_BUDGETS)
+        for name, script in (("sac", "sac_continuous_action"), ("td3", "td3_continuous_action"))
     ),
 )
 

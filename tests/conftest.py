@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -93,6 +94,33 @@ def assert_curve(result):
         assert steps == sorted(steps) and seconds == sorted(seconds), "curve steps or seconds go backwards"
         assert all(0 <= step <= result["total_timesteps"] for step in steps)
         assert all(0 <= second <= result["wall_s"] for second in seconds)
+
+
+def actor_critic_seeds_smoke_run(script, cwd):
+    """Two members of SAC's or TD3's seeds script on Pendulum, eagerly, 20 iterations past the random phase (2
+    episodes each), saving their models and evaluating each for one episode."""
+    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 420, "--learning-starts", 400, "--batch-size", 32)
+    flags += ("--num-seeds", 2, "--no-compile", "--save-model", "--eval-episodes", 1)
+    return summary(run_script(script, *flags, cwd=cwd))
+
+
+def assert_seeds_smoke_summary(s, script, actor):
+    """The summary of `actor_critic_seeds_smoke_run` reports each member (seeds, last-20 means and their mean, a curve
+    each, aggregate sps, evaluation returns) and a model file per member, in the single-seed format with the member's
+    seed: the state dict of `actor` (Pendulum's)."""
+    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (script, 2, [1, 2], 420)
+    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu") and s["threads"] in (1, 2)
+    assert s["sps_wall"] == pytest.approx(2 * 420 / s["wall_s"], rel=0.01) and s["sps"] > 0
+    assert s["episodes"] == 4 and [len(curve) for curve in s["curves"]] == [2, 2]
+    assert all(-2000 < mean < 0 for mean in s["return_means"])
+    assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
+    assert [len(returns) for returns in s["eval_returns"]] == [1, 1]
+    assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
+    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [f"{script}_seed{k}.pt" for k in (1, 2)]
+    saved = torch.load(s["model_files"][1], weights_only=True)
+    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (script, 2, 2)
+    expected = {name: value.shape for name, value in actor.state_dict().items()}
+    assert {name: value.shape for name, value in saved["model"].items()} == expected
 
 
 def assert_user_error(proc, *words):

@@ -7,10 +7,9 @@ single-seed check's budget); the other tests run eagerly, in seconds."""
 
 import functools
 
-import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, load_script, run_script, summary
+from conftest import SCRIPTS, actor_critic_seeds_smoke_run, assert_seeds_smoke_summary, load_script, run_script, summary
 from tensordict import from_modules
 from test_sac import HIGH, LOW, N_ACT, N_OBS, make_batch
 
@@ -198,32 +197,11 @@ def test_every_member_learns_pendulum():
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """Two members on Pendulum, eagerly, 20 iterations past the random phase (2 episodes each), saving their models
-    and evaluating each for one episode."""
-    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 420, "--learning-starts", 400, "--batch-size", 32)
-    flags += ("--num-seeds", 2, "--no-compile", "--save-model", "--eval-episodes", 1)
-    return summary(run_script(SEEDS_SCRIPT, *flags, cwd=tmp_path_factory.mktemp("smoke")))
+    return actor_critic_seeds_smoke_run(SEEDS_SCRIPT, tmp_path_factory.mktemp("smoke"))
 
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
-    """The summary reports each member (seeds, last-20 means and their mean, a curve each, aggregate sps, evaluation
-    returns) and a model file per member, in the single-seed format with the member's seed: an actor's state dict."""
-    s = smoke_run
-    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (SEEDS_SCRIPT, 2, [1, 2], 420)
-    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu") and s["threads"] in (1, 2)
-    assert s["sps_wall"] == pytest.approx(2 * 420 / s["wall_s"], rel=0.01) and s["sps"] > 0
-    assert s["episodes"] == 4 and [len(curve) for curve in s["curves"]] == [2, 2]
-    assert all(-2000 < mean < 0 for mean in s["return_means"])
-    assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
-    assert [len(returns) for returns in s["eval_returns"]] == [1, 1]
-    assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)]
-    saved = torch.load(s["model_files"][1], weights_only=True)
-    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (SEEDS_SCRIPT, 2, 2)
-    actor = load("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH)
-    assert {name: value.shape for name, value in saved["model"].items()} == {
-        name: value.shape for name, value in actor.state_dict().items()
-    }
+    assert_seeds_smoke_summary(smoke_run, SEEDS_SCRIPT, load("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH))
 
 
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run):
