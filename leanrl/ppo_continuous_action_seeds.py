@@ -4,10 +4,9 @@ from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's (HalfChe
     python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
 
-Member k is the CPU script with `--seed seed+k`. Parameters and Adam's state are stacked on a seeds axis, acting
-(torch, which `--cudagraphs` records) and the gradients vmapped over it. All envs are one envpool (the same MuJoCo
-tasks), stepped by C++ threads on every core; it resets in next-step mode (the step after an episode's end only
-resets, and weighs 0 in the loss) and renders no frames. make_env's wrappers are written out in numpy, per env.
+Member k is the CPU script with `--seed seed+k`. Parameters and Adam's state are stacked on a seeds axis, acting and
+the gradients vmapped over it. All envs are one envpool (the same MuJoCo tasks) stepped by C++ threads on every core,
+in next-step reset mode (the step after an episode's end only resets and weighs 0 in the loss), without frames.
 """
 
 import json
@@ -106,8 +105,7 @@ class Args:
 
 
 def update_rms(rms, x):  # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
-    mean, var, count = rms
-    delta = x - mean
+    (mean, var, count), delta = rms, x - rms[0]
     return mean + delta / (count + 1), (var + delta**2 / (count + 1)) * count / (count + 1), count + 1
 
 
@@ -211,10 +209,9 @@ def finished_episodes(infos, num_seeds):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
-    `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
-    the episode ended at step t in a terminal state / cut off; `final_values[t]`: the value of the true final obs of
-    a truncated episode (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input but `next_value`
+    [num_envs] (of the obs after the last step). `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at
+    step t, terminal / cut off; `final_values[t]`: the value of a cut-off episode's true final obs (read only there)."""
     dones = torch.maximum(terminations, truncations)
     # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
     # value of its true final observation if it was cut off and 0 if it terminated
@@ -224,8 +221,7 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
     # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
     # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
-    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
-    shift = 1
+    advantages, coefs, shift = deltas, gamma * gae_lambda * (1 - dones), 1
     while shift < len(values):
         advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
         coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
@@ -238,13 +234,12 @@ class Adam:
     update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.betas, self.eps = params, betas, eps
-        self.param_groups = [{"lr": lr}]
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.params, self.betas, self.eps, self.param_groups = params, betas, eps, [{"lr": lr}]
+        self.exp_avg, self.exp_avg_sq = ({name: torch.zeros_like(p) for name, p in params.items()} for _ in range(2))
         # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
         # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
         self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)  # a column per member
+        self.state = [*params.values(), *self.exp_avg.values(), *self.exp_avg_sq.values(), self.beta_powers.T]
 
     def step(self, grads):  # elementwise: on parameters stacked over the members, each member's own step
         beta1, beta2 = self.betas
@@ -259,15 +254,19 @@ class Adam:
             denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
             param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom)
 
-    def state(self):  # every tensor it updates, a member per row
-        return [*self.params.values(), *self.exp_avg.values(), *self.exp_avg_sq.values(), self.beta_powers.T]
 
-
-def make_functional_update(agent, params, lr, args):
-    """One clipped-surrogate gradient step of each member on its minibatch ([num_seeds, minibatch]), returning their
-    statistics [num_seeds, 6]: a member's gradients (`torch.func`) are vmapped, Adam steps the stacked `params` in
-    place, so `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
-    optimizer = Adam(params, lr, eps=1e-5)
+def make_learner(args, n_obs, n_act, seeds, device):
+    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on `device`: the shell
+    `functional_call` fills, the written-out Adam (`params`: the members', stacked), the functions (policy, update)."""
+    members = []
+    for seed in seeds:
+        with torch.random.fork_rng():  # the global generator is left as it was
+            torch.manual_seed(seed)
+            members.append(Agent(n_obs, n_act, device=device))
+    params = {name: param.detach() for name, param in stack_module_state(members)[0].items()}
+    agent = Agent(n_obs, n_act, device="meta")  # the shell `functional_call` fills
+    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    optimizer = Adam(params, torch.tensor(args.learning_rate, device=device), eps=1e-5)
 
     def loss_fn(params, mb):
         _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
@@ -316,26 +315,12 @@ def make_functional_update(agent, params, lr, args):
         return {name: grad * scale for name, grad in grads.items()}, stats
 
     def update(mb):
+        """One clipped-surrogate step of each member on its minibatch ([num_seeds, minibatch]) -> statistics [num_seeds,
+        6]: vmapped `torch.func` gradients and an in-place Adam, one graph for `torch.compile(fullgraph=True)`."""
         grads, stats = torch.vmap(member_grads)(params, mb)
         optimizer.step(grads)
         return stats
 
-    return update, optimizer
-
-
-def make_learner(args, n_obs, n_act, seeds, device):
-    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on `device`: the shell
-    `functional_call` fills, the written-out Adam (`params`: the members', stacked), the functions (policy, update)."""
-    members = []
-    for seed in seeds:
-        with torch.random.fork_rng():  # the global generator is left as it was
-            torch.manual_seed(seed)
-            members.append(Agent(n_obs, n_act, device=device))
-    params = {name: param.detach() for name, param in stack_module_state(members)[0].items()}
-    agent = Agent(n_obs, n_act, device="meta")  # the shell `functional_call` fills
-    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    update, optimizer = make_functional_update(agent, params, lr, args)
     member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
 
     def policy(obs):  # get_action_and_value sampling, each member its own noise; member k's envs: the k-th slice
@@ -362,19 +347,14 @@ def main(args):
     compute_gae = gae
     if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
-        policy = torch.compile(policy, fullgraph=True, options=options)
-        compute_gae = torch.compile(gae, fullgraph=True, options=options)
-        update = torch.compile(update, fullgraph=True, options=options)
+        policy, compute_gae, update = (torch.compile(f, fullgraph=True, options=options) for f in (policy, gae, update))
     if args.cudagraphs:  # the first calls run as they are (compiled: one call more), the next records, later replay
-        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
-        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
+        policy, update = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (policy, update))
 
     # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    rollout = {key: torch.zeros(args.num_steps, envs.num_envs) for key in scalars}
-    rollout["obs"] = torch.zeros(args.num_steps, envs.num_envs, n_obs)
-    rollout["actions"] = torch.zeros(args.num_steps, envs.num_envs, n_act)
-    rollout = TensorDict(rollout, batch_size=[args.num_steps, envs.num_envs])
+    shapes, size = {key: () for key in scalars} | dict(obs=(n_obs,), actions=(n_act,)), (args.num_steps, envs.num_envs)
+    rollout = TensorDict({key: torch.zeros(*size, *shape) for key, shape in shapes.items()}, batch_size=size)
     store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
 
     next_obs, _ = envs.reset()
@@ -422,13 +402,13 @@ def main(args):
 
         # Optimizing the policy and value network
         stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)  # members stopped by --target-kl
-        kept = [x.clone() for x in optimizer.state()] + [torch.zeros(args.num_seeds, 6, device=device)]
+        kept = [x.clone() for x in optimizer.state] + [torch.zeros(args.num_seeds, 6, device=device)]
         for _epoch in range(args.update_epochs):
             b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]  # each member its own shuffle
             for mb in b_shuffled.split(minibatch_size, dim=1):
                 stats = update(mb)
             if args.target_kl is not None:  # host sync, once per epoch: a member past the target keeps this state
-                for x, saved in zip([*optimizer.state(), stats], kept):
+                for x, saved in zip([*optimizer.state, stats], kept):
                     x[stopped], saved[~stopped] = saved[stopped], x[~stopped]
                 stopped |= stats[:, 4] > args.target_kl
                 if stopped.all():

@@ -110,11 +110,9 @@ SIZE_BUDGETS = [
 ]
 PLUMBING_BUDGET = 160
 # Over budget, known and capped: (lines, plumbing lines) that these scripts may not exceed while they shrink toward
-# the budget. PPO's seeds script carries envpool's normalization wrappers (per env, in numpy) on top of the seeds
-# lesson. An entry goes when its script is within budget (the test says so).
-OVER_BUDGET = {
-    "ppo_continuous_action_seeds": (620, 160),
-}
+# the budget; an entry goes when its script is within budget (the test says so). None now: PPO's seeds script, the
+# last one, fits its 600 lines with envpool's normalization wrappers (per env, in numpy) on top of the seeds lesson.
+OVER_BUDGET = {}
 
 
 def size_budget(script):
