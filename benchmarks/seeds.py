@@ -347,18 +347,32 @@ def actor_critic_proxy(module, members):
     return {"acting": (policy, (torch.randn(members, args.num_envs, n_obs),)), "update": (update, (batch,))}
 
 
-# (module, N) -> {name: (fn, inputs)}; PPO has none yet
-PROXIES = {"dqn": dqn_proxy, "sac": actor_critic_proxy, "td3": actor_critic_proxy}
+def ppo_proxy(module, members):
+    """PPO's vmapped torch policy and one minibatch update for `members` members (HalfCheetah's sizes, CleanRL's
+    minibatch of 64 per member: 2048 steps in 32 minibatches); an iteration makes 320 such updates."""
+    import torch
+
+    n_obs, n_act = 17, 6
+    args = module.Args(num_seeds=members)
+    _, _, (policy, update) = module.make_learner(args, n_obs, n_act, list(range(1, members + 1)), torch.device("cpu"))
+    size = (members, args.num_steps * args.num_envs // args.num_minibatches)
+    mb = {key: torch.randn(*size) for key in ("logprobs", "values", "advantages", "returns")}
+    mb |= dict(obs=torch.randn(*size, n_obs), actions=torch.randn(*size, n_act), valid=torch.ones(*size))
+    return {"acting": (policy, (torch.randn(members * args.num_envs, n_obs),)), "update": (update, (mb,))}
+
+
+# (module, N) -> {name: (fn, inputs)}
+PROXIES = {"dqn": dqn_proxy, "ppo_continuous_action": ppo_proxy, "sac": actor_critic_proxy, "td3": actor_critic_proxy}
 MATMULS = ("aten.mm.", "aten.bmm.", "aten.addmm.", "aten.baddbmm.")
 
 
 def time_calls(fn, inputs, seconds):
-    """Microseconds per call of `fn(*inputs)`: the median of 5 timed blocks of about `seconds` / 5 each."""
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds / 20 or calls < 3:
+    """Microseconds per call of `fn(*inputs)`: the median of 5 timed blocks of about `seconds` / 5 each (at least a
+    call each), after 3 calls (a compile, a warm-up) of which the last sizes the blocks."""
+    for _ in range(3):
+        start = time.perf_counter()
         fn(*inputs)
-        calls += 1
-    per_block = max(1, int(calls * 4))
+    per_block = max(1, int(seconds / 5 / (time.perf_counter() - start)))
     blocks = []
     for _ in range(5):
         start = time.perf_counter()
