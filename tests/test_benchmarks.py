@@ -686,14 +686,17 @@ def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
     assert all(r["aten_ops"] > 3 * table[0]["aten_ops"] for r in table if r["function"] == "update")
 
 
-@pytest.mark.parametrize("name, actor_matmuls", [("sac", 4), ("td3", 3), ("ppo_continuous_action", 6)])
-def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(name, actor_matmuls):
+@pytest.mark.parametrize(
+    "name, actor_matmuls, update_more_than", [("sac", 4, 24), ("td3", 3, 18), ("ppo_continuous_action", 6, 12)]
+)
+def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(name, actor_matmuls, update_more_than):
     """The real SAC, TD3 and PPO seeds functions for N = 1 2, eagerly: acting is the actor's Linear layers (SAC's two
     heads: 4; TD3's: 3; PPO's actor and critic: 6), and one update (SAC, TD3: critic then actor; PPO: one minibatch)
-    has as many matmuls for 2 members as for 1."""
+    has as many matmuls for 2 members as for 1: more than six times acting's for SAC and TD3 (two critics and the
+    actor, forward and backward), more than twice for PPO (forward and backward of the same networks)."""
     algo = next(algo for algo in seeds.ALGOS if algo.name == name)
     table = seeds.proxy([algo], SCRIPTS, [1, 2], compiled=False, seconds=0.01, us_per_kernel=3.0)
     acting = [r["matmuls"] for r in table if r["function"] == "acting"]
     update = [r["matmuls"] for r in table if r["function"] == "update"]
     assert acting == [actor_matmuls] * 2
-    assert update[0] == update[1] > 2 * actor_matmuls  # forward and backward
+    assert update[0] == update[1] > update_more_than
