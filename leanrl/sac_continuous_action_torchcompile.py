@@ -39,7 +39,7 @@ from tensordict.nn import CudaGraphModule
 
 @dataclass
 class Args:
-    exp_name: str = "sac_continuous_action"
+    exp_name: str = "sac_continuous_action_torchcompile"
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""

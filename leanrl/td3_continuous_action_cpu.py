@@ -40,7 +40,7 @@ from torch.func import functional_call, grad_and_value
 
 @dataclass
 class Args:
-    exp_name: str = "td3_continuous_action"
+    exp_name: str = "td3_continuous_action_cpu"
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""

@@ -42,7 +42,7 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 @dataclass
 class Args:
-    exp_name: str = "td3_continuous_action"
+    exp_name: str = "td3_continuous_action_seeds"
     """the name of this experiment"""
     seed: int = 1
     """seed of the first member; member k has seed `seed + k`"""
