@@ -278,10 +278,11 @@ def test_the_quick_tables_in_performance_md_are_the_benchmarks_tables():
         assert missing_lines(page, quick_table_lines(run)) == []
 
 
-def test_the_learning_tables_are_the_learning_report():
+@pytest.mark.parametrize("learning_set", ["default", "atari"])
+def test_the_learning_tables_are_the_learning_report(learning_set):
     results = (ROOT / "docs" / "results.md").read_text()
-    assert missing_lines(results, (LEARNING_REPORT / "default.md").read_text().splitlines()) == []
-    table = json.loads((LEARNING_REPORT / "default.json").read_text())["table"]
+    assert missing_lines(results, (LEARNING_REPORT / f"{learning_set}.md").read_text().splitlines()) == []
+    table = json.loads((LEARNING_REPORT / f"{learning_set}.json").read_text())["table"]
     assert missing_lines((ROOT / "README.md").read_text(), short_markdown(table).splitlines()) == []
 
 
