@@ -93,6 +93,7 @@ ALGOS = (
         "ppo_continuous_action_cpu",
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "40960", "--measure-burnin", "5"),
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "6144", "--measure-burnin", "1", "--num-steps", "512"),
+        seeds_variants=(("--threads", "1"), ("--threads", "2")),  # the second thread: in the update, idle envs
     ),
     *(
         SeedsAlgo(name, f"{script}_seeds", f"{script}_cpu", *ACTOR_CRITIC_BUDGETS)

@@ -101,7 +101,7 @@ class Args:
     cudagraphs: bool = False
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
     threads: int | None = None
-    """torch's intra-op threads (default 1: every op here is small, see `main`)"""
+    """torch's intra-op threads (default 1; with many members 2 can be faster: see `main`)"""
 
 
 def update_rms(rms, x):  # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
@@ -338,7 +338,7 @@ def main(args):
     run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # every op is small (batch-1 acting, batch-64 updates per member): waking a second thread costs more than it saves
+    # one thread: at N=1 a second costs more than it saves; with more members --threads 2 can pay (docs/performance.md)
     torch.set_num_threads(args.threads or 1)
 
     agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
