@@ -8,9 +8,9 @@ env-only limit of the same N x num_envs envs; and the "GPU proxy", each member's
     python -m benchmarks.seeds --quick                  # tiny budgets, N = 1 2, one round: a smoke test of the harness
 
 For each N and round, in turn:
-- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs (DQN and PPO: `--threads 1`
-  and `--threads 2`); its `sps` counts all members' env steps per second after the burn-in (compile excluded). The
-  best way is compared.
+- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs (DQN and PPO:
+  `--threads 1` and `--threads 2`); its `sps` counts all members' env steps per second after the burn-in (compile
+  excluded). The best way is compared.
 - `P at once`: the single-seed script run N times (seeds 1..N) under the same budget, P processes at a time, for each P
   in `--processes` (default: 1, the number of cores, and N; those up to N). The cores are split between the P
   processes of a wave: with P <= cores, process i gets cores // P cores of its own (`taskset -c`) and as many intra-op
