@@ -2,6 +2,7 @@
 
     python -m benchmarks.breakdown                      # every algorithm: eager, twin, twin --compile, CPU script
     python -m benchmarks.breakdown sac dqn --rounds 3   # some algorithms, 3 alternating rounds
+    python -m benchmarks.breakdown dqn --seeds 8        # also the seeds script with 8 members (dqn_seeds.py)
 
 Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the quick benchmark
 budget of `benchmarks/registry.py`), with timers wrapped around the functions its `make_learner` returns (acting,
@@ -11,7 +12,9 @@ calls (compiling, optimizers creating their state) and ends at the last env step
 is its median call times its calls in the window, over the window's steps, and `other` is the rest of the window's
 time per step: the Python loop, conversions between numpy and torch, episode bookkeeping. The variants alternate
 round by round; each part's median over the rounds is reported. CPU only: CUDA work is asynchronous, and its calls
-would need synchronizing.
+would need synchronizing. With `--seeds N`, an algorithm that has a seeds script (`<eager>_seeds.py`) also runs it
+with N members at the same budget per member; its parts are per member-step (all members' env steps count), so its
+column reads beside the single-seed scripts' as the cost of one member's step.
 """
 
 import argparse
@@ -32,7 +35,7 @@ import tyro
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS
 from benchmarks.registry import VARIANTS as ALL_VARIANTS
-from benchmarks.scripts import load_script
+from benchmarks.scripts import SCRIPTS, load_script
 
 # what each algorithm's `make_learner` returns last: its step functions, named as parts
 FUNCTIONS = {
@@ -72,10 +75,16 @@ def instrumented(module, algo, timers):
     """`module`'s parts wrapped with `timers` while the context lasts: its make_learner, make_envs, replay buffer and
     gae, and torch.compile (so that a compiled part is timed around its compiled function)."""
     make_learner, make_envs, compile_ = module.make_learner, module.make_envs, torch.compile
+    make_host_policy = getattr(module, "make_host_policy", None)
 
     def timed_make_learner(*args, **kwargs):
         *head, functions = make_learner(*args, **kwargs)
-        return (*head, tuple(timers.wrap(part, fn) for part, fn in zip(FUNCTIONS[algo], functions)))
+        parts = zip(FUNCTIONS[algo], functions)  # a host policy made inside make_learner is timed already
+        return (*head, tuple(fn if hasattr(fn, "part") else timers.wrap(part, fn) for part, fn in parts))
+
+    def timed_host_policy(*args, **kwargs):  # acting in numpy, where `main` or make_learner makes it
+        policy = make_host_policy(*args, **kwargs)
+        return timers.wrap("acting", policy) if callable(policy) else policy
 
     def timed_make_envs(*args, **kwargs):
         envs = make_envs(*args, **kwargs)
@@ -100,6 +109,8 @@ def instrumented(module, algo, timers):
         (module, "make_envs", timed_make_envs),
         (torch, "compile", timed_compile),
     ]
+    if make_host_policy is not None:
+        patches.append((module, "make_host_policy", timed_host_policy))
     if hasattr(module, "ReplayBuffer"):
         store = "extend" if hasattr(module.ReplayBuffer, "extend") else "add"  # DQN writes once per update
         patches.append((module.ReplayBuffer, store, timers.wrap("storing", getattr(module.ReplayBuffer, store))))
@@ -146,10 +157,21 @@ def window(timers, warmup_calls=WARMUP_CALLS):
     return 1e6 / step_us, parts
 
 
+def seeds_variant(members):
+    return f"seeds {members}"
+
+
+def variant_command(algo, variant):
+    """The script and flags of `variant` ("seeds N": the seeds script with N members)."""
+    if variant.startswith("seeds "):
+        return f"{BY_NAME[algo].eager}_seeds", ("--num-seeds", variant.split()[1])
+    return BY_NAME[algo].script(VARIANTS[variant]), VARIANTS[variant].flags
+
+
 def run_variant(algo, variant, budget_flags, timeout=1800):
     """One variant in a fresh interpreter (the scripts set thread counts for the whole process)."""
-    script = BY_NAME[algo].script(VARIANTS[variant])
-    cmd = [sys.executable, "-m", "benchmarks.breakdown", "--one", script, algo, *budget_flags, *VARIANTS[variant].flags]
+    script, flags = variant_command(algo, variant)
+    cmd = [sys.executable, "-m", "benchmarks.breakdown", "--one", script, algo, *budget_flags, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd[2:])} exited with status {proc.returncode}\n{proc.stderr[-3000:]}")
@@ -194,15 +216,18 @@ def main(argv=None):
         help=f"the algorithms (default: all of {', '.join(FUNCTIONS)})",
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
+    parser.add_argument("--seeds", type=int, metavar="N", help="also the seeds script, where there is one, N members")
     opts = parser.parse_args(argv)
-    if opts.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    if opts.rounds < 1 or (opts.seeds is not None and opts.seeds < 1):
+        parser.error("--rounds and --seeds must be at least 1")
     info = machine_info()
     print(
         f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick budgets, {opts.rounds} rounds"
     )
     for algo in opts.algos:
         rounds = {name: [] for name, variant in VARIANTS.items() if BY_NAME[algo].runs(variant)}
+        if opts.seeds and (SCRIPTS / f"{BY_NAME[algo].eager}_seeds.py").exists():
+            rounds[seeds_variant(opts.seeds)] = []
         for _ in range(opts.rounds):
             for variant in rounds:
                 rounds[variant].append(run_variant(algo, variant, BY_NAME[algo].quick))

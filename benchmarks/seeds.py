@@ -26,7 +26,10 @@ the update (`fullgraph=True`, as `--compile` does), and times each call after wa
 and per member. It also sizes the graphs: the ATen ops of one call (`make_fx`: what eager CUDA would launch), the
 matmuls among them and the kernels inductor generates around them (traced with the FX graph cache off), whose sum is
 what a captured CUDA graph replays. The GPU column is an expectation, not a measurement: kernels x `--us-per-kernel`
-(a small kernel replayed from a CUDA graph costs a few microseconds whatever its size), divided by N.
+(a small kernel replayed from a CUDA graph costs a few microseconds whatever its size), divided by N. On this CPU,
+`matmul bound / time` says how much of a call arithmetic explains: the call's FLOPs (FlopCounterMode, its matmuls) at
+the rate of a [8, 256, 256] fp32 bmm timed right after it, over the call's time; near 1, a member costs what a run
+costs, and no seeds axis can make the update cheaper on this CPU.
 
 Writes benchmarks/results/seeds-<time>.{json,md,png} (or seeds-proxy-<time>; to --out-dir). A failed run stops the
 benchmark with status 1.
@@ -406,8 +409,27 @@ def graph_size(fn, inputs, compiled):
     return {"aten_ops": len(ops), "matmuls": sum(op.startswith(MATMULS) for op in ops), "fused_kernels": fused}
 
 
+def flops(fn, inputs):
+    """The floating-point operations of one call of `fn(*inputs)`, as torch's FlopCounterMode counts them (matmuls)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(*inputs)
+    return counter.get_total_flops()
+
+
+def matmul_rate(seconds):
+    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond: a [8, 256, 256] x [8, 256, 256]
+    bmm, timed as `time_calls` times a function."""
+    import torch
+
+    a = torch.randn(8, 256, 256)
+    return 2 * 8 * 256**3 / time_calls(torch.bmm, (a, a), seconds)
+
+
 def proxy(algos, scripts_dir, members_list, compiled, seconds, us_per_kernel):
-    """Per algorithm, function and N: microseconds per call and per member, and the graph's size."""
+    """Per algorithm, function and N: microseconds per call and per member, the graph's size, and how close the call
+    comes to the matmul bound (its FLOPs at the rate of a large bmm timed just after it, over its time)."""
     import torch
 
     torch.set_num_threads(1)  # as the scripts run on a CPU
@@ -420,9 +442,13 @@ def proxy(algos, scripts_dir, members_list, compiled, seconds, us_per_kernel):
                 torch._dynamo.reset()
                 timed = torch.compile(fn, fullgraph=True) if compiled else fn
                 us = time_calls(timed, inputs, seconds)
+                flop, rate = flops(fn, inputs), matmul_rate(seconds)
                 kernels = size["matmuls"] + size["fused_kernels"] if compiled else size["aten_ops"]
                 gpu = kernels * us_per_kernel
-                note(f"{algo.name} {name} N={members}: {us:.0f} us a call, {us / members:.1f} each; {kernels} kernels")
+                note(
+                    f"{algo.name} {name} N={members}: {us:.0f} us a call, {us / members:.1f} each; {kernels} kernels; "
+                    f"matmul bound {flop / rate / us:.2f} of the time"
+                )
                 table.append(
                     dict(
                         algo=algo.name,
@@ -433,6 +459,9 @@ def proxy(algos, scripts_dir, members_list, compiled, seconds, us_per_kernel):
                         **size,
                         kernels=kernels,
                         gpu_us_per_member_unmeasured=gpu / members,
+                        mflop_per_member=flop / members / 1e6,
+                        matmul_gflops=rate / 1e3,
+                        matmul_bound_share=flop / rate / us,
                     )
                 )
     return table
@@ -445,13 +474,14 @@ def proxy_markdown(result):
         f"Compiled: {settings['compiled']}, one thread; the GPU column is unmeasured: kernels x "
         f"{settings['us_per_kernel']} us / N; started {settings['started']}",
         "",
-        "| algo | function | N | us a call | us per member | ATen ops | matmuls | fused kernels | kernels "
-        "| GPU us per member (unmeasured) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| algo | function | N | us a call | us per member | MFLOP per member | matmul bound / time | ATen ops "
+        "| matmuls | fused kernels | kernels | GPU us per member (unmeasured) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["table"]:
         lines.append(
             f"| {r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | {r['us_per_member']:.1f} | "
+            f"{optional(r.get('mflop_per_member'), '.2f')} | {optional(r.get('matmul_bound_share'), '.2f')} | "
             f"{r['aten_ops']} | {r['matmuls']} | {optional(r['fused_kernels'], 'd')} | {r['kernels']} | "
             f"{r['gpu_us_per_member_unmeasured']:.2f} |"
         )

@@ -1,15 +1,19 @@
 """The benchmark harness, driven by tiny fake scripts in tmp_path: no real training, a few seconds in all; the
 env-only limit also on each real script's env, for a fraction of a second."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import tyro
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
@@ -497,6 +501,21 @@ def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other()
     assert torch.compile is compile_
 
 
+@pytest.mark.parametrize("script, members", [("dqn_cpu", 1), ("dqn_seeds", 2)])
+def test_breakdown_times_numpy_acting_made_in_make_learner_or_in_main(script, members):
+    """dqn_cpu.py makes its numpy policy in make_learner, dqn_seeds.py in main (after compiling the torch policy it
+    does not use on a CPU): both are timed as `acting`, once a call, and a seeds run counts every member's steps."""
+    timers, module = breakdown.Timers(), load_script(script)
+    flags = ["--total-timesteps", "1200", "--learning-starts", "1000", "--no-compile"]
+    flags += ["--num-seeds", str(members)] if members > 1 else []
+    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()):
+        with breakdown.instrumented(module, "dqn", timers):
+            module.main(tyro.cli(module.Args, args=flags))
+    assert len(timers.calls["acting"]) == 1200 and timers.steps == 1200 * members
+    assert len(timers.calls["update"]) == 200 // 10 - 1  # one every 10 iterations past learning_starts
+    assert breakdown.variant_command("dqn", breakdown.seeds_variant(8)) == ("dqn_seeds", ("--num-seeds", "8"))
+
+
 def test_breakdown_window_leaves_out_warmup_calls_and_counts_calls_per_step():
     """Hand-made timings: an update every 2 env steps whose first calls (compiling) took 10 s; the window starts
     at its 4th call (env step 6) and ends at the last env step (10)."""
@@ -670,7 +689,9 @@ def test_seeds_waves_add_the_sps_of_processes_that_run_together_on_their_share_o
 
 def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
     """The real dqn_seeds functions for N = 1 2, eagerly (no compile, so no fused-kernel count): per-call and
-    per-member times, the graphs' ATen ops (the three Linear layers' matmuls in acting) and the GPU expectation."""
+    per-member times, the graphs' ATen ops (the three Linear layers' matmuls in acting), the GPU expectation, and the
+    FLOPs of a member: acting 2 x (4x120 + 120x84 + 84x2) per observation, the update (batch 128) the target's and
+    the online network's forward and the backward's two products a layer, but for the input's gradient."""
     table = seeds.proxy(seeds.ALGOS[:1], SCRIPTS, [1, 2], compiled=False, seconds=0.01, us_per_kernel=3.0)
     assert [(r["function"], r["members"]) for r in table] == [
         ("acting", 1),
@@ -684,6 +705,10 @@ def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
         assert r["gpu_us_per_member_unmeasured"] == pytest.approx(3.0 * r["kernels"] / r["members"])
     assert [r["matmuls"] for r in table if r["function"] == "acting"] == [3, 3]
     assert all(r["aten_ops"] > 3 * table[0]["aten_ops"] for r in table if r["function"] == "update")
+    forward = 2 * (4 * 120 + 120 * 84 + 84 * 2)
+    update = 128 * (4 * forward - 2 * 4 * 120)
+    assert [r["mflop_per_member"] * 1e6 for r in table] == pytest.approx([forward, update] * 2)
+    assert all(0 < r["matmul_bound_share"] and r["matmul_gflops"] > 0 for r in table)
 
 
 @pytest.mark.parametrize(
