@@ -24,11 +24,6 @@ SEEDS_RESULTS |= {"seeds_cpu_td3_idle.json": seeds.markdown, "seeds_cpu_dqn_idle
 SEEDS_RESULTS |= {"seeds_cpu_ppo_idle.json": seeds.markdown, "seeds_cpu_dqn_idle_f25.json": seeds.markdown}
 SEEDS_RESULTS |= {"seeds_gpu_proxy.json": seeds.proxy_markdown}
 
-# Scripts the README documents ahead of their arrival (issue 30: the CPU scripts). While one is missing, the command
-# check leaves it out and `test_scripts_awaited_by_the_readme` is skipped, naming it; once all exist, they are checked
-# like any other and this set can be emptied.
-AWAITED_SCRIPTS = {"sac_continuous_action_cpu", "td3_continuous_action_cpu", "dqn_cpu", "ppo_continuous_action_cpu"}
-
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(`+).+?\1")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
@@ -159,14 +154,14 @@ def link_problems(page, root=ROOT):
     return problems
 
 
-def command_problems(page, root=ROOT, awaited=frozenset()):
+def command_problems(page, root=ROOT):
     """One line per script, benchmark module, shell script or requirements file that a command in one of `page`'s
-    fenced code blocks names and that does not exist; scripts in `awaited` are left out."""
+    fenced code blocks names and that does not exist."""
     problems = []
     _, blocks = split_fences(page.read_text())
     for block in blocks:
         for name in SCRIPT.findall(block):
-            if name not in awaited and not (root / "leanrl" / f"{name}.py").is_file():
+            if not (root / "leanrl" / f"{name}.py").is_file():
                 problems.append(f"{page.name}: a command runs leanrl/{name}.py, which does not exist")
         for module in BENCHMARK.findall(block):
             parts = module.rstrip(".").split(".")
@@ -253,15 +248,7 @@ def test_relative_links_point_at_files_and_headings(page):
 
 @pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
 def test_commands_name_what_exists(page):
-    missing = {name for name in AWAITED_SCRIPTS if not (ROOT / "leanrl" / f"{name}.py").is_file()}
-    assert command_problems(page, awaited=missing) == []
-
-
-def test_scripts_awaited_by_the_readme():
-    missing = sorted(name for name in AWAITED_SCRIPTS if not (ROOT / "leanrl" / f"{name}.py").is_file())
-    if missing:
-        pytest.skip(f"the README documents scripts not yet in leanrl/ (issue 30): {', '.join(missing)}")
-    assert command_problems(ROOT / "README.md") == []
+    assert command_problems(page) == []
 
 
 def test_the_readme_speed_tables_are_the_benchmarks_figures():
@@ -408,12 +395,6 @@ def test_commands_naming_what_is_missing_fail(repo, command, complaint):
     readme = write_readme(repo, f"```bash\n{command}\n```\n")
     problems = command_problems(readme, repo)
     assert len(problems) == 1 and complaint in problems[0], problems
-
-
-def test_awaited_scripts_are_left_out_only_when_named(repo):
-    readme = write_readme(repo, "```bash\npython leanrl/dqn_cpu.py\n```\n")
-    assert command_problems(readme, repo, awaited={"dqn_cpu"}) == []
-    assert len(command_problems(readme, repo)) == 1
 
 
 QUICK_RUN = {
