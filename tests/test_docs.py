@@ -23,6 +23,7 @@ SEEDS_RESULTS = {"seeds_cpu.json": seeds.markdown, "seeds_cpu_sac_idle.json": se
 SEEDS_RESULTS |= {"seeds_cpu_td3_idle.json": seeds.markdown, "seeds_cpu_dqn_idle.json": seeds.markdown}
 SEEDS_RESULTS |= {"seeds_cpu_ppo_idle.json": seeds.markdown, "seeds_cpu_dqn_idle_f25.json": seeds.markdown}
 SEEDS_RESULTS |= {"seeds_gpu_proxy.json": seeds.proxy_markdown}
+TD3_WINDOWS = ROOT / "docs" / "td3_cleanrl_hopper.json"  # CleanRL's TD3 run here beside ours, in docs/results.md
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(`+).+?\1")
@@ -279,6 +280,23 @@ def test_the_seeds_tables_in_performance_md_are_the_benchmarks_tables(name):
     page = (ROOT / "docs" / "performance.md").read_text()
     table = SEEDS_RESULTS[name](json.loads((ROOT / "docs" / name).read_text()))
     assert missing_lines(page, table.splitlines()) == []
+
+
+def windows_markdown(results):
+    """One row per run of docs/td3_cleanrl_hopper.json: its mean return in each window, then its last 20 episodes'."""
+    windows = results["windows"]
+    lines = ["| run | seed | " + " | ".join(windows) + " | last 20 |", "|---|---:|" + "---:|" * (len(windows) + 1)]
+    for group, runs in results["groups"].items():
+        for seed, run in runs.items():
+            if seed != "mean_std":
+                cells = [f"{value:.1f}" for value in run["windows"]] + [""] * (len(windows) - len(run["windows"]))
+                lines.append(f"| {group} | {seed} | " + " | ".join(cells) + f" | {run['last_20']:.1f} |")
+    return "\n".join(lines)
+
+
+def test_the_td3_windows_table_in_results_md_is_its_json():
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert missing_lines(page, windows_markdown(json.loads(TD3_WINDOWS.read_text())).splitlines()) == []
 
 
 @pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
