@@ -196,9 +196,8 @@ def test_cpu_functional_update_equals_eager_script_update():
 
 
 def assert_compiled_equals_eager_and_never_recompiles(build, module, monkeypatch):
-    """`build`'s compiled updates take their eager selves' first 30 steps (the targets moving in between: a graph that
-    froze a target network, or read a stale copy of any tensor, drifts within a few); then, warmed up, 3 more steps on
-    new batches with `fail_on_recompile`: the same compiled functions, so the check costs no second compile."""
+    """`build`'s compiled updates take their eager selves' first 30 steps, the targets moving in between; then, warmed
+    up, 3 more steps on new batches with `fail_on_recompile`: the same compiled functions, so no second compile."""
     # compiled code draws the target policy's noise with torch's own generator, as eager code does
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     compiled = build(module, compile_updates=True)
