@@ -195,13 +195,28 @@ def test_cpu_functional_update_equals_eager_script_update():
     assert_same_steps(functional, build_eager_updates(load_script(EAGER)), steps=3, as_dict=True)
 
 
+def drawing_inductors_noise(updates, monkeypatch):
+    """`updates` whose critic step draws the target policy's noise as the compiled one does: inductor's own randn
+    kernel (Philox, keyed by a seed drawn from torch's generator), where eager code draws from the generator itself."""
+    update_critic, *rest = updates
+    randn_like = torch.randn_like
+    inductor_randn_like = torch.compile(lambda x: randn_like(x), fullgraph=True)
+
+    def critic_step(data):
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "randn_like", inductor_randn_like)
+            return update_critic(data)
+
+    return (critic_step, *rest)
+
+
 def assert_compiled_equals_eager_and_never_recompiles(build, module, monkeypatch):
-    """`build`'s compiled updates take their eager selves' first 30 steps, the targets moving in between; then, warmed
-    up, 3 more steps on new batches with `fail_on_recompile`: the same compiled functions, so no second compile."""
-    # compiled code draws the target policy's noise with torch's own generator, as eager code does
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    """`build`'s compiled updates, as the scripts compile them (inductor's random numbers, not `fallback_random`),
+    take their eager selves' first 30 steps, the targets moving in between, when the eager critic draws the same noise;
+    then, warmed up, 3 more steps on new batches with `fail_on_recompile`: the same compiled functions, so no second
+    compile."""
     compiled = build(module, compile_updates=True)
-    assert_same_steps(compiled, build(module, compile_updates=False), steps=30)
+    assert_same_steps(compiled, drawing_inductors_noise(build(module, compile_updates=False), monkeypatch), steps=30)
     target_before = parameters(compiled[3])["target_actor"]
     with torch.compiler.set_stance("fail_on_recompile"):
         losses = torch.stack([one_step(compiled, step) for step in range(30, 33)])
