@@ -49,6 +49,10 @@ SUBPROCESS_EXAMPLES = max(1, FUZZ_EXAMPLES // 10)
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py"))
 RAY, DISTRIBUTED = "ppo_continuous_action_ray", "ppo_continuous_action_distributed"
 IN_PROCESS = [name for name in ALL_SCRIPTS if name != RAY]
+# a cold compile costs more than the fuzz of a whole script: the suite draws `--compile` rarely
+COMPILE_ONE_IN = 4 if os.environ.get("LEANRL_FUZZ_COMPILE") else 24
+# learning rates that blow the weights up within a few updates
+DIVERGING_RATES = [1e6, 1e12, 1e30]
 
 
 def rarely(common, rare, one_in=16):
@@ -67,7 +71,8 @@ def mostly(good, bad):
 
 # env ids per algorithm (a script's name starts with it): ids it trains on, ids it must refuse, and rarely an
 # expensive one
-BOX = ["Pendulum-v1", "gymnasium.envs.classic_control:Pendulum-v1", "MountainCarContinuous-v0"]
+# Pendulum's episodes are cut at 200 steps (truncation), InvertedPendulum's end within ~10 random steps (termination)
+BOX = ["Pendulum-v1", "gymnasium.envs.classic_control:Pendulum-v1", "InvertedPendulum-v4"]
 DISCRETE = ["CartPole-v1", "gymnasium.envs.classic_control:CartPole-v1", "Acrobot-v1"]
 UNKNOWN = ["NoSuchEnv-v0", "no_such_module:CartPole-v1"]
 CONTINUOUS = rarely(mostly(BOX, DISCRETE[:2] + UNKNOWN), st.just("HalfCheetah-v4"))
@@ -100,6 +105,13 @@ def positive_float(low, high):
     return floats(low, high), st.sampled_from([0.0, -low, math.nan, math.inf])
 
 
+def learning_rate():
+    """(valid, invalid) of a learning rate: mostly in [1e-5, 1e-2], rarely one so large that training diverges (a
+    valid flag: the run must stop with exit status 3, or end with finite numbers)."""
+    valid, invalid = positive_float(1e-5, 1e-2)
+    return rarely(valid, st.sampled_from(DIVERGING_RATES), 8), invalid
+
+
 def non_negative_float(high):
     return floats(0, high), st.sampled_from([-0.1, math.nan])
 
@@ -107,6 +119,14 @@ def non_negative_float(high):
 def rollout(values):
     """The env steps of one on-policy iteration."""
     return values["num_steps"] * values["num_envs"] * values.get("num_runners", 1)
+
+
+def on_policy_budget(values):
+    """Valid `--total-timesteps` of an on-policy script: 1 to 3 rollouts, or rarely enough rollouts for every env to
+    pass 200 steps, where Pendulum truncates its episodes (and envpool's envs take a reset step)."""
+    long = -(-200 // values["num_steps"]) + 1
+    rollouts = rarely(st.integers(1, 3), st.integers(long, long + 1), 6)
+    return rollouts.map(lambda n: n * rollout(values))
 
 
 def minibatches(values):
@@ -127,10 +147,7 @@ FIELDS = {
     "torch_deterministic": (st.booleans(), None),
     "cuda": (st.booleans(), None),
     "cudagraphs": (rarely(st.just(False), st.just(True), 4), None),  # exit 2 without CUDA
-    "compile": (
-        rarely(st.just(False), st.just(True), 4) if os.environ.get("LEANRL_FUZZ_COMPILE") else st.just(False),
-        None,
-    ),
+    "compile": (rarely(st.just(False), st.just(True), COMPILE_ONE_IN), None),
     "track": (rarely(st.just(False), st.just(True)), None),
     "capture_video": (rarely(st.just(False), st.just(True)), None),
     "save_model": (st.booleans(), None),
@@ -145,17 +162,15 @@ FIELDS = {
     "update_epochs": positive(2),
     "learning_starts": (st.sampled_from([0, 1, 32, 100, 200]), st.just(-1)),
     "total_timesteps": (
-        lambda values: (
-            st.integers(rollout(values), 3 * rollout(values)) if "num_steps" in values else off_policy_budget(values)
-        ),
+        lambda values: on_policy_budget(values) if "num_steps" in values else off_policy_budget(values),
         lambda values: st.integers(-1, rollout(values) - 1) if "num_steps" in values else st.integers(-1, 0),
     ),
     "batch_size": positive(64),
     # now and then smaller than the batch
     "buffer_size": (lambda values: st.integers(max(1, values["batch_size"] - 8), 1000), st.integers(-1, 0)),
-    "learning_rate": positive_float(1e-5, 1e-2),
-    "policy_lr": positive_float(1e-5, 1e-2),
-    "q_lr": positive_float(1e-5, 1e-2),
+    "learning_rate": learning_rate(),
+    "policy_lr": learning_rate(),
+    "q_lr": learning_rate(),
     "gamma": fraction(),
     "gae_lambda": fraction(),
     "tau": fraction(closed_low=False),
@@ -182,7 +197,7 @@ FIELDS = {
     "memory": (st.booleans(), None),
     "async_batch_size": (lambda values: st.none() | st.sampled_from(divisors(values["num_envs"])), st.just(0)),
     "env_threads": (st.none() | st.integers(1, 2), st.just(0)),
-    "threads": (st.sampled_from([None, 1]), st.integers(-1, 0)),  # not 2: a busy machine stalls a 2-thread pool
+    "threads": (st.sampled_from([None, 1, 2]), st.integers(-1, 0)),
     "double_buffer": (st.booleans(), None),
     "ray_timeout": (floats(30, 120), st.sampled_from([0.0, -1.0])),
     "runner_restarts": (st.integers(0, 3), st.just(-1)),
@@ -267,14 +282,47 @@ def run_in_process(script, flags, cwd):
     return subprocess.CompletedProcess(flags, code, out.getvalue(), err.getvalue())
 
 
-def assert_trains_or_refuses(proc):
-    """Exit 0 with one SUMMARY line (and its summary.json), or exit 2 with one line naming a flag, no traceback."""
-    if proc.returncode == 0:
-        summary(proc)
-    else:
+def assert_trains_refuses_or_diverges(proc):
+    """The contract's outcomes: exit 0 with one SUMMARY line whose numbers are finite; exit 2 with one line naming a
+    flag; exit 3 with the SUMMARY of a run that diverged and lines on stderr that say so. No traceback. Returns the
+    exit status and the summary (None after a refusal)."""
+    if proc.returncode == 2:
         line = assert_user_error(proc)
         assert re.search(r"--[a-z]", line), f"the line names no flag: {line!r}"
-    return proc.returncode
+        return 2, None
+    result = summary(proc, returncode=proc.returncode if proc.returncode == 3 else 0)
+    if proc.returncode == 3:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert lines and all("diverged" in line for line in lines), proc.stderr[-2000:]
+        assert result["diverged"] and not result.get("model_file") and not result.get("model_files"), result
+    else:
+        assert_finite(result)
+    return proc.returncode, result
+
+
+# the per-member lists of a seeds script's summary: a diverged member's entries may hold NaN
+PER_MEMBER = ("return_means", "curves", "eval_returns", "eval_return_means")
+
+
+def assert_finite(result):
+    """Every number in the summary of a run that trained is finite, but those of a seeds script's members that
+    diverged (the others went on)."""
+    members = {entry["member"] for entry in result.get("diverged") or []}
+
+    def walk(value, where):
+        if isinstance(value, float):
+            assert math.isfinite(value), f"{where} is {value}"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]")
+
+    for key, value in result.items():
+        if key in PER_MEMBER and isinstance(value, list):
+            value = [item for k, item in enumerate(value) if k not in members]
+        walk(value, key)
 
 
 # Every failure the fuzz has found (docs/design.md lists them), as flags by the start of a script's name; replayed first
@@ -303,12 +351,16 @@ def found(script):
 
 
 def fuzz(script, run, max_examples, examples=()):
-    """Run `run(flags) -> exit status` on `examples`, then on `max_examples` combinations drawn for `script`; prints
-    and returns how many trained (0) and how many were refused (2)."""
-    statuses = collections.Counter()
+    """Run `run(flags) -> (exit status, summary)` on `examples`, then on `max_examples` combinations drawn for
+    `script`; prints and returns the count of each exit status, of the runs that reached an episode's end and of
+    those that compiled."""
+    counts = collections.Counter()
 
     def counted(flags):
-        statuses[run(flags)] += 1
+        status, result = run(flags)
+        counts[status] += 1
+        counts["episode ended"] += bool(result and result["episodes"])
+        counts["compiled"] += bool(result and result["compile"])
 
     fields = field_strategies(load_script(script))
     test = given(flags=flag_values(script, fields).map(cli))(counted)
@@ -321,8 +373,11 @@ def fuzz(script, run, max_examples, examples=()):
         database=None,
         suppress_health_check=[HealthCheck.too_slow],
     )(test)()
-    print(f"{script}: {statuses.total()} combinations, {statuses[0]} trained, {statuses[2]} refused")
-    return statuses
+    print(
+        f"{script}: {counts[0] + counts[2] + counts[3]} combinations, {counts[0]} trained, {counts[2]} refused, "
+        f"{counts[3]} diverged; {counts['episode ended']} reached an episode's end, {counts['compiled']} compiled"
+    )
+    return counts
 
 
 @pytest.fixture
@@ -339,7 +394,7 @@ def fuzz_cwd(tmp_path, monkeypatch):
 @pytest.mark.parametrize("script", IN_PROCESS)
 def test_every_flag_combination_trains_or_is_refused_in_one_line(script, fuzz_cwd):
     def run(flags):
-        return assert_trains_or_refuses(run_in_process(script, flags, fuzz_cwd))
+        return assert_trains_refuses_or_diverges(run_in_process(script, flags, fuzz_cwd))
 
     statuses = fuzz(script, run, FUZZ_EXAMPLES, found(script))
     assert statuses[0] > 0, "no combination trained: the draws test refusals only"
@@ -349,18 +404,25 @@ def test_the_ray_script_trains_or_refuses_in_one_line(fuzz_cwd):
     """Through a subprocess: the run starts Ray, which this process must not host."""
     fuzz(
         RAY,
-        lambda flags: assert_trains_or_refuses(run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300)),
+        lambda flags: assert_trains_refuses_or_diverges(run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300)),
         SUBPROCESS_EXAMPLES,
     )
 
 
-def assert_every_rank_trains_or_refuses(proc, world_size=2):
-    """Under torchrun: rank 0 prints one SUMMARY line, or every rank exits 2 with the same one line naming a flag
-    (torchrun then fails, and reports each rank's exit code); no rank prints a traceback."""
+def assert_every_rank_trains_refuses_or_diverges(proc, world_size=2):
+    """Under torchrun: rank 0 prints one SUMMARY line with finite numbers; or the ranks diverge (exit status 3, rank
+    0's SUMMARY says so); or every rank exits 2 with the same one line naming a flag (torchrun then fails, and reports
+    each rank's exit code). No rank prints a traceback. Returns the exit status and the summary."""
     assert not re.search(r"\[rank\d\]: Traceback", proc.stderr), proc.stderr[-3000:]
     if proc.returncode == 0:
-        summary(proc)
-        return 0
+        result = summary(proc)
+        assert_finite(result)
+        return 0, result
+    if re.search(r"exitcode +: 3\b", proc.stderr):
+        assert "diverged" in proc.stderr and not re.search(r"exitcode +: [^3]", proc.stderr), proc.stderr[-3000:]
+        result = summary(proc, returncode=proc.returncode)
+        assert result["diverged"] and not result["model_file"], result
+        return 3, result
     # the ranks write at once (a line can land in the middle of another's), and once one rank has exited torchrun
     # stops the others, which may not have written theirs yet
     errors = re.findall(r"error: .*?(?=error: |$)", proc.stderr, flags=re.MULTILINE)
@@ -368,7 +430,7 @@ def assert_every_rank_trains_or_refuses(proc, world_size=2):
     assert re.search(r"--[a-z]", errors[0]), f"the line names no flag: {errors[0]!r}"
     assert len(re.findall(r"exitcode +: 2\b", proc.stderr)) >= 1, proc.stderr[-3000:]
     assert "SUMMARY" not in proc.stdout
-    return 2
+    return 2, None
 
 
 def test_the_torchrun_script_under_torchrun_trains_or_refuses_on_every_rank(fuzz_cwd):
@@ -377,6 +439,6 @@ def test_the_torchrun_script_under_torchrun_trains_or_refuses_on_every_rank(fuzz
     def launch(flags):
         cmd = torchrun_command(*standalone(2), *flags)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=fuzz_cwd, env=distributed_env())
-        return assert_every_rank_trains_or_refuses(proc)
+        return assert_every_rank_trains_refuses_or_diverges(proc)
 
     fuzz(DISTRIBUTED, launch, SUBPROCESS_EXAMPLES)
