@@ -1,27 +1,31 @@
 """Property-based flag tests: every script of leanrl/ (found on disk, so that a new script is covered too) runs with
 flag combinations that hypothesis draws from each `Args` field's valid range and from values just outside it (0,
 negatives, nan, a batch larger than the buffer, minibatches that do not divide, fractions out of range), with env ids
-from a small set per algorithm: a Box env, a Discrete env, gymnasium's `module:EnvId` form and unknown ids (envpool's
-ids for the Atari scripts). The property is the script contract's: a combination either trains (exit status 0,
-exactly one SUMMARY line) or is refused (exit status 2, exactly one line on stderr that names a flag, no traceback).
-Anything else fails the test: an exception (its traceback is the report), another exit status, a second line.
+from a small set per algorithm: Box envs that truncate (Pendulum) and terminate (InvertedPendulum), a Discrete env,
+gymnasium's `module:EnvId` form and unknown ids (envpool's ids for the Atari scripts). The property is the script
+contract's: a combination trains (exit status 0, exactly one SUMMARY line, every number in it finite), is refused
+(exit status 2, exactly one line on stderr that names a flag, no traceback) or diverges (exit status 3, lines on
+stderr that say so, a SUMMARY that says so and no model file). Anything else fails the test: an exception (its
+traceback is the report), another exit status, NaN in a summary that reports success.
 
-What it costs, and how it is kept to about 2 minutes:
+What it costs, and how it is kept to about 3 minutes:
 - A run is in process where the script allows it: `tyro.cli(module.Args, args=flags)`, then `module.main(args)` in a
-  folder of its own, on one thread, its stdout and stderr captured, `SystemExit` caught, the signal handlers and the
-  thread count restored. Budgets are a few hundred steps: a training run takes about a second, a refusal milliseconds.
-  The libraries' warnings are not counted as lines (in process pytest would collect them).
+  folder of its own, its stdout and stderr captured, `SystemExit` caught, the signal handlers and the thread count
+  restored. Budgets are a few hundred steps: a training run takes about a second, a refusal milliseconds. The
+  libraries' warnings are not counted as lines (in process pytest would collect them).
 - FUZZ_EXAMPLES (8) combinations per script, derandomized: the same ones on every run, after FOUND's.
 - The Ray script, and the torchrun script under torchrun with 2 ranks, run as subprocesses (a Ray start or a launch
   costs 10 s or more): SUBPROCESS_EXAMPLES (1) combinations each.
 - MuJoCo (HalfCheetah-v4), POPGym, `--track` (wandb offline), `--capture-video` and `--eval-model` are drawn in
-  about 1 combination of 16, `--cudagraphs` (exit 2 without CUDA) in 1 of 4.
-- `--compile` is not drawn: one cold compile costs 15-30 s here, more than the fuzz of a whole script, and each
-  compiled path has its smoke test. `LEANRL_FUZZ_COMPILE=1` draws it in 1 combination of 4.
+  about 1 combination of 16, `--cudagraphs` (exit 2 without CUDA) in 1 of 4, a learning rate that diverges in 1 of
+  8, a PPO budget long enough for Pendulum's 200-step episodes to end in 1 of 6.
+- `--compile` is drawn in 1 combination of COMPILE_ONE_IN (24; 4 with `LEANRL_FUZZ_COMPILE=1`): one cold compile
+  costs 15-30 s here, more than the fuzz of a whole script. `--threads` is drawn from the default, 1 and 2.
 - Every failure the fuzz has found is an explicit example (FOUND), replayed first on every run.
 
 Run it longer, with new combinations on each run (not derandomized; a tenth as many for the subprocesses), and read the
-counts each test prints: `LEANRL_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -s`.
+counts each test prints (exit statuses, runs that reached an episode's end, runs that compiled):
+`LEANRL_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -s`.
 """
 
 import collections
