@@ -207,9 +207,8 @@ def on(device, batch):
 
 
 def sac_updates(module, args, device):
-    *_, optimizers, (_, update_critic, update_actor, _) = module.make_learner(
-        args, 3, 1, *BOUNDS, device
-    )
+    learner = module.make_learner(args, 3, 1, *BOUNDS, device)
+    *_, optimizers, (_, update_critic, update_actor, _) = learner
     return optimizers, [
         (update_critic, lambda k: sac_batch(2 * k).to(device)),
         (update_actor, lambda k: sac_batch(2 * k + 1).to(device)),
