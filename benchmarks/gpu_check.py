@@ -20,8 +20,9 @@ Parts, in the order they run:
 - `seeds`: each seeds script's aggregate sps at N = 1, 8 and 64 members with `--cudagraphs` (and
   `--compile`, the seeds scripts' default), one run at a time.
 
-The first three parts run `--jobs` processes at a time and must end within 55% of `--minutes`; the
-timed parts then run alone. A check that cannot start or finish in its time is reported as not run
+The first three parts run `--jobs` processes at a time (the learning runs first, the longest), each
+with its share of the cores, and must end within 55% of `--minutes`; the timed parts then run
+alone. A check that cannot start or finish in its time is reported as not run
 or failed, so that the command ends within `--minutes`. It writes gpu_check.md and gpu_check.json
 to a new folder under `--out-dir` and prints the folder. Exit status 0 when every check passed, 1
 otherwise, 2 without a CUDA device.
@@ -189,9 +190,10 @@ def judge(check, proc):
     check.detail = f"device {device}, return {optional(summary.get('return_mean'), '.1f')}"
 
 
-def execute(check, deadline, cwd):
+def execute(check, deadline, cwd, env=None):
     """Run `check` in `cwd` (pytest in the repository) unless `deadline` (time.monotonic) has
-    passed; it may run until the sooner of its cap and the deadline."""
+    passed, `env` added to its environment; it may run until the sooner of its cap and the
+    deadline."""
     left = deadline - time.monotonic()
     if left < 10:
         check.detail = "no time left"
@@ -200,7 +202,9 @@ def execute(check, deadline, cwd):
     started = time.monotonic()
     try:
         where = ROOT if check.part == "tests" else cwd
-        proc = subprocess.run(check.cmd, capture_output=True, text=True, timeout=timeout, cwd=where)
+        env = os.environ | (env or {})
+        options = dict(capture_output=True, text=True, timeout=timeout, cwd=where, env=env)
+        proc = subprocess.run(check.cmd, **options)
     except subprocess.TimeoutExpired:
         check.status, check.detail = "failed", f"ran past {timeout:.0f} s"
     else:
@@ -215,9 +219,14 @@ def run_checks(checks, minutes, jobs, cwd):
     """The parallel parts with `jobs` processes until PARALLEL_SHARE of `minutes`, then the timed
     ones alone until `minutes`."""
     start = time.monotonic()
+    # the learning runs are the longest: they start first, beside the first tests
     parallel = [c for c in checks if c.part in PARALLEL_PARTS]
+    parallel.sort(key=lambda c: c.part != "learning")
+    # each process its share of the cores
+    threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+    deadline = start + PARALLEL_SHARE * 60 * minutes
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda c: execute(c, start + PARALLEL_SHARE * 60 * minutes, cwd), parallel))
+        list(pool.map(lambda c: execute(c, deadline, cwd, threads), parallel))
     for check in checks:
         if check.part not in PARALLEL_PARTS:
             execute(check, start + 60 * minutes, cwd)

@@ -1,10 +1,11 @@
 """`python -m benchmarks.gpu_check` on a CPU: what it plans, the report it writes from synthetic
-results, and its refusal without a CUDA device. Its GPU parts run on a GPU only; the noise statistics
-it relies on are tested on compiled CPU functions in test_fresh_noise.py."""
+results, its deadline, and its refusal without a CUDA device. Its GPU parts run on a GPU only; the
+noise statistics it relies on are tested on compiled CPU functions in test_fresh_noise.py."""
 
 import json
 import subprocess
 import sys
+import time
 
 from conftest import ROOT, assert_user_error, script_env
 from test_fresh_noise import SAMPLING
@@ -14,13 +15,15 @@ from benchmarks import gpu_check, registry, seeds
 
 def test_without_cuda_it_exits_2_in_one_line():
     cmd = [sys.executable, "-m", "benchmarks.gpu_check"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120)
+    options = dict(capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120)
+    proc = subprocess.run(cmd, **options)
     assert "CUDA" in assert_user_error(proc)
 
 
 def test_the_plan_covers_every_graphed_script_and_every_part():
-    """Every script whose sampling functions test_fresh_noise.py checks has a fresh-noise test run and a
-    smoke run; every algorithm three timed runs, every seeds script three; one learning run each."""
+    """Every script whose sampling functions test_fresh_noise.py checks has a fresh-noise test run
+    and a smoke run; every algorithm three timed runs, every seeds script three; one learning run
+    each. The timed seeds runs are the smoke runs' commands, so they find their kernels compiled."""
     checks = gpu_check.plan(gpu_check.PARTS)
     names = {part: [c.name for c in checks if c.part == part] for part in gpu_check.PARTS}
     assert set(gpu_check.graphed_runs()) == set(SAMPLING)
@@ -69,6 +72,14 @@ def test_the_report_from_synthetic_results(tmp_path):
     assert "GPU: NVIDIA H100" in md and "6 of" in md
     assert "| sac | 1000 | 2000 | 5000 | 2.00x | 5.00x | 5.7x |" in md
     assert "| dqn | 300 | n/a | 9000 |" in md
-    assert "| tests | fresh noise: sac_continuous_action_torchcompile | failed | 0 | 1 failed / 3" in md
+    failed = "| tests | fresh noise: sac_continuous_action_torchcompile | failed | 0 | 1 failed / 3"
+    assert failed in md
     assert "| learning | td3 > -300 | not run |" in md
     assert all(len(line) <= 200 for line in md.splitlines())
+
+
+def test_a_check_past_the_deadline_is_not_run_and_a_finished_one_is_judged(tmp_path):
+    late = gpu_check.Check("sps", "sac eager", [sys.executable, "-c", "pass"], 60)
+    assert gpu_check.execute(late, time.monotonic(), tmp_path).status == "not run"
+    failing = gpu_check.Check("tests", "x", [sys.executable, "-c", "raise SystemExit(1)"], 60)
+    assert gpu_check.execute(failing, time.monotonic() + 60, tmp_path).status == "failed"
