@@ -1,0 +1,329 @@
+"""Fresh noise in every graphed function that samples; graphed updates equal to the eager ones.
+
+A CUDA graph replays the kernels it recorded. If the seed and offset of a random draw were recorded
+as constants, every replay would draw the same numbers: the run would be fast and explore with
+frozen noise (pytorch/rl#3002 reports this for a compiled stochastic policy in `CudaGraphModule`).
+docs/cuda.md reads the sources and explains why torch 2.13 and tensordict 0.15.3 draw fresh numbers
+here. The CUDA tests below check it on a GPU for every function that draws random numbers and that
+a twin, a seeds script, the torchrun script or the async Atari script records. Ray's learner
+records only its update, which draws none. Each function is built with a learning rate of 0 and
+called again and again on the same input, so that only its noise can change its output.
+
+- CUDA (skipped elsewhere): under `--cudagraphs` and `--compile --cudagraphs`, consecutive replays
+  draw different numbers, and over 256 replays each output's mean and std match the eager
+  function's on the same device.
+- CUDA: each twin's graphed updates take the eager updates' steps on the same batches and the same
+  noise (the generator reseeded before each step; inductor's `fallback_random`, so that compiled
+  code draws with torch's own generator). This is the GPU's answer to the CPU equivalence tests.
+- CPU: the same statistics on acting functions compiled on this CPU (inductor draws its seeds on
+  each call, as on a GPU), and the check itself refuses frozen noise and noise of the wrong scale.
+"""
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_script, requires_cuda
+from tensordict.nn import CudaGraphModule
+from test_dqn import make_batch as dqn_batch
+from test_ppo_continuous_action import make_minibatch as ppo_minibatch
+from test_sac import make_batch as sac_batch
+from test_td3 import HIGH as TD3_HIGH
+from test_td3 import LOW as TD3_LOW
+from test_td3 import N_ACT as TD3_ACT
+from test_td3 import N_OBS as TD3_OBS
+from test_td3 import make_batch as td3_batch
+from torch.utils._pytree import tree_leaves
+
+BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))  # test_sac's batches: 3 observations, 1 action
+SEEDS = [1, 2, 3]
+ENVS = 32  # per member: enough that two fresh draws of discrete actions never agree by chance
+REPLAYS = 256
+CPU = torch.device("cpu")
+
+
+def randn(*shape, device):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def members(make_batch, device):
+    """One batch per member, [member, batch], as a seeds script's buffer samples them."""
+    return dict(torch.stack([make_batch(k) for k in SEEDS]).to(device).items())
+
+
+def sac_or_td3(module, args, device):
+    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, device)[-1]
+    data = sac_batch(0).to(device)
+    return {
+        "policy": (policy, (randn(ENVS, 3, device=device),)),
+        "update_critic": (update_critic, (data,)),
+        "update_actor": (update_actor, (data,)),
+    }
+
+
+def dqn(module, args, device):
+    policy = module.make_learner(args, 4, 2, device)[-1][0]
+    return {"policy": (policy, (randn(ENVS, 4, device=device),))}
+
+
+def ppo(module, args, device):
+    policy = module.make_learner(args, 3, 2, device)[-1][0]
+    return {"policy": (policy, (randn(ENVS, 3, device=device),))}
+
+
+def ppo_atari(module, args, device):
+    policy = module.make_learner(args, 4, device)[-1][0]
+    frames = torch.randint(0, 256, (ENVS, 4, 84, 84), generator=torch.Generator().manual_seed(0))
+    return {"policy": (policy, (frames.to(torch.uint8).to(device),))}
+
+
+def ppo_lstm(module, args, device):
+    policy = module.make_learner(args, 2, 2, device)[-1][0]
+    state = (torch.zeros(ENVS, 128, device=device), torch.zeros(ENVS, 128, device=device))
+    obs, done = randn(1, ENVS, 2, device=device), torch.ones(1, ENVS, device=device)
+    return {"policy": (policy, (obs, state, done))}
+
+
+def ppo_mingru(module, args, device):
+    agent, _, (policy, *_) = module.make_learner(args, 2, 2, device)
+    state = torch.zeros(agent.num_layers, ENVS, agent.state_size, device=device)
+    obs, done = randn(1, ENVS, 2, device=device), torch.ones(1, ENVS, device=device)
+    return {"policy": (policy, (obs, state, done))}
+
+
+def sac_or_td3_seeds(module, args, device):
+    learner = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, device)
+    policy, update_critic, update_actor, _ = learner[-1]
+    data = members(sac_batch, device)
+    return {
+        "policy": (policy, (randn(len(SEEDS), ENVS, 3, device=device),)),
+        "update_critic": (update_critic, (data,)),
+        "update_actor": (update_actor, (data,)),
+    }
+
+
+def dqn_seeds(module, args, device):
+    policy = module.make_learner(args, 4, 2, SEEDS, device)[-1][0]
+    return {"policy": (policy, (randn(len(SEEDS), ENVS, 4, device=device),))}
+
+
+def ppo_seeds(module, args, device):
+    policy = module.make_learner(args, 3, 2, SEEDS, device)[-1][0]
+    return {"policy": (policy, (randn(len(SEEDS) * ENVS, 3, device=device),))}
+
+
+# script -> (builder, the functions it records that draw random numbers)
+SAMPLING = {
+    "sac_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic", "update_actor")),
+    "td3_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic")),
+    "dqn_torchcompile": (dqn, ("policy",)),
+    "ppo_continuous_action_torchcompile": (ppo, ("policy",)),
+    "ppo_continuous_action_distributed": (ppo, ("policy",)),
+    "ppo_atari_envpool_torchcompile": (ppo_atari, ("policy",)),
+    "ppo_atari_envpool_async": (ppo_atari, ("policy",)),
+    "ppo_lstm_torchcompile": (ppo_lstm, ("policy",)),
+    "ppo_mingru_torchcompile": (ppo_mingru, ("policy",)),
+    "sac_continuous_action_seeds": (sac_or_td3_seeds, ("policy", "update_critic", "update_actor")),
+    "td3_continuous_action_seeds": (sac_or_td3_seeds, ("policy", "update_critic")),
+    "dqn_seeds": (dqn_seeds, ("policy",)),
+    "ppo_continuous_action_seeds": (ppo_seeds, ("policy",)),
+}
+LEARNING_RATES = ("learning_rate", "q_lr", "policy_lr")
+
+
+def build(script, device, compile=False, cudagraphs=False):
+    """`script`'s sampling functions on `device` with every learning rate 0 (an update leaves the
+    weights as they are), wrapped as `main` wraps them: `torch.compile`, then `CudaGraphModule` with
+    main's warm-up."""
+    module = load_script(script)
+    builder, names = SAMPLING[script]
+    frozen = {name: 0.0 for name in LEARNING_RATES if hasattr(module.Args, name)}
+    torch.manual_seed(1)
+    args = module.Args(compile=compile, cudagraphs=cudagraphs, **frozen)
+    functions = builder(module, args, device)
+    for name in names:
+        fn, inputs = functions[name]
+        fn = torch.compile(fn) if compile else fn
+        fn = CudaGraphModule(fn, warmup=3 if compile else 2) if cudagraphs else fn
+        functions[name] = (fn, inputs)
+    return {name: functions[name] for name in names}
+
+
+def draws(fn, inputs, calls, policy):
+    """Every output of `calls` calls of `fn(*inputs)` after 4 calls of warm-up (a graph's recording
+    among them), flattened into one row per call, float64 on the host: [calls, outputs]."""
+    rows = []
+    with torch.no_grad() if policy else torch.enable_grad():
+        for call in range(4 + calls):
+            out = fn(*inputs)
+            if call >= 4:
+                rows.append(torch.cat([x.double() for x in flat_tensors(out)]))
+    return torch.stack(rows).cpu()
+
+
+def assert_fresh_noise_like(samples, reference, name):
+    """`samples` and `reference`: [calls, outputs] of a function and of its eager self. The outputs
+    noise reaches (a std above 0 in `reference`) differ between any two consecutive calls. Their
+    means agree within 6 standard errors of the difference. Their stds agree on average: the mean
+    log ratio of the two stds stays under 0.05 plus 4 x sqrt(2 / draws), draws being calls x
+    outputs (about 6 standard errors for Gaussian outputs, 3 for heavy-tailed ones such as
+    log-densities). The outputs no noise reaches agree as values."""
+    mean, std = samples.mean(0), samples.std(0)
+    ref_mean, ref_std = reference.mean(0), reference.std(0)
+    noisy = ref_std > 0
+    assert noisy.any(), f"{name}: no output of the eager function varies"
+    noise = samples[:, noisy]
+    repeats = [k for k in range(1, len(samples)) if torch.equal(noise[k], noise[k - 1])]
+    assert not repeats, f"{name}: call {repeats[0]} drew the numbers of the call before (frozen)"
+    error = ((std[noisy] ** 2 + ref_std[noisy] ** 2) / len(samples)).sqrt()
+    z = ((mean[noisy] - ref_mean[noisy]) / error).abs()
+    assert z.max() < 6, f"{name}: a mean {z.max():.1f} standard errors from the eager function's"
+    log_ratio = (std[noisy] / ref_std[noisy]).log().mean()
+    bound = 0.05 + 4 * (2 / (len(samples) * int(noisy.sum()))) ** 0.5
+    assert log_ratio.abs() < bound, f"{name}: stds {log_ratio.exp():.2f}x the eager function's"
+    torch.testing.assert_close(mean[~noisy], ref_mean[~noisy], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def assert_samples_like_eager(script, device, compile, cudagraphs, calls=REPLAYS):
+    functions = build(script, device, compile, cudagraphs)
+    eager = build(script, device)
+    for name, (fn, inputs) in functions.items():
+        reference_fn, reference_inputs = eager[name]
+        policy = name == "policy"
+        samples = draws(fn, inputs, calls, policy)
+        reference = draws(reference_fn, reference_inputs, calls, policy)
+        assert_fresh_noise_like(samples, reference, f"{script}.{name}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile-cudagraphs"])
+@pytest.mark.parametrize("script", SAMPLING)
+def test_graphed_functions_draw_fresh_noise_distributed_as_eager(script, compile):
+    assert_samples_like_eager(script, torch.device("cuda"), compile, cudagraphs=True)
+
+
+def on(device, batch):
+    """A TensorDict or a dict of tensors, on `device`."""
+    return batch.to(device) if hasattr(batch, "to") else {k: v.to(device) for k, v in batch.items()}
+
+
+def sac_updates(module, args, device):
+    learner = module.make_learner(args, 3, 1, *BOUNDS, device)
+    *_, optimizers, (_, update_critic, update_actor, _) = learner
+    return optimizers, [
+        (update_critic, lambda k: sac_batch(2 * k).to(device)),
+        (update_actor, lambda k: sac_batch(2 * k + 1).to(device)),
+    ]
+
+
+def td3_updates(module, args, device):
+    learner = module.make_learner(args, TD3_OBS, TD3_ACT, TD3_LOW, TD3_HIGH, device)
+    _, optimizers, (_, update_critic, update_actor, _) = learner
+    return optimizers, [
+        (update_critic, lambda k: td3_batch(2 * k).to(device)),
+        (update_actor, lambda k: td3_batch(2 * k + 1).to(device)),
+    ]
+
+
+def dqn_updates(module, args, device):
+    _, optimizer, (_, update, _) = module.make_learner(args, 4, 2, device)
+    return [optimizer], [(update, lambda k: on(device, dqn_batch(seed=k)))]
+
+
+def ppo_updates(module, args, device):
+    _, optimizer, (_, _, update) = module.make_learner(args, 3, 2, device)
+    return [optimizer], [(update, lambda k: ppo_minibatch(k).to(device))]
+
+
+# twin -> (its optimizers and (update, batch of step k) pairs, whether `main` compiles the updates:
+# the PPO twins' `make_update` compiles the loss itself under --compile, Adam's step stays eager)
+UPDATES = {
+    "sac_continuous_action_torchcompile": (sac_updates, True),
+    "td3_continuous_action_torchcompile": (td3_updates, True),
+    "dqn_torchcompile": (dqn_updates, True),
+    "ppo_continuous_action_torchcompile": (ppo_updates, False),
+}
+
+
+def build_updates(script, device, compile, cudagraphs):
+    """`script`'s updates as `main` wraps them, and the weights its optimizers step."""
+    module = load_script(script)
+    builder, compiled_by_main = UPDATES[script]
+    torch.manual_seed(1)
+    args = module.Args(compile=compile, cudagraphs=cudagraphs)
+    optimizers, updates = builder(module, args, device)
+    wrapped = []
+    for update, batch in updates:
+        update = torch.compile(update) if compile and compiled_by_main else update
+        update = CudaGraphModule(update, warmup=3 if compile else 2) if cudagraphs else update
+        wrapped.append((update, batch))
+    params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+    return wrapped, params
+
+
+def steps(updates, count):
+    """`count` steps of every update, step k on the batches of k with the generator reseeded to k;
+    the losses."""
+    losses = []
+    for step in range(count):
+        for update, batch in updates:
+            torch.manual_seed(step)
+            losses += flat_tensors(update(batch(step)))
+    return torch.cat(losses)
+
+
+def flat(params):
+    return torch.cat([p.detach().flatten() for p in params])
+
+
+def flat_tensors(out):
+    """The tensors of a function's output, detached and flattened."""
+    return [x.detach().flatten() for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("script", UPDATES)
+def test_graphed_updates_take_the_eager_steps(script, monkeypatch):
+    """8 steps (the first 3 are the graph's warm-up and recording, run as they are): the losses at
+    each step and the weights after them. Inductor's `fallback_random`: compiled code draws with
+    torch's generator, whose replays draw what eager code draws from the same state. float32 on a
+    GPU, fused kernels in another order: losses to 1e-4 relative, weights to 1e-4 absolute (a third
+    of one Adam step at the twins' learning rates)."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    cuda = torch.device("cuda")
+    graphed, graphed_params = build_updates(script, cuda, compile=True, cudagraphs=True)
+    eager, eager_params = build_updates(script, cuda, compile=False, cudagraphs=False)
+    before = flat(eager_params).clone()
+    torch.testing.assert_close(steps(graphed, 8), steps(eager, 8), rtol=1e-4, atol=1e-5)
+    after = flat(eager_params)
+    torch.testing.assert_close(flat(graphed_params), after, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(after, before), "the eager weights did not move"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "sac_continuous_action_torchcompile",
+        "dqn_torchcompile",
+    ],
+)
+def test_compiled_acting_draws_fresh_noise_distributed_as_eager(script):
+    """On this CPU, the acting function compiled as `--compile` compiles it: inductor's wrapper
+    draws new seeds on each call (`aten.randint.low_out`, as on a GPU), so consecutive calls differ
+    and 128 calls match eager ones. SAC's noise is Gaussian, DQN's a coin and uniform actions."""
+    functions = build(script, CPU, compile=True)
+    eager = build(script, CPU)
+    samples = draws(*functions["policy"], calls=128, policy=True)
+    assert_fresh_noise_like(samples, draws(*eager["policy"], calls=128, policy=True), script)
+
+
+def test_the_check_refuses_frozen_noise_and_the_wrong_scale():
+    """The statistics are not vacuous: a function that replays one draw, and one whose noise is 1.5x
+    too wide or shifted by one std, fail; a fresh draw of the same law passes."""
+    noise = torch.randn(4)
+    law = lambda scale=1.0, shift=0.0: lambda: (scale * torch.randn(4) + shift,)  # noqa: E731
+    reference = draws(law(), (), 256, policy=True)
+    assert_fresh_noise_like(draws(law(), (), 256, policy=True), reference, "fresh")
+    faults = {"frozen": lambda: (noise,), "wide": law(scale=1.5), "shifted": law(shift=1.0)}
+    for name, fn in faults.items():
+        with pytest.raises(AssertionError):
+            assert_fresh_noise_like(draws(fn, (), 256, policy=True), reference, name)
