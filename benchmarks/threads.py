@@ -79,9 +79,7 @@ def markdown(result):
         "|---|---|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        lines.append(
-            f"| {r['condition']} | {r['script']} | {r['one']:.0f} | {r['two']:.0f} | {r['ratio']:.2f}x |"
-        )
+        lines.append(f"| {r['condition']} | {r['script']} | {r['one']:.0f} | {r['two']:.0f} | {r['ratio']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
