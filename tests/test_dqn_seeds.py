@@ -196,9 +196,8 @@ def test_members_explore_on_their_own_draws_and_act_with_their_own_networks():
             assert torch.equal(policy(obs)[member], q_network(obs[member]).argmax(dim=1)), member
     for param in params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
-    policy = mod.make_policy(
-        mod.QNetwork(4, 3, device="meta"), params, 3, torch.zeros((), dtype=torch.long), 1.0, 1.0, 99
-    )
+    step, shell = torch.zeros((), dtype=torch.long), mod.QNetwork(4, 3, device="meta")
+    policy = mod.make_policy(shell, params, 3, step, 1.0, 1.0, 1000)
     host_policy = mod.make_host_policy(params, 3, 1.0, 1.0, 1000)
     rb = mod.ReplayBuffer(len(SEEDS), 1000, 4, CPU)
     rb.views["rewards"][:] = np.arange(1000)  # the same buffer for each member
