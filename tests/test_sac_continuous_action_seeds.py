@@ -197,9 +197,10 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
             torch.testing.assert_close(means[member], member_actor.get_action(obs[member])[2])
     for param in actor_params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
-    (update_critic, update_actor, _), _ = build_seeds(autotune=True, seeds=[1, 1, 1])
     batch = {key: value[:1].expand_as(value).clone() for key, value in stacked_batches(0)[1].items()}
-    for values in (policy(obs)[0], update_critic(batch), *update_actor(batch)):
+    critic_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][0](batch)  # each from the same state
+    actor_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][1](batch)
+    for values in (policy(obs)[0], critic_losses, *actor_losses):
         assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
 
 
