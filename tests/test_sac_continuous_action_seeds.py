@@ -51,8 +51,8 @@ def build_cpu(seed, autotune):
 
 
 def build_seeds(autotune, seeds=SEEDS):
-    """The seeds script's update functions on the members `seeds`, stacked from `member_state`; returns them with
-    the stacked state."""
+    """The seeds script's update functions on the members `seeds`, stacked from `member_state`;
+    returns them with the stacked state."""
     mod = load(SEEDS_SCRIPT)
     members = [member_state(seed) for seed in seeds]
     actor = members[0][0]
@@ -182,37 +182,40 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
 
 
 def test_members_draw_their_own_noise_and_act_with_their_own_actors():
-    """Under the real generator. Members with weights of their own: each one's squashed mean (no noise)
-    is its own actor's (no member reads another's slice). Members with the same weights, batch and
-    observations draw apart (vmap's randomness="different"): their actions, critic losses (the next
-    actions' noise), actor losses and entropy losses differ."""
+    """Under the real generator. Members with weights of their own: each one's squashed mean (no
+    noise) is its own actor's (no member reads another's slice). Members with the same weights,
+    batch and observations draw apart (vmap's randomness="different"): their actions, critic losses
+    (the next actions' noise), actor losses and entropy losses differ."""
     mod = load(SEEDS_SCRIPT)
-    _, actor_params, _, _, (policy, *_) = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, _, _, (policy, *_) = learner
     obs = torch.randn(1, 16, N_OBS).expand(len(SEEDS), 16, N_OBS).contiguous()
     means = policy(obs)[2]
     for member in range(len(SEEDS)):
         member_actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
-        member_actor.load_state_dict({name: p[member] for name, p in actor_params.items()}, strict=False)
+        own = {name: p[member] for name, p in actor_params.items()}
+        member_actor.load_state_dict(own, strict=False)
         with torch.no_grad():
             torch.testing.assert_close(means[member], member_actor.get_action(obs[member])[2])
     for param in actor_params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
-    batch = {key: value[:1].expand_as(value).clone() for key, value in stacked_batches(0)[1].items()}
-    critic_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][0](batch)  # each from the same state
+    batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
+    critic_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][0](batch)  # the same state
     actor_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][1](batch)
     for values in (policy(obs)[0], critic_losses, *actor_losses):
         assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
 
 
 def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
-    """Member 0's actor and Q networks turn nan: two iterations of updates and the policy raise nothing
-    and give members 1 and 2 the losses, parameters and actions they have without it, bit for bit (the
-    same draws)."""
+    """Member 0's actor and Q networks turn nan: two iterations of updates and the policy raise
+    nothing and give members 1 and 2 the losses, parameters and actions they have without it, bit
+    for bit (the same draws)."""
     outcomes = []
     for poisoned in (False, True):
         functions, state = build_seeds(autotune=True)
         if poisoned:
-            state["actor"]["fc1.weight"][0, 3, 1] = state["q"]["fc2", "weight"][0, 1, 7, 7] = float("nan")
+            state["actor"]["fc1.weight"][0, 3, 1] = float("nan")
+            state["q"]["fc2", "weight"][0, 1, 7, 7] = float("nan")
         _, stacked = stacked_batches(0)
         torch.manual_seed(0)
         losses = torch.stack([take_step(functions, stacked) for _ in range(2)])
@@ -220,7 +223,7 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     (losses, members), (losses_nan, members_nan) = outcomes
     assert losses_nan[:, 0].isnan().all() and members_nan[0]["actor"].isnan().any()
     assert torch.equal(losses[:, 1:], losses_nan[:, 1:])
-    assert all(torch.equal(members[k][key], members_nan[k][key]) for k in (1, 2) for key in members[k])
+    assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])
 
 
 @pytest.mark.learning

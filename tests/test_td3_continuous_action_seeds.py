@@ -39,8 +39,8 @@ def build_cpu(seed):
 
 
 def build_seeds(seeds=SEEDS):
-    """The seeds script's updates on the members `seeds`, their networks `build_cpu`'s, stacked; returns them and the
-    stacked state."""
+    """The seeds script's updates on the members `seeds`, their networks `build_cpu`'s, stacked;
+    returns them and the stacked state."""
     mod = load(SEEDS_SCRIPT)
     states = [build_cpu(seed)[1] for seed in seeds]
     state = {key: {name: torch.stack([s[key][name] for s in states]) for name in states[0][key]} for key in states[0]}
@@ -164,10 +164,10 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
 
 
 def test_members_draw_their_own_noise_and_act_with_their_own_actors():
-    """Under the real generator. Members with weights of their own and no exploration noise act as their
-    own actors (no member reads another's slice). Members with the same weights, batch and observations
-    draw apart (vmap's randomness="different"): their noisy actions and their critic losses (the target
-    policy's smoothing noise) differ."""
+    """Under the real generator. Members with weights of their own and no exploration noise act as
+    their own actors (no member reads another's slice). Members with the same weights, batch and
+    observations draw apart (vmap's randomness="different"): their noisy actions and their critic
+    losses (the target policy's smoothing noise) differ."""
     mod = load(SEEDS_SCRIPT)
     args = mod.Args(exploration_noise=0.0)
     _, actor_params, _, (policy, *_) = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
@@ -175,14 +175,16 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
     actions = policy(obs)
     for member in range(len(SEEDS)):
         member_actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
-        member_actor.load_state_dict({name: p[member] for name, p in actor_params.items()}, strict=False)
+        own = {name: p[member] for name, p in actor_params.items()}
+        member_actor.load_state_dict(own, strict=False)
         with torch.no_grad():
             torch.testing.assert_close(actions[member], member_actor(obs[member]))
-    _, actor_params, _, (policy, *_) = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, _, (policy, *_) = learner
     for param in actor_params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
     (update_critic, _, _), _ = build_seeds(seeds=[1, 1, 1])
-    batch = {key: value[:1].expand_as(value).clone() for key, value in stacked_batches(0)[1].items()}
+    batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
     for values in (policy(obs), update_critic(batch)):
         assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
 
@@ -196,8 +198,10 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     for poisoned in (False, True):
         functions, state = build_seeds()
         if poisoned:
-            state["actor"]["fc1.weight"][0, 3, 1] = state["qnet"]["fc2.weight"][0, 1, 7, 7] = float("nan")
-        policy = load(SEEDS_SCRIPT).make_policy(load(SEEDS_SCRIPT).Actor(N_OBS, N_ACT, LOW, HIGH), state["actor"], 0.1)
+            state["actor"]["fc1.weight"][0, 3, 1] = float("nan")
+            state["qnet"]["fc2.weight"][0, 1, 7, 7] = float("nan")
+        shell = load(SEEDS_SCRIPT).Actor(N_OBS, N_ACT, LOW, HIGH)
+        policy = load(SEEDS_SCRIPT).make_policy(shell, state["actor"], 0.1)
         _, stacked = stacked_batches(0)
         torch.manual_seed(0)
         losses = torch.stack([take_step(functions, stacked, step=0) for _ in range(2)])
@@ -205,8 +209,9 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
         outcomes.append((losses, actions, [flat(state, member) for member in range(len(SEEDS))]))
     (losses, actions, members), (losses_nan, actions_nan, members_nan) = outcomes
     assert losses_nan[:, 0].isnan().all() and actions_nan[0].isnan().all()
-    assert torch.equal(losses[:, 1:], losses_nan[:, 1:]) and torch.equal(actions[1:], actions_nan[1:])
-    assert all(torch.equal(members[k][key], members_nan[k][key]) for k in (1, 2) for key in members[k])
+    assert torch.equal(losses[:, 1:], losses_nan[:, 1:])
+    assert torch.equal(actions[1:], actions_nan[1:])
+    assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])
 
 
 @pytest.mark.learning
