@@ -6,17 +6,24 @@ Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (Cart
     python leanrl/dqn_seeds.py --num-seeds 3 --no-compile     # 3 members, the same functions, eagerly
     python leanrl/dqn_seeds.py --compile --cudagraphs         # on CUDA: acting and the update as CUDA graphs
 
-Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program. Member k is
-dqn_cpu.py with `--seed seed+k` (the same initial weights and env seeds) and has its own target network, Adam state,
-replay buffer and exploration; members share only the program and one random generator, which draws differently for
-each (vmap's `randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state and
-buffers are stacked on a leading seeds axis; each step makes one call for all members: one vector env of N x
-`--num-envs` envs (member k's a contiguous slice), one policy, one buffer write, one sample and one update vmapped
-over the seeds axis. `--compile` compiles the policy and the update, `--cudagraphs` records them with
-`CudaGraphModule`; on a CPU the members act in numpy, as in dqn_cpu.py. The SUMMARY reports each member (`seeds`,
-`return_means`, `eval_return_means`; a curve each in summary.json), their mean, and the aggregate `sps` (all members'
-env steps per second); `total_timesteps` counts one member's. `--save-model` writes a file per member, which dqn.py,
-dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates it as every member.
+Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one
+program. Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
+seeds) and has its own target network, Adam state, replay buffer and exploration; members share only
+the program and one random generator, which draws differently for each (vmap's
+`randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state
+and buffers are stacked on a leading seeds axis; each step makes one call for all members: one
+vector env of N x `--num-envs` envs (member k's a contiguous slice), one policy, one buffer write,
+one sample and one update vmapped over the seeds axis. `--compile` compiles the policy and the
+update, `--cudagraphs` records them with `CudaGraphModule`; on a CPU the members act in numpy, as in
+dqn_cpu.py. The SUMMARY reports each member (`seeds`, `return_means`, `eval_return_means`; a curve
+each in summary.json), their mean, and the aggregate `sps` (all members' env steps per second);
+`total_timesteps` counts one member's. `--save-model` writes a file per member, which dqn.py,
+dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates it
+as every member.
+
+A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
+which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves
+it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member diverged.
 """
 
 import json
@@ -45,7 +52,7 @@ class Args:
     exp_name: str = "dqn_seeds"
     """the name of this experiment"""
     seed: int = 1
-    """seed of the first member; member k has seed `seed + k`"""
+    """seed of the first member; member k has seed `seed + k * num_envs`, its envs the next ones"""
     num_seeds: int = 8
     """the number of independent runs (members) trained together"""
     torch_deterministic: bool = True
@@ -122,8 +129,9 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def member_env_seeds(seed, num_seeds, num_envs):
-    """Env i of member k has seed `seed + k + i`, as env i of the single-seed script run with `--seed seed+k`."""
-    return [seed + k + i for k in range(num_seeds) for i in range(num_envs)]
+    """Env i of member k has seed `seed + k * num_envs + i`, as env i of the single-seed script run
+    with `--seed seed + k * num_envs`: every env of every member has a seed of its own."""
+    return [seed + k * num_envs + i for k in range(num_seeds) for i in range(num_envs)]
 
 
 def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
@@ -341,11 +349,11 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "dqn_seeds")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
     probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
     n_obs, n_act = int(np.prod(probe.single_observation_space.shape)), int(probe.single_action_space.n)
     probe.close()
     check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")  # 2 observations, 3 scalars, 8 bytes
+    run = Run(args, "dqn_seeds")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
     train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, train_videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -409,7 +417,7 @@ def main(args):
             run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this step
+        if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
     # each member's weights as a single-seed Q network's state dict (copies: a view would save the whole stack)
@@ -439,8 +447,8 @@ def check_args(args):
     for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
         if isinstance(value, float) and not np.isfinite(value):
             fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
-    if not 0 <= args.seed < 2**31 - args.num_seeds - args.num_envs + 2:  # the envs' seeds: envpool's are below 2**31
-        fail(f"--seed must be in [0, 2**31 - num_seeds - num_envs + 2), got {args.seed}")
+    if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
     for flag in ("num_seeds", *sizes, "learning_rate", "threads"):
         if getattr(args, flag) <= 0:
@@ -465,12 +473,15 @@ def check_memory(args, per_member, what):  # per_member: one member's bytes
 
 class Run:
     """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded; starts wandb; catches
-    Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its curve `curves[k]`."""
+    Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its curve
+    `curves[k]`; `diverged[k]` records where member k's loss or weights first turned non-finite."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
-        self.args, self.script, self.seeds = args, script, [args.seed + k for k in range(args.num_seeds)]
+        # member k is the single-seed script with seed `seeds[k]`, its envs seeded from there on
+        self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
+        self.args, self.script, self.diverged = args, script, {}
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
@@ -524,49 +535,92 @@ class Run:
 
     def log_episodes(self, global_step, member_returns):  # member k's returns of the episodes ended on this step
         for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
-            for episodic_return in episode_returns:
-                returns.append(episodic_return)
-                curve.append([global_step, time.time() - self.start_time, episodic_return])
+            for r in episode_returns:  # a diverged policy's nan: in its curve only, a string
+                returns.extend([r] if np.isfinite(r) else [])
+                value = r if np.isfinite(r) else str(r)
+                curve.append([global_step, time.time() - self.start_time, value])
                 if self.wandb:
-                    self.wandb.log({f"charts/episodic_return_seed{seed}": episodic_return}, step=global_step)
+                    self.wandb.log({f"charts/episodic_return_seed{seed}": r}, step=global_step)
 
-    def log_progress(self, pbar, global_step, metrics):  # the bar; with --track, `metrics` (one or N values) to wandb
-        sps, means = self.sps(global_step) or 0.0, [np.mean(returns) for returns in self.returns if returns]
+    def log_progress(self, pbar, global_step, metrics):  # the bar, divergence, wandb (--track)
+        # `metrics`: numbers, and tensors on one device, each of one value or one per member
+        n, device = len(self.seeds), next(v.device for v in metrics.values() if torch.is_tensor(v))
+        rows = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
+        values = dict(zip(metrics, torch.stack([r.expand(n) for r in rows]).tolist()))  # host sync
+        for name, row in values.items():  # a member whose loss (a metric named *loss) is not finite
+            for k in [k for k, v in enumerate(row) if name.endswith("loss") and not np.isfinite(v)]:
+                self.diverge(k, global_step, name, row[k])
+        sps = self.sps(global_step) or 0.0
+        means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
         pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
-        if self.wandb:  # host syncs, only with --track
-            values = {k: np.broadcast_to(torch.as_tensor(v).cpu().numpy(), len(self.seeds)) for k, v in metrics.items()}
-            losses = {f"losses/{k}_seed{s}": float(v[m]) for k, v in values.items() for m, s in enumerate(self.seeds)}
+        if self.wandb:
+            members = list(enumerate(self.seeds))
+            losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
 
+    def diverge(self, member, step, what, value):  # the first time: a record, a line on stderr
+        if member in self.diverged:
+            return
+        seed, flags = self.seeds[member], vars(self.args)  # the learning rates: floats
+        rates = [f for f in flags if f.endswith("lr") or f == "learning_rate"]  # and --anneal-lr
+        rates = "/".join("--" + f.replace("_", "-") for f in rates if type(flags[f]) is float)
+        record = dict(seed=seed, member=member, step=step, loss=what, value=str(value))
+        self.diverged[member] = record  # the other members go on
+        message = f"error: member {member} (seed {seed}) diverged at step {step}: {what} is {value}"
+        tqdm.tqdm.write(f"{message}; the others go on; try a lower {rates}", file=sys.stderr)
+
     def finish(self, device, models, evaluate):
-        """Save each member's model (`--save-model`), play `--eval-episodes` per member with `evaluate(member, episodes,
-        videos) -> returns`, write summary.json (atomically) and one SUMMARY line; after a signal, exit as it would."""
+        """Save each member's model (`--save-model`) and write summary.json (atomically); unless a
+        signal stopped the run, play `--eval-episodes` per member with `evaluate(member, episodes,
+        videos) -> returns` and write it again; print one SUMMARY line. A diverged member (also one
+        whose weights are not finite now) has no model file, evaluation or return mean. Exit 3 if
+        every member diverged."""
         args, end_time, seeds = self.args, time.time(), self.seeds
-        model_files = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds if args.save_model]
-        for seed, model, path in zip(seeds, models, model_files):
+        for k, model in enumerate(models):  # weights that turned non-finite since the last log
+            parts = [part.values() if isinstance(part, dict) else [part] for part in model.values()]
+            weights = torch.cat([t.flatten().cpu() for part in parts for t in part])
+            if not weights.isfinite().all():
+                self.diverge(k, self.steps, "a weight", weights[~weights.isfinite()][0].item())
+        kept = [k not in self.diverged for k in range(len(seeds))]  # the members that went on
+        paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
+        model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
+        for seed, model, path in [saved for saved in zip(seeds, models, model_files) if saved[2]]:
             torch.save({"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}, path + ".tmp")
             os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
-        videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]  # member k's: videos/seed<seed>/
-        eval_returns = [evaluate(k, args.eval_episodes, videos[k]) for k in range(len(seeds)) if args.eval_episodes]
-        means = [float(np.mean(returns)) if returns else None for returns in self.returns]
-        eval_means, wall_s = [float(np.mean(returns)) for returns in eval_returns], end_time - self.start_time
+        means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
+        kept_means, wall_s = [m for m, ok in zip(means, kept) if ok], end_time - self.start_time
         summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
         summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
         summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
         summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
         summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
-        summary |= dict(return_mean=None if None in means else float(np.mean(means)), eval_returns=eval_returns)
-        summary |= dict(model_file=(model_files or [None])[0], model_files=model_files, eval_return_means=eval_means)
-        summary |= dict(eval_return_mean=float(np.mean(eval_means)) if eval_means else None)
+        return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
+        diverged = [self.diverged[k] for k in sorted(self.diverged)]
+        summary |= dict(return_mean=return_mean, diverged=diverged)
+        summary |= dict(model_file=next(filter(None, model_files), None), model_files=model_files)
+        summary |= dict(eval_returns=[], eval_return_means=[], eval_return_mean=None)
+        if args.eval_episodes and not self.stop_signal:  # not after a signal: seconds may be left
+            self.write_summary(summary)  # first: a run killed while it evaluates keeps its summary
+            videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]  # seed<s>/
+            episodes, members = args.eval_episodes, range(len(seeds))
+            returns = [evaluate(k, episodes, videos[k]) if kept[k] else None for k in members]
+            means = [None if r is None else float(np.mean(r)) for r in returns]
+            mean = float(np.mean([m for m in means if m is not None])) if any(kept) else None
+            summary |= dict(eval_returns=returns, eval_return_means=means, eval_return_mean=mean)
+        print("SUMMARY " + json.dumps(summary | self.write_summary(summary)), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if not any(kept):
+            sys.exit(3)  # every member diverged
+        if self.stop_signal:
+            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+
+    def write_summary(self, summary):  # summary.json, atomically: a reader never sees half a file
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
             json.dump(summary | {"curves": self.curves}, f)
         os.replace(path + ".tmp", path)
-        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
-        if self.wandb:
-            self.wandb.finish()
-        if self.stop_signal:
-            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+        return {"summary_file": os.path.abspath(path)}
 
 
 def evaluate(act, envs, episodes, seed, device):

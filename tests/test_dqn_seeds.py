@@ -181,6 +181,54 @@ def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
     torch.testing.assert_close(batch["terminations"], (batch["rewards"] > 10).float())
 
 
+def test_members_explore_on_their_own_draws_and_act_with_their_own_networks():
+    """Under the real generator. Members with the same weights and observations explore apart: at
+    epsilon 1 the torch policy (vmapped with randomness="different") and the numpy policy draw other
+    random actions for each, and identical buffers give each member other samples. Greedy, members
+    with weights of their own act as their own Q networks: no member reads another's slice."""
+    mod = load_script("dqn_seeds")
+    obs = torch.randn(1, 64, 4).expand(len(SEEDS), 64, 4).contiguous()
+    params, _, (policy, _, _) = mod.make_learner(mod.Args(start_e=0.0, end_e=0.0), 4, 3, SEEDS, CPU)
+    for member in range(len(SEEDS)):
+        q_network = mod.QNetwork(4, 3)
+        q_network.load_state_dict({name: param[member] for name, param in params.items()})
+        with torch.no_grad():
+            assert torch.equal(policy(obs)[member], q_network(obs[member]).argmax(dim=1)), member
+    for param in params.values():
+        param.copy_(param[0].expand_as(param).clone())  # every member is member 0
+    step, shell = torch.zeros((), dtype=torch.long), mod.QNetwork(4, 3, device="meta")
+    policy = mod.make_policy(shell, params, 3, step, 1.0, 1.0, 1000)
+    host_policy = mod.make_host_policy(params, 3, 1.0, 1.0, 1000)
+    rb = mod.ReplayBuffer(len(SEEDS), 1000, 4, CPU)
+    rb.views["rewards"][:] = np.arange(1000)  # the same buffer for each member
+    rb.size = 1000
+    for actions in (policy(obs), host_policy(obs), rb.sample(64)["rewards"]):
+        assert not torch.equal(actions[0], actions[1]) and not torch.equal(actions[1], actions[2])
+
+
+def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
+    """Member 0's weights turn nan: three updates and the greedy policies (numpy and torch) raise
+    nothing, give member 0 nan losses, and give members 1 and 2 the losses, parameters and actions
+    they have without it, bit for bit: no member's nan reaches another."""
+    mod = load_script("dqn_seeds")
+    obs = torch.randn(len(SEEDS), 16, 4)
+    outcomes = []
+    for poisoned in (False, True):
+        update, params, _ = build_seeds_update()
+        if poisoned:
+            params["network.2.weight"][0, 5] = float("nan")
+        losses = torch.stack([update(stacked_batches(step)[1])[0] for step in range(3)])
+        host_actions = mod.make_host_policy(params, 2, 0.0, 0.0, 1000)(obs)
+        global_step = torch.zeros((), dtype=torch.long)
+        shell = mod.QNetwork(4, 2, device="meta")
+        policy = mod.make_policy(shell, params, 2, global_step, 0.0, 0.0, 1000)
+        outcomes.append((losses, params, host_actions, policy(obs)))
+    (losses, params, *actions), (losses_nan, params_nan, *actions_nan) = outcomes
+    assert losses_nan[:, 0].isnan().all() and torch.equal(losses[:, 1:], losses_nan[:, 1:])
+    assert all(torch.equal(params[name][1:], params_nan[name][1:]) for name in params)
+    assert all(torch.equal(a[1:], b[1:]) for a, b in zip(actions, actions_nan))
+
+
 def test_finished_episodes_are_counted_per_member():
     """Three members with 2 envs each: episodes of envs 1, 2 and 3 end on the same step; member 0 gets env 1's,
     member 1 both of its own, member 2 none."""

@@ -96,7 +96,7 @@ def test_shared_parts_are_byte_identical_within_their_family(part):
 # state through acting, storage and update, and the plumbing section (from the banner's rule to the end) is capped
 # in every script.
 SIZE_BUDGETS = [
-    ("*_seeds", 600),
+    ("*_seeds", 655),
     ("*_cpu", 600),
     ("*_async", 600),
     ("*_distributed", 750),
@@ -109,6 +109,8 @@ SIZE_BUDGETS = [
     ("*", 510),
 ]
 PLUMBING_BUDGET = 160
+# the seeds scripts' plumbing also records, reports and leaves out each diverged member
+SEEDS_PLUMBING_BUDGET = 206
 
 
 def size_budget(script):
@@ -118,7 +120,7 @@ def size_budget(script):
 def test_the_size_budget_rule():
     scripts = ("ppo_lstm_seeds", "td3_continuous_action_cpu", "ppo_atari_envpool_async", "ppo_continuous_action_ray")
     scripts += ("ppo_continuous_action_distributed", "ppo_mingru_torchcompile", "dqn_torchcompile", "ppo_lstm", "dqn")
-    assert [size_budget(name) for name in scripts] == [600, 600, 600, 750, 750, 690, 550, 630, 510]
+    assert [size_budget(name) for name in scripts] == [655, 600, 600, 750, 750, 690, 550, 630, 510]
 
 
 def test_every_script_is_within_its_size_budgets():
@@ -126,8 +128,9 @@ def test_every_script_is_within_its_size_budgets():
     for script in ALL_SCRIPTS:
         lines = (SCRIPTS / f"{script}.py").read_text().splitlines()
         plumbing = len(lines) - lines.index(RULE)
+        budget = SEEDS_PLUMBING_BUDGET if family(script) == "seeds" else PLUMBING_BUDGET
         if len(lines) > size_budget(script):
             over.append(f"{script}.py: {len(lines)} lines, budget {size_budget(script)}")
-        if plumbing > PLUMBING_BUDGET:
-            over.append(f"{script}.py: its plumbing section has {plumbing} lines, budget {PLUMBING_BUDGET}")
+        if plumbing > budget:
+            over.append(f"{script}.py: its plumbing section has {plumbing} lines, budget {budget}")
     assert not over, "\n".join(over)

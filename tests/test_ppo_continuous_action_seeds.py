@@ -110,6 +110,77 @@ def test_a_members_update_depends_on_its_own_minibatch_alone():
     assert not torch.equal(params["actor_mean.0.weight"][0], params_changed["actor_mean.0.weight"][0])
 
 
+def test_members_draw_their_own_noise_and_act_with_their_own_parameters():
+    """The policy under the real generator, 4 envs per member. Members with weights of their own: at
+    a vanishing std each member's actions are its own actor's mean and its values its own critic's
+    (no member reads another's slice). Members with the same weights and observations: their actions
+    differ (vmap's randomness="different"). The update draws nothing (vmap's default randomness
+    refuses)."""
+    mod = load_script(SEEDS_SCRIPT)
+    _, optimizer, (policy, _) = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
+    params, obs = optimizer.params, torch.randn(4, 3)
+    params["actor_logstd"].fill_(-30.0)
+    actions, _, _, values = policy(obs.repeat(len(SEEDS), 1))
+    for member in range(len(SEEDS)):
+        agent = mod.Agent(3, 2)
+        agent.load_state_dict({name: param[member] for name, param in params.items()})
+        with torch.no_grad():
+            own = slice(4 * member, 4 * member + 4)
+            torch.testing.assert_close(actions[own], agent.actor_mean(obs), rtol=0, atol=1e-6)
+            torch.testing.assert_close(values[own], agent.critic(obs), rtol=0, atol=1e-6)
+    for param in params.values():
+        param.copy_(param[0].expand_as(param).clone())  # every member is member 0
+    params["actor_logstd"].fill_(0.0)
+    actions = policy(obs.repeat(len(SEEDS), 1))[0].unflatten(0, (len(SEEDS), 4))
+    assert not torch.equal(actions[0], actions[1]) and not torch.equal(actions[1], actions[2])
+
+
+def test_a_member_with_one_valid_row_or_none_stays_finite():
+    """envpool's reset steps weigh 0, so a minibatch may hold one valid row of a member, or none:
+    the masked means and the advantage std are then 0, not nan. Member 0 with one valid row keeps
+    finite weights, member 1 with none reports zeros and keeps its weights (a zero gradient), member
+    2 updates exactly as beside members with full minibatches."""
+    outcomes = []
+    for sparse in (False, True):
+        optimizer, update = build_seeds_learner()
+        start = {name: param.clone() for name, param in optimizer.params.items()}
+        _, stacked = stacked_minibatches(0)
+        stacked["valid"][:] = 1
+        if sparse:
+            stacked["valid"][:2] = 0
+            stacked["valid"][0, 5] = 1
+        outcomes.append((update(stacked), optimizer.params))
+    (stats, params), (stats_sparse, params_sparse) = outcomes
+    assert stats_sparse.isfinite().all() and all(p.isfinite().all() for p in params_sparse.values())
+    assert torch.equal(stats_sparse[1], torch.zeros(6))
+    assert all(torch.equal(params_sparse[name][1], start[name][1]) for name in start)
+    assert stats_sparse[0, 1] > 0  # the value loss of member 0's one row
+    assert torch.equal(stats_sparse[2], stats[2])
+    assert all(torch.equal(params_sparse[name][2], params[name][2]) for name in start)
+
+
+def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
+    """Member 0's weights turn nan: three updates and the policy raise nothing, give member 0 nan
+    statistics and actions, and give members 1 and 2 the statistics, parameters and actions they
+    have without it, bit for bit (the same draws): the clipped norm and the sum of the losses are
+    each member's own."""
+    outcomes = []
+    for poisoned in (False, True):
+        _, optimizer, (policy, update) = load_script(SEEDS_SCRIPT).make_learner(
+            load_script(SEEDS_SCRIPT).Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU
+        )
+        if poisoned:
+            optimizer.params["actor_mean.2.weight"][0, 1, 3] = float("nan")
+        stats = torch.stack([update(stacked_minibatches(step)[1]) for step in range(3)])
+        torch.manual_seed(0)
+        outcomes.append((stats, optimizer.params, policy(torch.randn(len(SEEDS) * 4, 3))[0]))
+    (stats, params, actions), (stats_nan, params_nan, actions_nan) = outcomes
+    assert stats_nan[:, 0, 0].isnan().all() and stats_nan[-1, 0, 1].isnan()
+    assert actions_nan[:4].isnan().any()
+    assert torch.equal(stats[:, 1:], stats_nan[:, 1:]) and torch.equal(actions[4:], actions_nan[4:])
+    assert all(torch.equal(params[name][1:], params_nan[name][1:]) for name in params)
+
+
 class ScriptedPool:
     """envpool's interface for two envs replaying raw steps (observations, rewards, ends) in next-step autoreset: the
     step after an episode's end returns the next episode's first observation, with reward 0 and no end."""

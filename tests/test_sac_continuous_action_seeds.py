@@ -50,11 +50,11 @@ def build_cpu(seed, autotune):
     return (update_critic, update_actor, update_targets), state
 
 
-def build_seeds(autotune):
-    """The seeds script's update functions on the members SEEDS, stacked from `member_state`; returns them with the
-    stacked state."""
+def build_seeds(autotune, seeds=SEEDS):
+    """The seeds script's update functions on the members `seeds`, stacked from `member_state`;
+    returns them with the stacked state."""
     mod = load(SEEDS_SCRIPT)
-    members = [member_state(seed) for seed in SEEDS]
+    members = [member_state(seed) for seed in seeds]
     actor = members[0][0]
     actor_params = {
         name: torch.stack([m[0].get_parameter(name).detach() for m in members]) for name, _ in actor.named_parameters()
@@ -62,7 +62,7 @@ def build_seeds(autotune):
     qnet, qnet_target = torch.stack([m[1] for m in members]), torch.stack([m[2] for m in members])
     log_alpha = torch.stack([m[3] for m in members])
     alpha = log_alpha.exp()
-    args = mod.Args(num_seeds=len(SEEDS), autotune=autotune)
+    args = mod.Args(num_seeds=len(seeds), autotune=autotune)
     (_, update_critic, update_actor, update_targets), _ = mod.make_functional_updates(
         actor, qnet, qnet_target, actor_params, log_alpha, alpha, args, -float(N_ACT)
     )
@@ -179,6 +179,51 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
                 torch.testing.assert_close(value[member], want, rtol=1e-5, atol=1e-6, msg=name)
         assert not torch.allclose(got[2][0], got[2][1])
         actor_params["fc_mean.bias"].add_(torch.tensor([[0.3], [-0.2], [0.1]]))
+
+
+def test_members_draw_their_own_noise_and_act_with_their_own_actors():
+    """Under the real generator. Members with weights of their own: each one's squashed mean (no
+    noise) is its own actor's (no member reads another's slice). Members with the same weights,
+    batch and observations draw apart (vmap's randomness="different"): their actions, critic losses
+    (the next actions' noise), actor losses and entropy losses differ."""
+    mod = load(SEEDS_SCRIPT)
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, _, _, (policy, *_) = learner
+    obs = torch.randn(1, 16, N_OBS).expand(len(SEEDS), 16, N_OBS).contiguous()
+    means = policy(obs)[2]
+    for member in range(len(SEEDS)):
+        member_actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
+        own = {name: p[member] for name, p in actor_params.items()}
+        member_actor.load_state_dict(own, strict=False)
+        with torch.no_grad():
+            torch.testing.assert_close(means[member], member_actor.get_action(obs[member])[2])
+    for param in actor_params.values():
+        param.copy_(param[0].expand_as(param).clone())  # every member is member 0
+    batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
+    critic_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][0](batch)  # the same state
+    actor_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][1](batch)
+    for values in (policy(obs)[0], critic_losses, *actor_losses):
+        assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
+
+
+def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
+    """Member 0's actor and Q networks turn nan: two iterations of updates and the policy raise
+    nothing and give members 1 and 2 the losses, parameters and actions they have without it, bit
+    for bit (the same draws)."""
+    outcomes = []
+    for poisoned in (False, True):
+        functions, state = build_seeds(autotune=True)
+        if poisoned:
+            state["actor"]["fc1.weight"][0, 3, 1] = float("nan")
+            state["q"]["fc2", "weight"][0, 1, 7, 7] = float("nan")
+        _, stacked = stacked_batches(0)
+        torch.manual_seed(0)
+        losses = torch.stack([take_step(functions, stacked) for _ in range(2)])
+        outcomes.append((losses, [flat(state, member) for member in range(len(SEEDS))]))
+    (losses, members), (losses_nan, members_nan) = outcomes
+    assert losses_nan[:, 0].isnan().all() and members_nan[0]["actor"].isnan().any()
+    assert torch.equal(losses[:, 1:], losses_nan[:, 1:])
+    assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])
 
 
 @pytest.mark.learning

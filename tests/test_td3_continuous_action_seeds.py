@@ -38,15 +38,15 @@ def build_cpu(seed):
     return (update_critic, update_actor, update_targets), actors | qnets
 
 
-def build_seeds():
-    """The seeds script's updates on the members SEEDS, their networks `build_cpu`'s, stacked; returns them and the
-    stacked state."""
+def build_seeds(seeds=SEEDS):
+    """The seeds script's updates on the members `seeds`, their networks `build_cpu`'s, stacked;
+    returns them and the stacked state."""
     mod = load(SEEDS_SCRIPT)
-    states = [build_cpu(seed)[1] for seed in SEEDS]
+    states = [build_cpu(seed)[1] for seed in seeds]
     state = {key: {name: torch.stack([s[key][name] for s in states]) for name in states[0][key]} for key in states[0]}
     actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)  # the shell: its buffers
     qnet, qnet_target = (mod.TensorDict(state[key]).unflatten_keys(".") for key in ("qnet", "qnet_target"))
-    args = mod.Args(num_seeds=len(SEEDS))
+    args = mod.Args(num_seeds=len(seeds))
     q_params = dict(qnet.flatten_keys(".").items())
     optimizers = (mod.Adam(q_params, args.learning_rate), mod.Adam(state["actor"], args.learning_rate))
     updates = mod.make_functional_updates(actor, state["target_actor"], qnet, qnet_target, optimizers, args)
@@ -161,6 +161,57 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
             assert not torch.allclose(actions[0], actions[1])
             actor_params["fc_mu.bias"].add_(torch.tensor([[0.3], [-0.2], [0.1]]))
     assert actions.min() == -2 and actions.max() == 2  # the wide noise, clipped
+
+
+def test_members_draw_their_own_noise_and_act_with_their_own_actors():
+    """Under the real generator. Members with weights of their own and no exploration noise act as
+    their own actors (no member reads another's slice). Members with the same weights, batch and
+    observations draw apart (vmap's randomness="different"): their noisy actions and their critic
+    losses (the target policy's smoothing noise) differ."""
+    mod = load(SEEDS_SCRIPT)
+    args = mod.Args(exploration_noise=0.0)
+    _, actor_params, _, (policy, *_) = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    obs = torch.randn(1, 16, N_OBS).expand(len(SEEDS), 16, N_OBS).contiguous()
+    actions = policy(obs)
+    for member in range(len(SEEDS)):
+        member_actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
+        own = {name: p[member] for name, p in actor_params.items()}
+        member_actor.load_state_dict(own, strict=False)
+        with torch.no_grad():
+            torch.testing.assert_close(actions[member], member_actor(obs[member]))
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, _, (policy, *_) = learner
+    for param in actor_params.values():
+        param.copy_(param[0].expand_as(param).clone())  # every member is member 0
+    (update_critic, _, _), _ = build_seeds(seeds=[1, 1, 1])
+    batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
+    for values in (policy(obs), update_critic(batch)):
+        assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
+
+
+def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
+    """Member 0's actor and Q networks turn nan: two iterations of updates (the actor's and the
+    targets' included) and the policy raise nothing and give members 1 and 2 the losses, parameters
+    and actions they have without it, bit for bit (the same draws)."""
+    obs = torch.randn(len(SEEDS), 16, N_OBS)
+    outcomes = []
+    for poisoned in (False, True):
+        functions, state = build_seeds()
+        if poisoned:
+            state["actor"]["fc1.weight"][0, 3, 1] = float("nan")
+            state["qnet"]["fc2.weight"][0, 1, 7, 7] = float("nan")
+        shell = load(SEEDS_SCRIPT).Actor(N_OBS, N_ACT, LOW, HIGH)
+        policy = load(SEEDS_SCRIPT).make_policy(shell, state["actor"], 0.1)
+        _, stacked = stacked_batches(0)
+        torch.manual_seed(0)
+        losses = torch.stack([take_step(functions, stacked, step=0) for _ in range(2)])
+        actions = policy(obs)
+        outcomes.append((losses, actions, [flat(state, member) for member in range(len(SEEDS))]))
+    (losses, actions, members), (losses_nan, actions_nan, members_nan) = outcomes
+    assert losses_nan[:, 0].isnan().all() and actions_nan[0].isnan().all()
+    assert torch.equal(losses[:, 1:], losses_nan[:, 1:])
+    assert torch.equal(actions[1:], actions_nan[1:])
+    assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])
 
 
 @pytest.mark.learning
