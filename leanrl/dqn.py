@@ -392,9 +392,8 @@ class Run:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
     def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and mean return; `metrics` (tensors on one device, or numbers) to wandb
-        with `--track`. A loss (`*loss*`) or `weight_norm` not finite diverges the run; the other
-        metrics are diagnostics, nan at times (`explained_variance`, where the returns tie)."""
+        """The bar's sps and mean return; with `--track`, `metrics` (one device's tensors) to wandb.
+        A loss (`*loss*`) or `weight_norm` not finite diverges the run; other metrics may be nan."""
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
@@ -403,7 +402,7 @@ class Run:
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, value in metrics.items():
+        for name, value in metrics.items():  # not `explained_variance`: nan where returns all tie
             if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
                 self.diverge(global_step, name, value)
 

@@ -176,7 +176,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, lstm_state, done, action=None):
         hidden, lstm_state = self.get_states(x, lstm_state, done)
         logits = self.actor(hidden)
-        probs = Categorical(logits=logits, validate_args=False)
+        probs = Categorical(logits=logits, validate_args=False)  # the run reports a nan
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden), lstm_state
@@ -543,9 +543,8 @@ class Run:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
     def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and mean return; `metrics` (tensors on one device, or numbers) to wandb
-        with `--track`. A loss (`*loss*`) or `weight_norm` not finite diverges the run; the other
-        metrics are diagnostics, nan at times (`explained_variance`, where the returns tie)."""
+        """The bar's sps and mean return; with `--track`, `metrics` (one device's tensors) to wandb.
+        A loss (`*loss*`) or `weight_norm` not finite diverges the run; other metrics may be nan."""
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
@@ -554,7 +553,7 @@ class Run:
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, value in metrics.items():
+        for name, value in metrics.items():  # not `explained_variance`: nan where returns all tie
             if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
                 self.diverge(global_step, name, value)
 
