@@ -424,7 +424,7 @@ def main(args):
         metrics |= dict(explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"])
         run.log_progress(pbar, state.global_step, metrics)
         run.steps = state.global_step
-        if run.stop_signal:  # a first Ctrl-C or SIGTERM: stop after this iteration
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
             break
 
     def evaluate_agent(episodes, videos):  # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
@@ -480,7 +480,7 @@ class Run:
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
-        self.args, self.script, self.wandb = args, script, None
+        self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
         self.dir = os.path.join("runs", self.name)
@@ -497,6 +497,7 @@ class Run:
         self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
         self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
@@ -545,22 +546,42 @@ class Run:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
     def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and mean return; with `--track`, `metrics` (tensors on any device, or numbers) to wandb."""
+        """The bar's sps and mean return; with `--track`, `metrics` (one device's tensors) to wandb.
+        A loss (`*loss*`) or `weight_norm` not finite diverges the run; other metrics may be nan."""
+        tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
+        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
+        metrics = metrics | dict(zip(tensors, values))
         sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
-            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}  # host syncs, only with --track
+            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for name, value in metrics.items():  # not `explained_variance`: nan where returns all tie
+            if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
+                self.diverge(global_step, name, value)
+
+    def diverge(self, step, metric, value):  # once; under torchrun all ranks check the same losses
+        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
+        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
+        if not self.diverged and self.rank == 0:  # one line on stderr, under the bar
+            line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
+            tqdm.tqdm.write(line, file=sys.stderr)
+        self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
         """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
         summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
-        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if args.save_model else None
+        weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
+        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
+        if not np.isfinite(weight_sum):  # a weight that diverged since the last log
+            self.diverge(self.steps, "weight_sum", weight_sum)
+        save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
+        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
             torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
             os.replace(model_file + ".tmp", model_file)
-        eval_returns = evaluate(args.eval_episodes, self.videos) if args.eval_episodes else []
+        eval_returns = evaluate(episodes, self.videos) if episodes else []
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
         summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
@@ -569,15 +590,17 @@ class Run:
         summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=eval_returns)
         summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
-        path = os.path.join(self.dir, "summary.json")
+        text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
+        summary = json.loads(text, parse_constant=lambda c: str(float(c)))  # valid JSON: "nan"
+        curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
-            json.dump(summary | {"curve": self.curve}, f)
+            json.dump(summary | {"curve": curve}, f)
         os.replace(path + ".tmp", path)
         print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if self.stop_signal:
-            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+        if self.diverged or self.stop_signal:  # after a signal, what a shell reports: 130 or 143
+            sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
 
 def evaluate(act, envs, games, device):

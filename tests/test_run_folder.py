@@ -66,6 +66,7 @@ def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(scr
         run_script(script, *training_flags(script, algo), "--save-model", "--eval-episodes", "2", cwd=tmp_path)
     )
     assert trained["interrupted"] is False and len(trained["eval_returns"]) == 2
+    assert trained["diverged"] is None
     assert trained["eval_return_mean"] == pytest.approx(np.mean(trained["eval_returns"]))
     checkpoint = saved(trained)
     assert checkpoint["script"] == script and checkpoint["args"]["env_id"] == trained["env_id"]
@@ -144,7 +145,7 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_and_reports_and_saves_what_it_ha
     finally:
         proc.kill()
     result = summary(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), returncode=128 + signum)
-    assert result["interrupted"] is True
+    assert result["interrupted"] is True and result["diverged"] is None
     assert 0 < result["total_timesteps"] < 1_000_000
     assert len(result["eval_returns"]) == 1
     assert saved(result)["script"] == script
