@@ -440,38 +440,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`), play `--eval-episodes` with `evaluate(episodes, videos) -> returns`, write
-        summary.json (atomically: a temporary file, renamed) and one SUMMARY line; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
+        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
+        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
+        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+            self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
             torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
             os.replace(model_file + ".tmp", model_file)
-        eval_returns = evaluate(episodes, self.videos) if episodes else []
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
         summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
         summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
         summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
         summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
-        summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=eval_returns)
-        summary |= dict(eval_return_mean=float(np.mean(eval_returns)) if eval_returns else None, **extra)
-        text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
-        summary = json.loads(text, parse_constant=lambda c: str(float(c)))  # valid JSON: "nan"
-        curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(summary | {"curve": curve}, f)
-        os.replace(path + ".tmp", path)
-        print("SUMMARY " + json.dumps(summary | {"summary_file": os.path.abspath(path)}), flush=True)
+        summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
+        summary |= dict(eval_return_mean=None, **extra)
+        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+            self.write_summary(summary)
+            eval_returns = evaluate(episodes, self.videos)
+            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+        print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
         if self.diverged or self.stop_signal:  # after a signal, what a shell reports: 130 or 143
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
+
+    def write_summary(self, summary):
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
+        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
+        summary = json.loads(text, parse_constant=lambda c: str(float(c)))
+        curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | {"curve": curve}, f)
+        os.replace(path + ".tmp", path)
+        return summary | {"summary_file": os.path.abspath(path)}
 
 
 def evaluate(act, envs, games, device):

@@ -122,6 +122,38 @@ def test_a_run_that_does_not_diverge_says_null_and_saves(make_run, capsys):
     assert files == ["dqn_cpu.pt", "summary.json"] and printed["model_file"].endswith("dqn_cpu.pt")
 
 
+def test_returns_not_finite_at_the_end_diverge_the_run(make_run, capsys):
+    """Finite weights that act with non-finite actions (an env's reward is then nan): the end of
+    the run finds the mean return not finite, and the run does not report success."""
+    run = make_run("sac_continuous_action_cpu", save_model=True)
+    run.log_episodes(50, [-10.0, NAN])
+    run.steps = 60
+    status, printed, _, files, errors = finish(run, {"w": torch.ones(3)}, capsys)
+    assert status == 3 and files == ["summary.json"] and len(errors) == 1
+    assert printed["diverged"] == {"step": 60, "metric": "return_mean", "value": "nan"}
+
+
+def test_the_summary_is_on_disk_before_the_evaluation_starts(make_run, capsys):
+    """A job killed while it evaluates (Slurm's SIGKILL, 30 s after its SIGTERM) keeps its summary:
+    it is written before the first episode, then again with the evaluation's returns."""
+    run = make_run("td3_continuous_action", eval_episodes=2)
+    run.log_episodes(10, [-5.0])
+    run.steps, run.stop_signal = 20, signal.SIGTERM
+    seen = []
+
+    def evaluate(episodes, videos):
+        seen.append(strict_json((Path(run.dir) / "summary.json").read_text()))
+        return [1.0, 3.0]
+
+    with pytest.raises(SystemExit) as stop:
+        run.finish("cpu", {"w": torch.ones(1)}, evaluate)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert len(seen) == 1 and seen[0]["eval_returns"] == [] and seen[0]["return_mean"] == -5.0
+    written = strict_json((Path(run.dir) / "summary.json").read_text())
+    assert written["eval_returns"] == [1.0, 3.0] and written["eval_return_mean"] == 2.0
+    assert written["interrupted"] is True
+
+
 def assert_diverged(proc, line, diverged):
     """Exit 3, the one line on stderr, no traceback, `diverged` in the summary, no model file and
     no evaluation."""

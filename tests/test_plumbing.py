@@ -97,18 +97,18 @@ def test_shared_parts_are_byte_identical_within_their_family(part):
 # in every script.
 SIZE_BUDGETS = [
     ("*_seeds", 655),
-    ("*_cpu", 621),
-    ("*_async", 620),
+    ("*_cpu", 632),
+    ("*_async", 631),
     ("*_distributed", 750),
-    ("*_ray", 750),
+    ("*_ray", 753),
     ("ppo_lstm_torchcompile", 690),
-    ("ppo_mingru_torchcompile", 706),
-    ("*_torchcompile", 572),
-    ("ppo_lstm", 630),
-    ("ppo_mingru", 643),
-    ("*", 533),
+    ("ppo_mingru_torchcompile", 717),
+    ("*_torchcompile", 583),
+    ("ppo_lstm", 634),
+    ("ppo_mingru", 654),
+    ("*", 544),
 ]
-PLUMBING_BUDGET = 183
+PLUMBING_BUDGET = 194
 # the seeds scripts' plumbing also records, reports and leaves out each diverged member
 SEEDS_PLUMBING_BUDGET = 206
 
@@ -120,7 +120,7 @@ def size_budget(script):
 def test_the_size_budget_rule():
     scripts = ("ppo_lstm_seeds", "td3_continuous_action_cpu", "ppo_atari_envpool_async", "ppo_continuous_action_ray")
     scripts += ("ppo_continuous_action_distributed", "ppo_mingru_torchcompile", "dqn_torchcompile", "ppo_lstm", "dqn")
-    assert [size_budget(name) for name in scripts] == [655, 621, 620, 750, 750, 706, 572, 630, 533]
+    assert [size_budget(name) for name in scripts] == [655, 632, 631, 753, 750, 717, 583, 634, 544]
 
 
 def test_every_script_is_within_its_size_budgets():
