@@ -7,9 +7,8 @@ HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
     python leanrl/sac_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000   # learns Pendulum
 
 It trains on the CPU whatever the machine has (no `--cuda`, no `--cudagraphs`). Intra-op threads (`--threads`,
-`threads` in the summary): by default 2, or 1 where this process may use one core (its CPU affinity) or
-OMP_NUM_THREADS is 1. The critic's batch-256 update runs ~1.8x faster on two threads of an idle CPU, but a thread
-pool that loses a core to other work stalls: on a busy machine pass `--threads 1` (docs/performance.md).
+`threads` in the summary): one by default. The batch-256 updates run faster on two threads of an idle CPU
+(`--threads 2`), but a thread pool that loses a core to other work stalls at every op (docs/performance.md).
 What changes from the twin:
 - each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out) compiled whole with
   `fullgraph=True`: autograd's `backward` and an optimizer's `step` would split the graph, and compiled module
@@ -99,7 +98,7 @@ class Args:
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1; see the docstring)"""
+    """torch's intra-op threads (default 1; 2 pays on an idle machine, see the docstring)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -373,9 +372,9 @@ def main(args):
     run = Run(args, "sac_continuous_action_cpu")  # seeds, run folder, wandb, signals: see the file's end
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
-    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
-    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
+    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle CPU, but a thread
+    # pool that loses a core to other work waits for it at every op
+    torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))

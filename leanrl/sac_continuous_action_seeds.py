@@ -103,7 +103,7 @@ class Args:
     cudagraphs: bool = False
     """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
     threads: int | None = None
-    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1), as the CPU script"""
+    """torch's intra-op threads (default 1; 2 pays on an idle machine), as the CPU script"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -372,9 +372,9 @@ def main(args):
     run = Run(args, "sac_continuous_action_seeds")  # seeds, run folder, wandb, signals: see the file's end
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
-    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
-    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
+    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle CPU, but a thread
+    # pool that loses a core to other work waits for it at every op
+    torch.set_num_threads(args.threads or 1)
 
     learner = make_learner(args, n_obs, n_act, action_low, action_high, run.seeds, device)
     actor, actor_params, alpha, _, (policy, update_critic, update_actor, update_targets) = learner

@@ -12,9 +12,8 @@ step, compiles as one graph (`--no-compile` runs the same functions eagerly): it
 parameters, `torch.func` gradients and Adam written out, since autograd's `backward` and an optimizer's `step` would
 split the graph. Acting runs in numpy on views of the actor's weights and the replay buffer is written through numpy
 views: at batch 1 a torch call costs more to dispatch than its arithmetic. Intra-op threads (`--threads`, `threads`
-in the SUMMARY): by default 2, or 1 where this process may use one core (its CPU affinity) or OMP_NUM_THREADS is 1.
-The critics' batch-256 matmuls gain from a second thread on an idle CPU, but a thread pool that loses a core to other
-work stalls: on a busy machine pass `--threads 1` (docs/performance.md).
+in the SUMMARY): one by default. The critics' batch-256 matmuls gain from a second thread on an idle CPU (`--threads
+2`), but a thread pool that loses a core to other work stalls at every op (docs/performance.md).
 """
 
 import json
@@ -93,7 +92,7 @@ class Args:
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default: 2, or 1 on one usable core or with OMP_NUM_THREADS=1; see the docstring)"""
+    """torch's intra-op threads (default 1; 2 pays on an idle machine, see the docstring)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
@@ -325,9 +324,9 @@ def main(args):
     run = Run(args, "td3_continuous_action_cpu")  # seeds, the run folder, wandb, signals: see the end of the file
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")  # whatever the machine has
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
-    # the updates' batch-256 matmuls gain from a second thread; torch's default threads follow OMP_NUM_THREADS
-    torch.set_num_threads(args.threads or min(2, cores, torch.get_num_threads()))
+    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle CPU, but a thread
+    # pool that loses a core to other work waits for it at every op
+    torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
