@@ -188,13 +188,21 @@ def test_the_guard_catches_what_a_capture_refuses(sync):
             assert_no_host_sync(torch.compile(fn, backend="eager"), lambda: (x,), compiled=True)
 
 
-def test_the_guard_catches_the_eager_sac_actor():
-    """The eager SAC twin's `Normal` validates its arguments: a host sync per call."""
+def test_the_guard_catches_a_distribution_that_validates_its_arguments():
+    """A `Normal` that validates its arguments (torch's default) reads them on the host: a sync per
+    call. The eager SAC twin builds its `Normal` unchecked (a nan mean must reach the divergence
+    check, not raise), so its actor passes the guard."""
     from conftest import HostSync
 
-    eager_sac = load_script("sac_continuous_action")
-    actor = eager_sac.Actor(3, 1, *BOUNDS)
-    with pytest.raises(HostSync), torch.no_grad():
+    actor = load_script("sac_continuous_action").Actor(3, 1, *BOUNDS)
+
+    def validated(obs):
+        mean, log_std = actor(obs)
+        return torch.distributions.Normal(mean, log_std.exp()).rsample()
+
+    with torch.no_grad():
+        with pytest.raises(HostSync):
+            assert_no_host_sync(validated, lambda: (torch.randn(1, 3),), compiled=False)
         assert_no_host_sync(actor.get_action, lambda: (torch.randn(1, 3),), compiled=False)
 
 
