@@ -299,31 +299,30 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
 
 @pytest.mark.learning
 def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
-    """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both velocities hidden
-    (the default), seed 1, one intra-op thread: ~25 s on the shared 2-core CPU. Mean return of the episodes that
-    ended in the second half, measured: the minGRU agent 112.7 (84.0 before the token shift was dropped, 86.4 before
-    the gate's chrono initialization; the LSTM pair's seed 1: 85.5); with `--no-memory` (the same network with its
-    state zeroed at every step: a feedforward policy) 49.4 (45.4 with the earlier networks), and the LSTM pair's
-    feedforward baseline stays at 45-46 up to 41k steps. The threshold, 65, is out of a feedforward policy's reach at
-    this budget."""
+    """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both
+    velocities hidden (the default), seed 1, one intra-op thread. The mean return of the episodes
+    that ended in the second half must exceed 60, the LSTM pair's bar. Measured on a 2-core Intel
+    Xeon (AMX), seeds 1-6: minGRU 75.5 to 125.4 (seed 1: 75.5); with `--no-memory` (the network with
+    its state zeroed at every step: a feedforward policy), seeds 1-4, 43.1 to 48.2."""
     result = summary(run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 30720
-    assert late_return_mean(result) > 65, result["return_mean"]
+    assert late_return_mean(result) > 60, result["return_mean"]
 
 
 @pytest.mark.learning
 def test_recalls_the_card_four_steps_back_beyond_a_memoryless_policy():
-    """61,440 steps of the eager twin on POPGym's RepeatPreviousEasy (repeat the suit of the card seen 4 steps back;
-    51-step episodes, one-hot cards; a return in [-1, 1], random about -0.48), defaults otherwise, seed 1, one
-    intra-op thread: the task and threshold of the LSTM's check in test_popgym.py, at twice its budget. Return of the
-    last 20 episodes, measured: minGRU -0.16 (at 30,720 steps -0.235, too close to the threshold; 0.50 there before
-    the token shift was dropped: recall 4 steps back now learns slowly, docs/memory.md), `--no-memory` -0.535 at
-    30,720 (the current card tells nothing of the one 4 steps back). test_the_state_remembers_an_episode_start_at_init
-    guards the horizon that RepeatFirst needs, which at ~100k steps is too long for this suite. The threshold, -0.25,
-    is out of a memoryless policy's reach."""
+    """61,440 steps of the eager twin on POPGym's RepeatPreviousEasy (repeat the suit of the card
+    seen 4 steps back; 51-step episodes, one-hot cards; a return in [-1, 1]), defaults otherwise,
+    seed 1, one intra-op thread: the task and bar of the LSTM's check in test_popgym.py, at twice
+    its budget. The return of the last 20 episodes must exceed -0.40. Measured on a 2-core Intel
+    Xeon (AMX), seeds 1-6: -0.312 to -0.169 (seed 1: -0.204). A policy without memory cannot beat
+    chance, a quarter of the suits right: -0.5 per episode in expectation, with a spread of about
+    0.03 over 20 episodes (`--no-memory`, measured earlier at 30,720 steps: -0.535).
+    test_the_state_remembers_an_episode_start_at_init guards the horizon that RepeatFirst needs,
+    which at ~100k steps is too long for this suite."""
     pytest.importorskip("popgym", reason="needs requirements/requirements-popgym.txt")
     recall = "popgym:popgym-RepeatPreviousEasy-v0"
     flags = ("--env-id", recall, "--total-timesteps", "61440", "--seed", "1")
     result = summary(run_script(EAGER, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert (result["env_id"], result["total_timesteps"], result["obs_indices"]) == (recall, 61440, [])
-    assert result["return_mean"] > -0.25, result["return_mean"]
+    assert result["return_mean"] > -0.40, result["return_mean"]
