@@ -73,12 +73,12 @@ SCALED = {
 PENDULUM = ("--env-id", "Pendulum-v1", "--learning-starts", "1000")
 LEARNING = {
     "sac": ((*PENDULUM, "--total-timesteps", "8000"), -300),
-    "td3": ((*PENDULUM, "--total-timesteps", "10000"), -300),
+    "td3": ((*PENDULUM, "--total-timesteps", "10000"), -450),
     "ppo_continuous_action": (
         ("--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960"),
         500,
     ),
-    "dqn": (("--env-id", "CartPole-v1", "--total-timesteps", "60000"), 150),
+    "dqn": (("--env-id", "CartPole-v1", "--total-timesteps", "60000"), 100),
 }
 SEEDS_MEMBERS = (1, 8, 64)
 COMPILE_CUDAGRAPHS = ("--compile", "--cudagraphs")
