@@ -3,7 +3,6 @@ update is the eager script's module update; compiled updates are their eager sel
 script's numpy policy is the torch actor; flag values out of range exit 2; the eager and CPU scripts learn
 Pendulum-v1."""
 
-
 import numpy as np
 import pytest
 import torch
