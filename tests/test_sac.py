@@ -225,10 +225,12 @@ def test_sac_flags_out_of_range_exit_2(script, capsys):
 @pytest.mark.learning
 @pytest.mark.parametrize("script, flags", [(EAGER, ()), (CPU, ())], ids=["eager", "cpu-compile"])
 def test_learns_pendulum(script, flags):
-    """8,000 steps, 1,000 of them random: 2.5-3 minutes each on a 2-core EPYC, where seed 1 reaches about -130
-    per episode after ~3,500 steps and the last 20 episodes average -146 (the eager script and the twin's CPU fast
-    path, now the CPU script). A random policy scores about -1200 on Pendulum-v1; a broken update stays below -600."""
+    """8,000 steps, 1,000 of them random, one intra-op thread: the mean return of the last 20
+    episodes must exceed -400. Measured on a 2-core Intel Xeon (AMX): the eager script, seeds 1-3,
+    -220.3 to -145.7 (seed 1: -145.7); the CPU script, seeds 1-4, -224.8 to -145.4 (seed 1: -145.4);
+    the seeds script's 12 members at batch 128 (test_sac_continuous_action_seeds.py) -260.3 to
+    -141.2. A random policy scores about -1200 on Pendulum-v1; a broken update stays below -600."""
     flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "8000", "--learning-starts", "1000", "--seed", "1", *flags)
-    result = summary(run_script(script, *flags))
+    result = summary(run_script(script, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["episodes"] == 40
-    assert result["return_mean"] > -300, result
+    assert result["return_mean"] > -400, result

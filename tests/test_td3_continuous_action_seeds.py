@@ -217,17 +217,17 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 @pytest.mark.learning
 def test_the_members_learn_pendulum():
     """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled, one
-    thread), at the budget and bar of test_td3.py's learning check: 10,000 steps each, 1,000 of them
-    random; the mean over members of each one's last-20 mean return must exceed -450. Batches of
-    128, not 256: three members' updates cost three times one's. Measured on a 2-core Intel Xeon
-    (AMX), this command with `--seed` 1 and 4 (6 members): members -366.0 to -159.4, the runs'
-    3-member means -258.7 and -244.2 (this run's: -244.2). A random policy scores about -1200; the
-    CPU script with `--gamma 0` -1369.4 (test_td3.py). A bar of -300 on each member failed on this
-    host (-366.0)."""
+    thread), at the budget of test_td3.py's learning check: 10,000 steps each, 1,000 of them random;
+    the mean over members of each one's last-20 mean return must exceed -600. Batches of 128, not
+    256: three members' updates cost three times one's, and members learn slower on them. Measured
+    on a 2-core Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12 members): members
+    -568.3 to -159.4, the runs' 3-member means -412.2 to -244.2 (this run's: -244.2). A random
+    policy scores about -1200; the CPU script with `--gamma 0` -1369.4 (test_td3.py). A bar of -300
+    on each member failed on this host."""
     flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 10000, "--learning-starts", 1000, "--seed", 1)
     s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags, "--batch-size", 128, "--threads", 1))
     assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 10000 and s["episodes"] == 3 * 50
-    assert np.mean(s["return_means"]) > -450, s["return_means"]
+    assert np.mean(s["return_means"]) > -600, s["return_means"]
 
 
 @pytest.fixture(scope="module")
