@@ -49,7 +49,7 @@ def synthetic_checks():
         ("sps", "sac compile+cudagraphs"): 5000.0,
         ("seeds", "dqn N=1"): 300.0,
         ("seeds", "dqn N=64"): 9000.0,
-        ("learning", "sac > -300"): -150.0,
+        ("learning", "sac > -400"): -150.0,
     }
     for key, value in values.items():
         checks[key].status, checks[key].value, checks[key].seconds = "passed", value, 12.3
