@@ -79,6 +79,7 @@ def mostly(good, bad):
 BOX = ["Pendulum-v1", "gymnasium.envs.classic_control:Pendulum-v1", "InvertedPendulum-v4"]
 DISCRETE = ["CartPole-v1", "gymnasium.envs.classic_control:CartPole-v1", "Acrobot-v1"]
 UNKNOWN = ["NoSuchEnv-v0", "no_such_module:CartPole-v1"]
+GAMES = ["Pong-v5", "Breakout-v5"]
 CONTINUOUS = rarely(mostly(BOX, DISCRETE[:2] + UNKNOWN), st.just("HalfCheetah-v4"))
 RECURRENT = rarely(mostly(DISCRETE, BOX[:1] + UNKNOWN), st.just("popgym:popgym-RepeatFirstEasy-v0"))
 ENV_IDS = {
@@ -89,7 +90,7 @@ ENV_IDS = {
     "ppo_lstm": RECURRENT,
     "ppo_mingru": RECURRENT,
     # envpool's ids: two games; a game that does not exist, and an envpool env that is not Atari
-    "ppo_atari": mostly(["Pong-v5", "Breakout-v5"], ["NoSuchGame-v5", "CartPole-v1"]),
+    "ppo_atari": mostly(GAMES, ["NoSuchGame-v5", "CartPole-v1"]),
 }
 
 
@@ -127,8 +128,10 @@ def rollout(values):
 
 def on_policy_budget(values):
     """Valid `--total-timesteps` of an on-policy script: 1 to 3 rollouts, or rarely enough rollouts for every env to
-    pass 200 steps, where Pendulum truncates its episodes (and envpool's envs take a reset step)."""
-    long = -(-200 // values["num_steps"]) + 1
+    pass 200 steps, where Pendulum truncates its episodes (and envpool's envs take a reset step); 600 for an Atari
+    game, where a random player's Breakout ends."""
+    steps = 600 if values["env_id"] in GAMES else 200
+    long = -(-steps // values["num_steps"]) + 1
     rollouts = rarely(st.integers(1, 3), st.integers(long, long + 1), 6)
     return rollouts.map(lambda n: n * rollout(values))
 
