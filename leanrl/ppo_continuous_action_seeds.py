@@ -457,9 +457,9 @@ def fail(message):
 
 
 def check_args(args):
-    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
-        if isinstance(value, float) and not np.isfinite(value):
-            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+        if isinstance(value, float) and not abs(value) <= 1e30:
+            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
     positive = ("num_seeds", "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     for flag in positive + ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off, --threads None: 1

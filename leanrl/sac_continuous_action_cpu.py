@@ -454,9 +454,9 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below, and inf is no size or rate
-        if isinstance(value, float) and not np.isfinite(value):
-            fail(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
+    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+        if isinstance(value, float) and not abs(value) <= 1e30:
+            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")

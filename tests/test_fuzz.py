@@ -106,8 +106,8 @@ def fraction(closed_low=True):
 
 
 def positive_float(low, high):
-    """(valid, invalid) of a positive float drawn in [low, high]; 0, negative, nan or inf."""
-    return floats(low, high), st.sampled_from([0.0, -low, math.nan, math.inf])
+    """(valid, invalid) of a positive float drawn in [low, high]; 0, negative, nan, inf or past float32's range."""
+    return floats(low, high), st.sampled_from([0.0, -low, math.nan, math.inf, 1e38])
 
 
 def learning_rate():
@@ -347,6 +347,7 @@ FOUND = {
         f"{SAC_BUDGET} --policy-frequency 3",  # the loss log read actor_loss before the first policy update
         f"{SAC_BUDGET} --policy-lr -1e-05",  # Adam refused it
         f"{SAC_BUDGET} --q-lr nan",  # Adam refused it
+        f"{SAC_BUDGET} --q-lr 1e38",  # Adam overflowed float32
     ],
     "ppo_continuous": [
         f"{PPO_BUDGET} --learning-rate nan",  # Adam refused it
