@@ -73,7 +73,7 @@ SCALED = {
 PENDULUM = ("--env-id", "Pendulum-v1", "--learning-starts", "1000")
 LEARNING = {
     "sac": ((*PENDULUM, "--total-timesteps", "8000"), -400),
-    "td3": ((*PENDULUM, "--total-timesteps", "10000"), -450),
+    "td3": ((*PENDULUM, "--total-timesteps", "10000"), -700),
     "ppo_continuous_action": (
         ("--env-id", "InvertedPendulum-v4", "--total-timesteps", "40960"),
         500,

@@ -76,7 +76,7 @@ def test_the_lstm_recalls_what_no_memory_cannot():
     """RepeatPreviousEasy: output the suit of the card drawn 4 steps back, in 51-step episodes (a
     right suit earns 1/51, a wrong one -1/51). The eager LSTM, 30,720 steps (120 iterations of 8
     envs x 32 steps), defaults, one intra-op thread; the SUMMARY's return_mean (last 20 episodes)
-    must exceed -0.40. Measured on a 2-core Intel Xeon (AMX), seeds 1-5: -0.108 to 0.179 (seed 1:
+    must exceed -0.40. Measured on a 2-core Intel Xeon (AMX), seeds 1-10: -0.108 to 0.179 (seed 1:
     0.179). A policy without memory cannot beat chance, a quarter of the suits right: -0.5 per
     episode in expectation, with a spread of about 0.03 over 20 episodes (`--no-memory`, the network
     with its state zeroed at every step, measured earlier: -0.502 and -0.492, seeds 1 and 2)."""

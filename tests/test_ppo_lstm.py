@@ -268,9 +268,9 @@ def late_return_mean(result):
 def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
     """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both
     velocities hidden (the default), seed 1, one intra-op thread. The mean return of the episodes
-    that ended in the second half must exceed 60. Measured on a 2-core Intel Xeon (AMX), seeds 1-5:
-    the LSTM 73.2 to 85.5 (seed 1: 85.5); the same runs with `--no-memory` (the network with its
-    state zeroed at every step: a feedforward policy) 42.6 to 47.0. A random policy gets ~22."""
+    that ended in the second half must exceed 56. Measured on a 2-core Intel Xeon (AMX), seeds 1-10:
+    the LSTM 65.3 to 85.5 (seed 1: 85.5); with `--no-memory` (the network with its state zeroed at
+    every step: a feedforward policy), seeds 1-5, 42.6 to 47.0. A random policy gets ~22."""
     result = summary(run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 30720
-    assert late_return_mean(result) > 60, result["return_mean"]
+    assert late_return_mean(result) > 56, result["return_mean"]

@@ -287,10 +287,10 @@ def test_negative_noise_exits_2(script, flag, capsys):
 def test_cpu_script_learns_pendulum():
     """The CPU script at its defaults (compiled functional updates, numpy acting, one thread; its
     updates are tested equal to the eager script's above). 10,000 steps, 1,000 of them random; the
-    mean return of the last 20 episodes must exceed -450. Measured on a 2-core Intel Xeon (AMX),
-    seeds 1-8: -330.9 to -152.7 (seed 1: -152.7); with `--gamma 0` (a critic that never bootstraps),
-    seed 1: -1369.4. A random policy scores about -1200 on Pendulum-v1."""
+    mean return of the last 20 episodes must exceed -700. Measured on a 2-core Intel Xeon (AMX),
+    seeds 1-10: -494.8 to -152.7 (seed 1: -152.7); with `--gamma 0` (a critic that never
+    bootstraps), seed 1: -1369.4. A random policy scores about -1200 on Pendulum-v1."""
     flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1")
     result = summary(run_script(CPU, *flags))
     assert result["episodes"] == 50
-    assert result["return_mean"] > -450, result
+    assert result["return_mean"] > -700, result
