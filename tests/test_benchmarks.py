@@ -17,7 +17,7 @@ import tyro
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import breakdown, env_limit, machine, plots, report, run, scaling, seeds
+from benchmarks import breakdown, env_limit, machine, plots, report, run, scaling, seeds, threads
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
@@ -725,3 +725,15 @@ def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(name
     update = [r["matmuls"] for r in table if r["function"] == "update"]
     assert acting == [actor_matmuls] * 2
     assert update[0] == update[1] > update_more_than
+
+
+def test_threads_rows_are_medians_and_their_ratio():
+    """benchmarks.threads: a row per condition and script, the median sps of each thread count."""
+    results = {"idle": {"x_cpu": {1: [100.0, 120.0], 2: [150.0, 170.0, 400.0]}}}
+    results["one core busy"] = {"x_cpu": {1: [90.0], 2: [9.0]}}
+    table = threads.rows(results)
+    assert [(r["condition"], r["one"], r["two"]) for r in table] == [("idle", 110, 170), ("one core busy", 90, 9)]
+    assert [r["ratio"] for r in table] == pytest.approx([170 / 110, 0.1])
+    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
+    md = threads.markdown(dict(machine=machine, settings=dict(rounds=2), rows=table))
+    assert "| idle | x_cpu | 110 | 170 | 1.55x |" in md and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md

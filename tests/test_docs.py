@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from benchmarks import report, seeds
+from benchmarks import report, seeds, threads
 from benchmarks.learning import short_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
 SEEDS_RESULTS = {"seeds_cpu.json": seeds.markdown, "seeds_cpu_sac_idle.json": seeds.markdown}  # in docs/
 SEEDS_RESULTS |= {"seeds_cpu_td3_idle.json": seeds.markdown, "seeds_cpu_dqn_idle.json": seeds.markdown}
 SEEDS_RESULTS |= {"seeds_cpu_ppo_idle.json": seeds.markdown, "seeds_cpu_dqn_idle_f25.json": seeds.markdown}
-SEEDS_RESULTS |= {"seeds_gpu_proxy.json": seeds.proxy_markdown}
+SEEDS_RESULTS |= {"seeds_gpu_proxy.json": seeds.proxy_markdown, "threads_cpu.json": threads.markdown}
 TD3_WINDOWS = ROOT / "docs" / "td3_cleanrl_hopper.json"  # CleanRL's TD3 run here beside ours, in docs/results.md
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
