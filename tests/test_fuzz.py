@@ -170,7 +170,7 @@ FIELDS = {
     "learning_starts": (st.sampled_from([0, 1, 32, 100, 200]), st.just(-1)),
     "total_timesteps": (
         lambda values: on_policy_budget(values) if "num_steps" in values else off_policy_budget(values),
-        lambda values: st.integers(-1, rollout(values) - 1) if "num_steps" in values else st.integers(-1, 0),
+        lambda values: st.integers(-1, max(-1, rollout(values) - 1)) if "num_steps" in values else st.integers(-1, 0),
     ),
     "batch_size": positive(64),
     # now and then smaller than the batch
