@@ -145,7 +145,8 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
         logits = self.actor(hidden)
-        probs = Categorical(logits=logits, validate_args=False)  # the run reports a nan
+        # logits that overflowed (a diverging run) still sample: the losses report it, not a traceback
+        probs = Categorical(logits=logits.nan_to_num(), validate_args=False)
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)

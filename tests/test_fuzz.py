@@ -342,7 +342,11 @@ SAC_BUDGET = "--env-id Pendulum-v1 --total-timesteps 300 --learning-starts 100 -
 PPO_BUDGET = "--env-id Pendulum-v1 --total-timesteps 64 --num-steps 32 --num-minibatches 2"
 FOUND = {
     "": ["--seed -1", "--seed 4294967296"],  # numpy refused the seed
-    "ppo_atari": ["--seed 2147483648"],  # envpool refused the seed
+    "ppo_atari": [
+        "--seed 2147483648",  # envpool refused the seed
+        # huge finite weights, logits overflowed to inf: Categorical.sample raised before a loss was logged
+        "--env-id Pong-v5 --num-steps 2 --num-minibatches 1 --total-timesteps 8 --learning-rate 1e6",
+    ],
     "sac": [
         f"{SAC_BUDGET} --policy-frequency 3",  # the loss log read actor_loss before the first policy update
         f"{SAC_BUDGET} --policy-lr -1e-05",  # Adam refused it
