@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -304,3 +305,17 @@ def assert_no_host_sync(fn, inputs, compiled, calls=3):
         for _ in range(calls):
             out = fn(*inputs())
     return out
+
+
+@pytest.fixture
+def make_run(tmp_path, monkeypatch):
+    """`make_run(script, **flags)`: the script's `Run` for its `Args` with `flags`, its run folder in a
+    temporary working folder; the test process keeps its own Ctrl-C and SIGTERM handlers."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+
+    def make(script, **flags):
+        module = load_script(script)
+        return module.Run(module.Args(**flags), script)
+
+    return make

@@ -12,26 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import tqdm
-from conftest import load_script, run_script, summary
+from conftest import run_script, summary
 
 NAN, INF = float("nan"), float("inf")
 OFF = tqdm.tqdm(disable=True)  # a progress bar that draws nothing
-
-
-@pytest.fixture
-def make_run(tmp_path, monkeypatch):
-    """`make_run(script, **flags)`: the script's `Run` for its `Args` with `flags`, in `tmp_path`.
-    The signal handlers it installs are put back after the test."""
-    monkeypatch.chdir(tmp_path)
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-    def make(script, **flags):
-        module = load_script(script)
-        return module.Run(module.Args(**flags), script)
-
-    yield make
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
 
 
 def not_called(episodes, videos):

@@ -39,20 +39,6 @@ def summary_line(out):
     return strict_json(out.strip().removeprefix("SUMMARY "))
 
 
-@pytest.fixture
-def make_run(tmp_path, monkeypatch):
-    """`make_run(script, **args)`: the script's `Run` for `Args(**args)`, its run folder in a
-    temporary working folder; the test process keeps its own Ctrl-C and SIGTERM handlers."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
-
-    def make(script, **args):
-        mod = load(script)
-        return mod.Run(mod.Args(**args), script)
-
-    return make
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_bad_env_id_exits_2_before_any_run_folder(script, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
