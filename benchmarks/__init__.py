@@ -1,1 +1,2 @@
-"""Side-by-side speed benchmarks of the eager and optimized twins: `python -m benchmarks.run --help`."""
+"""Side-by-side speed benchmarks of the eager and optimized twins: `python -m benchmarks.run
+--help`."""

@@ -1,20 +1,24 @@
-"""Where a step's time goes, for every algorithm: the script's own `main()` runs with timers around its parts.
+"""Where a step's time goes, for every algorithm: the script's own `main()` runs with timers around
+its parts.
 
-    python -m benchmarks.breakdown                      # every algorithm: eager, twin, twin --compile, CPU script
+    python -m benchmarks.breakdown  # every algorithm: eager, twin, twin --compile, CPU script
     python -m benchmarks.breakdown sac dqn --rounds 3   # some algorithms, 3 alternating rounds
-    python -m benchmarks.breakdown dqn --seeds 8        # also the seeds script with 8 members (dqn_seeds.py)
+    # also the seeds script with 8 members (dqn_seeds.py)
+    python -m benchmarks.breakdown dqn --seeds 8
 
-Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the quick benchmark
-budget of `benchmarks/registry.py`), with timers wrapped around the functions its `make_learner` returns (acting,
-the updates), the vector env's `step`, the replay buffer's `add` and `sample`, and `gae`. A function that `main`
-compiles is timed around the compiled function. The window measured starts once every part has made its first 3
-calls (compiling, optimizers creating their state) and ends at the last env step; a part's time per environment step
-is its median call times its calls in the window, over the window's steps, and `other` is the rest of the window's
-time per step: the Python loop, conversions between numpy and torch, episode bookkeeping. The variants alternate
-round by round; each part's median over the rounds is reported. CPU only: CUDA work is asynchronous, and its calls
-would need synchronizing. With `--seeds N`, an algorithm that has a seeds script (`<eager>_seeds.py`) also runs it
-with N members at the same budget per member; its parts are per member-step (all members' env steps count), so its
-column reads beside the single-seed scripts' as the cost of one member's step.
+Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the
+quick benchmark budget of `benchmarks/registry.py`), with timers wrapped around the functions
+its `make_learner` returns (acting, the updates), the vector env's `step`, the replay buffer's
+`add` and `sample`, and `gae`. A function that `main` compiles is timed around the compiled
+function. The window measured starts once every part has made its first 3 calls (compiling,
+optimizers creating their state) and ends at the last env step; a part's time per environment
+step is its median call times its calls in the window, over the window's steps, and `other` is
+the rest of the window's time per step: the Python loop, conversions between numpy and torch,
+episode bookkeeping. The variants alternate round by round; each part's median over the rounds
+is reported. CPU only: CUDA work is asynchronous, and its calls would need synchronizing. With
+`--seeds N`, an algorithm that has a seeds script (`<eager>_seeds.py`) also runs it with N
+members at the same budget per member; its parts are per member-step (all members' env steps
+count), so its column reads beside the single-seed scripts' as the cost of one member's step.
 """
 
 import argparse
@@ -46,14 +50,16 @@ FUNCTIONS = {
     "ppo_atari_envpool": ("acting", "value", "update"),
 }
 BY_NAME = {algo.name: algo for algo in ALGOS}
-WARMUP_CALLS = 3  # calls of each part left out of the window: compiling, the optimizers creating their state
-# the harness's variants that run on a CPU: eager, twin, twin --compile and, where there is one, the CPU script
+# calls of each part left out of the window: compiling, the optimizers creating their state
+WARMUP_CALLS = 3
+# the harness's variants that run on a CPU: eager, twin, twin --compile and, where there is one, the
+# CPU script
 VARIANTS = {variant.name: variant for variant in ALL_VARIANTS if not variant.needs_cuda}
 
 
 class Timers:
-    """Each part's calls as (env steps done when the call began, seconds), in call order, and the clock after each
-    env step as (env steps done, time)."""
+    """Each part's calls as (env steps done when the call began, seconds), in call order, and the
+    clock after each env step as (env steps done, time)."""
 
     def __init__(self):
         self.calls, self.steps, self.clock = {}, 0, []
@@ -72,17 +78,23 @@ class Timers:
 
 @contextlib.contextmanager
 def instrumented(module, algo, timers):
-    """`module`'s parts wrapped with `timers` while the context lasts: its make_learner, make_envs, replay buffer and
-    gae, and torch.compile (so that a compiled part is timed around its compiled function)."""
+    """`module`'s parts wrapped with `timers` while the context lasts: its make_learner, make_envs,
+    replay buffer and gae, and torch.compile (so that a compiled part is timed around its compiled
+    function)."""
     make_learner, make_envs, compile_ = module.make_learner, module.make_envs, torch.compile
     make_host_policy = getattr(module, "make_host_policy", None)
 
     def timed_make_learner(*args, **kwargs):
         *head, functions = make_learner(*args, **kwargs)
-        parts = zip(FUNCTIONS[algo], functions)  # a host policy made inside make_learner is timed already
-        return (*head, tuple(fn if hasattr(fn, "part") else timers.wrap(part, fn) for part, fn in parts))
+        # a host policy made inside make_learner is timed already
+        parts = zip(FUNCTIONS[algo], functions)
+        return (
+            *head,
+            tuple(fn if hasattr(fn, "part") else timers.wrap(part, fn) for part, fn in parts),
+        )
 
-    def timed_host_policy(*args, **kwargs):  # acting in numpy, where `main` or make_learner makes it
+    # acting in numpy, where `main` or make_learner makes it
+    def timed_host_policy(*args, **kwargs):
         policy = make_host_policy(*args, **kwargs)
         return timers.wrap("acting", policy) if callable(policy) else policy
 
@@ -112,9 +124,18 @@ def instrumented(module, algo, timers):
     if make_host_policy is not None:
         patches.append((module, "make_host_policy", timed_host_policy))
     if hasattr(module, "ReplayBuffer"):
-        store = "extend" if hasattr(module.ReplayBuffer, "extend") else "add"  # DQN writes once per update
-        patches.append((module.ReplayBuffer, store, timers.wrap("storing", getattr(module.ReplayBuffer, store))))
-        patches.append((module.ReplayBuffer, "sample", timers.wrap("sampling", module.ReplayBuffer.sample)))
+        # DQN writes once per update
+        store = "extend" if hasattr(module.ReplayBuffer, "extend") else "add"
+        patches.append(
+            (
+                module.ReplayBuffer,
+                store,
+                timers.wrap("storing", getattr(module.ReplayBuffer, store)),
+            )
+        )
+        patches.append(
+            (module.ReplayBuffer, "sample", timers.wrap("sampling", module.ReplayBuffer.sample))
+        )
     if hasattr(module, "gae"):
         patches.append((module, "gae", timers.wrap("gae", module.gae)))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
@@ -128,24 +149,31 @@ def instrumented(module, algo, timers):
 
 
 def measure_one(script, algo, flags):
-    """Run `script`'s main() with `flags` (its command-line flags) and timers; returns the sps and each part's µs
-    per env step over the measured window (`window`)."""
+    """Run `script`'s main() with `flags` (its command-line flags) and timers; returns the sps and
+    each part's µs per env step over the measured window (`window`)."""
     module = load_script(script)
     timers = Timers()
     args = tyro.cli(module.Args, args=list(flags))
-    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as cwd,
+        contextlib.chdir(cwd),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         with instrumented(module, algo, timers):
             module.main(args)
     return window(timers)
 
 
 def window(timers, warmup_calls=WARMUP_CALLS):
-    """The measured window: from the env step by which every part has made its first `warmup_calls` calls (they
-    compile, and the optimizers create their state) to the last env step. Returns the window's sps and each part's
-    µs per env step: its median call times its calls in the window, over the window's steps; `other` is the rest of
-    the window's time per step."""
+    """The measured window: from the env step by which every part has made its first `warmup_calls`
+    calls (they compile, and the optimizers create their state) to the last env step. Returns the
+    window's sps and each part's µs per env step: its median call times its calls in the window,
+    over the window's steps; `other` is the rest of the window's time per step."""
     start = max(calls[min(warmup_calls, len(calls) - 1)][0] for calls in timers.calls.values())
-    (start_step, start_time), (end_step, end_time) = next(c for c in timers.clock if c[0] >= start), timers.clock[-1]
+    (start_step, start_time), (end_step, end_time) = (
+        next(c for c in timers.clock if c[0] >= start),
+        timers.clock[-1],
+    )
     steps = max(end_step - start_step, 1)
     parts = {}
     for part, calls in timers.calls.items():
@@ -171,15 +199,34 @@ def variant_command(algo, variant):
 def run_variant(algo, variant, budget_flags, timeout=1800):
     """One variant in a fresh interpreter (the scripts set thread counts for the whole process)."""
     script, flags = variant_command(algo, variant)
-    cmd = [sys.executable, "-m", "benchmarks.breakdown", "--one", script, algo, *budget_flags, *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.breakdown",
+        "--one",
+        script,
+        algo,
+        *budget_flags,
+        *flags,
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     if proc.returncode != 0:
-        sys.exit(f"error: {' '.join(cmd[2:])} exited with status {proc.returncode}\n{proc.stderr[-3000:]}")
+        sys.exit(
+            f"error: {' '.join(cmd[2:])} exited with status "
+            f"{proc.returncode}\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout.splitlines()[-1])
 
 
 def table(algo, results):
-    """Markdown: µs per env step of each part per variant, with its share, and each variant's sps."""
+    """Markdown: µs per env step of each part per variant, with its share, and each variant's
+    sps."""
     variants = list(results)
     parts = [
         part
@@ -202,11 +249,14 @@ def table(algo, results):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--one"]:  # one variant, run by `run_variant` in a fresh interpreter: --one SCRIPT ALGO FLAGS...
+    # one variant, run by `run_variant` in a fresh interpreter: --one SCRIPT ALGO FLAGS...
+    if argv[:1] == ["--one"]:
         sps, parts = measure_one(argv[1], argv[2], argv[3:])
         print(json.dumps({"sps": sps, "parts": parts}))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.breakdown", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "algos",
         nargs="*",
@@ -216,13 +266,19 @@ def main(argv=None):
         help=f"the algorithms (default: all of {', '.join(FUNCTIONS)})",
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
-    parser.add_argument("--seeds", type=int, metavar="N", help="also the seeds script, where there is one, N members")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        metavar="N",
+        help="also the seeds script, where there is one, N members",
+    )
     opts = parser.parse_args(argv)
     if opts.rounds < 1 or (opts.seeds is not None and opts.seeds < 1):
         parser.error("--rounds and --seeds must be at least 1")
     info = machine_info()
     print(
-        f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick budgets, {opts.rounds} rounds"
+        f"{info['cpu']} ({info['cores']} cores), torch {info['versions']['torch']}; quick "
+        f"budgets, {opts.rounds} rounds"
     )
     for algo in opts.algos:
         rounds = {name: [] for name, variant in VARIANTS.items() if BY_NAME[algo].runs(variant)}
@@ -241,7 +297,9 @@ def median_result(runs):
     parts = {part for run in runs for part in run["parts"]}
     return {
         "sps": statistics.median(run["sps"] for run in runs),
-        "parts": {part: statistics.median(run["parts"].get(part, 0.0) for run in runs) for part in parts},
+        "parts": {
+            part: statistics.median(run["parts"].get(part, 0.0) for run in runs) for part in parts
+        },
     }
 
 

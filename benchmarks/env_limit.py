@@ -1,14 +1,17 @@
-"""The environment-only limit of a script: its own vector env, stepped with random actions and nothing else.
+"""The environment-only limit of a script: its own vector env, stepped with random actions and
+nothing else.
 
-    python -m benchmarks.env_limit leanrl/dqn.py                                  # CartPole-v1, 1 env
-    python -m benchmarks.env_limit --seconds 5 leanrl/sac_continuous_action.py --env-id HalfCheetah-v4
+    python -m benchmarks.env_limit leanrl/dqn.py  # CartPole-v1, 1 env
+    python -m benchmarks.env_limit --seconds 5 leanrl/sac_continuous_action.py \
+        --env-id HalfCheetah-v4
 
-The env is the one the script's `main` builds: the script's own `Args` parse the flags that follow the script
-(so `--env-id`, `--num-envs`, `--seed` and e.g. PPO's `--gamma` mean what they mean there) and its `make_envs`
-builds the env with the wrapper chain the script trains on. Random actions are drawn before the clock starts,
-so the figure is the env's throughput alone: no policy, no replay buffer, no update. A script that trains near
-this figure is bound by its environment; far below it, by its network and its Python. Prints one line,
-`ENV_ONLY {json}`, with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs`.
+The env is the one the script's `main` builds: the script's own `Args` parse the flags that
+follow the script (so `--env-id`, `--num-envs`, `--seed` and e.g. PPO's `--gamma` mean what they
+mean there) and its `make_envs` builds the env with the wrapper chain the script trains on.
+Random actions are drawn before the clock starts, so the figure is the env's throughput alone:
+no policy, no replay buffer, no update. A script that trains near this figure is bound by its
+environment; far below it, by its network and its Python. Prints one line, `ENV_ONLY {json}`,
+with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs`.
 """
 
 import argparse
@@ -27,11 +30,12 @@ WARMUP_STEPS = 10  # vector steps before the clock starts
 
 
 def script_envs(module, flags):
-    """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its `make_envs`
-    builds from them (every parameter of `make_envs` without a default is a field of `Args`; the optional ones,
-    such as video recording, keep their defaults)."""
+    """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its
+    `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
+    `Args`; the optional ones, such as video recording, keep their defaults)."""
     args = tyro.cli(module.Args, args=list(flags))
-    if hasattr(module, "observed_indices"):  # the memory scripts resolve their default in main, as here
+    # the memory scripts resolve their default in main, as here
+    if hasattr(module, "observed_indices"):
         args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
     parameters = inspect.signature(module.make_envs).parameters.values()
     required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
@@ -39,14 +43,15 @@ def script_envs(module, flags):
 
 
 def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):
-    """`batches` arrays of `num_envs` actions each, drawn from the single-env action `space` seeded with `seed`."""
+    """`batches` arrays of `num_envs` actions each, drawn from the single-env action `space` seeded
+    with `seed`."""
     space.seed(seed)
     return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(batches)]
 
 
 def step_for(envs, actions, seconds, clock=time.perf_counter):
-    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up; returns the vector steps taken
-    and the seconds they took, by `clock`."""
+    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up; returns the
+    vector steps taken and the seconds they took, by `clock`."""
     for index in range(WARMUP_STEPS):
         envs.step(actions[index % len(actions)])
     steps, start = 0, clock()
@@ -57,8 +62,8 @@ def step_for(envs, actions, seconds, clock=time.perf_counter):
 
 
 def measure(script, flags, seconds):
-    """The env-only throughput of `script` (a path) under `flags`: a dict with `sps`, `env_steps`, `seconds`,
-    `env_id` and `num_envs`."""
+    """The env-only throughput of `script` (a path) under `flags`: a dict with `sps`, `env_steps`,
+    `seconds`, `env_id` and `num_envs`."""
     module = load_script(script.stem, script.parent)
     args, envs = script_envs(module, flags)
     try:
@@ -79,10 +84,16 @@ def measure(script, flags, seconds):
 
 def main(argv=None):
     """Measure the script named on the command line and print its `ENV_ONLY` line."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.env_limit", description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.env_limit", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up"
+    )
     parser.add_argument("script", type=Path, help="a training script, e.g. leanrl/dqn.py")
-    parser.add_argument("flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)")
+    parser.add_argument(
+        "flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)"
+    )
     args = parser.parse_args(argv)
     print("ENV_ONLY " + json.dumps(measure(args.script, args.flags, args.seconds)), flush=True)
 

@@ -1,28 +1,31 @@
-"""How much torch.compile and CUDA graphs speed up acting: each optimized twin's acting policy, eager against
-compiled, per batch size.
+"""How much torch.compile and CUDA graphs speed up acting: each optimized twin's acting policy,
+eager against compiled, per batch size.
 
-    python -m benchmarks.inference              # every policy, batch 1 8 64 256 1024, three compile modes
-    python -m benchmarks.inference --quick      # a smoke run: batch 1 and 8, default mode, short blocks
+    python -m benchmarks.inference  # every policy, batch 1 8 64 256 1024, three compile modes
+    python -m benchmarks.inference --quick  # a smoke run: batch 1 and 8, default mode, short blocks
 
-For each policy (benchmarks/policies.py) and batch size, the policy is built the way its script builds it and
-wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the script's numpy policy (`numpy`: what the
-MLP twins act with under `--compile` there); on a CUDA device, tensordict's `CudaGraphModule` and
-`CudaGraphModule(torch.compile(...))`. Each variant first runs its warm-up calls (compile, capture), timed on
-their own as `setup_s`. Then `--rounds` rounds each run one block of the same number of calls per variant, the
-order rotated every round, so that a noisy machine hits every variant alike. Every call is timed alone: with
-`time.perf_counter` on a CPU, with CUDA events and a synchronization after the call on a GPU (the scripts wait
-for each action too). Compilation is static, one graph per batch size, as a script with a fixed number of envs
-sees it: dynamo is reset between batch sizes and a recompile during the timed rounds is an error.
+For each policy (benchmarks/policies.py) and batch size, the policy is built the way its script
+builds it and wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the script's
+numpy policy (`numpy`: what the MLP twins act with under `--compile` there); on a CUDA device,
+tensordict's `CudaGraphModule` and `CudaGraphModule(torch.compile(...))`. Each variant first
+runs its warm-up calls (compile, capture), timed on their own as `setup_s`. Then `--rounds`
+rounds each run one block of the same number of calls per variant, the order rotated every
+round, so that a noisy machine hits every variant alike. Every call is timed alone: with
+`time.perf_counter` on a CPU, with CUDA events and a synchronization after the call on a GPU
+(the scripts wait for each action too). Compilation is static, one graph per batch size, as a
+script with a fixed number of envs sees it: dynamo is reset between batch sizes and a recompile
+during the timed rounds is an error.
 
-Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says which) equal the
-eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ, argmax near-ties); halfway
-through the rounds the training module's weights are changed in place, and each variant must then match eager
-on the new weights and differ from its own earlier output: a policy that acts with stale weights fails. A failed
-check ends the run with exit status 1, after the results are written.
+Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says
+which) equal the eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may
+differ, argmax near-ties); halfway through the rounds the training module's weights are changed
+in place, and each variant must then match eager on the new weights and differ from its own
+earlier output: a policy that acts with stale weights fails. A failed check ends the run with
+exit status 1, after the results are written.
 
-Writes benchmarks/results/inference-<time>.{json,md,png} (or to `--out`): every variant's median and p10/p90
-latency, calls/s, samples/s, speed-up against eager in %, setup time and checks; the machine; the table; a plot
-of the speed-up against batch size per policy and variant.
+Writes benchmarks/results/inference-<time>.{json,md,png} (or to `--out`): every variant's median
+and p10/p90 latency, calls/s, samples/s, speed-up against eager in %, setup time and checks; the
+machine; the table; a plot of the speed-up against batch size per policy and variant.
 """
 
 import argparse
@@ -54,7 +57,8 @@ COMPILE_WARMUP, GRAPH_WARMUP = 3, 2
 
 @dataclass
 class Variant:
-    """One way to run a policy: `fn` is called as the script calls its policy; `warmup` calls are untimed."""
+    """One way to run a policy: `fn` is called as the script calls its policy; `warmup` calls are
+    untimed."""
 
     name: str
     fn: Callable
@@ -62,8 +66,8 @@ class Variant:
 
 
 def compiled(act, mode, backend, cuda):
-    """`torch.compile(act)` in `mode`; under reduce-overhead on CUDA each call starts a new CUDA-graph step, so
-    that holding an earlier call's outputs is allowed."""
+    """`torch.compile(act)` in `mode`; under reduce-overhead on CUDA each call starts a new
+    CUDA-graph step, so that holding an earlier call's outputs is allowed."""
     fn = torch.compile(act, mode=mode, backend=backend)
     if not (cuda and mode == "reduce-overhead"):
         return fn
@@ -76,26 +80,34 @@ def compiled(act, mode, backend, cuda):
 
 
 def numpy_policy(host):
-    """The script's numpy policy called as the torch ones are: a tensor in, tensors out (the CPU tensors and the
-    arrays share memory, so the conversions copy nothing)."""
+    """The script's numpy policy called as the torch ones are: a tensor in, tensors out (the CPU
+    tensors and the arrays share memory, so the conversions copy nothing)."""
 
     def act(obs):
         out = host(obs.numpy())
-        return tuple(map(torch.from_numpy, out)) if isinstance(out, tuple) else torch.from_numpy(out)
+        return (
+            tuple(map(torch.from_numpy, out)) if isinstance(out, tuple) else torch.from_numpy(out)
+        )
 
     return act
 
 
 def make_variants(act, modes, backend, cuda, host=None):
-    """Eager, one compiled variant per mode, the script's numpy `host` policy if it has one (on a CPU) and, with
-    `cuda`, the two CudaGraphModule variants (tensordict's documented usage: `warmup` calls on a side stream, then
-    the capture, then replays into which each call's input is copied)."""
+    """Eager, one compiled variant per mode, the script's numpy `host` policy if it has one (on a
+    CPU) and, with `cuda`, the two CudaGraphModule variants (tensordict's documented usage:
+    `warmup` calls on a side stream, then the capture, then replays into which each call's input
+    is copied)."""
     variants = [Variant("eager", act, 1)]
-    variants += [Variant(f"compile:{mode}", compiled(act, mode, backend, cuda), COMPILE_WARMUP) for mode in modes]
+    variants += [
+        Variant(f"compile:{mode}", compiled(act, mode, backend, cuda), COMPILE_WARMUP)
+        for mode in modes
+    ]
     if host is not None:
         variants.append(Variant("numpy", numpy_policy(host), 1))
     if cuda:
-        variants.append(Variant("cudagraphs", CudaGraphModule(act, warmup=GRAPH_WARMUP), GRAPH_WARMUP + 2))
+        variants.append(
+            Variant("cudagraphs", CudaGraphModule(act, warmup=GRAPH_WARMUP), GRAPH_WARMUP + 2)
+        )
         graphed = CudaGraphModule(torch.compile(act, backend=backend), warmup=COMPILE_WARMUP)
         variants.append(Variant("compile+cudagraphs", graphed, COMPILE_WARMUP + 2))
     return variants
@@ -108,7 +120,8 @@ def sync(cuda):
 
 
 def warm_up(variant, obs, cuda):
-    """Run `variant`'s warm-up calls; returns their wall time in seconds (compile, capture and first calls)."""
+    """Run `variant`'s warm-up calls; returns their wall time in seconds (compile, capture and first
+    calls)."""
     start = time.perf_counter()
     for _ in range(variant.warmup):
         variant.fn(obs)
@@ -129,7 +142,8 @@ def time_block(fn, obs, calls, cuda):
 
 
 def cuda_block(fn, obs, calls):
-    """Latencies of `calls` calls timed with CUDA events, synchronizing after each call as a script does."""
+    """Latencies of `calls` calls timed with CUDA events, synchronizing after each call as a script
+    does."""
     latencies = []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -142,13 +156,14 @@ def cuda_block(fn, obs, calls):
 
 
 def calls_per_block(latency, block_s, min_calls=2, max_calls=5000):
-    """How many calls of `latency` seconds fill a block of `block_s` seconds, within [min_calls, max_calls]."""
+    """How many calls of `latency` seconds fill a block of `block_s` seconds, within [min_calls,
+    max_calls]."""
     return max(min_calls, min(max_calls, math.ceil(block_s / max(latency, 1e-9))))
 
 
 def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
-    """Latencies by variant name over `rounds` rounds of one block per variant; the order rotates each round
-    (starting at rotation `offset`)."""
+    """Latencies by variant name over `rounds` rounds of one block per variant; the order rotates
+    each round (starting at rotation `offset`)."""
     latencies = {v.name: [] for v in variants}
     for r in range(offset, offset + rounds):
         k = r % len(variants)
@@ -158,13 +173,15 @@ def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
 
 
 def detached(outputs):
-    """The outputs as clones on the CPU (a CUDA graph overwrites its output buffers at the next replay)."""
+    """The outputs as clones on the CPU (a CUDA graph overwrites its output buffers at the next
+    replay)."""
     return {name: tensor.detach().clone().cpu() for name, tensor in outputs.items()}
 
 
 def difference(candidate, reference, rtol, atol):
-    """How far `candidate` is from `reference` (dicts of tensors by name): (ok, worst), where worst is the largest
-    absolute difference of the float outputs and the fraction of differing integer outputs."""
+    """How far `candidate` is from `reference` (dicts of tensors by name): (ok, worst), where worst
+    is the largest absolute difference of the float outputs and the fraction of differing
+    integer outputs."""
     worst, ok = 0.0, True
     for name, ref in reference.items():
         got = candidate[name]
@@ -185,7 +202,8 @@ def outputs(spec, fn, obs):
 
 
 def check_equal(spec, variants, obs, rtol, atol):
-    """Each variant's outputs against eager's on the current weights: {name: {"outputs", "ok", "diff"}}."""
+    """Each variant's outputs against eager's on the current weights: {name: {"outputs", "ok",
+    "diff"}}."""
     reference = outputs(spec, variants[0].fn, obs)
     checks = {}
     for variant in variants:
@@ -196,8 +214,9 @@ def check_equal(spec, variants, obs, rtol, atol):
 
 
 def check_after_update(spec, source, variants, obs, before, rtol, atol):
-    """Change `source`'s weights in place, then require each variant to match eager on the new weights and to
-    differ from its output `before` the change. Returns {name: {"ok", "diff", "changed"}}."""
+    """Change `source`'s weights in place, then require each variant to match eager on the new
+    weights and to differ from its output `before` the change. Returns {name: {"ok", "diff",
+    "changed"}}."""
     spec.perturb(source)
     after = check_equal(spec, variants, obs, rtol, atol)
     checks = {}
@@ -208,7 +227,8 @@ def check_after_update(spec, source, variants, obs, before, rtol, atol):
 
 
 def latency_stats(latencies, batch):
-    """Median, p10 and p90 latency in µs, calls/s and samples/s (over the total time of all timed calls)."""
+    """Median, p10 and p90 latency in µs, calls/s and samples/s (over the total time of all timed
+    calls)."""
     deciles = statistics.quantiles(latencies, n=10, method="inclusive")
     calls_s = len(latencies) / sum(latencies)
     return {
@@ -222,13 +242,15 @@ def latency_stats(latencies, batch):
 
 
 def speedup_pct(eager_median, median):
-    """The speed-up of a variant over eager in %, from median latencies: +100 is twice as fast, -50 half."""
+    """The speed-up of a variant over eager in %, from median latencies: +100 is twice as fast, -50
+    half."""
     return 100.0 * (eager_median / median - 1.0)
 
 
 def bench_unit(spec, script, batch, args, device):
     """Benchmark every variant of `spec`'s policy at one batch size; returns one row per variant."""
-    torch._dynamo.reset()  # static graphs: each batch size compiles afresh, as a script with fixed num_envs does
+    # static graphs: each batch size compiles afresh, as a script with fixed num_envs does
+    torch._dynamo.reset()
     torch.manual_seed(args.seed)
     cuda = device.type == "cuda"
     built = spec.build(script, device, cpu_script(spec, args.scripts_dir, device))
@@ -237,12 +259,18 @@ def bench_unit(spec, script, batch, args, device):
     with torch.no_grad():
         setup = {v.name: warm_up(v, obs, cuda) for v in variants}
         before = check_equal(spec, variants, obs, args.rtol, args.atol)
-        calls = calls_per_block(statistics.median(time_block(built.act, obs, 5, cuda)), args.block_ms / 1e3)
+        calls = calls_per_block(
+            statistics.median(time_block(built.act, obs, 5, cuda)), args.block_ms / 1e3
+        )
         first_half = args.rounds // 2
         with torch.compiler.set_stance("fail_on_recompile"):
             latencies = timed_rounds(variants, obs, first_half, calls, cuda)
-            after = check_after_update(spec, built.source, variants, obs, before, args.rtol, args.atol)
-            rest = timed_rounds(variants, obs, args.rounds - first_half, calls, cuda, offset=first_half)
+            after = check_after_update(
+                spec, built.source, variants, obs, before, args.rtol, args.atol
+            )
+            rest = timed_rounds(
+                variants, obs, args.rounds - first_half, calls, cuda, offset=first_half
+            )
     rows = [
         {
             "policy": spec.name,
@@ -262,7 +290,8 @@ def bench_unit(spec, script, batch, args, device):
 
 
 def available(names, scripts_dir):
-    """The specs among `names` whose script exists in `scripts_dir`, and a skip note for each one missing."""
+    """The specs among `names` whose script exists in `scripts_dir`, and a skip note for each one
+    missing."""
     ready, skipped = [], []
     for name in names:
         spec = SPECS[name]
@@ -275,9 +304,13 @@ def available(names, scripts_dir):
 
 
 def cpu_script(spec, scripts_dir, device):
-    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU; None on CUDA or
-    where the algorithm has no CPU script on disk."""
-    if device.type != "cpu" or spec.cpu_script is None or not (Path(scripts_dir) / f"{spec.cpu_script}.py").exists():
+    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU;
+    None on CUDA or where the algorithm has no CPU script on disk."""
+    if (
+        device.type != "cpu"
+        or spec.cpu_script is None
+        or not (Path(scripts_dir) / f"{spec.cpu_script}.py").exists()
+    ):
         return None
     return load_script(spec.cpu_script, scripts_dir)
 
@@ -311,7 +344,10 @@ def failed_checks(rows):
         if not row["check_equal"]["ok"]:
             lines.append(f"{where}: outputs differ from eager by {row['check_equal']['diff']:.3g}")
         if not row["check_after_update"]["ok"]:
-            lines.append(f"{where}: after an in-place weight update, {stale_reason(row['check_after_update'])}")
+            lines.append(
+                f"{where}: after an in-place weight update, "
+                f"{stale_reason(row['check_after_update'])}"
+            )
     return lines
 
 
@@ -330,7 +366,8 @@ def check_mark(row):
 
 
 def summary_table(rows):
-    """One line per policy and batch size: eager's median latency, then each variant's speed-up over eager."""
+    """One line per policy and batch size: eager's median latency, then each variant's speed-up over
+    eager."""
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
     lines = [
         "| policy | batch | eager median µs (p10-p90) | " + " | ".join(variants) + " |",
@@ -348,9 +385,11 @@ def summary_table(rows):
 
 
 def full_table(rows):
-    """One line per policy, batch size and variant: latency, throughput, speed-up, setup time and checks."""
+    """One line per policy, batch size and variant: latency, throughput, speed-up, setup time and
+    checks."""
     lines = [
-        "| policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager | setup s | check |",
+        "| policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager | "
+        "setup s | check |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -358,19 +397,23 @@ def full_table(rows):
         lines.append(
             f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} "
             f"| {r['p10_us']:.0f}-{r['p90_us']:.0f} "
-            f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | {check_mark(r)} |"
+            f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | "
+            f"{check_mark(r)} |"
         )
     return lines
 
 
 def markdown(result):
-    """The result in markdown: the machine, device and settings, the speed-up summary, then the full table."""
+    """The result in markdown: the machine, device and settings, the speed-up summary, then the full
+    table."""
     machine, settings = result["machine"], result["settings"]
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}",
-        f"Device: {result['device']}; {settings['rounds']} alternating rounds; started {result['started']}",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
+        f"{versions}",
+        f"Device: {result['device']}; {settings['rounds']} alternating rounds; started "
+        f"{result['started']}",
         "",
         "Speed-up of each variant over eager (median latency per call; + is faster):",
         "",
@@ -382,12 +425,17 @@ def markdown(result):
         "(STALE: they did not; DIFFERS: they were not equal).",
     ]
     if result["skipped"]:
-        lines.append("Skipped: " + "; ".join(f"{s['policy']}: {s['reason']}" for s in result["skipped"]) + ".")
+        lines.append(
+            "Skipped: "
+            + "; ".join(f"{s['policy']}: {s['reason']}" for s in result["skipped"])
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
 def plot(result, path):
-    """Speed-up against batch size, one panel per policy, one line per compiled variant; saved to `path`."""
+    """Speed-up against batch size, one panel per policy, one line per compiled variant; saved to
+    `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -434,22 +482,40 @@ def positive_float(text):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.inference", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.inference", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
-    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024")
-    parser.add_argument("--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
     parser.add_argument(
-        "--rounds", type=positive_int, help="alternating rounds, the weights change halfway (default: 10)"
+        "--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024"
     )
     parser.add_argument(
-        "--block-ms", type=positive_float, help="one block's length, from eager's latency (default: 40)"
+        "--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)"
     )
-    parser.add_argument("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks")
-    parser.add_argument("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks")
+    parser.add_argument(
+        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        help="alternating rounds, the weights change halfway (default: 10)",
+    )
+    parser.add_argument(
+        "--block-ms",
+        type=positive_float,
+        help="one block's length, from eager's latency (default: 40)",
+    )
+    parser.add_argument(
+        "--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks"
+    )
+    parser.add_argument(
+        "--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks"
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
+    )
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
     args = parser.parse_args(argv)
@@ -457,7 +523,9 @@ def parse_args(argv):
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.backend != "inductor" and set(args.modes) - {"default"}:
-        parser.error(f"--modes {' '.join(args.modes)}: modes other than default need --backend inductor")
+        parser.error(
+            f"--modes {' '.join(args.modes)}: modes other than default need --backend inductor"
+        )
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the weights change halfway)")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -466,7 +534,8 @@ def parse_args(argv):
 
 
 def conclude(table, paths, failures):
-    """Print the table, say where the results went and which checks failed; returns the exit status (1 if any)."""
+    """Print the table, say where the results went and which checks failed; returns the exit status
+    (1 if any)."""
     print(table)
     note("wrote " + ", ".join(map(str, paths)))
     for line in failures:
@@ -489,7 +558,9 @@ def main(argv=None):
     for skip in skipped:
         note(f"skipping {skip['policy']}: {skip['reason']}")
     if device.type != "cuda":
-        skipped += [{"policy": "all", "reason": f"{name} needs a CUDA device"} for name in CUDA_VARIANTS]
+        skipped += [
+            {"policy": "all", "reason": f"{name} needs a CUDA device"} for name in CUDA_VARIANTS
+        ]
     started = datetime.now().isoformat(timespec="seconds")
     rows = [row for spec in specs for row in run_policy(spec, args, device)]
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}

@@ -1,32 +1,39 @@
-"""Learning at CleanRL's budgets: every run of a named set trained to the end, its final return beside the one
-CleanRL publishes for the same algorithm and env.
+"""Learning at CleanRL's budgets: every run of a named set trained to the end, its final return
+beside the one CleanRL publishes for the same algorithm and env.
 
     python -m benchmarks.learning --jobs 2             # the default set, two runs at a time
-    python -m benchmarks.learning --only sac dqn       # the runs whose name has "sac", then those with "dqn"
-    python -m benchmarks.learning --report             # rebuild the table, plots and JSON from the summaries present
-    python -m benchmarks.learning --set atari          # PPO Atari (async) on Breakout, when time is left
+    # the runs whose name has "sac", then those with "dqn"
+    python -m benchmarks.learning --only sac dqn
+    # rebuild the table, plots and JSON from the summaries present
+    python -m benchmarks.learning --report
+    python -m benchmarks.learning --set atari  # PPO Atari (async) on Breakout, when time is left
 
-A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps N --seed S --eval-episodes 10` (a
-`_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in its own folder,
-`<out-dir>/<script>__<env>__<steps>__<seed>/`, the script's working directory (its `runs/` lands there). It is done
-when the harness has written that folder's `summary.json`: the script's summary with its curves thinned to at most
-500 points, the command, the times, the CPU and the load average. Done runs are skipped, so a killed harness picks
-up where it stopped; a folder without a summary.json is a partial run, deleted and started over. Hyperparameters
-stay the scripts' defaults (CleanRL's); `--threads N` sets OMP_NUM_THREADS=N for every run (on a small or shared
-CPU, 1 keeps a run's thread pool from stalling it). A run ends with the harness: on Ctrl-C, SIGTERM or an error it
-is killed with every process it started, and on Linux the kernel stops it if the harness is killed outright.
+A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps N --seed S
+--eval-episodes 10` (a `_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in
+its own folder, `<out-dir>/<script>__<env>__<steps>__<seed>/`, the script's working directory
+(its `runs/` lands there). It is done when the harness has written that folder's `summary.json`:
+the script's summary with its curves thinned to at most 500 points, the command, the times, the
+CPU and the load average. Done runs are skipped, so a killed harness picks up where it stopped;
+a folder without a summary.json is a partial run, deleted and started over. Hyperparameters stay
+the scripts' defaults (CleanRL's); `--threads N` sets OMP_NUM_THREADS=N for every run (on a
+small or shared CPU, 1 keeps a run's thread pool from stalling it). A run ends with the harness:
+on Ctrl-C, SIGTERM or an error it is killed with every process it started, and on Linux the
+kernel stops it if the harness is killed outright.
 
-The report goes to `<out-dir>` (default benchmarks/results/learning/): `<set>.md`, per script, env and budget,
-the mean ± std over seeds of the final return (the mean of the last 20 training episodes) and of the evaluation,
-CleanRL's published value beside it, and the runs still pending; `<set>-readme.md`, the README's short table;
-`<set>.json`; `<set>-<env>.png`, every run's return curve on an env with CleanRL's values as lines.
+The report goes to `<out-dir>` (default benchmarks/results/learning/): `<set>.md`, per script,
+env and budget, the mean ± std over seeds of the final return (the mean of the last 20 training
+episodes) and of the evaluation, CleanRL's published value beside it, and the runs still
+pending; `<set>-readme.md`, the README's short table; `<set>.json`; `<set>-<env>.png`, every
+run's return curve on an env with CleanRL's values as lines.
 
-The default set, from CleanRL's budgets: per algorithm, its fastest CPU script (the `_seeds` script of DQN, PPO and
-SAC, all seeds in one process; `_cpu` for TD3, whose seeds script came after the table was run), the `_cpu` script at
-the same seeds where it ran too (DQN, PPO: a member learns as the one-seed run of its seed does), then the eager script
-on one env. DQN on CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on HalfCheetah-v4, Hopper-v4 and
-Walker2d-v4 (1M, seeds 1-3; ppo_continuous_action.py on Hopper-v4, seed 1), TD3 and SAC on Hopper-v4 (300k, seeds
-1-3; the eager scripts 100k, seed 1). docs/results.md says how long each run took on this machine.
+The default set, from CleanRL's budgets: per algorithm, its fastest CPU script (the `_seeds`
+script of DQN, PPO and SAC, all seeds in one process; `_cpu` for TD3, whose seeds script came
+after the table was run), the `_cpu` script at the same seeds where it ran too (DQN, PPO: a
+member learns as the one-seed run of its seed does), then the eager script on one env. DQN on
+CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on HalfCheetah-v4, Hopper-v4 and
+Walker2d-v4 (1M, seeds 1-3; ppo_continuous_action.py on Hopper-v4, seed 1), TD3 and SAC on
+Hopper-v4 (300k, seeds 1-3; the eager scripts 100k, seed 1). docs/results.md says how long each
+run took on this machine.
 """
 
 import argparse
@@ -69,8 +76,8 @@ def steps_text(steps):
 
 @dataclass(frozen=True)
 class Run:
-    """One process: `script` on `env_id` for `steps` env steps from `seed`; a `_seeds` script trains `num_seeds`
-    seeds from `seed` at once."""
+    """One process: `script` on `env_id` for `steps` env steps from `seed`; a `_seeds` script trains
+    `num_seeds` seeds from `seed` at once."""
 
     script: str
     env_id: str
@@ -85,13 +92,28 @@ class Run:
 
     def command(self, scripts_dir, eval_episodes):
         seeds = ["--num-seeds", str(self.num_seeds)] if self.num_seeds > 1 else []
-        flags = ["--env-id", self.env_id, "--total-timesteps", str(self.steps), "--seed", str(self.seed), *seeds]
-        return [sys.executable, str(scripts_dir / f"{self.script}.py"), *flags, "--eval-episodes", str(eval_episodes)]
+        flags = [
+            "--env-id",
+            self.env_id,
+            "--total-timesteps",
+            str(self.steps),
+            "--seed",
+            str(self.seed),
+            *seeds,
+        ]
+        return [
+            sys.executable,
+            str(scripts_dir / f"{self.script}.py"),
+            *flags,
+            "--eval-episodes",
+            str(eval_episodes),
+        ]
 
 
 @dataclass(frozen=True)
 class Reference:
-    """A published mean ± std of the final training return over seeds, at `steps`, from the page `source`."""
+    """A published mean ± std of the final training return over seeds, at `steps`, from the page
+    `source`."""
 
     mean: float
     std: float
@@ -100,18 +122,23 @@ class Reference:
     note: str = ""
 
 
-# CleanRL's documentation (vwxyzjn/cleanrl): docs/rl-algorithms/<algo>.md shows the Open RL Benchmark table of each
-# script, for PPO, SAC and TD3 included from docs/benchmark/<script>.md: the mean and std over 3 seeds of the
-# training episodic return at the end of a run at the script's default budget.
+# CleanRL's documentation (vwxyzjn/cleanrl): docs/rl-algorithms/<algo>.md shows the Open RL
+# Benchmark table of each script, for PPO, SAC and TD3 included from docs/benchmark/<script>.md: the
+# mean and std over 3 seeds of the training episodic return at the end of a run at the script's
+# default budget.
 CLEANRL = "https://github.com/vwxyzjn/cleanrl/blob/"
-BENCHMARK = CLEANRL + "35896b1fefa9898b904f7e09bcbe6e168e15d2a9/docs/benchmark/"  # the tables of tag pr-424
+# the tables of tag pr-424
+BENCHMARK = CLEANRL + "35896b1fefa9898b904f7e09bcbe6e168e15d2a9/docs/benchmark/"
 PPO = BENCHMARK + "ppo_continuous_action.md"
 REFERENCES = {
     ("ppo_continuous_action", "HalfCheetah-v4"): Reference(1442.64, 46.03, 1_000_000, PPO),
     ("ppo_continuous_action", "Hopper-v4"): Reference(2382.86, 271.74, 1_000_000, PPO),
     ("ppo_continuous_action", "Walker2d-v4"): Reference(2287.95, 571.78, 1_000_000, PPO),
     ("dqn", "CartPole-v1"): Reference(
-        488.69, 16.11, 500_000, CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/dqn.md"
+        488.69,
+        16.11,
+        500_000,
+        CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/dqn.md",
     ),
     ("td3_continuous_action", "Hopper-v4"): Reference(
         3134.61, 360.18, 1_000_000, BENCHMARK + "td3.md", "its curves are images: no value at 300k"
@@ -119,7 +146,9 @@ REFERENCES = {
     ("sac_continuous_action", "Hopper-v4"): Reference(
         2310.46, 342.82, 1_000_000, BENCHMARK + "sac.md", "its curves are images: no value at 300k"
     ),
-    ("ppo_atari_envpool", "Breakout-v5"): Reference(211.24, 151.84, 10_000_000, BENCHMARK + "ppo_atari_envpool.md"),
+    ("ppo_atari_envpool", "Breakout-v5"): Reference(
+        211.24, 151.84, 10_000_000, BENCHMARK + "ppo_atari_envpool.md"
+    ),
 }
 
 
@@ -129,7 +158,8 @@ def algorithm(script):
 
 
 def runs(script, env_id, steps, seeds):
-    """The runs of `script` on `env_id` for `seeds`: one per seed, or one for all of them with a `_seeds` script."""
+    """The runs of `script` on `env_id` for `seeds`: one per seed, or one for all of them with a
+    `_seeds` script."""
     if script.endswith("_seeds"):
         return [Run(script, env_id, steps, seeds[0], len(seeds))]
     return [Run(script, env_id, steps, seed) for seed in seeds]
@@ -141,7 +171,12 @@ def learning_set(name):
         return runs("dqn_cpu", "CartPole-v1", 1000, (1, 2))
     if name == "atari":
         return runs("ppo_atari_envpool_async", "Breakout-v5", 1_000_000, (1,))
-    dqn, ppo, td3, sac = "dqn", "ppo_continuous_action", "td3_continuous_action", "sac_continuous_action"
+    dqn, ppo, td3, sac = (
+        "dqn",
+        "ppo_continuous_action",
+        "td3_continuous_action",
+        "sac_continuous_action",
+    )
     return [
         *runs(f"{dqn}_seeds", "CartPole-v1", 500_000, SEEDS),
         *runs(f"{dqn}_cpu", "CartPole-v1", 500_000, SEEDS),
@@ -173,14 +208,15 @@ def stored(folder):
 
 
 def die_with_parent():
-    """In a run's process before it starts: the kernel kills it when the harness dies, however the harness dies."""
+    """In a run's process before it starts: the kernel kills it when the harness dies, however the
+    harness dies."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def start(run, args):
-    """Start `run` in a fresh `<out-dir>/<run>/` (a partial run's folder is deleted first), with `--threads` as
-    OMP_NUM_THREADS if given; its output goes to `output.txt` there. Returns the job: the run, its process, command,
-    folder, start time and load average."""
+    """Start `run` in a fresh `<out-dir>/<run>/` (a partial run's folder is deleted first), with
+    `--threads` as OMP_NUM_THREADS if given; its output goes to `output.txt` there. Returns the job:
+    the run, its process, command, folder, start time and load average."""
     folder = args.out_dir / run.name
     if folder.exists():
         shutil.rmtree(folder)
@@ -194,7 +230,8 @@ def start(run, args):
             env=env,
             stdout=output,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches the harness, which stops the run
+            # a Ctrl-C in the terminal reaches the harness, which stops the run
+            start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
     job = {"run": run, "proc": proc, "cmd": cmd, "folder": folder, "threads": args.threads}
@@ -202,20 +239,23 @@ def start(run, args):
 
 
 def thin(curve, points=CURVE_POINTS):
-    """A curve of [step, seconds, return] per episode cut to at most `points` points: consecutive episodes averaged
-    in chunks of equal size, each point at its chunk's last step and time."""
+    """A curve of [step, seconds, return] per episode cut to at most `points` points: consecutive
+    episodes averaged in chunks of equal size, each point at its chunk's last step and time."""
     size = max(1, math.ceil(len(curve) / points))
     chunks = [curve[i : i + size] for i in range(0, len(curve), size)]
-    return [[c[-1][0], round(c[-1][1], 1), round(statistics.fmean(p[2] for p in c), 2)] for c in chunks]
+    return [
+        [c[-1][0], round(c[-1][1], 1), round(statistics.fmean(p[2] for p in c), 2)] for c in chunks
+    ]
 
 
 def finish(job):
-    """Write a finished job's `summary.json` (atomically) if its script exited 0 with a summary of a whole run;
-    returns None, or the reason it failed."""
+    """Write a finished job's `summary.json` (atomically) if its script exited 0 with a summary of a
+    whole run; returns None, or the reason it failed."""
     proc, folder = job["proc"], job["folder"]
     found = sorted(folder.glob("runs/*/summary.json"))
     if proc.returncode != 0 or len(found) != 1:
-        return f"exited with status {proc.returncode} and {len(found)} summary.json (see {folder / 'output.txt'})"
+        output = folder / "output.txt"
+        return f"exited with status {proc.returncode} and {len(found)} summary.json (see {output})"
     summary = json.loads(found[0].read_text())
     if summary.get("interrupted"):
         return "was interrupted"
@@ -241,8 +281,8 @@ def finish(job):
 
 
 def wait_any(jobs, timeout):
-    """The first of `jobs` to end or to run past `timeout` seconds (then it is killed with every process it
-    started), and whether it timed out."""
+    """The first of `jobs` to end or to run past `timeout` seconds (then it is killed with every
+    process it started), and whether it timed out."""
     while True:
         for job in jobs:
             if job["proc"].poll() is not None:
@@ -255,8 +295,8 @@ def wait_any(jobs, timeout):
 
 
 def execute(todo, args):
-    """Run `todo` in order, `--jobs` at a time; returns the names of the runs that failed. Whatever stops the
-    harness (Ctrl-C, SIGTERM, an error) kills the runs in flight first."""
+    """Run `todo` in order, `--jobs` at a time; returns the names of the runs that failed. Whatever
+    stops the harness (Ctrl-C, SIGTERM, an error) kills the runs in flight first."""
     active, failed, queue = [], [], list(todo)
     try:
         while queue or active:
@@ -269,7 +309,10 @@ def execute(todo, args):
             minutes = (datetime.now() - job["started"]).total_seconds() / 60
             if problem:
                 failed.append(job["run"].name)
-            note(f"{job['run'].name} {problem or 'done'} after {minutes:.1f} min; {len(queue) + len(active)} to go")
+            note(
+                f"{job['run'].name} {problem or 'done'} after {minutes:.1f} min; "
+                f"{len(queue) + len(active)} to go"
+            )
     finally:
         for job in active:
             kill_tree(job["proc"].pid)
@@ -281,12 +324,20 @@ def execute(todo, args):
 
 
 def members(summary):
-    """Per seed of a script's summary: seed, final return (mean of the last 20 episodes), evaluation mean and
-    curve, from a one-seed summary or a `_seeds` one (`seeds`, `return_means`, `eval_returns`, `curves`)."""
+    """Per seed of a script's summary: seed, final return (mean of the last 20 episodes), evaluation
+    mean and curve, from a one-seed summary or a `_seeds` one (`seeds`, `return_means`,
+    `eval_returns`, `curves`)."""
     if "seeds" in summary:
-        columns = zip(summary["seeds"], summary["return_means"], summary["eval_returns"], summary["curves"])
+        columns = zip(
+            summary["seeds"], summary["return_means"], summary["eval_returns"], summary["curves"]
+        )
         return [
-            {"seed": seed, "return": final, "eval": statistics.fmean(ev) if ev else None, "curve": curve}
+            {
+                "seed": seed,
+                "return": final,
+                "eval": statistics.fmean(ev) if ev else None,
+                "curve": curve,
+            }
             for seed, final, ev, curve in columns
         ]
     final, ev = summary["return_mean"], summary.get("eval_return_mean")
@@ -294,9 +345,11 @@ def members(summary):
 
 
 def run_seconds(record):
-    """How long a done run took, from its start to its summary (interpreter start, compilation and evaluation
-    included)."""
-    return (datetime.fromisoformat(record["finished"]) - datetime.fromisoformat(record["started"])).total_seconds()
+    """How long a done run took, from its start to its summary (interpreter start, compilation and
+    evaluation included)."""
+    return (
+        datetime.fromisoformat(record["finished"]) - datetime.fromisoformat(record["started"])
+    ).total_seconds()
 
 
 def spread(values):
@@ -306,9 +359,10 @@ def spread(values):
 
 
 def rows(plan, records):
-    """One row per (script, env, steps) of `plan`, in its order: seeds planned and done, mean ± std over the done
-    seeds of the final return and of the evaluation, wall time per run, CleanRL's reference and, at its budget with
-    every seed done, whether our mean lies within its mean ± std."""
+    """One row per (script, env, steps) of `plan`, in its order: seeds planned and done, mean ± std
+    over the done seeds of the final return and of the evaluation, wall time per run, CleanRL's
+    reference and, at its budget with every seed done, whether our mean lies within its mean ±
+    std."""
     groups = {}
     for run in plan:
         groups.setdefault((run.script, run.env_id, run.steps), []).append(run)
@@ -350,28 +404,39 @@ def markdown(table, machine, timing):
     """The table in markdown under the machine and the wall time, then the references' sources."""
     wall = "no run done yet"
     if timing["first_start"]:
-        wall = f"{timing['run_hours']:.2f} h of runs, from {timing['first_start']} to {timing['last_finish']}"
+        hours, first, last = timing["run_hours"], timing["first_start"], timing["last_finish"]
+        wall = f"{hours:.2f} h of runs, from {first} to {last}"
     if timing["load_average_1min"]:
-        wall += ", load average {:.1f} to {:.1f} at the runs' starts and ends".format(*timing["load_average_1min"])
+        wall += ", load average {:.1f} to {:.1f} at the runs' starts and ends".format(
+            *timing["load_average_1min"]
+        )
     lines = [
         machine_line(machine),
         f"Wall time: {wall}.",
         "",
-        "| script | env | steps | seeds | final return (last 20) | evaluation (10 episodes) | CleanRL | within | "
+        "| script | env | steps | seeds | final return (last 20) | evaluation (10 episodes) | "
+        "CleanRL | within | "
         "min per run |",
         "|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in table:
         ref = r["reference"]
-        published = f"{ref['mean']:.1f} ± {ref['std']:.1f} at {steps_text(ref['steps'])}" if ref else "none"
+        published = (
+            f"{ref['mean']:.1f} ± {ref['std']:.1f} at {steps_text(ref['steps'])}" if ref else "none"
+        )
         within = {True: "yes", False: "**no**", None: "n/a"}[r["within_reference"]]
         minutes = r["seconds_per_run"] and r["seconds_per_run"] / 60
         lines.append(
-            f"| {r['script']} | {r['env_id']} | {steps_text(r['steps'])} | {r['seeds_done']}/{r['seeds_planned']} "
-            f"| {mean_std(r['return_mean'], r['return_std'])} | {mean_std(r['eval_mean'], r['eval_std'])} "
+            f"| {r['script']} | {r['env_id']} | {steps_text(r['steps'])} | "
+            f"{r['seeds_done']}/{r['seeds_planned']} "
+            f"| {mean_std(r['return_mean'], r['return_std'])} | "
+            f"{mean_std(r['eval_mean'], r['eval_std'])} "
             f"| {published} | {within} | {optional(minutes, '.1f')} |"
         )
-    lines += ["", "CleanRL's values: mean ± std over 3 seeds of the training return at the end of the run."]
+    lines += [
+        "",
+        "CleanRL's values: mean ± std over 3 seeds of the training return at the end of the run.",
+    ]
     sources = {}
     for r in table:
         if r["reference"]:
@@ -384,8 +449,12 @@ def markdown(table, machine, timing):
 
 
 def short_markdown(table):
-    """The README's table: the rows of the fast scripts (not the eager ones), final return beside CleanRL's."""
-    lines = ["| script | env | steps | seeds | final return | CleanRL |", "|---|---|---:|---:|---:|---:|"]
+    """The README's table: the rows of the fast scripts (not the eager ones), final return beside
+    CleanRL's."""
+    lines = [
+        "| script | env | steps | seeds | final return | CleanRL |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in table:
         if r["script"] == algorithm(r["script"]):
             continue
@@ -394,51 +463,77 @@ def short_markdown(table):
         if ref and ref["steps"] != r["steps"]:
             published += f" at {steps_text(ref['steps'])}"
         lines.append(
-            f"| `{r['script']}` | {r['env_id']} | {steps_text(r['steps'])} | {r['seeds_done']}/{r['seeds_planned']} "
+            f"| `{r['script']}` | {r['env_id']} | {steps_text(r['steps'])} | "
+            f"{r['seeds_done']}/{r['seeds_planned']} "
             f"| {mean_std(r['return_mean'], r['return_std'])} | {published} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def curves_figure(env_id, plan, records):
-    """The return curves of every run on `env_id` against env steps, one color per algorithm: solid for the fast
-    script, dash-dotted for a `_cpu` script beside its `_seeds` one, dotted for the eager one; each algorithm's
-    CleanRL value dashed with its std shaded."""
+    """The return curves of every run on `env_id` against env steps, one color per algorithm: solid
+    for the fast script, dash-dotted for a `_cpu` script beside its `_seeds` one, dotted for the
+    eager one; each algorithm's CleanRL value dashed with its std shaded."""
     figure = Figure(figsize=(8, 4.5), layout="constrained")
     ax = figure.subplots()
     scripts = list(dict.fromkeys(run.script for run in plan if run.env_id == env_id))
     colors = {algo: f"C{i}" for i, algo in enumerate(dict.fromkeys(map(algorithm, scripts)))}
     for script in scripts:
-        algo = algorithm(script)  # the eager script dotted, a `_cpu` script beside a `_seeds` one dash-dotted
-        style = ":" if script == algo else "-." if script.endswith("_cpu") and f"{algo}_seeds" in scripts else "-"
+        # the eager script dotted, a `_cpu` script beside a `_seeds` one dash-dotted
+        algo = algorithm(script)
+        style = (
+            ":"
+            if script == algo
+            else "-."
+            if script.endswith("_cpu") and f"{algo}_seeds" in scripts
+            else "-"
+        )
         color = colors[algo]
         done = [
-            records[run.name] for run in plan if run.script == script and run.env_id == env_id and run.name in records
+            records[run.name]
+            for run in plan
+            if run.script == script and run.env_id == env_id and run.name in records
         ]
         curves = [m["curve"] for record in done for m in members(record["summary"]) if m["curve"]]
         for index, curve in enumerate(curves):
             steps, _, returns = zip(*curve)
             label = script if index == 0 else None
-            ax.plot(steps, plots.smooth(list(returns), 5), color=color, linestyle=style, linewidth=1, label=label)
+            ax.plot(
+                steps,
+                plots.smooth(list(returns), 5),
+                color=color,
+                linestyle=style,
+                linewidth=1,
+                label=label,
+            )
     for algo, color in colors.items():
         ref = REFERENCES.get((algo, env_id))
         if ref:
             label = f"CleanRL {algo}, {steps_text(ref.steps)} steps"
             ax.axhline(ref.mean, color=color, linestyle="--", linewidth=1.5, label=label)
             ax.axhspan(ref.mean - ref.std, ref.mean + ref.std, color=color, alpha=0.08)
-    ax.set(xlabel="environment steps", ylabel="episodic return (training)", title=f"{env_id}: one line per seed")
+    ax.set(
+        xlabel="environment steps",
+        ylabel="episodic return (training)",
+        title=f"{env_id}: one line per seed",
+    )
     ax.legend(fontsize=7)
     return figure
 
 
 def report(plan, out_dir, set_name):
-    """Write `<set>.md`, `<set>-readme.md`, `<set>.json` and `<set>-<env>.png` into `out_dir` from the summaries of
-    `plan`'s runs that are done; returns the markdown."""
+    """Write `<set>.md`, `<set>-readme.md`, `<set>.json` and `<set>-<env>.png` into `out_dir` from
+    the summaries of `plan`'s runs that are done; returns the markdown."""
     records = {run.name: stored(out_dir / run.name) for run in plan}
     records = {name: record for name, record in records.items() if record}
     table = rows(plan, records)
     done = list(records.values())
-    loads = [record["load_average"][end][0] for record in done if "load_average" in record for end in ("start", "end")]
+    loads = [
+        record["load_average"][end][0]
+        for record in done
+        if "load_average" in record
+        for end in ("start", "end")
+    ]
     timing = {
         "run_hours": sum(map(run_seconds, done)) / 3600,
         "first_start": min((record["started"] for record in done), default=None),
@@ -452,7 +547,13 @@ def report(plan, out_dir, set_name):
     (out_dir / f"{set_name}.md").write_text(table_md)
     (out_dir / f"{set_name}-readme.md").write_text(short_markdown(table))
     pending = [run.name for run in plan if run.name not in records]
-    document = {"set": set_name, "machine": machine, "timing": timing, "table": table, "pending": pending}
+    document = {
+        "set": set_name,
+        "machine": machine,
+        "timing": timing,
+        "table": table,
+        "pending": pending,
+    }
     (out_dir / f"{set_name}.json").write_text(json.dumps(document, indent=1) + "\n")
     for env_id in dict.fromkeys(run.env_id for run in plan):
         plots.save(curves_figure(env_id, plan, records), out_dir / f"{set_name}-{env_id}.png")
@@ -460,18 +561,35 @@ def report(plan, out_dir, set_name):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n")[0])
-    parser.add_argument("--set", choices=SETS, default="default", help="which runs (default: the default set)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.learning", description=__doc__.split("\n")[0]
+    )
     parser.add_argument(
-        "--only", nargs="+", metavar="TEXT", help="run those whose name (script__env__steps__seed) has one, in order"
+        "--set", choices=SETS, default="default", help="which runs (default: the default set)"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="TEXT",
+        help="run those whose name (script__env__steps__seed) has one, in order",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    parser.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes after each run")
+    parser.add_argument(
+        "--eval-episodes", type=int, default=10, help="evaluation episodes after each run"
+    )
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)")
-    parser.add_argument("--report", action="store_true", help="only rebuild the report from the summaries present")
-    parser.add_argument("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
+    parser.add_argument(
+        "--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)"
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="only rebuild the report from the summaries present"
+    )
+    parser.add_argument(
+        "--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are"
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning"
+    )
     args = parser.parse_args(argv)
     for flag in ("jobs", "eval_episodes", "timeout", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
@@ -480,8 +598,8 @@ def parse_args(argv):
 
 
 def lock(out_dir):
-    """Hold an exclusive lock on `out_dir` for as long as this process lives, or None if another harness holds it
-    (it would delete the folders of the runs in flight as partial ones)."""
+    """Hold an exclusive lock on `out_dir` for as long as this process lives, or None if another
+    harness holds it (it would delete the folders of the runs in flight as partial ones)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(out_dir, os.O_RDONLY)
     try:
@@ -504,10 +622,17 @@ def main(argv=None):
     failed = []
     if not args.report:
         if lock(args.out_dir) is None:
-            parser.error(f"--out-dir {args.out_dir}: another harness is running there (use --report to read it)")
+            parser.error(
+                f"--out-dir {args.out_dir}: another harness is running there (use --report to "
+                "read it)"
+            )
         todo = [run for run in selected if stored(args.out_dir / run.name) is None]
-        note(f"{len(plan)} runs in the set, {len(plan) - len(todo)} done, {len(todo)} to run, {args.jobs} at a time")
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # runs the cleanup on the way out
+        note(
+            f"{len(plan)} runs in the set, {len(plan) - len(todo)} done, {len(todo)} to run, "
+            f"{args.jobs} at a time"
+        )
+        # runs the cleanup on the way out
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         try:
             failed = execute(todo, args)
         except KeyboardInterrupt:

@@ -8,12 +8,14 @@ from pathlib import Path
 import torch
 
 PACKAGES = ("torch", "tensordict", "gymnasium", "envpool")
-VECTOR_EXTENSIONS = (("AVX-512", "avx512f"), ("AVX2", "avx2"), ("AVX", "avx"))  # widest first: (name, cpuinfo flag)
+# widest first: (name, cpuinfo flag)
+VECTOR_EXTENSIONS = (("AVX-512", "avx512f"), ("AVX2", "avx2"), ("AVX", "avx"))
 
 
 def cpu_model(cpuinfo=Path("/proc/cpuinfo")):
-    """The CPU's model name from `cpuinfo`, with its family, model and widest vector extension (virtual machines
-    often report a bare "AMD EPYC" for CPUs generations apart), or None where that file does not say."""
+    """The CPU's model name from `cpuinfo`, with its family, model and widest vector extension
+    (virtual machines often report a bare "AMD EPYC" for CPUs generations apart), or None where
+    that file does not say."""
     if not cpuinfo.exists():
         return None
     fields = {}
@@ -24,7 +26,8 @@ def cpu_model(cpuinfo=Path("/proc/cpuinfo")):
         return None
     flags = fields.get("flags", "").split()
     vector = next((name for name, flag in VECTOR_EXTENSIONS if flag in flags), "no AVX")
-    return f"{fields['model name']} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {vector})"
+    family, model = fields.get("cpu family", "?"), fields.get("model", "?")
+    return f"{fields['model name']} (family {family} model {model}, {vector})"
 
 
 def package_version(name):
@@ -35,7 +38,8 @@ def package_version(name):
 
 
 def machine_info():
-    """CPU model, core count, GPU name (None without CUDA) and the versions of the packages in `PACKAGES`."""
+    """CPU model, core count, GPU name (None without CUDA) and the versions of the packages in
+    `PACKAGES`."""
     return {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),

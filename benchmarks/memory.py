@@ -1,41 +1,55 @@
-"""When a scan beats a loop: the forward and backward pass of PPO's recurrent memory over sequences of T steps.
+"""When a scan beats a loop: the forward and backward pass of PPO's recurrent memory over sequences
+of T steps.
 
-    python -m benchmarks.memory                  # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
+    python -m benchmarks.memory  # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
     python -m benchmarks.memory --candidates     # also every scan candidate on bare (a, b) tensors
     python -m benchmarks.memory --quick          # a smoke run: T 8 and 16, batch 2, short blocks
-    python -m benchmarks.memory --learning       # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
-    python -m benchmarks.memory --tasks --jobs 2  # the three agents on five POMDPs, 3 seeds (~25 min here)
-    python -m benchmarks.memory --tasks repeat-first --seeds 1 2  # named tasks of TASKS (this one not by default)
+    # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
+    python -m benchmarks.memory --learning
+    # the three agents on five POMDPs, 3 seeds (~25 min here)
+    python -m benchmarks.memory --tasks --jobs 2
+    # named tasks of TASKS (this one not by default)
+    python -m benchmarks.memory --tasks repeat-first --seeds 1 2
 
-Variants, each the sequence model of a script (torso, recurrence over T steps with an episode start at about 5% of
-the steps, the layers after it), forward then backward to its parameters, 128 hidden units, one intra-op thread as
-the scripts use on a CPU:
-- `lstm-loop`: ppo_lstm.py's LSTM, its state multiplied by (1 - done) inside a Python loop over time;
-- `mingru-loop`: ppo_mingru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a Python loop;
-- `mingru-scan`: ppo_mingru_torchcompile.py's minGRU, the same recurrence as its associative scan, eager;
-- `mingru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes, compiled per cell).
-Before timing, each minGRU variant's features and gradients must equal `mingru-loop`'s: per tensor,
-max |a - b| <= atol + rtol max |b|, or the run stops with exit status 1. Then `--rounds` rounds each time one block
-of calls per variant, the order rotated every round; a recompilation while timing is an error.
+Variants, each the sequence model of a script (torso, recurrence over T steps with an episode
+start at about 5% of the steps, the layers after it), forward then backward to its parameters,
+128 hidden units, one intra-op thread as the scripts use on a CPU:
+- `lstm-loop`: ppo_lstm.py's LSTM, its state multiplied by (1 - done) inside a Python loop over
+  time;
+- `mingru-loop`: ppo_mingru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a
+  Python loop;
+- `mingru-scan`: ppo_mingru_torchcompile.py's minGRU, the same recurrence as its associative
+  scan, eager;
+- `mingru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes,
+  compiled per cell). Before timing, each minGRU variant's features and gradients must equal
+  `mingru-loop`'s: per tensor, max |a - b| <= atol + rtol max |b|, or the run stops with exit
+  status 1. Then `--rounds` rounds each time one block of calls per variant, the order rotated
+  every round; a recompilation while timing is an error.
 
-`--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the loop, and every
-way of scanning that was tried for the optimized twin: a log-depth Hillis-Steele scan in plain torch ops (T log T
-work), torch's prototype `associative_scan` (torch._higher_order_ops, combine_mode="generic": the only mode that
-runs on a CPU), the chunked scan the twin keeps (about 2T work, 2 sqrt(T) steps), and log-space cumulative sums as
-in the minGRU paper (exact resets as a_t = e^-60, in float64; it needs b > 0), eager and, where it compiles, compiled.
-A candidate whose outputs or gradients are not the loop's is reported as such and not timed in that cell.
+`--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the
+loop, and every way of scanning that was tried for the optimized twin: a log-depth Hillis-Steele
+scan in plain torch ops (T log T work), torch's prototype `associative_scan`
+(torch._higher_order_ops, combine_mode="generic": the only mode that runs on a CPU), the chunked
+scan the twin keeps (about 2T work, 2 sqrt(T) steps), and log-space cumulative sums as in the
+minGRU paper (exact resets as a_t = e^-60, in float64; it needs b > 0), eager and, where it
+compiles, compiled. A candidate whose outputs or gradients are not the loop's is reported as
+such and not timed in that cell.
 
-`--tasks` trains LSTM (ppo_lstm.py), minGRU (ppo_mingru.py) and no memory (ppo_mingru.py --no-memory) on each
-named POMDP of TASKS, by default velocity-hidden CartPole and four of POPGym's (arXiv 2303.01859: a recall task,
-control with hidden state, noisy control, a card game; `pip install -r requirements/requirements-popgym.txt`), at the
-task's budget, every seed, `--jobs` runs at a time with one thread each. Per task it plays a random policy for scale,
-and tables each agent's final return (the episodes that ended in the last tenth of the run): mean and standard
-deviation over seeds, and the fraction of the way from random to the best of the three. Beside it: each eager run's
-sps, and one `--compile` run of each optimized twin on velocity-hidden CartPole (`--compiled-steps`, alone). It writes
-benchmarks/results/memory-tasks-<time>.{json,md,png}: the plot shows every seed's final return per task and agent.
+`--tasks` trains LSTM (ppo_lstm.py), minGRU (ppo_mingru.py) and no memory (ppo_mingru.py
+--no-memory) on each named POMDP of TASKS, by default velocity-hidden CartPole and four of
+POPGym's (arXiv 2303.01859: a recall task, control with hidden state, noisy control, a card
+game; `pip install -r requirements/requirements-popgym.txt`), at the task's budget, every seed,
+`--jobs` runs at a time with one thread each. Per task it plays a random policy for scale, and
+tables each agent's final return (the episodes that ended in the last tenth of the run): mean
+and standard deviation over seeds, and the fraction of the way from random to the best of the
+three. Beside it: each eager run's sps, and one `--compile` run of each optimized twin on
+velocity-hidden CartPole (`--compiled-steps`, alone). It writes
+benchmarks/results/memory-tasks-<time>.{json,md,png}: the plot shows every seed's final return
+per task and agent.
 
-Writes benchmarks/results/memory-<time>.{json,md,png} (or to `--out`): median and p10/p90 per cell, the ratio to
-the loop, the machine; the plot shows time against T on log scales, one panel per batch size.
+Writes benchmarks/results/memory-<time>.{json,md,png} (or to `--out`): median and p10/p90 per
+cell, the ratio to the loop, the machine; the plot shows time against T on log scales, one panel
+per batch size.
 """
 
 import argparse
@@ -75,21 +89,33 @@ LEARNING = (
     ("mingru", "ppo_mingru", ()),
     ("mingru-no-memory", "ppo_mingru", ("--no-memory",)),
 )
-# `--tasks`: each POMDP's env id, env steps per run and flags for every agent (the one place budgets live). POPGym's
-# ids need requirements/requirements-popgym.txt. Budgets: under a minute per run of an eager script on an idle 2-core
-# machine (one thread per run), where the memory agents' curves have left no memory's behind.
+# `--tasks`: each POMDP's env id, env steps per run and flags for every agent (the one place budgets
+# live). POPGym's ids need requirements/requirements-popgym.txt. Budgets: under a minute per run of
+# an eager script on an idle 2-core machine (one thread per run), where the memory agents' curves
+# have left no memory's behind.
 TASKS = {
-    "cartpole-velocity-hidden": ("CartPole-v1", 40_960, ()),  # the scripts' default: positions only (0 2)
-    "repeat-previous": ("popgym:popgym-RepeatPreviousEasy-v0", 40_960, ()),  # recall the card 4 steps back
-    "position-only-cartpole": ("popgym:popgym-PositionOnlyCartPoleEasy-v0", 40_960, ()),  # control, hidden state
-    "noisy-position-only-cartpole": ("popgym:popgym-NoisyPositionOnlyCartPoleEasy-v0", 40_960, ()),  # noisy control
-    "higher-lower": ("popgym:popgym-HigherLowerEasy-v0", 20_480, ()),  # a card game: is the next card higher?
+    # the scripts' default: positions only (0 2)
+    "cartpole-velocity-hidden": ("CartPole-v1", 40_960, ()),
+    # recall the card 4 steps back
+    "repeat-previous": ("popgym:popgym-RepeatPreviousEasy-v0", 40_960, ()),
+    # control, hidden state
+    "position-only-cartpole": ("popgym:popgym-PositionOnlyCartPoleEasy-v0", 40_960, ()),
+    # noisy control
+    "noisy-position-only-cartpole": ("popgym:popgym-NoisyPositionOnlyCartPoleEasy-v0", 40_960, ()),
+    # a card game: is the next card higher?
+    "higher-lower": ("popgym:popgym-HigherLowerEasy-v0", 20_480, ()),
     # not in the default set: the LSTM took 35k-100k+ steps to start recalling here (seed-dependent)
-    "repeat-first": ("popgym:popgym-RepeatFirstEasy-v0", 102_400, ()),  # recall the first card of 51
+    # recall the first card of 51
+    "repeat-first": ("popgym:popgym-RepeatFirstEasy-v0", 102_400, ()),
 }
 DEFAULT_TASKS = tuple(task for task in TASKS if task != "repeat-first")
-# the agents of `--tasks` (the eager scripts, as `--learning`), and the optimized twins whose `--compile` sps is shown
-TASK_AGENTS = (("lstm", "ppo_lstm", ()), ("mingru", "ppo_mingru", ()), ("no-memory", "ppo_mingru", ("--no-memory",)))
+# the agents of `--tasks` (the eager scripts, as `--learning`), and the optimized twins whose
+# `--compile` sps is shown
+TASK_AGENTS = (
+    ("lstm", "ppo_lstm", ()),
+    ("mingru", "ppo_mingru", ()),
+    ("no-memory", "ppo_mingru", ("--no-memory",)),
+)
 COMPILED = (("lstm", "ppo_lstm_torchcompile"), ("mingru", "ppo_mingru_torchcompile"))
 RANDOM_EPISODES = 200
 
@@ -98,7 +124,8 @@ RANDOM_EPISODES = 200
 
 
 def hillis_steele_scan(a, b, h0):
-    """log2(T) rounds; in the round with shift s every (a_t, b_t) composes with the pair s steps before it."""
+    """log2(T) rounds; in the round with shift s every (a_t, b_t) composes with the pair s steps
+    before it."""
     b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]])
     shift = 1
     while shift < len(a):
@@ -114,17 +141,17 @@ def compose(first, second):
 
 
 def prototype_scan(a, b, h0):
-    """torch's prototype associative scan, the only mode that runs on a CPU (a work-efficient recursion of
-    vmapped combines)."""
+    """torch's prototype associative scan, the only mode that runs on a CPU (a work-efficient
+    recursion of vmapped combines)."""
     b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]])
     return associative_scan(compose, (a, b), dim=0, combine_mode="generic")[1]
 
 
 def log_space_scan(a, b, h0):
-    """h_t = exp(A_t + logcumsumexp(log b - A)_t) with A = cumsum(log a), in float64 (A reaches hundreds at
-    T = 1024, too far for float32's precision). An episode start is log a_t = -60: what came before is scaled by
-    e^-60, far below float64's precision of a sum (and float32's). It needs b > 0 (minGRU's log-space form keeps its
-    candidate positive for this)."""
+    """h_t = exp(A_t + logcumsumexp(log b - A)_t) with A = cumsum(log a), in float64 (A reaches
+    hundreds at T = 1024, too far for float32's precision). An episode start is log a_t = -60: what
+    came before is scaled by e^-60, far below float64's precision of a sum (and float32's). It needs
+    b > 0 (minGRU's log-space form keeps its candidate positive for this)."""
     b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]]).double()
     log_a = torch.where(a > 0, a.double().clamp_min(1e-300).log(), -60.0)
     cumulative = log_a.cumsum(0)
@@ -146,7 +173,8 @@ def candidates(loop, chunked):
 
 
 def sequence_inputs(steps, batch, seed, device):
-    """Observations [T, B, N_OBS] and episode starts [T, B] (about START_PROB of the steps), from `seed`."""
+    """Observations [T, B, N_OBS] and episode starts [T, B] (about START_PROB of the steps), from
+    `seed`."""
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(steps, batch, N_OBS, generator=g)
     done = (torch.rand(steps, batch, generator=g) < START_PROB).float()
@@ -154,10 +182,14 @@ def sequence_inputs(steps, batch, seed, device):
 
 
 def model_variant(name, agent, get_states, state, obs, done, width, seed):
-    """A `Variant` whose call runs `get_states` over the sequence and the backward pass of a fixed linear loss of its
-    features (`width` of them per step) to `agent`'s parameters; it returns the features and the gradients."""
-    params = [p for n, p in agent.named_parameters() if not n.startswith(("actor", "critic"))]  # the heads are unused
-    weights = torch.randn(*done.shape, width, generator=torch.Generator().manual_seed(seed)).to(done.device)
+    """A `Variant` whose call runs `get_states` over the sequence and the backward pass of a fixed
+    linear loss of its features (`width` of them per step) to `agent`'s parameters; it returns the
+    features and the gradients."""
+    # the heads are unused
+    params = [p for n, p in agent.named_parameters() if not n.startswith(("actor", "critic"))]
+    weights = torch.randn(*done.shape, width, generator=torch.Generator().manual_seed(seed)).to(
+        done.device
+    )
 
     def forward_backward(_):
         features, _ = get_states(obs, state, done)
@@ -168,8 +200,8 @@ def model_variant(name, agent, get_states, state, obs, done, width, seed):
 
 
 def model_variants(scripts, steps, batch, seed, device, backend):
-    """The four variants at one (T, batch): the LSTM from ppo_lstm.py, the minGRU of ppo_mingru.py and of its twin with
-    the same weights."""
+    """The four variants at one (T, batch): the LSTM from ppo_lstm.py, the minGRU of ppo_mingru.py
+    and of its twin with the same weights."""
     obs, done = sequence_inputs(steps, batch, seed, device)
     torch.manual_seed(seed)
     lstm = scripts["ppo_lstm"].Agent(N_OBS, 2, HIDDEN, device=device)
@@ -184,7 +216,8 @@ def model_variants(scripts, steps, batch, seed, device, backend):
     )
     compiled = torch.compile(twin.get_states, backend=backend)
     return [
-        model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),  # the LSTM's outputs
+        # the LSTM's outputs
+        model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),
         model_variant(
             "mingru-loop", mingru, mingru.get_states, state, obs, done, mingru.width, seed
         ),  # the tanh layer after the minGRU
@@ -194,17 +227,22 @@ def model_variants(scripts, steps, batch, seed, device, backend):
 
 
 def candidate_variants(scripts, steps, batch, seed, device, backend):
-    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]; a call runs the scan and
-    the backward pass of a fixed linear loss to a, b and h0. As in the model, a = a_raw * (1 - start): the gradient
-    reaches a_raw only where no episode starts (where one does, the log-space scan has no gradient to give)."""
+    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]; a call
+    runs the scan and the backward pass of a fixed linear loss to a, b and h0. As in the model, a =
+    a_raw * (1 - start): the gradient reaches a_raw only where no episode starts (where one does,
+    the log-space scan has no gradient to give)."""
     g = torch.Generator().manual_seed(seed)
     keep = (torch.rand(steps, batch, 1, generator=g) >= START_PROB).float().to(device)
     a_raw = torch.rand(steps, batch, HIDDEN, generator=g).to(device).requires_grad_()
-    b = (torch.rand(steps, batch, HIDDEN, generator=g) + 0.01).to(device).requires_grad_()  # > 0 for log-space
+    # > 0 for log-space
+    b = (torch.rand(steps, batch, HIDDEN, generator=g) + 0.01).to(device).requires_grad_()
     h0 = torch.rand(batch, HIDDEN, generator=g).to(device).requires_grad_()
     weights = torch.randn(steps, batch, HIDDEN, generator=g).to(device)
     variants = []
-    loop, chunked = scripts["ppo_mingru"].linear_recurrence, scripts["ppo_mingru_torchcompile"].linear_recurrence
+    loop, chunked = (
+        scripts["ppo_mingru"].linear_recurrence,
+        scripts["ppo_mingru_torchcompile"].linear_recurrence,
+    )
     for name, (scan, compiles) in candidates(loop, chunked).items():
         for fn, label in [(scan, name)] + (
             [(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []
@@ -219,9 +257,10 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
 
 
 def difference(got, want, rtol, atol):
-    """(ok, worst relative difference) of two lists of tensors: each tensor's largest |a - b| against
-    atol + rtol * its largest |b|. A gradient sums T * B terms, so an entry that cancels to near zero carries the
-    rounding of the large terms; measured against the tensor's scale it is as exact as the rest."""
+    """(ok, worst relative difference) of two lists of tensors: each tensor's largest |a - b|
+    against atol + rtol * its largest |b|. A gradient sums T * B terms, so an entry that cancels
+    to near zero carries the rounding of the large terms; measured against the tensor's scale it
+    is as exact as the rest."""
     ok, worst = True, 0.0
     for x, y in zip(got, want, strict=True):
         err, scale = float((x - y).abs().max()), float(y.abs().max())
@@ -231,7 +270,8 @@ def difference(got, want, rtol, atol):
 
 
 def check_against(reference, variants, rtol, atol):
-    """{name: (ok, worst)} of each variant's outputs and gradients against the `reference` variant's."""
+    """{name: (ok, worst)} of each variant's outputs and gradients against the `reference`
+    variant's."""
     want = reference.fn(None)
     return {v.name: difference(v.fn(None), want, rtol, atol) for v in variants}
 
@@ -240,24 +280,37 @@ def check_against(reference, variants, rtol, atol):
 
 
 def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
-    """Warm up, check and time every variant at one (T, batch); returns one row per variant. A variant whose
-    outputs or gradients differ from the `reference`'s stops the run (exit status 1) before any timing if `fatal`,
-    else it is left out of the timing, its row saying why (a candidate that is not exact is no candidate)."""
+    """Warm up, check and time every variant at one (T, batch); returns one row per variant. A
+    variant whose outputs or gradients differ from the `reference`'s stops the run (exit status
+    1) before any timing if `fatal`, else it is left out of the timing, its row saying why (a
+    candidate that is not exact is no candidate)."""
     setup = {v.name: warm_up(v, None, cuda) for v in variants}
-    checks = check_against(reference, [v for v in variants if v.name != "lstm-loop"], args.rtol, args.atol)
+    checks = check_against(
+        reference, [v for v in variants if v.name != "lstm-loop"], args.rtol, args.atol
+    )
     failed = []
     for name, (ok, worst) in checks.items():
         if not ok:
             note(
                 f"check failed: T {steps} batch {batch} {name}: outputs or gradients differ from "
-                f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol {args.atol:g})"
+                f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol "
+                f"{args.atol:g})"
             )
             if fatal:
                 sys.exit(1)
-            failed.append({"steps": steps, "batch": batch, "variant": name, "check": {"ok": False, "diff": worst}})
+            failed.append(
+                {
+                    "steps": steps,
+                    "batch": batch,
+                    "variant": name,
+                    "check": {"ok": False, "diff": worst},
+                }
+            )
     variants = [v for v in variants if v.name not in {row["variant"] for row in failed}]
     calls = {
-        v.name: calls_per_block(statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000)
+        v.name: calls_per_block(
+            statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000
+        )
         for v in variants
     }
     latencies = {v.name: [] for v in variants}
@@ -280,7 +333,9 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
                 "p10_ms": quantiles[0] * 1e3,
                 "p90_ms": quantiles[-1] * 1e3,
                 "setup_s": setup[v.name],
-                "check": {"ok": checks[v.name][0], "diff": checks[v.name][1]} if v.name in checks else None,
+                "check": {"ok": checks[v.name][0], "diff": checks[v.name][1]}
+                if v.name in checks
+                else None,
             }
         )
     base_median = next(row["median_ms"] for row in rows if row["variant"] == base)
@@ -290,7 +345,8 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
 
 
 def run_grid(kind, scripts, args, device):
-    """Every (T, batch) cell of `kind` ("models" or "candidates"); dynamo is reset per cell (static shapes)."""
+    """Every (T, batch) cell of `kind` ("models" or "candidates"); dynamo is reset per cell (static
+    shapes)."""
     build = model_variants if kind == "models" else candidate_variants
     rows = []
     for batch in args.batch_sizes:
@@ -299,7 +355,15 @@ def run_grid(kind, scripts, args, device):
             torch._dynamo.reset()
             variants = build(scripts, steps, batch, args.seed, device, args.backend)
             reference = next(v for v in variants if v.name in ("mingru-loop", "loop"))
-            rows += bench_cell(variants, reference, steps, batch, args, device.type == "cuda", fatal=kind == "models")
+            rows += bench_cell(
+                variants,
+                reference,
+                steps,
+                batch,
+                args,
+                device.type == "cuda",
+                fatal=kind == "models",
+            )
     return rows
 
 
@@ -313,14 +377,15 @@ def late_return_mean(summary):
 
 
 def final_return_mean(summary):
-    """The mean return of the episodes that ended in the last tenth of the run (its final return); of the last 20
-    (the summary's return_mean) if none did."""
+    """The mean return of the episodes that ended in the last tenth of the run (its final return);
+    of the last 20 (the summary's return_mean) if none did."""
     final = [r for step, _, r in summary["curve"] if step > summary["total_timesteps"] * 0.9]
     return sum(final) / len(final) if final else summary["return_mean"]
 
 
 def learning_run(script, flags, steps, seed, scripts_dir):
-    """One training run of `script`; returns its late mean return and its summary's return_mean and sps."""
+    """One training run of `script`; returns its late mean return and its summary's return_mean and
+    sps."""
     cmd = [
         sys.executable,
         str(Path(scripts_dir) / f"{script}.py"),
@@ -330,7 +395,9 @@ def learning_run(script, flags, steps, seed, scripts_dir):
         str(seed),
         *flags,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=3600)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=3600
+    )
     line = next((line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")), None)
     if proc.returncode != 0 or line is None:
         note(f"{' '.join(cmd)} failed with status {proc.returncode}: {proc.stderr.strip()[-300:]}")
@@ -347,7 +414,8 @@ def learning_run(script, flags, steps, seed, scripts_dir):
 
 
 def learning(args):
-    """Each of LEARNING's agents for `--learning-steps` steps with every seed, the seeds alternating."""
+    """Each of LEARNING's agents for `--learning-steps` steps with every seed, the seeds
+    alternating."""
     rows = []
     for seed in args.seeds:
         for name, script, flags in LEARNING:
@@ -385,15 +453,24 @@ def random_return(env_id, episodes, seed):
 
 
 def task_runs(args):
-    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread: returns do not depend on timing)."""
+    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread: returns do not
+    depend on timing)."""
     jobs = [
-        # a run folder per agent: two runs of one script, seed and task started in the same second share a name
+        # a run folder per agent: two runs of one script, seed and task started in the same second
+        # share a name
         (
             task,
             seed,
             agent,
             script,
-            ("--env-id", TASKS[task][0], "--exp-name", f"{script}-{agent}", *TASKS[task][2], *flags),
+            (
+                "--env-id",
+                TASKS[task][0],
+                "--exp-name",
+                f"{script}-{agent}",
+                *TASKS[task][2],
+                *flags,
+            ),
         )
         for task in args.tasks
         for seed in args.seeds
@@ -405,38 +482,61 @@ def task_runs(args):
         note(f"tasks: {task} {agent} seed {seed}")
         steps = args.task_steps or TASKS[task][1]
         result = learning_run(script, flags, steps, seed, args.scripts_dir)
-        return {"task": task, "agent": agent, "script": script, "flags": list(flags), "seed": seed, **result}
+        return {
+            "task": task,
+            "agent": agent,
+            "script": script,
+            "flags": list(flags),
+            "seed": seed,
+            **result,
+        }
 
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run, job) for job in jobs]
         try:
             return [future.result() for future in futures]
-        except BaseException:  # a failed run (exit status 1) or Ctrl-C: the runs not started yet never start
+        # a failed run (exit status 1) or Ctrl-C: the runs not started yet never start
+        except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
 
 
 def compiled_sps(args):
-    """{agent: sps} of each optimized twin with `--compile` on velocity-hidden CartPole, one run at a time."""
+    """{agent: sps} of each optimized twin with `--compile` on velocity-hidden CartPole, one run at
+    a time."""
     sps = {}
     for agent, script in COMPILED:
         note(f"tasks: {script} --compile, {args.compiled_steps} steps")
-        sps[agent] = learning_run(script, ("--compile",), args.compiled_steps, args.seed, args.scripts_dir)["sps"]
+        sps[agent] = learning_run(
+            script, ("--compile",), args.compiled_steps, args.seed, args.scripts_dir
+        )["sps"]
     return sps
 
 
 def task_table(rows, randoms):
-    """{task: {agent: statistics}}: the final return's mean, spread (sample standard deviation, 0 for one seed), the
-    seeds' values, and the fraction of the way from the random policy's return to the best agent's mean."""
+    """{task: {agent: statistics}}: the final return's mean, spread (sample standard deviation, 0
+    for one seed), the seeds' values, and the fraction of the way from the random policy's
+    return to the best agent's mean."""
     table = {}
     for task in dict.fromkeys(r["task"] for r in rows):
         cells = {}
         for agent, _, _ in TASK_AGENTS:
-            values = [r["final_return_mean"] for r in rows if r["task"] == task and r["agent"] == agent]
+            values = [
+                r["final_return_mean"] for r in rows if r["task"] == task and r["agent"] == agent
+            ]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            sps = [r["sps"] for r in rows if r["task"] == task and r["agent"] == agent and r["sps"] is not None]
+            sps = [
+                r["sps"]
+                for r in rows
+                if r["task"] == task and r["agent"] == agent and r["sps"] is not None
+            ]
             sps = statistics.median(sps) if sps else None  # None: no run outlasted its burn-in
-            cells[agent] = {"mean": statistics.fmean(values), "spread": spread, "values": values, "sps": sps}
+            cells[agent] = {
+                "mean": statistics.fmean(values),
+                "spread": spread,
+                "values": values,
+                "sps": sps,
+            }
         best = max(c["mean"] for c in cells.values())
         for cell in cells.values():
             gap = best - randoms[task]
@@ -447,7 +547,9 @@ def task_table(rows, randoms):
 
 def tasks(args):
     """The `--tasks` result: random returns, every run, the table, the compiled twins' sps."""
-    randoms = {task: random_return(TASKS[task][0], RANDOM_EPISODES, args.seed) for task in args.tasks}
+    randoms = {
+        task: random_return(TASKS[task][0], RANDOM_EPISODES, args.seed) for task in args.tasks
+    }
     rows = task_runs(args)
     return {
         "random": randoms,
@@ -462,11 +564,15 @@ def tasks_markdown(result):
     agents = [agent for agent, _, _ in TASK_AGENTS]
     seeds = " ".join(map(str, settings["seeds"]))
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
-        f"{machine['versions']['torch']}; started {result['started']}, {settings['jobs']} run(s) at a time",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
+        "torch "
+        f"{machine['versions']['torch']}; started {result['started']}, {settings['jobs']} run(s) "
+        "at a time",
         "",
-        "Final return (mean of the episodes that ended in the last tenth of each run, of the last 20 if none did) "
-        f"over seeds {seeds}: mean ± standard deviation, [fraction of the way from random to the best of the three]; "
+        "Final return (mean of the episodes that ended in the last tenth of each run, of the last "
+        "20 if none did) "
+        f"over seeds {seeds}: mean ± standard deviation, [fraction of the way from random to the "
+        "best of the three]; "
         f"random: uniformly random actions, {RANDOM_EPISODES} episodes",
         "",
         "| task | env id | env steps | random | " + " | ".join(agents) + " |",
@@ -475,25 +581,38 @@ def tasks_markdown(result):
     for task, cells in found["table"].items():
         env_id, steps, _ = TASKS[task]
         text = [
-            f"{c['mean']:.3g} ± {c['spread']:.2g} [{optional(c['of_best'], '.2f')}]" for c in map(cells.get, agents)
+            f"{c['mean']:.3g} ± {c['spread']:.2g} [{optional(c['of_best'], '.2f')}]"
+            for c in map(cells.get, agents)
         ]
         steps = settings["task_steps"] or steps
-        lines.append(f"| {task} | {env_id} | {steps} | {found['random'][task]:.3g} | " + " | ".join(text) + " |")
-    lines += ["", "Speed, env steps per second after burn-in (each eager run's sps: median over its task's runs)", ""]
+        lines.append(
+            f"| {task} | {env_id} | {steps} | {found['random'][task]:.3g} | "
+            + " | ".join(text)
+            + " |"
+        )
+    lines += [
+        "",
+        "Speed, env steps per second after burn-in (each eager run's sps: median over its task's "
+        "runs)",
+        "",
+    ]
     lines += ["| task | " + " | ".join(agents) + " |", "|---|" + "---:|" * len(agents)]
     for task, cells in found["table"].items():
-        lines.append(f"| {task} | " + " | ".join(optional(cells[a]["sps"], ".0f") for a in agents) + " |")
+        lines.append(
+            f"| {task} | " + " | ".join(optional(cells[a]["sps"], ".0f") for a in agents) + " |"
+        )
     for agent, sps in found["compiled_sps"].items():
         script = dict(COMPILED)[agent]
         lines.append(
-            f"\n{script} --compile, cartpole-velocity-hidden, {settings['compiled_steps']} steps: {sps:.0f} sps"
+            f"\n{script} --compile, cartpole-velocity-hidden, {settings['compiled_steps']} steps: "
+            f"{sps:.0f} sps"
         )
     return "\n".join(lines) + "\n"
 
 
 def tasks_plot(result, path):
-    """One panel per task: each agent's final return per seed (dots) and mean ± spread (a bar from random's return,
-    the dashed line)."""
+    """One panel per task: each agent's final return per seed (dots) and mean ± spread (a bar from
+    random's return, the dashed line)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -506,14 +625,24 @@ def tasks_plot(result, path):
         for x, agent in enumerate(agents):
             cell = cells[agent]
             random = found["random"][task]  # bars rise (or fall) from the random policy's return
-            ax.bar(x, cell["mean"] - random, bottom=random, yerr=cell["spread"], color=f"C{x}", alpha=0.6, capsize=3)
+            ax.bar(
+                x,
+                cell["mean"] - random,
+                bottom=random,
+                yerr=cell["spread"],
+                color=f"C{x}",
+                alpha=0.6,
+                capsize=3,
+            )
             ax.plot([x] * len(cell["values"]), cell["values"], "k.", markersize=4)
         ax.axhline(found["random"][task], color="gray", linestyle="--", label="random")
         ax.set_xticks(range(len(agents)), agents, fontsize=7)
         ax.set_title(task, fontsize=8)
         ax.legend(fontsize=6)
     fig.suptitle(
-        f"final return, seeds {' '.join(map(str, result['settings']['seeds']))}; {result['machine']['cpu']}", fontsize=8
+        f"final return, seeds {' '.join(map(str, result['settings']['seeds']))}; "
+        f"{result['machine']['cpu']}",
+        fontsize=8,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -523,13 +652,20 @@ def tasks_plot(result, path):
 
 
 def cell_table(rows, title):
-    """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and the ratio."""
+    """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and
+    the ratio."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    lines = [title, "", "| T | batch | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
+    lines = [
+        title,
+        "",
+        "| T | batch | " + " | ".join(variants) + " |",
+        "|---|---|" + "---|" * len(variants),
+    ]
     for key in dict.fromkeys((r["batch"], r["steps"]) for r in rows):
         cells = {r["variant"]: r for r in rows if (r["batch"], r["steps"]) == key}
         text = [
-            f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] ({c['speedup_vs_loop']:.2f}x)"
+            f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] "
+            f"({c['speedup_vs_loop']:.2f}x)"
             if "median_ms" in c
             else f"not exact: off by {c['check']['diff']:.2g} of the scale"
             for c in (cells[v] for v in variants)
@@ -539,27 +675,38 @@ def cell_table(rows, title):
 
 
 def learning_table(rows, steps):
-    """A markdown table: mean return of the second half of each run, per agent and seed, and their mean."""
+    """A markdown table: mean return of the second half of each run, per agent and seed, and their
+    mean."""
     agents = list(dict.fromkeys(r["agent"] for r in rows))
     seeds = list(dict.fromkeys(r["seed"] for r in rows))
     lines = [
-        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the episodes that ended in "
+        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the "
+        "episodes that ended in "
         "the second half of the run",
         "",
         "| agent | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
         "|---|" + "---|" * (len(seeds) + 1),
     ]
     for agent in agents:
-        values = [next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s) for s in seeds]
-        lines.append(f"| {agent} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {statistics.mean(values):.1f} |")
+        values = [
+            next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s)
+            for s in seeds
+        ]
+        lines.append(
+            f"| {agent} | "
+            + " | ".join(f"{v:.1f}" for v in values)
+            + f" | {statistics.mean(values):.1f} |"
+        )
     return lines
 
 
 def markdown(result):
     machine, settings = result["machine"], result["settings"]
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; torch "
-        f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} intra-op thread(s)",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
+        "torch "
+        f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} "
+        "intra-op thread(s)",
         f"Started {result['started']}"
         + (
             f"; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms"
@@ -571,12 +718,14 @@ def markdown(result):
     if result["models"]:
         lines += cell_table(
             result["models"],
-            "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up over mingru-loop)",
+            "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up over "
+            "mingru-loop)",
         ) + [""]
     if result["candidates"]:
         lines += cell_table(
             result["candidates"],
-            "Scan candidates on bare a, b (forward + backward), ms: median [p10-p90] (speed-up over the loop)",
+            "Scan candidates on bare a, b (forward + backward), ms: median [p10-p90] (speed-up "
+            "over the loop)",
         ) + [""]
     if result["learning"]:
         lines += learning_table(result["learning"], settings["learning_steps"]) + [""]
@@ -606,7 +755,10 @@ def plot(result, path):
                 [r["median_ms"] for r in mine],
                 marker="o",
                 label=variant,
-                yerr=[[r["median_ms"] - r["p10_ms"] for r in mine], [r["p90_ms"] - r["median_ms"] for r in mine]],
+                yerr=[
+                    [r["median_ms"] - r["p10_ms"] for r in mine],
+                    [r["p90_ms"] - r["median_ms"] for r in mine],
+                ],
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -623,13 +775,26 @@ def plot(result, path):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", nargs="+", type=positive_int, help="sequence lengths T (default: 16 64 256 1024)")
-    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--steps", nargs="+", type=positive_int, help="sequence lengths T (default: 16 64 256 1024)"
+    )
+    parser.add_argument(
+        "--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)"
+    )
     parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
     parser.add_argument("--block-ms", type=positive_float, help="one block's length (default: 200)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="intra-op threads on a CPU (the scripts use 1)")
-    parser.add_argument("--candidates", action="store_true", help="also time every scan candidate on bare tensors")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="intra-op threads on a CPU (the scripts use 1)",
+    )
+    parser.add_argument(
+        "--candidates", action="store_true", help="also time every scan candidate on bare tensors"
+    )
     parser.add_argument(
         "--no-models",
         dest="models",
@@ -637,16 +802,29 @@ def parse_args(argv):
         default=None,
         help="skip the four sequence-model variants (skipped by default with --tasks)",
     )
-    parser.add_argument("--learning", action="store_true", help="also train the LSTM and minGRU agents at equal steps")
-    parser.add_argument("--learning-steps", type=positive_int, default=61440, help="env steps of each learning run")
+    parser.add_argument(
+        "--learning",
+        action="store_true",
+        help="also train the LSTM and minGRU agents at equal steps",
+    )
+    parser.add_argument(
+        "--learning-steps", type=positive_int, default=61440, help="env steps of each learning run"
+    )
     parser.add_argument(
         "--tasks",
         nargs="*",
         choices=list(TASKS),
-        help="train the LSTM, minGRU and no memory on these POMDPs (none named: the default set) at each one's budget",
+        help="train the LSTM, minGRU and no memory on these POMDPs (none named: the default set) "
+        "at each one's budget",
     )
-    parser.add_argument("--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)")
-    parser.add_argument("--task-steps", type=positive_int, help="env steps of every --tasks run (default: each task's)")
+    parser.add_argument(
+        "--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)"
+    )
+    parser.add_argument(
+        "--task-steps",
+        type=positive_int,
+        help="env steps of every --tasks run (default: each task's)",
+    )
     parser.add_argument(
         "--compiled-steps",
         type=int,
@@ -654,16 +832,28 @@ def parse_args(argv):
         help="env steps of each compiled twin's sps run with --tasks (0: none)",
     )
     parser.add_argument(
-        "--seeds", nargs="+", type=int, help="seeds of the learning and task runs (default: 1-5 and 1-3)"
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="seeds of the learning and task runs (default: 1-5 and 1-3)",
     )
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
     parser.add_argument(
-        "--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks (of a tensor's scale)"
+        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
     )
-    parser.add_argument("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")
+    parser.add_argument(
+        "--rtol",
+        type=positive_float,
+        default=1e-5,
+        help="relative tolerance of the checks (of a tensor's scale)",
+    )
+    parser.add_argument(
+        "--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks"
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
+    )
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
     args = parser.parse_args(argv)
@@ -683,23 +873,32 @@ def parse_args(argv):
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (p10 and p90 need two timings)")
     if not (args.models or args.candidates or args.learning or args.tasks):
-        parser.error("--no-models with neither --candidates, --learning nor --tasks leaves nothing to do")
+        parser.error(
+            "--no-models with neither --candidates, --learning nor --tasks leaves nothing to do"
+        )
     return args
 
 
 def main(argv=None):
-    """Run what the flags ask for, print the tables, write the results; exit status 1 if a check failed."""
+    """Run what the flags ask for, print the tables, write the results; exit status 1 if a check
+    failed."""
     args = parse_args(argv)
     device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     scripts = {
-        name: load_script(name, args.scripts_dir) for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
+        name: load_script(name, args.scripts_dir)
+        for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
     }
     started = datetime.now().isoformat(timespec="seconds")
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
     if args.tasks:
-        found = {"machine": machine_info(), "started": started, "settings": settings, "tasks": tasks(args)}
+        found = {
+            "machine": machine_info(),
+            "started": started,
+            "settings": settings,
+            "tasks": tasks(args),
+        }
         stem = f"memory-tasks-{datetime.now():%Y%m%d-%H%M%S}"
         paths = write_result(found, args.out, stem, tasks_markdown, tasks_plot)
         print(tasks_markdown(found))
@@ -716,7 +915,9 @@ def main(argv=None):
         "learning": learning(args) if args.learning else [],
     }
     figure = plot if result["models"] or result["candidates"] else None
-    paths = write_result(result, args.out, f"memory-{datetime.now():%Y%m%d-%H%M%S}", markdown, figure)
+    paths = write_result(
+        result, args.out, f"memory-{datetime.now():%Y%m%d-%H%M%S}", markdown, figure
+    )
     print(markdown(result))
     note("wrote " + ", ".join(map(str, paths)))
     return 0

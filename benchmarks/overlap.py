@@ -1,50 +1,57 @@
-"""Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async mode, each next to
-the bound its design can reach.
+"""Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async
+mode, each next to the bound its design can reach.
 
-    python -m benchmarks.overlap                  # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
-    python -m benchmarks.overlap --quick          # a smoke run (~1 min): short blocks, tiny Atari budgets
+    python -m benchmarks.overlap  # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
+    python -m benchmarks.overlap --quick  # a smoke run (~1 min): short blocks, tiny Atari budgets
     python -m benchmarks.overlap --skip-atari     # the stand-in envs alone
-    python -m benchmarks.overlap --compile        # the Atari policy compiled (in the rollouts and the scripts' runs)
+    # the Atari policy compiled (in the rollouts and the scripts' runs)
+    python -m benchmarks.overlap --compile
 
-Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but the async one).
-`async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv` the first B envs done stepping,
-act on them, `send` their actions, while the other envs step in the pool's threads (`--env-threads`, by default the
-async script's: one fewer than the cores, so that the policy keeps one).
+Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but
+the async one). `async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv`
+the first B envs done stepping, act on them, `send` their actions, while the other envs step in the
+pool's threads (`--env-threads`, by default the async script's: one fewer than the cores, so that
+the policy keeps one).
 
-Bounds, from costs measured alone, in blocks of their own that take turns with the rollouts' in every round (so a
-noisy machine hits costs and rollouts alike; medians over the rounds): E, the env-only time per env step in the
-design's own mode (the same loop with fixed or random actions, no policy), and A, the acting time per env step at
-the design's batch (the policy called on B frames, over B). sync: 1 / (E + A) env steps/s, as stepping and acting
-alternate; async: 1 / max(E, A), as they overlap. Each rollout's sps is reported as a ratio to its design's bound.
-Two caveats:
-- with k = envs / B batches in flight, each batch still waits for its own actions before it steps again, so the
-  stand-in rows add the pipeline bound 1 / max(E + A / k, A): a batch steps in the time all envs do (E x envs, with a
-  thread per env as in the stand-in), then waits A x B for its actions, and k batches share one policy. At k = 2 and
-  E near A it is well below max(E, A): only more batches (smaller B), or a policy much cheaper or dearer than the
-  envs, bring the async design near the larger-of-the-two bound;
-- on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for the envs and
-  A with the policy alone, so neither bound counts what one takes from the other.
+Bounds, from costs measured alone, in blocks of their own that take turns with the rollouts' in
+every round (so a noisy machine hits costs and rollouts alike; medians over the rounds): E, the
+env-only time per env step in the design's own mode (the same loop with fixed or random actions, no
+policy), and A, the acting time per env step at the design's batch (the policy called on B frames,
+over B). sync: 1 / (E + A) env steps/s, as stepping and acting alternate; async: 1 / max(E, A), as
+they overlap. Each rollout's sps is reported as a ratio to its design's bound. Two caveats:
+- with k = envs / B batches in flight, each batch still waits for its own actions before it steps
+  again, so the stand-in rows add the pipeline bound 1 / max(E + A / k, A): a batch steps in the
+  time all envs do (E x envs, with a thread per env as in the stand-in), then waits A x B for its
+  actions, and k batches share one policy. At k = 2 and E near A it is well below max(E, A): only
+  more batches (smaller B), or a policy much cheaper or dearer than the envs, bring the async design
+  near the larger-of-the-two bound;
+- on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for
+  the envs and A with the policy alone, so neither bound counts what one takes from the other.
 
-(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread, outside the GIL,
-one thread per env in every design (the envs can all step at once in each); the policy is a fixed matmul, per frame
-a chain of [64, 64] products calibrated so that acting on all envs costs about `--policy-ms` (its cost grows with the
-batch, as a network's). Each of `--rounds` rounds times a block of `--seconds` of every design's rollout and envs
-alone, and of the policy alone at every batch size (a quarter as long), in an order rotated each round.
-(b) PPO Atari with envpool (`--env-id`, by default Breakout-v5, 8 envs). sync: the twin's rollout phase, its loop
-over `num_steps` reproduced line for line in `twin_rollout` below (tests/test_overlap.py checks each line against the
-twin) with the twin's `make_envs` and `finished_games`, then its bootstrap value. The async script's `collect_rollout`
-with `--async-batch-size` = `--num-envs` takes the same env steps, but with its own by-env bookkeeping: the twin's
-loop itself is what the twin runs. async B: ppo_atari_envpool_async.py's `collect_rollout` (imported), with the
-script's storage and state carried from rollout to rollout. Both act with one agent (the twin's `make_learner`), so
-A is the same network in both; E comes from each design's envpool stepped with pre-drawn random actions. Rollouts of
-`--atari-steps` steps, `--atari-rollouts` per block, one untimed first; env-only and acting blocks as in (a). Beside
-them, the whole iteration (rollout and update): each script run once for 20480 env steps, 3 iterations of burn-in
-(`--quick`: 512 steps in rollouts of 16 steps, 1 of burn-in), its SUMMARY's `sps`.
+(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
+outside the GIL, one thread per env in every design (the envs can all step at once in each); the
+policy is a fixed matmul, per frame a chain of [64, 64] products calibrated so that acting on all
+envs costs about `--policy-ms` (its cost grows with the batch, as a network's). Each of `--rounds`
+rounds times a block of `--seconds` of every design's rollout and envs alone, and of the policy
+alone at every batch size (a quarter as long), in an order rotated each round. (b) PPO Atari with
+envpool (`--env-id`, by default Breakout-v5, 8 envs). sync: the twin's rollout phase, its loop over
+`num_steps` reproduced line for line in `twin_rollout` below (tests/test_overlap.py checks each line
+against the twin) with the twin's `make_envs` and `finished_games`, then its bootstrap value. The
+async script's `collect_rollout` with `--async-batch-size` = `--num-envs` takes the same env steps,
+but with its own by-env bookkeeping: the twin's loop itself is what the twin runs. async B:
+ppo_atari_envpool_async.py's `collect_rollout` (imported), with the script's storage and state
+carried from rollout to rollout. Both act with one agent (the twin's `make_learner`), so A is the
+same network in both; E comes from each design's envpool stepped with pre-drawn random actions.
+Rollouts of `--atari-steps` steps, `--atari-rollouts` per block, one untimed first; env-only and
+acting blocks as in (a). Beside them, the whole iteration (rollout and update): each script run once
+for 20480 env steps, 3 iterations of burn-in (`--quick`: 512 steps in rollouts of 16 steps, 1 of
+burn-in), its SUMMARY's `sps`.
 
-torch runs `--threads` intra-op threads (default 1, the scripts' runs get OMP_NUM_THREADS the same): more spin in
-OpenMP and take the cores the envs step on. Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`):
-every block's sps, the medians, costs, bounds and ratios, the machine; the tables; a plot of each design's sps under
-its bounds. A script run that fails ends the benchmark with status 1. Timings on a busy machine are noise.
+torch runs `--threads` intra-op threads (default 1, the scripts' runs get OMP_NUM_THREADS the same):
+more spin in OpenMP and take the cores the envs step on. Writes
+benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`): every block's sps, the medians,
+costs, bounds and ratios, the machine; the tables; a plot of each design's sps under its bounds. A
+script run that fails ends the benchmark with status 1. Timings on a busy machine are noise.
 """
 
 import argparse
@@ -81,7 +88,8 @@ FULL = {
     "seconds": 2.0,
     "atari_steps": 128,
     "atari_rollouts": 2,
-    "script_flags": ["--total-timesteps", "20480", "--measure-burnin", "3"],  # 20 iterations of 8 x 128 steps
+    # 20 iterations of 8 x 128 steps
+    "script_flags": ["--total-timesteps", "20480", "--measure-burnin", "3"],
 }
 QUICK = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -89,7 +97,16 @@ QUICK = {
     "seconds": 0.2,
     "atari_steps": 8,
     "atari_rollouts": 1,
-    "script_flags": ["--total-timesteps", "512", "--num-steps", "16", "--update-epochs", "1", "--measure-burnin", "1"],
+    "script_flags": [
+        "--total-timesteps",
+        "512",
+        "--num-steps",
+        "16",
+        "--update-epochs",
+        "1",
+        "--measure-burnin",
+        "1",
+    ],
 }
 WARMUP_CALLS = 5  # loop steps (or rollouts: 1) before a block's clock starts
 WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
@@ -99,8 +116,8 @@ WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
 
 
 def sync_loop(envs, act):
-    """One vector step per call, the synchronous way: act on every env's frame, then step them all. Returns a function
-    that takes one step and returns the env steps it took."""
+    """One vector step per call, the synchronous way: act on every env's frame, then step them all.
+    Returns a function that takes one step and returns the env steps it took."""
     obs, _ = envs.reset()
 
     def step():
@@ -112,8 +129,9 @@ def sync_loop(envs, act):
 
 
 def async_loop(envs, act):
-    """One batch per call, envpool's async way: receive the first envs done, act on them, send their actions (the
-    others step meanwhile). Returns a function that takes one batch and returns its env steps."""
+    """One batch per call, envpool's async way: receive the first envs done, act on them, send their
+    actions (the others step meanwhile). Returns a function that takes one batch and returns its env
+    steps."""
     envs.async_reset()
 
     def step():
@@ -125,8 +143,8 @@ def async_loop(envs, act):
 
 
 def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter):
-    """Env steps per second of `step()` (which returns the env steps it took), called for `seconds` after `warmup`
-    calls."""
+    """Env steps per second of `step()` (which returns the env steps it took), called for `seconds`
+    after `warmup` calls."""
     for _ in range(warmup):
         step()
     env_steps, start = 0, clock()
@@ -136,7 +154,8 @@ def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter
 
 
 def acting_step(act, frames, cuda=False):
-    """A step function for `steps_per_second`: the policy `act` on `frames` once (no autograd; on CUDA, waited for)."""
+    """A step function for `steps_per_second`: the policy `act` on `frames` once (no autograd; on
+    CUDA, waited for)."""
 
     def step():
         with torch.no_grad():
@@ -149,7 +168,8 @@ def acting_step(act, frames, cuda=False):
 
 
 def rollouts_block(one, rollouts):
-    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps); returns their sps."""
+    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps); returns
+    their sps."""
 
     def block():
         start, env_steps = time.perf_counter(), sum(one() for _ in range(rollouts))
@@ -159,8 +179,9 @@ def rollouts_block(one, rollouts):
 
 
 def alternate(blocks, rounds):
-    """Each block's rates over `rounds` rounds, the blocks (named functions that time one block and return its rate)
-    taking turns in an order rotated each round, so that a noisy machine hits each alike."""
+    """Each block's rates over `rounds` rounds, the blocks (named functions that time one block and
+    return its rate) taking turns in an order rotated each round, so that a noisy machine hits each
+    alike."""
     names, rates = list(blocks), {name: [] for name in blocks}
     for r in range(rounds):
         k = r % len(names)
@@ -170,27 +191,46 @@ def alternate(blocks, rounds):
 
 
 def bounds(design, num_envs, batch, env_sps, acting_sps):
-    """The design's costs per env step, E (`env_sps`: the envs alone) and A (`acting_sps`: frames/s of the policy on
-    `batch` frames), in µs, and its bound in env steps/s: 1 / (E + A) for sync, 1 / max(E, A) for async, where
-    stepping and acting overlap. For async also the pipeline bound of k = num_envs / batch batches,
-    1 / max(E + A / k, A), which holds where a batch steps in E x num_envs (a thread per env)."""
+    """The design's costs per env step, E (`env_sps`: the envs alone) and A (`acting_sps`: frames/s
+    of the policy on `batch` frames), in µs, and its bound in env steps/s: 1 / (E + A) for sync,
+    1 / max(E, A) for async, where stepping and acting overlap. For async also the pipeline
+    bound of k = num_envs / batch batches, 1 / max(E + A / k, A), which holds where a batch
+    steps in E x num_envs (a thread per env)."""
     env_us, act_us = 1e6 / env_sps, 1e6 / acting_sps
-    row = {"env_us_per_step": env_us, "acting_us_per_step": act_us, "acting_ms": batch * act_us / 1e3}
+    row = {
+        "env_us_per_step": env_us,
+        "acting_us_per_step": act_us,
+        "acting_ms": batch * act_us / 1e3,
+    }
     if design == "sync":
         return row | {"bound_sps": 1e6 / (env_us + act_us), "pipeline_bound_sps": None}
     k = num_envs / batch
-    return row | {"bound_sps": 1e6 / max(env_us, act_us), "pipeline_bound_sps": 1e6 / max(env_us + act_us / k, act_us)}
+    return row | {
+        "bound_sps": 1e6 / max(env_us, act_us),
+        "pipeline_bound_sps": 1e6 / max(env_us + act_us / k, act_us),
+    }
 
 
 def design_rows(case, plan, num_envs, rates, pipeline=True):
-    """One row per design of `plan` from the rates of its blocks (`rollout <design>`, `env-only <design>`,
-    `acting <batch>`): medians, costs, bounds and ratios; sps relative to sync. `pipeline`: whether the pipeline
-    bound holds (a thread per env)."""
+    """One row per design of `plan` from the rates of its blocks (`rollout <design>`, `env-only
+    <design>`, `acting <batch>`): medians, costs, bounds and ratios; sps relative to sync.
+    `pipeline`: whether the pipeline bound holds (a thread per env)."""
     rows = []
     for name, batch in plan:
-        env_sps, acting_sps = (statistics.median(rates[key]) for key in (f"env-only {name}", f"acting {batch}"))
-        row = {"case": case, "design": name, "batch": batch, "env_only_sps": env_sps, "acting_sps": acting_sps}
-        row |= {"env_only_blocks": rates[f"env-only {name}"], "acting_blocks": rates[f"acting {batch}"]}
+        env_sps, acting_sps = (
+            statistics.median(rates[key]) for key in (f"env-only {name}", f"acting {batch}")
+        )
+        row = {
+            "case": case,
+            "design": name,
+            "batch": batch,
+            "env_only_sps": env_sps,
+            "acting_sps": acting_sps,
+        }
+        row |= {
+            "env_only_blocks": rates[f"env-only {name}"],
+            "acting_blocks": rates[f"acting {batch}"],
+        }
         row |= bounds(name, num_envs, batch, env_sps, acting_sps)
         if not pipeline:
             row["pipeline_bound_sps"] = None
@@ -200,11 +240,14 @@ def design_rows(case, plan, num_envs, rates, pipeline=True):
 
 
 def summarize(row, sps):
-    """`row` with the blocks' `sps`, their median, min and max, and the median's ratio to the bounds."""
+    """`row` with the blocks' `sps`, their median, min and max, and the median's ratio to the
+    bounds."""
     median = statistics.median(sps)
     row |= {"sps": sps, "sps_median": median, "sps_min": min(sps), "sps_max": max(sps)}
     row["ratio_to_bound"] = median / row["bound_sps"]
-    row["ratio_to_pipeline_bound"] = median / row["pipeline_bound_sps"] if row["pipeline_bound_sps"] else None
+    row["ratio_to_pipeline_bound"] = (
+        median / row["pipeline_bound_sps"] if row["pipeline_bound_sps"] else None
+    )
     return row
 
 
@@ -222,10 +265,10 @@ def designs(num_envs, batch_sizes):
 
 
 def matmul_policy(policy_ms, num_envs, n_actions, seed=0):
-    """A policy of known cost: per frame, `rounds` products with one [WIDTH, WIDTH] matrix (a batched matmul, so the
-    cost grows with the batch), `rounds` calibrated so that acting on `num_envs` frames takes about `policy_ms`. The
-    action is the frame's step in its episode, mod `n_actions`. Returns the policy (numpy frames in, actions out) and
-    `rounds`."""
+    """A policy of known cost: per frame, `rounds` products with one [WIDTH, WIDTH] matrix (a
+    batched matmul, so the cost grows with the batch), `rounds` calibrated so that acting on
+    `num_envs` frames takes about `policy_ms`. The action is the frame's step in its episode,
+    mod `n_actions`. Returns the policy (numpy frames in, actions out) and `rounds`."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_envs, WIDTH, WIDTH, generator=g)
     w = torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5
@@ -238,7 +281,9 @@ def matmul_policy(policy_ms, num_envs, n_actions, seed=0):
 
     probe = 20
     work(num_envs, probe)  # the first calls allocate
-    per_round = statistics.median(time_block(lambda _: work(num_envs, probe), None, 10, False)) / probe
+    per_round = (
+        statistics.median(time_block(lambda _: work(num_envs, probe), None, 10, False)) / probe
+    )
     rounds = max(1, round(policy_ms / 1e3 / per_round))
 
     def act(obs):
@@ -253,7 +298,8 @@ def fixed_actions(obs):
 
 
 def standin_case(step_ms, args, act, frames):
-    """One step cost d: the rollout, env-only and acting blocks of every design, alternated over rounds."""
+    """One step cost d: the rollout, env-only and acting blocks of every design, alternated over
+    rounds."""
     plan = designs(args.num_envs, args.async_batch_sizes)
 
     def pool(batch):  # a thread per env in every design, so that all envs can step at once in each
@@ -287,8 +333,9 @@ def standin(args):
 
 
 def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, device):
-    """ppo_atari_envpool_torchcompile.py's rollout loop, line for line (its `for step in range(args.num_steps)`, the
-    games' scores computed by its `finished_games` and dropped instead of logged); returns the next frames."""
+    """ppo_atari_envpool_torchcompile.py's rollout loop, line for line (its `for step in
+    range(args.num_steps)`, the games' scores computed by its `finished_games` and dropped instead
+    of logged); returns the next frames."""
     for step in range(rollout.shape[0]):
         obs = rollout["obs"][step]
         obs.copy_(next_obs, non_blocking=True)
@@ -301,33 +348,44 @@ def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, 
 
         next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
         rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-        rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
-        rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+        rollout["terminations"][step] = torch.as_tensor(
+            terminations, device=device, dtype=torch.float
+        )
+        rollout["truncations"][step] = torch.as_tensor(
+            truncations, device=device, dtype=torch.float
+        )
         next_obs = torch.from_numpy(next_obs)
         finished_games(game_returns, infos, truncations)
     return next_obs
 
 
 def storage(rows, envs, device):
-    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs] of uint8 frames, actions and floats."""
+    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs] of uint8 frames, actions
+    and floats."""
     shape = (rows, envs.num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
-    rollout = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
-    rollout["obs"] = torch.zeros(*shape, *envs.single_observation_space.shape, dtype=torch.uint8, device=device)
+    rollout = TensorDict(
+        {key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device
+    )
+    rollout["obs"] = torch.zeros(
+        *shape, *envs.single_observation_space.shape, dtype=torch.uint8, device=device
+    )
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
     return rollout
 
 
 def twin_rollouts(twin, num_steps, envs, policy, get_value, device):
-    """A function that runs one rollout phase of the twin per call (its loop, then the bootstrap value it computes
-    after the loop) and returns its env steps."""
+    """A function that runs one rollout phase of the twin per call (its loop, then the bootstrap
+    value it computes after the loop) and returns its env steps."""
     rollout = storage(num_steps, envs, device)
     next_obs = torch.from_numpy(envs.reset()[0])
     game_returns = np.zeros(envs.num_envs)
 
     def one():
         nonlocal next_obs
-        next_obs = twin_rollout(envs, policy, rollout, next_obs, game_returns, twin.finished_games, device)
+        next_obs = twin_rollout(
+            envs, policy, rollout, next_obs, game_returns, twin.finished_games, device
+        )
         with torch.no_grad():
             get_value(next_obs.to(device))
         return rollout.numel()
@@ -336,23 +394,27 @@ def twin_rollouts(twin, num_steps, envs, policy, get_value, device):
 
 
 def async_rollouts(module, num_steps, envs, policy, get_value, device):
-    """A function that runs the async script's `collect_rollout` once per call (each env's `num_steps` steps and its
-    bootstrap value, the script's storage and state carried from call to call) and returns its env steps."""
-    rollout = module.make_storage(num_steps, envs.num_envs, envs.single_observation_space.shape, device)
+    """A function that runs the async script's `collect_rollout` once per call (each env's
+    `num_steps` steps and its bootstrap value, the script's storage and state carried from call
+    to call) and returns its env steps."""
+    rollout = module.make_storage(
+        num_steps, envs.num_envs, envs.single_observation_space.shape, device
+    )
     state = module.RolloutState(envs.num_envs)
     envs.async_reset()
 
     def one():
         sent = state.global_step
         module.collect_rollout(envs, policy, get_value, rollout, state, num_steps, lambda *_: None)
-        return state.global_step - sent  # num_steps x num_envs, a few more or fewer as envs run ahead
+        # num_steps x num_envs, a few more or fewer as envs run ahead
+        return state.global_step - sent
 
     return one
 
 
 def atari_policy(twin, agent_args, n_act, device, compile_policy):
-    """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and value function on a
-    fresh agent, the same for both designs."""
+    """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and
+    value function on a fresh agent, the same for both designs."""
     _, _, (policy, get_value, _) = twin.make_learner(agent_args, n_act, device)
     return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
 
@@ -368,17 +430,24 @@ def random_actions_of(envs, seed):
 
 
 def atari(args, device, scripts_dir):
-    """Rows of the twin's and the async script's rollout phase, with the env-only and acting costs and bounds."""
+    """Rows of the twin's and the async script's rollout phase, with the env-only and acting costs
+    and bounds."""
     twin, asynchronous = load_script(TWIN, scripts_dir), load_script(ASYNC, scripts_dir)
     plan = designs(args.num_envs, args.async_batch_sizes)
     agent_args = twin.Args(
-        env_id=args.env_id, num_envs=args.num_envs, num_steps=args.atari_steps, seed=args.seed, compile=args.compile
+        env_id=args.env_id,
+        num_envs=args.num_envs,
+        num_steps=args.atari_steps,
+        seed=args.seed,
+        compile=args.compile,
     )
 
     def pool(name, batch):
         if name == "sync":
             return twin.make_envs(args.env_id, args.num_envs, args.seed)
-        return asynchronous.make_envs(args.env_id, args.num_envs, batch, args.seed, args.env_threads)
+        return asynchronous.make_envs(
+            args.env_id, args.num_envs, batch, args.seed, args.env_threads
+        )
 
     torch.manual_seed(args.seed)
     with ExitStack() as stack:
@@ -387,10 +456,14 @@ def atari(args, device, scripts_dir):
             envs = stack.enter_context(closing(pool(name, batch)))
             if name == "sync":
                 frames = torch.from_numpy(envs.reset()[0]).to(device)
-                policy, get_value = atari_policy(twin, agent_args, envs.single_action_space.n, device, args.compile)
+                policy, get_value = atari_policy(
+                    twin, agent_args, envs.single_action_space.n, device, args.compile
+                )
                 one = twin_rollouts(twin, args.atari_steps, envs, policy, get_value, device)
             else:
-                one = async_rollouts(asynchronous, args.atari_steps, envs, policy, get_value, device)
+                one = async_rollouts(
+                    asynchronous, args.atari_steps, envs, policy, get_value, device
+                )
             one()  # untimed: the first rollout warms up (and compiles)
             blocks[f"rollout {name}"] = rollouts_block(one, args.atari_rollouts)
             envs_alone = stack.enter_context(closing(pool(name, batch)))
@@ -399,31 +472,49 @@ def atari(args, device, scripts_dir):
             step = acting_step(policy, frames[:batch], device.type == "cuda")
             blocks[f"acting {batch}"] = functools.partial(steps_per_second, step, args.seconds / 4)
         rates = alternate(blocks, args.rounds)
-    return design_rows(f"{args.env_id}, {args.num_envs} envs", plan, args.num_envs, rates, pipeline=False)
+    return design_rows(
+        f"{args.env_id}, {args.num_envs} envs", plan, args.num_envs, rates, pipeline=False
+    )
 
 
 def whole_iteration(args, scripts_dir, timeout=1800):
-    """Each script's SUMMARY sps (rollout and update, after its burn-in) from one brief run with `args.script_flags`
-    (FULL's or QUICK's); the async script once per async batch size."""
+    """Each script's SUMMARY sps (rollout and update, after its burn-in) from one brief run with
+    `args.script_flags` (FULL's or QUICK's); the async script once per async batch size."""
     rows = []
     threads = ["--env-threads", str(args.env_threads)]
-    runs = [(TWIN, [])] + [(ASYNC, ["--async-batch-size", str(batch), *threads]) for batch in args.async_batch_sizes]
+    runs = [(TWIN, [])] + [
+        (ASYNC, ["--async-batch-size", str(batch), *threads]) for batch in args.async_batch_sizes
+    ]
     for script, flags in runs:
         cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py"), "--env-id", args.env_id]
-        cmd += ["--num-envs", str(args.num_envs), "--seed", str(args.seed), *args.script_flags, *flags]
+        cmd += [
+            "--num-envs",
+            str(args.num_envs),
+            "--seed",
+            str(args.seed),
+            *args.script_flags,
+            *flags,
+        ]
         cmd += ["--compile"] if args.compile else []
         cmd += ["--no-cuda"] if args.device == "cpu" else []
         note("whole iterations: " + " ".join(cmd[1:]))
         with tempfile.TemporaryDirectory() as cwd:
             try:
                 env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+                )
             except subprocess.TimeoutExpired:
                 raise failure(cmd, f"ran past the {timeout} s timeout") from None
             if proc.returncode != 0:
                 raise failure(cmd, f"exited with status {proc.returncode}", proc.stderr)
             summary = parse_summary(cmd, proc)
-        rows.append({k: summary.get(k) for k in ("script", "sps", "sps_wall", "total_timesteps", "async_batch_size")})
+        rows.append(
+            {
+                k: summary.get(k)
+                for k in ("script", "sps", "sps_wall", "total_timesteps", "async_batch_size")
+            }
+        )
     return rows
 
 
@@ -431,16 +522,20 @@ def whole_iteration(args, scripts_dir, timeout=1800):
 
 
 def rows_table(rows):
-    """Markdown: per case and design, sps (median, min-max), the costs, the bounds and the ratios."""
+    """Markdown: per case and design, sps (median, min-max), the costs, the bounds and the
+    ratios."""
     lines = [
-        "| case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call | E + A or max(E, A) "
+        "| case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call "
+        "| E + A or max(E, A) "
         "bound sps | ratio to bound | pipeline bound sps | ratio to pipeline bound |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['case']} | {r['design']} | {r['sps_median']:.0f} ({r['sps_min']:.0f}-{r['sps_max']:.0f}) "
-            f"| {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | {r['acting_ms']:.3g} | {r['bound_sps']:.0f} "
+            f"| {r['case']} | {r['design']} | {r['sps_median']:.0f} "
+            f"({r['sps_min']:.0f}-{r['sps_max']:.0f}) "
+            f"| {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | {r['acting_ms']:.3g} | "
+            f"{r['bound_sps']:.0f} "
             f"| {r['ratio_to_bound']:.2f} | {optional(r['pipeline_bound_sps'], '.0f')} "
             f"| {optional(r['ratio_to_pipeline_bound'], '.2f')} |"
         )
@@ -452,7 +547,8 @@ def whole_iteration_table(rows):
     twin = rows[0]["sps"]
     return [
         f"| {r['script']} | {optional(r['async_batch_size'], 'd')} | {optional(r['sps'], '.0f')} "
-        f"| {optional(r['sps'] / twin if r['sps'] and twin else None, '.2f', 'x')} | {r['sps_wall']:.0f} "
+        f"| {optional(r['sps'] / twin if r['sps'] and twin else None, '.2f', 'x')} | "
+        f"{r['sps_wall']:.0f} "
         f"| {r['total_timesteps']} |"
         for r in rows
     ]
@@ -462,14 +558,16 @@ def markdown(result):
     settings = result["settings"]
     lines = [
         machine_line(result["machine"]) + f"; device {result['device']}",
-        f"Started {result['started']}; {settings['rounds']} alternating rounds; {settings['num_envs']} envs, async "
+        f"Started {result['started']}; {settings['rounds']} alternating rounds; "
+        f"{settings['num_envs']} envs, async "
         f"batches {' '.join(map(str, settings['async_batch_sizes']))}",
         "",
     ]
     if result["standin"]:
         lines += [
             f"(a) Stand-in envs (a step sleeps d in a thread per env) against a matmul policy of "
-            f"~{settings['policy_ms']:g} ms for {settings['num_envs']} frames; blocks of {settings['seconds']:g} s",
+            f"~{settings['policy_ms']:g} ms for {settings['num_envs']} frames; blocks of "
+            f"{settings['seconds']:g} s",
             "",
             *rows_table(result["standin"]["rows"]),
             "",
@@ -478,12 +576,14 @@ def markdown(result):
         lines += [
             f"(b) PPO Atari rollout phase (envpool), rollouts of {settings['atari_steps']} steps x "
             f"{settings['num_envs']} envs, {settings['atari_rollouts']} per block; "
-            f"policy {'compiled' if settings['compile'] else 'eager'}; async envs stepped by {settings['env_threads']} "
+            f"policy {'compiled' if settings['compile'] else 'eager'}; async envs stepped by "
+            f"{settings['env_threads']} "
             "envpool thread(s), sync envs by envpool's default",
             "",
             *rows_table(result["atari"]["rows"]),
             "",
-            f"Whole iterations (rollout + update), each script run once with {' '.join(settings['script_flags'])}:",
+            "Whole iterations (rollout + update), each script run once with "
+            f"{' '.join(settings['script_flags'])}:",
             "",
             "| script | async batch | sps (after burn-in) | vs twin | sps_wall | steps |",
             "|---|---:|---:|---:|---:|---:|",
@@ -494,8 +594,8 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Per case, each design's median sps (bar, min-max whiskers) with its bound (a black tick) and, for stand-in
-    async designs, the pipeline bound (a grey tick)."""
+    """Per case, each design's median sps (bar, min-max whiskers) with its bound (a black tick) and,
+    for stand-in async designs, the pipeline bound (a grey tick)."""
     from matplotlib.figure import Figure
 
     rows = (result["standin"]["rows"] if result["standin"] else []) + (
@@ -508,28 +608,55 @@ def plot(result, path):
         mine = [r for r in rows if r["case"] == case]
         x = range(len(mine))
         medians = [r["sps_median"] for r in mine]
-        spread = [[m - r["sps_min"] for m, r in zip(medians, mine)], [r["sps_max"] - m for m, r in zip(medians, mine)]]
+        spread = [
+            [m - r["sps_min"] for m, r in zip(medians, mine)],
+            [r["sps_max"] - m for m, r in zip(medians, mine)],
+        ]
         drawn = ax.bar(x, medians, yerr=spread, color=[f"C{i}" for i in x], capsize=3)
-        ax.bar_label(drawn, labels=[f"{r['ratio_to_bound']:.2f}" for r in mine], fontsize=7, label_type="center")
+        ax.bar_label(
+            drawn,
+            labels=[f"{r['ratio_to_bound']:.2f}" for r in mine],
+            fontsize=7,
+            label_type="center",
+        )
         left, right = [i - 0.4 for i in x], [i + 0.4 for i in x]
-        ax.hlines([r["bound_sps"] for r in mine], left, right, colors="black", label="bound: E + A, max(E, A)")
-        pipeline = [(i, r["pipeline_bound_sps"]) for i, r in zip(x, mine) if r["pipeline_bound_sps"]]
+        ax.hlines(
+            [r["bound_sps"] for r in mine],
+            left,
+            right,
+            colors="black",
+            label="bound: E + A, max(E, A)",
+        )
+        pipeline = [
+            (i, r["pipeline_bound_sps"]) for i, r in zip(x, mine) if r["pipeline_bound_sps"]
+        ]
         if pipeline:
             ends = ([i - 0.4 for i, _ in pipeline], [i + 0.4 for i, _ in pipeline])
             ax.hlines([p for _, p in pipeline], *ends, colors="grey", label="pipeline bound")
         ax.set_xticks(list(x), [r["design"] for r in mine], fontsize=7)
         ax.set_title(case, fontsize=9)
     axes[0].set_ylabel("env steps/s (labels: ratio to the black bound)")
-    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=7)
+    figure.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=7
+    )
     figure.suptitle(f"rollout phase, sync against async; {result['machine']['cpu']}", fontsize=8)
     save(figure, path)
 
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.overlap", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--step-ms", nargs="+", type=positive_float, help="stand-in step costs d (default: 0.1 1 10)")
-    parser.add_argument("--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.overlap", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--step-ms",
+        nargs="+",
+        type=positive_float,
+        help="stand-in step costs d (default: 0.1 1 10)",
+    )
+    parser.add_argument(
+        "--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs"
+    )
     parser.add_argument("--num-envs", type=positive_int, default=8, help="envs in every design")
     parser.add_argument(
         "--async-batch-sizes",
@@ -538,38 +665,63 @@ def parse_args(argv):
         help="async designs' batch sizes (default: envs / 2 and envs / 4; --quick: envs / 2)",
     )
     parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
-    parser.add_argument("--seconds", type=positive_float, help="one stand-in block's length (default: 2)")
+    parser.add_argument(
+        "--seconds", type=positive_float, help="one stand-in block's length (default: 2)"
+    )
     parser.add_argument("--skip-atari", action="store_true", help="only the stand-in envs")
     parser.add_argument("--env-id", default="Breakout-v5", help="the Atari game")
     parser.add_argument(
         "--env-threads",
         type=positive_int,
-        help="envpool's threads in the async designs, here and in the async script's runs (default: the script's, one"
+        help="envpool's threads in the async designs, here and in the async script's runs "
+        "(default: the script's, one"
         " fewer than the cores; the sync designs keep envpool's default, as the twin does)",
     )
-    parser.add_argument("--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)")
-    parser.add_argument("--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)")
     parser.add_argument(
-        "--threads", type=positive_int, default=1, help="torch's intra-op threads, here and in the scripts' runs"
+        "--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)"
     )
-    parser.add_argument("--compile", action="store_true", help="compile the Atari policy; the scripts run --compile")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="the Atari policy's device")
+    parser.add_argument(
+        "--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch's intra-op threads, here and in the scripts' runs",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="compile the Atari policy; the scripts run --compile"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="the Atari policy's device",
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
+    )
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="smoke-run defaults (about a minute in all)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke-run defaults (about a minute in all)"
+    )
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.env_threads is None:  # the async script's default: the cores this process may use, less one
+    # the async script's default: the cores this process may use, less one
+    if args.env_threads is None:
         args.env_threads = max(1, len(os.sched_getaffinity(0)) - 1)
-    if args.async_batch_sizes is None:  # the async script's default, and in a full run a quarter of the envs too
+    # the async script's default, and in a full run a quarter of the envs too
+    if args.async_batch_sizes is None:
         halves = [args.num_envs // 2] + ([] if args.quick else [args.num_envs // 4])
         args.async_batch_sizes = list(dict.fromkeys(b for b in halves if b > 0))
     bad = [b for b in args.async_batch_sizes if b >= args.num_envs or args.num_envs % b]
     if bad:
-        parser.error(f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller")
+        parser.error(
+            f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller"
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     return args
@@ -584,7 +736,11 @@ def main(argv=None):
         "machine": machine_info(),
         "device": str(device),
         "started": datetime.now().isoformat(timespec="seconds"),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "scripts_dir"},
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k != "scripts_dir"
+        },
         "standin": standin(args),
         "atari": None,
     }
@@ -598,7 +754,9 @@ def main(argv=None):
         except BenchmarkError as error:
             note(f"error: {error}")
             return 1
-    paths = write_result(result, args.out, f"overlap-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot)
+    paths = write_result(
+        result, args.out, f"overlap-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot
+    )
     print(markdown(result))
     note("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -1,13 +1,16 @@
-"""PNG plots of a benchmark, written next to its JSON and markdown: sps per variant per algorithm (bars with the
-min-max spread and the env-only limit as a dashed line), and per algorithm the episodic return of every run
-against wall-clock seconds and against environment steps, as LeanRL shows them.
+"""PNG plots of a benchmark, written next to its JSON and markdown: sps per variant per algorithm
+(bars with the min-max spread and the env-only limit as a dashed line), and per algorithm the
+episodic return of every run against wall-clock seconds and against environment steps, as LeanRL
+shows them.
 
-The learning curve of one run, from its `runs/<run_name>/summary.json` (the SUMMARY line names it):
+The learning curve of one run, from its `runs/<run_name>/summary.json` (the SUMMARY line names
+it):
 
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps 500000
     python -m benchmarks.plots runs/<run_name>/summary.json --out curve.png --baseline 1.2
 
-Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure state.
+Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure
+state.
 """
 
 import argparse
@@ -26,12 +29,14 @@ SMOOTHING = 10  # episodes in the trailing mean of a return curve
 
 
 def sps_bars(table):
-    """Per algorithm, in table order: its variants, their median sps, the distances down to the min and up to
-    the max (matplotlib's asymmetric error bars), and the algorithm's env-only sps (None where unmeasured)."""
+    """Per algorithm, in table order: its variants, their median sps, the distances down to the min
+    and up to the max (matplotlib's asymmetric error bars), and the algorithm's env-only sps
+    (None where unmeasured)."""
     bars = {}
     for r in table:
         algo = bars.setdefault(
-            r["algo"], {"variants": [], "median": [], "down": [], "up": [], "env_only": r["env_only_sps"]}
+            r["algo"],
+            {"variants": [], "median": [], "down": [], "up": [], "env_only": r["env_only_sps"]},
         )
         algo["variants"].append(r["variant"])
         algo["median"].append(r["sps_median"])
@@ -46,8 +51,8 @@ def smooth(values, window=SMOOTHING):
 
 
 def return_curves(runs, algo, window=SMOOTHING):
-    """Per variant of `algo`, in run order, one curve per run that finished an episode: its `steps`, `seconds` and
-    `returns` (smoothed over `window` episodes) from the run's SUMMARY curve."""
+    """Per variant of `algo`, in run order, one curve per run that finished an episode: its `steps`,
+    `seconds` and `returns` (smoothed over `window` episodes) from the run's SUMMARY curve."""
     curves = {}
     for run in runs:
         points = run["summary"]["curve"]
@@ -55,15 +60,22 @@ def return_curves(runs, algo, window=SMOOTHING):
             continue
         steps, seconds, returns = zip(*points)
         curves.setdefault(run["variant"], []).append(
-            {"steps": list(steps), "seconds": list(seconds), "returns": smooth(list(returns), window)}
+            {
+                "steps": list(steps),
+                "seconds": list(seconds),
+                "returns": smooth(list(returns), window),
+            }
         )
     return curves
 
 
 def draw_sps(ax, algo, bars):
-    """One algorithm's sps bars on a log axis (so the env-only limit fits beside them), each labelled."""
+    """One algorithm's sps bars on a log axis (so the env-only limit fits beside them), each
+    labelled."""
     colors = [COLORS.get(variant, "gray") for variant in bars["variants"]]
-    drawn = ax.bar(bars["variants"], bars["median"], yerr=[bars["down"], bars["up"]], color=colors, capsize=3)
+    drawn = ax.bar(
+        bars["variants"], bars["median"], yerr=[bars["down"], bars["up"]], color=colors, capsize=3
+    )
     ax.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
     ax.set_yscale("log")
     ax.set_title(algo, fontsize=9)
@@ -81,7 +93,8 @@ def draw_sps(ax, algo, bars):
 
 
 def sps_figure(table):
-    """Sps per variant (median, min-max bars), one panel per algorithm, with the env-only limit dashed."""
+    """Sps per variant (median, min-max bars), one panel per algorithm, with the env-only limit
+    dashed."""
     all_bars = sps_bars(table)
     figure = Figure(figsize=(3.2 * len(all_bars), 3.6), layout="constrained")
     axes = figure.subplots(1, len(all_bars), squeeze=False)[0]
@@ -92,8 +105,9 @@ def sps_figure(table):
 
 
 def curves_figure(algo, curves, window=SMOOTHING, baseline=None):
-    """`algo`'s return curves (from `return_curves`) against wall-clock seconds and against steps, one line per
-    run, one color per variant; `baseline`, if given, a dashed line (e.g. a random policy's return)."""
+    """`algo`'s return curves (from `return_curves`) against wall-clock seconds and against steps,
+    one line per run, one color per variant; `baseline`, if given, a dashed line (e.g. a random
+    policy's return)."""
     figure = Figure(figsize=(10, 3.8), layout="constrained")
     by_time, by_steps = figure.subplots(1, 2, sharey=True)
     for variant, runs in curves.items():
@@ -105,7 +119,11 @@ def curves_figure(algo, curves, window=SMOOTHING, baseline=None):
     if baseline is not None:
         for ax in (by_time, by_steps):
             ax.axhline(
-                baseline, color="black", linestyle="--", linewidth=1, label="random policy" if ax is by_steps else None
+                baseline,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label="random policy" if ax is by_steps else None,
             )
     by_time.set(xlabel="wall-clock seconds", ylabel=f"episodic return (mean of last {window})")
     by_steps.set(xlabel="environment steps")
@@ -121,8 +139,8 @@ def save(figure, path):
 
 
 def write(out_dir, stamp, table, runs):
-    """Write `<stamp>-sps.png` and, for each algorithm with finished episodes, `<stamp>-<algo>-returns.png` into
-    `out_dir`; returns their paths."""
+    """Write `<stamp>-sps.png` and, for each algorithm with finished episodes,
+    `<stamp>-<algo>-returns.png` into `out_dir`; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [save(sps_figure(table), out_dir / f"{stamp}-sps.png")]
     for algo in dict.fromkeys(r["algo"] for r in table):
@@ -133,7 +151,8 @@ def write(out_dir, stamp, table, runs):
 
 
 def read_summary(path):
-    """The summary object in the run's `summary.json` at `path`; a ValueError if it is not a JSON object."""
+    """The summary object in the run's `summary.json` at `path`; a ValueError if it is not a JSON
+    object."""
     summary = json.loads(Path(path).read_text())
     if not isinstance(summary, dict) or not isinstance(summary.get("curve"), list):
         raise ValueError(f"{path} is not a run's summary.json (no curve)")
@@ -142,7 +161,9 @@ def read_summary(path):
 
 def main(argv=None):
     """Draw the learning curve of one run's summary.json; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.plots", description="the learning curve of one run")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.plots", description="the learning curve of one run"
+    )
     parser.add_argument("summary", type=Path, help="the run's runs/<run_name>/summary.json")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--baseline", type=float, help="a random policy's return, drawn dashed")

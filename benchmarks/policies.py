@@ -1,12 +1,15 @@
-"""The acting policy of each optimized twin, built the way the twin's `main()` builds it, for `benchmarks.inference`.
+"""The acting policy of each optimized twin, built the way the twin's `main()` builds it, for
+`benchmarks.inference`.
 
-Each script is imported by path (scripts import nothing from the project); its networks are made with the
-default env's sizes, written here so that no env is created: HalfCheetah-v4 has 17 observations and 6 actions in
-[-1, 1], CartPole-v1 4 observations and 2 actions, envpool's Breakout-v5 stacks of 4 84x84 uint8 frames and 4
-actions. Every call runs under `torch.no_grad()`, as in the scripts.
+Each script is imported by path (scripts import nothing from the project); its networks are made
+with the default env's sizes, written here so that no env is created: HalfCheetah-v4 has 17
+observations and 6 actions in [-1, 1], CartPole-v1 4 observations and 2 actions, envpool's
+Breakout-v5 stacks of 4 84x84 uint8 frames and 4 actions. Every call runs under `torch.no_grad()`,
+as in the scripts.
 
-Each spec also says which outputs are deterministic, so that a compiled policy can be compared with the eager one
-value for value: inductor draws its own random numbers, so sampled outputs differ even under the same seed.
+Each spec also says which outputs are deterministic, so that a compiled policy can be compared with
+the eager one value for value: inductor draws its own random numbers, so sampled outputs differ even
+under the same seed.
 """
 
 from dataclasses import dataclass
@@ -22,10 +25,11 @@ ATARI_FRAMES, ATARI_ACT = (4, 84, 84), 4
 
 @dataclass(frozen=True)
 class Built:
-    """A policy ready to time: `source` is the training module whose weights it reads, `act` the function the
-    twin calls to act (on a weight-sharing copy of `source`, or on `source` itself), `host` the CPU script's numpy
-    policy on views of `source`'s weights (`make_host_policy`, what `<algo>_cpu.py` acts with; None on CUDA and
-    where there is no CPU script), called with numpy arrays."""
+    """A policy ready to time: `source` is the training module whose weights it reads, `act` the
+    function the twin calls to act (on a weight-sharing copy of `source`, or on `source` itself),
+    `host` the CPU script's numpy policy on views of `source`'s weights (`make_host_policy`, what
+    `<algo>_cpu.py` acts with; None on CUDA and where there is no CPU script), called with numpy
+    arrays."""
 
     source: torch.nn.Module
     act: Callable
@@ -37,11 +41,12 @@ class PolicySpec:
     """How to build, feed and check the acting policy of one optimized twin.
 
     `build(script, device, cpu)` returns a Built (`cpu`: the module of `cpu_script`, or None);
-    `observe(batch, device, generator)` a batch of observations;
-    `deterministic(outputs)` the outputs that do not depend on sampled noise, by name; `perturb(source)` changes
-    the source's weights in place, under no_grad, so that every deterministic output changes; `threads` is the
+    `observe(batch, device, generator)` a batch of observations; `deterministic(outputs)` the
+    outputs that do not depend on sampled noise, by name; `perturb(source)` changes the source's
+    weights in place, under no_grad, so that every deterministic output changes; `threads` is the
     intra-op thread count the CPU script sets (None: torch's default); `note` says what is compared;
-    `cpu_script` the algorithm's CPU script, whose numpy policy is timed on a CPU (None: it has none)."""
+    `cpu_script` the algorithm's CPU script, whose numpy policy is timed on a CPU (None: it has
+    none)."""
 
     name: str
     script: str
@@ -55,8 +60,8 @@ class PolicySpec:
 
 
 def scale_weights(module, factor=1.5):
-    """Multiply every parameter of `module` by `factor`, in place: what an optimizer step does to the memory the
-    acting policy reads."""
+    """Multiply every parameter of `module` by `factor`, in place: what an optimizer step does to
+    the memory the acting policy reads."""
     with torch.no_grad():
         for param in module.parameters():
             param.mul_(factor)
@@ -73,13 +78,15 @@ def float_obs(n_obs):
 
 def atari_obs(batch, device, generator):
     """uint8 frame stacks [batch, 4, 84, 84], as envpool returns them."""
-    return torch.randint(0, 256, (batch, *ATARI_FRAMES), dtype=torch.uint8, generator=generator).to(device)
+    return torch.randint(0, 256, (batch, *ATARI_FRAMES), dtype=torch.uint8, generator=generator).to(
+        device
+    )
 
 
 def build_ppo_continuous(script, device, cpu=None):
-    """PPO continuous: the agent and its weight-sharing acting copy; acting is `get_action_and_value`. The
-    log-std is set to -20 (a weight, not an op): the sampled action is then the mean to within ~1e-8, so the
-    whole actor can be compared."""
+    """PPO continuous: the agent and its weight-sharing acting copy; acting is
+    `get_action_and_value`. The log-std is set to -20 (a weight, not an op): the sampled action
+    is then the mean to within ~1e-8, so the whole actor can be compared."""
     agent = script.Agent(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device=device)
     with torch.no_grad():
         agent.actor_logstd.fill_(-20.0)
@@ -90,8 +97,8 @@ def build_ppo_continuous(script, device, cpu=None):
 
 
 def build_ppo_atari(script, device, cpu=None):
-    """PPO Atari: the Nature-CNN agent (channels-last on a CPU, as the twin makes it) and its weight-sharing acting
-    copy; acting is `get_action_and_value`."""
+    """PPO Atari: the Nature-CNN agent (channels-last on a CPU, as the twin makes it) and its
+    weight-sharing acting copy; acting is `get_action_and_value`."""
     agent = script.make_agent(ATARI_ACT, device)
     agent_inference = script.Agent(ATARI_ACT, device=device)
     from_module(agent).data.to_module(agent_inference)
@@ -109,8 +116,9 @@ def build_sac(script, device, cpu=None):
 
 
 def build_td3(script, device, cpu=None):
-    """TD3: the actor, its weight-sharing acting copy and `make_policy` around it, with an exploration noise of 0:
-    the same ops (the noise is still drawn, scaled and added), a deterministic action."""
+    """TD3: the actor, its weight-sharing acting copy and `make_policy` around it, with an
+    exploration noise of 0: the same ops (the noise is still drawn, scaled and added), a
+    deterministic action."""
     low, high = -torch.ones(HALF_CHEETAH_ACT), torch.ones(HALF_CHEETAH_ACT)
     actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
@@ -120,12 +128,17 @@ def build_td3(script, device, cpu=None):
 
 
 def build_dqn(script, device, cpu=None):
-    """DQN: epsilon-greedy `make_policy` on the Q-network, with epsilon 0 (start_e = end_e = 0): the same ops (the
-    coins are still drawn), a greedy, deterministic action. The duration is the default's, 0.5 x 500k steps."""
+    """DQN: epsilon-greedy `make_policy` on the Q-network, with epsilon 0 (start_e = end_e = 0): the
+    same ops (the coins are still drawn), a greedy, deterministic action. The duration is the
+    default's, 0.5 x 500k steps."""
     q_network = script.QNetwork(CARTPOLE_OBS, CARTPOLE_ACT, device=device)
     global_step = torch.zeros((), dtype=torch.long, device=device)
     host = cpu.make_host_policy(q_network, CARTPOLE_ACT, 0.0, 0.0, 250_000.0) if cpu else None
-    return Built(q_network, script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0), host)
+    return Built(
+        q_network,
+        script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0),
+        host,
+    )
 
 
 def negate_output_layer(q_network):
@@ -165,7 +178,8 @@ SPECS = {
         lambda out: {"mean": out[2]},
         scale_weights,
         None,
-        "the mean action; the sampled action and log-prob hold the noise (fc_logstd is not compared)",
+        "the mean action; the sampled action and log-prob hold the noise (fc_logstd is not "
+        "compared)",
         "sac_continuous_action_cpu",
     ),
     "td3": PolicySpec(

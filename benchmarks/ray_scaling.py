@@ -1,40 +1,47 @@
-"""Scaling efficiency of env runners on Ray, the way Tianshou's RayVecEnv was measured (tianshou issue #1172):
-environments whose step takes d seconds, stepped by R remote workers, in three designs.
+"""Scaling efficiency of env runners on Ray, the way Tianshou's RayVecEnv was measured (tianshou
+issue #1172): environments whose step takes d seconds, stepped by R remote workers, in three
+designs.
 
-    python -m benchmarks.ray_scaling                    # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
+    python -m benchmarks.ray_scaling  # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
     python -m benchmarks.ray_scaling --quick            # a tiny budget (the tests run it)
     python -m benchmarks.ray_scaling --ray-address 10.0.0.1:6379 --runners 16,32,64
 
 Designs:
-- per-step (the thread's baseline): R workers holding one environment each; the driver computes the actions of
-  all R environments in one forward pass and makes one remote call per environment step.
-- batched: R runners holding K environments each (a gymnasium vector env) and a CPU copy of the policy; one remote
-  call returns a T x K fragment (the fragment of leanrl/ppo_continuous_action_ray.py); the weights go out once per
-  iteration with `ray.put`.
-- double-buffered: batched, with each runner's next fragment called for before the learner's work on the last one.
+- per-step (the thread's baseline): R workers holding one environment each; the driver computes
+  the actions of all R environments in one forward pass and makes one remote call per
+  environment step.
+- batched: R runners holding K environments each (a gymnasium vector env) and a CPU copy of the
+  policy; one remote call returns a T x K fragment (the fragment of
+  leanrl/ppo_continuous_action_ray.py); the weights go out once per iteration with `ray.put`.
+- double-buffered: batched, with each runner's next fragment called for before the learner's
+  work on the last one.
 
-Every design runs iterations of the same size, T x K steps per worker, and after each the driver stands in for a
-learner for --update-s seconds (a sleep: a learner on its own core or GPU), so all three pay the same learning; only
-double buffering samples meanwhile. T is chosen so that a fragment is --fragment-s seconds of environment time:
-T = max(1, round(fragment_s / (K d))).
+Every design runs iterations of the same size, T x K steps per worker, and after each the driver
+stands in for a learner for --update-s seconds (a sleep: a learner on its own core or GPU), so
+all three pay the same learning; only double buffering samples meanwhile. T is chosen so that a
+fragment is --fragment-s seconds of environment time: T = max(1, round(fragment_s / (K d))).
 
-Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000 steps; a step sleeps
-d seconds (`sleep`: an environment waiting on a simulator or a device) or spins until it has used d seconds of CPU
-(`busy`: an environment computing; a spinning worker that the OS has descheduled does not count the time it
-waits). The policy is PPO continuous's actor (17-64-64-6, tanh), one intra-op thread everywhere.
+Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000
+steps; a step sleeps d seconds (`sleep`: an environment waiting on a simulator or a device) or
+spins until it has used d seconds of CPU (`busy`: an environment computing; a spinning worker
+that the OS has descheduled does not count the time it waits). The policy is PPO continuous's
+actor (17-64-64-6, tanh), one intra-op thread everywhere.
 
-Ideal sps, the same definition for the three designs: what the same R workers would reach if communication,
-inference and learning cost nothing. A worker steps its environments one after another, so it makes 1/d steps per
-second whatever K; R sleeping workers make R/d; busy ones cannot use more than the machine's cores, min(R, cores)/d.
-Efficiency = sps / ideal sps. Workers ask Ray for no CPU (num_cpus=0), so R may exceed the cores.
+Ideal sps, the same definition for the three designs: what the same R workers would reach if
+communication, inference and learning cost nothing. A worker steps its environments one after
+another, so it makes 1/d steps per second whatever K; R sleeping workers make R/d; busy ones
+cannot use more than the machine's cores, min(R, cores)/d. Efficiency = sps / ideal sps. Workers
+ask Ray for no CPU (num_cpus=0), so R may exceed the cores.
 
-Measured per cell: one untimed iteration, then iterations until --seconds have passed (at least two); sps counts
-the environment steps of the timed iterations over their wall time. The workers (max R of them) are started once and
-reconfigured for each cell. Reports the resident memory (VmRSS) of one worker.
+Measured per cell: one untimed iteration, then iterations until --seconds have passed (at least
+two); sps counts the environment steps of the timed iterations over their wall time. The workers
+(max R of them) are started once and reconfigured for each cell. Reports the resident memory
+(VmRSS) of one worker.
 
-Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to --out): the settings, the machine, one row per
-cell; the table; efficiency against step duration per design. Without --ray-address it starts a local Ray instance
-listening on 127.0.0.1 only; bad arguments or an unreachable address exit with status 2 and one line.
+Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to --out): the settings, the
+machine, one row per cell; the table; efficiency against step duration per design. Without
+--ray-address it starts a local Ray instance listening on 127.0.0.1 only; bad arguments or an
+unreachable address exit with status 2 and one line.
 """
 
 import os
@@ -58,12 +65,25 @@ from benchmarks.scripts import load_script
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")
 KINDS = ("sleep", "busy")
-FULL = {"durations": [0.1, 0.01, 0.001], "runners": [1, 2, 4, 8], "seconds": 1.5, "fragment_s": 0.5, "update_s": 0.05}
-QUICK = {"durations": [0.01, 0.001], "runners": [1, 2], "seconds": 0.1, "fragment_s": 0.04, "update_s": 0.004}
+FULL = {
+    "durations": [0.1, 0.01, 0.001],
+    "runners": [1, 2, 4, 8],
+    "seconds": 1.5,
+    "fragment_s": 0.5,
+    "update_s": 0.05,
+}
+QUICK = {
+    "durations": [0.01, 0.001],
+    "runners": [1, 2],
+    "seconds": 0.1,
+    "fragment_s": 0.04,
+    "update_s": 0.004,
+}
 
 
 class DelayEnv(gym.Env):
-    """An environment whose step takes `duration` seconds: of sleep (`busy=False`) or of CPU time (`busy=True`)."""
+    """An environment whose step takes `duration` seconds: of sleep (`busy=False`) or of CPU time
+    (`busy=True`)."""
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (N_OBS,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (N_ACT,), np.float32)
@@ -78,7 +98,8 @@ class DelayEnv(gym.Env):
         return self.obs, {}
 
     def step(self, action):
-        if self.busy:  # spins until this thread has had `duration` s of CPU: a descheduled thread does not advance
+        # spins until this thread has had `duration` s of CPU: a descheduled thread does not advance
+        if self.busy:
             end = time.thread_time() + self.duration
             while time.thread_time() < end:
                 pass
@@ -91,7 +112,9 @@ class DelayEnv(gym.Env):
 
 def actor_network():
     """PPO continuous's actor mean: 17-64-64-6 with tanh."""
-    return nn.Sequential(nn.Linear(N_OBS, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, N_ACT))
+    return nn.Sequential(
+        nn.Linear(N_OBS, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, N_ACT)
+    )
 
 
 def act(actor, obs):
@@ -112,19 +135,24 @@ class Worker:
         self.seed, self.actor = seed, actor_network()
 
     def configure(self, num_envs, duration, busy):
-        """Fresh environments: `num_envs` of them, each step taking `duration` s (`busy`: spinning)."""
+        """Fresh environments: `num_envs` of them, each step taking `duration` s (`busy`:
+        spinning)."""
         thunks = [lambda: DelayEnv(duration, busy)] * num_envs
-        self.envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.envs = gym.vector.SyncVectorEnv(
+            thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
         self.next_obs, _ = self.envs.reset(seed=self.seed)
         return self.next_obs[0]
 
     def step(self, action):
-        """One step of the first environment with `action` (the per-step design): obs, reward, terminated, truncated."""
+        """One step of the first environment with `action` (the per-step design): obs, reward,
+        terminated, truncated."""
         obs, reward, terminated, truncated, _ = self.envs.step(action[None])
         return obs[0], reward[0], terminated[0], truncated[0]
 
     def sample(self, weights, num_steps):
-        """A fragment of `num_steps` vector steps acting with `weights`: what an env runner returns."""
+        """A fragment of `num_steps` vector steps acting with `weights`: what an env runner
+        returns."""
         self.actor.load_state_dict(weights)
         n = self.envs.num_envs
         fragment = {
@@ -139,12 +167,18 @@ class Worker:
         for t in range(num_steps):
             fragment["obs"][t] = self.next_obs
             fragment["actions"][t], fragment["logprobs"][t] = act(self.actor, self.next_obs)
-            self.next_obs, fragment["rewards"][t], fragment["terminations"][t], fragment["truncations"][t], infos = (
-                self.envs.step(fragment["actions"][t])
-            )
+            (
+                self.next_obs,
+                fragment["rewards"][t],
+                fragment["terminations"][t],
+                fragment["truncations"][t],
+                infos,
+            ) = self.envs.step(fragment["actions"][t])
             fragment["final_obs"][t] = self.next_obs
             if "_final_obs" in infos:
-                fragment["final_obs"][t][infos["_final_obs"]] = np.stack(infos["final_obs"][infos["_final_obs"]])
+                fragment["final_obs"][t][infos["_final_obs"]] = np.stack(
+                    infos["final_obs"][infos["_final_obs"]]
+                )
         return fragment
 
     def resident_memory_mib(self):
@@ -154,18 +188,20 @@ class Worker:
 
 
 def steps_per_call(duration, num_envs, fragment_s):
-    """T: vector steps per fragment so that a fragment is about `fragment_s` seconds of environment time."""
+    """T: vector steps per fragment so that a fragment is about `fragment_s` seconds of environment
+    time."""
     return max(1, round(fragment_s / (num_envs * duration)))
 
 
 def ideal_sps(runners, duration, busy, cores):
-    """Steps per second of `runners` workers stepping one environment at a time if nothing else cost anything;
-    spinning workers share `cores`."""
+    """Steps per second of `runners` workers stepping one environment at a time if nothing else cost
+    anything; spinning workers share `cores`."""
     return (min(runners, cores) if busy else runners) / duration
 
 
 def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
-    """`num_steps` rounds of one remote step per worker, the driver acting for all; returns the last observations."""
+    """`num_steps` rounds of one remote step per worker, the driver acting for all; returns the last
+    observations."""
     for _ in range(num_steps):
         actions, _ = act(actor, obs)
         results = ray.get([w.step.remote(a) for w, a in zip(workers, actions)], timeout=timeout)
@@ -174,17 +210,24 @@ def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
 
 
 def measure(ray, workers, design, cell, settings):
-    """sps of one cell: `design` with these `workers`, each stepping `cell["num_envs"]` envs of `cell["duration"]`."""
+    """sps of one cell: `design` with these `workers`, each stepping `cell["num_envs"]` envs of
+    `cell["duration"]`."""
     actor, timeout = actor_network(), settings["timeout"]
     obs = np.stack(
         ray.get(
-            [w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers], timeout=timeout
+            [w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers],
+            timeout=timeout,
         )
     )
-    steps_per_worker = cell["num_steps"] * cell["envs_per_runner"]  # per iteration, the same in every design
+    # per iteration, the same in every design
+    steps_per_worker = cell["num_steps"] * cell["envs_per_runner"]
     steps_per_iteration = steps_per_worker * len(workers)
     weights = ray.put(actor.state_dict())
-    calls = [w.sample.remote(weights, cell["num_steps"]) for w in workers] if design != "per-step" else None
+    calls = (
+        [w.sample.remote(weights, cell["num_steps"]) for w in workers]
+        if design != "per-step"
+        else None
+    )
     iterations, start = -1, None  # iteration 0 is untimed
     while iterations < 2 or time.perf_counter() - start < settings["seconds"]:
         if iterations == 0:
@@ -202,12 +245,14 @@ def measure(ray, workers, design, cell, settings):
         iterations += 1
     elapsed = time.perf_counter() - start
     if calls and design == "double-buffered":
-        ray.get(calls, timeout=timeout)  # the fragment in flight: the next cell starts from idle workers
+        # the fragment in flight: the next cell starts from idle workers
+        ray.get(calls, timeout=timeout)
     return iterations * steps_per_iteration / elapsed
 
 
 def cells(args):
-    """Every cell of the table, in the order they run: per kind and step duration, the runner counts and designs."""
+    """Every cell of the table, in the order they run: per kind and step duration, the runner counts
+    and designs."""
     for kind in args.kinds:
         for duration in args.durations:
             for runners in args.runners:
@@ -221,12 +266,15 @@ def cells(args):
                         "design": design,
                         "num_envs": num_envs,
                         "envs_per_runner": args.envs_per_runner,
-                        "num_steps": steps_per_call(duration, args.envs_per_runner, args.fragment_s),
+                        "num_steps": steps_per_call(
+                            duration, args.envs_per_runner, args.fragment_s
+                        ),
                     }
 
 
 def run(ray, args):
-    """Start max(runners) workers, measure every cell, and return the rows and one worker's resident memory."""
+    """Start max(runners) workers, measure every cell, and return the rows and one worker's resident
+    memory."""
     worker_class = ray.remote(num_cpus=0)(Worker)
     workers = [worker_class.remote(seed) for seed in range(max(args.runners))]
     memory = ray.get(workers[0].resident_memory_mib.remote(), timeout=args.timeout)
@@ -235,7 +283,12 @@ def run(ray, args):
         sps = measure(ray, workers[: cell["runners"]], cell["design"], cell, vars(args))
         ideal = ideal_sps(cell["runners"], cell["duration"], cell["busy"], cores)
         row = {key: cell[key] for key in ("kind", "design", "runners", "duration", "num_steps")}
-        row |= {"envs": cell["runners"] * cell["num_envs"], "sps": sps, "ideal_sps": ideal, "efficiency": sps / ideal}
+        row |= {
+            "envs": cell["runners"] * cell["num_envs"],
+            "sps": sps,
+            "ideal_sps": ideal,
+            "efficiency": sps / ideal,
+        }
         note(
             f"{row['kind']:5} d={row['duration']:<6g} R={row['runners']:<3} {row['design']:15} "
             f"{sps:9.0f} sps  {row['efficiency']:6.1%}"
@@ -251,8 +304,10 @@ def markdown(result):
     lines = [
         machine_line(result["machine"]),
         "",
-        f"K = {s['envs_per_runner']} envs per runner (batched designs), fragments of ~{s['fragment_s']:g} s of env "
-        f"time, learner stand-in {s['update_s']:g} s per iteration, >= {s['seconds']:g} s per cell; one worker's "
+        f"K = {s['envs_per_runner']} envs per runner (batched designs), fragments of "
+        f"~{s['fragment_s']:g} s of env "
+        f"time, learner stand-in {s['update_s']:g} s per iteration, >= {s['seconds']:g} s per "
+        "cell; one worker's "
         f"resident memory {result['worker_memory_mib']:.0f} MiB; started {result['started']}",
         "",
         "| env | design | runners | envs | step duration (s) | T | sps | ideal sps | efficiency |",
@@ -267,7 +322,8 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Efficiency against step duration, one line per design and runner count, one panel per kind of env."""
+    """Efficiency against step duration, one line per design and runner count, one panel per kind of
+    env."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -277,14 +333,25 @@ def plot(result, path):
     for index, kind in enumerate(kinds):
         ax = fig.add_subplot(1, len(kinds), index + 1)
         rows = [r for r in result["rows"] if r["kind"] == kind]
-        for design, style, color in zip(DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")):
+        for design, style, color in zip(
+            DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")
+        ):
             for runners, marker in zip(dict.fromkeys(r["runners"] for r in rows), "os^Dv<>p*h"):
                 line = sorted(
-                    (r["duration"], r["efficiency"]) for r in rows if (r["design"], r["runners"]) == (design, runners)
+                    (r["duration"], r["efficiency"])
+                    for r in rows
+                    if (r["design"], r["runners"]) == (design, runners)
                 )
-                ax.plot(*zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}")
+                ax.plot(
+                    *zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}"
+                )
         ax.set_xscale("log")
-        ax.set(title=f"{kind} envs", xlabel="step duration (s)", ylabel="efficiency (sps / ideal)", ylim=(0, 1.1))
+        ax.set(
+            title=f"{kind} envs",
+            xlabel="step duration (s)",
+            ylabel="efficiency (sps / ideal)",
+            ylim=(0, 1.1),
+        )
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"env runners on Ray, {result['machine']['cpu']}", fontsize=9)
     fig.tight_layout()
@@ -292,25 +359,47 @@ def plot(result, path):
 
 
 def parse_args(argv):
-    """The command line; bad input exits with status 2 and one line naming the flag, before Ray starts."""
-    parser = OneLineParser(prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0])
+    """The command line; bad input exits with status 2 and one line naming the flag, before Ray
+    starts."""
+    parser = OneLineParser(
+        prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
         help="a tiny budget: d in 0.01,0.001, R in 1,2, fragments of 0.04 s, 0.1 s a cell",
     )
     parser.add_argument(
-        "--durations", type=values_of(positive_float), help="step durations d in s (default 0.1,0.01,0.001)"
+        "--durations",
+        type=values_of(positive_float),
+        help="step durations d in s (default 0.1,0.01,0.001)",
     )
-    parser.add_argument("--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)")
-    parser.add_argument("--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy")
-    parser.add_argument("--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs")
-    parser.add_argument("--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)")
-    parser.add_argument("--update-s", type=float, help="the learner's time per iteration, s (default 0.05)")
-    parser.add_argument("--seconds", type=positive_float, help="timed seconds per cell (default 1.5)")
+    parser.add_argument(
+        "--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)"
+    )
+    parser.add_argument(
+        "--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy"
+    )
+    parser.add_argument(
+        "--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs"
+    )
+    parser.add_argument(
+        "--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)"
+    )
+    parser.add_argument(
+        "--update-s", type=float, help="the learner's time per iteration, s (default 0.05)"
+    )
+    parser.add_argument(
+        "--seconds", type=positive_float, help="timed seconds per cell (default 1.5)"
+    )
     parser.add_argument("--timeout", type=positive_float, default=120.0, help="s, any remote call")
-    parser.add_argument("--ray-address", help="host:port of a running Ray cluster's head (default: a local instance)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument(
+        "--ray-address",
+        help="host:port of a running Ray cluster's head (default: a local instance)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
+    )
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
     for key, value in budget.items():
@@ -334,13 +423,25 @@ def main(argv=None):
     try:
         rows, memory = run(ray, args)
     except ray.exceptions.GetTimeoutError:
-        print(f"ray_scaling: a remote call took longer than --timeout {args.timeout:g} s", file=sys.stderr)
+        print(
+            f"ray_scaling: a remote call took longer than --timeout {args.timeout:g} s",
+            file=sys.stderr,
+        )
         return 1
     finally:
         ray.shutdown()
     settings = {
         key: getattr(args, key)
-        for key in ("durations", "runners", "kinds", "envs_per_runner", "fragment_s", "update_s", "seconds", "quick")
+        for key in (
+            "durations",
+            "runners",
+            "kinds",
+            "envs_per_runner",
+            "fragment_s",
+            "update_s",
+            "seconds",
+            "quick",
+        )
     }
     result = {
         "settings": settings,
@@ -350,19 +451,28 @@ def main(argv=None):
         "rows": rows,
         "best": best(rows),
     }
-    paths = write_result(result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot)
+    paths = write_result(
+        result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot
+    )
     print(markdown(result))
     note("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
 def best(rows):
-    """Per kind, design and step duration, the best efficiency over the runner counts (the README's summary)."""
+    """Per kind, design and step duration, the best efficiency over the runner counts (the README's
+    summary)."""
     groups = {}
     for r in rows:
         groups.setdefault((r["kind"], r["design"], r["duration"]), []).append(r["efficiency"])
     return [
-        {"kind": k, "design": d, "duration": s, "efficiency_max": max(v), "efficiency_median": statistics.median(v)}
+        {
+            "kind": k,
+            "design": d,
+            "duration": s,
+            "efficiency_max": max(v),
+            "efficiency_median": statistics.median(v),
+        }
         for (k, d, s), v in groups.items()
     ]
 

@@ -1,8 +1,9 @@
-"""What the harness benchmarks: one `Algo` line per algorithm, and the variants every algorithm runs in.
+"""What the harness benchmarks: one `Algo` line per algorithm, and the variants every algorithm runs
+in.
 
-Adding an algorithm is one line in `ALGOS`. Its scripts are `leanrl/<eager>.py`, `leanrl/<eager>_torchcompile.py`
-and, for the algorithms with a CPU script (`cpu=True`), `leanrl/<eager>_cpu.py`; an entry whose scripts are not on
-disk is skipped with a note.
+Adding an algorithm is one line in `ALGOS`. Its scripts are `leanrl/<eager>.py`,
+`leanrl/<eager>_torchcompile.py` and, for the algorithms with a CPU script (`cpu=True`),
+`leanrl/<eager>_cpu.py`; an entry whose scripts are not on disk is skipped with a note.
 """
 
 from dataclasses import dataclass, field
@@ -10,8 +11,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running an algorithm: which of its scripts (the eager one's name + `suffix`), with which flags,
-    and whether it needs CUDA."""
+    """One way of running an algorithm: which of its scripts (the eager one's name + `suffix`), with
+    which flags, and whether it needs CUDA."""
 
     name: str
     suffix: str
@@ -23,8 +24,9 @@ class Variant:
 class Algo:
     """An algorithm: its eager script's stem and the flags of every run under each budget.
 
-    `variant_flags` maps a variant's name to flags added to that variant only (e.g. best CPU settings); `cpu`: the
-    algorithm has a CPU script, `<eager>_cpu.py`, which the `cpu` variant runs.
+    `variant_flags` maps a variant's name to flags added to that variant only (e.g. best CPU
+    settings); `cpu`: the algorithm has a CPU script, `<eager>_cpu.py`, which the `cpu` variant
+    runs.
     """
 
     name: str
@@ -44,7 +46,8 @@ class Algo:
         return f"{self.eager}{variant.suffix}"
 
     def runs(self, variant):
-        """Whether `variant` is one of this algorithm's (the `cpu` variant only where there is a CPU script)."""
+        """Whether `variant` is one of this algorithm's (the `cpu` variant only where there is a CPU
+        script)."""
         return self.cpu or variant.suffix != CPU_SUFFIX
 
 
@@ -54,12 +57,24 @@ VARIANTS = (
     Variant("torchcompile", suffix="_torchcompile"),
     Variant("compile", suffix="_torchcompile", flags=("--compile",)),
     Variant("cudagraphs", suffix="_torchcompile", flags=("--cudagraphs",), needs_cuda=True),
-    Variant("compile+cudagraphs", suffix="_torchcompile", flags=("--compile", "--cudagraphs"), needs_cuda=True),
+    Variant(
+        "compile+cudagraphs",
+        suffix="_torchcompile",
+        flags=("--compile", "--cudagraphs"),
+        needs_cuda=True,
+    ),
     Variant("cpu", suffix=CPU_SUFFIX),
 )
 
 # SAC's and TD3's quick budget: 1,000 random steps, then 500 updates, sps over the last 450
-HALF_CHEETAH_QUICK = ("--env-id", "HalfCheetah-v4", "--total-timesteps", "1500", "--learning-starts", "1000")
+HALF_CHEETAH_QUICK = (
+    "--env-id",
+    "HalfCheetah-v4",
+    "--total-timesteps",
+    "1500",
+    "--learning-starts",
+    "1000",
+)
 HALF_CHEETAH_QUICK += ("--measure-burnin", "50")
 
 ALGOS = (
@@ -70,7 +85,13 @@ ALGOS = (
         full=("--total-timesteps", "30000"),
         cpu=True,
     ),
-    Algo("dqn", "dqn", quick=("--total-timesteps", "20000"), full=("--total-timesteps", "100000"), cpu=True),
+    Algo(
+        "dqn",
+        "dqn",
+        quick=("--total-timesteps", "20000"),
+        full=("--total-timesteps", "100000"),
+        cpu=True,
+    ),
     Algo(
         "td3",
         "td3_continuous_action",
@@ -81,26 +102,30 @@ ALGOS = (
     Algo(
         "ppo_continuous_action",
         "ppo_continuous_action",
-        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "10240", "--measure-burnin", "2"),  # 5 iterations
+        # 5 iterations
+        quick=("--env-id", "HalfCheetah-v4", "--total-timesteps", "10240", "--measure-burnin", "2"),
         full=("--total-timesteps", "204800"),
         cpu=True,
     ),
     Algo(
         "ppo_lstm",
         "ppo_lstm",
-        quick=("--total-timesteps", "10240", "--measure-burnin", "2"),  # 10 iterations, velocity-hidden CartPole-v1
+        # 10 iterations, velocity-hidden CartPole-v1
+        quick=("--total-timesteps", "10240", "--measure-burnin", "2"),
         full=("--total-timesteps", "200000"),
     ),
     Algo(
         "ppo_mingru",
         "ppo_mingru",
-        quick=("--total-timesteps", "10240", "--measure-burnin", "2"),  # 10 iterations, velocity-hidden CartPole-v1
+        # 10 iterations, velocity-hidden CartPole-v1
+        quick=("--total-timesteps", "10240", "--measure-burnin", "2"),
         full=("--total-timesteps", "200000"),
     ),
     Algo(
         "ppo_atari_envpool",
         "ppo_atari_envpool",
-        quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),  # 6 iterations
+        # 6 iterations
+        quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),
         full=("--total-timesteps", "204800"),
     ),
 )

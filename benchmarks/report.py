@@ -1,14 +1,14 @@
-"""Turn the runs' SUMMARY objects into a table (median sps, spread, ratio to eager, the env-only limit) and write
-the results."""
+"""Turn the runs' SUMMARY objects into a table (median sps, spread, ratio to eager, the env-only
+limit) and write the results."""
 
 import json
 import statistics
 
 
 def rows(runs, env_limits):
-    """One row per (algorithm, variant), in the order the runs came, with sps statistics, the ratio of each
-    variant's median sps to the median of its algorithm's eager variant, and the algorithm's env-only sps (from
-    `env_limits`, by algorithm; None where it has none)."""
+    """One row per (algorithm, variant), in the order the runs came, with sps statistics, the ratio
+    of each variant's median sps to the median of its algorithm's eager variant, and the
+    algorithm's env-only sps (from `env_limits`, by algorithm; None where it has none)."""
     groups = {}
     for run in runs:
         groups.setdefault((run["algo"], run["variant"]), []).append(run["summary"])
@@ -21,7 +21,8 @@ def rows(runs, env_limits):
 
 
 def row(algo, variant, summaries):
-    """The statistics of one variant's runs: sps median, min and max, mean return (None if no run had one)."""
+    """The statistics of one variant's runs: sps median, min and max, mean return (None if no run
+    had one)."""
     sps = [s["sps"] for s in summaries]
     returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
     return {
@@ -37,8 +38,11 @@ def row(algo, variant, summaries):
 
 def machine_line(machine):
     """The machine in one line, to sit above the figures it produced."""
-    versions = ", ".join(f"{name} {version}" for name, version in machine["versions"].items() if version)
-    return f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; {versions}"
+    versions = ", ".join(
+        f"{name} {version}" for name, version in machine["versions"].items() if version
+    )
+    gpu = machine["gpu"] or "none"
+    return f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {gpu}; {versions}"
 
 
 def optional(value, spec, suffix=""):
@@ -47,20 +51,22 @@ def optional(value, spec, suffix=""):
 
 
 def markdown(table, machine, settings):
-    """The table in markdown, headed by the machine and the settings (budget, repeats, seeds, time) of the
-    benchmark."""
+    """The table in markdown, headed by the machine and the settings (budget, repeats, seeds, time)
+    of the benchmark."""
     seeds = " ".join(map(str, settings["seeds"]))
     lines = [
         machine_line(machine),
         f"Budget: {settings['budget']}, {settings['repeats']} repeats per variant (seeds {seeds}), "
         f"started {settings['started']}",
         "",
-        "| algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean | runs |",
+        "| algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean | "
+        "runs |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in table:
         lines.append(
-            f"| {r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} "
+            f"| {r['algo']} | {r['variant']} | {r['sps_median']:.0f} | "
+            f"{r['sps_min']:.0f}-{r['sps_max']:.0f} "
             f"| {optional(r['vs_eager'], '.2f', 'x')} | {optional(r['env_only_sps'], '.0f')} "
             f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
         )
@@ -68,7 +74,8 @@ def markdown(table, machine, settings):
 
 
 def write(out_dir, stamp, document, table_md):
-    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`; returns both paths."""
+    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`;
+    returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / f"{stamp}.json", out_dir / f"{stamp}.md"
     json_path.write_text(json.dumps(document, indent=2) + "\n")
@@ -77,8 +84,9 @@ def write(out_dir, stamp, document, table_md):
 
 
 def write_result(result, out_dir, stem, markdown, plot=None):
-    """Write a benchmark's `result` as `<stem>.json`, its `markdown(result)` as `<stem>.md` and, with `plot`, its
-    figure `plot(result, path)` as `<stem>.png` into `out_dir`; returns the paths."""
+    """Write a benchmark's `result` as `<stem>.json`, its `markdown(result)` as `<stem>.md` and,
+    with `plot`, its figure `plot(result, path)` as `<stem>.png` into `out_dir`; returns the
+    paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")

@@ -1,47 +1,53 @@
-"""Serving an acting policy over `torch.distributed.rpc`: one agent process answers the action requests of N
-observer processes that step real gymnasium environments, with one forward pass per request or one per batch of
-requests, eager or compiled.
+"""Serving an acting policy over `torch.distributed.rpc`: one agent process answers the action
+requests of N observer processes that step real gymnasium environments, with one forward pass
+per request or one per batch of requests, eager or compiled.
 
-    python -m benchmarks.rpc_inference                                    # 8 observers, batch off,on, 4 policies
+    python -m benchmarks.rpc_inference  # 8 observers, batch off,on, 4 policies
     python -m benchmarks.rpc_inference --policies dqn --observers 1,2,4,8 --batch on
     python -m benchmarks.rpc_inference --policies ppo_continuous --compile off,on --batch on
 
-One of --observers, --batch and --compile may list several values, comma-separated: it is the x-axis, and each
-value (times each policy, times --repeats, the values alternating) is one run. A run is a fresh set of processes
-on this machine: a coordinator, the agent and the observers, all on loopback (MASTER_ADDR=127.0.0.1; the launcher
-hosts the rendezvous store on a free port it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo`
-interface), one intra-op thread each.
+One of --observers, --batch and --compile may list several values, comma-separated: it is the
+x-axis, and each value (times each policy, times --repeats, the values alternating) is one run.
+A run is a fresh set of processes on this machine: a coordinator, the agent and the observers,
+all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store on a free port
+it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op
+thread each.
 
-The agent builds the policy as its optimized twin builds it (benchmarks/policies.py), compiled with `torch.compile`
-under --compile on (compile time reported apart as setup_s). Each observer steps its own environment (the
-policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for PPO continuous, SAC and TD3, whose sizes the policies
-are built with; one MuJoCo step is ~0.1 ms) and asks the agent for an action every step, `--steps` steps an
-episode, resetting the environment inside an episode when it ends. Unbatched, the agent runs one forward pass
-per request, one at a time; batched, it waits for one request from every observer, runs them as one batch and
-answers each observer with its own row. A warm-up episode of `--warmup-steps` steps is not measured.
+The agent builds the policy as its optimized twin builds it (benchmarks/policies.py), compiled
+with `torch.compile` under --compile on (compile time reported apart as setup_s). Each observer
+steps its own environment (the policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for PPO
+continuous, SAC and TD3, whose sizes the policies are built with; one MuJoCo step is ~0.1 ms)
+and asks the agent for an action every step, `--steps` steps an episode, resetting the
+environment inside an episode when it ends. Unbatched, the agent runs one forward pass per
+request, one at a time; batched, it waits for one request from every observer, runs them as one
+batch and answers each observer with its own row. A warm-up episode of `--warmup-steps` steps is
+not measured.
 
-Metrics, at p50/p75/p90/p95: agent latency, from the arrival of a batch's first request to its answers being
-ready (unbatched: a batch of one, waiting for the agent included); agent throughput, batch size / agent latency;
-observer latency, from an observer's request to its answer; observer throughput, 1 / observer latency. Also
-served/s: all requests over the wall time of the timed episodes.
+Metrics, at p50/p75/p90/p95: agent latency, from the arrival of a batch's first request to its
+answers being ready (unbatched: a batch of one, waiting for the agent included); agent
+throughput, batch size / agent latency; observer latency, from an observer's request to its
+answer; observer throughput, 1 / observer latency. Also served/s: all requests over the wall
+time of the timed episodes.
 
-Checks, in the run: the answers served during the first --check-steps steps of the first timed episode must
-equal the eager policy's answer to the same observation alone (a batch of one) within |a - b| <= atol + rtol |b|
-(integer actions: at most 1% may differ), so a batched or compiled answer equals the unbatched eager one and
-each observer got its own row; then every observer asks again with a fixed observation, the agent's weights are
-changed in place, and the answers must change and equal the eager policy's on the new weights. A failed check
-ends the benchmark with exit status 1 after the results are written.
+Checks, in the run: the answers served during the first --check-steps steps of the first timed
+episode must equal the eager policy's answer to the same observation alone (a batch of one)
+within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ), so a batched or
+compiled answer equals the unbatched eager one and each observer got its own row; then every
+observer asks again with a fixed observation, the agent's weights are changed in place, and the
+answers must change and equal the eager policy's on the new weights. A failed check ends the
+benchmark with exit status 1 after the results are written.
 
-Faults: every remote call has a timeout (--rpc-timeout for each action request and as init_rpc's default,
---timeout for setup and whole episodes), and the launcher gives each run --timeout seconds. A process that dies,
-an agent that stops answering or a run past its time ends the benchmark with exit status 1 and one line naming
-what failed; every process is killed on failure and on Ctrl-C, and dies with the launcher (Linux). Each process
-writes its output to a log, kept only when its run failed. Bad arguments exit with status 2 before any process
-starts.
+Faults: every remote call has a timeout (--rpc-timeout for each action request and as init_rpc's
+default, --timeout for setup and whole episodes), and the launcher gives each run --timeout
+seconds. A process that dies, an agent that stops answering or a run past its time ends the
+benchmark with exit status 1 and one line naming what failed; every process is killed on failure
+and on Ctrl-C, and dies with the launcher (Linux). Each process writes its output to a log, kept
+only when its run failed. Bad arguments exit with status 2 before any process starts.
 
-Writes benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out): the arguments, the axis, each run's
-metrics and checks, one row per policy and axis value (the median over its repeats), the machine; the tables;
-agent throughput, served/s and observer latency against the axis.
+Writes benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out): the arguments, the
+axis, each run's metrics and checks, one row per policy and axis value (the median over its
+repeats), the machine; the tables; agent throughput, served/s and observer latency against the
+axis.
 """
 
 import argparse
@@ -86,8 +92,14 @@ ENVS = {  # policy -> (the environment its observers step, the answer they step 
     "dqn": ("CartPole-v1", "action"),
 }
 AXES = ("observers", "batch", "compile")
-QUANTILES = {"p50": 9, "p75": 14, "p90": 17, "p95": 18}  # indices into the 19 cut points of n=20 quantiles
-DISTRIBUTIONS = ("agent_latency_ms", "agent_throughput", "observer_latency_ms", "observer_throughput")
+# indices into the 19 cut points of n=20 quantiles
+QUANTILES = {"p50": 9, "p75": 14, "p90": 17, "p95": 18}
+DISTRIBUTIONS = (
+    "agent_latency_ms",
+    "agent_throughput",
+    "observer_latency_ms",
+    "observer_throughput",
+)
 SCALARS = (
     "served_per_s",
     "policy_us_per_request",
@@ -104,12 +116,13 @@ GRACE_S = 20.0  # how long finished processes get to leave rpc.shutdown before t
 
 
 class Batcher:
-    """Gathers one request per slot into one batch, runs `answer` on it once, and answers each request with its own
-    row. With one slot every request is its own batch: requests are served one at a time, in arrival order.
+    """Gathers one request per slot into one batch, runs `answer` on it once, and answers each
+    request with its own row. With one slot every request is its own batch: requests are served
+    one at a time, in arrival order.
 
-    `answer(batch)` returns a dict of tensors whose first dimension is the batch. `batches` holds, per answered
-    batch, [seconds from the first request's arrival to the answers being ready, batch size, seconds in
-    `answer`]."""
+    `answer(batch)` returns a dict of tensors whose first dimension is the batch. `batches`
+    holds, per answered batch, [seconds from the first request's arrival to the answers being
+    ready, batch size, seconds in `answer`]."""
 
     def __init__(self, answer, slots):
         self.answer, self.slots = answer, slots
@@ -138,7 +151,8 @@ class Batcher:
         return row
 
     def _run(self):
-        """Answer the full batch, in slot order; returns its Future and outputs, and opens the next batch."""
+        """Answer the full batch, in slot order; returns its Future and outputs, and opens the next
+        batch."""
         batch = torch.stack([self.pending[slot] for slot in range(self.slots)])
         start = time.perf_counter()
         outputs = self.answer(batch)
@@ -150,27 +164,34 @@ class Batcher:
 
 
 def take_row(outputs, row):
-    """Row `row` of every output, copied, so that RPC sends the row and not the batch's whole storage."""
+    """Row `row` of every output, copied, so that RPC sends the row and not the batch's whole
+    storage."""
     return {name: tensor[row].clone() for name, tensor in outputs.items()}
 
 
 class AgentServer:
-    """The policy on the agent process: built as its twin builds it, eager or compiled, warmed up at the batch size
-    it will serve, then answering observers through a Batcher (`observers` slots batched, one slot unbatched).
-    After the warm-up, the process's compile stance is fail_on_recompile: one static graph per run."""
+    """The policy on the agent process: built as its twin builds it, eager or compiled, warmed up at
+    the batch size it will serve, then answering observers through a Batcher (`observers` slots
+    batched, one slot unbatched). After the warm-up, the process's compile stance is
+    fail_on_recompile: one static graph per run."""
 
     def __init__(self, policy, observers, batch, compiled, backend, seed, scripts_dir):
         start = time.perf_counter()
         torch.manual_seed(seed)
         self.spec = SPECS[policy]
-        self.built = self.spec.build(load_script(self.spec.script, scripts_dir), torch.device("cpu"))
+        self.built = self.spec.build(
+            load_script(self.spec.script, scripts_dir), torch.device("cpu")
+        )
         act = torch.compile(self.built.act, backend=backend) if compiled else self.built.act
         slots = observers if batch else 1
         with torch.no_grad():
-            warm = self.spec.observe(slots, torch.device("cpu"), torch.Generator().manual_seed(seed))
+            warm = self.spec.observe(
+                slots, torch.device("cpu"), torch.Generator().manual_seed(seed)
+            )
             for _ in range(COMPILE_WARMUP if compiled else 1):
                 act(warm)
-        torch.compiler.set_stance("fail_on_recompile")  # in this process from now on: a recompile is an error
+        # in this process from now on: a recompile is an error
+        torch.compiler.set_stance("fail_on_recompile")
         self.batcher = Batcher(lambda obs: self.answer(act, obs), slots)
         self.setup_s = time.perf_counter() - start
         self.cpu_mark = time.process_time()
@@ -189,16 +210,19 @@ class AgentServer:
         return self.setup_s
 
     def take_batches(self):
-        """The batches answered since the last call (Batcher.batches) and the CPU seconds this process used
-        meanwhile, all its threads; starts a new record."""
+        """The batches answered since the last call (Batcher.batches) and the CPU seconds this
+        process used meanwhile, all its threads; starts a new record."""
         batches, self.batcher.batches = self.batcher.batches, []
         cpu_mark, self.cpu_mark = self.cpu_mark, time.process_time()
         return batches, self.cpu_mark - cpu_mark
 
     def reference(self, observations):
-        """The eager policy's answer to each observation alone (a batch of one), as the check's reference."""
+        """The eager policy's answer to each observation alone (a batch of one), as the check's
+        reference."""
         with torch.no_grad():
-            return [take_row(self.answer(self.built.act, obs.unsqueeze(0)), 0) for obs in observations]
+            return [
+                take_row(self.answer(self.built.act, obs.unsqueeze(0)), 0) for obs in observations
+            ]
 
     def perturb(self):
         """Change the training module's weights in place, as an optimizer step does."""
@@ -207,7 +231,8 @@ class AgentServer:
 
 @rpc.functions.async_execution
 def request_action(agent_rref, observer, obs):
-    """Runs on the agent: the Future of `observer`'s answer for `obs` (async: batched requests hold no thread)."""
+    """Runs on the agent: the Future of `observer`'s answer for `obs` (async: batched requests hold
+    no thread)."""
     return agent_rref.local_value().act(observer, obs)
 
 
@@ -224,10 +249,14 @@ class Observer:
         self.seed = seed
 
     def ask(self, agent_rref, obs, step):
-        """The agent's answer to `obs`; a timeout or a lost agent raises one line naming this observer."""
+        """The agent's answer to `obs`; a timeout or a lost agent raises one line naming this
+        observer."""
         try:
             return rpc.rpc_sync(
-                agent_rref.owner(), request_action, args=(agent_rref, self.index, obs), timeout=self.rpc_timeout
+                agent_rref.owner(),
+                request_action,
+                args=(agent_rref, self.index, obs),
+                timeout=self.rpc_timeout,
             )
         except RuntimeError as error:
             raise RuntimeError(
@@ -236,7 +265,8 @@ class Observer:
             ) from None
 
     def env_action(self, answer):
-        """The answer as an action the environment takes (continuous actions clipped to its bounds)."""
+        """The answer as an action the environment takes (continuous actions clipped to its
+        bounds)."""
         action = answer[self.action_key]
         if action.dim() == 0:
             return int(action)
@@ -244,8 +274,9 @@ class Observer:
         return action.numpy().clip(space.low, space.high)
 
     def run_episode(self, agent_rref, steps, record):
-        """Reset and take `steps` steps (resetting when the environment ends an episode); returns each request's
-        latency in seconds, the first `record` (observation, answer) pairs and the CPU seconds this process used."""
+        """Reset and take `steps` steps (resetting when the environment ends an episode); returns
+        each request's latency in seconds, the first `record` (observation, answer) pairs and
+        the CPU seconds this process used."""
         cpu_start = time.process_time()
         obs, _ = self.env.reset(seed=self.seed)
         self.seed = None  # only the first reset is seeded
@@ -268,8 +299,8 @@ class Observer:
 
 
 def first_line(error):
-    """The first meaningful line of an exception's text: RPC wraps a remote error in lines of its own (the worker
-    it ran on, the exception's repr, the remote traceback)."""
+    """The first meaningful line of an exception's text: RPC wraps a remote error in lines of its
+    own (the worker it ran on, the exception's repr, the remote traceback)."""
     for line in str(error).splitlines():
         text = line.strip().removeprefix("RuntimeError: ").removeprefix("RPCErr:1:")
         if text.startswith(("RuntimeError('", 'RuntimeError("')):
@@ -296,26 +327,31 @@ def wait_each(futures, names):
 
 
 def run_episodes(observers, agent, steps, record, timeout):
-    """Every observer runs one episode at once; returns their run_episode results, in observer order."""
+    """Every observer runs one episode at once; returns their run_episode results, in observer
+    order."""
     futures = [ob.rpc_async(timeout=timeout).run_episode(agent, steps, record) for ob in observers]
     return wait_each(futures, [ob.owner().name for ob in observers])
 
 
 def probe(observers, agent, observations, timeout):
-    """Every observer asks for the answer to its observation at once; returns the answers in observer order."""
-    futures = [ob.rpc_async(timeout=timeout).probe(agent, obs) for ob, obs in zip(observers, observations)]
+    """Every observer asks for the answer to its observation at once; returns the answers in
+    observer order."""
+    futures = [
+        ob.rpc_async(timeout=timeout).probe(agent, obs) for ob, obs in zip(observers, observations)
+    ]
     return wait_each(futures, [ob.owner().name for ob in observers])
 
 
 def compare(answers, references, rtol, atol):
-    """(ok, worst difference) of served answers against their references, both lists of dicts of tensors."""
+    """(ok, worst difference) of served answers against their references, both lists of dicts of
+    tensors."""
     results = [difference(got, ref, rtol, atol) for got, ref in zip(answers, references)]
     return all(ok for ok, _ in results), max(worst for _, worst in results)
 
 
 def check_weights_update(observers, agent, observations, settings):
-    """Probe, change the agent's weights in place, probe again: the answers must change and match the eager
-    policy on the new weights. Returns {"ok", "changed", "diff"}."""
+    """Probe, change the agent's weights in place, probe again: the answers must change and match
+    the eager policy on the new weights. Returns {"ok", "changed", "diff"}."""
     timeout, rtol, atol = settings["timeout"], settings["rtol"], settings["atol"]
     before = probe(observers, agent, observations, timeout)
     agent.rpc_sync(timeout=timeout).perturb()
@@ -335,8 +371,8 @@ def percentiles(values):
 
 
 def run_metrics(batches, agent_cpu_s, episodes, wall_s):
-    """The run's metrics from the agent's batches (Batcher.batches) and CPU seconds, and the observers' episodes
-    (run_episode's results per observer, per episode) over `wall_s` seconds."""
+    """The run's metrics from the agent's batches (Batcher.batches) and CPU seconds, and the
+    observers' episodes (run_episode's results per observer, per episode) over `wall_s` seconds."""
     latencies = [latency for episode in episodes for observer in episode for latency in observer[0]]
     observer_cpu_s = sum(observer[2] for episode in episodes for observer in episode)
     requests = len(latencies)
@@ -356,8 +392,8 @@ def run_metrics(batches, agent_cpu_s, episodes, wall_s):
 
 
 def start_roles(config, settings):
-    """Create the agent (built, compiled, warmed up) and the observers; returns their RRefs and the agent's
-    setup seconds."""
+    """Create the agent (built, compiled, warmed up) and the observers; returns their RRefs and the
+    agent's setup seconds."""
     timeout = settings["timeout"]
     agent = rpc.remote(
         "agent",
@@ -387,9 +423,9 @@ def start_roles(config, settings):
 
 
 def coordinate(config, settings, phase):
-    """The coordinator's work for one run: start the roles, run the warm-up and the timed episodes (the first
-    records the answers to check), collect the metrics, run the checks; `phase(text)` tells the launcher where
-    the run is. Returns the run's record."""
+    """The coordinator's work for one run: start the roles, run the warm-up and the timed episodes
+    (the first records the answers to check), collect the metrics, run the checks; `phase(text)`
+    tells the launcher where the run is. Returns the run's record."""
     timeout, steps = settings["timeout"], settings["steps"]
     agent, observers, setup_s = start_roles(config, settings)
     if settings["warmup_steps"]:
@@ -398,14 +434,18 @@ def coordinate(config, settings, phase):
     phase(f"agent ready (setup {setup_s:.1f} s), timed episodes running")
     start = time.perf_counter()
     episodes = [
-        run_episodes(observers, agent, steps, settings["check_steps"] if episode == 0 else 0, timeout)
+        run_episodes(
+            observers, agent, steps, settings["check_steps"] if episode == 0 else 0, timeout
+        )
         for episode in range(settings["episodes"])
     ]
     wall_s = time.perf_counter() - start
     batches, agent_cpu_s = agent.rpc_sync(timeout=timeout).take_batches()
     samples = [sample for observer in episodes[0] for sample in observer[1]]
     reference = agent.rpc_sync(timeout=timeout).reference([obs for obs, _ in samples])
-    ok, diff = compare([answer for _, answer in samples], reference, settings["rtol"], settings["atol"])
+    ok, diff = compare(
+        [answer for _, answer in samples], reference, settings["rtol"], settings["atol"]
+    )
     probes = [observer[1][0][0] for observer in episodes[0]]
     return {
         **config,
@@ -417,14 +457,16 @@ def coordinate(config, settings, phase):
 
 
 def die_with_parent():
-    """Have the kernel kill this process when the launcher dies, even by SIGKILL (Linux; a no-op elsewhere)."""
+    """Have the kernel kill this process when the launcher dies, even by SIGKILL (Linux; a no-op
+    elsewhere)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def start_barrier(port, world_size, timeout_s):
-    """Wait, at most `timeout_s`, until every process of the run has started: init_rpc's rendezvous waits only
-    rpc_timeout for the slowest, and starting ten interpreters on two cores can take longer."""
+    """Wait, at most `timeout_s`, until every process of the run has started: init_rpc's rendezvous
+    waits only rpc_timeout for the slowest, and starting ten interpreters on two cores can take
+    longer."""
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
     if store.add("started", 1) == world_size:
         store.set("all_started", "1")
@@ -433,10 +475,11 @@ def start_barrier(port, world_size, timeout_s):
 
 
 def process_main(name, rank, world_size, port, config, settings, log_path, result_path):
-    """Every process of a run: quiet to a log, one intra-op thread, loopback only; join the RPC world; the
-    coordinator does the run and writes its record (or its error) to `result_path`."""
+    """Every process of a run: quiet to a log, one intra-op thread, loopback only; join the RPC
+    world; the coordinator does the run and writes its record (or its error) to `result_path`."""
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it kills every process
+    # Ctrl-C is the launcher's to handle: it kills every process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -453,7 +496,9 @@ def process_main(name, rank, world_size, port, config, settings, log_path, resul
     )  # connect to the launcher's store, as torchrun's ranks do
     store = start_barrier(port, world_size, settings["timeout"])
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method="env://", rpc_timeout=settings["rpc_timeout"], num_worker_threads=max(16, config["observers"] + 8)
+        init_method="env://",
+        rpc_timeout=settings["rpc_timeout"],
+        num_worker_threads=max(16, config["observers"] + 8),
     )
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
     if name == "coordinator":
@@ -488,9 +533,9 @@ def exit_reason(code):
 
 
 def supervise(processes, store, result_path, timeout_s, run_label):
-    """Wait for the coordinator to finish, at most `timeout_s`, noting the phases it sets in `store`; returns None
-    on success or the line naming what failed (a process that ended badly, the coordinator's error, or the
-    deadline)."""
+    """Wait for the coordinator to finish, at most `timeout_s`, noting the phases it sets in
+    `store`; returns None on success or the line naming what failed (a process that ended badly,
+    the coordinator's error, or the deadline)."""
     deadline = time.monotonic() + timeout_s
     coordinator = processes["coordinator"]
     while True:
@@ -506,11 +551,14 @@ def supervise(processes, store, result_path, timeout_s, run_label):
             return None if result_path.exists() else "the coordinator ended without a result"
         if time.monotonic() > deadline:
             return f"the run took more than --timeout {timeout_s:g} s"
-        multiprocessing.connection.wait([p.sentinel for p in processes.values() if p.exitcode is None], timeout=0.5)
+        multiprocessing.connection.wait(
+            [p.sentinel for p in processes.values() if p.exitcode is None], timeout=0.5
+        )
 
 
 def stop(processes, grace_s):
-    """Give the processes `grace_s` seconds to leave, then kill and reap the rest; returns those killed."""
+    """Give the processes `grace_s` seconds to leave, then kill and reap the rest; returns those
+    killed."""
     deadline = time.monotonic() + grace_s
     for process in processes.values():
         process.join(max(0.0, deadline - time.monotonic()))
@@ -523,8 +571,8 @@ def stop(processes, grace_s):
 
 
 def run_one(config, settings, log_dir):
-    """Start the processes of one run, supervise them, stop them all; returns the run's record, or raises
-    RunFailed with the line naming what failed."""
+    """Start the processes of one run, supervise them, stop them all; returns the run's record, or
+    raises RunFailed with the line naming what failed."""
     log_dir.mkdir(parents=True, exist_ok=True)
     result_path = log_dir / "result.json"
     names = ["coordinator", "agent", *(f"observer{i}" for i in range(config["observers"]))]
@@ -546,10 +594,21 @@ def run_one(config, settings, log_dir):
             processes[name] = context.Process(
                 target=process_main,
                 name=name,
-                args=(name, rank, len(names), port, config, settings, str(log_dir / f"{name}.log"), str(result_path)),
+                args=(
+                    name,
+                    rank,
+                    len(names),
+                    port,
+                    config,
+                    settings,
+                    str(log_dir / f"{name}.log"),
+                    str(result_path),
+                ),
             )
             processes[name].start()
-        note(f"{label(config)}: " + ", ".join(f"{name} pid {p.pid}" for name, p in processes.items()))
+        note(
+            f"{label(config)}: " + ", ".join(f"{name} pid {p.pid}" for name, p in processes.items())
+        )
         failure = supervise(processes, store, result_path, settings["timeout"], label(config))
     finally:
         killed = stop(processes, GRACE_S if failure is None else 0.0)
@@ -557,15 +616,18 @@ def run_one(config, settings, log_dir):
     if failure:
         raise RunFailed(f"{label(config)}: {failure} (logs: {log_dir})")
     if killed:
-        note(f"{label(config)}: killed {', '.join(killed)}, still in rpc.shutdown after {GRACE_S:g} s")
+        note(
+            f"{label(config)}: killed {', '.join(killed)}, still in rpc.shutdown after "
+            f"{GRACE_S:g} s"
+        )
     record = json.loads(result_path.read_text())
     shutil.rmtree(log_dir)
     return record
 
 
 def combine(runs, axis):
-    """One row per policy and axis value: the median over its repeats of every metric (of each percentile for the
-    four distributions); its checks pass only if every repeat's did."""
+    """One row per policy and axis value: the median over its repeats of every metric (of each
+    percentile for the four distributions); its checks pass only if every repeat's did."""
     groups = {}
     for run in runs:
         groups.setdefault((run["policy"], run[axis]), []).append(run)
@@ -574,7 +636,9 @@ def combine(runs, axis):
 
 def combined(group):
     """The row of one policy and axis value from its repeats (see `combine`)."""
-    row = {key: group[0][key] for key in ("policy", "observers", "batch", "compile")} | {"repeats": len(group)}
+    row = {key: group[0][key] for key in ("policy", "observers", "batch", "compile")} | {
+        "repeats": len(group)
+    }
     for key in DISTRIBUTIONS:
         row[key] = {q: statistics.median(run[key][q] for run in group) for q in QUANTILES}
     for key in SCALARS:
@@ -595,8 +659,8 @@ def combined(group):
 
 
 def add_speedups(runs, axis):
-    """Add to each run its agent throughput (p50) and served/s as multiples of the same policy's run at the first
-    axis value."""
+    """Add to each run its agent throughput (p50) and served/s as multiples of the same policy's
+    run at the first axis value."""
     first = {}
     for run in runs:
         first.setdefault(run["policy"], run)
@@ -604,7 +668,8 @@ def add_speedups(runs, axis):
         base = first[run["policy"]]
         run["vs_first"] = {
             "axis_value": base[axis],
-            "agent_throughput_p50": run["agent_throughput"]["p50"] / base["agent_throughput"]["p50"],
+            "agent_throughput_p50": run["agent_throughput"]["p50"]
+            / base["agent_throughput"]["p50"],
             "served_per_s": run["served_per_s"] / base["served_per_s"],
         }
 
@@ -620,20 +685,22 @@ def cell(stats, spec):
 
 
 def markdown(result):
-    """The machine and settings, then two tables, one line per row (policy and axis value, the median over its
-    repeats): the four metrics at p50 / p75 / p90 / p95; served/s against the first axis value, where the CPU time
-    goes, setup time and checks."""
+    """The machine and settings, then two tables, one line per row (policy and axis value, the
+    median over its repeats): the four metrics at p50 / p75 / p90 / p95; served/s against the
+    first axis value, where the CPU time goes, setup time and checks."""
     axis, settings = result["axis"], result["settings"]
     first = onoff(result["rows"][0]["vs_first"]["axis_value"]) if result["rows"] else "-"
     lines = [
         machine_line(result["machine"]),
         f"Axis: {axis}; median of {result['arguments']['repeats']} alternating runs; "
         f"{settings['episodes']} episodes x {settings['steps']} steps per observer "
-        f"(+{settings['warmup_steps']} warm-up); backend {settings['backend']}; started {result['started']}",
+        f"(+{settings['warmup_steps']} warm-up); backend {settings['backend']}; started "
+        f"{result['started']}",
         "",
         "p50 / p75 / p90 / p95:",
         "",
-        "| policy | observers | batch | compile | agent latency ms | agent throughput /s | observer latency ms "
+        "| policy | observers | batch | compile | agent latency ms | agent throughput /s | "
+        "observer latency ms "
         "| observer throughput /s |",
         "|---|---:|---|---|---:|---:|---:|---:|",
     ]
@@ -645,7 +712,8 @@ def markdown(result):
         )
     lines += [
         "",
-        f"| policy | observers | batch | compile | served/s | vs {axis}={first}: agent throughput p50, served/s "
+        f"| policy | observers | batch | compile | served/s | vs {axis}={first}: agent throughput "
+        "p50, served/s "
         "| policy µs/request | agent CPU µs/request | observer CPU µs/request | setup s | check |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -660,15 +728,18 @@ def markdown(result):
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines += [
         "",
-        f"Checks: answers equal the eager policy's on one observation within {tolerance} and follow an "
-        "in-place weight update (DIFFERS: they were not equal; STALE: they did not follow). CPU: all "
+        f"Checks: answers equal the eager policy's on one observation within {tolerance} and "
+        "follow an "
+        "in-place weight update (DIFFERS: they were not equal; STALE: they did not follow). CPU: "
+        "all "
         "threads of the process, per request; policy: the forward passes alone.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def plot(result, path):
-    """Agent throughput (p50), served/s and observer latency (p50) against the axis, one line per policy."""
+    """Agent throughput (p50), served/s and observer latency (p50) against the axis, one line per
+    policy."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -685,7 +756,12 @@ def plot(result, path):
         ax = fig.add_subplot(1, 3, index + 1)
         for policy in dict.fromkeys(r["policy"] for r in result["rows"]):
             rows = [r for r in result["rows"] if r["policy"] == policy]
-            ax.plot([values.index(r[axis]) for r in rows], [metric(r) for r in rows], marker="o", label=policy)
+            ax.plot(
+                [values.index(r[axis]) for r in rows],
+                [metric(r) for r in rows],
+                marker="o",
+                label=policy,
+            )
         ax.set_xticks(range(len(values)), [onoff(v) for v in values])
         ax.set(title=title, xlabel=axis)
         ax.legend(fontsize=7)
@@ -718,44 +794,83 @@ def switch(text):
 
 
 def parse_args(argv):
-    """The command line; bad input exits with status 2 and one line naming the flag, before any process starts."""
-    parser = OneLineParser(prog="python -m benchmarks.rpc_inference", description=__doc__.split("\n\n")[0])
+    """The command line; bad input exits with status 2 and one line naming the flag, before any
+    process starts."""
+    parser = OneLineParser(
+        prog="python -m benchmarks.rpc_inference", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
-    parser.add_argument("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
+    parser.add_argument(
+        "--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8"
+    )
     parser.add_argument(
         "--batch",
         type=values_of(switch),
         help="off, on or off,on (default: off,on; on where another flag lists several values)",
     )
-    parser.add_argument("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
-    parser.add_argument("--repeats", type=positive_int, default=1, help="runs per policy and axis value, alternating")
-    parser.add_argument("--episodes", type=positive_int, default=3, help="timed episodes per observer")
-    parser.add_argument("--steps", type=positive_int, default=200, help="steps (action requests) per episode")
-    parser.add_argument("--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode")
-    parser.add_argument("--check-steps", type=positive_int, default=4, help="answers per observer checked")
-    parser.add_argument("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks")
-    parser.add_argument("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks")
-    parser.add_argument("--rpc-timeout", type=positive_float, default=30.0, help="s, each action request")
-    parser.add_argument("--timeout", type=positive_float, default=600.0, help="s, one run (setup, episodes, checks)")
+    parser.add_argument(
+        "--compile", type=values_of(switch), default=[False], help="off, on or off,on"
+    )
+    parser.add_argument(
+        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="runs per policy and axis value, alternating",
+    )
+    parser.add_argument(
+        "--episodes", type=positive_int, default=3, help="timed episodes per observer"
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=200, help="steps (action requests) per episode"
+    )
+    parser.add_argument(
+        "--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode"
+    )
+    parser.add_argument(
+        "--check-steps", type=positive_int, default=4, help="answers per observer checked"
+    )
+    parser.add_argument(
+        "--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks"
+    )
+    parser.add_argument(
+        "--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks"
+    )
+    parser.add_argument(
+        "--rpc-timeout", type=positive_float, default=30.0, help="s, each action request"
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="s, one run (setup, episodes, checks)"
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the json, md and png")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
+    )
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batch is None:
         args.batch = [True] if len(args.observers) > 1 or len(args.compile) > 1 else [False, True]
     listed = [axis for axis in AXES if len(getattr(args, axis)) > 1]
     if len(listed) > 1:
-        parser.error(f"only one of --observers, --batch, --compile may list several values, got {', '.join(listed)}")
+        parser.error(
+            "only one of --observers, --batch, --compile may list several values, got "
+            f"{', '.join(listed)}"
+        )
     if max(args.observers) > MAX_OBSERVERS:
-        parser.error(f"--observers: at most {MAX_OBSERVERS} (one process each), got {max(args.observers)}")
+        parser.error(
+            f"--observers: at most {MAX_OBSERVERS} (one process each), got {max(args.observers)}"
+        )
     if args.warmup_steps < 0:
         parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.check_steps > args.steps:
         parser.error(f"--check-steps ({args.check_steps}) cannot exceed --steps ({args.steps})")
     if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
         parser.error(f"--backend {args.backend!r} is not a torch.compile backend")
-    missing = [p for p in args.policies if not (args.scripts_dir / f"{SPECS[p].script}.py").exists()]
+    missing = [
+        p for p in args.policies if not (args.scripts_dir / f"{SPECS[p].script}.py").exists()
+    ]
     if missing:
         parser.error(f"--policies: no script for {', '.join(missing)} in {args.scripts_dir}")
     args.axis = listed[0] if listed else "batch"
@@ -763,8 +878,8 @@ def parse_args(argv):
 
 
 def plan(args):
-    """One config per policy, repeat and axis value: per policy, the axis values alternate, repeat after repeat,
-    so that a noisy machine hits them alike."""
+    """One config per policy, repeat and axis value: per policy, the axis values alternate, repeat
+    after repeat, so that a noisy machine hits them alike."""
     fixed = {axis: getattr(args, axis)[0] for axis in AXES}
     return [
         {"policy": policy, **fixed, args.axis: value, "repeat": repeat}
@@ -775,7 +890,8 @@ def plan(args):
 
 
 def settings_of(args):
-    """What every process of a run needs to know, as plain values (they cross process boundaries)."""
+    """What every process of a run needs to know, as plain values (they cross process
+    boundaries)."""
     keys = (
         "backend",
         "episodes",
@@ -792,14 +908,21 @@ def settings_of(args):
 
 
 def failed_checks(runs):
-    """One line per run whose answers differed from the unbatched eager ones or did not follow a weight update."""
+    """One line per run whose answers differed from the unbatched eager ones or did not follow a
+    weight update."""
     lines = []
     for run in runs:
         if not run["check_equal"]["ok"]:
             diff = run["check_equal"]["diff"]
-            lines.append(f"{label(run)}: answers differ from the eager unbatched policy by {diff:.3g}")
+            lines.append(
+                f"{label(run)}: answers differ from the eager unbatched policy by {diff:.3g}"
+            )
         if not run["check_after_update"]["ok"]:
-            what = "did not change" if not run["check_after_update"]["changed"] else "differ from the eager policy"
+            what = (
+                "did not change"
+                if not run["check_after_update"]["changed"]
+                else "differ from the eager policy"
+            )
             lines.append(f"{label(run)}: after an in-place weight update the answers {what}")
     return lines
 
@@ -810,7 +933,8 @@ def raise_interrupt(signum, frame):
 
 
 def main(argv=None):
-    """Run the benchmark, print the table, write the results; exit status 1 if a run or a check failed."""
+    """Run the benchmark, print the table, write the results; exit status 1 if a run or a check
+    failed."""
     args = parse_args(argv)
     settings = settings_of(args)
     stem = f"rpc-inference-{datetime.now():%Y%m%d-%H%M%S}"
@@ -830,7 +954,9 @@ def main(argv=None):
     shutil.rmtree(logs, ignore_errors=True)
     rows = combine(runs, args.axis)
     add_speedups(rows, args.axis)
-    arguments = {key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")}
+    arguments = {
+        key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")
+    }
     result = {
         "arguments": arguments,
         "axis": args.axis,
@@ -840,10 +966,13 @@ def main(argv=None):
         "rows": rows,
         "runs": runs,
     }
-    return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot), failed_checks(runs))
+    return conclude(
+        markdown(result), write_result(result, args.out, stem, markdown, plot), failed_checks(runs)
+    )
 
 
 if __name__ == "__main__":
-    from benchmarks.rpc_inference import main as imported_main  # so that RPC pickles this module's classes by name
+    # so that RPC pickles this module's classes by name
+    from benchmarks.rpc_inference import main as imported_main
 
     sys.exit(imported_main())

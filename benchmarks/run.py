@@ -1,16 +1,18 @@
-"""Benchmark the twins side by side: each algorithm's variants run in turn (A B C A B C ...), `--repeats` times.
+"""Benchmark the twins side by side: each algorithm's variants run in turn (A B C A B C ...),
+`--repeats` times.
 
-    python -m benchmarks.run --quick                             # every algorithm, seeds 1 2: ~15 min on 2 CPU cores
+    python -m benchmarks.run --quick  # every algorithm, seeds 1 2: ~15 min on 2 CPU cores
     python -m benchmarks.run --algos sac --repeats 3 --quick     # one algorithm, seeds 1 2 3
-    python -m benchmarks.run --repeats 5                         # every registered algorithm, full budget
+    python -m benchmarks.run --repeats 5  # every registered algorithm, full budget
 
-Each run is `python leanrl/<script>.py <budget flags> --seed <seed> <variant flags>` in a fresh interpreter; the
-harness reads only its `SUMMARY {...}` line. Round r (every variant once) runs with seed `seeds[r % len(seeds)]`, so
-the variants compare on the same seeds. Before its runs, each algorithm's environment alone is timed with random actions
-(`benchmarks.env_limit`, its `ENV_ONLY` line): the limit its scripts could reach. The table goes to stdout and,
-with every run's summary and the machine, to `benchmarks/results/<timestamp>.{md,json}`, next to PNG plots of
-sps and of the return curves. Variants that need CUDA run only where there is a CUDA device. A failed run
-stops the benchmark with exit status 1.
+Each run is `python leanrl/<script>.py <budget flags> --seed <seed> <variant flags>` in a fresh
+interpreter; the harness reads only its `SUMMARY {...}` line. Round r (every variant once) runs with
+seed `seeds[r % len(seeds)]`, so the variants compare on the same seeds. Before its runs, each
+algorithm's environment alone is timed with random actions (`benchmarks.env_limit`, its `ENV_ONLY`
+line): the limit its scripts could reach. The table goes to stdout and, with every run's summary and
+the machine, to `benchmarks/results/<timestamp>.{md,json}`, next to PNG plots of sps and of the
+return curves. Variants that need CUDA run only where there is a CUDA device. A failed run stops the
+benchmark with exit status 1.
 """
 
 import argparse
@@ -32,7 +34,8 @@ STDERR_TAIL_LINES = 20
 
 
 class BenchmarkError(RuntimeError):
-    """A run that failed: one line naming the script, its flags and what went wrong, then its stderr's tail."""
+    """A run that failed: one line naming the script, its flags and what went wrong, then its
+    stderr's tail."""
 
 
 def note(message):
@@ -41,14 +44,16 @@ def note(message):
 
 
 def missing_scripts(algo, scripts_dir):
-    """The paths of `algo`'s scripts (eager, twin, and CPU where it has one) that are not in `scripts_dir`."""
+    """The paths of `algo`'s scripts (eager, twin, and CPU where it has one) that are not in
+    `scripts_dir`."""
     stems = {algo.script(variant) for variant in VARIANTS if algo.runs(variant)}
     paths = [scripts_dir / f"{stem}.py" for stem in sorted(stems)]
     return [path for path in paths if not path.exists()]
 
 
 def runnable(algos, scripts_dir):
-    """The algorithms whose scripts both exist; each skipped one gets a note naming what is missing."""
+    """The algorithms whose scripts both exist; each skipped one gets a note naming what is
+    missing."""
     ready = []
     for algo in algos:
         missing = missing_scripts(algo, scripts_dir)
@@ -60,14 +65,16 @@ def runnable(algos, scripts_dir):
 
 
 def round_seeds(repeats, seeds):
-    """The seed of each of `repeats` rounds: `seeds` cycled, round r gets `seeds[r % len(seeds)]`."""
+    """The seed of each of `repeats` rounds: `seeds` cycled, round r gets `seeds[r %
+    len(seeds)]`."""
     return [seeds[repeat % len(seeds)] for repeat in range(repeats)]
 
 
 def plan(algos, seeds, cuda, variants=VARIANTS):
-    """The runs in execution order as (algo, variant, repeat, seed): per algorithm, one round of every variant in
-    turn per entry of `seeds`, so that drift on a noisy machine hits all variants alike and all variants run the
-    same seeds. Variants needing CUDA only if `cuda`; the `cpu` variant only for the algorithms with a CPU script."""
+    """The runs in execution order as (algo, variant, repeat, seed): per algorithm, one round of
+    every variant in turn per entry of `seeds`, so that drift on a noisy machine hits all
+    variants alike and all variants run the same seeds. Variants needing CUDA only if `cuda`;
+    the `cpu` variant only for the algorithms with a CPU script."""
     usable = [variant for variant in variants if cuda or not variant.needs_cuda]
     return [
         (algo, variant, repeat, seed)
@@ -84,14 +91,20 @@ def budget_flags(algo, quick, seed):
 
 
 def command(algo, variant, scripts_dir, quick, seed):
-    """The command line of one run: the variant's script, the budget's flags and seed, then the variant's flags."""
+    """The command line of one run: the variant's script, the budget's flags and seed, then the
+    variant's flags."""
     stem = algo.script(variant)
-    flags = [*budget_flags(algo, quick, seed), *variant.flags, *algo.variant_flags.get(variant.name, ())]
+    flags = [
+        *budget_flags(algo, quick, seed),
+        *variant.flags,
+        *algo.variant_flags.get(variant.name, ()),
+    ]
     return [sys.executable, str(scripts_dir / f"{stem}.py"), *flags]
 
 
 def env_limit_command(algo, scripts_dir, quick, seed, seconds):
-    """The command line that times `algo`'s environment alone, as its eager script builds it under the budget."""
+    """The command line that times `algo`'s environment alone, as its eager script builds it under
+    the budget."""
     script = scripts_dir / f"{algo.eager}.py"
     return [
         sys.executable,
@@ -105,47 +118,60 @@ def env_limit_command(algo, scripts_dir, quick, seed, seconds):
 
 
 def failure(cmd, reason, stderr=""):
-    """A BenchmarkError whose first line is the command (scripts by file name) and `reason`, followed by
-    `stderr`'s tail."""
+    """A BenchmarkError whose first line is the command (scripts by file name) and `reason`,
+    followed by `stderr`'s tail."""
     words = [Path(word).name if word.endswith(".py") else word for word in cmd[1:]]
     tail = stderr.strip().splitlines()[-STDERR_TAIL_LINES:]
     return BenchmarkError("\n".join([f"{shlex.join(words)} {reason}", *tail]))
 
 
 def result_line(cmd, proc, prefix):
-    """The JSON object of the one `<prefix> ` line of a finished process `proc`; a BenchmarkError if there is
-    none, more than one, or one that is not a JSON object."""
+    """The JSON object of the one `<prefix> ` line of a finished process `proc`; a BenchmarkError if
+    there is none, more than one, or one that is not a JSON object."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{prefix} ")]
     if len(lines) != 1:
-        raise failure(cmd, f"exited with status 0 but printed {len(lines)} {prefix} lines, expected 1", proc.stderr)
+        raise failure(
+            cmd,
+            f"exited with status 0 but printed {len(lines)} {prefix} lines, expected 1",
+            proc.stderr,
+        )
     try:
         result = json.loads(lines[0][len(prefix) + 1 :])
     except json.JSONDecodeError as error:
-        raise failure(cmd, f"printed a {prefix} line that is not JSON ({error})", proc.stderr) from None
+        raise failure(
+            cmd, f"printed a {prefix} line that is not JSON ({error})", proc.stderr
+        ) from None
     if not isinstance(result, dict):
         raise failure(cmd, f"printed a {prefix} line that is not a JSON object")
     return result
 
 
 def parse_summary(cmd, proc):
-    """The whole summary of a finished run `proc`: its one SUMMARY line names the run's `summary.json`, which holds
-    the same keys plus the learning curve; a BenchmarkError unless there is exactly one such line, its file exists,
-    and the summary has a numeric sps and a `curve` list."""
+    """The whole summary of a finished run `proc`: its one SUMMARY line names the run's
+    `summary.json`, which holds the same keys plus the learning curve; a BenchmarkError unless
+    there is exactly one such line, its file exists, and the summary has a numeric sps and a
+    `curve` list."""
     line = result_line(cmd, proc, "SUMMARY")
     try:
         summary = json.loads(Path(line["summary_file"]).read_text())
     except (KeyError, OSError, json.JSONDecodeError) as error:
-        raise failure(cmd, f"printed a SUMMARY whose summary_file cannot be read ({error!r})", proc.stderr) from None
+        raise failure(
+            cmd, f"printed a SUMMARY whose summary_file cannot be read ({error!r})", proc.stderr
+        ) from None
     if not isinstance(summary.get("sps"), (int, float)):
-        raise failure(cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)")
+        raise failure(
+            cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)"
+        )
     if not isinstance(summary.get("curve"), list):
-        raise failure(cmd, "wrote a summary.json without a curve list (CONTRIBUTING.md: What a run prints)")
+        raise failure(
+            cmd, "wrote a summary.json without a curve list (CONTRIBUTING.md: What a run prints)"
+        )
     return summary
 
 
 def execute(cmd, timeout):
-    """Run `cmd` in a fresh interpreter from the repository root; the finished process, or a BenchmarkError if
-    it times out or exits with a non-zero status."""
+    """Run `cmd` in a fresh interpreter from the repository root; the finished process, or a
+    BenchmarkError if it times out or exits with a non-zero status."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -161,7 +187,8 @@ def run_one(cmd, timeout):
 
 
 def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
-    """Each algorithm's env-only throughput (the `ENV_ONLY` object of `benchmarks.env_limit`), by name."""
+    """Each algorithm's env-only throughput (the `ENV_ONLY` object of `benchmarks.env_limit`), by
+    name."""
     limits = {}
     for algo in algos:
         cmd = env_limit_command(algo, scripts_dir, quick, seed, seconds)
@@ -171,14 +198,17 @@ def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
 
 
 def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
-    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`; returns one record
-    per run, in order."""
+    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`;
+    returns one record per run, in order."""
     order = plan(algos, seeds, cuda)
     runs = []
     for index, (algo, variant, repeat, seed) in enumerate(order, 1):
         cmd = command(algo, variant, scripts_dir, quick, seed)
         summary = run_one(cmd, timeout)
-        note(f"[{index}/{len(order)}] {algo.name} {variant.name} seed {seed}: {summary['sps']:.0f} sps")
+        note(
+            f"[{index}/{len(order)}] {algo.name} {variant.name} seed {seed}: {summary['sps']:.0f} "
+            "sps"
+        )
         runs.append(
             {
                 "algo": algo.name,
@@ -195,9 +225,15 @@ def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
 def parse_args(argv):
     """The harness's command line."""
     names = [algo.name for algo in ALGOS]
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)"
+    )
     parser.add_argument(
         "--seeds",
         type=int,
@@ -205,11 +241,19 @@ def parse_args(argv):
         default=[1, 2, 3],
         help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]",
     )
-    parser.add_argument("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
-    parser.add_argument("--quick", action="store_true", help="the small budget of each algorithm (default: full)")
+    parser.add_argument(
+        "--env-seconds", type=float, default=2.0, help="how long to time each env alone"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="the small budget of each algorithm (default: full)"
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    parser.add_argument("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go")
+    parser.add_argument(
+        "--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are"
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -226,8 +270,12 @@ def main(argv=None):
     started = datetime.now()
     seeds = round_seeds(args.repeats, args.seeds)
     try:
-        limits = env_limits(algos, args.scripts_dir, args.quick, seeds[0], args.env_seconds, args.timeout)
-        runs = benchmark(algos, args.scripts_dir, seeds, args.quick, torch.cuda.is_available(), args.timeout)
+        limits = env_limits(
+            algos, args.scripts_dir, args.quick, seeds[0], args.env_seconds, args.timeout
+        )
+        runs = benchmark(
+            algos, args.scripts_dir, seeds, args.quick, torch.cuda.is_available(), args.timeout
+        )
     except BenchmarkError as error:
         note(f"benchmark stopped: {error}")
         return 1
@@ -240,9 +288,18 @@ def main(argv=None):
     }
     table = report.rows(runs, limits)
     table_md = report.markdown(table, machine, settings)
-    document = {"settings": settings, "machine": machine, "env_limits": limits, "table": table, "runs": runs}
+    document = {
+        "settings": settings,
+        "machine": machine,
+        "env_limits": limits,
+        "table": table,
+        "runs": runs,
+    }
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    paths = [*report.write(args.out_dir, stamp, document, table_md), *plots.write(args.out_dir, stamp, table, runs)]
+    paths = [
+        *report.write(args.out_dir, stamp, document, table_md),
+        *plots.write(args.out_dir, stamp, table, runs),
+    ]
     print(table_md, end="")
     note("wrote " + ", ".join(str(path) for path in paths))
     return 0

@@ -1,26 +1,30 @@
-"""Data-parallel PPO on this machine: sps of 1 and N processes of ppo_continuous_action_distributed.py side by side,
-their scaling efficiency, and the environment-only limit of as many processes.
+"""Data-parallel PPO on this machine: sps of 1 and N processes of
+ppo_continuous_action_distributed.py side by side, their scaling efficiency, and the
+environment-only limit of as many processes.
 
-    python -m benchmarks.scaling                         # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
+    python -m benchmarks.scaling  # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
     python -m benchmarks.scaling --processes 1 2 4 --repeats 2 --iterations 8
     python -m benchmarks.scaling -- --compile            # flags after -- go to every run
 
-One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N processes are
-`torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on `lo`). Every process steps
-`--num-envs` envs (weak scaling: N processes step N times the envs, with the same work each) on the CPU with gloo
-(`--no-cuda --dist-backend gloo`, also on a GPU machine) and one intra-op thread (`OMP_NUM_THREADS=1`, what torchrun
-gives each of several processes, so that 1 and N processes compare alike; a value set by the user is kept). The
-process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy machine hits all alike.
-Each run does `--iterations` iterations of CleanRL's defaults (2048 steps per env, 10 epochs of 32 minibatches); its
-sps counts every process's steps after the first `--burnin` iterations.
+One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N
+processes are `torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on
+`lo`). Every process steps `--num-envs` envs (weak scaling: N processes step N times the envs,
+with the same work each) on the CPU with gloo (`--no-cuda --dist-backend gloo`, also on a GPU
+machine) and one intra-op thread (`OMP_NUM_THREADS=1`, what torchrun gives each of several
+processes, so that 1 and N processes compare alike; a value set by the user is kept). The
+process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy
+machine hits all alike. Each run does `--iterations` iterations of CleanRL's defaults (2048
+steps per env, 10 epochs of 32 minibatches); its sps counts every process's steps after the
+first `--burnin` iterations.
 
-Scaling efficiency = sps(N) / (N x sps(1)), medians over the rounds. The env-only limit of N processes is N copies of
-`benchmarks.env_limit` stepping the script's env with random actions at the same time, their sps added: what N
-processes could reach if acting and learning were free.
+Scaling efficiency = sps(N) / (N x sps(1)), medians over the rounds. The env-only limit of N
+processes is N copies of `benchmarks.env_limit` stepping the script's env with random actions at
+the same time, their sps added: what N processes could reach if acting and learning were free.
 
-Writes benchmarks/results/scaling-<time>.{json,md,png} (or to --out-dir): every run's summary (learning curve
-included), the limits, the machine; the table; sps per process count next to the ideal N x sps(1) and the limit, and
-the episodic return of every run against environment steps. A run that fails ends the benchmark with status 1.
+Writes benchmarks/results/scaling-<time>.{json,md,png} (or to --out-dir): every run's summary
+(learning curve included), the limits, the machine; the table; sps per process count next to the
+ideal N x sps(1) and the limit, and the episodic return of every run against environment steps.
+A run that fails ends the benchmark with status 1.
 """
 
 import argparse
@@ -47,15 +51,15 @@ NUM_STEPS = 2048  # the script's default rollout length per env
 
 
 def loopback_env():
-    """The environment of every run: gloo's connections on the loopback interface, one intra-op thread per process
-    unless the user set `OMP_NUM_THREADS`."""
+    """The environment of every run: gloo's connections on the loopback interface, one intra-op
+    thread per process unless the user set `OMP_NUM_THREADS`."""
     env = {"OMP_NUM_THREADS": "1"} | dict(os.environ)
     return env | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
 
 
 def descendants(pid):
-    """The pids of every live descendant of `pid`, from /proc (torchrun starts its ranks in sessions of their own,
-    so killing its process group misses them)."""
+    """The pids of every live descendant of `pid`, from /proc (torchrun starts its ranks in
+    sessions of their own, so killing its process group misses them)."""
     children = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -82,9 +86,11 @@ def kill_tree(pid):
 
 
 def execute(cmd, timeout, env=None):
-    """Run `cmd` from the repository root; the finished process, or a BenchmarkError if it fails or runs past
-    `timeout` seconds (then it and every process it started are killed)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    """Run `cmd` from the repository root; the finished process, or a BenchmarkError if it fails or
+    runs past `timeout` seconds (then it and every process it started are killed)."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -117,7 +123,8 @@ def run_command(processes, flags):
 
 
 def run_flags(processes, args, seed):
-    """The script's flags for a run of `processes` processes: `--iterations` iterations of all of them."""
+    """The script's flags for a run of `processes` processes: `--iterations` iterations of all of
+    them."""
     total = args.iterations * NUM_STEPS * args.num_envs * processes
     return [
         "--env-id",
@@ -138,8 +145,8 @@ def run_flags(processes, args, seed):
 
 
 def env_limit(processes, args):
-    """The env-only sps of `processes` copies of the script's env stepped at the same time: their sps added, and each
-    copy's ENV_ONLY object."""
+    """The env-only sps of `processes` copies of the script's env stepped at the same time: their
+    sps added, and each copy's ENV_ONLY object."""
     commands = [
         [
             sys.executable,
@@ -158,7 +165,8 @@ def env_limit(processes, args):
         for copy in range(processes)
     ]
     procs = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for cmd in commands
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for cmd in commands
     ]
     results = []
     try:
@@ -166,7 +174,9 @@ def env_limit(processes, args):
             stdout, stderr = proc.communicate(timeout=args.timeout)
             if proc.returncode != 0:
                 raise failure(cmd, f"exited with status {proc.returncode}", stderr)
-            results.append(result_line(cmd, subprocess.CompletedProcess(cmd, 0, stdout, stderr), "ENV_ONLY"))
+            results.append(
+                result_line(cmd, subprocess.CompletedProcess(cmd, 0, stdout, stderr), "ENV_ONLY")
+            )
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -176,8 +186,8 @@ def env_limit(processes, args):
 
 
 def rows(runs, limits):
-    """One row per process count: sps median, min and max over its runs, speed-up and scaling efficiency against
-    the median of 1 process, the env-only limit, mean return."""
+    """One row per process count: sps median, min and max over its runs, speed-up and scaling
+    efficiency against the median of 1 process, the env-only limit, mean return."""
     groups = {}
     for run in runs:
         groups.setdefault(run["processes"], []).append(run["summary"])
@@ -207,37 +217,51 @@ def markdown(table, machine, settings):
     """The table in markdown, headed by the machine and the settings."""
     lines = [
         machine_line(machine),
-        f"{settings['env_id']}, {settings['num_envs']} env(s) per process, {settings['iterations']} iterations a run "
+        f"{settings['env_id']}, {settings['num_envs']} env(s) per process, "
+        f"{settings['iterations']} iterations a run "
         f"(sps after {settings['burnin']}), {settings['repeats']} rounds "
         f"(seeds {' '.join(map(str, settings['seeds']))}), "
-        f"script flags: {' '.join(settings['script_flags']) or 'none'}; started {settings['started']}",
+        f"script flags: {' '.join(settings['script_flags']) or 'none'}; started "
+        f"{settings['started']}",
         "",
-        "| processes | sps median | sps min-max | speed-up | efficiency | env-only sps | return mean | runs |",
+        "| processes | sps median | sps min-max | speed-up | efficiency | env-only sps | return "
+        "mean | runs |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in table:
         lines.append(
             f"| {r['processes']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} "
-            f"| {optional(r['speedup'], '.2f', 'x')} | {optional(r['efficiency'], '.0%')} | {r['env_only_sps']:.0f} "
+            f"| {optional(r['speedup'], '.2f', 'x')} | {optional(r['efficiency'], '.0%')} | "
+            f"{r['env_only_sps']:.0f} "
             f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def figure(table, runs):
-    """Left: sps per process count (median, min-max), the ideal N x sps(1) and the env-only limit. Right: every run's
-    episodic return (mean of the last 10) against environment steps, one color per process count."""
+    """Left: sps per process count (median, min-max), the ideal N x sps(1) and the env-only limit.
+    Right: every run's episodic return (mean of the last 10) against environment steps, one color
+    per process count."""
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     bars, curves = fig.subplots(1, 2)
     labels = [str(r["processes"]) for r in table]
-    errors = [[r["sps_median"] - r["sps_min"] for r in table], [r["sps_max"] - r["sps_median"] for r in table]]
+    errors = [
+        [r["sps_median"] - r["sps_min"] for r in table],
+        [r["sps_max"] - r["sps_median"] for r in table],
+    ]
     drawn = bars.bar(
-        labels, [r["sps_median"] for r in table], yerr=errors, capsize=3, color=[f"C{i}" for i in range(len(table))]
+        labels,
+        [r["sps_median"] for r in table],
+        yerr=errors,
+        capsize=3,
+        color=[f"C{i}" for i in range(len(table))],
     )
     bars.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
     single = next((r["sps_median"] for r in table if r["processes"] == 1), None)
     if single:
-        bars.plot(labels, [r["processes"] * single for r in table], "k:", marker="o", label="N x sps(1)")
+        bars.plot(
+            labels, [r["processes"] * single for r in table], "k:", marker="o", label="N x sps(1)"
+        )
     bars.plot(labels, [r["env_only_sps"] for r in table], "k--", marker="s", label="env only")
     bars.set(xlabel="processes", ylabel="env steps per second, all processes")
     bars.legend(fontsize=8)
@@ -259,20 +283,39 @@ def figure(table, runs):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n")[0])
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 is always run)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.scaling", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 is always run)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rounds: runs of each process count")
     parser.add_argument("--iterations", type=int, default=5, help="iterations of each run")
-    parser.add_argument("--burnin", type=int, default=2, help="iterations a run leaves out of its sps")
+    parser.add_argument(
+        "--burnin", type=int, default=2, help="iterations a run leaves out of its sps"
+    )
     parser.add_argument("--env-id", default="HalfCheetah-v4")
     parser.add_argument("--num-envs", type=int, default=1, help="envs of each process")
-    parser.add_argument("--env-seconds", type=float, default=3.0, help="how long to time the envs alone")
+    parser.add_argument(
+        "--env-seconds", type=float, default=3.0, help="how long to time the envs alone"
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go")
-    parser.add_argument("script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile")
+    parser.add_argument(
+        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
+    )
+    parser.add_argument(
+        "script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile"
+    )
     args = parser.parse_args(argv)
-    if min(args.processes) < 1 or args.repeats < 1 or args.num_envs < 1 or not 0 <= args.burnin < args.iterations:
-        parser.error("--processes, --repeats and --num-envs must be >= 1, and 0 <= --burnin < --iterations")
+    if (
+        min(args.processes) < 1
+        or args.repeats < 1
+        or args.num_envs < 1
+        or not 0 <= args.burnin < args.iterations
+    ):
+        parser.error(
+            "--processes, --repeats and --num-envs must be >= 1, and 0 <= --burnin < --iterations"
+        )
     args.processes = sorted({1, *args.processes})
     return args
 
@@ -292,19 +335,28 @@ def main(argv=None):
                 cmd = run_command(processes, run_flags(processes, args, seed))
                 summary = parse_summary(cmd, execute(cmd, args.timeout, loopback_env()))
                 note(f"{processes} process(es), seed {seed}: {summary['sps']:.0f} sps")
-                runs.append({"processes": processes, "seed": seed, "flags": cmd[1:], "summary": summary})
+                runs.append(
+                    {"processes": processes, "seed": seed, "flags": cmd[1:], "summary": summary}
+                )
     except BenchmarkError as error:
         note(f"benchmark stopped: {error}")
         return 1
     settings = {
-        key: getattr(args, key) for key in ("env_id", "num_envs", "iterations", "burnin", "repeats", "script_flags")
+        key: getattr(args, key)
+        for key in ("env_id", "num_envs", "iterations", "burnin", "repeats", "script_flags")
     } | {"seeds": seeds, "started": started.isoformat()}
     machine = machine_info()
     table = rows(runs, limits)
     table_md = markdown(table, machine, settings)
     stamp = f"scaling-{started.strftime('%Y%m%d-%H%M%S')}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    document = {"settings": settings, "machine": machine, "env_limits": limits, "table": table, "runs": runs}
+    document = {
+        "settings": settings,
+        "machine": machine,
+        "env_limits": limits,
+        "table": table,
+        "runs": runs,
+    }
     (args.out_dir / f"{stamp}.json").write_text(json.dumps(document, indent=2) + "\n")
     (args.out_dir / f"{stamp}.md").write_text(table_md)
     save(figure(table, runs), args.out_dir / f"{stamp}.png")

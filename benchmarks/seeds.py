@@ -1,38 +1,46 @@
-"""Many seeds in one process: the aggregate sps of a seeds script (`leanrl/<algo>_seeds.py`, N runs as one vmapped
-program) against the best way to run N seeds of the algorithm's fastest single-seed script on this machine, beside the
-env-only limit of the same N x num_envs envs; and the "GPU proxy", each member's share of acting and of one update.
+"""Many seeds in one process: the aggregate sps of a seeds script (`leanrl/<algo>_seeds.py`, N runs
+as one vmapped program) against the best way to run N seeds of the algorithm's fastest
+single-seed script on this machine, beside the env-only limit of the same N x num_envs envs; and
+the "GPU proxy", each member's share of acting and of one update.
 
-    python -m benchmarks.seeds                          # every algorithm with a seeds script, N = 1 2 4 8 16, 2 rounds
+    python -m benchmarks.seeds  # every algorithm with a seeds script, N = 1 2 4 8 16, 2 rounds
     python -m benchmarks.seeds --algos dqn --members 1 8 --repeats 3
-    python -m benchmarks.seeds --gpu-proxy              # per-member cost of acting and of an update, N = 1 8 32 128
-    python -m benchmarks.seeds --quick                  # tiny budgets, N = 1 2, one round: a smoke test of the harness
+    # per-member cost of acting and of an update, N = 1 8 32 128
+    python -m benchmarks.seeds --gpu-proxy
+    # tiny budgets, N = 1 2, one round: a smoke test of the harness
+    python -m benchmarks.seeds --quick
 
 For each N and round, in turn:
-- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs (DQN and PPO:
-  `--threads 1` and `--threads 2`); its `sps` counts all members' env steps per second after the burn-in (compile
-  excluded). The best way is compared.
-- `P at once`: the single-seed script run N times (seeds 1..N) under the same budget, P processes at a time, for each P
-  in `--processes` (default: 1, the number of cores, and N; those up to N). The cores are split between the P
-  processes of a wave: with P <= cores, process i gets cores // P cores of its own (`taskset -c`) and as many intra-op
-  threads (`OMP_NUM_THREADS`; a script may use fewer: dqn_cpu.py takes one); with P > cores, process i gets core
-  i mod cores and one thread. The processes of a wave start together with the same budget, so their
-  measured windows overlap: a wave's aggregate sps is the sum of its processes' sps, and the row's the mean over
-  waves weighted by their processes. The best P of each N is the baseline: `vs best` = seeds / best.
-- `env only`: the seeds script's own vector env of N x num_envs envs (its `make_envs`, from its `Args`), stepped with
-  pre-drawn random actions on one thread: what one process stepping all members' envs could reach.
+- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs
+  (DQN and PPO: `--threads 1` and `--threads 2`); its `sps` counts all members' env steps per
+  second after the burn-in (compile excluded). The best way is compared.
+- `P at once`: the single-seed script run N times (seeds 1..N) under the same budget, P
+  processes at a time, for each P in `--processes` (default: 1, the number of cores, and N;
+  those up to N). The cores are split between the P processes of a wave: with P <= cores,
+  process i gets cores // P cores of its own (`taskset -c`) and as many intra-op threads
+  (`OMP_NUM_THREADS`; a script may use fewer: dqn_cpu.py takes one); with P > cores, process i
+  gets core i mod cores and one thread. The processes of a wave start together with the same
+  budget, so their measured windows overlap: a wave's aggregate sps is the sum of its processes'
+  sps, and the row's the mean over waves weighted by their processes. The best P of each N is
+  the baseline: `vs best` = seeds / best.
+- `env only`: the seeds script's own vector env of N x num_envs envs (its `make_envs`, from its
+  `Args`), stepped with pre-drawn random actions on one thread: what one process stepping all
+  members' envs could reach.
 
-`--gpu-proxy` builds each seeds script's learner for N members on this CPU (no env), compiles the acting function and
-the update (`fullgraph=True`, as `--compile` does), and times each call after warm-up; a row gives the time per call
-and per member. It also sizes the graphs: the ATen ops of one call (`make_fx`: what eager CUDA would launch), the
-matmuls among them and the kernels inductor generates around them (traced with the FX graph cache off), whose sum is
-what a captured CUDA graph replays. The GPU column is an expectation, not a measurement: kernels x `--us-per-kernel`
-(a small kernel replayed from a CUDA graph costs a few microseconds whatever its size), divided by N. On this CPU,
-`matmul bound / time` says how much of a call arithmetic explains: the call's FLOPs (FlopCounterMode, its matmuls) at
-the rate of a [8, 256, 256] fp32 bmm timed right after it, over the call's time; near 1, a member costs what a run
-costs, and no seeds axis can make the update cheaper on this CPU.
+`--gpu-proxy` builds each seeds script's learner for N members on this CPU (no env), compiles
+the acting function and the update (`fullgraph=True`, as `--compile` does), and times each call
+after warm-up; a row gives the time per call and per member. It also sizes the graphs: the ATen
+ops of one call (`make_fx`: what eager CUDA would launch), the matmuls among them and the
+kernels inductor generates around them (traced with the FX graph cache off), whose sum is what a
+captured CUDA graph replays. The GPU column is an expectation, not a measurement: kernels x
+`--us-per-kernel` (a small kernel replayed from a CUDA graph costs a few microseconds whatever
+its size), divided by N. On this CPU, `matmul bound / time` says how much of a call arithmetic
+explains: the call's FLOPs (FlopCounterMode, its matmuls) at the rate of a [8, 256, 256] fp32
+bmm timed right after it, over the call's time; near 1, a member costs what a run costs, and no
+seeds axis can make the update cheaper on this CPU.
 
-Writes benchmarks/results/seeds-<time>.{json,md,png} (or seeds-proxy-<time>; to --out-dir). A failed run stops the
-benchmark with status 1.
+Writes benchmarks/results/seeds-<time>.{json,md,png} (or seeds-proxy-<time>; to --out-dir). A
+failed run stops the benchmark with status 1.
 """
 
 import argparse
@@ -62,9 +70,9 @@ TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to i
 
 @dataclass(frozen=True)
 class SeedsAlgo:
-    """An algorithm's seeds script, the single-seed script it is measured against (its fastest on a CPU), the flags
-    of every run of either (per member) under the full and the quick budget, and the flags of each way the seeds
-    script runs (each is a row; the best one is compared)."""
+    """An algorithm's seeds script, the single-seed script it is measured against (its fastest on a
+    CPU), the flags of every run of either (per member) under the full and the quick budget, and the
+    flags of each way the seeds script runs (each is a row; the best one is compared)."""
 
     name: str
     script: str
@@ -81,22 +89,34 @@ ACTOR_CRITIC_BUDGETS = (
 )
 # adding an algorithm is one line; one whose seeds script is not on disk is skipped with a note
 ALGOS = (
-    # learning from 10k steps (CleanRL's default), sps over the 20k after it; quick: 1,000 steps, then 100 updates
+    # learning from 10k steps (CleanRL's default), sps over the 20k after it; quick: 1,000 steps,
+    # then 100 updates
     SeedsAlgo(
         "dqn",
         "dqn_seeds",
         "dqn_cpu",
         ("--total-timesteps", "30000"),
         ("--total-timesteps", "2000", "--learning-starts", "1000"),
-        seeds_variants=(("--threads", "1"), ("--threads", "2")),  # a second thread: only on an idle machine
+        # a second thread: only on an idle machine
+        seeds_variants=(("--threads", "1"), ("--threads", "2")),
     ),
     SeedsAlgo(
         "ppo_continuous_action",
         "ppo_continuous_action_seeds",
         "ppo_continuous_action_cpu",
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "40960", "--measure-burnin", "5"),
-        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "6144", "--measure-burnin", "1", "--num-steps", "512"),
-        seeds_variants=(("--threads", "1"), ("--threads", "2")),  # the second thread: in the update, idle envs
+        (
+            "--env-id",
+            "HalfCheetah-v4",
+            "--total-timesteps",
+            "6144",
+            "--measure-burnin",
+            "1",
+            "--num-steps",
+            "512",
+        ),
+        # the second thread: in the update, idle envs
+        seeds_variants=(("--threads", "1"), ("--threads", "2")),
     ),
     *(
         SeedsAlgo(name, f"{script}_seeds", f"{script}_cpu", *ACTOR_CRITIC_BUDGETS)
@@ -106,10 +126,13 @@ ALGOS = (
 
 
 def runnable(algos, scripts_dir):
-    """The algorithms whose seeds and single-seed scripts are both on disk; a note for each one skipped."""
+    """The algorithms whose seeds and single-seed scripts are both on disk; a note for each one
+    skipped."""
     ready = []
     for algo in algos:
-        missing = [name for name in (algo.script, algo.single) if not (scripts_dir / f"{name}.py").exists()]
+        missing = [
+            name for name in (algo.script, algo.single) if not (scripts_dir / f"{name}.py").exists()
+        ]
         if missing:
             note(f"skipping {algo.name}: missing {', '.join(f'{name}.py' for name in missing)}")
         else:
@@ -122,13 +145,19 @@ def budget(algo, quick):
 
 
 def seeds_command(algo, scripts_dir, members, quick, flags):
-    cmd = [sys.executable, str(scripts_dir / f"{algo.script}.py"), *budget(algo, quick), "--num-seeds", str(members)]
+    cmd = [
+        sys.executable,
+        str(scripts_dir / f"{algo.script}.py"),
+        *budget(algo, quick),
+        "--num-seeds",
+        str(members),
+    ]
     return cmd + list(flags)
 
 
 def process_cores(index, at_once, cores):
-    """The cores of process `index` of `at_once` processes sharing `cores` cores: cores // at_once of its own, or one
-    shared round robin when there are more processes than cores."""
+    """The cores of process `index` of `at_once` processes sharing `cores` cores: cores // at_once
+    of its own, or one shared round robin when there are more processes than cores."""
     if at_once > cores:
         return [index % cores]
     share = cores // at_once
@@ -136,27 +165,39 @@ def process_cores(index, at_once, cores):
 
 
 def single_command(algo, scripts_dir, seed, quick, cores):
-    """One single-seed run with its environment: pinned to `cores` (where `taskset` exists), as many threads."""
-    cmd = [sys.executable, str(scripts_dir / f"{algo.single}.py"), *budget(algo, quick), "--seed", str(seed)]
+    """One single-seed run with its environment: pinned to `cores` (where `taskset` exists), as many
+    threads."""
+    cmd = [
+        sys.executable,
+        str(scripts_dir / f"{algo.single}.py"),
+        *budget(algo, quick),
+        "--seed",
+        str(seed),
+    ]
     pin = ["taskset", "-c", ",".join(map(str, cores))] if TASKSET else []
     return pin + cmd, {"OMP_NUM_THREADS": str(len(cores))}
 
 
 def read_summary(cmd, proc):
-    """The summary.json of a finished run (its SUMMARY line names it); a BenchmarkError without a numeric sps."""
+    """The summary.json of a finished run (its SUMMARY line names it); a BenchmarkError without a
+    numeric sps."""
     line = result_line(cmd, proc, "SUMMARY")
     summary = json.loads(Path(line["summary_file"]).read_text())
     if not isinstance(summary.get("sps"), (int, float)):
-        raise failure(cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)")
+        raise failure(
+            cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)"
+        )
     return summary
 
 
 def run_together(commands, timeout, cwd, envs=None):
-    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all; their summaries, in
-    order. A failure kills the rest and raises a BenchmarkError."""
+    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all; their
+    summaries, in order. A failure kills the rest and raises a BenchmarkError."""
     envs = [dict(os.environ, **extra) for extra in envs or [{}] * len(commands)]
     procs = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env
+        )
         for cmd, env in zip(commands, envs)
     ]
     try:
@@ -178,24 +219,28 @@ def run_together(commands, timeout, cwd, envs=None):
 
 
 def processes_at_once(members, requested, cores):
-    """The process counts P to try for N = `members`: those requested (default 1, the cores, N) up to N."""
+    """The process counts P to try for N = `members`: those requested (default 1, the cores, N) up
+    to N."""
     return sorted({p for p in (requested or (1, cores, members)) if 1 <= p <= members})
 
 
 def waves_sps(summaries, at_once):
-    """The aggregate sps of N runs made `at_once` at a time: each wave's summed sps, averaged over the waves weighted
-    by their processes."""
+    """The aggregate sps of N runs made `at_once` at a time: each wave's summed sps, averaged over
+    the waves weighted by their processes."""
     waves = [summaries[i : i + at_once] for i in range(0, len(summaries), at_once)]
     return sum(len(wave) * sum(s["sps"] for s in wave) for wave in waves) / len(summaries)
 
 
 def env_only(algo, scripts_dir, members, quick, seconds):
-    """The env-only sps of the seeds script's vector env for `members` members, stepped with random actions."""
+    """The env-only sps of the seeds script's vector env for `members` members, stepped with random
+    actions."""
     module = load_script(algo.script, scripts_dir)
     args, envs = script_envs(module, [*budget(algo, quick), "--num-seeds", str(members)])
     try:
         envs.reset()
-        steps, elapsed = step_for(envs, random_actions(envs.single_action_space, envs.num_envs, args.seed), seconds)
+        steps, elapsed = step_for(
+            envs, random_actions(envs.single_action_space, envs.num_envs, args.seed), seconds
+        )
     finally:
         envs.close()
     return {
@@ -207,19 +252,33 @@ def env_only(algo, scripts_dir, members, quick, seconds):
 
 
 def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_seconds, timeout, cwd):
-    """Every run, in order (per algorithm, per round, per N: the seeds script, then each P), and the env-only limits."""
+    """Every run, in order (per algorithm, per round, per N: the seeds script, then each P), and the
+    env-only limits."""
     cores = os.cpu_count() or 1
     runs, limits = [], {}
     for algo in algos:
         for members in members_list:
-            limits[f"{algo.name} {members}"] = env_only(algo, scripts_dir, members, quick, env_seconds)
+            limits[f"{algo.name} {members}"] = env_only(
+                algo, scripts_dir, members, quick, env_seconds
+            )
         for repeat in range(repeats):
             for members in members_list:
                 for flags in algo.seeds_variants:
-                    (summary,) = run_together([seeds_command(algo, scripts_dir, members, quick, flags)], timeout, cwd)
+                    (summary,) = run_together(
+                        [seeds_command(algo, scripts_dir, members, quick, flags)], timeout, cwd
+                    )
                     variant = " ".join(["seeds", *flags])
-                    note(f"{algo.name} N={members} round {repeat + 1}: {variant} {summary['sps']:.0f} sps")
-                    run = dict(algo=algo.name, members=members, variant=variant, repeat=repeat, sps=summary["sps"])
+                    note(
+                        f"{algo.name} N={members} round {repeat + 1}: {variant} "
+                        f"{summary['sps']:.0f} sps"
+                    )
+                    run = dict(
+                        algo=algo.name,
+                        members=members,
+                        variant=variant,
+                        repeat=repeat,
+                        sps=summary["sps"],
+                    )
                     runs.append(run | dict(summaries=[summary]))
                 for at_once in processes_at_once(members, processes, cores):
                     summaries = []
@@ -227,11 +286,17 @@ def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_sec
                         wave = range(first, min(first + at_once, members + 1))
                         cores_of = [process_cores(seed - first, at_once, cores) for seed in wave]
                         cmds, envs = zip(
-                            *(single_command(algo, scripts_dir, s, quick, c) for s, c in zip(wave, cores_of))
+                            *(
+                                single_command(algo, scripts_dir, s, quick, c)
+                                for s, c in zip(wave, cores_of)
+                            )
                         )
                         summaries += run_together(cmds, timeout, cwd, envs)
                     sps = waves_sps(summaries, at_once)
-                    note(f"{algo.name} N={members} round {repeat + 1}: {at_once} at once {sps:.0f} sps")
+                    note(
+                        f"{algo.name} N={members} round {repeat + 1}: {at_once} at once {sps:.0f} "
+                        "sps"
+                    )
                     runs.append(
                         dict(
                             algo=algo.name,
@@ -246,8 +311,9 @@ def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_sec
 
 
 def rows(runs, limits):
-    """Per algorithm and N: the median sps of each way of running the seeds script and of each P, the best of either,
-    the ratio of the two bests, the env-only limit, and the seeds runs' mean return."""
+    """Per algorithm and N: the median sps of each way of running the seeds script and of each P,
+    the best of either, the ratio of the two bests, the env-only limit, and the seeds runs' mean
+    return."""
     table = []
     for algo, members in dict.fromkeys((r["algo"], r["members"]) for r in runs):
         mine = [r for r in runs if (r["algo"], r["members"]) == (algo, members)]
@@ -256,7 +322,10 @@ def rows(runs, limits):
             medians[variant] = statistics.median(r["sps"] for r in mine if r["variant"] == variant)
         seeds = {variant: sps for variant, sps in medians.items() if variant.startswith("seeds")}
         processes = {variant: sps for variant, sps in medians.items() if variant not in seeds}
-        best_seeds, best = max(seeds, key=seeds.get), max(processes, key=processes.get) if processes else None
+        best_seeds, best = (
+            max(seeds, key=seeds.get),
+            max(processes, key=processes.get) if processes else None,
+        )
         summaries = [s for r in mine if r["variant"] in seeds for s in r["summaries"]]
         returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
         table.append(
@@ -281,25 +350,33 @@ def markdown(result):
     settings = result["settings"]
     lines = [
         machine_line(result["machine"]),
-        f"Budget: {settings['budget']}, {settings['repeats']} round(s), medians; the P single-seed processes split "
-        f"{settings['cores']} cores, a thread per core (taskset: {settings['taskset']}); started {settings['started']}",
+        f"Budget: {settings['budget']}, {settings['repeats']} round(s), medians; the P "
+        "single-seed processes split "
+        f"{settings['cores']} cores, a thread per core (taskset: {settings['taskset']}); started "
+        f"{settings['started']}",
         "",
-        "| algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only sps | every run (sps) "
+        "| algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only "
+        "sps | every run (sps) "
         "| return |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in result["table"]:
-        every = ", ".join(f"{v}: {sps:.0f}" for v, sps in (r["seeds_variants"] | r["processes_sps"]).items())
+        every = ", ".join(
+            f"{v}: {sps:.0f}" for v, sps in (r["seeds_variants"] | r["processes_sps"]).items()
+        )
         lines.append(
-            f"| {r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | {r['best'] or 'n/a'} | "
-            f"{optional(r['best_sps'], '.0f')} | {optional(r['vs_best'], '.2f', 'x')} | {r['env_only_sps']:.0f} | "
+            f"| {r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | "
+            f"{r['best'] or 'n/a'} | "
+            f"{optional(r['best_sps'], '.0f')} | {optional(r['vs_best'], '.2f', 'x')} | "
+            f"{r['env_only_sps']:.0f} | "
             f"{every} | {optional(r['return_mean'], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def plot(result, path):
-    """Aggregate sps against N, per algorithm: the seeds script, the best multi-process run, the env-only limit."""
+    """Aggregate sps against N, per algorithm: the seeds script, the best multi-process run, the
+    env-only limit."""
     algos = list(dict.fromkeys(r["algo"] for r in result["table"]))
     figure = Figure(figsize=(4.5 * len(algos), 3.8), layout="constrained")
     for ax, algo in zip(figure.subplots(1, len(algos), squeeze=False)[0], algos):
@@ -308,21 +385,31 @@ def plot(result, path):
         ax.plot(members, [r["seeds_sps"] for r in table], "o-", label="one process, N members")
         ax.plot(members, [r["best_sps"] for r in table], "s-", label="N processes, best P at once")
         ax.plot(members, [r["env_only_sps"] for r in table], "k--", label="env only (one process)")
-        ax.set(xscale="log", yscale="log", xlabel="N (seeds)", ylabel="env steps per second, all seeds", title=algo)
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="N (seeds)",
+            ylabel="env steps per second, all seeds",
+            title=algo,
+        )
         ax.set_xticks(members, [str(n) for n in members])
         ax.legend(fontsize=7)
     save(figure, path)
 
 
-# --- the GPU proxy ----------------------------------------------------------------------------------------------
+# --- the GPU proxy
+# ----------------------------------------------------------------------------------------------
 
 
 def dqn_proxy(module, members):
-    """DQN's vmapped torch policy and update for `members` members (CartPole's sizes, a batch of 128 per member)."""
+    """DQN's vmapped torch policy and update for `members` members (CartPole's sizes, a batch of 128
+    per member)."""
     import torch
 
     args = module.Args(num_seeds=members)
-    _, _, (policy, update, _) = module.make_learner(args, 4, 2, list(range(1, members + 1)), torch.device("cpu"))
+    _, _, (policy, update, _) = module.make_learner(
+        args, 4, 2, list(range(1, members + 1)), torch.device("cpu")
+    )
     batch = dict(
         obs=torch.randn(members, args.batch_size, 4),
         next_obs=torch.randn(members, args.batch_size, 4),
@@ -330,49 +417,78 @@ def dqn_proxy(module, members):
         rewards=torch.rand(members, args.batch_size),
         terminations=torch.zeros(members, args.batch_size),
     )
-    return {"acting": (policy, (torch.randn(members, args.num_envs, 4),)), "update": (update, (batch,))}
+    return {
+        "acting": (policy, (torch.randn(members, args.num_envs, 4),)),
+        "update": (update, (batch,)),
+    }
 
 
 def actor_critic_proxy(module, members):
-    """SAC's or TD3's vmapped torch policy, critic update and actor update for `members` members (HalfCheetah's
-    sizes, a batch of 256 per member); the update is the critic's then the actor's, as on every policy-delay step."""
+    """SAC's or TD3's vmapped torch policy, critic update and actor update for `members` members
+    (HalfCheetah's sizes, a batch of 256 per member); the update is the critic's then the actor's,
+    as on every policy-delay step."""
     import torch
 
     n_obs, n_act, batch_size = 17, 6, 256
-    args, low, high = module.Args(num_seeds=members), -torch.ones(n_act).numpy(), torch.ones(n_act).numpy()
-    learner = module.make_learner(args, n_obs, n_act, low, high, list(range(1, members + 1)), torch.device("cpu"))
+    args, low, high = (
+        module.Args(num_seeds=members),
+        -torch.ones(n_act).numpy(),
+        torch.ones(n_act).numpy(),
+    )
+    learner = module.make_learner(
+        args, n_obs, n_act, low, high, list(range(1, members + 1)), torch.device("cpu")
+    )
     policy, update_critic, update_actor = learner[-1][:3]
     columns = dict(obs=n_obs, next_obs=n_obs, actions=n_act, rewards=None, terminations=None)
-    batch = {key: torch.rand(members, batch_size, *([n] if n else [])) for key, n in columns.items()}
+    batch = {
+        key: torch.rand(members, batch_size, *([n] if n else [])) for key, n in columns.items()
+    }
 
     def update(batch):
         return update_critic(batch), update_actor(batch)
 
-    return {"acting": (policy, (torch.randn(members, args.num_envs, n_obs),)), "update": (update, (batch,))}
+    return {
+        "acting": (policy, (torch.randn(members, args.num_envs, n_obs),)),
+        "update": (update, (batch,)),
+    }
 
 
 def ppo_proxy(module, members):
-    """PPO's vmapped torch policy and one minibatch update for `members` members (HalfCheetah's sizes, CleanRL's
-    minibatch of 64 per member: 2048 steps in 32 minibatches); an iteration makes 320 such updates."""
+    """PPO's vmapped torch policy and one minibatch update for `members` members (HalfCheetah's
+    sizes, CleanRL's minibatch of 64 per member: 2048 steps in 32 minibatches); an iteration
+    makes 320 such updates."""
     import torch
 
     n_obs, n_act = 17, 6
     args = module.Args(num_seeds=members)
-    _, _, (policy, update) = module.make_learner(args, n_obs, n_act, list(range(1, members + 1)), torch.device("cpu"))
+    _, _, (policy, update) = module.make_learner(
+        args, n_obs, n_act, list(range(1, members + 1)), torch.device("cpu")
+    )
     size = (members, args.num_steps * args.num_envs // args.num_minibatches)
     mb = {key: torch.randn(*size) for key in ("logprobs", "values", "advantages", "returns")}
-    mb |= dict(obs=torch.randn(*size, n_obs), actions=torch.randn(*size, n_act), valid=torch.ones(*size))
-    return {"acting": (policy, (torch.randn(members * args.num_envs, n_obs),)), "update": (update, (mb,))}
+    mb |= dict(
+        obs=torch.randn(*size, n_obs), actions=torch.randn(*size, n_act), valid=torch.ones(*size)
+    )
+    return {
+        "acting": (policy, (torch.randn(members * args.num_envs, n_obs),)),
+        "update": (update, (mb,)),
+    }
 
 
 # (module, N) -> {name: (fn, inputs)}
-PROXIES = {"dqn": dqn_proxy, "ppo_continuous_action": ppo_proxy, "sac": actor_critic_proxy, "td3": actor_critic_proxy}
+PROXIES = {
+    "dqn": dqn_proxy,
+    "ppo_continuous_action": ppo_proxy,
+    "sac": actor_critic_proxy,
+    "td3": actor_critic_proxy,
+}
 MATMULS = ("aten.mm.", "aten.bmm.", "aten.addmm.", "aten.baddbmm.")
 
 
 def time_calls(fn, inputs, seconds):
-    """Microseconds per call of `fn(*inputs)`: the median of 5 timed blocks of about `seconds` / 5 each (at least a
-    call each), after 3 calls (a compile, a warm-up) of which the last sizes the blocks."""
+    """Microseconds per call of `fn(*inputs)`: the median of 5 timed blocks of about `seconds` / 5
+    each (at least a call each), after 3 calls (a compile, a warm-up) of which the last sizes
+    the blocks."""
     for _ in range(3):
         start = time.perf_counter()
         fn(*inputs)
@@ -387,17 +503,22 @@ def time_calls(fn, inputs, seconds):
 
 
 def graph_size(fn, inputs, compiled):
-    """The ATen ops of one call of `fn` (traced with make_fx, unfused), the matmuls among them and, if `compiled`,
-    the kernels inductor generates for the rest (a compile with the FX graph cache off; None otherwise)."""
+    """The ATen ops of one call of `fn` (traced with make_fx, unfused), the matmuls among them and,
+    if `compiled`, the kernels inductor generates for the rest (a compile with the FX graph
+    cache off; None otherwise)."""
     import torch
     from torch._inductor import config, metrics
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    ops = [str(node.target) for node in make_fx(fn)(*inputs).graph.nodes if node.op == "call_function"]
+    ops = [
+        str(node.target) for node in make_fx(fn)(*inputs).graph.nodes if node.op == "call_function"
+    ]
     ops = [
         op
         for op in ops
-        if not op.startswith(("aten.view", "aten._unsafe_view", "aten.expand", "aten.transpose", "<built-in"))
+        if not op.startswith(
+            ("aten.view", "aten._unsafe_view", "aten.expand", "aten.transpose", "<built-in")
+        )
     ]
     fused = None
     if compiled:
@@ -406,11 +527,16 @@ def graph_size(fn, inputs, compiled):
             torch._dynamo.reset()
             torch.compile(fn, fullgraph=True)(*inputs)
             fused = metrics.generated_kernel_count
-    return {"aten_ops": len(ops), "matmuls": sum(op.startswith(MATMULS) for op in ops), "fused_kernels": fused}
+    return {
+        "aten_ops": len(ops),
+        "matmuls": sum(op.startswith(MATMULS) for op in ops),
+        "fused_kernels": fused,
+    }
 
 
 def flops(fn, inputs):
-    """The floating-point operations of one call of `fn(*inputs)`, as torch's FlopCounterMode counts them (matmuls)."""
+    """The floating-point operations of one call of `fn(*inputs)`, as torch's FlopCounterMode counts
+    them (matmuls)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -419,8 +545,8 @@ def flops(fn, inputs):
 
 
 def matmul_rate(seconds):
-    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond: a [8, 256, 256] x [8, 256, 256]
-    bmm, timed as `time_calls` times a function."""
+    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond: a [8, 256, 256]
+    x [8, 256, 256] bmm, timed as `time_calls` times a function."""
     import torch
 
     a = torch.randn(8, 256, 256)
@@ -428,8 +554,9 @@ def matmul_rate(seconds):
 
 
 def proxy(algos, scripts_dir, members_list, compiled, seconds, us_per_kernel):
-    """Per algorithm, function and N: microseconds per call and per member, the graph's size, and how close the call
-    comes to the matmul bound (its FLOPs at the rate of a large bmm timed just after it, over its time)."""
+    """Per algorithm, function and N: microseconds per call and per member, the graph's size, and
+    how close the call comes to the matmul bound (its FLOPs at the rate of a large bmm timed
+    just after it, over its time)."""
     import torch
 
     torch.set_num_threads(1)  # as the scripts run on a CPU
@@ -446,7 +573,8 @@ def proxy(algos, scripts_dir, members_list, compiled, seconds, us_per_kernel):
                 kernels = size["matmuls"] + size["fused_kernels"] if compiled else size["aten_ops"]
                 gpu = kernels * us_per_kernel
                 note(
-                    f"{algo.name} {name} N={members}: {us:.0f} us a call, {us / members:.1f} each; {kernels} kernels; "
+                    f"{algo.name} {name} N={members}: {us:.0f} us a call, {us / members:.1f} "
+                    f"each; {kernels} kernels; "
                     f"matmul bound {flop / rate / us:.2f} of the time"
                 )
                 table.append(
@@ -474,29 +602,38 @@ def proxy_markdown(result):
         f"Compiled: {settings['compiled']}, one thread; the GPU column is unmeasured: kernels x "
         f"{settings['us_per_kernel']} us / N; started {settings['started']}",
         "",
-        "| algo | function | N | us a call | us per member | MFLOP per member | matmul bound / time | ATen ops "
+        "| algo | function | N | us a call | us per member | MFLOP per member | matmul bound / "
+        "time | ATen ops "
         "| matmuls | fused kernels | kernels | GPU us per member (unmeasured) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["table"]:
         lines.append(
-            f"| {r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | {r['us_per_member']:.1f} | "
-            f"{optional(r.get('mflop_per_member'), '.2f')} | {optional(r.get('matmul_bound_share'), '.2f')} | "
-            f"{r['aten_ops']} | {r['matmuls']} | {optional(r['fused_kernels'], 'd')} | {r['kernels']} | "
+            f"| {r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | "
+            f"{r['us_per_member']:.1f} | "
+            f"{optional(r.get('mflop_per_member'), '.2f')} | "
+            f"{optional(r.get('matmul_bound_share'), '.2f')} | "
+            f"{r['aten_ops']} | {r['matmuls']} | {optional(r['fused_kernels'], 'd')} | "
+            f"{r['kernels']} | "
             f"{r['gpu_us_per_member_unmeasured']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def proxy_plot(result, path):
-    """Microseconds per member against N (log-log), a line per algorithm and function; the GPU expectation dotted."""
+    """Microseconds per member against N (log-log), a line per algorithm and function; the GPU
+    expectation dotted."""
     figure = Figure(figsize=(6, 4), layout="constrained")
     ax = figure.subplots()
     for index, key in enumerate(dict.fromkeys((r["algo"], r["function"]) for r in result["table"])):
         table = [r for r in result["table"] if (r["algo"], r["function"]) == key]
         members = [r["members"] for r in table]
         ax.plot(
-            members, [r["us_per_member"] for r in table], "o-", color=f"C{index}", label=f"{' '.join(key)}, this CPU"
+            members,
+            [r["us_per_member"] for r in table],
+            "o-",
+            color=f"C{index}",
+            label=f"{' '.join(key)}, this CPU",
         )
         ax.plot(
             members,
@@ -512,23 +649,55 @@ def proxy_plot(result, path):
 
 def parse_args(argv):
     names = [algo.name for algo in ALGOS]
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.seeds", description=__doc__.split("\n")[0])
-    parser.add_argument("--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)")
-    parser.add_argument("--members", type=int, nargs="+", help="values of N (default 1 2 4 8 16; proxy 1 8 32 128)")
-    parser.add_argument("--processes", type=int, nargs="+", help="single-seed processes at once (default 1, cores, N)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.seeds", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)"
+    )
+    parser.add_argument(
+        "--members", type=int, nargs="+", help="values of N (default 1 2 4 8 16; proxy 1 8 32 128)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        help="single-seed processes at once (default 1, cores, N)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="rounds of every run")
-    parser.add_argument("--quick", action="store_true", help="tiny budgets, N = 1 2, one round (proxy: N = 1 2)")
-    parser.add_argument("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
-    parser.add_argument("--gpu-proxy", action="store_true", help="time acting and the update per member instead")
-    parser.add_argument("--no-compile", action="store_true", help="proxy: time the functions eagerly, no kernel count")
-    parser.add_argument("--proxy-seconds", type=float, default=2.0, help="proxy: timing per function and N")
-    parser.add_argument("--us-per-kernel", type=float, default=3.0, help="proxy: the GPU expectation's cost per kernel")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny budgets, N = 1 2, one round (proxy: N = 1 2)"
+    )
+    parser.add_argument(
+        "--env-seconds", type=float, default=2.0, help="how long to time each env alone"
+    )
+    parser.add_argument(
+        "--gpu-proxy", action="store_true", help="time acting and the update per member instead"
+    )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="proxy: time the functions eagerly, no kernel count",
+    )
+    parser.add_argument(
+        "--proxy-seconds", type=float, default=2.0, help="proxy: timing per function and N"
+    )
+    parser.add_argument(
+        "--us-per-kernel",
+        type=float,
+        default=3.0,
+        help="proxy: the GPU expectation's cost per kernel",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
     parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help="where the scripts are")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go")
+    parser.add_argument(
+        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
+    )
     args = parser.parse_args(argv)
     if args.members is None:
-        args.members = [1, 2] if args.quick else [1, 8, 32, 128] if args.gpu_proxy else [1, 2, 4, 8, 16]
+        args.members = (
+            [1, 2] if args.quick else [1, 8, 32, 128] if args.gpu_proxy else [1, 2, 4, 8, 16]
+        )
     if args.quick:
         args.repeats, args.env_seconds, args.proxy_seconds = 1, 0.2, 0.2
     if min(args.members) < 1 or args.repeats < 1 or min(args.processes or [1]) < 1:
@@ -537,7 +706,8 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    """Run the benchmark (or the GPU proxy), print the table, write the results; returns the exit status."""
+    """Run the benchmark (or the GPU proxy), print the table, write the results; returns the exit
+    status."""
     args = parse_args(argv)
     algos = runnable([algo for algo in ALGOS if algo.name in args.algos], args.scripts_dir)
     if args.gpu_proxy:
@@ -546,16 +716,25 @@ def main(argv=None):
         note("benchmark stopped: no algorithm has its scripts on disk")
         return 1
     started = datetime.now()
-    settings = dict(members=args.members, started=started.isoformat(), budget="quick" if args.quick else "full")
+    settings = dict(
+        members=args.members, started=started.isoformat(), budget="quick" if args.quick else "full"
+    )
     if args.gpu_proxy:
         settings |= dict(compiled=not args.no_compile, us_per_kernel=args.us_per_kernel)
         table = proxy(
-            algos, args.scripts_dir, args.members, not args.no_compile, args.proxy_seconds, args.us_per_kernel
+            algos,
+            args.scripts_dir,
+            args.members,
+            not args.no_compile,
+            args.proxy_seconds,
+            args.us_per_kernel,
         )
         result = dict(settings=settings, machine=machine_info(), table=table)
         stem, render, draw = f"seeds-proxy-{started:%Y%m%d-%H%M%S}", proxy_markdown, proxy_plot
     else:
-        settings |= dict(repeats=args.repeats, processes=args.processes, cores=os.cpu_count(), taskset=TASKSET)
+        settings |= dict(
+            repeats=args.repeats, processes=args.processes, cores=os.cpu_count(), taskset=TASKSET
+        )
         runs_dir = args.out_dir / "runs"  # the runs' run folders
         runs_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -573,7 +752,13 @@ def main(argv=None):
         except BenchmarkError as error:
             note(f"benchmark stopped: {error}")
             return 1
-        result = dict(settings=settings, machine=machine_info(), env_limits=limits, table=rows(runs, limits), runs=runs)
+        result = dict(
+            settings=settings,
+            machine=machine_info(),
+            env_limits=limits,
+            table=rows(runs, limits),
+            runs=runs,
+        )
         stem, render, draw = f"seeds-{started:%Y%m%d-%H%M%S}", markdown, plot
     paths = write_result(result, args.out_dir, stem, render, draw)
     print(render(result), end="")

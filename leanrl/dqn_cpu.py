@@ -1,19 +1,22 @@
-"""Deep Q-Network for discrete actions, made fast on a CPU: dqn.py (same algorithm, same defaults) rewritten for it.
+"""Deep Q-Network for discrete actions, made fast on a CPU: dqn.py (same algorithm, same defaults)
+rewritten for it.
 
-Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps).
+Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k
+steps).
 
     python leanrl/dqn_cpu.py                              # the benchmark run, the update compiled
     python leanrl/dqn_cpu.py --no-compile                 # the same functions, eagerly
     python leanrl/dqn_cpu.py --total-timesteps 100000     # learns CartPole
 
-Grown from dqn.py: `diff leanrl/dqn.py leanrl/dqn_cpu.py` shows what makes DQN fast on a CPU, where every call is
-small (batch-1 acting, batch-128 updates) and costs more in Python and dispatch than in arithmetic. The update is a
-function of the parameters (`torch.func` gradients, Adam written out) that `torch.compile` makes one graph, called
-through a C++ wrapper; acting is the eager script's Python coin and the Q network in numpy, on views of the weights;
-transitions stay numpy arrays until they are written, once per `train_frequency` iterations, through numpy views of
-the buffer. Torch runs one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op is
-tiny, and two threads were slower in every run measured (docs/performance.md). It trains on the CPU whatever the
-machine has (no `--cuda`, no CUDA graphs: on a GPU, run dqn_torchcompile.py).
+Grown from dqn.py: `diff leanrl/dqn.py leanrl/dqn_cpu.py` shows what makes DQN fast on a CPU, where
+every call is small (batch-1 acting, batch-128 updates) and costs more in Python and dispatch than
+in arithmetic. The update is a function of the parameters (`torch.func` gradients, Adam written out)
+that `torch.compile` makes one graph, called through a C++ wrapper; acting is the eager script's
+Python coin and the Q network in numpy, on views of the weights; transitions stay numpy arrays until
+they are written, once per `train_frequency` iterations, through numpy views of the buffer. Torch
+runs one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op is
+tiny, and two threads were slower in every run measured (docs/performance.md). It trains on the CPU
+whatever the machine has (no `--cuda`, no CUDA graphs: on a GPU, run dqn_torchcompile.py).
 """
 
 import json
@@ -51,11 +54,14 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many episodes with the trained policy and report their mean return
+    (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -99,10 +105,14 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -111,30 +121,41 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode (the true final obs of an ended episode in `info["final_obs"]`); with
-    `video_dir`, the first env records videos there (the first `video_episodes` episodes if given)."""
+    """A vector env in same-step autoreset mode (the true final obs of an ended episode in
+    `info["final_obs"]`); with `video_dir`, the first env records videos there (the first
+    `video_episodes` episodes if given)."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
+        fail(
+            f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete "
+            "actions"
+        )
     envs.action_space.seed(seed)  # the random actions of exploration
     return envs
 
 
 def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    """The returns of every episode that ended on this step (several envs can finish on the same
+    step)."""
     final_info = infos.get("final_info", {})
-    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+    return (
+        final_info["episode"]["r"][final_info["_episode"]].tolist()
+        if "episode" in final_info
+        else []
+    )
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -162,8 +183,9 @@ def linear_schedule(start_e, end_e, duration, t):
 
 
 class ReplayBuffer:
-    """A circular buffer in CPU tensors, written from the env's numpy arrays through numpy views of the tensors (the
-    same memory: a numpy write costs a fraction of a torch one); `sample` draws uniformly with replacement."""
+    """A circular buffer in CPU tensors, written from the env's numpy arrays through numpy views of
+    the tensors (the same memory: a numpy write costs a fraction of a torch one); `sample` draws
+    uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs):
         self.storage = dict(
@@ -180,7 +202,8 @@ class ReplayBuffer:
         n = sum(len(t["obs"]) for t in transitions)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
-            view[idx] = np.concatenate([t[key] for t in transitions])  # numpy converts to the view's dtype
+            # numpy converts to the view's dtype
+            view[idx] = np.concatenate([t[key] for t in transitions])
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -190,15 +213,17 @@ class ReplayBuffer:
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
+    place. Called inside a compiled update it becomes part of that update's graph;
+    `torch.optim.Adam.step` would break the graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
+        # a power of a step-count tensor into the CPU update kernel, once per vector of every
+        # parameter: 2-3x slower steps
         self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
 
     def step(self, grads):
@@ -215,10 +240,11 @@ class Adam:
 
 
 def make_functional_updates(q_network, target_network, optimizer, args):
-    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's update. The TD
-    step is a function of the parameters, `optimizer.params` (the network's own tensors, updated in place):
-    `torch.func` takes the gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes the whole
-    step, from the forward pass to the parameters' update, one graph (`backward` and `torch.optim` would split it)."""
+    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's
+    update. The TD step is a function of the parameters, `optimizer.params` (the network's own
+    tensors, updated in place): `torch.func` takes the gradients and Adam is written out, so
+    `torch.compile(fullgraph=True)` makes the whole step, from the forward pass to the parameters'
+    update, one graph (`backward` and `torch.optim` would split it)."""
 
     def loss_fn(params, data, td_target):
         q_values = functional_call(q_network, params, (data["obs"],))
@@ -229,7 +255,9 @@ def make_functional_updates(q_network, target_network, optimizer, args):
         with torch.no_grad():
             target_max, _ = target_network(data["next_obs"]).max(dim=1)
             td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
-        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(optimizer.params, data, td_target)
+        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(
+            optimizer.params, data, td_target
+        )
         optimizer.step(grads)
         return loss, q_mean
 
@@ -241,12 +269,16 @@ def make_functional_updates(q_network, target_network, optimizer, args):
 
 
 def make_host_policy(q_network, n_act, start_e, end_e, duration):
-    """CleanRL's epsilon-greedy on the host: one coin for all envs, and the Q network in numpy, run only when the coin
-    says exploit (at batch 1 a torch call costs more to dispatch than its arithmetic, a numpy call much less). The
-    arrays are views of the network's weights, which Adam updates in place, so it always acts with the current ones;
-    it restates `QNetwork.forward`, and a test holds it to it. The step that sets epsilon is a Python int the policy
-    advances by the number of envs. Numpy observations in, numpy actions out."""
-    layers = [(layer.weight.detach().numpy(), layer.bias.detach().numpy()) for layer in q_network.network[::2]]
+    """CleanRL's epsilon-greedy on the host: one coin for all envs, and the Q network in numpy, run
+    only when the coin says exploit (at batch 1 a torch call costs more to dispatch than its
+    arithmetic, a numpy call much less). The arrays are views of the network's weights, which Adam
+    updates in place, so it always acts with the current ones; it restates `QNetwork.forward`, and a
+    test holds it to it. The step that sets epsilon is a Python int the policy advances by the
+    number of envs. Numpy observations in, numpy actions out."""
+    layers = [
+        (layer.weight.detach().numpy(), layer.bias.detach().numpy())
+        for layer in q_network.network[::2]
+    ]
     step = 0
 
     def policy(obs):
@@ -264,11 +296,14 @@ def make_host_policy(q_network, n_act, start_e, end_e, duration):
 
 
 def make_learner(args, n_obs, n_act):
-    """DQN's Q network, optimizer and functions (policy, update, update_target) on the CPU, as `main` runs them."""
+    """DQN's Q network, optimizer and functions (policy, update, update_target) on the CPU, as
+    `main` runs them."""
     q_network = QNetwork(n_obs, n_act)
     target_network = QNetwork(n_obs, n_act)
     target_network.load_state_dict(q_network.state_dict())
-    optimizer = Adam({name: param.data for name, param in q_network.named_parameters()}, lr=args.learning_rate)
+    optimizer = Adam(
+        {name: param.data for name, param in q_network.named_parameters()}, lr=args.learning_rate
+    )
     update, update_target = make_functional_updates(q_network, target_network, optimizer, args)
     exploration_steps = args.exploration_fraction * args.total_timesteps
     policy = make_host_policy(q_network, n_act, args.start_e, args.end_e, exploration_steps)
@@ -278,18 +313,21 @@ def make_learner(args, n_obs, n_act):
 def main(args):
     check_args(args)
     run = Run(args, "dqn_cpu")  # seeds, the run folder, wandb and signals: see the end of the file
-    train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
+    # with --eval-model nothing trains: no training video
+    train_videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, train_videos)
     device = torch.device("cpu")  # whatever the machine has
-    # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more than it saves, and
-    # on a shared CPU an oversubscribed thread pool can stall a step for milliseconds
+    # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more
+    # than it saves, and on a shared CPU an oversubscribed thread pool can stall a step for
+    # milliseconds
     torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
     q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act)
     if run.saved_model is not None:
-        q_network.load_state_dict(run.saved_model)  # in place: the policy's numpy views and Adam's params follow
+        # in place: the policy's numpy views and Adam's params follow
+        q_network.load_state_dict(run.saved_model)
     if args.compile:  # one graph, whose C++ wrapper calls its kernels with fewer Python calls
         update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": True})
 
@@ -313,7 +351,13 @@ def main(args):
         run.log_episodes(global_step, finished_episodes(infos))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
+        transition = dict(
+            obs=obs,
+            next_obs=real_next_obs,
+            actions=actions,
+            rewards=rewards,
+            terminations=terminations,
+        )
         transitions.append(transition)  # numpy arrays until the next write
 
         # CRUCIAL step easy to overlook
@@ -333,7 +377,9 @@ def main(args):
 
         if iteration % 100 == 0:
             epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-            run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
+            run.log_progress(
+                pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
+            )
 
         run.steps = global_step + args.num_envs
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
@@ -341,15 +387,18 @@ def main(args):
 
     def evaluate_greedy(episodes, videos):  # the greedy action
         eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device)
+        return evaluate(
+            lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device
+        )
 
     envs.close()
     run.finish(device, q_network.state_dict(), evaluate_greedy, threads=torch.get_num_threads())
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -360,56 +409,87 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    sizes = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "train_frequency",
+        "target_network_frequency",
+    )
     for flag in (*sizes, "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
+        fail(
+            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
+            "--train-frequency"
+        )
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
+    if (
+        not 0 < args.exploration_fraction <= 1
+        or not 0 <= args.start_e <= 1
+        or not 0 <= args.end_e <= 1
+    ):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
     if args.threads is not None and args.threads <= 0:
         fail(f"--threads must be positive, got {args.threads}")
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -420,23 +500,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -459,7 +552,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -477,33 +573,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -511,8 +623,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -523,7 +635,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

@@ -1,10 +1,13 @@
-"""Deep Q-Network for discrete actions, `--num-seeds N` independent runs trained as one vmapped program.
+"""Deep Q-Network for discrete actions, `--num-seeds N` independent runs trained as one vmapped
+program.
 
-Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps per member).
+Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps
+per member).
 
-    python leanrl/dqn_seeds.py                                # 8 members (seeds 1..8), the update compiled
-    python leanrl/dqn_seeds.py --num-seeds 3 --no-compile     # 3 members, the same functions, eagerly
-    python leanrl/dqn_seeds.py --compile --cudagraphs         # on CUDA: acting and the update as CUDA graphs
+    python leanrl/dqn_seeds.py  # 8 members (seeds 1..8), the update compiled
+    python leanrl/dqn_seeds.py --num-seeds 3 --no-compile  # 3 members, the same functions, eagerly
+    # on CUDA: acting and the update as CUDA graphs
+    python leanrl/dqn_seeds.py --compile --cudagraphs
 
 Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one
 program. Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
@@ -66,13 +69,16 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at the end"""
+    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at
+    the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with each member's policy and report their mean returns (0: none)"""
+    """after training, play this many episodes with each member's policy and report their mean
+    returns (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file as every member for --eval-episodes episodes instead of training"""
+    """instead of training, play this saved .pt file as every member for --eval-episodes"""
     measure_burnin: int = 3
     """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
 
@@ -106,21 +112,27 @@ class Args:
     """one gradient step every `train_frequency` iterations"""
 
     threads: int = 1
-    """torch's intra-op threads. 2 run N members' update ~1.7x faster (N=8, 2 idle cores), but on a shared CPU
-    whose cores are all busy a second thread stalls every matmul (a run 20x slower, measured): one by default"""
+    """torch's intra-op threads. 2 run N members' update ~1.7x faster (N=8, 2 idle cores), but on a
+    shared CPU whose cores are all busy a second thread stalls every matmul (a run 20x slower,
+    measured): one by default"""
     compile: bool = True
-    """compile acting and the update, one graph each; --no-compile runs the same functions eagerly"""
+    """compile acting and the update, one graph each; --no-compile runs the same functions
+    eagerly"""
     cudagraphs: bool = False
-    """wrap acting and the update in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
+    """acting and the update as CUDA graphs (tensordict's CudaGraphModule); needs CUDA"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -135,34 +147,50 @@ def member_env_seeds(seed, num_seeds, num_envs):
 
 
 def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
-    """One vector env in same-step autoreset mode (an ended episode's true final obs in `info["final_obs"]`): `num_envs`
-    envs per member, member k's the k-th slice; with `video_dir`, its first env records videos there (the first
-    `video_episodes` episodes if given). One env loop per step for all members, not one per member."""
+    """One vector env in same-step autoreset mode (an ended episode's true final obs in
+    `info["final_obs"]`): `num_envs` envs per member, member k's the k-th slice; with `video_dir`,
+    its first env records videos there (the first `video_episodes` episodes if given). One env loop
+    per step for all members, not one per member."""
     try:
         videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
         env_seeds = member_env_seeds(seed, num_seeds, num_envs)
-        thunks = [make_env(env_id, env_seed, video, video_episodes) for env_seed, video in zip(env_seeds, videos)]
+        thunks = [
+            make_env(env_id, env_seed, video, video_episodes)
+            for env_seed, video in zip(env_seeds, videos)
+        ]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete actions")
+        fail(
+            f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete "
+            "actions"
+        )
     return envs
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
+    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that
+    ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
-    returns, ended = final_info["episode"]["r"].reshape(num_seeds, -1), final_info["_episode"].reshape(num_seeds, -1)
-    return [member_returns[member_ended].tolist() for member_returns, member_ended in zip(returns, ended)]
+    returns, ended = (
+        final_info["episode"]["r"].reshape(num_seeds, -1),
+        final_info["_episode"].reshape(num_seeds, -1),
+    )
+    return [
+        member_returns[member_ended].tolist()
+        for member_returns, member_ended in zip(returns, ended)
+    ]
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -185,15 +213,17 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t` (a number or a tensor): from `start_e` at 0 down to `end_e` at `duration`, then flat."""
+    """Epsilon at env step `t` (a number or a tensor): from `start_e` at 0 down to `end_e` at
+    `duration`, then flat."""
     epsilon = start_e + (end_e - start_e) * t / duration
     return epsilon.clamp_min(end_e) if isinstance(epsilon, torch.Tensor) else max(epsilon, end_e)
 
 
 class ReplayBuffer:
-    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...], written (all members at once)
-    through numpy views of the tensors; `sample` draws uniformly with replacement, each member from its own buffer, and
-    moves the batch to `device`. The members step together: one cursor serves them all."""
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...], written
+    (all members at once) through numpy views of the tensors; `sample` draws uniformly with
+    replacement, each member from its own buffer, and moves the batch to `device`. The members
+    step together: one cursor serves them all."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, device):
         self.storage = dict(
@@ -205,11 +235,13 @@ class ReplayBuffer:
         )
         self.views = {key: column.numpy() for key, column in self.storage.items()}
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
-        # the members' buffers end to end, and where each one starts: one index_select per field samples them all
+        # the members' buffers end to end, and where each one starts: one index_select per field
+        # samples them all
         self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
         self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
 
-    def extend(self, transitions):  # the vector env's arrays: member k's envs are the k-th of num_seeds slices
+    # the vector env's arrays: member k's envs are the k-th of num_seeds slices
+    def extend(self, transitions):
         n = sum(len(t["obs"]) for t in transitions) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
@@ -221,24 +253,31 @@ class ReplayBuffer:
         self.size = min(self.size + n, self.buffer_size)
 
     def sample(self, batch_size):
-        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()  # [member, batch]
+        # [member, batch]
+        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()
         shape = (len(self.starts), batch_size)
-        return {key: col.index_select(0, idx).unflatten(0, shape).to(self.device) for key, col in self.flat.items()}
+        return {
+            key: col.index_select(0, idx).unflatten(0, shape).to(self.device)
+            for key, col in self.flat.items()
+        }
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph. Every
-    operation is elementwise, so on parameters stacked over members it takes each member's own step."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
+    place. Called inside a compiled update it becomes part of that update's graph;
+    `torch.optim.Adam.step` would break the graph. Every operation is elementwise, so on parameters
+    stacked over members it takes each member's own step."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps. One
-        # product serves all members, which step together
-        self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
+        # a power of a step-count tensor into the CPU update kernel, once per vector of every
+        # parameter: 2-3x slower steps. One product serves all members, which step together
+        self.beta1_power, self.beta2_power = (
+            next(iter(params.values())).new_ones(()) for _ in range(2)
+        )
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -254,10 +293,11 @@ class Adam:
 
 
 def make_functional_updates(q_network, target_params, optimizer, args):
-    """The TD step of every member (returns each member's loss and mean Q of the taken actions) and the target
-    networks' update. The TD step of one member's parameters is vmapped over the stacked `optimizer.params` (updated in
-    place), `target_params` and batch (`q_network`: a meta shell that `functional_call` fills). `torch.func` takes the
-    gradients and Adam is written out, so `torch.compile(fullgraph=True)` makes all members' step one graph."""
+    """The TD step of every member (returns each member's loss and mean Q of the taken actions) and
+    the target networks' update. The TD step of one member's parameters is vmapped over the
+    stacked `optimizer.params` (updated in place), `target_params` and batch (`q_network`: a
+    meta shell that `functional_call` fills). `torch.func` takes the gradients and Adam is
+    written out, so `torch.compile(fullgraph=True)` makes all members' step one graph."""
 
     def td_target_fn(target_params, data):
         target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
@@ -271,7 +311,9 @@ def make_functional_updates(q_network, target_params, optimizer, args):
     def update(data):  # every tensor with a leading seeds axis
         with torch.no_grad():
             td_target = vmap(td_target_fn)(target_params, data)
-        grads, (loss, q_mean) = vmap(grad_and_value(loss_fn, has_aux=True))(optimizer.params, data, td_target)
+        grads, (loss, q_mean) = vmap(grad_and_value(loss_fn, has_aux=True))(
+            optimizer.params, data, td_target
+        )
         optimizer.step(grads)
         return loss, q_mean
 
@@ -283,9 +325,10 @@ def make_functional_updates(q_network, target_params, optimizer, args):
 
 
 def make_policy(q_network, params, n_act, global_step, start_e, end_e, duration):
-    """CleanRL's epsilon-greedy for every member at once, a coin per member (vmap's `randomness="different"`).
-    `global_step`, a device tensor the policy advances in place (by a member's envs), moves the schedule with no host
-    sync and no recompile. Observations [num_seeds, num_envs, n_obs] in, actions [num_seeds, num_envs] out."""
+    """CleanRL's epsilon-greedy for every member at once, a coin per member (vmap's
+    `randomness="different"`). `global_step`, a device tensor the policy advances in place (by a
+    member's envs), moves the schedule with no host sync and no recompile. Observations [num_seeds,
+    num_envs, n_obs] in, actions [num_seeds, num_envs] out."""
 
     def act(params, obs, epsilon):  # one member
         q_values = functional_call(q_network, params, (obs,))
@@ -304,12 +347,17 @@ def make_policy(q_network, params, n_act, global_step, start_e, end_e, duration)
 
 
 def make_host_policy(params, n_act, start_e, end_e, duration):
-    """`make_policy` on the host, for a CPU: a coin per member, and the Q networks in numpy, one call for all members
-    (matmul broadcasts over the seeds axis; a torch call, even compiled, costs more to dispatch than to run here). The
-    arrays are views of the stacked weights, which Adam updates in place; it restates `QNetwork.forward`, and a test
-    holds it to it. Its step is a Python int. CPU tensors in and out, as `make_policy`'s, numpy views inside."""
-    layers = [(params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy()) for i in (0, 2, 4)]
-    layers = [(weight.transpose(0, 2, 1), bias[:, None]) for weight, bias in layers]  # x @ W.T + b, per member
+    """`make_policy` on the host, for a CPU: a coin per member, and the Q networks in numpy, one
+    call for all members (matmul broadcasts over the seeds axis; a torch call, even compiled,
+    costs more to dispatch than to run here). The arrays are views of the stacked weights, which
+    Adam updates in place; it restates `QNetwork.forward`, and a test holds it to it. Its step
+    is a Python int. CPU tensors in and out, as `make_policy`'s, numpy views inside."""
+    layers = [
+        (params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy())
+        for i in (0, 2, 4)
+    ]
+    # x @ W.T + b, per member
+    layers = [(weight.transpose(0, 2, 1), bias[:, None]) for weight, bias in layers]
     step = 0
 
     def policy(obs):
@@ -323,14 +371,17 @@ def make_host_policy(params, n_act, start_e, end_e, duration):
         (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
         x = np.maximum(obs.numpy() @ w1 + b1, 0)
         x = np.maximum(x @ w2 + b2, 0)
-        return torch.from_numpy(np.where(explore[:, None], random_actions, (x @ w3 + b3).argmax(axis=2)))
+        return torch.from_numpy(
+            np.where(explore[:, None], random_actions, (x @ w3 + b3).argmax(axis=2))
+        )
 
     return policy
 
 
 def make_learner(args, n_obs, n_act, seeds, device):
-    """The members' stacked Q networks, optimizer and functions (policy, update, update_target) on `device`, as
-    `main` runs them. Member k starts from the weights the single-seed script draws with `--seed seeds[k]`."""
+    """The members' stacked Q networks, optimizer and functions (policy, update, update_target) on
+    `device`, as `main` runs them. Member k starts from the weights the single-seed script draws
+    with `--seed seeds[k]`."""
     q_networks = []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
@@ -343,35 +394,49 @@ def make_learner(args, n_obs, n_act, seeds, device):
     update, update_target = make_functional_updates(q_network, target_params, optimizer, args)
     global_step = torch.zeros((), dtype=torch.long, device=device)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    policy = make_policy(q_network, params, n_act, global_step, args.start_e, args.end_e, exploration_steps)
+    policy = make_policy(
+        q_network, params, n_act, global_step, args.start_e, args.end_e, exploration_steps
+    )
     return params, optimizer, (policy, update, update_target)
 
 
 def main(args):
     check_args(args)
-    probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
-    n_obs, n_act = int(np.prod(probe.single_observation_space.shape)), int(probe.single_action_space.n)
+    # one env first: its id, spaces and sizes, before N members' envs
+    probe = make_envs(args.env_id, 1, args.seed, 1)
+    n_obs, n_act = (
+        int(np.prod(probe.single_observation_space.shape)),
+        int(probe.single_action_space.n),
+    )
     probe.close()
-    check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")  # 2 observations, 3 scalars, 8 bytes
+    # 2 observations, 3 scalars, 8 bytes
+    check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
     run = Run(args, "dqn_seeds")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
-    train_videos = None if args.eval_model else run.videos  # with --eval-model nothing trains: no training video
+    # with --eval-model nothing trains: no training video
+    train_videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, train_videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.threads)
 
     params, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, run.seeds, device)
-    for name, saved in (run.saved_model or {}).items():  # --eval-model: the saved model, as every member
+    # --eval-model: the saved model, as every member
+    for name, saved in (run.saved_model or {}).items():
         params[name].copy_(saved)
-    if args.compile:  # one graph each; on a CPU, a C++ wrapper calls the update's kernels with fewer Python calls
+    # one graph each; on a CPU, a C++ wrapper calls the update's kernels with fewer Python calls
+    if args.compile:
         policy = torch.compile(policy, fullgraph=True)
-        update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"})
+        update = torch.compile(
+            update, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"}
+        )
     if args.cudagraphs:
-        # the first calls run as they are (compiling, with --compile), the next records the graph, later ones replay it
+        # the first calls run as they are (compiling, with --compile), the next records the graph,
+        # later ones replay it
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    if device.type == "cpu":  # the members act in numpy, not with the torch policy: see make_host_policy
+    # the members act in numpy, not with the torch policy: see make_host_policy
+    if device.type == "cpu":
         policy = make_host_policy(params, n_act, args.start_e, args.end_e, exploration_steps)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, device)
@@ -384,17 +449,27 @@ def main(args):
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            run.measure_start, run.measure_step = time.time(), global_step  # sps counts from here, past compiling
+            # sps counts from here, past compiling
+            run.measure_start, run.measure_step = time.time(), global_step
 
         # ALGO LOGIC: put action logic here
-        member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(args.num_seeds, args.num_envs, n_obs)
-        actions = policy(member_obs).cpu().numpy().reshape(-1)  # member k's envs are a contiguous slice
+        member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(
+            args.num_seeds, args.num_envs, n_obs
+        )
+        # member k's envs are a contiguous slice
+        actions = policy(member_obs).cpu().numpy().reshape(-1)
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations)
+        transition = dict(
+            obs=obs,
+            next_obs=real_next_obs,
+            actions=actions,
+            rewards=rewards,
+            terminations=terminations,
+        )
         transitions.append(transition)  # numpy arrays until the next write
 
         # CRUCIAL step easy to overlook
@@ -414,27 +489,35 @@ def main(args):
 
         if iteration % 100 == 0:
             epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-            run.log_progress(pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon))
+            run.log_progress(
+                pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
+            )
 
         run.steps = global_step + args.num_envs
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
-    # each member's weights as a single-seed Q network's state dict (copies: a view would save the whole stack)
-    models = [{name: param[k].clone() for name, param in params.items()} for k in range(args.num_seeds)]
+    # each member's weights as a single-seed Q network's state dict (copies: a view would save the
+    # whole stack)
+    models = [
+        {name: param[k].clone() for name, param in params.items()} for k in range(args.num_seeds)
+    ]
 
     def evaluate_greedy(member, episodes, videos):  # the greedy action of member `member`
         q_network = QNetwork(n_obs, n_act, device=device)
         q_network.load_state_dict(models[member])
         eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
-        return evaluate(lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, run.seeds[member], device)
+        return evaluate(
+            lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, run.seeds[member], device
+        )
 
     envs.close()
     run.finish(device, models, evaluate_greedy)
 
 
-# ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results, wandb, Ctrl-C.
+# ==================================================================================================
+# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results,
+# wandb, Ctrl-C.
 
 
 def fail(message):
@@ -444,63 +527,100 @@ def fail(message):
 
 
 def check_args(args):
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
         fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
-    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    sizes = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "train_frequency",
+        "target_network_frequency",
+    )
     for flag in ("num_seeds", *sizes, "learning_rate", "threads"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x --train-frequency")
+        fail(
+            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
+            "--train-frequency"
+        )
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if not 0 < args.exploration_fraction <= 1 or not 0 <= args.start_e <= 1 or not 0 <= args.end_e <= 1:
+    if (
+        not 0 < args.exploration_fraction <= 1
+        or not 0 <= args.start_e <= 1
+        or not 0 <= args.end_e <= 1
+    ):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
 
 def check_memory(args, per_member, what):  # per_member: one member's bytes
-    need, memory = args.num_seeds * per_member / 2**30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
+    need, memory = (
+        args.num_seeds * per_member / 2**30,
+        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30,
+    )
     if need > memory:
-        fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+        fail(
+            f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine "
+            f"has {memory:.1f} GiB"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded; starts wandb; catches
-    Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its curve
-    `curves[k]`; `diverged[k]` records where member k's loss or weights first turned non-finite."""
+    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded;
+    starts wandb; catches Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns
+    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where member k's loss or
+    weights first turned non-finite."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         # member k is the single-seed script with seed `seeds[k]`, its envs seeded from there on
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.args, self.script, self.diverged = args, script, {}
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
-        self.wandb = wandb = __import__("wandb") if args.track else None  # imported with --track only
+        # imported with --track only
+        self.wandb = wandb = __import__("wandb") if args.track else None
         if wandb:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -511,7 +631,10 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
         if trained.get("env_id") != self.args.env_id:  # what a policy acts on
@@ -519,22 +642,36 @@ class Run:
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
-    def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
+    # all members' env steps per second (`global_step` counts one member's)
+    def sps(self, global_step, now=None):
         if self.measure_start:  # else None: the clock has not started
-            return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            return (
+                len(self.seeds)
+                * (global_step - self.measure_step)
+                / ((now or time.time()) - self.measure_start)
+            )
 
-    def log_episodes(self, global_step, member_returns):  # member k's returns of the episodes ended on this step
-        for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
+    # member k's returns of the episodes ended on this step
+    def log_episodes(self, global_step, member_returns):
+        for seed, returns, curve, episode_returns in zip(
+            self.seeds, self.returns, self.curves, member_returns
+        ):
             for r in episode_returns:  # a diverged policy's nan: in its curve only, a string
                 returns.extend([r] if np.isfinite(r) else [])
                 value = r if np.isfinite(r) else str(r)
@@ -552,7 +689,10 @@ class Run:
                 self.diverge(k, global_step, name, row[k])
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
-        pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
+        pbar.set_description(
+            f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}",
+            refresh=False,
+        )
         if self.wandb:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
@@ -585,15 +725,33 @@ class Run:
         paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
         model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
         for seed, model, path in [saved for saved in zip(seeds, models, model_files) if saved[2]]:
-            torch.save({"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}, path + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model},
+                path + ".tmp",
+            )
             os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
         kept_means, wall_s = [m for m, ok in zip(means, kept) if ok], end_time - self.start_time
-        summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
-        summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
-        summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
-        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
-        summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
+        summary = {
+            flag: vars(args)[flag]
+            for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")
+        }
+        summary |= dict(
+            script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s
+        )
+        summary |= dict(
+            total_timesteps=self.steps,
+            torch_version=torch.__version__,
+            threads=torch.get_num_threads(),
+        )
+        summary |= dict(
+            sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s
+        )
+        summary |= dict(
+            episodes=sum(map(len, self.curves)),
+            return_means=means,
+            interrupted=self.stop_signal > 0,
+        )
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
         diverged = [self.diverged[k] for k in sorted(self.diverged)]
         summary |= dict(return_mean=return_mean, diverged=diverged)
@@ -613,7 +771,8 @@ class Run:
         if not any(kept):
             sys.exit(3)  # every member diverged
         if self.stop_signal:
-            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+            # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+            sys.exit(128 + self.stop_signal)
 
     def write_summary(self, summary):  # summary.json, atomically: a reader never sees half a file
         path = os.path.join(self.dir, "summary.json")
@@ -624,7 +783,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

@@ -1,14 +1,17 @@
-"""Proximal Policy Optimization on Atari with envpool, the eager reference (CleanRL's ppo_atari_envpool.py).
+"""Proximal Policy Optimization on Atari with envpool, the eager reference (CleanRL's
+ppo_atari_envpool.py).
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x
+128 steps).
 
     python leanrl/ppo_atari_envpool.py                                      # the benchmark run
     python leanrl/ppo_atari_envpool.py --env-id Pong-v5 --total-timesteps 2000000
 
-Plain PyTorch, no tensordict: the readable twin of ppo_atari_envpool_torchcompile.py, written in the same shape
-so that `diff` shows only what buys speed. envpool (1.2.5) steps the games in C++ threads with DeepMind's
-preprocessing: 4 frames skipped per step, 30 no-op resets, grayscale 84x84 frames stacked by 4, rewards clipped to
-their sign, and episodic life (losing a life ends the episode the agent learns from, not the game it reports).
+Plain PyTorch, no tensordict: the readable twin of ppo_atari_envpool_torchcompile.py, written in the
+same shape so that `diff` shows only what buys speed. envpool (1.2.5) steps the games in C++ threads
+with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op resets, grayscale 84x84 frames
+stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends the episode the
+agent learns from, not the game it reports).
 """
 
 import json
@@ -50,9 +53,11 @@ class Args:
     capture_video: bool = False
     """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many games with the trained policy and report their mean score (0: none)"""
+    """after training, play this many games with the trained policy and report their mean score (0:
+    none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
@@ -95,17 +100,27 @@ class Args:
 
 
 def make_envs(env_id, num_envs, seed):
-    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default but episodic
-    life and clipped rewards). An id that is not one of envpool's Atari games exits with status 2."""
-    if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
-        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
-    return envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True)
+    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default
+    but episodic life and clipped rewards). An id that is not one of envpool's Atari games exits
+    with status 2."""
+    if (
+        env_id not in envpool.list_all_envs()
+        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
+    ):
+        fail(
+            f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see "
+            "envpool.list_all_envs())"
+        )
+    return envpool.make_gymnasium(
+        env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True
+    )
 
 
 def finished_games(game_returns, infos, truncations):
-    """envpool's info has no episode statistics: add this step's unclipped rewards (`info["reward"]`) to
-    `game_returns` (one per env, in place) and return the scores of the games that ended on this step, over all their
-    lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
+    """envpool's info has no episode statistics: add this step's unclipped rewards
+    (`info["reward"]`) to `game_returns` (one per env, in place) and return the scores of the
+    games that ended on this step, over all their lives: no life left (`info["terminated"]`) or
+    cut off at the step limit. Several envs can finish on one step."""
     game_returns += infos["reward"]
     game_over = infos["terminated"].astype(bool) | truncations
     scores = game_returns[game_over].tolist()
@@ -120,8 +135,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head; takes the
-    stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head;
+    takes the stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
         super().__init__()
@@ -145,7 +160,8 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
         logits = self.actor(hidden)
-        # logits that overflowed (a diverging run) still sample: the losses report it, not a traceback
+        # logits that overflowed (a diverging run) still sample: the losses report it, not a
+        # traceback
         probs = Categorical(logits=logits.nan_to_num(), validate_args=False)
         if action is None:
             action = probs.sample()
@@ -153,11 +169,12 @@ class Agent(nn.Module):
 
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input but `next_value`
-    [num_envs], the value of the observation after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
-    the episode ended at step t in a terminal state (or losing a life) / cut off. envpool resets in next-step mode:
-    the step after an episode's end returns its true final observation, so `values[t + 1]` is its value (a truncated
-    step bootstraps from it, a terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
+    but `next_value` [num_envs], the value of the observation after the last step. `terminations[t]`
+    / `truncations[t]` (0 or 1): the episode ended at step t in a terminal state (or losing a life)
+    / cut off. envpool resets in next-step mode: the step after an episode's end returns its true
+    final observation, so `values[t + 1]` is its value (a truncated step bootstraps from it, a
+    terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -171,7 +188,8 @@ def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambd
 
 
 def make_update(agent, optimizer, args):
-    """One clipped-surrogate gradient step on a minibatch (a dict of tensors); returns its statistics."""
+    """One clipped-surrogate gradient step on a minibatch (a dict of tensors); returns its
+    statistics."""
 
     def loss_fn(mb):
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
@@ -197,7 +215,9 @@ def make_update(agent, optimizer, args):
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_clipped = mb["values"] + torch.clamp(
+                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+            )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
@@ -205,7 +225,9 @@ def make_update(agent, optimizer, args):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss, torch.stack(
+            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        ).detach()
 
     def update(mb):
         optimizer.zero_grad()
@@ -219,7 +241,8 @@ def make_update(agent, optimizer, args):
 
 
 def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs them."""
+    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
+    them."""
     agent = Agent(n_act, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     update = make_update(agent, optimizer, args)
@@ -228,14 +251,17 @@ def make_learner(args, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_atari_envpool")  # seeds, run folder, wandb, signals: at the end of the file
+    # seeds, run folder, wandb, signals: at the end of the file
+    run = Run(args, "ppo_atari_envpool")
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    agent, optimizer, (policy, get_value, update) = make_learner(args, envs.single_action_space.n, device)
+    agent, optimizer, (policy, get_value, update) = make_learner(
+        args, envs.single_action_space.n, device
+    )
     if run.saved_model is not None:
         agent.load_state_dict(run.saved_model)
     compute_gae = gae
@@ -272,15 +298,25 @@ def main(args):
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
-            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(
+                terminations, device=device, dtype=torch.float
+            )
+            rollout["truncations"][step] = torch.as_tensor(
+                truncations, device=device, dtype=torch.float
+            )
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
             run.log_episodes(global_step, finished_games(game_returns, infos, truncations))
 
         # bootstrap value if not done
         with torch.no_grad():
             next_value = get_value(next_obs).flatten()
-        inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
+        inputs = (
+            rollout["rewards"],
+            rollout["values"],
+            next_value,
+            rollout["terminations"],
+            rollout["truncations"],
+        )
         advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
 
         b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
@@ -291,12 +327,20 @@ def main(args):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
                 stats = update({key: value[mb_inds] for key, value in b.items()})
-            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+            # host sync, once per epoch
+            if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"), stats))
-        metrics |= dict(explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"])
+        metrics = dict(
+            zip(
+                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"),
+                stats,
+            )
+        )
+        metrics |= dict(
+            explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"]
+        )
         # checked like a loss: at the next rollout, Categorical.sample raises on nan probabilities
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
         run.log_progress(pbar, global_step, metrics)
@@ -304,7 +348,8 @@ def main(args):
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
             break
 
-    def evaluate_agent(episodes, videos):  # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    def evaluate_agent(episodes, videos):
         eval_envs = make_envs(args.env_id, 1, args.seed)
         return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
 
@@ -312,9 +357,10 @@ def main(args):
     run.finish(device, agent.state_dict(), evaluate_agent)
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -325,55 +371,89 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "learning_rate",
+    )
     for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
+            "--num-envs)"
+        )
     if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
+        fail(
+            f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into "
+            "minibatches of 2+"
+        )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)
-        fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
+    # checked here, before the run folder is made (the other scripts check in Run)
+    if args.capture_video:
+        fail(
+            "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "
+            "videos"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -384,23 +464,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -423,7 +516,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -441,33 +537,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -475,8 +587,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -487,7 +599,8 @@ class Run:
 
 
 def evaluate(act, envs, games, device):
-    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset()
     game_returns, scores = np.zeros(1), []
     while len(scores) < games:

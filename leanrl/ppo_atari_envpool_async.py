@@ -1,15 +1,19 @@
-"""Proximal Policy Optimization on Atari: ppo_atari_envpool_torchcompile.py with envpool's async mode.
+"""Proximal Policy Optimization on Atari: ppo_atari_envpool_torchcompile.py with envpool's async
+mode.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x 128 steps).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs
+x 128 steps).
 
     python leanrl/ppo_atari_envpool_async.py --compile               # on a CPU
     python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a CUDA GPU
 
-The twin steps all envs, then acts on all of them. Here envpool's `recv` returns the first `--async-batch-size` envs
-done stepping, the policy acts on them and `send` hands their actions back by `env_id`, while the other envs step in
-envpool's `--env-threads` threads. All of it is in `collect_rollout`, which stores each env's steps in order, so that
-the rest (GAE, bootstrapping, scores) is the twin's; with `--async-batch-size` equal to `--num-envs` it takes the twin's
-steps. SUMMARY adds `async_batch_size` and `env_threads`. The design and its measured overlap: docs/async-sampling.md.
+The twin steps all envs, then acts on all of them. Here envpool's `recv` returns the first
+`--async-batch-size` envs done stepping, the policy acts on them and `send` hands their actions
+back by `env_id`, while the other envs step in envpool's `--env-threads` threads. All of it is
+in `collect_rollout`, which stores each env's steps in order, so that the rest (GAE,
+bootstrapping, scores) is the twin's; with `--async-batch-size` equal to `--num-envs` it takes
+the twin's steps. SUMMARY adds `async_batch_size` and `env_threads`. The design and its measured
+overlap: docs/async-sampling.md.
 """
 
 import json
@@ -52,9 +56,11 @@ class Args:
     capture_video: bool = False
     """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many games with the trained policy and report their mean score (0: none)"""
+    """after training, play this many games with the trained policy and report their mean score (0:
+    none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
@@ -69,10 +75,11 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     async_batch_size: int | None = None
-    """the envs the policy acts on at once, the others stepping meanwhile (a divisor of --num-envs; default: half)"""
+    """the envs the policy acts on at once, the others stepping meanwhile (a divisor of --num-envs;
+    default: half)"""
     env_threads: int | None = None
-    """envpool's threads that step the games (default: one fewer than the cores this process may use, at least 1, so
-    that the policy keeps a core while they step)"""
+    """envpool's threads that step the games (default: one fewer than the cores this process may
+    use, at least 1, so that the policy keeps a core while they step)"""
     num_steps: int = 128
     """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
     anneal_lr: bool = True
@@ -107,19 +114,29 @@ class Args:
 
 
 def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
-    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default but episodic
-    life and clipped rewards); with `batch_size` < `num_envs`, async: `recv` returns `batch_size` of them, stepped by
-    `num_threads` threads (0: envpool's choice). An id that is not one of envpool's Atari games exits with status 2."""
-    if env_id not in envpool.list_all_envs() or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec":
-        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see envpool.list_all_envs())")
+    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default
+    but episodic life and clipped rewards); with `batch_size` < `num_envs`, async: `recv` returns
+    `batch_size` of them, stepped by `num_threads` threads (0: envpool's choice). An id that is not
+    one of envpool's Atari games exits with status 2."""
+    if (
+        env_id not in envpool.list_all_envs()
+        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
+    ):
+        fail(
+            f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see "
+            "envpool.list_all_envs())"
+        )
     pool = dict(batch_size=batch_size, num_threads=num_threads)
-    return envpool.make_gymnasium(env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool)
+    return envpool.make_gymnasium(
+        env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool
+    )
 
 
 def finished_games(game_returns, infos, truncations):
-    """envpool's info has no episode statistics: add this batch's unclipped rewards (`info["reward"]`) to its envs'
-    `game_returns` (one per env, in place) and return the scores of the games that ended on this step, over all their
-    lives: no life left (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
+    """envpool's info has no episode statistics: add this batch's unclipped rewards
+    (`info["reward"]`) to its envs' `game_returns` (one per env, in place) and return the scores
+    of the games that ended on this step, over all their lives: no life left
+    (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
     game_over = env_id[infos["terminated"].astype(bool) | truncations]
@@ -135,8 +152,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head; takes the
-    stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head;
+    takes the stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
         super().__init__()
@@ -160,8 +177,9 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x.float() / 255.0)  # uint8 frames become floats here, in the network
         logits = self.actor(hidden)
-        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out; sampling by the
-        # Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as softmax(logits)
+        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out;
+        # sampling by the Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as
+        # softmax(logits)
         log_probs = logits.log_softmax(-1)
         if action is None:
             gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
@@ -172,28 +190,33 @@ class Agent(nn.Module):
 
 
 def make_agent(n_act, device):
-    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are faster."""
+    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are
+    faster."""
     agent = Agent(n_act, device=device)
     return agent.to(memory_format=torch.channels_last) if device.type == "cpu" else agent
 
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input but `next_value`
-    [num_envs], the value of the observation after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
-    the episode ended at step t in a terminal state (or losing a life) / cut off. envpool resets in next-step mode:
-    the step after an episode's end returns its true final observation, so `values[t + 1]` is its value (a truncated
-    step bootstraps from it, a terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
+    but `next_value` [num_envs], the value of the observation after the last step. `terminations[t]`
+    / `truncations[t]` (0 or 1): the episode ended at step t in a terminal state (or losing a life)
+    / cut off. envpool resets in next-step mode: the step after an episode's end returns its true
+    final observation, so `values[t + 1]` is its value (a truncated step bootstraps from it, a
+    terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of an episode.
-    # Solved by doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
-    # coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds of a few vectorized ops replace the
-    # num_steps-long loop, and the compiled graph stays small. The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of
+    # an episode. Solved by doubling: after the round with shift s, advantages[t] sums the terms t
+    # .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds
+    # of a few vectorized ops replace the num_steps-long loop, and the compiled graph stays small.
+    # The same sums, added in another order.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
-        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        advantages = torch.cat(
+            [advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]]
+        )
         coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
         shift *= 2
     return advantages, advantages + values
@@ -201,7 +224,8 @@ def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambd
 
 def make_update(agent, optimizer, args, compile_loss=False):
     """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay eager."""
+    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay
+    eager."""
 
     def loss_fn(mb):
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
@@ -227,7 +251,9 @@ def make_update(agent, optimizer, args, compile_loss=False):
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_clipped = mb["values"] + torch.clamp(
+                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+            )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
@@ -235,7 +261,9 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss, torch.stack(
+            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        ).detach()
 
     if compile_loss:
         loss_fn = torch.compile(loss_fn, fullgraph=True)
@@ -252,35 +280,49 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
 
 def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs them."""
+    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
+    them."""
     agent = make_agent(n_act, device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
+    # nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an optimizer that is not
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an
+    # optimizer that is not
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
     update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd
+    # state
     agent_inference = Agent(n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return agent, optimizer, (agent_inference.get_action_and_value, agent_inference.get_value, update)
+    return (
+        agent,
+        optimizer,
+        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    )
 
 
 def make_storage(num_steps, num_envs, obs_shape, device):
-    """The rollout's storage, one TensorDict [2 * num_steps + 2, num_envs, ...] on `device`; frames stay uint8. Each
-    env's steps fill its column in order; the rows past num_steps hold the steps it takes while others finish theirs,
-    the next rollout's first: `collect_rollout` lets none take more than num_steps + 1 of them."""
+    """The rollout's storage, one TensorDict [2 * num_steps + 2, num_envs, ...] on `device`; frames
+    stay uint8. Each env's steps fill its column in order; the rows past num_steps hold the steps it
+    takes while others finish theirs, the next rollout's first: `collect_rollout` lets none take
+    more than num_steps + 1 of them."""
     shape = (2 * num_steps + 2, num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
-    storage = TensorDict({key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device)
+    storage = TensorDict(
+        {key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device
+    )
     storage["obs"] = torch.zeros(*shape, *obs_shape, dtype=torch.uint8, device=device)
     storage["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
     return storage
 
 
 class RolloutState:
-    """What one rollout hands the next: per env, `step` (the row of its next action) and `game_returns` (the score of
-    its game in play); `held`, batches (frames, env ids) that wait for the updated policy; `pending`, actions
-    (actions, env ids) chosen but not sent yet; `global_step`, the env steps sent so far."""
+    """What one rollout hands the next: per env, `step` (the row of its next action) and
+    `game_returns` (the score of its game in play); `held`, batches (frames, env ids) that wait
+    for the updated policy; `pending`, actions (actions, env ids) chosen but not sent yet;
+    `global_step`, the env steps sent so far."""
 
     def __init__(self, num_envs):
         self.step = np.zeros(num_envs, dtype=np.int64)
@@ -289,8 +331,9 @@ class RolloutState:
 
 
 def act(envs, policy, rollout, state, obs, env_id, send):
-    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`), its step stored in each env's
-    next row; the envs in `send` (a mask) step meanwhile, the others' actions wait in `state.pending`."""
+    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`), its step
+    stored in each env's next row; the envs in `send` (a mask) step meanwhile, the others' actions
+    wait in `state.pending`."""
     with torch.no_grad():
         action, logprob, _, value = policy(obs)
     actions = action.cpu().numpy()
@@ -299,7 +342,8 @@ def act(envs, policy, rollout, state, obs, env_id, send):
         state.pending.append((actions[~send], env_id[~send]))
     index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
     for row, env, frame in zip(state.step[env_id].tolist(), env_id.tolist(), obs):
-        rollout["obs"][row, env] = frame  # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
+        # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
+        rollout["obs"][row, env] = frame
     rollout["actions"][index] = action
     rollout["logprobs"][index] = logprob
     rollout["values"][index] = value.flatten()
@@ -308,10 +352,11 @@ def act(envs, policy, rollout, state, obs, env_id, send):
 
 
 def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, complete, others):
-    """Batches whose frames are in (just received, or held since the last rollout): envs that lag step on; of those with
-    their steps (marked in `complete`), as many as keep a batch stepping with the `others` while any env lags (recv
-    waits for a whole batch), the rest wait for the next rollout. Once some run ahead, a batch is every env in flight,
-    the laggards among them: none takes more than num_steps + 1 steps past its num_steps. Returns the number sent."""
+    """Batches whose frames are in (just received, or held since the last rollout): envs that lag
+    step on; of those with their steps (marked in `complete`), as many as keep a batch stepping
+    with the `others` while any env lags (recv waits for a whole batch), the rest wait for the
+    next rollout. Once some run ahead, a batch is every env in flight, the laggards among them:
+    none takes more than num_steps + 1 steps past its num_steps. Returns the number sent."""
     env_ids = np.concatenate([env_id for _, env_id in batches])
     send = state.step[env_ids] < num_steps  # the laggards
     complete[env_ids[~send]] = True
@@ -320,8 +365,12 @@ def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, comple
     for (obs, env_id), sends in zip(batches, np.split(send, len(batches))):
         if sends.any():
             act(envs, policy, rollout, state, obs, env_id, sends)
-        else:  # every env of the batch has its steps: it waits for the updated policy, its value bootstraps
-            index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
+        # every env of the batch has its steps: it waits for the updated policy, its value
+        # bootstraps
+        else:
+            index = tuple(
+                torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device)
+            )
             with torch.no_grad():
                 rollout["values"][index] = get_value(obs).flatten()
             state.held.append((obs, env_id))
@@ -329,52 +378,78 @@ def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, comple
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
-    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps` steps, in order, and
-    row `num_steps` of its values with its bootstrap value. `envs` has envpool's async API, started by `async_reset()`;
-    `policy(obs) -> (action, logprob, entropy, value)` and `get_value(obs)` take a batch of uint8 frames on the
-    rollout's device; `log_episodes(global_step, scores)` gets the scores of games that end; `state` carries over."""
-    if state.step.min() >= num_steps:  # the steps envs took past the last rollout are this rollout's first
+    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps`
+    steps, in order, and row `num_steps` of its values with its bootstrap value. `envs` has
+    envpool's async API, started by `async_reset()`; `policy(obs) -> (action, logprob, entropy,
+    value)` and `get_value(obs)` take a batch of uint8 frames on the rollout's device;
+    `log_episodes(global_step, scores)` gets the scores of games that end; `state` carries over."""
+    # the steps envs took past the last rollout are this rollout's first
+    if state.step.min() >= num_steps:
         lead = state.step.max() - num_steps
-        rollout[:lead] = rollout[num_steps : num_steps + lead].clone()  # the two overlap when lead > num_steps
+        # the two overlap when lead > num_steps
+        rollout[:lead] = rollout[num_steps : num_steps + lead].clone()
         state.step -= num_steps
     pending, state.pending, held, state.held = state.pending, [], state.held, []
-    for actions, env_id in pending:  # chosen before the update, as a carried step was: its stored logprob says so
+    # chosen before the update, as a carried step was: its stored logprob says so
+    for actions, env_id in pending:
         envs.send(actions, env_id)
         state.global_step += len(env_id)
     complete = np.zeros(len(state.step), dtype=bool)
     in_flight = len(state.step) - sum(len(env_id) for _, env_id in held)
-    if held:  # held at the end of the last rollout, they act with the updated policy, as if just received
-        in_flight += dispatch(envs, policy, get_value, rollout, state, held, num_steps, complete, in_flight)
+    # held at the end of the last rollout, they act with the updated policy, as if just received
+    if held:
+        in_flight += dispatch(
+            envs, policy, get_value, rollout, state, held, num_steps, complete, in_flight
+        )
     while not complete.all():
         obs, reward, terminations, truncations, infos = envs.recv()
         env_id = infos["env_id"]
         in_flight -= len(env_id)
-        # the outcome of each env's last action, one row above its new frame (after `async_reset`, the reset's zeros
-        # go to row 0 and the outcome of the env's first action overwrites them)
-        index = tuple(torch.as_tensor(np.stack([np.maximum(state.step[env_id] - 1, 0), env_id]), device=rollout.device))
-        rollout["rewards"][index] = torch.as_tensor(reward, device=rollout.device, dtype=torch.float)
-        rollout["terminations"][index] = torch.as_tensor(terminations, device=rollout.device, dtype=torch.float)
-        rollout["truncations"][index] = torch.as_tensor(truncations, device=rollout.device, dtype=torch.float)
+        # the outcome of each env's last action, one row above its new frame (after `async_reset`,
+        # the reset's zeros go to row 0 and the outcome of the env's first action overwrites them)
+        index = tuple(
+            torch.as_tensor(
+                np.stack([np.maximum(state.step[env_id] - 1, 0), env_id]), device=rollout.device
+            )
+        )
+        rollout["rewards"][index] = torch.as_tensor(
+            reward, device=rollout.device, dtype=torch.float
+        )
+        rollout["terminations"][index] = torch.as_tensor(
+            terminations, device=rollout.device, dtype=torch.float
+        )
+        rollout["truncations"][index] = torch.as_tensor(
+            truncations, device=rollout.device, dtype=torch.float
+        )
         log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
-        obs = torch.from_numpy(obs).to(rollout.device)  # on a CPU a view of envpool's array, no copy
-        in_flight += dispatch(envs, policy, get_value, rollout, state, [(obs, env_id)], num_steps, complete, in_flight)
+        # on a CPU a view of envpool's array, no copy
+        obs = torch.from_numpy(obs).to(rollout.device)
+        in_flight += dispatch(
+            envs, policy, get_value, rollout, state, [(obs, env_id)], num_steps, complete, in_flight
+        )
 
 
 def main(args):
     if args.async_batch_size is None:
-        args.async_batch_size = max(1, args.num_envs // 2)  # the default, half the envs and at least one, resolved once
-    if args.env_threads is None:  # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # ours to use
+        # the default, half the envs and at least one, resolved once
+        args.async_batch_size = max(1, args.num_envs // 2)
+    # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
+    if args.env_threads is None:
+        # ours to use
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         args.env_threads = max(1, cores - 1)
     check_args(args)
-    run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals: at the end of the file
+    # seeds, run folder, wandb, signals: at the end of the file
+    run = Run(args, "ppo_atari_envpool_async")
     envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    agent, optimizer, (policy, get_value, update) = make_learner(args, envs.single_action_space.n, device)
+    agent, optimizer, (policy, get_value, update) = make_learner(
+        args, envs.single_action_space.n, device
+    )
     if run.saved_model is not None:
         agent.load_state_dict(run.saved_model)
     compute_gae = gae
@@ -382,13 +457,16 @@ def main(args):
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy, fullgraph=True)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next records the graph,
-        # later calls replay it; a compiled function warms up once more, to compile for the optimizer's state first
+        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next
+        # records the graph, later calls replay it; a compiled function warms up once more, to
+        # compile for the optimizer's state first
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # ALGO Logic: Storage setup, by env
-    storage = make_storage(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
+    storage = make_storage(
+        args.num_steps, args.num_envs, envs.single_observation_space.shape, device
+    )
     rollout = storage[: args.num_steps]  # a view: what the update learns from
 
     state = RolloutState(args.num_envs)
@@ -396,16 +474,25 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(state.global_step)  # sps counts from here: compile and warm-up are behind
+            # sps counts from here: compile and warm-up are behind
+            run.start_clock(state.global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+            # in place: no recompile
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
         collect_rollout(envs, policy, get_value, storage, state, args.num_steps, run.log_episodes)
 
-        # bootstrap value if not done: each env's value after its num_steps steps, taken as they came
+        # bootstrap value if not done: each env's value after its num_steps steps, taken as they
+        # came
         next_value = storage["values"][args.num_steps]
-        inputs = (rollout["rewards"], rollout["values"], next_value, rollout["terminations"], rollout["truncations"])
+        inputs = (
+            rollout["rewards"],
+            rollout["values"],
+            next_value,
+            rollout["terminations"],
+            rollout["truncations"],
+        )
         advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
 
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
@@ -416,18 +503,27 @@ def main(args):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
                 stats = update(b[mb_inds])
-            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+            # host sync, once per epoch
+            if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"), stats))
-        metrics |= dict(explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"])
+        metrics = dict(
+            zip(
+                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"),
+                stats,
+            )
+        )
+        metrics |= dict(
+            explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"]
+        )
         run.log_progress(pbar, state.global_step, metrics)
         run.steps = state.global_step
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
             break
 
-    def evaluate_agent(episodes, videos):  # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    def evaluate_agent(episodes, videos):
         eval_envs = make_envs(args.env_id, 1, 1, args.seed)
         return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
 
@@ -436,9 +532,10 @@ def main(args):
     run.finish(device, agent.state_dict(), evaluate_agent, **extra)
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -449,59 +546,99 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "learning_rate",
+    )
     for flag in positive + ("env_threads", "clip_coef", "max_grad_norm", "target_kl"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
+            "--num-envs)"
+        )
     if batch_size % args.num_minibatches != 0 or batch_size < 2 * args.num_minibatches:
-        fail(f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into minibatches of 2+")
+        fail(
+            f"--num-steps x --num-envs ({batch_size}) must be divisible by --num-minibatches into "
+            "minibatches of 2+"
+        )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.async_batch_size <= 0 or args.num_envs % args.async_batch_size != 0:
-        fail(f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must divide --num-envs")
+        fail(
+            f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must "
+            "divide --num-envs"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
-    if args.capture_video:  # checked here, before the run folder is made (the other scripts check in Run)
-        fail("--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos")
+        fail(
+            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
+            "--compile)"
+        )
+    # checked here, before the run folder is made (the other scripts check in Run)
+    if args.capture_video:
+        fail(
+            "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "
+            "videos"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -512,23 +649,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -551,7 +701,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -569,33 +722,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -603,8 +772,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -615,7 +784,8 @@ class Run:
 
 
 def evaluate(act, envs, games, device):
-    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset()
     game_returns, scores = np.zeros(1), []
     while len(scores) < games:

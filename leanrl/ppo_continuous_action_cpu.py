@@ -1,18 +1,22 @@
-"""Proximal Policy Optimization for continuous actions on a CPU, grown from ppo_continuous_action_torchcompile.py:
-`diff` against it reads as what makes PPO fast on a CPU.
+"""Proximal Policy Optimization for continuous actions on a CPU, grown from
+ppo_continuous_action_torchcompile.py: `diff` against it reads as what makes PPO fast on a CPU.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048
+steps per rollout).
 
-    python leanrl/ppo_continuous_action_cpu.py                                             # the benchmark run
-    python leanrl/ppo_continuous_action_cpu.py --env-id InvertedPendulum-v4 --total-timesteps 40960  # learns
+    python leanrl/ppo_continuous_action_cpu.py  # the benchmark run
+    # learns
+    python leanrl/ppo_continuous_action_cpu.py --env-id InvertedPendulum-v4 --total-timesteps 40960
 
-It trains on the CPU whatever the machine has (for a GPU, run the twin). Same algorithm, defaults and loop; changed:
-- the update is a function of the parameters (`torch.func` gradients, the clip and Adam written out, the learning
-  rate a tensor annealed in place) compiled whole into one graph, as GAE, with a C++ wrapper (`--no-compile`: eager);
-- acting runs in numpy on views of the agent's weights (at batch 1, torch's dispatch costs more than the math), and
-  the rollout is written through numpy views of its tensors;
-- one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op here is tiny, and two
-  threads were slower in every run measured (docs/performance.md).
+It trains on the CPU whatever the machine has (for a GPU, run the twin). Same algorithm, defaults
+and loop; changed:
+- the update is a function of the parameters (`torch.func` gradients, the clip and Adam written out,
+  the learning rate a tensor annealed in place) compiled whole into one graph, as GAE, with a C++
+  wrapper (`--no-compile`: eager);
+- acting runs in numpy on views of the agent's weights (at batch 1, torch's dispatch costs more than
+  the math), and the rollout is written through numpy views of its tensors;
+- one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op here is
+  tiny, and two threads were slower in every run measured (docs/performance.md).
 """
 
 import json
@@ -51,11 +55,14 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many episodes with the trained policy and report their mean return
+    (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -105,20 +112,31 @@ class Args:
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         if not isinstance(env.action_space, gym.spaces.Box):
-            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
+            fail(
+                f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO "
+                "here needs a Box"
+            )
         env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
+        # before the normalization: it records the raw returns
+        env = gym.wrappers.RecordEpisodeStatistics(env)
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
-        if obs_rms is not None:  # a trained policy acts on observations normalized as in its training, frozen
+        # a trained policy acts on observations normalized as in its training, frozen
+        if obs_rms is not None:
             env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
             env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
-        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+        )
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         env.action_space.seed(seed)
@@ -128,13 +146,18 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 
 
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
-    the first env records to `video_dir`; `obs_rms` normalizes observations, frozen. A bad id or action space exit 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
+    obs in `infos`); the first env records to `video_dir`; `obs_rms` normalizes observations,
+    frozen. A bad id or action space exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
+        thunks = [
+            make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms)
+            for i in range(num_envs)
+        ]
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
 
 
@@ -168,22 +191,33 @@ class Agent(nn.Module):
         action_logstd = self.actor_logstd.expand_as(action_mean)
         action_std = torch.exp(action_logstd)
         # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
-        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        log_prob = (
+            -((action - action_mean) ** 2) / (2 * action_std**2)
+            - action_logstd
+            - 0.5 * math.log(2 * math.pi)
+        )
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
 
-    forward = get_action_and_value  # what `functional_call` runs; acting (and its sampling) is `make_host_policy`
+    # what `functional_call` runs; acting (and its sampling) is `make_host_policy`
+    forward = get_action_and_value
 
 
 def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    """The returns of every episode that ended on this step (several envs can finish on the same
+    step)."""
     final_info = infos.get("final_info", {})
-    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+    return (
+        final_info["episode"]["r"][final_info["_episode"]].tolist()
+        if "episode" in final_info
+        else []
+    )
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -191,40 +225,49 @@ def true_next_obs(next_obs, infos):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
-    `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
-    the episode ended at step t in a terminal state / cut off; `final_values[t]`: the value of the true final obs of
-    a truncated episode (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
+    every input but `next_value` [num_envs], the value of the obs after the last step.
+    `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at step t in a terminal
+    state / cut off; `final_values[t]`: the value of the true final obs of a truncated episode
+    (read only there)."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
-    # value of its true final observation if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's value inside an episode; at an episode's
+    # end, the value of its true final observation if it was cut off and 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
-    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
-    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
+    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
+    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
+    # (unrolled, it would take minutes to compile)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
-        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        advantages = torch.cat(
+            [advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]]
+        )
         coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
         shift *= 2
     return advantages, advantages + values
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
-    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
+    place: in a compiled update it is part of the update's graph, which `torch.optim.Adam.step`
+    would break. The lr is in `param_groups`."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.betas, self.eps = params, betas, eps
         self.param_groups = [{"lr": lr}]
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        self.beta1_power, self.beta2_power = torch.ones((), device=lr.device), torch.ones((), device=lr.device)
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
+        # a power of a step-count tensor into the CPU update kernel, once per vector of every
+        # parameter: 2-3x slower steps
+        self.beta1_power, self.beta2_power = (
+            torch.ones((), device=lr.device),
+            torch.ones((), device=lr.device),
+        )
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -240,14 +283,17 @@ class Adam:
 
 
 def make_functional_update(agent, lr, args):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict), returning its statistics, as a function of
-    the parameters (the agent's own tensors, updated in place): `torch.func` takes the gradients, the clip and Adam are
-    written out, so `torch.compile(fullgraph=True)` makes it one graph (`backward` or `Adam.step` would split it)."""
+    """One clipped-surrogate gradient step on a minibatch (a TensorDict), returning its statistics,
+    as a function of the parameters (the agent's own tensors, updated in place): `torch.func`
+    takes the gradients, the clip and Adam are written out, so `torch.compile(fullgraph=True)`
+    makes it one graph (`backward` or `Adam.step` would split it)."""
     params = {name: p.data for name, p in agent.named_parameters()}
     optimizer = Adam(params, lr, eps=1e-5)
 
     def loss_fn(params, mb):
-        _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
+        _, newlogprob, entropy, newvalue = functional_call(
+            agent, params, (mb["obs"], mb["actions"])
+        )
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
 
@@ -270,7 +316,9 @@ def make_functional_update(agent, lr, args):
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_clipped = mb["values"] + torch.clamp(
+                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+            )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
@@ -278,11 +326,14 @@ def make_functional_update(agent, lr, args):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss, torch.stack(
+            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        ).detach()
 
     def update(mb):
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
-        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of `max_grad_norm`
+        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of
+        # `max_grad_norm`
         total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         optimizer.step({name: grad * scale for name, grad in grads.items()})
@@ -292,10 +343,11 @@ def make_functional_update(agent, lr, args):
 
 
 def make_host_policy(agent, seed):
-    """The agent's policy (`get_action_and_value`, sampling the action) and `get_value` in numpy: at batch 1 a torch
-    call costs more to dispatch than its arithmetic. The arrays are views of the agent's weights, which Adam updates
-    in place, so it acts with the current ones; the noise comes from numpy's generator, seeded with `seed`. The one
-    place that restates the actor: a test holds it to `Agent.get_action_and_value` on the same noise."""
+    """The agent's policy (`get_action_and_value`, sampling the action) and `get_value` in numpy: at
+    batch 1 a torch call costs more to dispatch than its arithmetic. The arrays are views of the
+    agent's weights, which Adam updates in place, so it acts with the current ones; the noise comes
+    from numpy's generator, seeded with `seed`. The one place that restates the actor: a test holds
+    it to `Agent.get_action_and_value` on the same noise."""
     w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
     rng = np.random.default_rng(seed)
 
@@ -312,7 +364,11 @@ def make_host_policy(agent, seed):
         action_logstd = np.broadcast_to(w["actor_logstd"], action_mean.shape)
         action_std = np.exp(action_logstd)
         action = action_mean + action_std * rng.standard_normal(action_mean.shape, dtype=np.float32)
-        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        log_prob = (
+            -((action - action_mean) ** 2) / (2 * action_std**2)
+            - action_logstd
+            - 0.5 * math.log(2 * math.pi)
+        )
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), get_value(x)
 
@@ -320,10 +376,12 @@ def make_host_policy(agent, seed):
 
 
 def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too).
-    Returns the agent, the written-out Adam and the functions (policy and get_value in numpy, update)."""
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them
+    here too). Returns the agent, the written-out Adam and the functions (policy and get_value in
+    numpy, update)."""
     agent = Agent(n_obs, n_act, device=device)
-    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing
+    # recompiles
     lr = torch.tensor(args.learning_rate, device=device)
     update, optimizer = make_functional_update(agent, lr, args)
     policy, get_value = make_host_policy(agent, args.seed)
@@ -332,12 +390,17 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action_cpu")  # seeds, run folder, wandb, signals: see the end of the file
-    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
+    # seeds, run folder, wandb, signals: see the end of the file
+    run = Run(args, "ppo_continuous_action_cpu")
+    # what the saved agent was trained with
+    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
+    envs = make_envs(
+        args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms
+    )
     device = torch.device("cpu")
-    # every op is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it saves
+    # every op is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it
+    # saves
     torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
@@ -347,7 +410,8 @@ def main(args):
         agent.load_state_dict(run.saved_model["agent"])
     compute_gae = gae
     if args.compile:
-        # GAE and the whole functional update, each one graph with a C++ wrapper (fewer Python calls per kernel)
+        # GAE and the whole functional update, each one graph with a C++ wrapper (fewer Python calls
+        # per kernel)
         options = {"cpp_wrapper": True}
         compute_gae = torch.compile(gae, fullgraph=True, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
@@ -358,7 +422,8 @@ def main(args):
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
-    store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    store = rollout.numpy()
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = np.asarray(next_obs, dtype=np.float32)
@@ -372,7 +437,8 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+            # in place: no recompile
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -397,8 +463,13 @@ def main(args):
 
         # bootstrap value if not done
         next_value = torch.from_numpy(get_value(next_obs)).flatten()
-        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
-        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
+        inputs = {
+            key: rollout[key]
+            for key in ("rewards", "values", "final_values", "terminations", "truncations")
+        }
+        advantages, returns = compute_gae(
+            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+        )
 
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
@@ -408,19 +479,27 @@ def main(args):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
                 stats = update(b[mb_inds])
-            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+            # host sync, once per epoch
+            if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(pbar, global_step, dict(zip(names, stats), explained_variance=explained_var))
+        run.log_progress(
+            pbar, global_step, dict(zip(names, stats), explained_variance=explained_var)
+        )
         run.steps = global_step
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
             break
 
-    # the observation normalization (the first env's) is part of the policy: saved and evaluated with it
+    # the observation normalization (the first env's) is part of the policy: saved and evaluated
+    # with it
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    obs_rms = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(rms.count)}
+    obs_rms = {
+        "mean": torch.as_tensor(rms.mean),
+        "var": torch.as_tensor(rms.var),
+        "count": torch.tensor(rms.count),
+    }
 
     def evaluate_agent(episodes, videos):  # the Gaussian's mean
         eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
@@ -431,9 +510,10 @@ def main(args):
     run.finish(device, model, evaluate_agent, threads=torch.get_num_threads())
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -444,20 +524,41 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
-    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:  # numpy's seeds are below 2**32, envpool's below 2**31
-        fail(f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and {args.measure_burnin}")
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
+    # numpy's seeds are below 2**32, envpool's below 2**31
+    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
+        fail(
+            f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
+            f"{args.measure_burnin}"
+        )
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "learning_rate",
+    )
     for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
+            "--num-envs)"
+        )
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
+        fail(
+            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
+            "parts of 2 or more"
+        )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.threads is not None and args.threads <= 0:
@@ -465,34 +566,47 @@ def check_args(args):
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -503,23 +617,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -542,7 +669,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -560,33 +690,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -594,8 +740,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -606,7 +752,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

@@ -1,12 +1,15 @@
-"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, data-parallel over N
-processes with torch.distributed: grown from the optimized twin ppo_continuous_action_torchcompile.py, so that `diff`
-against it shows the scaling only. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions,
+data-parallel over N processes with torch.distributed: grown from the optimized twin
+ppo_continuous_action_torchcompile.py, so that `diff` against it shows the scaling only. Defaults
+are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
-    torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile  # 2 on this machine
+    # 2 on this machine
+    torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile
 
-Each rank is the twin seeded `seed + RANK * num_envs`. Rank 0's weights are broadcast and each minibatch's gradients
-averaged over the ranks: N ranks train as one process with N x num_envs envs, rank 0 alone keeping the run folder,
-SUMMARY, wandb and model. A collective waits at most `--dist-timeout` s (docs/scaling-torchrun.md: more machines).
+Each rank is the twin seeded `seed + RANK * num_envs`. Rank 0's weights are broadcast and each
+minibatch's gradients averaged over the ranks: N ranks train as one process with N x num_envs envs,
+rank 0 alone keeping the run folder, SUMMARY, wandb and model. A collective waits at most
+`--dist-timeout` s (docs/scaling-torchrun.md: more machines).
 """
 
 import json
@@ -49,11 +52,14 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many episodes with the trained policy and report their mean return
+    (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -97,9 +103,11 @@ class Args:
     compile: bool = False
     """compile GAE, the acting policy and the update's loss with `torch.compile`"""
     cudagraphs: bool = False
-    """record the acting policy and the update as CUDA graphs (needs a CUDA device; one process only)"""
+    """record the acting policy and the update as CUDA graphs (needs a CUDA device; one process
+    only)"""
     dist_backend: str | None = None
-    """the torch.distributed backend under torchrun, nccl or gloo (default: nccl on CUDA, gloo on the CPU)"""
+    """the torch.distributed backend under torchrun, nccl or gloo (default: nccl on CUDA, gloo on
+    the CPU)"""
     dist_timeout: float = 120.0
     """seconds a collective may wait for the other ranks (the process group's timeout)"""
 
@@ -107,20 +115,31 @@ class Args:
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         if not isinstance(env.action_space, gym.spaces.Box):
-            fail(f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO here needs a Box")
+            fail(
+                f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO "
+                "here needs a Box"
+            )
         env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the normalization: it records the raw returns
+        # before the normalization: it records the raw returns
+        env = gym.wrappers.RecordEpisodeStatistics(env)
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
-        if obs_rms is not None:  # a trained policy acts on observations normalized as in its training, frozen
+        # a trained policy acts on observations normalized as in its training, frozen
+        if obs_rms is not None:
             env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
             env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
-        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+        )
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         env.action_space.seed(seed)
@@ -130,13 +149,18 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 
 
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
-    the first env records to `video_dir`; `obs_rms` normalizes observations, frozen. A bad id or action space exit 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
+    obs in `infos`); the first env records to `video_dir`; `obs_rms` normalizes observations,
+    frozen. A bad id or action space exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms) for i in range(num_envs)]
+        thunks = [
+            make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms)
+            for i in range(num_envs)
+        ]
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
 
 
@@ -175,20 +199,30 @@ class Agent(nn.Module):
         if action is None:
             action = action_mean + action_std * torch.randn_like(action_mean)
         # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
-        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        log_prob = (
+            -((action - action_mean) ** 2) / (2 * action_std**2)
+            - action_logstd
+            - 0.5 * math.log(2 * math.pi)
+        )
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
 
 
 def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    """The returns of every episode that ended on this step (several envs can finish on the same
+    step)."""
     final_info = infos.get("final_info", {})
-    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+    return (
+        final_info["episode"]["r"][final_info["_episode"]].tolist()
+        if "episode" in final_info
+        else []
+    )
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -196,23 +230,27 @@ def true_next_obs(next_obs, infos):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like every input but
-    `next_value` [num_envs], the value of the obs after the last step. `terminations[t]` / `truncations[t]` (0 or 1):
-    the episode ended at step t in a terminal state / cut off; `final_values[t]`: the value of the true final obs of
-    a truncated episode (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
+    every input but `next_value` [num_envs], the value of the obs after the last step.
+    `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at step t in a terminal
+    state / cut off; `final_values[t]`: the value of the true final obs of a truncated episode
+    (read only there)."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
-    # value of its true final observation if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's value inside an episode; at an episode's
+    # end, the value of its true final observation if it was cut off and 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
-    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
-    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
+    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
+    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
+    # (unrolled, it would take minutes to compile)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
-        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        advantages = torch.cat(
+            [advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]]
+        )
         coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
         shift *= 2
     return advantages, advantages + values
@@ -220,8 +258,8 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
     """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the averaging of the gradients over `world_size`
-    ranks, the clip and the Adam step stay eager."""
+    `compile_loss`: compile the forward and backward of the loss; the averaging of the gradients
+    over `world_size` ranks, the clip and the Adam step stay eager."""
 
     def loss_fn(mb):
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
@@ -247,7 +285,9 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_clipped = mb["values"] + torch.clamp(
+                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+            )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
@@ -255,7 +295,9 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss, torch.stack(
+            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        ).detach()
 
     if compile_loss:
         loss_fn = torch.compile(loss_fn, fullgraph=True)
@@ -273,12 +315,14 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
     return update
 
 
-# What scaling out adds: the process layout, the device and backend of a rank, and the collectives, each with a timeout
+# What scaling out adds: the process layout, the device and backend of a rank, and the collectives,
+# each with a timeout
 
 
 def process_layout(environ):
-    """(rank, local_rank, world_size) from torchrun's RANK, LOCAL_RANK and WORLD_SIZE in `environ`: the global rank,
-    the rank on this machine (it picks the GPU) and the number of processes; (0, 0, 1) without torchrun."""
+    """(rank, local_rank, world_size) from torchrun's RANK, LOCAL_RANK and WORLD_SIZE in `environ`:
+    the global rank, the rank on this machine (it picks the GPU) and the number of processes;
+    (0, 0, 1) without torchrun."""
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
     if not any(name in environ for name in names):
         return 0, 0, 1
@@ -286,60 +330,78 @@ def process_layout(environ):
         rank, local_rank, world_size = (int(environ[name]) for name in names)
     except (KeyError, ValueError):
         values = [environ.get(name) for name in names]
-        fail(f"RANK, LOCAL_RANK and WORLD_SIZE must all be set, as integers (got {values}): launch with torchrun")
+        fail(
+            f"RANK, LOCAL_RANK and WORLD_SIZE must all be set, as integers (got {values}): launch "
+            "with torchrun"
+        )
     if not (0 <= rank < world_size and 0 <= local_rank <= rank):
-        fail(f"RANK {rank}, LOCAL_RANK {local_rank} and WORLD_SIZE {world_size} do not fit together")
+        fail(
+            f"RANK {rank}, LOCAL_RANK {local_rank} and WORLD_SIZE {world_size} do not fit together"
+        )
     return rank, local_rank, world_size
 
 
 def rank_device(cuda, local_rank):
-    """The device of the rank `local_rank` of this machine: its own GPU if `cuda` and there is one, else the CPU."""
+    """The device of the rank `local_rank` of this machine: its own GPU if `cuda` and there is one,
+    else the CPU."""
     if not (cuda and torch.cuda.is_available()):
         return torch.device("cpu")
     if local_rank >= torch.cuda.device_count():
         fail(
-            f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()} (lower --nproc_per_node)"
+            f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
+            "(lower --nproc_per_node)"
         )
-    torch.cuda.set_device(local_rank)  # nccl's own work (barriers, its streams) goes to this rank's GPU, not GPU 0
+    # nccl's own work (barriers, its streams) goes to this rank's GPU, not GPU 0
+    torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
 
 def dist_backend(args, device):
-    """The backend named by --dist-backend, or the device's default: nccl on CUDA, gloo on the CPU."""
+    """The backend named by --dist-backend, or the device's default: nccl on CUDA, gloo on the
+    CPU."""
     backend = args.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend not in ("nccl", "gloo") or not dist.is_backend_available(backend):
-        fail(f"--dist-backend {backend!r} is not available here (nccl needs a CUDA build, gloo works everywhere)")
+        fail(
+            f"--dist-backend {backend!r} is not available here (nccl needs a CUDA build, gloo "
+            "works everywhere)"
+        )
     if backend == "nccl" and device.type != "cuda":
         fail(f"--dist-backend nccl needs a CUDA device and this rank runs on {device} (use gloo)")
     return backend
 
 
 def start_process_group(backend, timeout):
-    """Join the other ranks (torchrun's rendezvous). `timeout` seconds is the group's timeout: how long a gloo
-    collective blocks, and how long NCCL's watchdog lets an nccl collective wait before it aborts the process."""
+    """Join the other ranks (torchrun's rendezvous). `timeout` seconds is the group's timeout: how
+    long a gloo collective blocks, and how long NCCL's watchdog lets an nccl collective wait
+    before it aborts the process."""
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     except dist.DistError as e:
-        sys.exit(f"error: the ranks did not meet within {timeout} s ({str(e).strip().splitlines()[0]})")
+        sys.exit(
+            f"error: the ranks did not meet within {timeout} s ({str(e).strip().splitlines()[0]})"
+        )
 
 
 def collective(function, tensor, **kwargs):
-    """The torch.distributed collective `function` (all_reduce, broadcast) on `tensor`, in place. With gloo, a rank
-    that died, or that did not join within the group's timeout, ends this one with exit status 1 and one line naming
-    the cause (nccl does not raise here: its watchdog aborts the process)."""
+    """The torch.distributed collective `function` (all_reduce, broadcast) on `tensor`, in place.
+    With gloo, a rank that died, or that did not join within the group's timeout, ends this one
+    with exit status 1 and one line naming the cause (nccl does not raise here: its watchdog
+    aborts the process)."""
     try:
         function(tensor, **kwargs)
     except RuntimeError as e:  # what gloo raises for a lost peer or a timeout
-        cause = str(e).strip().splitlines()[0].split("] ")[-1]  # without gloo's "[source file:line] " prefix
+        # without gloo's "[source file:line] " prefix
+        cause = str(e).strip().splitlines()[0].split("] ")[-1]
         what = f"rank {dist.get_rank()}: {function.__name__} failed"
         sys.exit(f"error: {what}, another rank died or hung past --dist-timeout ({cause})")
 
 
 def all_reduce_gradients(grads, world_size):
-    """Average the gradient tensors `grads` over the ranks in place: one all-reduce of all of them in one flat buffer
-    (one collective per minibatch, not one per parameter). By hand, not with DistributedDataParallel: DDP syncs only
-    what runs through the module's forward(), and PPO's loss calls get_action_and_value; and with ~10k parameters
-    its overlap of communication with the backward pass would have nothing to overlap."""
+    """Average the gradient tensors `grads` over the ranks in place: one all-reduce of all of them
+    in one flat buffer (one collective per minibatch, not one per parameter). By hand, not with
+    DistributedDataParallel: DDP syncs only what runs through the module's forward(), and PPO's
+    loss calls get_action_and_value; and with ~10k parameters its overlap of communication with
+    the backward pass would have nothing to overlap."""
     flat = torch.cat([grad.flatten() for grad in grads])
     collective(dist.all_reduce, flat)  # the sum over the ranks, the same on every rank
     flat /= world_size
@@ -348,7 +410,8 @@ def all_reduce_gradients(grads, world_size):
 
 
 def mean_over_ranks(values, world_size):
-    """The mean of the tensor `values` over the ranks (one small all-reduce), the same on every rank."""
+    """The mean of the tensor `values` over the ranks (one small all-reduce), the same on every
+    rank."""
     if world_size == 1:
         return values
     total = values.clone()
@@ -366,8 +429,8 @@ def max_over_ranks(value, world_size, device):
 
 
 def parameter_spread(module, world_size):
-    """The largest difference between two ranks' values of any parameter of `module` (two small all-reduces, once at
-    the end of a run): 0.0 when the ranks stayed in lockstep, as they must."""
+    """The largest difference between two ranks' values of any parameter of `module` (two small
+    all-reduces, once at the end of a run): 0.0 when the ranks stayed in lockstep, as they must."""
     if world_size == 1:
         return 0.0
     flat = torch.cat([parameter.detach().flatten() for parameter in module.parameters()])
@@ -378,22 +441,32 @@ def parameter_spread(module, world_size):
 
 
 def make_learner(args, n_obs, n_act, device, world_size=1):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them here too);
-    with `world_size` > 1 the update averages the gradients over that many ranks of a process group started before.
-    Returns the agent, the optimizer and the functions (policy, get_value, update)."""
+    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them
+    here too); with `world_size` > 1 the update averages the gradients over that many ranks of a
+    process group started before. Returns the agent, the optimizer and the functions (policy,
+    get_value, update)."""
     agent = Agent(n_obs, n_act, device=device)
     if world_size > 1:
         for parameter in agent.parameters():  # every rank starts from rank 0's weights
             collective(dist.broadcast, parameter.data, src=0)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
+    # nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other Adam in a graph
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other
+    # Adam in a graph
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
     update = make_update(agent, optimizer, args, compile_loss=args.compile, world_size=world_size)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd state
+    # acting reads the agent's weights through a copy that shares their memory but has no autograd
+    # state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return agent, optimizer, (agent_inference.get_action_and_value, agent_inference.get_value, update)
+    return (
+        agent,
+        optimizer,
+        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    )
 
 
 def main(args):
@@ -401,31 +474,42 @@ def main(args):
     check_args(args, world_size)
     device = rank_device(args.cuda, local_rank)
     backend = dist_backend(args, device)
-    # each rank is the twin with a seed of its own: its envs are the global envs seed + rank * num_envs, ...
+    # each rank is the twin with a seed of its own: its envs are the global envs seed + rank *
+    # num_envs, ...
     args = replace(args, seed=args.seed + rank * args.num_envs)
-    run = Run(args, "ppo_continuous_action_distributed", rank)  # seeds, run folder, wandb, signals: see the file's end
-    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None  # what the saved agent was trained with
+    # seeds, run folder, wandb, signals: see the file's end
+    run = Run(args, "ppo_continuous_action_distributed", rank)
+    # what the saved agent was trained with
+    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms)
-    if world_size > 1:  # every input is checked: from here on, each rank waits for the others at most --dist-timeout
+    envs = make_envs(
+        args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms
+    )
+    # every input is checked: from here on, each rank waits for the others at most --dist-timeout
+    if world_size > 1:
         start_process_group(backend, args.dist_timeout)
         seeds = f"{args.seed}..{args.seed + args.num_envs - 1}"
         where = f"(local rank {local_rank}, pid {os.getpid()}) on {device} with {backend}"
-        print(f"rank {rank} of {world_size} {where}: envs seeded {seeds}", file=sys.stderr, flush=True)
+        print(
+            f"rank {rank} of {world_size} {where}: envs seeded {seeds}", file=sys.stderr, flush=True
+        )
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device, world_size)
+    agent, optimizer, (policy, get_value, update) = make_learner(
+        args, n_obs, n_act, device, world_size
+    )
     if run.saved_model is not None:
         agent.load_state_dict(run.saved_model["agent"])
     compute_gae = gae
     if args.compile:
-        # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains from compile
+        # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains
+        # from compile
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (Adam creates its state; a compiled function compiles once more
-        # for it), the next records a CUDA graph, later calls replay it
+        # the first `warmup - 1` calls run as they are (Adam creates its state; a compiled function
+        # compiles once more for it), the next records a CUDA graph, later calls replay it
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
@@ -438,7 +522,8 @@ def main(args):
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
-    batch_size = args.num_envs * args.num_steps  # one rank's rollout; all ranks together step world_size times more
+    # one rank's rollout; all ranks together step world_size times more
+    batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // (batch_size * world_size)
     global_step = 0
@@ -448,7 +533,8 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+            # in place: no recompile
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
@@ -464,11 +550,17 @@ def main(args):
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             run.log_episodes(global_step, finished_episodes(infos))
             rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
-            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(
+                terminations, device=device, dtype=torch.float
+            )
+            rollout["truncations"][step] = torch.as_tensor(
+                truncations, device=device, dtype=torch.float
+            )
             if truncations.any():
                 # the value of the state each truncated episode was cut at (gae reads it only there)
-                final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
+                final_obs = torch.as_tensor(
+                    true_next_obs(next_obs, infos), device=device, dtype=torch.float
+                )
                 with torch.no_grad():
                     rollout["final_values"][step] = get_value(final_obs).flatten()
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
@@ -476,8 +568,13 @@ def main(args):
         # bootstrap value if not done
         with torch.no_grad():
             next_value = get_value(next_obs).flatten()
-        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
-        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
+        inputs = {
+            key: rollout[key]
+            for key in ("rewards", "values", "final_values", "terminations", "truncations")
+        }
+        advantages, returns = compute_gae(
+            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+        )
 
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
@@ -487,15 +584,20 @@ def main(args):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
                 stats = update(b[mb_inds])
-            stats = mean_over_ranks(stats, world_size)  # so that every rank takes the same early-stop decision
-            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+            # so that every rank takes the same early-stop decision
+            stats = mean_over_ranks(stats, world_size)
+            # host sync, once per epoch
+            if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(pbar, global_step, dict(zip(names, stats), explained_variance=explained_var))
+        run.log_progress(
+            pbar, global_step, dict(zip(names, stats), explained_variance=explained_var)
+        )
         run.steps = global_step
-        # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: they all stop here, together
+        # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: they all stop
+        # here, together
         if signum := max_over_ranks(run.stop_signal, world_size, device):
             run.stop_signal = run.stop_signal or signum
             break
@@ -506,9 +608,14 @@ def main(args):
     if world_size > 1:
         dist.destroy_process_group()
 
-    # the observation normalization (the first env's) is part of the policy: saved and evaluated with it
+    # the observation normalization (the first env's) is part of the policy: saved and evaluated
+    # with it
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    obs_rms = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": torch.tensor(rms.count)}
+    obs_rms = {
+        "mean": torch.as_tensor(rms.mean),
+        "var": torch.as_tensor(rms.var),
+        "count": torch.tensor(rms.count),
+    }
 
     def evaluate_agent(episodes, videos):  # the Gaussian's mean
         eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
@@ -521,9 +628,10 @@ def main(args):
     run.finish(device, model, evaluate_agent, world_size=world_size, parameter_spread=spread)
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -534,57 +642,97 @@ def fail(message):
 
 def check_args(args, world_size):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
-    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:  # numpy's seeds are below 2**32, envpool's below 2**31
-        fail(f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and {args.measure_burnin}")
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
+    # numpy's seeds are below 2**32, envpool's below 2**31
+    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
+        fail(
+            f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
+            f"{args.measure_burnin}"
+        )
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "learning_rate",
+    )
     for flag in positive + ("dist_timeout", "clip_coef", "max_grad_norm", "target_kl"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size * world_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout of all ranks ({world_size})")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout of all ranks "
+            f"({world_size})"
+        )
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
+        fail(
+            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
+            "parts of 2 or more"
+        )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+        fail(
+            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
+            "--compile)"
+        )
     if world_size > 1 and (args.cudagraphs or args.eval_model):
-        fail(f"--cudagraphs and --eval-model run in one process, not in {world_size} ranks (run without torchrun)")
+        fail(
+            f"--cudagraphs and --eval-model run in one process, not in {world_size} ranks (run "
+            "without torchrun)"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -595,23 +743,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -634,7 +795,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -652,33 +816,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -686,8 +866,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -698,7 +878,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

@@ -1,17 +1,20 @@
-"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, N seeds as one program, grown
-from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's (HalfCheetah-v4, 1M steps per member).
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, N seeds
+as one program, grown from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's
+(HalfCheetah-v4, 1M steps per member).
 
-    python leanrl/ppo_continuous_action_seeds.py                                           # 8 members, seeds 1..8
-    python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3
+    python leanrl/ppo_continuous_action_seeds.py  # 8 members, seeds 1..8
+    python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
+        --total-timesteps 40960 --num-seeds 3
 
-Member k is the CPU script with `--seed seed+k*num_envs`. Parameters and Adam's state are stacked on
-a seeds axis, acting and the gradients vmapped over it. All envs are one envpool (the same MuJoCo
-tasks) stepped by C++ threads on every core, in next-step reset mode (the step after an episode's
-end only resets and weighs 0 in the loss), without frames.
+Member k is the CPU script with `--seed seed+k*num_envs`. Parameters and Adam's state are
+stacked on a seeds axis, acting and the gradients vmapped over it. All envs are one envpool (the
+same MuJoCo tasks) stepped by C++ threads on every core, in next-step reset mode (the step after
+an episode's end only resets and weighs 0 in the loss), without frames.
 
-A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
-which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves
-it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member diverged.
+A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr
+says which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and
+leaves it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member
+diverged.
 """
 
 import json
@@ -56,13 +59,16 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """refused: envpool renders no frames (record a saved member with the single-seed script's --eval-model)"""
+    """refused: envpool renders no frames (record a saved member with the single-seed script's
+    --eval-model)"""
     save_model: bool = False
-    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at the end"""
+    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at
+    the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with each member's policy and report their mean returns (0: none)"""
+    """after training, play this many episodes with each member's policy and report their mean
+    returns (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file as every member for --eval-episodes episodes instead of training"""
+    """instead of training, play this saved .pt file as every member for --eval-episodes"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
@@ -102,36 +108,65 @@ class Args:
     """stop a member's epochs early once its approximate KL exceeds this (off by default)"""
 
     compile: bool = True
-    """compile acting, GAE and the update, each one graph; --no-compile runs the same functions eagerly"""
+    """compile acting, GAE and the update, each one graph; --no-compile runs the same functions
+    eagerly"""
     cudagraphs: bool = False
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
     threads: int | None = None
     """torch's intra-op threads (default 1; with many members 2 can be faster: see `main`)"""
 
 
-def update_rms(rms, x):  # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
+# gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
+def update_rms(rms, x):
     (mean, var, count), delta = rms, x - rms[0]
-    return mean + delta / (count + 1), (var + delta**2 / (count + 1)) * count / (count + 1), count + 1
+    return (
+        mean + delta / (count + 1),
+        (var + delta**2 / (count + 1)) * count / (count + 1),
+        count + 1,
+    )
 
 
 class EnvpoolWrappers:
-    """make_env's wrappers in numpy, each env its own statistics, around `num_envs` envpool envs, with gymnasium's
-    interface. `resetting` marks the envs taking a reset step (next-step mode), which the statistics skip."""
+    """make_env's wrappers in numpy, each env its own statistics, around `num_envs` envpool envs,
+    with gymnasium's interface. `resetting` marks the envs taking a reset step (next-step mode),
+    which the statistics skip."""
 
     def __init__(self, envs, num_envs, gamma, obs_rms=None):
-        self.envs, self.num_envs, self.single_action_space, self.gamma = envs, num_envs, envs.action_space, gamma
-        n, shape, dtype = num_envs, (num_envs, *envs.observation_space.shape), envs.observation_space.dtype
-        self.obs_rms = (np.zeros(shape, dtype), np.ones(shape, dtype), 1e-4)  # as gymnasium's; one count for all envs
-        self.frozen = obs_rms is not None  # a trained policy acts on observations normalized as in its training
+        self.envs, self.num_envs, self.single_action_space, self.gamma = (
+            envs,
+            num_envs,
+            envs.action_space,
+            gamma,
+        )
+        n, shape, dtype = (
+            num_envs,
+            (num_envs, *envs.observation_space.shape),
+            envs.observation_space.dtype,
+        )
+        # as gymnasium's; one count for all envs
+        self.obs_rms = (np.zeros(shape, dtype), np.ones(shape, dtype), 1e-4)
+        # a trained policy acts on observations normalized as in its training
+        self.frozen = obs_rms is not None
         if self.frozen:
-            self.obs_rms = (obs_rms["mean"].numpy(), obs_rms["var"].numpy(), float(obs_rms["count"]))
+            self.obs_rms = (
+                obs_rms["mean"].numpy(),
+                obs_rms["var"].numpy(),
+                float(obs_rms["count"]),
+            )
         self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
-        self.discounted_reward, self.episode_return, self.resetting = np.zeros(n), np.zeros(n), np.zeros(n, bool)
+        self.discounted_reward, self.episode_return, self.resetting = (
+            np.zeros(n),
+            np.zeros(n),
+            np.zeros(n, bool),
+        )
         self.close = envs.close
 
-    def normalize(self, obs):  # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
+    # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
+    def normalize(self, obs):
         self.obs_rms = self.obs_rms if self.frozen else update_rms(self.obs_rms, obs)
-        return np.clip((obs - self.obs_rms[0]) / np.sqrt(self.obs_rms[1] + 1e-8), -10, 10).astype(np.float32)
+        return np.clip((obs - self.obs_rms[0]) / np.sqrt(self.obs_rms[1] + 1e-8), -10, 10).astype(
+            np.float32
+        )
 
     def reset(self, seed=None):  # `seed`: gymnasium's interface; envpool's seeds are set
         return self.normalize(self.envs.reset()[0]), {}
@@ -143,11 +178,14 @@ class EnvpoolWrappers:
         self.episode_return = np.where(stepped, self.episode_return, 0.0) + reward
         self.resetting = terminations | truncations
         infos = {"final_info": {"episode": {"r": self.episode_return}, "_episode": self.resetting}}
-        # NormalizeReward (its discounted return restarts at a termination only), then the clip to [-10, 10]
+        # NormalizeReward (its discounted return restarts at a termination only), then the clip to
+        # [-10, 10]
         discounted_reward = self.discounted_reward * self.gamma * (1 - terminations) + reward
         self.discounted_reward = np.where(stepped, discounted_reward, self.discounted_reward)
         rms = update_rms(self.return_rms, self.discounted_reward)
-        self.return_rms = tuple(np.where(stepped, new, old) for new, old in zip(rms, self.return_rms))
+        self.return_rms = tuple(
+            np.where(stepped, new, old) for new, old in zip(rms, self.return_rms)
+        )
         reward = np.clip(reward / np.sqrt(self.return_rms[1] + 1e-8), -10, 10)
         return self.normalize(obs), reward, terminations, truncations, infos
 
@@ -157,12 +195,20 @@ def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
     seeded seed + k*num_envs + i as the single-seed script with `--seed seed + k*num_envs` seeds it;
     `obs_rms` (a saved model's) normalizes, frozen. A bad id or action space exit 2."""
     if env_id not in envpool.list_all_envs():
-        fail(f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps (envpool.list_all_envs())")
+        fail(
+            f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps "
+            "(envpool.list_all_envs())"
+        )
     env_seeds = [seed + k * num_envs + i for k in range(num_seeds) for i in range(num_envs)]
     threads = min(len(os.sched_getaffinity(0)), len(env_seeds))
-    envs = envpool.make_gymnasium(env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads)
+    envs = envpool.make_gymnasium(
+        env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads
+    )
     if not isinstance(envs.action_space, gym.spaces.Box):
-        fail(f"--env-id {env_id!r} has a {type(envs.action_space).__name__} action space; PPO here needs a Box")
+        fail(
+            f"--env-id {env_id!r} has a {type(envs.action_space).__name__} action space; PPO here "
+            "needs a Box"
+        )
     return EnvpoolWrappers(envs, len(env_seeds), gamma, obs_rms)
 
 
@@ -195,10 +241,15 @@ class Agent(nn.Module):
         action_mean = self.actor_mean(x)
         action_logstd = self.actor_logstd.expand_as(action_mean)
         action_std = torch.exp(action_logstd)
-        if action is None:  # acting: under vmap's randomness="different", each member draws its own noise
+        # acting: under vmap's randomness="different", each member draws its own noise
+        if action is None:
             action = action_mean + action_std * torch.randn_like(action_mean)
         # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
-        log_prob = -((action - action_mean) ** 2) / (2 * action_std**2) - action_logstd - 0.5 * math.log(2 * math.pi)
+        log_prob = (
+            -((action - action_mean) ** 2) / (2 * action_std**2)
+            - action_logstd
+            - 0.5 * math.log(2 * math.pi)
+        )
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
 
@@ -206,48 +257,70 @@ class Agent(nn.Module):
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
+    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that
+    ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
-    returns, ended = final_info["episode"]["r"].reshape(num_seeds, -1), final_info["_episode"].reshape(num_seeds, -1)
-    return [member_returns[member_ended].tolist() for member_returns, member_ended in zip(returns, ended)]
+    returns, ended = (
+        final_info["episode"]["r"].reshape(num_seeds, -1),
+        final_info["_episode"].reshape(num_seeds, -1),
+    )
+    return [
+        member_returns[member_ended].tolist()
+        for member_returns, member_ended in zip(returns, ended)
+    ]
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input but `next_value`
-    [num_envs] (of the obs after the last step). `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at
-    step t, terminal / cut off; `final_values[t]`: the value of a cut-off episode's true final obs (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
+    but `next_value` [num_envs] (of the obs after the last step). `terminations[t]` /
+    `truncations[t]` (0 or 1): the episode ended at step t, terminal / cut off; `final_values[t]`:
+    the value of a cut-off episode's true final obs (read only there)."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's end, the
-    # value of its true final observation if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's value inside an episode; at an episode's
+    # end, the value of its true final observation if it was cut off and 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after the round with
-    # shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so
-    # ceil(log2(num_steps)) vectorized rounds replace the loop (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
+    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
+    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
+    # (unrolled, it would take minutes to compile)
     advantages, coefs, shift = deltas, gamma * gae_lambda * (1 - dones), 1
     while shift < len(values):
-        advantages = torch.cat([advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]])
+        advantages = torch.cat(
+            [advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]]
+        )
         coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
         shift *= 2
     return advantages, advantages + values
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place: in a compiled
-    update it is part of the update's graph, which `torch.optim.Adam.step` would break. The lr is in `param_groups`."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
+    place: in a compiled update it is part of the update's graph, which `torch.optim.Adam.step`
+    would break. The lr is in `param_groups`."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.betas, self.eps, self.param_groups = params, betas, eps, [{"lr": lr}]
-        self.exp_avg, self.exp_avg_sq = ({name: torch.zeros_like(p) for name, p in params.items()} for _ in range(2))
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)  # a column per member
-        self.state = [*params.values(), *self.exp_avg.values(), *self.exp_avg_sq.values(), self.beta_powers.T]
+        self.exp_avg, self.exp_avg_sq = (
+            {name: torch.zeros_like(p) for name, p in params.items()} for _ in range(2)
+        )
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
+        # a power of a step-count tensor into the CPU update kernel, once per vector of every
+        # parameter: 2-3x slower steps
+        # a column per member
+        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
+        self.state = [
+            *params.values(),
+            *self.exp_avg.values(),
+            *self.exp_avg_sq.values(),
+            self.beta_powers.T,
+        ]
 
-    def step(self, grads):  # elementwise: on parameters stacked over the members, each member's own step
+    # elementwise: on parameters stacked over the members, each member's own step
+    def step(self, grads):
         beta1, beta2 = self.betas
         self.beta_powers[0].mul_(beta1)
         self.beta_powers[1].mul_(beta2)
@@ -256,14 +329,18 @@ class Adam:
             exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            members = (-1,) + (1,) * (param.dim() - 1)  # each member's bias corrections, against its parameters
+            # each member's bias corrections, against its parameters
+            members = (-1,) + (1,) * (param.dim() - 1)
             denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
-            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom)
+            param.sub_(
+                self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom
+            )
 
 
 def make_learner(args, n_obs, n_act, seeds, device):
-    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on `device`: the shell
-    `functional_call` fills, the written-out Adam (`params`: the members', stacked), the functions (policy, update)."""
+    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on
+    `device`: the shell `functional_call` fills, the written-out Adam (`params`: the members',
+    stacked), the functions (policy, update)."""
     members = []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
@@ -271,18 +348,24 @@ def make_learner(args, n_obs, n_act, seeds, device):
             members.append(Agent(n_obs, n_act, device=device))
     params = {name: param.detach() for name, param in stack_module_state(members)[0].items()}
     agent = Agent(n_obs, n_act, device="meta")  # the shell `functional_call` fills
-    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing
+    # recompiles
     optimizer = Adam(params, torch.tensor(args.learning_rate, device=device), eps=1e-5)
 
     def loss_fn(params, mb):
-        _, newlogprob, entropy, newvalue = functional_call(agent, params, (mb["obs"], mb["actions"]))
+        _, newlogprob, entropy, newvalue = functional_call(
+            agent, params, (mb["obs"], mb["actions"])
+        )
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-        valid, count = mb["valid"], mb["valid"].sum(0, keepdim=True)  # envpool's reset steps weigh 0 in every mean
+        # envpool's reset steps weigh 0 in every mean
+        valid, count = mb["valid"], mb["valid"].sum(0, keepdim=True)
         # clamped: a member with one valid row in a minibatch, or none, gets means and a std of 0
         mean_divisor, std_divisor = count.clamp(min=1), (count - 1).clamp(min=1)
 
-        def mean(x):  # of shape [1], not []: vmap turns a number in arithmetic with a 0-d tensor into a CPU tensor
+        # of shape [1], not []: vmap turns a number in arithmetic with a 0-d tensor into a CPU
+        # tensor
+        def mean(x):
             return (x * valid).sum(0, keepdim=True) / mean_divisor
 
         with torch.no_grad():
@@ -305,7 +388,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_clipped = mb["values"] + torch.clamp(
+                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+            )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
         else:
@@ -313,71 +398,104 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
         entropy_loss = mean(entropy)
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss.sum(), torch.cat([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss.sum(), torch.cat(
+            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        ).detach()
 
     def member_grads(params, mb):
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
-        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of `max_grad_norm`
-        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, keepdim=True).sqrt()
+        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of
+        # `max_grad_norm`
+        total_norm = (
+            torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, keepdim=True).sqrt()
+        )
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
     def update(mb):
-        """One clipped-surrogate step of each member on its minibatch ([num_seeds, minibatch]) -> statistics [num_seeds,
-        6]: vmapped `torch.func` gradients and an in-place Adam, one graph for `torch.compile(fullgraph=True)`."""
+        """One clipped-surrogate step of each member on its minibatch ([num_seeds, minibatch]) ->
+        statistics [num_seeds, 6]: vmapped `torch.func` gradients and an in-place Adam, one graph
+        for `torch.compile(fullgraph=True)`."""
         grads, stats = torch.vmap(member_grads)(params, mb)
         optimizer.step(grads)
         return stats
 
-    member_policy = torch.vmap(lambda params, obs: functional_call(agent, params, (obs,)), randomness="different")
+    member_policy = torch.vmap(
+        lambda params, obs: functional_call(agent, params, (obs,)), randomness="different"
+    )
 
-    def policy(obs):  # get_action_and_value sampling, each member its own noise; member k's envs: the k-th slice
-        return tuple(x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1))))
+    # get_action_and_value sampling, each member its own noise; member k's envs: the k-th slice
+    def policy(obs):
+        return tuple(
+            x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1)))
+        )
 
     return agent, optimizer, (policy, update)
 
 
 def main(args):
     check_args(args)
-    probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)  # one env first: its id and sizes, before N members'
-    n_obs, n_act = (int(np.prod(space.shape)) for space in (probe.envs.observation_space, probe.single_action_space))
+    # one env first: its id and sizes, before N members'
+    probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)
+    n_obs, n_act = (
+        int(np.prod(space.shape))
+        for space in (probe.envs.observation_space, probe.single_action_space)
+    )
     probe.close()
-    check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")  # 3 copies, float32
-    run = Run(args, "ppo_continuous_action_seeds")  # seeds, run folder, wandb, Ctrl-C: see the end of the file
+    # 3 copies, float32
+    check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")
+    # seeds, run folder, wandb, Ctrl-C: see the end of the file
+    run = Run(args, "ppo_continuous_action_seeds")
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one thread: at N=1 a second costs more than it saves; with more members --threads 2 can pay (docs/performance.md)
+    # one thread: at N=1 a second costs more than it saves; with more members --threads 2 can pay
+    # (docs/performance.md)
     torch.set_num_threads(args.threads or 1)
 
     agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
-    for name, param in optimizer.params.items() if run.saved_model else ():  # --eval-model: as every member
+    # --eval-model: as every member
+    for name, param in optimizer.params.items() if run.saved_model else ():
         param.copy_(run.saved_model["agent"][name])
     compute_gae = gae
     if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
-        policy, compute_gae, update = (torch.compile(f, fullgraph=True, options=options) for f in (policy, gae, update))
-    if args.cudagraphs:  # the first calls run as they are (compiled: one call more), the next records, later replay
-        policy, update = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (policy, update))
+        policy, compute_gae, update = (
+            torch.compile(f, fullgraph=True, options=options) for f in (policy, gae, update)
+        )
+    # the first calls run as they are (compiled: one call more), the next records, later replay
+    if args.cudagraphs:
+        policy, update = (
+            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (policy, update)
+        )
 
     # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    shapes, size = {key: () for key in scalars} | dict(obs=(n_obs,), actions=(n_act,)), (args.num_steps, envs.num_envs)
-    rollout = TensorDict({key: torch.zeros(*size, *shape) for key, shape in shapes.items()}, batch_size=size)
-    store = rollout.numpy()  # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    shapes, size = (
+        {key: () for key in scalars} | dict(obs=(n_obs,), actions=(n_act,)),
+        (args.num_steps, envs.num_envs),
+    )
+    rollout = TensorDict(
+        {key: torch.zeros(*size, *shape) for key, shape in shapes.items()}, batch_size=size
+    )
+    # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    store = rollout.numpy()
 
     next_obs, _ = envs.reset()
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)  # with a [num_seeds, k] index: member rows
+    # with a [num_seeds, k] index: member rows
+    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.measure_start, run.measure_step = time.time(), global_step  # sps counts from here, past compiling
+            # sps counts from here, past compiling
+            run.measure_start, run.measure_step = time.time(), global_step
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # in place: no recompile
+            # in place: no recompile
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -385,7 +503,9 @@ def main(args):
             store["valid"][step] = ~envs.resetting
 
             # ALGO LOGIC: action logic
-            action, logprob, _, value = (x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device)))
+            action, logprob, _, value = (
+                x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device))
+            )
             store["values"][step] = value.flatten()
             store["actions"][step] = action
             store["logprobs"][step] = logprob
@@ -398,10 +518,16 @@ def main(args):
 
         # bootstrap value if not done
         next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
-        # envpool's next-step reset: the true final obs of an episode is the obs stored at the step after its end
+        # envpool's next-step reset: the true final obs of an episode is the obs stored at the step
+        # after its end
         rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
-        inputs = {key: rollout[key] for key in ("rewards", "values", "final_values", "terminations", "truncations")}
-        advantages, returns = compute_gae(**inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda)
+        inputs = {
+            key: rollout[key]
+            for key in ("rewards", "values", "final_values", "terminations", "truncations")
+        }
+        advantages, returns = compute_gae(
+            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+        )
 
         # flatten the batch: [num_seeds, num_steps * num_envs], each member its own rows
         b = rollout.select("obs", "actions", "logprobs", "values", "valid")
@@ -409,13 +535,18 @@ def main(args):
         b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
 
         # Optimizing the policy and value network
-        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)  # members stopped by --target-kl
-        kept = [x.clone() for x in optimizer.state] + [torch.zeros(args.num_seeds, 6, device=device)]
+        # members stopped by --target-kl
+        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)
+        kept = [x.clone() for x in optimizer.state] + [
+            torch.zeros(args.num_seeds, 6, device=device)
+        ]
         for _epoch in range(args.update_epochs):
-            b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]  # each member its own shuffle
+            # each member its own shuffle
+            b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]
             for mb in b_shuffled.split(minibatch_size, dim=1):
                 stats = update(mb)
-            if args.target_kl is not None:  # host sync, once per epoch: a member past the target keeps this state
+            # host sync, once per epoch: a member past the target keeps this state
+            if args.target_kl is not None:
                 for x, saved in zip([*optimizer.state, stats], kept):
                     x[stopped], saved[~stopped] = saved[stopped], x[~stopped]
                 stopped |= stats[:, 4] > args.target_kl
@@ -424,30 +555,54 @@ def main(args):
 
         explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var))
+        run.log_progress(
+            pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var)
+        )
         run.steps = global_step
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
-    # each member's observation normalization (its first env's) is part of its policy: saved and evaluated with it
+    # each member's observation normalization (its first env's) is part of its policy: saved and
+    # evaluated with it
     models = []
     for k, (mean, var) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms[:2]))):
-        obs_rms = {"mean": torch.tensor(mean), "var": torch.tensor(var), "count": torch.tensor(envs.obs_rms[2])}
+        obs_rms = {
+            "mean": torch.tensor(mean),
+            "var": torch.tensor(var),
+            "count": torch.tensor(envs.obs_rms[2]),
+        }
         member_agent = {name: param[k].cpu().clone() for name, param in optimizer.params.items()}
-        models.append({"agent": member_agent, "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms})
+        models.append(
+            {
+                "agent": member_agent,
+                "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms,
+            }
+        )
 
-    def evaluate_agent(member, episodes, videos):  # the Gaussian's mean, on a fresh env seeded with the member's seed
+    # the Gaussian's mean, on a fresh env seeded with the member's seed
+    def evaluate_agent(member, episodes, videos):
         seed, prefix = run.seeds[member], "actor_mean."
         eval_envs = make_envs(args.env_id, 1, seed, 1, args.gamma, models[member]["obs_rms"])
-        actor = {name.removeprefix(prefix): p[member] for name, p in optimizer.params.items() if prefix in name}
-        return evaluate(lambda obs: functional_call(agent.actor_mean, actor, obs), eval_envs, episodes, seed, device)
+        actor = {
+            name.removeprefix(prefix): p[member]
+            for name, p in optimizer.params.items()
+            if prefix in name
+        }
+        return evaluate(
+            lambda obs: functional_call(agent.actor_mean, actor, obs),
+            eval_envs,
+            episodes,
+            seed,
+            device,
+        )
 
     envs.close()
     run.finish(device, models, evaluate_agent)
 
 
-# ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results, wandb, Ctrl-C.
+# ==================================================================================================
+# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results,
+# wandb, Ctrl-C.
 
 
 def fail(message):
@@ -457,64 +612,104 @@ def fail(message):
 
 
 def check_args(args):
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
-    positive = ("num_seeds", "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
+    positive = (
+        "num_seeds",
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+    )
     for flag in positive + ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "threads"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off, --threads None: 1
+        # --target-kl None: off, --threads None: 1
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs or args.measure_burnin < 0:
         fail("--seed must be in [0, 2**31 - num_seeds*num_envs] and --measure-burnin >= 0")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
+            "--num-envs)"
+        )
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal parts of 2 or more")
+        fail(
+            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
+            "parts of 2 or more"
+        )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
     if args.capture_video:
-        fail("--capture-video: envpool renders no frames; record a saved member with the single-seed script")
+        fail(
+            "--capture-video: envpool renders no frames; record a saved member with the "
+            "single-seed script"
+        )
 
 
 def check_memory(args, per_member, what):  # per_member: one member's bytes
-    need, memory = args.num_seeds * per_member / 2**30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
+    need, memory = (
+        args.num_seeds * per_member / 2**30,
+        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30,
+    )
     if need > memory:
-        fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+        fail(
+            f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine "
+            f"has {memory:.1f} GiB"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded; starts wandb; catches
-    Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its curve
-    `curves[k]`; `diverged[k]` records where member k's loss or weights first turned non-finite."""
+    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded;
+    starts wandb; catches Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns
+    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where member k's loss or
+    weights first turned non-finite."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         # member k is the single-seed script with seed `seeds[k]`, its envs seeded from there on
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.args, self.script, self.diverged = args, script, {}
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
-        self.wandb = wandb = __import__("wandb") if args.track else None  # imported with --track only
+        # imported with --track only
+        self.wandb = wandb = __import__("wandb") if args.track else None
         if wandb:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -525,7 +720,10 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
         if trained.get("env_id") != self.args.env_id:  # what a policy acts on
@@ -533,22 +731,36 @@ class Run:
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
-    def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
+    # all members' env steps per second (`global_step` counts one member's)
+    def sps(self, global_step, now=None):
         if self.measure_start:  # else None: the clock has not started
-            return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            return (
+                len(self.seeds)
+                * (global_step - self.measure_step)
+                / ((now or time.time()) - self.measure_start)
+            )
 
-    def log_episodes(self, global_step, member_returns):  # member k's returns of the episodes ended on this step
-        for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
+    # member k's returns of the episodes ended on this step
+    def log_episodes(self, global_step, member_returns):
+        for seed, returns, curve, episode_returns in zip(
+            self.seeds, self.returns, self.curves, member_returns
+        ):
             for r in episode_returns:  # a diverged policy's nan: in its curve only, a string
                 returns.extend([r] if np.isfinite(r) else [])
                 value = r if np.isfinite(r) else str(r)
@@ -566,7 +778,10 @@ class Run:
                 self.diverge(k, global_step, name, row[k])
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
-        pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
+        pbar.set_description(
+            f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}",
+            refresh=False,
+        )
         if self.wandb:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
@@ -599,15 +814,33 @@ class Run:
         paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
         model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
         for seed, model, path in [saved for saved in zip(seeds, models, model_files) if saved[2]]:
-            torch.save({"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}, path + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model},
+                path + ".tmp",
+            )
             os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
         kept_means, wall_s = [m for m, ok in zip(means, kept) if ok], end_time - self.start_time
-        summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
-        summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
-        summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
-        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
-        summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
+        summary = {
+            flag: vars(args)[flag]
+            for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")
+        }
+        summary |= dict(
+            script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s
+        )
+        summary |= dict(
+            total_timesteps=self.steps,
+            torch_version=torch.__version__,
+            threads=torch.get_num_threads(),
+        )
+        summary |= dict(
+            sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s
+        )
+        summary |= dict(
+            episodes=sum(map(len, self.curves)),
+            return_means=means,
+            interrupted=self.stop_signal > 0,
+        )
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
         diverged = [self.diverged[k] for k in sorted(self.diverged)]
         summary |= dict(return_mean=return_mean, diverged=diverged)
@@ -627,7 +860,8 @@ class Run:
         if not any(kept):
             sys.exit(3)  # every member diverged
         if self.stop_signal:
-            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+            # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+            sys.exit(128 + self.stop_signal)
 
     def write_summary(self, summary):  # summary.json, atomically: a reader never sees half a file
         path = os.path.join(self.dir, "summary.json")
@@ -638,7 +872,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

@@ -1,24 +1,26 @@
-"""Recurrent PPO (an LSTM policy) for discrete actions, the eager reference (CleanRL's ppo_atari_lstm.py on vector
-observations).
+"""Recurrent PPO (an LSTM policy) for discrete actions, the eager reference (CleanRL's
+ppo_atari_lstm.py on vector observations).
 
-Paper: https://arxiv.org/abs/1707.06347; the recurrent agent and its update are CleanRL's. Defaults: CartPole-v1
-with both velocities hidden (`--obs-indices 0 2`), which only an agent that remembers past positions balances well;
-200k steps, 8 envs x 32 steps, 2 minibatches of 4 whole env sequences, 10 epochs, learning rate 1e-3, clip 0.2, no
-entropy bonus (CleanRL's Atari settings learned here no faster than the memoryless baseline).
+Paper: https://arxiv.org/abs/1707.06347; the recurrent agent and its update are CleanRL's. Defaults:
+CartPole-v1 with both velocities hidden (`--obs-indices 0 2`), which only an agent that remembers
+past positions balances well; 200k steps, 8 envs x 32 steps, 2 minibatches of 4 whole env sequences,
+10 epochs, learning rate 1e-3, clip 0.2, no entropy bonus (CleanRL's Atari settings learned here no
+faster than the memoryless baseline).
 
-    python leanrl/ppo_lstm.py                                        # velocity-hidden CartPole: memory at work
+    python leanrl/ppo_lstm.py  # velocity-hidden CartPole: memory at work
     python leanrl/ppo_lstm.py --no-memory                            # no memory: it plateaus lower
     python leanrl/ppo_lstm.py --obs-indices --total-timesteps 50000  # the full observation
-    python leanrl/ppo_lstm.py --env-id popgym:popgym-RepeatFirstEasy-v0  # a POPGym POMDP (requirements-popgym.txt)
+    # a POPGym POMDP (requirements-popgym.txt)
+    python leanrl/ppo_lstm.py --env-id popgym:popgym-RepeatFirstEasy-v0
 
-Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, in the same shape so that `diff` shows
-only what buys speed. Its ops are tiny: on a small or shared CPU run it with `OMP_NUM_THREADS=1` (torch's default
-thread pool ran it ~10x slower on a busy 2-core machine).
+Plain PyTorch, no tensordict: the readable twin of ppo_lstm_torchcompile.py, in the same shape so
+that `diff` shows only what buys speed. Its ops are tiny: on a small or shared CPU run it with
+`OMP_NUM_THREADS=1` (torch's default thread pool ran it ~10x slower on a busy 2-core machine).
 
-An episode start zeroes the LSTM state inside the time loop (no padding; `--no-memory` zeroes it at every step: a
-feedforward baseline); a minibatch is the whole sequences of some envs, replayed from the state the rollout started
-with. A truncated episode bootstraps from the value of its true final observation (seen with its episode's memory;
-CleanRL takes it as 0), a terminated one from 0.
+An episode start zeroes the LSTM state inside the time loop (no padding; `--no-memory` zeroes it at
+every step: a feedforward baseline); a minibatch is the whole sequences of some envs, replayed from
+the state the rollout started with. A truncated episode bootstraps from the value of its true final
+observation (seen with its episode's memory; CleanRL takes it as 0), a terminated one from 0.
 """
 
 import json
@@ -57,23 +59,28 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many episodes with the trained policy and report their mean return
+    (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with its --obs-indices, memory)"""
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with its
+    --obs-indices, memory)"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     obs_indices: tuple[int, ...] | None = None
-    """the entries of the observation the agent sees; by default CartPole-v1's positions (0 2) on CartPole-v1, every
-    entry on any other env; `--obs-indices` with no value keeps them all"""
+    """the entries of the observation the agent sees; by default CartPole-v1's positions (0 2) on
+    CartPole-v1, every entry on any other env; `--obs-indices` with no value keeps them all"""
     memory: bool = True
-    """carry the LSTM state from step to step; `--no-memory` resets it at every step (a feedforward baseline)"""
+    """carry the LSTM state from step to step; `--no-memory` resets it at every step (a feedforward
+    baseline)"""
     total_timesteps: int = 200_000
     """total environment steps of the experiment"""
     learning_rate: float = 1e-3
@@ -89,7 +96,8 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 2
-    """the number of minibatches each epoch splits the rollout into, by environment (whole sequences)"""
+    """the number of minibatches each epoch splits the rollout into, by environment (whole
+    sequences)"""
     update_epochs: int = 10
     """the number of epochs (passes over the rollout) of each update"""
     norm_adv: bool = True
@@ -112,22 +120,31 @@ def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
         # only with video: some envs (POPGym's) take no render_mode argument
         env = gym.make(env_id) if video_dir is None else gym.make(env_id, render_mode="rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         if obs_indices:  # keep only these entries (e.g. CartPole's positions, not its velocities)
             space, keep = env.observation_space, list(obs_indices)
             if not all(-space.shape[0] <= i < space.shape[0] for i in keep):
-                fail(f"--obs-indices {' '.join(map(str, keep))}: the observation has {space.shape[0]} entries")
+                fail(
+                    f"--obs-indices {' '.join(map(str, keep))}: the observation has "
+                    f"{space.shape[0]} entries"
+                )
             visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
-        # normalized by running statistics, as in CleanRL's continuous PPO: the hidden task's inputs are small (a pole
-        # angle within 0.21 rad), and unnormalized, 150k steps learned nothing
+        # normalized by running statistics, as in CleanRL's continuous PPO: the hidden task's inputs
+        # are small (a pole angle within 0.21 rad), and unnormalized, 150k steps learned nothing
         env = gym.wrappers.NormalizeObservation(env)
-        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+        )
         env.action_space.seed(seed)
         return env
 
@@ -141,8 +158,9 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """A 64-unit torso, an LSTM cell of `hidden_size` units and policy and value heads on its output. Sequences are
-    time-major: observations [T, B, n_obs], done flags [T, B], the LSTM state (h, c) [B, hidden_size] each."""
+    """A 64-unit torso, an LSTM cell of `hidden_size` units and policy and value heads on its
+    output. Sequences are time-major: observations [T, B, n_obs], done flags [T, B], the LSTM
+    state (h, c) [B, hidden_size] each."""
 
     def __init__(self, n_obs, n_act, hidden_size=128, device=None):
         super().__init__()
@@ -157,9 +175,9 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(hidden_size, 1, device=device), std=1)
 
     def get_states(self, x, lstm_state, done):
-        """The LSTM's outputs [T, B, hidden_size] over the sequence `x` and its state after the last step.
-        `done[t]` is 1 where `x[t]` is the first observation of an episode: the state is zeroed there, so nothing
-        of the previous episode leaks into the new one."""
+        """The LSTM's outputs [T, B, hidden_size] over the sequence `x` and its state after the last
+        step. `done[t]` is 1 where `x[t]` is the first observation of an episode: the state is
+        zeroed there, so nothing of the previous episode leaks into the new one."""
         hidden = self.network(x)
         h, c = lstm_state
         new_hidden = []
@@ -183,23 +201,28 @@ class Agent(nn.Module):
 
 
 def observed_indices(env_id, obs_indices):
-    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's positions (0 2) on
-    CartPole-v1 (its velocities hidden) and every entry on any other env (the empty tuple: all)."""
+    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's
+    positions (0 2) on CartPole-v1 (its velocities hidden) and every entry on any other env (the
+    empty tuple: all)."""
     if obs_indices is not None:
         return tuple(obs_indices)
     return (0, 2) if env_id == "CartPole-v1" else ()
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs and puts the
-    true final obs in `info["final_obs"]`; with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given). A bad id, an index outside the observation or a non-Discrete action space
-    exits with status 2."""
+    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs
+    and puts the true final obs in `info["final_obs"]`; with `video_dir`, the first env records
+    videos there (the first `video_episodes` episodes if given). A bad id, an index outside the
+    observation or a non-Discrete action space exits with status 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [make_env(env_id, seed + i, obs_indices, videos[i], video_episodes) for i in range(num_envs)]
+        thunks = [
+            make_env(env_id, seed + i, obs_indices, videos[i], video_episodes)
+            for i in range(num_envs)
+        ]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         space = type(envs.single_action_space).__name__
@@ -208,9 +231,14 @@ def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episode
 
 
 def obs_rms_of(envs):
-    """The first env's observation normalization statistics, as tensors (what a saved model needs to act)."""
+    """The first env's observation normalization statistics, as tensors (what a saved model needs to
+    act)."""
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    return {"mean": torch.tensor(rms.mean), "var": torch.tensor(rms.var), "count": torch.tensor(float(rms.count))}
+    return {
+        "mean": torch.tensor(rms.mean),
+        "var": torch.tensor(rms.var),
+        "count": torch.tensor(float(rms.count)),
+    }
 
 
 def freeze_obs_rms(envs, stats):
@@ -224,14 +252,20 @@ def freeze_obs_rms(envs, stats):
 
 
 def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    """The returns of every episode that ended on this step (several envs can finish on the same
+    step)."""
     final_info = infos.get("final_info", {})
-    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+    return (
+        final_info["episode"]["r"][final_info["_episode"]].tolist()
+        if "episode" in final_info
+        else []
+    )
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -239,19 +273,21 @@ def true_next_obs(next_obs, infos):
 
 
 def episode_starts(terminations, truncations, memory):
-    """The reset flags of the next observations: 1 where an episode ended, so the next one starts afresh; 1
-    everywhere without `memory` (the state is then zeroed at every step: a feedforward policy)."""
+    """The reset flags of the next observations: 1 where an episode ended, so the next one starts
+    afresh; 1 everywhere without `memory` (the state is then zeroed at every step: a feedforward
+    policy)."""
     dones = np.logical_or(terminations, truncations)
     return dones if memory else np.ones_like(dones)
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs] like every input
-    but `next_value` [num_envs], the value after the last step. `final_values[t]` is the value of the true final
-    observation of an episode truncated at step t."""
+    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs]
+    like every input but `next_value` [num_envs], the value after the last step.
+    `final_values[t]` is the value of the true final observation of an episode truncated at step
+    t."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's inside an episode; at its end, the true final
-    # observation's if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's inside an episode; at its end, the true
+    # final observation's if it was cut off and 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -265,8 +301,9 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 
 def make_update(agent, optimizer, args):
-    """One clipped-surrogate gradient step on a minibatch of whole sequences (a dict of [num_steps, envs] tensors)
-    replayed from the LSTM state `lstm_state` the rollout started with; returns its statistics."""
+    """One clipped-surrogate gradient step on a minibatch of whole sequences (a dict of [num_steps,
+    envs] tensors) replayed from the LSTM state `lstm_state` the rollout started with; returns its
+    statistics."""
 
     def loss_fn(mb, lstm_state):
         _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
@@ -294,7 +331,9 @@ def make_update(agent, optimizer, args):
         newvalue = newvalue.squeeze(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
-            v_clipped = mb["values"] + torch.clamp(newvalue - mb["values"], -args.clip_coef, args.clip_coef)
+            v_clipped = mb["values"] + torch.clamp(
+                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+            )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
@@ -302,7 +341,9 @@ def make_update(agent, optimizer, args):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+        return loss, torch.stack(
+            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        ).detach()
 
     def update(mb, lstm_state):
         optimizer.zero_grad()
@@ -316,7 +357,8 @@ def make_update(agent, optimizer, args):
 
 
 def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs them."""
+    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
+    them."""
     agent = Agent(n_obs, n_act, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     update = make_update(agent, optimizer, args)
@@ -325,14 +367,23 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    args.obs_indices = observed_indices(args.env_id, args.obs_indices)  # None: the env's default, resolved once
+    # None: the env's default, resolved once
+    args.obs_indices = observed_indices(args.env_id, args.obs_indices)
     run = Run(args, "ppo_lstm")  # seeds, run folder, wandb, signals: at the end of the file
     # with --eval-model no training episode is played, and none is recorded
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, None if args.eval_model else run.videos)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        args.seed,
+        args.obs_indices,
+        None if args.eval_model else run.videos,
+    )
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, int(envs.single_action_space.n), device)
+    agent, optimizer, (policy, get_value, update) = make_learner(
+        args, n_obs, int(envs.single_action_space.n), device
+    )
     if run.saved_model is not None:
         agent.load_state_dict(run.saved_model["agent"])
         freeze_obs_rms(envs, run.saved_model["obs_rms"])  # the normalization it was trained with
@@ -347,16 +398,20 @@ def main(args):
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
-    # dones[t] = 1: obs[t] starts an episode, the LSTM state is zeroed before it (always, under --no-memory)
+    # dones[t] = 1: obs[t] starts an episode, the LSTM state is zeroed before it (always, under
+    # --no-memory)
     next_done = torch.full((args.num_envs,), 0.0 if args.memory else 1.0, device=device)
     next_lstm_state = (
         torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
         torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
     )
-    # a true final observation continues its episode: no reset before it (but always one under --no-memory)
+    # a true final observation continues its episode: no reset before it (but always one under
+    # --no-memory)
     final_done = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)
     envs_per_batch = args.num_envs // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
+    num_iterations = (
+        0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
+    )
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
@@ -375,7 +430,9 @@ def main(args):
 
             # ALGO LOGIC: action logic, a sequence of one step
             with torch.no_grad():
-                action, logprob, _, value, next_lstm_state = policy(next_obs[None], next_lstm_state, next_done[None])
+                action, logprob, _, value, next_lstm_state = policy(
+                    next_obs[None], next_lstm_state, next_done[None]
+                )
             rollout["values"][step] = value.flatten()
             rollout["actions"][step] = action[0]
             rollout["logprobs"][step] = logprob[0]
@@ -383,13 +440,22 @@ def main(args):
             next_obs, reward, terminations, truncations, infos = envs.step(action[0].cpu().numpy())
             run.log_episodes(global_step, finished_episodes(infos))
             rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(terminations, device=device, dtype=torch.float)
-            rollout["truncations"][step] = torch.as_tensor(truncations, device=device, dtype=torch.float)
+            rollout["terminations"][step] = torch.as_tensor(
+                terminations, device=device, dtype=torch.float
+            )
+            rollout["truncations"][step] = torch.as_tensor(
+                truncations, device=device, dtype=torch.float
+            )
             if truncations.any():
-                # the value of the state each truncated episode was cut at, seen with that episode's memory
-                final_obs = torch.as_tensor(true_next_obs(next_obs, infos), device=device, dtype=torch.float)
+                # the value of the state each truncated episode was cut at, seen with that episode's
+                # memory
+                final_obs = torch.as_tensor(
+                    true_next_obs(next_obs, infos), device=device, dtype=torch.float
+                )
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs[None], next_lstm_state, final_done).flatten()
+                    rollout["final_values"][step] = get_value(
+                        final_obs[None], next_lstm_state, final_done
+                    ).flatten()
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
             next_done = episode_starts(terminations, truncations, args.memory)
             next_done = torch.as_tensor(next_done, device=device, dtype=torch.float)
@@ -412,7 +478,8 @@ def main(args):
             for mb_envs in b_envs:
                 mb_lstm_state = (initial_lstm_state[0][mb_envs], initial_lstm_state[1][mb_envs])
                 stats = update({key: value[:, mb_envs] for key, value in b.items()}, mb_lstm_state)
-            if args.target_kl is not None and stats[4] > args.target_kl:  # host sync, once per epoch
+            # host sync, once per epoch
+            if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
@@ -426,23 +493,29 @@ def main(args):
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
             break
 
-    obs_rms = obs_rms_of(envs)  # the normalization the agent was trained with: saved with it, frozen to evaluate
+    # the normalization the agent was trained with: saved with it, frozen to evaluate
+    obs_rms = obs_rms_of(envs)
     envs.close()
 
     def evaluate_agent(episodes, videos):  # the most likely action, the LSTM state carried
         eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
         freeze_obs_rms(eval_envs, obs_rms)
-        zeros = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2  # (h, c) of one env, never written
+        # (h, c) of one env, never written
+        zeros = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2
         return evaluate(agent, eval_envs, episodes, args.seed, zeros, args.memory, device)
 
     run.finish(
-        device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, obs_indices=list(args.obs_indices)
+        device,
+        {"agent": agent.state_dict(), "obs_rms": obs_rms},
+        evaluate_agent,
+        obs_indices=list(args.obs_indices),
     )
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -453,52 +526,82 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "learning_rate",
+    )
     for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_steps * args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x --num-envs)")
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
+            "--num-envs)"
+        )
     if args.num_envs % args.num_minibatches != 0:
-        fail(f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}")
+        fail(
+            f"--num-envs {args.num_envs} is not divisible by --num-minibatches "
+            f"{args.num_minibatches}"
+        )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -509,23 +612,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -548,7 +664,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -566,33 +685,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -600,8 +735,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -612,8 +747,9 @@ class Run:
 
 
 def evaluate(agent, envs, episodes, seed, state, memory, device):
-    """The returns of `episodes` episodes on `envs` (one env, closed after) by `agent`'s most likely action, its state
-    (`state`: zeros) carried from step to step and zeroed when an episode starts (at every step without `memory`)."""
+    """The returns of `episodes` episodes on `envs` (one env, closed after) by `agent`'s most likely
+    action, its state (`state`: zeros) carried from step to step and zeroed when an episode starts
+    (at every step without `memory`)."""
     obs, _ = envs.reset(seed=seed)
     done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
     returns = []

@@ -1,9 +1,12 @@
-"""Soft Actor-Critic for continuous actions, `--num-seeds N` independent runs trained as one vmapped program.
+"""Soft Actor-Critic for continuous actions, `--num-seeds N` independent runs trained as one vmapped
+program.
 
-Paper: https://arxiv.org/abs/1812.05905. Defaults are CleanRL's but the env: HalfCheetah-v4, 1M steps per member.
+Paper: https://arxiv.org/abs/1812.05905. Defaults are CleanRL's but the env: HalfCheetah-v4, 1M
+steps per member.
 
-    python leanrl/sac_continuous_action_seeds.py                                  # 8 members (seeds 1..8), compiled
-    python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 --total-timesteps 10000
+    python leanrl/sac_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
+    python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
+        --total-timesteps 10000
 
 Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed
 seed+k*num_envs` (weights, env seeds) and its own targets, alpha, Adam state and buffer. Parameters,
@@ -59,13 +62,16 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at the end"""
+    """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at
+    the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with each member's policy and report their mean returns (0: none)"""
+    """after training, play this many episodes with each member's policy and report their mean
+    returns (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file as every member for --eval-episodes episodes instead of training"""
+    """instead of training, play this saved .pt file as every member for --eval-episodes"""
     measure_burnin: int = 3
     """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
 
@@ -90,18 +96,20 @@ class Args:
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): every `policy_frequency` steps, `policy_frequency` updates"""
+    """the frequency of training policy (delayed): every `policy_frequency` steps,
+    `policy_frequency` updates"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """entropy regularization coefficient, when not autotuned (autotuning starts at 1, as CleanRL's)"""
+    """the entropy coefficient when not autotuned (autotuning starts it at 1, as CleanRL)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = True
     """compile acting and each update as one graph; --no-compile runs the same functions eagerly"""
     cudagraphs: bool = False
-    """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA device"""
+    """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA
+    device"""
     threads: int | None = None
     """torch's intra-op threads (default 1; 2 pays on an idle machine), as the CPU script"""
 
@@ -109,10 +117,14 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -128,9 +140,13 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
     try:
         videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
         env_seeds = [seed + k * num_envs + i for k in range(num_seeds) for i in range(num_envs)]
-        thunks = [make_env(env_id, env_seed, video, video_episodes) for env_seed, video in zip(env_seeds, videos)]
+        thunks = [
+            make_env(env_id, env_seed, video, video_episodes)
+            for env_seed, video in zip(env_seeds, videos)
+        ]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
@@ -140,17 +156,25 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
 
 
 def finished_episodes(infos, num_seeds):
-    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that ended on this step."""
+    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that
+    ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
-    returns, ended = final_info["episode"]["r"].reshape(num_seeds, -1), final_info["_episode"].reshape(num_seeds, -1)
-    return [member_returns[member_ended].tolist() for member_returns, member_ended in zip(returns, ended)]
+    returns, ended = (
+        final_info["episode"]["r"].reshape(num_seeds, -1),
+        final_info["_episode"].reshape(num_seeds, -1),
+    )
+    return [
+        member_returns[member_ended].tolist()
+        for member_returns, member_ended in zip(returns, ended)
+    ]
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -193,7 +217,8 @@ class Actor(nn.Module):
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
         log_std = torch.tanh(self.fc_logstd(x))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
+        # from SpinUp / Denis Yarats
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
         return mean, log_std
 
     def get_action(self, obs):
@@ -202,9 +227,11 @@ class Actor(nn.Module):
 
 
 def sample_action(mean, log_std, action_scale, action_bias):
-    """A squashed Gaussian action, its log-probability and the squashed mean: `Actor.get_action` and the updates'."""
+    """A squashed Gaussian action, its log-probability and the squashed mean: `Actor.get_action` and
+    the updates'."""
     std = log_std.exp()
-    # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per call
+    # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per
+    # call
     noise = torch.randn_like(mean)
     x_t = mean + std * noise  # reparameterization trick
     y_t = torch.tanh(x_t)
@@ -218,19 +245,26 @@ def sample_action(mean, log_std, action_scale, action_bias):
 
 
 class ReplayBuffer:
-    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] written through numpy views
-    (cheaper than torch writes), one cursor for all; `sample` draws uniformly, each member from its own, to `device`."""
+    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...] written
+    through numpy views (cheaper than torch writes), one cursor for all; `sample` draws uniformly,
+    each member from its own, to `device`."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        # the members' buffers end to end, and where each one starts: one index_select per field samples them all
-        self.flat = {key: torch.zeros(num_seeds * buffer_size, *shape) for key, shape in shapes.items()}
+        # the members' buffers end to end, and where each one starts: one index_select per field
+        # samples them all
+        self.flat = {
+            key: torch.zeros(num_seeds * buffer_size, *shape) for key, shape in shapes.items()
+        }
         self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
-        self.views = {key: column.unflatten(0, (num_seeds, -1)).numpy() for key, column in self.flat.items()}
+        self.views = {
+            key: column.unflatten(0, (num_seeds, -1)).numpy() for key, column in self.flat.items()
+        }
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
-        """Write one vector step's transitions: the env's arrays and the actions, member k's envs the k-th slice."""
+        """Write one vector step's transitions: the env's arrays and the actions, member k's envs
+        the k-th slice."""
         n = len(transition["obs"]) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
@@ -239,14 +273,20 @@ class ReplayBuffer:
         self.size = min(self.size + n, self.buffer_size)
 
     def sample(self, batch_size):
-        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()  # [member, batch]
+        # [member, batch]
+        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()
         shape = (len(self.starts), batch_size)
-        return {key: col.index_select(0, idx).unflatten(0, shape).to(self.device) for key, col in self.flat.items()}
+        return {
+            key: col.index_select(0, idx).unflatten(0, shape).to(self.device)
+            for key, col in self.flat.items()
+        }
 
 
 def make_ensemble_qf(n_obs, n_act):
-    """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in `params`, by vmap."""
-    qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a weightless shell: `params` are swapped in at each call
+    """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in
+    `params`, by vmap."""
+    # a weightless shell: `params` are swapped in at each call
+    qnet = SoftQNetwork(n_obs, n_act, device="meta")
 
     def qf(params, obs, actions):
         return functional_call(qnet, params, (obs, actions))
@@ -255,17 +295,22 @@ def make_ensemble_qf(n_obs, n_act):
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the update's graph."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place, in the
+    update's graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
-        self.beta1_power, self.beta2_power = (next(iter(params.values())).new_ones(()) for _ in range(2))
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
+        # a power of a step-count tensor into the CPU update kernel, once per vector of every
+        # parameter: 2-3x slower steps
+        self.beta1_power, self.beta2_power = (
+            next(iter(params.values())).new_ones(()) for _ in range(2)
+        )
 
-    def step(self, grads):  # elementwise: on parameters stacked over members, each member's own step
+    # elementwise: on parameters stacked over members, each member's own step
+    def step(self, grads):
         beta1, beta2 = self.betas
         self.beta1_power.mul_(beta1)
         self.beta2_power.mul_(beta2)
@@ -278,14 +323,21 @@ class Adam:
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
 
-def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy):
-    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on parameters stacked on a
-    seeds axis, updated in place: each member's loss and gradients are vmapped, Adam steps the stacks. `actor`: a shell
-    whose buffers (the action bounds) serve every member. Returns the functions and the optimizers."""
+def make_functional_updates(
+    actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy
+):
+    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on
+    parameters stacked on a seeds axis, updated in place: each member's loss and gradients are
+    vmapped, Adam steps the stacks. `actor`: a shell whose buffers (the action bounds) serve every
+    member. Returns the functions and the optimizers."""
     q_params = dict(qnet_params.flatten_keys(".").items())
     q_target = dict(qnet_target.flatten_keys(".").items())
     alpha_params = {"log_alpha": log_alpha}
-    optimizers = (Adam(q_params, args.q_lr), Adam(actor_params, args.policy_lr), Adam(alpha_params, args.q_lr))
+    optimizers = (
+        Adam(q_params, args.q_lr),
+        Adam(actor_params, args.policy_lr),
+        Adam(alpha_params, args.q_lr),
+    )
     q_optimizer, actor_optimizer, a_optimizer = optimizers
     ensemble_qf = make_ensemble_qf(actor.fc1.in_features, actor.fc_mean.out_features)
 
@@ -293,7 +345,8 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
         mean, log_std = functional_call(actor, actor_params, (obs,))
         return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
 
-    def policy(obs):  # every member's envs at once: [num_seeds, num_envs, n_obs] (no gradients: plain tensors)
+    # every member's envs at once: [num_seeds, num_envs, n_obs] (no gradients: plain tensors)
+    def policy(obs):
         return vmap(get_action, randomness="different")(actor_params, obs)
 
     def qf_loss_fn(q_params, actor_params, q_target, alpha, data):  # one member's
@@ -301,7 +354,9 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
             next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+            next_q_value = data["rewards"] + (
+                1 - data["terminations"]
+            ) * args.gamma * min_qf_next_target.view(-1)
         qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
         # the sum of both networks' mean squared errors, as in the eager twin
         return (qf_a_values - next_q_value).pow(2).mean(1).sum()
@@ -334,84 +389,127 @@ def make_functional_updates(actor, qnet_params, qnet_target, actor_params, log_a
         return actor_loss, alpha_loss
 
     def update_targets():
-        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at once
+        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at
+        # once
         qnet_target.lerp_(qnet_params, args.tau)
 
     return (policy, update_critic, update_actor, update_targets), optimizers
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
-    """SAC's networks, optimizers and steps for the members `seeds`, stacked on `device`, as `main` runs them; member k
-    starts from the weights the single-seed script draws with `--seed seeds[k]`. `alpha`: one per member, in place."""
+    """SAC's networks, optimizers and steps for the members `seeds`, stacked on `device`, as `main`
+    runs them; member k starts from the weights the single-seed script draws with `--seed seeds[k]`.
+    `alpha`: one per member, in place."""
     actors, qnets = [], []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
             torch.manual_seed(seed)
             actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
-            qf1, qf2 = SoftQNetwork(n_obs, n_act, device=device), SoftQNetwork(n_obs, n_act, device=device)
+            qf1, qf2 = (
+                SoftQNetwork(n_obs, n_act, device=device),
+                SoftQNetwork(n_obs, n_act, device=device),
+            )
             qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
     actor_params = {name: param.detach() for name, param in stack_module_state(actors)[0].items()}
     qnet_params = torch.stack(qnets).detach()  # [num_seeds, 2]: the seeds axis first
 
     # automatic entropy tuning starts at alpha = 1
-    log_alpha = torch.full((len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device)
+    log_alpha = torch.full(
+        (len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device
+    )
     alpha = log_alpha.exp()
-    functions, optimizers = make_functional_updates(  # member 0's actor is the shell: its parameters are never read
-        actors[0], qnet_params, qnet_params.clone(), actor_params, log_alpha, alpha, args, target_entropy=-float(n_act)
+    # member 0's actor is the shell: its parameters are never read
+    functions, optimizers = make_functional_updates(
+        actors[0],
+        qnet_params,
+        qnet_params.clone(),
+        actor_params,
+        log_alpha,
+        alpha,
+        args,
+        target_entropy=-float(n_act),
     )
     return actors[0], actor_params, alpha, optimizers, functions
 
 
 def main(args):
     check_args(args)
-    probe = make_envs(args.env_id, 1, args.seed, 1)  # one env first: its id, spaces and sizes, before N members' envs
-    n_obs, n_act = (int(np.prod(space.shape)) for space in (probe.single_observation_space, probe.single_action_space))
+    # one env first: its id, spaces and sizes, before N members' envs
+    probe = make_envs(args.env_id, 1, args.seed, 1)
+    n_obs, n_act = (
+        int(np.prod(space.shape))
+        for space in (probe.single_observation_space, probe.single_action_space)
+    )
     action_low, action_high = probe.single_action_space.low, probe.single_action_space.high
     probe.close()
-    check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")  # float32 columns
-    run = Run(args, "sac_continuous_action_seeds")  # seeds, run folder, wandb, signals: see the file's end
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, None if args.eval_model else run.videos)
+    # float32 columns
+    check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
+    # seeds, run folder, wandb, signals: see the file's end
+    run = Run(args, "sac_continuous_action_seeds")
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        args.seed,
+        args.num_seeds,
+        None if args.eval_model else run.videos,
+    )
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle CPU, but a thread
-    # pool that loses a core to other work waits for it at every op
+    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle
+    # CPU, but a thread pool that loses a core to other work waits for it at every op
     torch.set_num_threads(args.threads or 1)
 
     learner = make_learner(args, n_obs, n_act, action_low, action_high, run.seeds, device)
     actor, actor_params, alpha, _, (policy, update_critic, update_actor, update_targets) = learner
-    for name, param in actor_params.items() if run.saved_model else ():  # --eval-model: the saved actor as every member
+    # --eval-model: the saved actor as every member
+    for name, param in actor_params.items() if run.saved_model else ():
         param.copy_(run.saved_model[name])
     if args.compile:
         policy = torch.compile(policy, fullgraph=True)
         update_critic = torch.compile(update_critic, fullgraph=True)
         update_actor = torch.compile(update_actor, fullgraph=True)
-    if args.cudagraphs:  # the first calls run as they are (compiled: one call more), the next records, later replay
+    # the first calls run as they are (compiled: one call more), the next records, later replay
+    if args.cudagraphs:
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update_critic = CudaGraphModule(update_critic, warmup=3 if args.compile else 2)
         update_actor = CudaGraphModule(update_actor, warmup=3 if args.compile else 2)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
-    obs, _ = envs.reset(seed=[seed + i for seed in run.seeds for i in range(args.num_envs)])  # as make_envs seeds them
+    # as make_envs seeds them
+    obs, _ = envs.reset(seed=[seed + i for seed in run.seeds for i in range(args.num_envs)])
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
-    losses = {}  # the latest of each, every member's; the actor's exist from its first (delayed) update
+    # the latest of each, every member's; the actor's exist from its first (delayed) update
+    losses = {}
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            run.measure_start, run.measure_step = time.time(), global_step  # sps counts from here, past compiling
+            # sps counts from here, past compiling
+            run.measure_start, run.measure_step = time.time(), global_step
 
         # ALGO LOGIC: put action logic here
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(args.num_seeds, args.num_envs, -1)
-            actions = policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)  # member k's envs: the k-th slice
+            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(
+                args.num_seeds, args.num_envs, -1
+            )
+            # member k's envs: the k-th slice
+            actions = policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
+        rb.add(
+            dict(
+                obs=obs,
+                next_obs=real_next_obs,
+                actions=actions,
+                rewards=rewards,
+                terminations=terminations,
+            )
+        )
 
         # CRUCIAL step easy to overlook
         obs = next_obs
@@ -435,22 +533,33 @@ def main(args):
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
-    # each member's actor as a single-seed actor's state dict (copies: a view would save the whole stack)
+    # each member's actor as a single-seed actor's state dict (copies: a view would save the whole
+    # stack)
     buffers = dict(actor.named_buffers())
-    models = [{name: p[k].clone() for name, p in actor_params.items()} | buffers for k in range(args.num_seeds)]
+    models = [
+        {name: p[k].clone() for name, p in actor_params.items()} | buffers
+        for k in range(args.num_seeds)
+    ]
 
     def evaluate_actor(member, episodes, videos):  # member `member`'s mean action, squashed
         member_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
         member_actor.load_state_dict(models[member])
         eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
-        return evaluate(lambda obs: member_actor.get_action(obs)[2], eval_envs, episodes, run.seeds[member], device)
+        return evaluate(
+            lambda obs: member_actor.get_action(obs)[2],
+            eval_envs,
+            episodes,
+            run.seeds[member],
+            device,
+        )
 
     envs.close()
     run.finish(device, models, evaluate_actor)
 
 
-# ======================================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results, wandb, Ctrl-C.
+# ==================================================================================================
+# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results,
+# wandb, Ctrl-C.
 
 
 def fail(message):
@@ -460,14 +569,26 @@ def fail(message):
 
 
 def check_args(args):
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
         fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
-    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
+    sizes = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "policy_frequency",
+        "target_network_frequency",
+    )
     for flag in ("num_seeds", *sizes, "policy_lr", "q_lr", "threads"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --threads None: the default rule
+        # --threads None: the default rule
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
@@ -480,41 +601,60 @@ def check_args(args):
 
 
 def check_memory(args, per_member, what):  # per_member: one member's bytes
-    need, memory = args.num_seeds * per_member / 2**30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
+    need, memory = (
+        args.num_seeds * per_member / 2**30,
+        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30,
+    )
     if need > memory:
-        fail(f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+        fail(
+            f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine "
+            f"has {memory:.1f} GiB"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded; starts wandb; catches
-    Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its curve
-    `curves[k]`; `diverged[k]` records where member k's loss or weights first turned non-finite."""
+    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded;
+    starts wandb; catches Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns
+    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where member k's loss or
+    weights first turned non-finite."""
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         # member k is the single-seed script with seed `seeds[k]`, its envs seeded from there on
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.args, self.script, self.diverged = args, script, {}
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
-        self.wandb = wandb = __import__("wandb") if args.track else None  # imported with --track only
+        # imported with --track only
+        self.wandb = wandb = __import__("wandb") if args.track else None
         if wandb:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -525,7 +665,10 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
         if trained.get("env_id") != self.args.env_id:  # what a policy acts on
@@ -533,22 +676,36 @@ class Run:
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
-    def sps(self, global_step, now=None):  # all members' env steps per second (`global_step` counts one member's)
+    # all members' env steps per second (`global_step` counts one member's)
+    def sps(self, global_step, now=None):
         if self.measure_start:  # else None: the clock has not started
-            return len(self.seeds) * (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+            return (
+                len(self.seeds)
+                * (global_step - self.measure_step)
+                / ((now or time.time()) - self.measure_start)
+            )
 
-    def log_episodes(self, global_step, member_returns):  # member k's returns of the episodes ended on this step
-        for seed, returns, curve, episode_returns in zip(self.seeds, self.returns, self.curves, member_returns):
+    # member k's returns of the episodes ended on this step
+    def log_episodes(self, global_step, member_returns):
+        for seed, returns, curve, episode_returns in zip(
+            self.seeds, self.returns, self.curves, member_returns
+        ):
             for r in episode_returns:  # a diverged policy's nan: in its curve only, a string
                 returns.extend([r] if np.isfinite(r) else [])
                 value = r if np.isfinite(r) else str(r)
@@ -566,7 +723,10 @@ class Run:
                 self.diverge(k, global_step, name, row[k])
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
-        pbar.set_description(f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}", refresh=False)
+        pbar.set_description(
+            f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}",
+            refresh=False,
+        )
         if self.wandb:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
@@ -599,15 +759,33 @@ class Run:
         paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
         model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
         for seed, model, path in [saved for saved in zip(seeds, models, model_files) if saved[2]]:
-            torch.save({"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}, path + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model},
+                path + ".tmp",
+            )
             os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
         kept_means, wall_s = [m for m, ok in zip(means, kept) if ok], end_time - self.start_time
-        summary = {flag: vars(args)[flag] for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")}
-        summary |= dict(script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s)
-        summary |= dict(total_timesteps=self.steps, torch_version=torch.__version__, threads=torch.get_num_threads())
-        summary |= dict(sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s)
-        summary |= dict(episodes=sum(map(len, self.curves)), return_means=means, interrupted=self.stop_signal > 0)
+        summary = {
+            flag: vars(args)[flag]
+            for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")
+        }
+        summary |= dict(
+            script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s
+        )
+        summary |= dict(
+            total_timesteps=self.steps,
+            torch_version=torch.__version__,
+            threads=torch.get_num_threads(),
+        )
+        summary |= dict(
+            sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s
+        )
+        summary |= dict(
+            episodes=sum(map(len, self.curves)),
+            return_means=means,
+            interrupted=self.stop_signal > 0,
+        )
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
         diverged = [self.diverged[k] for k in sorted(self.diverged)]
         summary |= dict(return_mean=return_mean, diverged=diverged)
@@ -627,7 +805,8 @@ class Run:
         if not any(kept):
             sys.exit(3)  # every member diverged
         if self.stop_signal:
-            sys.exit(128 + self.stop_signal)  # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+            # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
+            sys.exit(128 + self.stop_signal)
 
     def write_summary(self, summary):  # summary.json, atomically: a reader never sees half a file
         path = os.path.join(self.dir, "summary.json")
@@ -638,7 +817,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

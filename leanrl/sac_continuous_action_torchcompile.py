@@ -2,17 +2,21 @@
 
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
-    python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # the benchmark run, on a CUDA GPU
-    python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 --total-timesteps 10000
+    # the benchmark run, on a CUDA GPU
+    python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs
+    python leanrl/sac_continuous_action_torchcompile.py --compile --env-id Pendulum-v1 \
+        --total-timesteps 10000
 
-On a CPU, run sac_continuous_action_cpu.py (each update compiled whole, acting in numpy). Here the eager twin's
-algorithm, defaults and loop have their data flow rewritten for a GPU:
+On a CPU, run sac_continuous_action_cpu.py (each update compiled whole, acting in numpy). Here the
+eager twin's algorithm, defaults and loop have their data flow rewritten for a GPU:
 - the replay buffer is one TensorDict on the device: adding or sampling is one indexing call;
-- the Q-networks' parameters are stacked (`from_modules`) and run with `torch.vmap`: one batched matmul per layer,
-  one `lerp_` for the targets; the Gaussian is written out (`torch.distributions.Normal` checks its arguments, a
-  host sync); acting uses a copy of the actor that shares its weights but carries no autograd state;
-- `--compile` wraps acting and both updates in `torch.compile`; `--cudagraphs` records them as CUDA graphs
-  (tensordict's `CudaGraphModule`), replayed with one launch each (it needs a CUDA device, else exits 2).
+- the Q-networks' parameters are stacked (`from_modules`) and run with `torch.vmap`: one batched
+  matmul per layer, one `lerp_` for the targets; the Gaussian is written out
+  (`torch.distributions.Normal` checks its arguments, a host sync); acting uses a copy of the actor
+  that shares its weights but carries no autograd state;
+- `--compile` wraps acting and both updates in `torch.compile`; `--cudagraphs` records them as CUDA
+  graphs (tensordict's `CudaGraphModule`), replayed with one launch each (it needs a CUDA device,
+  else exits 2).
 """
 
 import json
@@ -54,11 +58,14 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many episodes with the trained policy and report their mean return
+    (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -85,16 +92,18 @@ class Args:
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): every `policy_frequency` steps, `policy_frequency` updates"""
+    """the frequency of training policy (delayed): every `policy_frequency` steps,
+    `policy_frequency` updates"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """entropy regularization coefficient, when not autotuned (autotuning starts at 1, as CleanRL's)"""
+    """the entropy coefficient when not autotuned (autotuning starts it at 1, as CleanRL)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = False
-    """compile the acting policy and the updates (on a CPU, sac_continuous_action_cpu.py is the fast path)"""
+    """compile the acting policy and the updates (on a CPU, sac_continuous_action_cpu.py is the fast
+    path)"""
     cudagraphs: bool = False
     """record the acting policy and the updates as CUDA graphs (needs a CUDA device)"""
 
@@ -102,10 +111,14 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -114,13 +127,15 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
-    the first env records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
+    obs in `infos`); the first env records videos to `video_dir`, if given. A bad id, or actions not
+    in a bounded Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
@@ -130,14 +145,20 @@ def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
 
 
 def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    """The returns of every episode that ended on this step (several envs can finish on the same
+    step)."""
     final_info = infos.get("final_info", {})
-    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+    return (
+        final_info["episode"]["r"][final_info["_episode"]].tolist()
+        if "episode" in final_info
+        else []
+    )
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -180,13 +201,15 @@ class Actor(nn.Module):
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
         log_std = torch.tanh(self.fc_logstd(x))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
+        # from SpinUp / Denis Yarats
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
         return mean, log_std
 
     def get_action(self, obs):
         mean, log_std = self(obs)
         std = log_std.exp()
-        # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per call
+        # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync
+        # per call
         noise = torch.randn_like(mean)
         x_t = mean + std * noise  # reparameterization trick
         y_t = torch.tanh(x_t)
@@ -200,11 +223,14 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement."""
+    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with
+    replacement."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()}
+        storage = {
+            key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()
+        }
         self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
@@ -212,7 +238,9 @@ class ReplayBuffer:
         """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
         n = len(transition["obs"])
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        transition = {key: torch.as_tensor(value, dtype=torch.float) for key, value in transition.items()}
+        transition = {
+            key: torch.as_tensor(value, dtype=torch.float) for key, value in transition.items()
+        }
         self.storage[idx] = TensorDict(transition, batch_size=[n], device=self.device)
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
@@ -223,8 +251,10 @@ class ReplayBuffer:
 
 
 def make_ensemble_qf(n_obs, n_act):
-    """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in `params`, by vmap."""
-    qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a weightless shell: `params` are swapped in at each call
+    """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in
+    `params`, by vmap."""
+    # a weightless shell: `params` are swapped in at each call
+    qnet = SoftQNetwork(n_obs, n_act, device="meta")
 
     def qf(params, obs, actions):
         with params.to_module(qnet):
@@ -233,10 +263,14 @@ def make_ensemble_qf(n_obs, n_act):
     return torch.vmap(qf, (0, None, None))
 
 
-def make_updates(actor, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy):
-    """The critic step, the actor (and entropy) step and the target update of SAC; `optimizers`: (q, actor, alpha)."""
+def make_updates(
+    actor, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy
+):
+    """The critic step, the actor (and entropy) step and the target update of SAC; `optimizers`: (q,
+    actor, alpha)."""
     q_optimizer, actor_optimizer, a_optimizer = optimizers
-    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a graph
+    # one shell for each parameter set: torch 2.13's compiler fails on two swaps into one shell in a
+    # graph
     ensemble_qf = make_ensemble_qf(actor.fc1.in_features, actor.fc_mean.out_features)
     ensemble_qf_target = make_ensemble_qf(actor.fc1.in_features, actor.fc_mean.out_features)
 
@@ -245,7 +279,9 @@ def make_updates(actor, qnet_params, qnet_target, log_alpha, alpha, optimizers, 
             next_actions, next_log_pi, _ = actor.get_action(data["next_obs"])
             qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+            next_q_value = data["rewards"] + (
+                1 - data["terminations"]
+            ) * args.gamma * min_qf_next_target.view(-1)
 
         qf_a_values = ensemble_qf(qnet_params, data["obs"], data["actions"]).view(2, -1)
         # the sum of both networks' mean squared errors, as in the eager twin
@@ -279,43 +315,56 @@ def make_updates(actor, qnet_params, qnet_target, log_alpha, alpha, optimizers, 
         return actor_loss.detach(), alpha_loss.detach()
 
     def update_targets():
-        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at once
+        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at
+        # once
         qnet_target.lerp_(qnet_params.data, args.tau)
 
     return update_critic, update_actor, update_targets
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """SAC's networks, optimizers and steps on `device`, as `main` runs them. Returns the actor, the entropy
-    coefficient `alpha` (changed in place), the optimizers and (policy, update_critic, update_actor, update_targets)."""
+    """SAC's networks, optimizers and steps on `device`, as `main` runs them. Returns the actor, the
+    entropy coefficient `alpha` (changed in place), the optimizers and (policy, update_critic,
+    update_actor, update_targets)."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
     qf1 = SoftQNetwork(n_obs, n_act, device=device)
     qf2 = SoftQNetwork(n_obs, n_act, device=device)
-    qnet_params = from_modules(qf1, qf2, as_module=True)  # both networks' parameters, stacked leaf by leaf
+    # both networks' parameters, stacked leaf by leaf
+    qnet_params = from_modules(qf1, qf2, as_module=True)
     qnet_target = qnet_params.data.clone()
-    # fused: one kernel for all parameters; capturable: torch records an optimizer's step in a CUDA graph only if it is
+    # fused: one kernel for all parameters; capturable: torch records an optimizer's step in a CUDA
+    # graph only if it is
     adam = dict(fused=True, capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, **adam)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, **adam)
 
     # automatic entropy tuning starts at alpha = 1
     target_entropy = -float(n_act)
-    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune)
+    log_alpha = torch.tensor(
+        0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune
+    )
     alpha = log_alpha.detach().exp()
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, **adam)
     optimizers = (q_optimizer, actor_optimizer, a_optimizer)
     update_critic, update_actor, update_targets = make_updates(
         actor, qnet_params, qnet_target, log_alpha, alpha, optimizers, args, target_entropy
     )
-    # acting reads the actor's weights through a copy that shares their memory but carries no autograd state
+    # acting reads the actor's weights through a copy that shares their memory but carries no
+    # autograd state
     actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
     from_module(actor).data.to_module(actor_detach)
-    return actor, alpha, optimizers, (actor_detach.get_action, update_critic, update_actor, update_targets)
+    return (
+        actor,
+        alpha,
+        optimizers,
+        (actor_detach.get_action, update_critic, update_actor, update_targets),
+    )
 
 
 def main(args):
     check_args(args)
-    run = Run(args, "sac_continuous_action_torchcompile")  # seeds, run folder, wandb, signals: see the file's end
+    # seeds, run folder, wandb, signals: see the file's end
+    run = Run(args, "sac_continuous_action_torchcompile")
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
@@ -331,7 +380,8 @@ def main(args):
         update_critic = torch.compile(update_critic)
         update_actor = torch.compile(update_actor)
     if args.cudagraphs:
-        # warm-up calls first (the optimizers create their state, a compiled function compiles for it), then capture
+        # warm-up calls first (the optimizers create their state, a compiled function compiles for
+        # it), then capture
         warmup = 3 if args.compile else 2
         policy = CudaGraphModule(policy, warmup=warmup)
         update_critic = CudaGraphModule(update_critic, warmup=warmup)
@@ -341,7 +391,8 @@ def main(args):
     obs, _ = envs.reset(seed=args.seed)
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
-    actor_loss = alpha_loss = torch.zeros((), device=device)  # logged before the first delayed policy update
+    # logged before the first delayed policy update
+    actor_loss = alpha_loss = torch.zeros((), device=device)
     pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
@@ -360,7 +411,15 @@ def main(args):
         run.log_episodes(global_step, finished_episodes(infos))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
+        rb.add(
+            dict(
+                obs=obs,
+                next_obs=real_next_obs,
+                actions=actions,
+                rewards=rewards,
+                terminations=terminations,
+            )
+        )
 
         # CRUCIAL step easy to overlook
         obs = next_obs
@@ -378,7 +437,9 @@ def main(args):
                 update_targets()
 
             if iteration % 100 == 0:
-                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss, alpha=alpha)
+                losses = dict(
+                    qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss, alpha=alpha
+                )
                 run.log_progress(pbar, global_step, losses)
 
         run.steps = global_step + args.num_envs
@@ -387,15 +448,18 @@ def main(args):
 
     def evaluate_actor(episodes, videos):  # the actor's mean action, squashed
         eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device)
+        return evaluate(
+            lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device
+        )
 
     envs.close()
     run.finish(device, actor.state_dict(), evaluate_actor)
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -406,12 +470,23 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency")
+    sizes = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "policy_frequency",
+        "target_network_frequency",
+    )
     for flag in (*sizes, "policy_lr", "q_lr"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -422,38 +497,54 @@ def check_args(args):
     if not args.autotune and args.alpha <= 0:
         fail(f"--alpha must be positive, got {args.alpha}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device and none is available (run without it, or with --compile)")
+        fail(
+            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
+            "--compile)"
+        )
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -464,23 +555,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -503,7 +607,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -521,33 +628,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -555,8 +678,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -567,7 +690,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

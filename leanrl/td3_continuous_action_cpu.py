@@ -1,19 +1,23 @@
-"""Twin Delayed DDPG (TD3) for continuous actions on a CPU, grown from td3_continuous_action_torchcompile.py.
+"""Twin Delayed DDPG (TD3) for continuous actions on a CPU, grown from
+td3_continuous_action_torchcompile.py.
 
-Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps); the default env is
-LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps);
+the default env is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
     python leanrl/td3_continuous_action_cpu.py                                   # the benchmark run
-    python leanrl/td3_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000
+    python leanrl/td3_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000 \
+        --learning-starts 1000
 
-The optimized twin's algorithm, defaults and loop, made fast on a CPU (`diff` against the twin shows how). It trains
-on the CPU whatever the machine has: no `--cuda`, no `--cudagraphs`. Each update, from the forward pass to the Adam
-step, compiles as one graph (`--no-compile` runs the same functions eagerly): it is written as a function of the
-parameters, `torch.func` gradients and Adam written out, since autograd's `backward` and an optimizer's `step` would
-split the graph. Acting runs in numpy on views of the actor's weights and the replay buffer is written through numpy
-views: at batch 1 a torch call costs more to dispatch than its arithmetic. Intra-op threads (`--threads`, `threads`
-in the SUMMARY): one by default. The critics' batch-256 matmuls gain from a second thread on an idle CPU (`--threads
-2`), but a thread pool that loses a core to other work stalls at every op (docs/performance.md).
+The optimized twin's algorithm, defaults and loop, made fast on a CPU (`diff` against the twin shows
+how). It trains on the CPU whatever the machine has: no `--cuda`, no `--cudagraphs`. Each update,
+from the forward pass to the Adam step, compiles as one graph (`--no-compile` runs the same
+functions eagerly): it is written as a function of the parameters, `torch.func` gradients and Adam
+written out, since autograd's `backward` and an optimizer's `step` would split the graph. Acting
+runs in numpy on views of the actor's weights and the replay buffer is written through numpy views:
+at batch 1 a torch call costs more to dispatch than its arithmetic. Intra-op threads (`--threads`,
+`threads` in the SUMMARY): one by default. The critics' batch-256 matmuls gain from a second thread
+on an idle CPU (`--threads 2`), but a thread pool that loses a core to other work stalls at every op
+(docs/performance.md).
 """
 
 import json
@@ -52,11 +56,14 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation episode)"""
+    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
+    episode)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt at the end"""
+    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
+    at the end"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return (0: none)"""
+    """after training, play this many episodes with the trained policy and report their mean return
+    (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -79,13 +86,15 @@ class Args:
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
     policy_noise: float = 0.2
-    """the std of the noise on the target policy's actions (target policy smoothing), in half action ranges"""
+    """the std of the noise on the target policy's actions (target policy smoothing), in half action
+    ranges"""
     exploration_noise: float = 0.1
     """the std of the exploration noise on the acting policy's actions, in half action ranges"""
     learning_starts: int = 25_000
     """environment steps of random actions before learning starts"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): one actor step and one target update every this many critic steps"""
+    """the frequency of training policy (delayed): one actor step and one target update every this
+    many critic steps"""
     noise_clip: float = 0.5
     """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
 
@@ -98,10 +107,14 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:  # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
-            record = None if video_episodes is None else lambda episode: episode < video_episodes  # evaluation
+        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
+        if video_dir is not None:
+            # evaluation
+            record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(env, video_dir, record, name_prefix=prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, video_dir, record, name_prefix=prefix, disable_logger=True
+            )
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -110,13 +123,15 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final obs in `infos`);
-    the first env records videos to `video_dir`, if given. A bad id, or actions not in a bounded Box, exit 2."""
+    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
+    obs in `infos`); the first env records videos to `video_dir`, if given. A bad id, or actions not
+    in a bounded Box, exit 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # an unknown id, or a `module:EnvId` whose module is missing
+    # an unknown id, or a `module:EnvId` whose module is missing
+    except (gym.error.Error, ModuleNotFoundError) as e:
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
@@ -126,14 +141,20 @@ def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
 
 
 def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same step)."""
+    """The returns of every episode that ended on this step (several envs can finish on the same
+    step)."""
     final_info = infos.get("final_info", {})
-    return final_info["episode"]["r"][final_info["_episode"]].tolist() if "episode" in final_info else []
+    return (
+        final_info["episode"]["r"][final_info["_episode"]].tolist()
+        if "episode" in final_info
+        else []
+    )
 
 
 def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where same-step autoreset
-    put the reset one: a truncated episode bootstraps from the state where it was cut."""
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
+    was cut."""
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -172,23 +193,29 @@ class Actor(nn.Module):
         return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
 
     def clip(self, actions):  # to the env's bounds, [bias - scale, bias + scale]
-        return actions.clamp(self.action_bias - self.action_scale, self.action_bias + self.action_scale)
+        return actions.clamp(
+            self.action_bias - self.action_scale, self.action_bias + self.action_scale
+        )
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with replacement.
-    One TensorDict holds every field, so sampling a batch is one indexing call for all of them. Each step is written
-    through numpy views of its tensors (the same memory): a numpy write costs a fraction of a torch one."""
+    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with
+    replacement. One TensorDict holds every field, so sampling a batch is one indexing call for all
+    of them. Each step is written through numpy views of its tensors (the same memory): a numpy
+    write costs a fraction of a torch one."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()}
+        storage = {
+            key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()
+        }
         self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
         self.views = self.storage.numpy()
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
-        """Write one vector step's transitions, a dict of numpy arrays (the env's, and the actions)."""
+        """Write one vector step's transitions, a dict of numpy arrays (the env's, and the
+        actions)."""
         n = len(transition["obs"])
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
@@ -202,17 +229,22 @@ class ReplayBuffer:
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in place. Called inside
-    a compiled update it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
+    place. Called inside a compiled update it becomes part of that update's graph;
+    `torch.optim.Adam.step` would break the graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines a power of a
-        # step-count tensor into the CPU update kernel, once per vector of every parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
+        # a power of a step-count tensor into the CPU update kernel, once per vector of every
+        # parameter: 2-3x slower steps
         device = next(iter(params.values())).device
-        self.beta1_power, self.beta2_power = torch.ones((), device=device), torch.ones((), device=device)
+        self.beta1_power, self.beta2_power = (
+            torch.ones((), device=device),
+            torch.ones((), device=device),
+        )
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -228,10 +260,11 @@ class Adam:
 
 
 def make_host_policy(actor, exploration_noise, seed):
-    """The acting policy in numpy: the actor's action plus Gaussian noise of std `exploration_noise` half action
-    ranges (numpy's generator, seeded with `seed`), one draw per env and action dimension, clipped to the env's
-    bounds. At batch 1 a torch call costs more to dispatch than its arithmetic, a numpy call much less. The arrays are
-    views of the actor's weights, which Adam updates in place: the policy always acts with the current ones."""
+    """The acting policy in numpy: the actor's action plus Gaussian noise of std `exploration_noise`
+    half action ranges (numpy's generator, seeded with `seed`), one draw per env and action
+    dimension, clipped to the env's bounds. At batch 1 a torch call costs more to dispatch than its
+    arithmetic, a numpy call much less. The arrays are views of the actor's weights, which Adam
+    updates in place: the policy always acts with the current ones."""
     w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
     action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
     rng = np.random.default_rng(seed)
@@ -241,23 +274,26 @@ def make_host_policy(actor, exploration_noise, seed):
         x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
         x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
         actions = np.tanh(x @ w["fc_mu.weight"].T + w["fc_mu.bias"]) * action_scale + action_bias
-        actions += rng.standard_normal(actions.shape, dtype=np.float32) * action_scale * exploration_noise
+        actions += (
+            rng.standard_normal(actions.shape, dtype=np.float32) * action_scale * exploration_noise
+        )
         return np.clip(actions, action_bias - action_scale, action_bias + action_scale)
 
     return policy
 
 
 def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optimizers, args):
-    """TD3's critic step, (delayed) actor step and soft update of the three target networks; `optimizers`: q, actor.
-    The two gradient steps are functions of the parameters: `torch.func` takes the gradients and Adam is written out,
-    so that `torch.compile(fullgraph=True)` makes each, from the forward pass to the parameters' step, one graph
-    (autograd's `backward` and an optimizer's `step` would split it)."""
+    """TD3's critic step, (delayed) actor step and soft update of the three target networks;
+    `optimizers`: q, actor. The two gradient steps are functions of the parameters: `torch.func`
+    takes the gradients and Adam is written out, so that `torch.compile(fullgraph=True)` makes each,
+    from the forward pass to the parameters' step, one graph (autograd's `backward` and an
+    optimizer's `step` would split it)."""
     q_optimizer, actor_optimizer = optimizers
     q_params, actor_params = q_optimizer.params, actor_optimizer.params  # the networks' own tensors
     q_target = dict(qnet_target.flatten_keys(".").items())
     actor_weights, target_actor_weights = from_module(actor).data, from_module(target_actor).data
-    # one Q-network as a function of its parameters (a weightless shell, called on them), and that function mapped
-    # over the stack of both networks' parameters
+    # one Q-network as a function of its parameters (a weightless shell, called on them), and that
+    # function mapped over the stack of both networks' parameters
     qnet = QNetwork(actor.fc1.in_features, actor.fc_mu.out_features, device="meta")
 
     def qf(params, obs, actions):
@@ -267,7 +303,8 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optim
 
     def qf_loss_fn(q_params, data, next_q_value):
         qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-        return (qf_a_values - next_q_value).pow(2).mean(1).sum()  # qf1's plus qf2's mean squared error
+        # qf1's plus qf2's mean squared error
+        return (qf_a_values - next_q_value).pow(2).mean(1).sum()
 
     def actor_loss_fn(actor_params, obs):
         # the actor climbs the first Q-network only
@@ -277,11 +314,17 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optim
     def update_critic(data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action, in half action ranges
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
-            next_actions = target_actor.clip(target_actor(data["next_obs"]) + noise * target_actor.action_scale)
+            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
+                -args.noise_clip, args.noise_clip
+            )
+            next_actions = target_actor.clip(
+                target_actor(data["next_obs"]) + noise * target_actor.action_scale
+            )
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values
-            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+            next_q_value = data["rewards"] + (
+                1 - data["terminations"]
+            ) * args.gamma * min_qf_next_target.view(-1)
 
         grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
         q_optimizer.step(grads)
@@ -293,7 +336,8 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optim
         return actor_loss
 
     def update_targets():
-        # soft update, one in-place lerp over all leaves of each TensorDict: target + tau * (params - target)
+        # soft update, one in-place lerp over all leaves of each TensorDict: target + tau * (params
+        # - target)
         target_actor_weights.lerp_(actor_weights, args.tau)
         qnet_target.lerp_(qnet_params.data, args.tau)
 
@@ -301,7 +345,8 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optim
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """The actor, the optimizers (q, actor) and the steps (policy, update_critic, update_actor, update_targets)."""
+    """The actor, the optimizers (q, actor) and the steps (policy, update_critic, update_actor,
+    update_targets)."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
     target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
     target_actor.load_state_dict(actor.state_dict())
@@ -309,23 +354,31 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     qf2 = QNetwork(n_obs, n_act, device=device)
     qnet_params = from_modules(qf1, qf2, as_module=True)
     qnet_target = qnet_params.data.clone()
-    # Adam steps the networks' own tensors in place: the modules, their stack and the numpy policy see every step
-    q_optimizer = Adam({name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate)
-    actor_optimizer = Adam({name: p.data for name, p in actor.named_parameters()}, args.learning_rate)
+    # Adam steps the networks' own tensors in place: the modules, their stack and the numpy policy
+    # see every step
+    q_optimizer = Adam(
+        {name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate
+    )
+    actor_optimizer = Adam(
+        {name: p.data for name, p in actor.named_parameters()}, args.learning_rate
+    )
 
     optimizers = (q_optimizer, actor_optimizer)
-    updates = make_functional_updates(actor, target_actor, qnet_params, qnet_target, optimizers, args)
+    updates = make_functional_updates(
+        actor, target_actor, qnet_params, qnet_target, optimizers, args
+    )
     policy = make_host_policy(actor, args.exploration_noise, args.seed)
     return actor, optimizers, (policy, *updates)
 
 
 def main(args):
     check_args(args)
-    run = Run(args, "td3_continuous_action_cpu")  # seeds, the run folder, wandb, signals: see the end of the file
+    # seeds, the run folder, wandb, signals: see the end of the file
+    run = Run(args, "td3_continuous_action_cpu")
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")  # whatever the machine has
-    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle CPU, but a thread
-    # pool that loses a core to other work waits for it at every op
+    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle
+    # CPU, but a thread pool that loses a core to other work waits for it at every op
     torch.set_num_threads(args.threads or 1)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
@@ -360,7 +413,15 @@ def main(args):
         run.log_episodes(global_step, finished_episodes(infos))
 
         real_next_obs = true_next_obs(next_obs, infos)
-        rb.add(dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards, terminations=terminations))
+        rb.add(
+            dict(
+                obs=obs,
+                next_obs=real_next_obs,
+                actions=actions,
+                rewards=rewards,
+                terminations=terminations,
+            )
+        )
 
         # CRUCIAL step easy to overlook
         obs = next_obs
@@ -370,7 +431,8 @@ def main(args):
             data = rb.sample(args.batch_size)
             qf_loss = update_critic(data)
 
-            if iteration % args.policy_frequency == 0:  # delayed policy updates, on the critic's batch
+            # delayed policy updates, on the critic's batch
+            if iteration % args.policy_frequency == 0:
                 actor_loss = update_actor(data)
                 update_targets()
 
@@ -389,9 +451,10 @@ def main(args):
     run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
 
 
-# ======================================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM, save, load, evaluate,
-# video. `fail` and `Run` are the same in every script, `evaluate` in those that act alike; `check_args` is per script.
+# ==================================================================================================
+# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
+# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
+# that act alike; `check_args` is per script.
 
 
 def fail(message):
@@ -402,12 +465,23 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():  # nan passes every comparison below; past 1e30 float32 overflows
+    # nan passes every comparison below; past 1e30 float32 overflows
+    for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got {value}")
+            fail(
+                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
+                f"{value}"
+            )
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    for flag in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "learning_rate"):
+    for flag in (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "policy_frequency",
+        "learning_rate",
+    ):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
@@ -422,34 +496,47 @@ def check_args(args):
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`; checks that video
-    can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun, rank 0 alone keeps the run folder."""
+    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
+    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
+    rank 0 alone keeps the run folder."""
 
     def __init__(self, args, script, rank=0):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}")
+            fail(
+                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
+            )
         self.args, self.script, self.rank, self.wandb = args, script, rank, None
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(":", "_")
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
+            ":", "_"
+        )
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
         if args.track and rank == 0:
             self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=self.name)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+            )
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curve = deque(maxlen=20), []  # the last 20 returns; [step, seconds, return] of all
+        # the last 20 returns; [step, seconds, return] of all
+        self.returns, self.curve = deque(maxlen=20), []
         self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        self.stop_signal = 0  # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
+        self.stop_signal = 0
         self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    def on_signal(self, signum, frame):  # then both signals' default action: a second one stops at once
+    # then both signals' default action: a second one stops at once
+    def on_signal(self, signum, frame):
         self.stop_signal = signum
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -460,23 +547,36 @@ class Run:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: {e})")
+            fail(
+                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
+                f"{e})"
+            )
         if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what a policy acts on (the last two: recurrent scripts')
+        # what a policy acts on (the last two: recurrent scripts')
+        for flag in ("env_id", "obs_indices", "memory"):
             if trained.get(flag) != getattr(self.args, flag, None):
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+                fail(
+                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
+                    f"{trained.get(flag)}"
+                )
         return saved["model"]
 
     def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        os.environ.setdefault("MUJOCO_GL", "egl")  # read when MuJoCo is first imported: no window, no display
-        try:  # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without EGL has none)
+        # read when MuJoCo is first imported: no window, no display
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
+        # EGL has none)
+        try:
             __import__("moviepy")
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({type(e).__name__}: {e})")
+            fail(
+                f"--capture-video: {self.args.env_id} cannot record video here "
+                f"({type(e).__name__}: {e})"
+            )
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
@@ -499,7 +599,10 @@ class Run:
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
         values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = self.sps(global_step) or 0.0, np.mean(self.returns) if self.returns else float("nan")
+        sps, return_mean = (
+            self.sps(global_step) or 0.0,
+            np.mean(self.returns) if self.returns else float("nan"),
+        )
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
@@ -517,33 +620,49 @@ class Run:
         self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with `evaluate(episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A run that diverged (also one whose weights
-        or returns are not finite now) saves and evaluates nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
+        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
+        that diverged (also one whose weights or returns are not finite now) saves and evaluates
+        nothing and exits 3; after a signal, exit as it would."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
         if not np.isfinite(weight_sum):  # a weight that diverged since the last log
             self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):  # actions the envs could not take
+        # actions the envs could not take
+        if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
         save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
         model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
         if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save({"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp")
+            torch.save(
+                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
+            )
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
         summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False))
-        summary |= dict(num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time))
-        summary |= dict(sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__)
-        summary |= dict(episodes=len(self.curve), return_mean=float(np.mean(self.returns)) if self.returns else None)
+        summary |= dict(
+            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
+        )
+        summary |= dict(
+            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
+        )
+        summary |= dict(
+            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
+        )
+        summary |= dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+        )
         summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
         summary |= dict(eval_return_mean=None, **extra)
-        if episodes:  # the summary first: a run killed while it evaluates (a second signal) keeps it
+        # the summary first: a run killed while it evaluates (a second signal) keeps it
+        if episodes:
             self.write_summary(summary)
             eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns)))
+            summary |= dict(
+                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
+            )
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
@@ -551,8 +670,8 @@ class Run:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as strings
-        ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
+        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
@@ -563,7 +682,8 @@ class Run:
 
 
 def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) -> actions`."""
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
     obs, _ = envs.reset(seed=seed)
     returns = []
     while len(returns) < episodes:

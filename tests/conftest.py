@@ -1,4 +1,5 @@
-"""Helpers shared by every test module: run a script as a user would, read its SUMMARY line, import it."""
+"""Helpers shared by every test module: run a script as a user would, read its SUMMARY line, import
+it."""
 
 import contextlib
 import json
@@ -17,36 +18,39 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from benchmarks.scripts import SCRIPTS, load_script  # noqa: F401 (test modules import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
-# where script runs make their runs/ folders: one temporary folder per test session, not the repository
+# where script runs make their runs/ folders: one temporary folder per test session, not the
+# repository
 RUNS_CWD = tempfile.mkdtemp(prefix="leanrl-tests-")
 
 _skip_without_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graph capture); none on this machine"
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (CUDA graph capture); none on this machine",
 )
-# whether the running test may show a GPU to the scripts it launches (set per test by `_scripts_see_gpus`); off by
-# default, also in a second import of this module (`tests.conftest`)
+# whether the running test may show a GPU to the scripts it launches (set per test by
+# `_scripts_see_gpus`); off by default, also in a second import of this module (`tests.conftest`)
 _GPUS_SHOWN = {"now": False}
 
 
 def requires_cuda(test):
-    """Marks a CUDA test: skipped without CUDA (the reason printed), marked `cuda` (`-m cuda` selects them), and the
-    scripts it launches see the machine's GPUs."""
+    """Marks a CUDA test: skipped without CUDA (the reason printed), marked `cuda` (`-m cuda`
+    selects them), and the scripts it launches see the machine's GPUs."""
     return pytest.mark.cuda(_skip_without_cuda(test))
 
 
 @pytest.fixture(autouse=True)
 def _scripts_see_gpus(request):
-    """A launched script sees the GPUs only in a test marked `cuda`: every other test checks CPU behaviour, and on a
-    GPU machine gets it, as here."""
+    """A launched script sees the GPUs only in a test marked `cuda`: every other test checks CPU
+    behaviour, and on a GPU machine gets it, as here."""
     _GPUS_SHOWN["now"] = request.node.get_closest_marker("cuda") is not None
     yield
     _GPUS_SHOWN["now"] = False
 
 
 def script_env():
-    """The environment a script runs in under test: no network, no window, no wandb account, and no GPU unless the
-    test is a CUDA test (`requires_cuda` or the `cuda` marker): `CUDA_VISIBLE_DEVICES=""` hides them, so that
-    `--cuda` (on by default) gives the CPU on a GPU machine too, and torchrun's ranks all take the CPU and gloo."""
+    """The environment a script runs in under test: no network, no window, no wandb account, and no
+    GPU unless the test is a CUDA test (`requires_cuda` or the `cuda` marker):
+    `CUDA_VISIBLE_DEVICES=""` hides them, so that `--cuda` (on by default) gives the CPU on a
+    GPU machine too, and torchrun's ranks all take the CPU and gloo."""
     env = dict(os.environ)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", MUJOCO_GL="egl", PYTHONUNBUFFERED="1")
     if not _GPUS_SHOWN["now"]:
@@ -55,24 +59,32 @@ def script_env():
 
 
 def run_script(name, *flags, timeout=900, cwd=None, env=None):
-    """Run `leanrl/<name>.py` with `flags` in a fresh interpreter, `env` added to its environment; returns the
-    CompletedProcess. It runs in `cwd`, by default a temporary folder of the test session, where it makes its
-    `runs/<run_name>/` folder."""
+    """Run `leanrl/<name>.py` with `flags` in a fresh interpreter, `env` added to its environment;
+    returns the CompletedProcess. It runs in `cwd`, by default a temporary folder of the test
+    session, where it makes its `runs/<run_name>/` folder."""
     cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, flags)]
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=script_env() | (env or {}), cwd=cwd or RUNS_CWD
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=script_env() | (env or {}),
+        cwd=cwd or RUNS_CWD,
     )
 
 
 def summary(proc, returncode=0):
-    """The whole summary of a finished run: its one SUMMARY line, which names the run's summary.json, checked against
-    that file (the same keys and values, plus the learning curve), which it returns with `summary_file`; fails the
-    test with the run's stderr otherwise. `returncode`: the exit status expected (130 after a Ctrl-C)."""
+    """The whole summary of a finished run: its one SUMMARY line, which names the run's
+    summary.json, checked against that file (the same keys and values, plus the learning curve),
+    which it returns with `summary_file`; fails the test with the run's stderr otherwise.
+    `returncode`: the exit status expected (130 after a Ctrl-C)."""
     assert proc.returncode == returncode, f"exit status {proc.returncode}\n{proc.stderr[-4000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
     line = json.loads(lines[0][len("SUMMARY ") :])
-    assert "curve" not in line and "curves" not in line, "the printed SUMMARY keeps the curves out (in summary.json)"
+    assert "curve" not in line and "curves" not in line, (
+        "the printed SUMMARY keeps the curves out (in summary.json)"
+    )
     path = Path(line.pop("summary_file"))
     assert path.name == "summary.json" and path.parent.parent.name == "runs"
     result = json.loads(path.read_text())
@@ -82,9 +94,10 @@ def summary(proc, returncode=0):
 
 
 def assert_curve(result):
-    """The SUMMARY's `curve` has one [global_step, seconds, return] per counted episode, in the order of both
-    steps and seconds, within the run's steps and wall time. A seeds script's `curves` hold one such curve per member
-    (its `num_seeds` members), together one point per counted episode."""
+    """The SUMMARY's `curve` has one [global_step, seconds, return] per counted episode, in the
+    order of both steps and seconds, within the run's steps and wall time. A seeds script's
+    `curves` hold one such curve per member (its `num_seeds` members), together one point per
+    counted episode."""
     curves = result["curves"] if "num_seeds" in result else [result["curve"]]
     assert len(curves) == result.get("num_seeds", 1)
     points = sum(map(len, curves))
@@ -92,32 +105,52 @@ def assert_curve(result):
     for curve in curves:
         assert all(len(point) == 3 for point in curve)
         steps, seconds = [point[0] for point in curve], [point[1] for point in curve]
-        assert steps == sorted(steps) and seconds == sorted(seconds), "curve steps or seconds go backwards"
+        assert steps == sorted(steps) and seconds == sorted(seconds), (
+            "curve steps or seconds go backwards"
+        )
         assert all(0 <= step <= result["total_timesteps"] for step in steps)
         assert all(0 <= second <= result["wall_s"] for second in seconds)
 
 
 def actor_critic_seeds_smoke_run(script, cwd):
-    """Two members of SAC's or TD3's seeds script on Pendulum, eagerly, 20 iterations past the random phase (2
-    episodes each), saving their models and evaluating each for one episode."""
-    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 420, "--learning-starts", 400, "--batch-size", 32)
+    """Two members of SAC's or TD3's seeds script on Pendulum, eagerly, 20 iterations past the
+    random phase (2 episodes each), saving their models and evaluating each for one episode."""
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        420,
+        "--learning-starts",
+        400,
+        "--batch-size",
+        32,
+    )
     flags += ("--num-seeds", 2, "--no-compile", "--save-model", "--eval-episodes", 1)
     return summary(run_script(script, *flags, cwd=cwd))
 
 
 def assert_seeds_smoke_summary(s, script, actor):
-    """The summary of `actor_critic_seeds_smoke_run` reports each member (seeds, last-20 means and their mean, a curve
-    each, aggregate sps, evaluation returns) and a model file per member, in the single-seed format with the member's
-    seed: the state dict of `actor` (Pendulum's)."""
-    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (script, 2, [1, 2], 420)
-    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu") and s["threads"] in (1, 2)
+    """The summary of `actor_critic_seeds_smoke_run` reports each member (seeds, last-20 means and
+    their mean, a curve each, aggregate sps, evaluation returns) and a model file per member, in the
+    single-seed format with the member's seed: the state dict of `actor` (Pendulum's)."""
+    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (
+        script,
+        2,
+        [1, 2],
+        420,
+    )
+    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu") and s[
+        "threads"
+    ] in (1, 2)
     assert s["sps_wall"] == pytest.approx(2 * 420 / s["wall_s"], rel=0.01) and s["sps"] > 0
     assert s["episodes"] == 4 and [len(curve) for curve in s["curves"]] == [2, 2]
     assert all(-2000 < mean < 0 for mean in s["return_means"])
     assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
     assert [len(returns) for returns in s["eval_returns"]] == [1, 1]
     assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [f"{script}_seed{k}.pt" for k in (1, 2)]
+    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [
+        f"{script}_seed{k}.pt" for k in (1, 2)
+    ]
     saved = torch.load(s["model_files"][1], weights_only=True)
     assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (script, 2, 2)
     expected = {name: value.shape for name, value in actor.state_dict().items()}
@@ -138,20 +171,33 @@ def assert_user_error(proc, *words):
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    """Each test compiles from a clean dynamo state, so recompilation checks see only their own functions."""
+    """Each test compiles from a clean dynamo state, so recompilation checks see only their own
+    functions."""
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
 
 
 class HostSync(AssertionError):
-    """A function meant for a CUDA graph waited for the device: inside a capture that is an error."""
+    """A function meant for a CUDA graph waited for the device: inside a capture that is an
+    error."""
 
 
-# Python-level reads of a tensor's value or memory by the host; on a CPU `.cpu()` and `.numpy()` sync nothing, but
-# on CUDA they wait for the device, so they are refused here too
-SYNC_METHODS = ("__bool__", "__int__", "__float__", "__index__", "__array__", "item", "tolist", "cpu", "numpy")
-# ops whose output (a Python scalar, or a shape) depends on the data: the host must wait for the device
+# Python-level reads of a tensor's value or memory by the host; on a CPU `.cpu()` and `.numpy()`
+# sync nothing, but on CUDA they wait for the device, so they are refused here too
+SYNC_METHODS = (
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__array__",
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+)
+# ops whose output (a Python scalar, or a shape) depends on the data: the host must wait for the
+# device
 SYNC_OPS = {
     torch.ops.aten._local_scalar_dense.default,
     torch.ops.aten.equal.default,
@@ -162,16 +208,23 @@ SYNC_OPS = {
     torch.ops.aten.unique_consecutive.default,
     torch.ops.aten.repeat_interleave.Tensor,
 }
-# indexing ops that, given a boolean mask, first find its true elements (a nonzero inside the kernel)
+# indexing ops that, given a boolean mask, first find its true elements (a nonzero inside the
+# kernel)
 MASKABLE_OPS = {
     torch.ops.aten.index.Tensor,
     torch.ops.aten.index_put.default,
     torch.ops.aten.index_put_.default,
     torch.ops.aten._index_put_impl_.default,
 }
-# why dynamo breaks a graph at an op whose result the host must wait for (the first line of its graph-break record,
-# with torch's defaults `capture_scalar_outputs=False` and `capture_dynamic_output_shape_ops=False`)
-SYNC_GRAPH_BREAKS = ("Data dependent operator", "Dynamic shape operator", "Tensor.item()", "Tensor.tolist()")
+# why dynamo breaks a graph at an op whose result the host must wait for (the first line of its
+# graph-break record, with torch's defaults `capture_scalar_outputs=False` and
+# `capture_dynamic_output_shape_ops=False`)
+SYNC_GRAPH_BREAKS = (
+    "Data dependent operator",
+    "Dynamic shape operator",
+    "Tensor.item()",
+    "Tensor.tolist()",
+)
 
 
 def _is_mask(index):
@@ -179,9 +232,9 @@ def _is_mask(index):
 
 
 class RefuseSyncOps(TorchDispatchMode):
-    """Raises HostSync on any op whose result the host must wait for, also those called from C++ (boolean-mask
-    indexing and writes, `torch.equal`, `torch.distributions`' argument checks). Eager code only: dynamo runs its
-    compiled code eagerly under a dispatch mode."""
+    """Raises HostSync on any op whose result the host must wait for, also those called from C++
+    (boolean-mask indexing and writes, `torch.equal`, `torch.distributions`' argument checks). Eager
+    code only: dynamo runs its compiled code eagerly under a dispatch mode."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNC_OPS:
@@ -192,7 +245,8 @@ class RefuseSyncOps(TorchDispatchMode):
 
 
 def _refuse(name):
-    @torch.compiler.disable  # dynamo must not trace into it: a compiled graph breaks here and the call raises
+    # dynamo must not trace into it: a compiled graph breaks here and the call raises
+    @torch.compiler.disable
     def method(self, *args, **kwargs):
         raise HostSync(f"host sync: Tensor.{name}")
 
@@ -200,15 +254,16 @@ def _refuse(name):
 
 
 def _to_the_host(device):
-    """`device` names the CPU as a string (`"cpu"`): a torch.device is let through, since on this machine the CPU is
-    also the device, which `.to(device)` names (torch's own `clip_grad_norm_` does `norm.to(grads[0].device)`)."""
+    """`device` names the CPU as a string (`"cpu"`): a torch.device is let through, since on this
+    machine the CPU is also the device, which `.to(device)` names (torch's own `clip_grad_norm_`
+    does `norm.to(grads[0].device)`)."""
     return isinstance(device, str) and torch.device(device).type == "cpu"
 
 
 def _refuse_host_copies(to, getitem, setitem, as_tensor):
-    """`Tensor.to`, indexing and `torch.as_tensor` that raise on a copy to the host or a boolean mask: on a CPU a copy
-    to the CPU is no op at all (nothing reaches the dispatch mode), and compiled code runs an indexing that breaks
-    its graph as Python, outside any dispatch mode."""
+    """`Tensor.to`, indexing and `torch.as_tensor` that raise on a copy to the host or a boolean
+    mask: on a CPU a copy to the CPU is no op at all (nothing reaches the dispatch mode), and
+    compiled code runs an indexing that breaks its graph as Python, outside any dispatch mode."""
 
     @torch.compiler.disable
     def checked_to(self, *args, **kwargs):
@@ -240,22 +295,28 @@ def _refuse_host_copies(to, getitem, setitem, as_tensor):
 def no_host_sync(compiled=False):
     """Any host-device synchronization inside raises HostSync.
 
-    Eager code (`compiled=False`) runs under RefuseSyncOps, which sees every op (syncing ops, boolean-mask indexing
-    and writes, `torch.equal`, also when called from C++), with `torch.distributions`' argument checks on as in a
-    fresh process (the first `torch.compile` turns them off for the whole process); the tensor methods that read a
-    value on the host (SYNC_METHODS) raise, and so do `Tensor.to` and `torch.as_tensor` to the CPU named as a string
-    (`.to("cpu")`, `torch.as_tensor(t, device="cpu")`). A `torch.device("cpu")` destination is let through: on this
+    Eager code (`compiled=False`) runs under RefuseSyncOps, which sees every op (syncing ops,
+    boolean-mask indexing and writes, `torch.equal`, also when called from C++), with
+    `torch.distributions`' argument checks on as in a fresh process (the first `torch.compile` turns
+    them off for the whole process); the tensor methods that read a value on the host (SYNC_METHODS)
+    raise, and so do `Tensor.to` and `torch.as_tensor` to the CPU named as a string (`.to("cpu")`,
+    `torch.as_tensor(t, device="cpu")`). A `torch.device("cpu")` destination is let through: on this
     machine the device IS the CPU, and `.to(device)` (as in torch's `clip_grad_norm_`) must pass.
 
-    Compiled code (`compiled=True`) can only sync where its graph breaks (with torch's defaults dynamo puts no op
-    whose result the host needs in a graph), and there the code runs as Python: the same tensor methods raise, and
-    indexing or writing with a boolean mask and `Tensor.to("cpu")` raise too. `assert_no_host_sync` also refuses a
-    graph break that dynamo made for such an op (SYNC_GRAPH_BREAKS: `torch.equal`, `nonzero`, `masked_select`, ...),
-    which then runs in C++, unseen here. What this cannot see: in compiled code, a copy to the host traced INTO a
-    graph (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t, device="cpu")` compile as ordinary ops, which on a CPU copy
-    nothing); anywhere, a copy to a `torch.device("cpu")` held in a variable. tests/test_fake_cuda.py runs the same
-    functions on a fake CUDA device, where each of these fails."""
-    saved = {name: getattr(torch.Tensor, name) for name in (*SYNC_METHODS, "to", "__getitem__", "__setitem__")}
+    Compiled code (`compiled=True`) can only sync where its graph breaks (with torch's defaults
+    dynamo puts no op whose result the host needs in a graph), and there the code runs as Python:
+    the same tensor methods raise, and indexing or writing with a boolean mask and
+    `Tensor.to("cpu")` raise too. `assert_no_host_sync` also refuses a graph break that dynamo made
+    for such an op (SYNC_GRAPH_BREAKS: `torch.equal`, `nonzero`, `masked_select`, ...), which then
+    runs in C++, unseen here. What this cannot see: in compiled code, a copy to the host traced INTO
+    a graph (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t, device="cpu")` compile as ordinary ops,
+    which on a CPU copy nothing); anywhere, a copy to a `torch.device("cpu")` held in a variable.
+    tests/test_fake_cuda.py runs the same functions on a fake CUDA device, where each of these
+    fails."""
+    saved = {
+        name: getattr(torch.Tensor, name)
+        for name in (*SYNC_METHODS, "to", "__getitem__", "__setitem__")
+    }
     as_tensor = torch.as_tensor
     validate = torch.distributions.Distribution._validate_args
     try:
@@ -268,7 +329,8 @@ def no_host_sync(compiled=False):
         if compiled:
             yield
         else:
-            torch.as_tensor = checked_as_tensor  # not in compiled code: dynamo would recompile for a new global
+            # not in compiled code: dynamo would recompile for a new global
+            torch.as_tensor = checked_as_tensor
             torch.distributions.Distribution.set_default_validate_args(True)
             with RefuseSyncOps():
                 yield
@@ -280,16 +342,18 @@ def no_host_sync(compiled=False):
 
 
 def sync_graph_breaks():
-    """The graph breaks dynamo has recorded since the last `counters.clear()` for an op the host must wait for."""
+    """The graph breaks dynamo has recorded since the last `counters.clear()` for an op the host
+    must wait for."""
     from torch._dynamo.utils import counters
 
     return [reason for reason in counters["graph_break"] if reason.startswith(SYNC_GRAPH_BREAKS)]
 
 
 def assert_no_host_sync(fn, inputs, compiled, calls=3):
-    """`fn(*inputs())` runs `calls` times without a host sync; returns the last output. A compiled `fn` first runs
-    `calls` unguarded warm-up calls (compiling, also for the optimizers' created state), with no graph break for a
-    syncing op, then the guarded ones with recompilation refused."""
+    """`fn(*inputs())` runs `calls` times without a host sync; returns the last output. A compiled
+    `fn` first runs `calls` unguarded warm-up calls (compiling, also for the optimizers' created
+    state), with no graph break for a syncing op, then the guarded ones with recompilation
+    refused."""
     from torch._dynamo.utils import counters
 
     with contextlib.ExitStack() as stack:
@@ -299,7 +363,9 @@ def assert_no_host_sync(fn, inputs, compiled, calls=3):
                 fn(*inputs())
             breaks = sync_graph_breaks()
             if breaks:
-                raise HostSync(f"host sync: compiled code breaks its graph for {breaks[0].splitlines()[0]!r}")
+                raise HostSync(
+                    f"host sync: compiled code breaks its graph for {breaks[0].splitlines()[0]!r}"
+                )
             stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
         stack.enter_context(no_host_sync(compiled))
         for _ in range(calls):
@@ -309,8 +375,8 @@ def assert_no_host_sync(fn, inputs, compiled, calls=3):
 
 @pytest.fixture
 def make_run(tmp_path, monkeypatch):
-    """`make_run(script, **flags)`: the script's `Run` for its `Args` with `flags`, its run folder in a
-    temporary working folder; the test process keeps its own Ctrl-C and SIGTERM handlers."""
+    """`make_run(script, **flags)`: the script's `Run` for its `Args` with `flags`, its run folder
+    in a temporary working folder; the test process keeps its own Ctrl-C and SIGTERM handlers."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
 

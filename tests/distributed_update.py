@@ -1,17 +1,20 @@
-"""Data-parallel runs made deterministic, run by torchrun (or plainly, as one process) for test_ppo_distributed.py:
+"""Data-parallel runs made deterministic, run by torchrun (or plainly, as one process) for
+test_ppo_distributed.py:
 
     torchrun --standalone --nproc_per_node 2 tests/distributed_update.py update OUT_DIR
-    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py main --num-envs 1 ...  # or python ... main
+    # or python ... main
+    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py main --num-envs 1 ...
 
-`update`: each rank builds the learner of ppo_continuous_action_distributed as `main` builds it (`make_learner` with
-the world size, which broadcasts rank 0's weights), runs one epoch of minibatch updates on its share of a fixed
-batch, and saves its parameters and last gradients to OUT_DIR/rank<RANK>.pt. The test runs the same epoch in one
-process on the whole minibatches and compares. The batch and the arrangement of the minibatches are defined here.
+`update`: each rank builds the learner of ppo_continuous_action_distributed as `main` builds it
+(`make_learner` with the world size, which broadcasts rank 0's weights), runs one epoch of minibatch
+updates on its share of a fixed batch, and saves its parameters and last gradients to
+OUT_DIR/rank<RANK>.pt. The test runs the same epoch in one process on the whole minibatches and
+compares. The batch and the arrangement of the minibatches are defined here.
 
-`main`: the script's own `main` with its randomness taken out: actions are the Gaussian's mean and each epoch's
-minibatches are the rollout in order (`torch.randn_like` and `torch.randperm` replaced), and every env's
-observation is acted on alone, so that 2 ranks with E envs and one process with 2E envs see the same data in the
-same minibatches.
+`main`: the script's own `main` with its randomness taken out: actions are the Gaussian's mean and
+each epoch's minibatches are the rollout in order (`torch.randn_like` and `torch.randperm`
+replaced), and every env's observation is acted on alone, so that 2 ranks with E envs and one
+process with 2E envs see the same data in the same minibatches.
 """
 
 import os
@@ -24,7 +27,8 @@ import torch.distributed as dist
 import tyro
 from tensordict import TensorDict
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: run as a file by torchrun
+# the repository root: run as a file by torchrun
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.scripts import load_script  # noqa: E402
 
@@ -33,10 +37,11 @@ N_OBS, N_ACT, BATCH, NUM_MINIBATCHES = 3, 2, 512, 4
 
 
 def update_args(module):
-    """The learner's flags in the test: no advantage normalization (each rank would normalize its share of a minibatch
-    with that share's statistics) and no gradient clipping (a gradient summed over the ranks instead of averaged would
-    be clipped to the same norm, and Adam's step hardly depends on the gradient's scale), so the parameters and the
-    gradients compared are those of the averaged gradient."""
+    """The learner's flags in the test: no advantage normalization (each rank would normalize its
+    share of a minibatch with that share's statistics) and no gradient clipping (a gradient
+    summed over the ranks instead of averaged would be clipped to the same norm, and Adam's step
+    hardly depends on the gradient's scale), so the parameters and the gradients compared are
+    those of the averaged gradient."""
     return module.Args(norm_adv=False, max_grad_norm=1e6, ent_coef=0.01)
 
 
@@ -55,18 +60,20 @@ def fixed_batch(seed=0):
 
 
 def minibatches(batch, rank, world_size):
-    """What rank `rank` of `world_size` updates on: the k-th of NUM_MINIBATCHES slices of `batch`, cut into
-    `world_size` equal shares, gives each rank its k-th minibatch. One process (rank 0 of 1) takes whole slices:
-    the union of the ranks' k-th minibatches."""
+    """What rank `rank` of `world_size` updates on: the k-th of NUM_MINIBATCHES slices of `batch`,
+    cut into `world_size` equal shares, gives each rank its k-th minibatch. One process (rank 0
+    of 1) takes whole slices: the union of the ranks' k-th minibatches."""
     slices = batch.split(len(batch) // NUM_MINIBATCHES)
     return [mb.split(len(mb) // world_size)[rank] for mb in slices]
 
 
 def train(module, rank, world_size):
-    """The learner (seeded by rank, so that only the broadcast makes the ranks' initial weights equal) after one epoch
-    on its minibatches: {"parameters", "grads"} by name."""
+    """The learner (seeded by rank, so that only the broadcast makes the ranks' initial weights
+    equal) after one epoch on its minibatches: {"parameters", "grads"} by name."""
     torch.manual_seed(100 + rank)
-    agent, _, (_, _, update) = module.make_learner(update_args(module), N_OBS, N_ACT, torch.device("cpu"), world_size)
+    agent, _, (_, _, update) = module.make_learner(
+        update_args(module), N_OBS, N_ACT, torch.device("cpu"), world_size
+    )
     for mb in minibatches(fixed_batch(), rank, world_size):
         update(mb)
     return {
@@ -86,9 +93,9 @@ def update_main(out_dir):
 
 
 def one_row_at_a_time(fn):
-    """`fn` called on each row of its input alone, its outputs concatenated: a rank with one env acts on batches of
-    one row, and BLAS rounds a batch of two rows differently from two batches of one (other kernels), which 64 env
-    steps would amplify into the weights."""
+    """`fn` called on each row of its input alone, its outputs concatenated: a rank with one env
+    acts on batches of one row, and BLAS rounds a batch of two rows differently from two batches
+    of one (other kernels), which 64 env steps would amplify into the weights."""
 
     def rows(x):
         outputs = [fn(row) for row in x.split(1)]
@@ -100,7 +107,8 @@ def one_row_at_a_time(fn):
 
 
 def deterministic_main(flags):
-    torch.set_num_threads(1)  # as torchrun gives each rank (OMP_NUM_THREADS=1): more threads sum in another order
+    # as torchrun gives each rank (OMP_NUM_THREADS=1): more threads sum in another order
+    torch.set_num_threads(1)
     torch.randn_like = torch.zeros_like
     torch.randperm = lambda n, device=None: torch.arange(n, device=device)
     module = load_script(SCRIPT)

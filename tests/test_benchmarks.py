@@ -1,5 +1,5 @@
-"""The benchmark harness, driven by tiny fake scripts in tmp_path: no real training, a few seconds in all; the
-env-only limit also on each real script's env, for a fraction of a second."""
+"""The benchmark harness, driven by tiny fake scripts in tmp_path: no real training, a few seconds
+in all; the env-only limit also on each real script's env, for a fraction of a second."""
 
 import contextlib
 import io
@@ -23,9 +23,10 @@ from benchmarks.registry import ALGOS, VARIANTS, Algo
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
 
-# A fake training script, importable like a real one (Args, make_envs, main under a guard). Run, it logs its call to
-# calls.txt beside it, then prints a SUMMARY with the (sps, return_mean) that SCHEDULE lists for its variant flags,
-# taking the next entry each time that script runs with those flags, and a curve of 3 episodes averaging return_mean.
+# A fake training script, importable like a real one (Args, make_envs, main under a guard). Run, it
+# logs its call to calls.txt beside it, then prints a SUMMARY with the (sps, return_mean) that
+# SCHEDULE lists for its variant flags, taking the next entry each time that script runs with those
+# flags, and a curve of 3 episodes averaging return_mean.
 FAKE_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
@@ -56,7 +57,8 @@ class Space:
 
 class Envs:
     def __init__(self, env_id, num_envs):
-        self.env_id, self.num_envs, self.single_action_space, self.actions = env_id, num_envs, Space(), []
+        self.env_id, self.num_envs = env_id, num_envs
+        self.single_action_space, self.actions = Space(), []
 
     def reset(self):
         return np.zeros((self.num_envs, 1)), dict()
@@ -81,15 +83,18 @@ def main():
     log = Path(__file__).with_name("calls.txt")
     calls = log.read_text().splitlines() if log.exists() else []
     log.write_text("".join(line + "\\n" for line in [*calls, " ".join([stem, *argv])]))
-    earlier = [call for call in calls if call.split()[0] == stem and variant(call.split()) == variant(argv)]
+    earlier = [c for c in calls if c.split()[0] == stem and variant(c.split()) == variant(argv)]
     sps, return_mean = SCHEDULE[variant(argv)][len(earlier)]
-    curve = [] if return_mean is None else [[100 * k, k / 10, return_mean + k - 2] for k in (1, 2, 3)]
+    curve = [[100 * k, k / 10, (return_mean or 0) + k - 2] for k in (1, 2, 3)]
+    curve = curve if return_mean is not None else []
     print("step 1 of 1")
-    summary = dict(script=stem, env_id="Fake-v0", seed=int(argv[argv.index("--seed") + 1]), device="cpu",
-                   compile="--compile" in argv, cudagraphs="--cudagraphs" in argv, num_envs=2, total_timesteps=300,
-                   sps=sps, sps_wall=sps / 2, episodes=len(curve), return_mean=return_mean, wall_s=0.4,
-                   torch_version="fake", curve=curve)
-    path = Path(__file__).with_name("summary-%d.json" % len(calls))  # a real script's is runs/<run_name>/summary.json
+    seed = int(argv[argv.index("--seed") + 1])
+    summary = dict(script=stem, env_id="Fake-v0", seed=seed, device="cpu",
+                   compile="--compile" in argv, cudagraphs="--cudagraphs" in argv, num_envs=2,
+                   total_timesteps=300, sps=sps, sps_wall=sps / 2, episodes=len(curve),
+                   return_mean=return_mean, wall_s=0.4, torch_version="fake", curve=curve)
+    # a real script's is runs/<run_name>/summary.json
+    path = Path(__file__).with_name("summary-%d.json" % len(calls))
     path.write_text(json.dumps(summary))
     line = dict((key, value) for key, value in summary.items() if key != "curve")
     print("SUMMARY " + json.dumps(dict(line, summary_file=str(path))))
@@ -107,14 +112,17 @@ print("SUMMARY " + json.dumps(dict(sps=1.0, episodes=0, summary_file=str(path)))
 """
 
 EAGER = {"": [(100, -10.0), (120, -20.0), (90, None)]}
-TWIN = {"": [(150, 1.0), (200, 2.0), (250, 3.0)], "--compile": [(300, None), (500, None), (400, None)]}
+TWIN = {
+    "": [(150, 1.0), (200, 2.0), (250, 3.0)],
+    "--compile": [(300, None), (500, None), (400, None)],
+}
 CPU = {"": [(800, 5.0), (700, 6.0), (600, 7.0)]}
 ENV_SECONDS = "0.05"
 
 
 def write_scripts(directory, algo, eager_source, twin_source):
-    """Write `algo`'s scripts into `directory` (its CPU script, where it has one, on the CPU schedule); returns the
-    directory."""
+    """Write `algo`'s scripts into `directory` (its CPU script, where it has one, on the CPU
+    schedule); returns the directory."""
     (directory / f"{algo.eager}.py").write_text(eager_source)
     (directory / f"{algo.twin}.py").write_text(twin_source)
     if algo.cpu:
@@ -126,7 +134,8 @@ FAKE_TWIN = FAKE_SCRIPT.format(schedule=TWIN)
 
 
 def fake_scripts(directory, algo=FAKE, twin_source=FAKE_TWIN):
-    """`algo`'s scripts in `directory`: the fake eager script on the EAGER schedule and `twin_source`."""
+    """`algo`'s scripts in `directory`: the fake eager script on the EAGER schedule and
+    `twin_source`."""
     return write_scripts(directory, algo, FAKE_SCRIPT.format(schedule=EAGER), twin_source)
 
 
@@ -136,7 +145,8 @@ def calls(directory):
 
 
 def main_args(scripts, out, *extra):
-    """`benchmarks.run` arguments for SAC's quick budget with the scripts in `scripts`, results into `out`."""
+    """`benchmarks.run` arguments for SAC's quick budget with the scripts in `scripts`, results into
+    `out`."""
     return [
         "--algos",
         "sac",
@@ -175,14 +185,23 @@ def curve_run(algo, variant, curve):
 def test_plan_alternates_variants_with_one_seed_per_round_and_cuda_variants_only_with_cuda(cuda):
     other = Algo("other", "other", quick=(), full=())
     order = [
-        (algo.name, variant.name, repeat, seed) for algo, variant, repeat, seed in run.plan([FAKE, other], [7, 8], cuda)
+        (algo.name, variant.name, repeat, seed)
+        for algo, variant, repeat, seed in run.plan([FAKE, other], [7, 8], cuda)
     ]
     variants = [v.name for v in VARIANTS if (cuda or not v.needs_cuda) and v.name != "cpu"]
-    expected = [(name, v, r, seed) for name in ("fake", "other") for r, seed in enumerate([7, 8]) for v in variants]
+    expected = [
+        (name, v, r, seed)
+        for name in ("fake", "other")
+        for r, seed in enumerate([7, 8])
+        for v in variants
+    ]
     assert order == expected
     assert ("cudagraphs" in variants) == cuda and ("compile+cudagraphs" in variants) == cuda
     with_cpu = Algo("with_cpu", "with_cpu", quick=(), full=(), cpu=True)
-    assert [variant.name for _, variant, _, _ in run.plan([with_cpu], [7], cuda)] == [*variants, "cpu"]
+    assert [variant.name for _, variant, _, _ in run.plan([with_cpu], [7], cuda)] == [
+        *variants,
+        "cpu",
+    ]
 
 
 def test_round_seeds_cycle_through_the_seeds():
@@ -191,7 +210,9 @@ def test_round_seeds_cycle_through_the_seeds():
 
 
 def test_command_adds_budget_seed_then_variant_flags(tmp_path):
-    algo = Algo("fake", "fake", quick=("--q",), full=("--f",), variant_flags={"compile": ("--threads", "1")})
+    algo = Algo(
+        "fake", "fake", quick=("--q",), full=("--f",), variant_flags={"compile": ("--threads", "1")}
+    )
     compile_variant = next(v for v in VARIANTS if v.name == "compile")
     cmd = run.command(algo, compile_variant, tmp_path, quick=True, seed=5)
     assert cmd == [
@@ -225,7 +246,11 @@ def test_command_adds_budget_seed_then_variant_flags(tmp_path):
 
 def test_rows_medians_spread_ratios_returns_and_env_limits():
     def record(variant, sps, return_mean):
-        return {"algo": "fake", "variant": variant, "summary": {"sps": sps, "return_mean": return_mean}}
+        return {
+            "algo": "fake",
+            "variant": variant,
+            "summary": {"sps": sps, "return_mean": return_mean},
+        }
 
     runs = [
         record("eager", 100, 1.0),
@@ -240,7 +265,9 @@ def test_rows_medians_spread_ratios_returns_and_env_limits():
     assert [r["env_only_sps"] for r in report.rows(runs, {})] == [None, None]
 
 
-def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_and_plots(tmp_path, monkeypatch, capsys):
+def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_and_plots(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     scripts = fake_scripts(tmp_path, SAC)
     out = tmp_path / "results"
@@ -262,7 +289,9 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     document = json.loads(json_path.read_text())
     limit = document["env_limits"]["sac"]
     assert (limit["env_id"], limit["num_envs"]) == ("HalfCheetah-v4", 2)
-    assert limit["env_steps"] % 2 == 0 and limit["sps"] == pytest.approx(limit["env_steps"] / limit["seconds"])
+    assert limit["env_steps"] % 2 == 0 and limit["sps"] == pytest.approx(
+        limit["env_steps"] / limit["seconds"]
+    )
 
     table = capsys.readouterr().out
     assert "Budget: quick, 3 repeats per variant (seeds 7 8 7)" in table
@@ -277,7 +306,12 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
         [f"{stamp}.json", f"{stamp}.md", f"{stamp}-sps.png", f"{stamp}-sac-returns.png"]
     )
     assert json_path.with_suffix(".md").read_text() == table
-    assert [r["variant"] for r in document["runs"]] == ["eager", "torchcompile", "compile", "cpu"] * 3
+    assert [r["variant"] for r in document["runs"]] == [
+        "eager",
+        "torchcompile",
+        "compile",
+        "cpu",
+    ] * 3
     assert [r["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
     assert [r["summary"]["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
     assert [r["summary"]["sps"] for r in document["runs"]] == [
@@ -294,7 +328,11 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
         400,
         600,
     ]
-    assert document["runs"][0]["summary"]["curve"] == [[100, 0.1, -11.0], [200, 0.2, -10.0], [300, 0.3, -9.0]]
+    assert document["runs"][0]["summary"]["curve"] == [
+        [100, 0.1, -11.0],
+        [200, 0.2, -10.0],
+        [300, 0.3, -9.0],
+    ]
     assert document["runs"][2]["flags"] == [*SAC.quick, "--seed", "7", "--compile"]
     assert document["runs"][0]["summary"]["script"] == SAC.eager
     assert document["settings"] | {"started": None} == {
@@ -305,8 +343,14 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     }
     machine = document["machine"]
     assert machine["cores"] >= 1 and machine["gpu"] is None
-    assert machine["versions"]["torch"] and machine["versions"]["gymnasium"] and machine["versions"]["tensordict"]
-    assert [(r["variant"], r["sps_median"], r["vs_eager"], r["env_only_sps"]) for r in document["table"]] == [
+    assert (
+        machine["versions"]["torch"]
+        and machine["versions"]["gymnasium"]
+        and machine["versions"]["tensordict"]
+    )
+    assert [
+        (r["variant"], r["sps_median"], r["vs_eager"], r["env_only_sps"]) for r in document["table"]
+    ] == [
         ("eager", 100, 1.0, limit["sps"]),
         ("torchcompile", 200, 2.0, limit["sps"]),
         ("compile", 400, 4.0, limit["sps"]),
@@ -319,11 +363,17 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     [
         (FAILING_SCRIPT, "exited with status 1", "boom: bad flag"),
         (SILENT_SCRIPT, "exited with status 0 but printed 0 SUMMARY lines, expected 1", None),
-        (NO_CURVE_SCRIPT, "wrote a summary.json without a curve list (CONTRIBUTING.md: What a run prints)", None),
+        (
+            NO_CURVE_SCRIPT,
+            "wrote a summary.json without a curve list (CONTRIBUTING.md: What a run prints)",
+            None,
+        ),
     ],
     ids=["exit-1", "no-summary", "no-curve"],
 )
-def test_a_failed_run_stops_with_one_line_naming_script_flags_and_status(tmp_path, twin_source, reason, stderr_tail):
+def test_a_failed_run_stops_with_one_line_naming_script_flags_and_status(
+    tmp_path, twin_source, reason, stderr_tail
+):
     scripts = fake_scripts(tmp_path, twin_source=twin_source)
     with pytest.raises(run.BenchmarkError) as error:
         run.benchmark([FAKE], scripts, seeds=[1, 2], quick=True, cuda=False)
@@ -338,7 +388,8 @@ def test_an_env_that_cannot_be_built_stops_with_the_env_limit_command_and_its_er
     with pytest.raises(run.BenchmarkError) as error:
         run.env_limits([FAKE], scripts, quick=True, seed=3, seconds=0.01)
     lines = str(error.value).splitlines()
-    assert lines[0] == "-m benchmarks.env_limit --seconds 0.01 fake.py --budget quick --seed 3 exited with status 1"
+    command = "-m benchmarks.env_limit --seconds 0.01 fake.py --budget quick --seed 3"
+    assert lines[0] == command + " exited with status 1"
     assert lines[-1] == "AttributeError: module 'leanrl_fake' has no attribute 'Args'"
 
 
@@ -346,10 +397,14 @@ def test_command_line_failure_exits_1_and_writes_nothing(tmp_path):
     scripts = fake_scripts(tmp_path, SAC, twin_source=FAILING_SCRIPT)
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "benchmarks.run", *main_args(scripts, out, "--repeats", "1")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120
+    )
     assert proc.returncode == 1
     stopped = [line for line in proc.stderr.splitlines() if line.startswith("benchmark stopped: ")]
-    assert stopped == [f"benchmark stopped: {SAC.twin}.py {' '.join(SAC.quick)} --seed 1 exited with status 1"]
+    assert stopped == [
+        f"benchmark stopped: {SAC.twin}.py {' '.join(SAC.quick)} --seed 1 exited with status 1"
+    ]
     assert "boom: bad flag" in proc.stderr
     assert proc.stdout == "" and not out.exists()
 
@@ -363,7 +418,9 @@ def test_algorithms_with_missing_scripts_are_skipped_with_a_note(tmp_path, capsy
     assert not (tmp_path / "calls.txt").exists()
 
 
-def test_env_limit_builds_the_env_from_the_scripts_own_args_and_steps_it_with_pre_drawn_actions(tmp_path):
+def test_env_limit_builds_the_env_from_the_scripts_own_args_and_steps_it_with_pre_drawn_actions(
+    tmp_path,
+):
     module = load_script(FAKE.eager, fake_scripts(tmp_path))
     args, envs = env_limit.script_envs(module, ["--num-envs", "3", "--seed", "4"])
     assert (args.num_envs, args.seed, envs.env_id, envs.num_envs) == (3, 4, "Fake-v0", 3)
@@ -377,11 +434,15 @@ def test_env_limit_builds_the_env_from_the_scripts_own_args_and_steps_it_with_pr
     steps, seconds = env_limit.step_for(envs, actions, seconds=0.1, clock=clock)
     assert steps == 100 and seconds == pytest.approx(0.1)
     timed = envs.actions[env_limit.WARMUP_STEPS :]
-    assert len(timed) == 100 and all(batch is actions[index % 3] for index, batch in enumerate(timed))
+    assert len(timed) == 100 and all(
+        batch is actions[index % 3] for index, batch in enumerate(timed)
+    )
 
 
 def test_random_actions_are_reproducible_batches_of_the_single_env_space():
-    first, again = (env_limit.random_actions(Discrete(4), num_envs=5, seed=0, batches=4) for _ in range(2))
+    first, again = (
+        env_limit.random_actions(Discrete(4), num_envs=5, seed=0, batches=4) for _ in range(2)
+    )
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert all(batch.shape == (5,) and set(batch.tolist()) <= {0, 1, 2, 3} for batch in first)
     assert len({tuple(batch.tolist()) for batch in first}) > 1
@@ -394,8 +455,13 @@ def test_env_limit_measures_every_registered_scripts_own_env(algo):
         pytest.skip(f"{script.name} is not on disk")
     flags = [*algo.quick, "--seed", "1"]
     result = env_limit.measure(script, flags, seconds=0.05)
-    env_id = dict(zip(flags[::2], flags[1::2])).get("--env-id", load_script(algo.eager).Args().env_id)
-    assert (result["env_id"], result["num_envs"]) == (env_id, load_script(algo.eager).Args().num_envs)
+    env_id = dict(zip(flags[::2], flags[1::2])).get(
+        "--env-id", load_script(algo.eager).Args().env_id
+    )
+    assert (result["env_id"], result["num_envs"]) == (
+        env_id,
+        load_script(algo.eager).Args().num_envs,
+    )
     assert result["env_steps"] > 0 and result["env_steps"] % result["num_envs"] == 0
     assert result["sps"] == pytest.approx(result["env_steps"] / result["seconds"])
 
@@ -448,13 +514,18 @@ def test_plots_write_the_sps_png_and_a_returns_png_per_algorithm_with_episodes(t
     runs = [curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]), curve_run("b", "eager", [])]
     paths = plots.write(tmp_path / "out", "stamp", table, runs)
     assert [path.name for path in paths] == ["stamp-sps.png", "stamp-a-returns.png"]
-    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["stamp-a-returns.png", "stamp-sps.png"]
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "stamp-a-returns.png",
+        "stamp-sps.png",
+    ]
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
-def test_plots_command_draws_one_runs_curve_from_its_summary_file_and_rejects_other_files(tmp_path, capsys):
+def test_plots_command_draws_one_runs_curve_from_its_summary_file_and_rejects_other_files(
+    tmp_path, capsys
+):
     path = tmp_path / "summary.json"
     summary = dict(script="s", env_id="Fake-v0", curve=[[8, 0.5, 1.0], [16, 1.0, 4.0]])
     path.write_text(json.dumps(summary))
@@ -470,8 +541,10 @@ def test_plots_command_draws_one_runs_curve_from_its_summary_file_and_rejects_ot
 
 def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    core = "model name\t: AMD EPYC\ncpu family\t: {family}\nmodel\t\t: 1\nflags\t\t: fpu {flags} sse2\n\n"
-    cpuinfo.write_text(core.format(family=25, flags="avx avx2") * 2)  # one block per core: the first counts
+    core = "model name\t: AMD EPYC\ncpu family\t: {family}\nmodel\t\t: 1\n"
+    core += "flags\t\t: fpu {flags} sse2\n\n"
+    # one block per core: the first counts
+    cpuinfo.write_text(core.format(family=25, flags="avx avx2") * 2)
     assert machine.cpu_model(cpuinfo) == "AMD EPYC (family 25 model 1, AVX2)"
     cpuinfo.write_text(core.format(family=6, flags="avx avx2 avx512f avx512bw"))
     assert machine.cpu_model(cpuinfo) == "AMD EPYC (family 6 model 1, AVX-512)"
@@ -481,10 +554,20 @@ def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
 
 
 def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other():
-    """Eager SAC on Pendulum, 100 learning steps: every part the loop calls is timed, and the parts with `other`
-    add up to the measured window's time per step (1 / sps); torch.compile is restored afterwards."""
+    """Eager SAC on Pendulum, 100 learning steps: every part the loop calls is timed, and the parts
+    with `other` add up to the measured window's time per step (1 / sps); torch.compile is restored
+    afterwards."""
     compile_ = torch.compile
-    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "200", "--batch-size", "32"]
+    flags = [
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "200",
+        "--batch-size",
+        "32",
+    ]
     sps, parts = breakdown.measure_one("sac_continuous_action", "sac", [*flags, "--no-cuda"])
     assert set(parts) == {
         "env step",
@@ -496,29 +579,42 @@ def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other()
         "target update",
         "other",
     }
-    assert all(us >= 0 for us in parts.values()) and parts["critic update"] > 0 and parts["env step"] > 0
+    assert (
+        all(us >= 0 for us in parts.values())
+        and parts["critic update"] > 0
+        and parts["env step"] > 0
+    )
     assert sum(parts.values()) == pytest.approx(1e6 / sps, rel=1e-6) or parts["other"] == 0
     assert torch.compile is compile_
 
 
 @pytest.mark.parametrize("script, members", [("dqn_cpu", 1), ("dqn_seeds", 2)])
 def test_breakdown_times_numpy_acting_made_in_make_learner_or_in_main(script, members):
-    """dqn_cpu.py makes its numpy policy in make_learner, dqn_seeds.py in main (after compiling the torch policy it
-    does not use on a CPU): both are timed as `acting`, once a call, and a seeds run counts every member's steps."""
+    """dqn_cpu.py makes its numpy policy in make_learner, dqn_seeds.py in main (after compiling the
+    torch policy it does not use on a CPU): both are timed as `acting`, once a call, and a seeds run
+    counts every member's steps."""
     timers, module = breakdown.Timers(), load_script(script)
     flags = ["--total-timesteps", "1200", "--learning-starts", "1000", "--no-compile"]
     flags += ["--num-seeds", str(members)] if members > 1 else []
-    with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as cwd,
+        contextlib.chdir(cwd),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         with breakdown.instrumented(module, "dqn", timers):
             module.main(tyro.cli(module.Args, args=flags))
     assert len(timers.calls["acting"]) == 1200 and timers.steps == 1200 * members
-    assert len(timers.calls["update"]) == 200 // 10 - 1  # one every 10 iterations past learning_starts
-    assert breakdown.variant_command("dqn", breakdown.seeds_variant(8)) == ("dqn_seeds", ("--num-seeds", "8"))
+    # one every 10 iterations past learning_starts
+    assert len(timers.calls["update"]) == 200 // 10 - 1
+    assert breakdown.variant_command("dqn", breakdown.seeds_variant(8)) == (
+        "dqn_seeds",
+        ("--num-seeds", "8"),
+    )
 
 
 def test_breakdown_window_leaves_out_warmup_calls_and_counts_calls_per_step():
-    """Hand-made timings: an update every 2 env steps whose first calls (compiling) took 10 s; the window starts
-    at its 4th call (env step 6) and ends at the last env step (10)."""
+    """Hand-made timings: an update every 2 env steps whose first calls (compiling) took 10 s; the
+    window starts at its 4th call (env step 6) and ends at the last env step (10)."""
     timers = breakdown.Timers()
     timers.clock = [(step, float(step)) for step in range(1, 11)]  # one second per env step
     timers.calls = {
@@ -546,7 +642,11 @@ def test_scaling_efficiency_is_sps_over_n_times_the_single_process_median():
     ]
     limits = {1: {"sps": 1000.0}, 2: {"sps": 1900.0}}
     single, double = scaling.rows(runs, limits)
-    assert (single["sps_median"], single["efficiency"], single["env_only_sps"]) == (100.0, 1.0, 1000.0)
+    assert (single["sps_median"], single["efficiency"], single["env_only_sps"]) == (
+        100.0,
+        1.0,
+        1000.0,
+    )
     assert (double["sps_median"], double["sps_min"], double["sps_max"]) == (170.0, 150.0, 190.0)
     assert double["speedup"] == pytest.approx(1.7) and double["efficiency"] == pytest.approx(0.85)
     assert "| 2 | 170 | 150-190 | 1.70x | 85% | 1900 |" in scaling.markdown(
@@ -566,12 +666,14 @@ def test_scaling_efficiency_is_sps_over_n_times_the_single_process_median():
 
 
 def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
-    """A launcher that starts a child in a session of its own (as torchrun starts its ranks) and both sleep: the
-    timeout kills the child too."""
+    """A launcher that starts a child in a session of its own (as torchrun starts its ranks) and
+    both sleep: the timeout kills the child too."""
     pid_file = tmp_path / "child.pid"
     launcher = (
-        "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
-        f"time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
+        "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import "
+        "time; "
+        f"time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, "
+        "'w').write(str(child.pid)); "
         "time.sleep(600)"
     )
     with pytest.raises(run.BenchmarkError, match="timeout"):
@@ -585,10 +687,12 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
         raise AssertionError(f"the launcher's child is still running: {child.read_text()}")
 
 
-# --- benchmarks.seeds: a seeds script against N single-seed processes, and the GPU proxy ---------------------------
+# --- benchmarks.seeds: a seeds script against N single-seed processes, and the GPU proxy
+# ---------------------------
 
-# A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a seeds run
-# (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs builds N x num_envs fake envs
+# A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a
+# seeds run (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs
+# builds N x num_envs fake envs
 FAKE_SEEDS_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
@@ -643,15 +747,27 @@ if __name__ == "__main__":
 """
 
 
-def test_seeds_benchmark_runs_each_n_against_p_single_seed_processes_and_writes_its_results(tmp_path, capsys):
-    """With fake scripts, N = 1 2 (quick): the seeds script once per N and way (--threads 1 and 2), the single-seed
-    script N times P at a time (P = 1, and 2 for N = 2), the env-only limit of N x 3 fake envs; the best of either
-    compared; the table, its JSON and plot."""
+def test_seeds_benchmark_runs_each_n_against_p_single_seed_processes_and_writes_its_results(
+    tmp_path, capsys
+):
+    """With fake scripts, N = 1 2 (quick): the seeds script once per N and way (--threads 1 and 2),
+    the single-seed script N times P at a time (P = 1, and 2 for N = 2), the env-only limit of N
+    x 3 fake envs; the best of either compared; the table, its JSON and plot."""
     dqn = seeds.ALGOS[0]
     for name in (dqn.script, dqn.single):
         (tmp_path / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
     out = tmp_path / "out"
-    argv = ["--quick", "--algos", "dqn", "--scripts-dir", str(tmp_path), "--out-dir", str(out), "--env-seconds", "0.01"]
+    argv = [
+        "--quick",
+        "--algos",
+        "dqn",
+        "--scripts-dir",
+        str(tmp_path),
+        "--out-dir",
+        str(out),
+        "--env-seconds",
+        "0.01",
+    ]
     assert seeds.main(argv) == 0
     (json_path,) = out.glob("seeds-*.json")
     result = json.loads(json_path.read_text())
@@ -671,7 +787,10 @@ def test_seeds_benchmark_runs_each_n_against_p_single_seed_processes_and_writes_
         (2, "1 at once", 2),
         (2, "2 at once", 2),
     ]
-    assert "| dqn | 2 | 4000 (seeds --threads 2) | 2 at once | 1200 | 3.33x |" in capsys.readouterr().out
+    assert (
+        "| dqn | 2 | 4000 (seeds --threads 2) | 2 at once | 1200 | 3.33x |"
+        in capsys.readouterr().out
+    )
     assert (out / json_path.name.replace(".json", ".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -682,17 +801,22 @@ def test_seeds_waves_add_the_sps_of_processes_that_run_together_on_their_share_o
     assert seeds.processes_at_once(8, None, cores=2) == [1, 2, 8]
     assert seeds.processes_at_once(1, None, cores=2) == [1]
     assert seeds.processes_at_once(4, [3, 6], cores=2) == [3]
-    assert [seeds.process_cores(i, 1, 4) for i in range(1)] == [[0, 1, 2, 3]]  # one process: every core
+    # one process: every core
+    assert [seeds.process_cores(i, 1, 4) for i in range(1)] == [[0, 1, 2, 3]]
     assert [seeds.process_cores(i, 2, 4) for i in range(2)] == [[0, 1], [2, 3]]
-    assert [seeds.process_cores(i, 3, 2) for i in range(3)] == [[0], [1], [0]]  # more processes than cores
+    # more processes than cores
+    assert [seeds.process_cores(i, 3, 2) for i in range(3)] == [[0], [1], [0]]
 
 
 def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
-    """The real dqn_seeds functions for N = 1 2, eagerly (no compile, so no fused-kernel count): per-call and
-    per-member times, the graphs' ATen ops (the three Linear layers' matmuls in acting), the GPU expectation, and the
-    FLOPs of a member: acting 2 x (4x120 + 120x84 + 84x2) per observation, the update (batch 128) the target's and
-    the online network's forward and the backward's two products a layer, but for the input's gradient."""
-    table = seeds.proxy(seeds.ALGOS[:1], SCRIPTS, [1, 2], compiled=False, seconds=0.01, us_per_kernel=3.0)
+    """The real dqn_seeds functions for N = 1 2, eagerly (no compile, so no fused-kernel count):
+    per-call and per-member times, the graphs' ATen ops (the three Linear layers' matmuls in
+    acting), the GPU expectation, and the FLOPs of a member: acting 2 x (4x120 + 120x84 + 84x2) per
+    observation, the update (batch 128) the target's and the online network's forward and the
+    backward's two products a layer, but for the input's gradient."""
+    table = seeds.proxy(
+        seeds.ALGOS[:1], SCRIPTS, [1, 2], compiled=False, seconds=0.01, us_per_kernel=3.0
+    )
     assert [(r["function"], r["members"]) for r in table] == [
         ("acting", 1),
         ("update", 1),
@@ -700,7 +824,9 @@ def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
         ("update", 2),
     ]
     for r in table:
-        assert r["us_per_call"] > 0 and r["us_per_member"] == pytest.approx(r["us_per_call"] / r["members"])
+        assert r["us_per_call"] > 0 and r["us_per_member"] == pytest.approx(
+            r["us_per_call"] / r["members"]
+        )
         assert r["fused_kernels"] is None and r["kernels"] == r["aten_ops"]
         assert r["gpu_us_per_member_unmeasured"] == pytest.approx(3.0 * r["kernels"] / r["members"])
     assert [r["matmuls"] for r in table if r["function"] == "acting"] == [3, 3]
@@ -712,13 +838,17 @@ def test_seeds_gpu_proxy_times_dqn_seeds_per_member_and_sizes_its_graphs():
 
 
 @pytest.mark.parametrize(
-    "name, actor_matmuls, update_more_than", [("sac", 4, 24), ("td3", 3, 18), ("ppo_continuous_action", 6, 12)]
+    "name, actor_matmuls, update_more_than",
+    [("sac", 4, 24), ("td3", 3, 18), ("ppo_continuous_action", 6, 12)],
 )
-def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(name, actor_matmuls, update_more_than):
-    """The real SAC, TD3 and PPO seeds functions for N = 1 2, eagerly: acting is the actor's Linear layers (SAC's two
-    heads: 4; TD3's: 3; PPO's actor and critic: 6), and one update (SAC, TD3: critic then actor; PPO: one minibatch)
-    has as many matmuls for 2 members as for 1: more than six times acting's for SAC and TD3 (two critics and the
-    actor, forward and backward), more than twice for PPO (forward and backward of the same networks)."""
+def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(
+    name, actor_matmuls, update_more_than
+):
+    """The real SAC, TD3 and PPO seeds functions for N = 1 2, eagerly: acting is the actor's Linear
+    layers (SAC's two heads: 4; TD3's: 3; PPO's actor and critic: 6), and one update (SAC, TD3:
+    critic then actor; PPO: one minibatch) has as many matmuls for 2 members as for 1: more than six
+    times acting's for SAC and TD3 (two critics and the actor, forward and backward), more than
+    twice for PPO (forward and backward of the same networks)."""
     algo = next(algo for algo in seeds.ALGOS if algo.name == name)
     table = seeds.proxy([algo], SCRIPTS, [1, 2], compiled=False, seconds=0.01, us_per_kernel=3.0)
     acting = [r["matmuls"] for r in table if r["function"] == "acting"]
@@ -732,8 +862,14 @@ def test_threads_rows_are_medians_and_their_ratio():
     results = {"idle": {"x_cpu": {1: [100.0, 120.0], 2: [150.0, 170.0, 400.0]}}}
     results["one core busy"] = {"x_cpu": {1: [90.0], 2: [9.0]}}
     table = threads.rows(results)
-    assert [(r["condition"], r["one"], r["two"]) for r in table] == [("idle", 110, 170), ("one core busy", 90, 9)]
+    assert [(r["condition"], r["one"], r["two"]) for r in table] == [
+        ("idle", 110, 170),
+        ("one core busy", 90, 9),
+    ]
     assert [r["ratio"] for r in table] == pytest.approx([170 / 110, 0.1])
     machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
     md = threads.markdown(dict(machine=machine, settings=dict(rounds=2), rows=table))
-    assert "| idle | x_cpu | 110 | 170 | 1.55x |" in md and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md
+    assert (
+        "| idle | x_cpu | 110 | 170 | 1.55x |" in md
+        and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md
+    )

@@ -1,9 +1,10 @@
-"""What every script promises alike (CONTRIBUTING.md), proved once per script by calling the script's own functions
-or running it: the true final observation of an ended episode is the one stored, every finished episode is counted,
-an off-policy replay buffer wraps around, `--env-id` takes what `gym.make` takes (gymnasium's `module:EnvId` form
-too) and refuses an unknown id with one line and exit status 2, bad flag values exit 2 with one line, `--cudagraphs`
-without CUDA is a user error, and a CPU script has no CUDA flag. Every smoke run's SUMMARY `curve` (one point per
-counted episode, steps in order) is checked by `conftest.summary`."""
+"""What every script promises alike (CONTRIBUTING.md), proved once per script by calling the
+script's own functions or running it: the true final observation of an ended episode is the one
+stored, every finished episode is counted, an off-policy replay buffer wraps around, `--env-id`
+takes what `gym.make` takes (gymnasium's `module:EnvId` form too) and refuses an unknown id with
+one line and exit status 2, bad flag values exit 2 with one line, `--cudagraphs` without CUDA is
+a user error, and a CPU script has no CUDA flag. Every smoke run's SUMMARY `curve` (one point
+per counted episode, steps in order) is checked by `conftest.summary`."""
 
 import inspect
 
@@ -23,8 +24,8 @@ SCALED_OUT = ["ppo_continuous_action_distributed", "ppo_continuous_action_ray"]
 SCRIPTS = [name for family in FAMILIES.values() for name in family] + SCALED_OUT
 CPU_SCRIPTS = [f"{algo}_cpu" for algo in ALGOS]
 OFF_POLICY_CONTINUOUS = FAMILIES["sac_continuous_action"] + FAMILIES["td3_continuous_action"]
-# every script whose envs are gymnasium's (the Atari pair makes envpool's; the Ray script checks the id on the driver
-# with the `make_envs` its runners use)
+# every script whose envs are gymnasium's (the Atari pair makes envpool's; the Ray script checks the
+# id on the driver with the `make_envs` its runners use)
 GYMNASIUM = SCRIPTS + ["ppo_lstm", "ppo_lstm_torchcompile", "ppo_mingru", "ppo_mingru_torchcompile"]
 # a classic-control env each script can train on, named in gymnasium's `module:EnvId` form
 MODULE_ENV_IDS = {
@@ -50,7 +51,8 @@ def family_of(script):
 
 
 def test_the_families_are_on_disk():
-    """A script missing from disk would make every parametrized test below error, not skip: say it at once."""
+    """A script missing from disk would make every parametrized test below error, not skip: say it
+    at once."""
     missing = [name for name in GYMNASIUM if not (SCRIPTS_DIR / f"{name}.py").exists()]
     assert missing == []
 
@@ -62,7 +64,8 @@ def test_true_final_observation_replaces_the_reset_one(script):
     final_obs = np.array([None, np.array([9.0, 9.0], dtype=np.float32)], dtype=object)
     infos = {"final_obs": final_obs, "_final_obs": np.array([False, True])}
     np.testing.assert_array_equal(module.true_next_obs(next_obs, infos), [[1.0, 1.0], [9.0, 9.0]])
-    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])  # the reset obs is kept for acting
+    # the reset obs is kept for acting
+    np.testing.assert_array_equal(next_obs, [[1.0, 1.0], [2.0, 2.0]])
     assert module.true_next_obs(next_obs, {}) is not next_obs
 
 
@@ -77,12 +80,14 @@ def test_every_finished_episode_is_counted(script):
 
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
-    """The CPU scripts' written-out Adam keeps beta1**t and beta2**t as running products, not powers of a step
-    count: over 3,000 steps, past where the bias corrections fade, its parameters stay on torch.optim.Adam's."""
+    """The CPU scripts' written-out Adam keeps beta1**t and beta2**t as running products, not
+    powers of a step count: over 3,000 steps, past where the bias corrections fade, its
+    parameters stay on torch.optim.Adam's."""
     module = load_script(script)
     torch.manual_seed(0)
     start = {"weight": torch.randn(8, 5), "bias": torch.randn(5)}
-    lr, eps = 1e-3, 1e-5  # the PPO script's Adam takes its learning rate as a tensor, as the loop anneals it
+    # the PPO script's Adam takes its learning rate as a tensor, as the loop anneals it
+    lr, eps = 1e-3, 1e-5
     params = {name: p.clone() for name, p in start.items()}
     adam = module.Adam(params, torch.tensor(lr) if "ppo" in script else lr, eps=eps)
     reference = {name: p.clone().requires_grad_() for name, p in start.items()}
@@ -96,16 +101,21 @@ def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
         if step in (0, 9, 99, 2999):
             for name, p in params.items():
                 expected = reference[name].detach()
-                torch.testing.assert_close(p, expected, rtol=0, atol=1e-5, msg=f"{name}, step {step + 1}")
-    assert (params["weight"] - start["weight"]).abs().max() > 0.01  # it moved: the comparison is not of two starts
+                torch.testing.assert_close(
+                    p, expected, rtol=0, atol=1e-5, msg=f"{name}, step {step + 1}"
+                )
+    # it moved: the comparison is not of two starts
+    assert (params["weight"] - start["weight"]).abs().max() > 0.01
 
 
 @pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
 def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
-    """The eager scripts add tensors, the twins and the CPU scripts the env's numpy arrays (the CPU scripts write them
-    through numpy views of the buffer's tensors)."""
+    """The eager scripts add tensors, the twins and the CPU scripts the env's numpy arrays (the CPU
+    scripts write them through numpy views of the buffer's tensors)."""
     module = load_script(script)
-    options = {"device": "cpu"} if "device" in inspect.signature(module.ReplayBuffer).parameters else {}
+    options = (
+        {"device": "cpu"} if "device" in inspect.signature(module.ReplayBuffer).parameters else {}
+    )
     rb = module.ReplayBuffer(buffer_size=5, n_obs=1, n_act=1, **options)
     for step in range(7):  # 14 transitions through a buffer of 5
         values = np.array([2.0 * step, 2.0 * step + 1])
@@ -129,8 +139,9 @@ def test_replay_buffer_wraps_around_and_samples_what_was_added(script):
 
 @pytest.mark.parametrize("script", GYMNASIUM)
 def test_env_id_takes_the_module_form_and_refuses_an_unknown_id(script, capsys):
-    """`--env-id package.module:EnvId` imports the module that registers the env, as `gym.make` does; an id that
-    names no env, or a module that does not exist, exits 2 with one line naming the flag and the id."""
+    """`--env-id package.module:EnvId` imports the module that registers the env, as `gym.make`
+    does; an id that names no env, or a module that does not exist, exits 2 with one line naming
+    the flag and the id."""
     module = load_script(script)
     env_id = MODULE_ENV_IDS.get(family_of(script), "gymnasium.envs.classic_control:Pendulum-v1")
     _, envs = script_envs(module, ["--env-id", env_id])
@@ -147,8 +158,8 @@ def test_env_id_takes_the_module_form_and_refuses_an_unknown_id(script, capsys):
 
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_a_cpu_script_has_no_cuda_flags(script, capsys):
-    """The CPU scripts train on the CPU whatever the machine has: `--cuda` and `--cudagraphs` are not theirs, and
-    tyro refuses them (exit 2) rather than ignoring them."""
+    """The CPU scripts train on the CPU whatever the machine has: `--cuda` and `--cudagraphs` are
+    not theirs, and tyro refuses them (exit 2) rather than ignoring them."""
     module = load_script(script)
     assert not {"cuda", "cudagraphs"} & set(vars(module.Args()))
     for flag in ("--cuda", "--cudagraphs"):
@@ -160,7 +171,8 @@ def test_a_cpu_script_has_no_cuda_flags(script, capsys):
 
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_a_cpu_script_refuses_threads_below_one(script, capsys):
-    """`--threads` (by default the script's rule, in its docstring) must be positive: 0 or -1 exits 2 in one line."""
+    """`--threads` (by default the script's rule, in its docstring) must be positive: 0 or -1 exits
+    2 in one line."""
     module = load_script(script)
     for value in ("0", "-1"):
         with pytest.raises(SystemExit) as stop:
@@ -172,7 +184,8 @@ def test_a_cpu_script_refuses_threads_below_one(script, capsys):
 
 # a launched script sees no GPU (conftest.script_env), so this holds on a GPU machine too
 @pytest.mark.parametrize(
-    "script", [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT + ["ppo_atari_envpool_torchcompile"]
+    "script",
+    [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT + ["ppo_atari_envpool_torchcompile"],
 )
 def test_cudagraphs_without_cuda_exits_2(script):
     assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
@@ -188,8 +201,8 @@ BAD_FLAGS = [
 
 @pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
 def test_off_policy_bad_input_exits_2(script, capsys):
-    """Each bad value is refused by the script's own checks, in process; one of them through a whole run too, which
-    shows `main` checks before it trains or makes a run folder."""
+    """Each bad value is refused by the script's own checks, in process; one of them through a whole
+    run too, which shows `main` checks before it trains or makes a run folder."""
     module = load_script(script)
     for flags, words in BAD_FLAGS:
         with pytest.raises(SystemExit) as stop:
@@ -202,9 +215,13 @@ def test_off_policy_bad_input_exits_2(script, capsys):
 
 
 @requires_cuda
-@pytest.mark.parametrize("script", [name for name in OFF_POLICY_CONTINUOUS if name.endswith("_torchcompile")])
 @pytest.mark.parametrize(
-    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+    "script", [name for name in OFF_POLICY_CONTINUOUS if name.endswith("_torchcompile")]
+)
+@pytest.mark.parametrize(
+    "flags",
+    [("--cudagraphs",), ("--compile", "--cudagraphs")],
+    ids=["cudagraphs", "compile-cudagraphs"],
 )
 def test_off_policy_cudagraphs_smoke(script, flags):
     result = summary(run_script(script, *PENDULUM_SMOKE, "--measure-burnin", "5", *flags))

@@ -1,12 +1,13 @@
-"""The CUDA path, checked on a CPU: every function an optimized twin (and the torchrun and Ray scripts) hands to
-`CudaGraphModule` runs without a host sync, eagerly and compiled, and every optimizer stepped inside such a function
-is capturable under `--cudagraphs`. Inside a CUDA graph capture a host sync is an error, and torch refuses to record
-the step of an optimizer that is not capturable; both used to surface only on a GPU. Each script is built by its own
-`make_learner` with `--cudagraphs` on, as `main` builds it on CUDA, but on the CPU: placement (a tensor left on the
-CPU) is checked on a fake CUDA device by test_fake_cuda.py. The guard's own tests show each sync it catches, and
-the last two tests show that the scripts a test launches see no GPU unless it is a CUDA test (conftest's
-`script_env`). The smoke runs under `--cudagraphs` (test_contract.py and the per-algorithm modules) need CUDA and
-are skipped here."""
+"""The CUDA path, checked on a CPU: every function an optimized twin (and the torchrun and Ray
+scripts) hands to `CudaGraphModule` runs without a host sync, eagerly and compiled, and every
+optimizer stepped inside such a function is capturable under `--cudagraphs`. Inside a CUDA graph
+capture a host sync is an error, and torch refuses to record the step of an optimizer that is
+not capturable; both used to surface only on a GPU. Each script is built by its own
+`make_learner` with `--cudagraphs` on, as `main` builds it on CUDA, but on the CPU: placement (a
+tensor left on the CPU) is checked on a fake CUDA device by test_fake_cuda.py. The guard's own
+tests show each sync it catches, and the last two tests show that the scripts a test launches
+see no GPU unless it is a CUDA test (conftest's `script_env`). The smoke runs under
+`--cudagraphs` (test_contract.py and the per-algorithm modules) need CUDA and are skipped here."""
 
 import os
 import subprocess
@@ -32,7 +33,9 @@ BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
 
 
 def build_sac(module, args):
-    _, _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(args, 3, 1, *BOUNDS, CPU)
+    _, _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(
+        args, 3, 1, *BOUNDS, CPU
+    )
     obs = lambda: (torch.randn(1, 3),)  # noqa: E731
     batch = lambda: (sac_batch(0),)  # noqa: E731
     return optimizers, {
@@ -44,7 +47,9 @@ def build_sac(module, args):
 
 def build_td3(module, args):
     bounds = (-2 * np.ones(TD3_ACT), 2 * np.ones(TD3_ACT))
-    _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(args, TD3_OBS, TD3_ACT, *bounds, CPU)
+    _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(
+        args, TD3_OBS, TD3_ACT, *bounds, CPU
+    )
     obs = lambda: (torch.randn(1, TD3_OBS),)  # noqa: E731
     batch = lambda: (td3_batch(0),)  # noqa: E731
     return optimizers, {
@@ -56,12 +61,16 @@ def build_td3(module, args):
 
 def build_dqn(module, args):
     _, optimizer, (policy, update, _) = module.make_learner(args, 4, 2, CPU)
-    return [optimizer], {"policy": (policy, lambda: (torch.randn(1, 4),)), "update": (update, lambda: (dqn_batch(),))}
+    return [optimizer], {
+        "policy": (policy, lambda: (torch.randn(1, 4),)),
+        "update": (update, lambda: (dqn_batch(),)),
+    }
 
 
 def build_ppo(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 3, 2, CPU)
-    # the update compiles its loss itself under --compile (the Adam step stays eager), so `main` compiles only acting
+    # the update compiles its loss itself under --compile (the Adam step stays eager), so `main`
+    # compiles only acting
     return [optimizer], {
         "policy": (policy, lambda: (torch.randn(1, 3),)),
         "update": (update, lambda: (ppo_minibatch(0),)),
@@ -69,12 +78,14 @@ def build_ppo(module, args):
 
 
 def build_ppo_ray(module, args):
-    # the learner's update is what the Ray script records; its actors act on the CPU in their own processes
+    # the learner's update is what the Ray script records; its actors act on the CPU in their own
+    # processes
     _, optimizer, (_, _, update) = module.make_learner(args, 3, 2, CPU)
 
     def minibatch():
         mb = ppo_minibatch(0)
-        mb["behaviour_weights"] = torch.rand(mb.batch_size)  # importance weights for the policy that sampled
+        # importance weights for the policy that sampled
+        mb["behaviour_weights"] = torch.rand(mb.batch_size)
         return (mb,)
 
     return [optimizer], {"update": (update, minibatch)}
@@ -89,14 +100,20 @@ def build_ppo_lstm(module, args):
 
 def build_ppo_mingru(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
-    obs = lambda: (torch.randn(1, 4, 2), torch.randn(2, 4, MINGRU_STATE_SIZE), torch.ones(1, 4))  # noqa: E731
+
+    def obs():
+        return torch.randn(1, 4, 2), torch.randn(2, 4, MINGRU_STATE_SIZE), torch.ones(1, 4)
+
     return [optimizer], {"policy": (policy, obs), "update": (update, lambda: mingru_minibatch(0))}
 
 
 def build_ppo_atari(module, args):
     _, optimizer, (policy, _, update) = module.make_learner(args, 4, CPU)
     obs = lambda: (torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),)  # noqa: E731
-    return [optimizer], {"policy": (policy, obs), "update": (update, lambda: (atari_minibatch(0, size=8),))}
+    return [optimizer], {
+        "policy": (policy, obs),
+        "update": (update, lambda: (atari_minibatch(0, size=8),)),
+    }
 
 
 # twin -> (builder, the functions `main` wraps in torch.compile under --compile)
@@ -105,8 +122,10 @@ TWINS = {
     "td3_continuous_action_torchcompile": (build_td3, ("policy", "update_critic", "update_actor")),
     "dqn_torchcompile": (build_dqn, ("policy", "update")),
     "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
-    "ppo_continuous_action_distributed": (build_ppo, ("policy",)),  # one process: --cudagraphs as in its twin
-    "ppo_continuous_action_ray": (build_ppo_ray, ()),  # main compiles GAE only; `make_update` compiles the loss
+    # one process: --cudagraphs as in its twin
+    "ppo_continuous_action_distributed": (build_ppo, ("policy",)),
+    # main compiles GAE only; `make_update` compiles the loss
+    "ppo_continuous_action_ray": (build_ppo_ray, ()),
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),
     "ppo_mingru_torchcompile": (build_ppo_mingru, ("policy",)),
@@ -124,7 +143,9 @@ def test_optimizers_are_capturable_under_cudagraphs(twin, compile):
     build, _ = TWINS[twin]
     optimizers, _ = build(module, cudagraph_args(module, compile))
     for optimizer in optimizers:
-        assert all(group["capturable"] and group["fused"] for group in optimizer.param_groups), optimizer
+        assert all(group["capturable"] and group["fused"] for group in optimizer.param_groups), (
+            optimizer
+        )
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -133,7 +154,9 @@ def test_optimizers_are_fused_and_not_capturable_without_cudagraphs(twin):
     build, _ = TWINS[twin]
     optimizers, _ = build(module, module.Args())
     for optimizer in optimizers:
-        assert all(group["fused"] and not group["capturable"] for group in optimizer.param_groups), optimizer
+        assert all(
+            group["fused"] and not group["capturable"] for group in optimizer.param_groups
+        ), optimizer
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -158,25 +181,31 @@ def masked_write(x):
     return y
 
 
-# what a capture refuses -> whether the guard also sees it in compiled code (where it runs at a graph break); a copy to
-# the host traced into a graph is not seen there (see `no_host_sync`), test_fake_cuda.py catches it
+# what a capture refuses -> whether the guard also sees it in compiled code (where it runs at a
+# graph break); a copy to the host traced into a graph is not seen there (see `no_host_sync`),
+# test_fake_cuda.py catches it
 SYNCS = {
     "a Python branch on a tensor": (lambda x: x * 2 if x.sum() > 0 else x, True),
     ".item()": (lambda x: x * x.sum().item(), True),
     "boolean-mask indexing": (lambda x: x[x > 0].sum() * 2, True),
-    "a write through a boolean mask": (masked_write, False),  # compiled: a torch.where, no sync at all
+    # compiled: a torch.where, no sync at all
+    "a write through a boolean mask": (masked_write, False),
     "torch.equal": (lambda x: x * 2 if torch.equal(x, x) else x, True),
     "nonzero": (lambda x: x.nonzero().sum() * 2, True),
     ".to('cpu')": (lambda x: (x * 2).to("cpu"), False),
     "torch.as_tensor(t, device='cpu')": (lambda x: torch.as_tensor(x * 2, device="cpu"), False),
     ".cpu()": (lambda x: (x * 2).cpu(), False),
-    "torch.distributions' argument checks": (lambda x: torch.distributions.Normal(x, 1.0).loc, False),
+    "torch.distributions' argument checks": (
+        lambda x: torch.distributions.Normal(x, 1.0).loc,
+        False,
+    ),
 }
 
 
 @pytest.mark.parametrize("sync", SYNCS)
 def test_the_guard_catches_what_a_capture_refuses(sync):
-    """The guard is not vacuous: it refuses each of these in eager code, and in compiled code where it syncs there."""
+    """The guard is not vacuous: it refuses each of these in eager code, and in compiled code where
+    it syncs there."""
     from conftest import HostSync
 
     fn, compiled_too = SYNCS[sync]
@@ -206,13 +235,19 @@ def test_the_guard_catches_a_distribution_that_validates_its_arguments():
         assert_no_host_sync(actor.get_action, lambda: (torch.randn(1, 3),), compiled=False)
 
 
-SHOW_GPUS = "import os, torch; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), torch.cuda.is_available())"
+SHOW_GPUS = (
+    "import os, torch; "
+    "print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), torch.cuda.is_available())"
+)
 
 
 def test_a_launched_script_sees_no_gpu_outside_a_cuda_test():
-    """On a GPU machine as here, a script a CPU test launches (conftest's `script_env`, which `run_script` and the
-    torchrun and Ray tests use) sees no CUDA device: `--cuda` gives the CPU, torchrun's ranks take the CPU and gloo."""
-    proc = subprocess.run([sys.executable, "-c", SHOW_GPUS], env=script_env(), capture_output=True, text=True)
+    """On a GPU machine as here, a script a CPU test launches (conftest's `script_env`, which
+    `run_script` and the torchrun and Ray tests use) sees no CUDA device: `--cuda` gives the CPU,
+    torchrun's ranks take the CPU and gloo."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SHOW_GPUS], env=script_env(), capture_output=True, text=True
+    )
     assert proc.stdout.split() == ["''", "False"], proc.stdout + proc.stderr
 
 
@@ -224,4 +259,6 @@ def test_a_cuda_test_shows_its_scripts_the_gpus():
         pass
 
     marks = {mark.name for mark in requires_cuda(a_test).pytestmark}
-    assert marks == {"cuda", "skipif"}, "requires_cuda marks a test as a CUDA test and skips it without CUDA"
+    assert marks == {"cuda", "skipif"}, (
+        "requires_cuda marks a test as a CUDA test and skips it without CUDA"
+    )

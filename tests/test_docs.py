@@ -1,10 +1,12 @@
-"""The documentation points at what exists: every relative link in README.md, CONTRIBUTING.md and docs/*.md names a
-file of the repository (and, with `#anchor`, a heading of that file, by GitHub's slug rules), and every command in a
-fenced code block names scripts (`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`), shell
-scripts and requirements files that exist. Figures come from the results that produced them: the README's speed
-tables and docs/performance.md's quick tables from docs/benchmark_quick.json, the learning tables of the README and
-docs/results.md from the report of `python -m benchmarks.learning`. No page refers to the project's issues. The
-checker itself is tested on made-up pages, so that each check is shown able to fail. Nothing here runs a script."""
+"""The documentation points at what exists: every relative link in README.md, CONTRIBUTING.md and
+docs/*.md names a file of the repository (and, with `#anchor`, a heading of that file, by GitHub's
+slug rules), and every command in a fenced code block names scripts (`leanrl/<name>.py`), benchmark
+modules (`python -m benchmarks.<module>`), shell scripts and requirements files that exist. Figures
+come from the results that produced them: the README's speed tables and docs/performance.md's quick
+tables from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from
+the report of `python -m benchmarks.learning`. No page refers to the project's issues. The checker
+itself is tested on made-up pages, so that each check is shown able to fail. Nothing here runs a
+script."""
 
 import json
 import re
@@ -19,17 +21,29 @@ from benchmarks.learning import short_markdown
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
 LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
-SEEDS_RESULTS = {"seeds_cpu.json": seeds.markdown, "seeds_cpu_sac_idle.json": seeds.markdown}  # in docs/
-SEEDS_RESULTS |= {"seeds_cpu_td3_idle.json": seeds.markdown, "seeds_cpu_dqn_idle.json": seeds.markdown}
-SEEDS_RESULTS |= {"seeds_cpu_ppo_idle.json": seeds.markdown, "seeds_cpu_dqn_idle_f25.json": seeds.markdown}
-SEEDS_RESULTS |= {"seeds_gpu_proxy.json": seeds.proxy_markdown, "threads_cpu.json": threads.markdown}
-TD3_WINDOWS = ROOT / "docs" / "td3_cleanrl_hopper.json"  # CleanRL's TD3 run here beside ours, in docs/results.md
+# in docs/
+SEEDS_RESULTS = {"seeds_cpu.json": seeds.markdown, "seeds_cpu_sac_idle.json": seeds.markdown}
+SEEDS_RESULTS |= {
+    "seeds_cpu_td3_idle.json": seeds.markdown,
+    "seeds_cpu_dqn_idle.json": seeds.markdown,
+}
+SEEDS_RESULTS |= {
+    "seeds_cpu_ppo_idle.json": seeds.markdown,
+    "seeds_cpu_dqn_idle_f25.json": seeds.markdown,
+}
+SEEDS_RESULTS |= {
+    "seeds_gpu_proxy.json": seeds.proxy_markdown,
+    "threads_cpu.json": threads.markdown,
+}
+# CleanRL's TD3 run here beside ours, in docs/results.md
+TD3_WINDOWS = ROOT / "docs" / "td3_cleanrl_hopper.json"
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(`+).+?\1")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 INLINE_LINK = re.compile(
-    r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^()\s<>]*(?:\([^()\s]*\)[^()\s<>]*)*)>?(?:\s+\"[^\"]*\")?\s*\)"
+    r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]"
+    r"\(\s*<?([^()\s<>]*(?:\([^()\s]*\)[^()\s<>]*)*)>?(?:\s+\"[^\"]*\")?\s*\)"
 )
 REFERENCE_LINK = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.MULTILINE)
 HTML_LINK = re.compile(r"<(?:a|img)\b[^>]*?\b(?:href|src)=\"([^\"]*)\"", re.IGNORECASE)
@@ -43,7 +57,9 @@ SCRIPT = re.compile(r"(?:^|[\s'\"=(])(?:\./)?leanrl/(\w+)\.py\b")
 BENCHMARK = re.compile(r"\bpython3?\s+-m\s+benchmarks\.([\w.]+)")
 SHELL_SCRIPT = re.compile(r"\bbash\s+((?:\./)?[\w./-]+\.sh)\b")
 REQUIREMENTS = re.compile(r"\s-r\s+([\w./-]+\.txt)\b")
-ISSUE = re.compile(r"\b(?:the|an|this|that|its|our) issue\b|\bissue'?s? #?\d+|\bissue's\b", re.IGNORECASE)
+ISSUE = re.compile(
+    r"\b(?:the|an|this|that|its|our) issue\b|\bissue'?s? #?\d+|\bissue's\b", re.IGNORECASE
+)
 
 # the README's names of the algorithms and variants of benchmarks/registry.py
 README_ALGOS = {
@@ -55,8 +71,13 @@ README_ALGOS = {
     "PPO minGRU": "ppo_mingru",
     "PPO Atari": "ppo_atari_envpool",
 }
-README_VARIANTS = {"`_torchcompile`": "torchcompile", "`_torchcompile --compile`": "compile", "`_cpu`": "cpu"}
-# a speed table's columns that are figures of the eager row; every other column is a variant's ratio to eager
+README_VARIANTS = {
+    "`_torchcompile`": "torchcompile",
+    "`_torchcompile --compile`": "compile",
+    "`_cpu`": "cpu",
+}
+# a speed table's columns that are figures of the eager row; every other column is a variant's ratio
+# to eager
 EAGER_COLUMNS = {"eager sps": ("sps_median", "{:.0f}"), "env-only sps": ("env_only_sps", "{:.0f}")}
 
 
@@ -66,14 +87,20 @@ def doc_files(root=ROOT):
 
 
 def split_fences(text):
-    """(prose, code blocks): the text with every fenced code block blanked out line for line, and the blocks' text."""
+    """(prose, code blocks): the text with every fenced code block blanked out line for line, and
+    the blocks' text."""
     prose, blocks, block, fence = [], [], [], None
     for line in text.splitlines():
         match = FENCE.match(line)
         if fence is None and match:
             fence, block = match.group(1), []
             prose.append("")
-        elif fence is not None and match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence):
+        elif (
+            fence is not None
+            and match
+            and match.group(1)[0] == fence[0]
+            and len(match.group(1)) >= len(fence)
+        ):
             fence = None
             blocks.append("\n".join(block))
             prose.append("")
@@ -88,21 +115,22 @@ def split_fences(text):
 
 
 def heading_text(markdown):
-    """The text GitHub renders for a heading's markdown: links and images by their text, no code marks, no tags."""
+    """The text GitHub renders for a heading's markdown: links and images by their text, no code
+    marks, no tags."""
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", markdown)
     text = re.sub(r"<[^>]+>", "", text)
     return text.replace("`", "").replace("*", "")
 
 
 def slug(heading):
-    """GitHub's anchor for a heading's text: lowercase, punctuation dropped (letters, digits, '_', '-' and spaces
-    kept), each space turned into '-'."""
+    """GitHub's anchor for a heading's text: lowercase, punctuation dropped (letters, digits, '_',
+    '-' and spaces kept), each space turned into '-'."""
     return re.sub(r"[^\w\- ]", "", heading_text(heading).strip().lower()).replace(" ", "-")
 
 
 def anchors(text):
-    """Every anchor a page offers: its headings' slugs, repeated ones numbered as GitHub numbers them ('x', 'x-1',
-    'x-2'), and the ids and names of its HTML elements."""
+    """Every anchor a page offers: its headings' slugs, repeated ones numbered as GitHub numbers
+    them ('x', 'x-1', 'x-2'), and the ids and names of its HTML elements."""
     prose, _ = split_fences(HTML_COMMENT.sub("", text))
     lines = prose.splitlines()
     headings = []
@@ -127,15 +155,16 @@ def anchors(text):
 
 
 def link_targets(text):
-    """The targets of every link and image in a page's prose (code blocks, inline code and HTML comments skipped)."""
+    """The targets of every link and image in a page's prose (code blocks, inline code and HTML
+    comments skipped)."""
     prose, _ = split_fences(HTML_COMMENT.sub("", text))
     prose = INLINE_CODE.sub("", prose)
     return INLINE_LINK.findall(prose) + REFERENCE_LINK.findall(prose) + HTML_LINK.findall(prose)
 
 
 def link_problems(page, root=ROOT):
-    """One line per relative link of `page` that points outside `root`, to a file that does not exist, or to a
-    heading its target page does not have."""
+    """One line per relative link of `page` that points outside `root`, to a file that does not
+    exist, or to a heading its target page does not have."""
     problems = []
     for target in link_targets(page.read_text()):
         if not target or SCHEME.match(target):
@@ -151,24 +180,31 @@ def link_problems(page, root=ROOT):
             if unquote(anchor) not in anchors(path.read_text()):
                 problems.append(f"{where}: no heading with the anchor #{anchor} in {path.name}")
         elif anchor and not (path.is_file() and LINE_ANCHOR.match(anchor)):
-            problems.append(f"{where}: #{anchor} can only point into a markdown page (or #L<n> into a file)")
+            problems.append(
+                f"{where}: #{anchor} can only point into a markdown page (or #L<n> into a file)"
+            )
     return problems
 
 
 def command_problems(page, root=ROOT):
-    """One line per script, benchmark module, shell script or requirements file that a command in one of `page`'s
-    fenced code blocks names and that does not exist."""
+    """One line per script, benchmark module, shell script or requirements file that a command in
+    one of `page`'s fenced code blocks names and that does not exist."""
     problems = []
     _, blocks = split_fences(page.read_text())
     for block in blocks:
         for name in SCRIPT.findall(block):
             if not (root / "leanrl" / f"{name}.py").is_file():
-                problems.append(f"{page.name}: a command runs leanrl/{name}.py, which does not exist")
+                problems.append(
+                    f"{page.name}: a command runs leanrl/{name}.py, which does not exist"
+                )
         for module in BENCHMARK.findall(block):
             parts = module.rstrip(".").split(".")
             base = root / "benchmarks" / Path(*parts)
             if not (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()):
-                problems.append(f"{page.name}: a command runs `python -m benchmarks.{module}`, which does not exist")
+                problems.append(
+                    f"{page.name}: a command runs `python -m benchmarks.{module}`, which does not "
+                    "exist"
+                )
         for path in SHELL_SCRIPT.findall(block) + REQUIREMENTS.findall(block):
             if not (root / path).is_file():
                 problems.append(f"{page.name}: a command names {path}, which does not exist")
@@ -193,8 +229,9 @@ def tables(text):
 
 
 def speed_table_problems(text, runs):
-    """One line per cell of a README speed table (`| algorithm | eager sps | ... |`) that is not the figure of the
-    benchmark `runs` it comes from: eager sps, each variant's ratio to eager, env-only sps."""
+    """One line per cell of a README speed table (`| algorithm | eager sps | ... |`) that is not the
+    figure of the benchmark `runs` it comes from: eager sps, each variant's ratio to eager, env-only
+    sps."""
     rows = {(r["algo"], r["variant"]): r for run in runs for r in run["table"]}
     problems = []
     for header, body in tables(text):
@@ -228,7 +265,8 @@ def quick_table_lines(run):
 
 
 def issue_mentions(text):
-    """The lines of a page's prose that refer to an issue of the tracker ("the issue", "issue 31", "the issue's")."""
+    """The lines of a page's prose that refer to an issue of the tracker ("the issue", "issue 31",
+    "the issue's")."""
     prose, _ = split_fences(HTML_COMMENT.sub("", text))
     return [line.strip() for line in prose.splitlines() if ISSUE.search(INLINE_CODE.sub("", line))]
 
@@ -255,7 +293,9 @@ def test_commands_name_what_exists(page):
 def test_the_readme_speed_tables_are_the_benchmarks_figures():
     runs = json.loads(QUICK_RESULTS.read_text())["runs"]
     readme = (ROOT / "README.md").read_text()
-    assert len([header for header, _ in tables(readme) if header[:2] == ["algorithm", "eager sps"]]) == len(runs)
+    assert len(
+        [header for header, _ in tables(readme) if header[:2] == ["algorithm", "eager sps"]]
+    ) == len(runs)
     assert speed_table_problems(readme, runs) == []
     for run in runs:
         assert run["settings"]["started"][:16] in readme
@@ -270,7 +310,10 @@ def test_the_quick_tables_in_performance_md_are_the_benchmarks_tables():
 @pytest.mark.parametrize("learning_set", ["default", "atari"])
 def test_the_learning_tables_are_the_learning_report(learning_set):
     results = (ROOT / "docs" / "results.md").read_text()
-    assert missing_lines(results, (LEARNING_REPORT / f"{learning_set}.md").read_text().splitlines()) == []
+    assert (
+        missing_lines(results, (LEARNING_REPORT / f"{learning_set}.md").read_text().splitlines())
+        == []
+    )
     table = json.loads((LEARNING_REPORT / f"{learning_set}.json").read_text())["table"]
     assert missing_lines((ROOT / "README.md").read_text(), short_markdown(table).splitlines()) == []
 
@@ -283,20 +326,31 @@ def test_the_seeds_tables_in_performance_md_are_the_benchmarks_tables(name):
 
 
 def windows_markdown(results):
-    """One row per run of docs/td3_cleanrl_hopper.json: its mean return in each window, then its last 20 episodes'."""
+    """One row per run of docs/td3_cleanrl_hopper.json: its mean return in each window, then its
+    last 20 episodes'."""
     windows = results["windows"]
-    lines = ["| run | seed | " + " | ".join(windows) + " | last 20 |", "|---|---:|" + "---:|" * (len(windows) + 1)]
+    lines = [
+        "| run | seed | " + " | ".join(windows) + " | last 20 |",
+        "|---|---:|" + "---:|" * (len(windows) + 1),
+    ]
     for group, runs in results["groups"].items():
         for seed, run in runs.items():
             if seed != "mean_std":
-                cells = [f"{value:.1f}" for value in run["windows"]] + [""] * (len(windows) - len(run["windows"]))
-                lines.append(f"| {group} | {seed} | " + " | ".join(cells) + f" | {run['last_20']:.1f} |")
+                cells = [f"{value:.1f}" for value in run["windows"]] + [""] * (
+                    len(windows) - len(run["windows"])
+                )
+                lines.append(
+                    f"| {group} | {seed} | " + " | ".join(cells) + f" | {run['last_20']:.1f} |"
+                )
     return "\n".join(lines)
 
 
 def test_the_td3_windows_table_in_results_md_is_its_json():
     page = (ROOT / "docs" / "results.md").read_text()
-    assert missing_lines(page, windows_markdown(json.loads(TD3_WINDOWS.read_text())).splitlines()) == []
+    assert (
+        missing_lines(page, windows_markdown(json.loads(TD3_WINDOWS.read_text())).splitlines())
+        == []
+    )
 
 
 @pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
@@ -319,7 +373,10 @@ def test_the_readme_keeps_the_ci_command():
     "heading, expected",
     [
         ("Start here", "start-here"),
-        ("Scaling out: data-parallel PPO with torchrun", "scaling-out-data-parallel-ppo-with-torchrun"),
+        (
+            "Scaling out: data-parallel PPO with torchrun",
+            "scaling-out-data-parallel-ppo-with-torchrun",
+        ),
         ("Acting: compiled against eager", "acting-compiled-against-eager"),
         ("What `--double-buffer` costs (in learning)", "what---double-buffer-costs-in-learning"),
         ("The `_cpu` scripts, ppo_lstm & [memory](memory.md)", "the-_cpu-scripts-ppo_lstm--memory"),
@@ -331,17 +388,21 @@ def test_slug_follows_githubs_rules(heading, expected):
 
 
 def test_anchors_number_repeated_headings_and_skip_code():
-    text = '# Results\n\n## Results\n\n```bash\n# not a heading\n```\n\nSetext\n------\n\n<a id="here"></a>\n'
+    text = "# Results\n\n## Results\n\n```bash\n# not a heading\n```\n\n"
+    text += 'Setext\n------\n\n<a id="here"></a>\n'
     assert anchors(text) == {"results", "results-1", "setext", "here"}
 
 
 @pytest.fixture
 def repo(tmp_path):
-    """A made-up repository: a README, a docs page with two headings, one script and one benchmark module."""
+    """A made-up repository: a README, a docs page with two headings, one script and one benchmark
+    module."""
     (tmp_path / "docs").mkdir()
     (tmp_path / "leanrl").mkdir()
     (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "docs" / "page.md").write_text("# A page\n\n## Where the time goes\n\nSee [home](../README.md).\n")
+    (tmp_path / "docs" / "page.md").write_text(
+        "# A page\n\n## Where the time goes\n\nSee [home](../README.md).\n"
+    )
     (tmp_path / "docs" / "plot.png").write_bytes(b"")
     (tmp_path / "leanrl" / "dqn.py").write_text("")
     (tmp_path / "benchmarks" / "run.py").write_text("")
@@ -370,7 +431,10 @@ def test_good_links_pass(repo):
     [
         ("[gone](docs/missing.md)", "no file docs/missing.md"),
         ("[typo](docs/page.md#where-time-goes)", "no heading with the anchor #where-time-goes"),
-        ("[case](docs/page.md#Where-the-time-goes)", "no heading with the anchor #Where-the-time-goes"),
+        (
+            "[case](docs/page.md#Where-the-time-goes)",
+            "no heading with the anchor #Where-the-time-goes",
+        ),
         ("[self](#start-her)", "no heading with the anchor #start-her"),
         ("![plot](plot.png)", "no file plot.png"),
         ("[out](../outside/NOTES.md)", "leaves the repository"),
@@ -386,7 +450,9 @@ def test_bad_links_fail(repo, link, complaint):
 
 
 def test_links_in_code_and_comments_are_not_links(repo):
-    readme = write_readme(repo, "`[x](missing.md)`\n\n```markdown\n[y](missing.md)\n```\n\n<!-- [z](missing.md) -->\n")
+    readme = write_readme(
+        repo, "`[x](missing.md)`\n\n```markdown\n[y](missing.md)\n```\n\n<!-- [z](missing.md) -->\n"
+    )
     assert link_problems(readme, repo) == []
 
 
@@ -402,9 +468,15 @@ def test_commands_naming_what_exists_pass(repo):
 @pytest.mark.parametrize(
     "command, complaint",
     [
-        ("python leanrl/dqn_cpu.py --total-timesteps 100", "leanrl/dqn_cpu.py, which does not exist"),
+        (
+            "python leanrl/dqn_cpu.py --total-timesteps 100",
+            "leanrl/dqn_cpu.py, which does not exist",
+        ),
         ("torchrun --standalone leanrl/ppo.py", "leanrl/ppo.py, which does not exist"),
-        ("python -m benchmarks.nothing --quick", "`python -m benchmarks.nothing`, which does not exist"),
+        (
+            "python -m benchmarks.nothing --quick",
+            "`python -m benchmarks.nothing`, which does not exist",
+        ),
         ("bash run.sh", "run.sh, which does not exist"),
         ("pip install -r requirements/none.txt", "requirements/none.txt, which does not exist"),
     ],
@@ -416,16 +488,22 @@ def test_commands_naming_what_is_missing_fail(repo, command, complaint):
 
 
 QUICK_RUN = {
-    "settings": {"budget": "quick", "repeats": 2, "seeds": [1, 2], "started": "2026-01-01T00:00:00"},
+    "settings": {"budget": "quick", "repeats": 2, "seeds": [1, 2],
+                 "started": "2026-01-01T00:00:00"},
     "machine": {"cpu": "a CPU", "cores": 2, "gpu": None, "versions": {"torch": "2.13.0+cpu"}},
     "table": [
-        {"algo": "sac", "variant": "eager", "runs": 2, "sps_median": 91.4, "sps_min": 81, "sps_max": 101,
+        {"algo": "sac", "variant": "eager", "runs": 2,
+         "sps_median": 91.4, "sps_min": 81, "sps_max": 101,
          "return_mean": -273.2, "vs_eager": 1.0, "env_only_sps": 16710},
-        {"algo": "sac", "variant": "cpu", "runs": 2, "sps_median": 172, "sps_min": 152, "sps_max": 193,
+        {"algo": "sac", "variant": "cpu", "runs": 2,
+         "sps_median": 172, "sps_min": 152, "sps_max": 193,
          "return_mean": -273.2, "vs_eager": 1.894, "env_only_sps": 16710},
     ],
 }  # fmt: skip
-SPEED_TABLE = "| algorithm | eager sps | `_cpu` | env-only sps |\n|---|---:|---:|---:|\n| SAC | {} | {} | 16710 |\n"
+SPEED_TABLE = (
+    "| algorithm | eager sps | `_cpu` | env-only sps |\n|---|---:|---:|---:|\n"
+    "| SAC | {} | {} | 16710 |\n"
+)
 
 
 def test_a_speed_table_with_the_results_figures_passes():
@@ -474,7 +552,9 @@ def test_a_full_table_needs_every_line_the_harness_printed():
     ],
 )
 def test_issue_mentions_are_found_in_prose(line, found):
-    assert issue_mentions(line + "\n\n```\nthe issue in a code block\n```\n") == ([line] if found else [])
+    assert issue_mentions(line + "\n\n```\nthe issue in a code block\n```\n") == (
+        [line] if found else []
+    )
 
 
 def test_scripts_named_outside_code_blocks_are_not_commands(repo):

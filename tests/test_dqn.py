@@ -1,9 +1,11 @@
-"""DQN's three scripts, the eager reference, the optimized twin and the CPU script: smoke runs, the epsilon schedule,
-the replay buffers, compiled == eager updates, the CPU script's functional update == the eager script's module update,
-its numpy policy == the torch Q network, no recompilation, models that load across the scripts, learning, bad inputs.
+"""DQN's three scripts, the eager reference, the optimized twin and the CPU script: smoke runs, the
+epsilon schedule, the replay buffers, compiled == eager updates, the CPU script's functional update
+== the eager script's module update, its numpy policy == the torch Q network, no recompilation,
+models that load across the scripts, learning, bad inputs.
 
-Compiling tests (cold torch.compile costs 15-30 s here): the twin's `--compile` smoke run, its compiled policy and its
-compiled update, the CPU script's compiled update and its learning check. The rest run in a few seconds each.
+Compiling tests (cold torch.compile costs 15-30 s here): the twin's `--compile` smoke run, its
+compiled policy and its compiled update, the CPU script's compiled update and its learning check.
+The rest run in a few seconds each.
 """
 
 import numpy as np
@@ -12,7 +14,8 @@ import torch
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 
 SCRIPTS = ("dqn", "dqn_torchcompile", "dqn_cpu")
-# 3000 env steps, learning from 1000, one update every 10 iterations: ~200 updates and 3 target updates
+# 3000 env steps, learning from 1000, one update every 10 iterations: ~200 updates and 3 target
+# updates
 SMOKE = ("--total-timesteps", 3000, "--learning-starts", 1000, "--target-network-frequency", 500)
 # gymnasium's `module:EnvId` form, which `gym.make` imports (no registry lookup may refuse it)
 MODULE_ENV_ID = "gymnasium.envs.classic_control:CartPole-v1"
@@ -29,7 +32,8 @@ def check_smoke(s, script, compiled=False, num_envs=1, env_id="CartPole-v1"):
     assert s["return_mean"] >= 8  # the shortest CartPole episode
     assert s["sps"] > 0 and s["sps_wall"] > 0 and s["wall_s"] > 0
     assert s["torch_version"] == torch.__version__
-    assert s.get("threads") == (1 if script == "dqn_cpu" else None)  # the CPU script chooses its thread count
+    # the CPU script chooses its thread count
+    assert s.get("threads") == (1 if script == "dqn_cpu" else None)
 
 
 @pytest.mark.parametrize("script", SCRIPTS[:2])
@@ -38,40 +42,69 @@ def test_smoke(script):
 
 
 def test_smoke_compile():
-    check_smoke(summary(run_script("dqn_torchcompile", *SMOKE, "--compile")), "dqn_torchcompile", compiled=True)
+    check_smoke(
+        summary(run_script("dqn_torchcompile", *SMOKE, "--compile")),
+        "dqn_torchcompile",
+        compiled=True,
+    )
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-    """The CPU script's smoke run, eager (`--no-compile`: its compiled update is checked in-process below and its
-    compiled run learns), with 3 envs named in the `module:EnvId` form; it saves its model and evaluates it."""
-    flags = ("--no-compile", "--num-envs", 3, "--env-id", MODULE_ENV_ID, "--save-model", "--eval-episodes", 2)
+    """The CPU script's smoke run, eager (`--no-compile`: its compiled update is checked in-process
+    below and its compiled run learns), with 3 envs named in the `module:EnvId` form; it saves its
+    model and evaluates it."""
+    flags = (
+        "--no-compile",
+        "--num-envs",
+        3,
+        "--env-id",
+        MODULE_ENV_ID,
+        "--save-model",
+        "--eval-episodes",
+        2,
+    )
     return summary(run_script("dqn_cpu", *SMOKE, *flags, cwd=tmp_path_factory.mktemp("dqn_cpu")))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_smoke_num_envs_and_a_module_env_id(script, request):
-    """--num-envs counts env steps: 3 envs x 1000 iterations = 3000 steps, every finished episode counted; the env is
-    named in gymnasium's `module:EnvId` form."""
+    """--num-envs counts env steps: 3 envs x 1000 iterations = 3000 steps, every finished episode
+    counted; the env is named in gymnasium's `module:EnvId` form."""
     flags = (*SMOKE, "--num-envs", 3, "--env-id", MODULE_ENV_ID)
-    s = request.getfixturevalue("cpu_run") if script == "dqn_cpu" else summary(run_script(script, *flags))
+    s = (
+        request.getfixturevalue("cpu_run")
+        if script == "dqn_cpu"
+        else summary(run_script(script, *flags))
+    )
     check_smoke(s, script, num_envs=3, env_id=MODULE_ENV_ID)
 
 
 def test_a_model_saved_by_any_script_loads_in_the_others(cpu_run, tmp_path):
-    """The CPU script's trained model, evaluated greedily, gives the same returns in the eager script and the twin;
-    the three scripts' Q networks have the same state_dict keys and shapes, so any script's model loads in the
-    others (`load_state_dict` is strict)."""
+    """The CPU script's trained model, evaluated greedily, gives the same returns in the eager
+    script and the twin; the three scripts' Q networks have the same state_dict keys and shapes,
+    so any script's model loads in the others (`load_state_dict` is strict)."""
     assert len(cpu_run["eval_returns"]) == 2
     for script in SCRIPTS[:2]:
-        flags = ("--env-id", MODULE_ENV_ID, "--eval-model", cpu_run["model_file"], "--eval-episodes", 2)
+        flags = (
+            "--env-id",
+            MODULE_ENV_ID,
+            "--eval-model",
+            cpu_run["model_file"],
+            "--eval-episodes",
+            2,
+        )
         replayed = summary(run_script(script, *flags, cwd=tmp_path))
         assert replayed["eval_returns"] == cpu_run["eval_returns"], script
-    shapes = [{k: v.shape for k, v in load_script(name).QNetwork(4, 2).state_dict().items()} for name in SCRIPTS]
+    shapes = [
+        {k: v.shape for k, v in load_script(name).QNetwork(4, 2).state_dict().items()}
+        for name in SCRIPTS
+    ]
     assert shapes[0] == shapes[1] == shapes[2]
 
 
-# --- the epsilon schedule and acting ----------------------------------------------------------------------------
+# --- the epsilon schedule and acting
+# ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -79,17 +112,20 @@ def test_linear_schedule(script):
     """1 -> 0.05 over 1000 steps: start, middle, end of exploration, and flat after it."""
     linear_schedule = load_script(script).linear_schedule
     for t, expected in ((0, 1.0), (500, 0.525), (1000, 0.05), (5000, 0.05)):
-        value = linear_schedule(1.0, 0.05, 1000, torch.tensor(t) if script.endswith("torchcompile") else t)
+        value = linear_schedule(
+            1.0, 0.05, 1000, torch.tensor(t) if script.endswith("torchcompile") else t
+        )
         assert float(value) == pytest.approx(expected, abs=1e-6), t
 
 
 def test_compiled_policy_follows_schedule_with_one_coin_without_recompiling():
-    """The twin's compiled acting function's exploration rate at the start, middle and end of the schedule (the step
-    lives in a tensor the policy advances in place: LeanRL's DQN kept epsilon at its final value from step 0).
-    One coin for all envs, as CleanRL flips: with a Q network that always prefers action 0, a call explores with
-    probability epsilon, and then draws uniform actions for its 8 envs, which show an action 1 unless all 8 are 0.
-    So the share of calls with an action 1 is epsilon * 255/256; one coin per env would give 1 - (1 - epsilon/2)^8
-    (0.93 at epsilon 0.525). 2,000 calls per point: standard error below 0.012, tolerance 0.04."""
+    """The twin's compiled acting function's exploration rate at the start, middle and end of the
+    schedule (the step lives in a tensor the policy advances in place: LeanRL's DQN kept epsilon at
+    its final value from step 0). One coin for all envs, as CleanRL flips: with a Q network that
+    always prefers action 0, a call explores with probability epsilon, and then draws uniform
+    actions for its 8 envs, which show an action 1 unless all 8 are 0. So the share of calls with an
+    action 1 is epsilon * 255/256; one coin per env would give 1 - (1 - epsilon/2)^8 (0.93 at
+    epsilon 0.525). 2,000 calls per point: standard error below 0.012, tolerance 0.04."""
     mod = load_script("dqn_torchcompile")
     torch.manual_seed(0)
     q_network = mod.QNetwork(4, 2)
@@ -97,7 +133,9 @@ def test_compiled_policy_follows_schedule_with_one_coin_without_recompiling():
         q_network.network[4].weight.zero_()
         q_network.network[4].bias.copy_(torch.tensor([1.0, 0.0]))
     global_step = torch.zeros((), dtype=torch.long)
-    policy = torch.compile(mod.make_policy(q_network, 2, global_step, 1.0, 0.05, 100_000), fullgraph=True)
+    policy = torch.compile(
+        mod.make_policy(q_network, 2, global_step, 1.0, 0.05, 100_000), fullgraph=True
+    )
     obs = torch.randn(8, 4)
 
     policy(obs)  # warm-up: compiles
@@ -115,10 +153,11 @@ def test_compiled_policy_follows_schedule_with_one_coin_without_recompiling():
 
 
 def test_host_policy_follows_schedule_with_one_coin(monkeypatch):
-    """The CPU script's acting: the eager script's host-side coin and the Q network in numpy. With the coin fixed at
-    0.6 and epsilon falling 1 -> 0.05 over 1,000 steps, 8 envs a call, the calls at steps 0, 8, ..., 416 explore
-    (epsilon > 0.6) and the later ones exploit, returning the network's argmax for every env; with the coin at 0.04 no
-    call exploits, even past the schedule's end (epsilon stays at 0.05). Exploring draws are marked -1 here."""
+    """The CPU script's acting: the eager script's host-side coin and the Q network in numpy. With
+    the coin fixed at 0.6 and epsilon falling 1 -> 0.05 over 1,000 steps, 8 envs a call, the
+    calls at steps 0, 8, ..., 416 explore (epsilon > 0.6) and the later ones exploit, returning
+    the network's argmax for every env; with the coin at 0.04 no call exploits, even past the
+    schedule's end (epsilon stays at 0.05). Exploring draws are marked -1 here."""
     mod = load_script("dqn_cpu")
     q_network = mod.QNetwork(4, 2)
     with torch.no_grad():
@@ -139,9 +178,9 @@ def test_host_policy_follows_schedule_with_one_coin(monkeypatch):
 
 
 def test_host_policy_is_the_torch_q_network_also_after_an_in_place_step():
-    """The numpy policy restates `QNetwork.forward`: greedy (epsilon 0), it picks the torch Q network's argmax for 512
-    random observations, on random weights, and still after the weights change in place (as Adam's step changes
-    them: the policy reads views of the same memory)."""
+    """The numpy policy restates `QNetwork.forward`: greedy (epsilon 0), it picks the torch Q
+    network's argmax for 512 random observations, on random weights, and still after the weights
+    change in place (as Adam's step changes them: the policy reads views of the same memory)."""
     mod = load_script("dqn_cpu")
     torch.manual_seed(0)
     q_network = mod.QNetwork(4, 3)
@@ -159,25 +198,31 @@ def test_host_policy_is_the_torch_q_network_also_after_an_in_place_step():
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_replay_buffer_extends_wraps_around_and_samples_what_was_added(script):
-    """Transitions are the env's numpy arrays (booleans for terminations, integers for actions), written at the
-    buffer's dtypes: every step in the eager script, once per `train_frequency` iterations in the others (the CPU
-    script through numpy views of the buffer's tensors)."""
+    """Transitions are the env's numpy arrays (booleans for terminations, integers for actions),
+    written at the buffer's dtypes: every step in the eager script, once per `train_frequency`
+    iterations in the others (the CPU script through numpy views of the buffer's tensors)."""
     mod = load_script(script)
     device = {} if script == "dqn_cpu" else {"device": torch.device("cpu")}
     rb = mod.ReplayBuffer(buffer_size=5, n_obs=1, **device)
     for write in range(3):  # 12 transitions through a buffer of 5, in writes of 2 steps of 2 envs
         steps = [np.array([4.0 * write + 2 * i, 4.0 * write + 2 * i + 1]) for i in range(2)]
-        transitions = [dict(obs=v[:, None], next_obs=v[:, None] + 0.5, actions=v.astype(int) % 2) for v in steps]
+        transitions = [
+            dict(obs=v[:, None], next_obs=v[:, None] + 0.5, actions=v.astype(int) % 2)
+            for v in steps
+        ]
         rb.extend([t | dict(rewards=v, terminations=v > 10) for t, v in zip(transitions, steps)])
     assert (rb.size, rb.cursor) == (5, 2)
     batch = rb.sample(200)
     assert set(batch["rewards"].tolist()) == {7.0, 8.0, 9.0, 10.0, 11.0}
     torch.testing.assert_close(batch["next_obs"][:, 0], batch["rewards"] + 0.5)
-    assert batch["actions"].dtype == torch.long and torch.equal(batch["actions"], batch["rewards"].long() % 2)
+    assert batch["actions"].dtype == torch.long and torch.equal(
+        batch["actions"], batch["rewards"].long() % 2
+    )
     torch.testing.assert_close(batch["terminations"], (batch["rewards"] > 10).float())
 
 
-# --- the updates: compiled == eager, functional == module ---------------------------------------------------------
+# --- the updates: compiled == eager, functional == module
+# ---------------------------------------------------------
 
 
 def make_batch(n_obs=4, n_act=2, batch_size=128, seed=1):
@@ -192,9 +237,9 @@ def make_batch(n_obs=4, n_act=2, batch_size=128, seed=1):
 
 
 def build_update(script, **adam):
-    """A script's TD update from the same starting parameters (seeded) and a target network that differs from the
-    online one: the eager script's and the twin's module update (torch.optim.Adam with `adam`'s flags), or the CPU
-    script's functional update with its written-out Adam."""
+    """A script's TD update from the same starting parameters (seeded) and a target network that
+    differs from the online one: the eager script's and the twin's module update (torch.optim.Adam
+    with `adam`'s flags), or the CPU script's functional update with its written-out Adam."""
     mod = load_script(script)
     args = mod.Args(learning_rate=2.5e-4, gamma=0.99)
     torch.manual_seed(0)
@@ -203,7 +248,9 @@ def build_update(script, **adam):
     target_network.load_state_dict(q_network.state_dict())
     target_network.network[0].weight.data.mul_(0.9)
     if script == "dqn_cpu":
-        optimizer = mod.Adam({name: p.data for name, p in q_network.named_parameters()}, lr=args.learning_rate)
+        optimizer = mod.Adam(
+            {name: p.data for name, p in q_network.named_parameters()}, lr=args.learning_rate
+        )
         update, _ = mod.make_functional_updates(q_network, target_network, optimizer, args)
     else:
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam)
@@ -212,9 +259,10 @@ def build_update(script, **adam):
 
 
 def test_twin_compiled_update_matches_eager_and_does_not_recompile():
-    """One step on the same batch: the twin's module update (fused Adam) compiled, as `--compile` runs it, against
-    the same update run eagerly; losses within 1e-5 (relative) and parameters within 1e-6 (absolute; one Adam step
-    moves them by ~lr = 2.5e-4). Then more steps on fresh batches compile nothing new."""
+    """One step on the same batch: the twin's module update (fused Adam) compiled, as `--compile`
+    runs it, against the same update run eagerly; losses within 1e-5 (relative) and parameters
+    within 1e-6 (absolute; one Adam step moves them by ~lr = 2.5e-4). Then more steps on fresh
+    batches compile nothing new."""
     batch = make_batch()
     eager_update, eager_q = build_update("dqn_torchcompile", fused=True)
     compiled_update, compiled_q = build_update("dqn_torchcompile", fused=True)
@@ -229,18 +277,20 @@ def test_twin_compiled_update_matches_eager_and_does_not_recompile():
         assert not torch.equal(p_eager, p_start), "the step moved the parameters"
         torch.testing.assert_close(p_compiled, p_eager, rtol=0, atol=1e-6)
 
-    compiled_update(make_batch(seed=2))  # second call: may still specialise (e.g. the optimizer's step count)
+    # second call: may still specialise (e.g. the optimizer's step count)
+    compiled_update(make_batch(seed=2))
     with torch.compiler.set_stance("fail_on_recompile"):
         for seed in range(3, 6):
             compiled_update(make_batch(seed=seed))
 
 
 def test_cpu_functional_update_matches_the_eager_scripts_module_update_step_for_step():
-    """Six steps on fresh batches from the same start: the eager script's module update (torch.optim.Adam), the CPU
-    script's functional update run eagerly (`--no-compile`) and compiled as `main` compiles it (one graph, C++
-    wrapper). After each step the losses and mean Qs agree within 1e-5 (relative) and the parameters within 1e-6
-    (absolute; each Adam step moves them by ~lr = 2.5e-4; the written-out Adam rounds in another order than torch's).
-    From the third call on, the compiled update compiles nothing new."""
+    """Six steps on fresh batches from the same start: the eager script's module update
+    (torch.optim.Adam), the CPU script's functional update run eagerly (`--no-compile`) and compiled
+    as `main` compiles it (one graph, C++ wrapper). After each step the losses and mean Qs agree
+    within 1e-5 (relative) and the parameters within 1e-6 (absolute; each Adam step moves them by
+    ~lr = 2.5e-4; the written-out Adam rounds in another order than torch's). From the third call
+    on, the compiled update compiles nothing new."""
     reference, reference_q = build_update("dqn")
     functional, functional_q = build_update("dqn_cpu")
     compiled, compiled_q = build_update("dqn_cpu")
@@ -254,9 +304,13 @@ def test_cpu_functional_update_matches_the_eager_scripts_module_update_step_for_
             expected = reference(batch)
             for update, q_network in ((functional, functional_q), (compiled, compiled_q)):
                 for value, reference_value in zip(update(batch), expected):
-                    torch.testing.assert_close(value, reference_value, rtol=1e-5, atol=1e-7, msg=f"step {step}")
+                    torch.testing.assert_close(
+                        value, reference_value, rtol=1e-5, atol=1e-7, msg=f"step {step}"
+                    )
                 for param, reference_param in zip(q_network.parameters(), reference_q.parameters()):
-                    torch.testing.assert_close(param, reference_param, rtol=0, atol=1e-6, msg=f"step {step}")
+                    torch.testing.assert_close(
+                        param, reference_param, rtol=0, atol=1e-6, msg=f"step {step}"
+                    )
         finally:
             torch.compiler.set_stance("default")
     assert all(not torch.equal(p, p_start) for p, p_start in zip(reference_q.parameters(), start))
@@ -273,7 +327,8 @@ def test_target_update_is_a_copy_at_tau_one(script):
         assert torch.equal(p, tp)
 
 
-# --- learning -------------------------------------------------------------------------------------------------
+# --- learning
+# -------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.learning
@@ -290,9 +345,11 @@ def test_learns_cartpole():
     assert s["compile"] is True and s["threads"] == 1 and s["return_mean"] > 80, s
 
 
-# --- bad inputs ---------------------------------------------------------------------------------------------
+# --- bad inputs
+# ---------------------------------------------------------------------------------------------
 
-# an unknown `--env-id` and a `module:EnvId` whose module is missing: test_contract.py, for every script
+# an unknown `--env-id` and a `module:EnvId` whose module is missing: test_contract.py, for every
+# script
 BAD_INPUTS = [
     (("--env-id", "Pendulum-v1"), ("--env-id", "Box")),
     (("--batch-size", 0), ("--batch-size",)),
@@ -312,7 +369,9 @@ def test_bad_inputs_optimized_twin(flags, words):
 
 
 @pytest.mark.parametrize("script", ["dqn", "dqn_cpu"])
-@pytest.mark.parametrize("flags,words", BAD_INPUTS[:1] + BAD_INPUTS[-3:-1], ids=lambda x: " ".join(map(str, x)))
+@pytest.mark.parametrize(
+    "flags,words", BAD_INPUTS[:1] + BAD_INPUTS[-3:-1], ids=lambda x: " ".join(map(str, x))
+)
 def test_bad_inputs(script, flags, words):
     assert_user_error(run_script(script, *flags), *words)
 

@@ -1,11 +1,12 @@
-"""DQN's seeds script, N runs as one vmapped program: each member's update is dqn_cpu.py's update on that member's
-parameters, Adam state and batch (eager and compiled, with no recompilation); a member's update does not depend on
-another member's batch; each member starts from the weights dqn_cpu.py draws with its seed; the numpy policy is the
-vmapped torch Q network and flips one coin per member; every member of a short run learns; the per-member summary,
-model files a single-seed script evaluates, and bad inputs.
+"""DQN's seeds script, N runs as one vmapped program: each member's update is dqn_cpu.py's update on
+that member's parameters, Adam state and batch (eager and compiled, with no recompilation); a
+member's update does not depend on another member's batch; each member starts from the weights
+dqn_cpu.py draws with its seed; the numpy policy is the vmapped torch Q network and flips one coin
+per member; every member of a short run learns; the per-member summary, model files a single-seed
+script evaluates, and bad inputs.
 
-Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test (the update compiled once) and the
-learning check. The rest run in a few seconds each.
+Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test (the update compiled
+once) and the learning check. The rest run in a few seconds each.
 """
 
 import numpy as np
@@ -16,61 +17,72 @@ from test_dqn import make_batch
 
 SEEDS = [1, 2, 3]
 CPU = torch.device("cpu")
-# 3000 env steps per member, learning from 1000, one update every 10 iterations: ~200 updates and 3 target updates
+# 3000 env steps per member, learning from 1000, one update every 10 iterations: ~200 updates and 3
+# target updates
 SMOKE = ("--total-timesteps", 3000, "--learning-starts", 1000, "--target-network-frequency", 500)
 
 
 def stacked_batches(seed):
-    """A batch per member (test_dqn's batches, a different one for each) and the same batches stacked on a seeds
-    axis, as the seeds update takes them."""
+    """A batch per member (test_dqn's batches, a different one for each) and the same batches
+    stacked on a seeds axis, as the seeds update takes them."""
     batches = [make_batch(seed=10 * seed + k) for k in range(len(SEEDS))]
     return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0]}
 
 
 def build_seeds_update():
-    """The seeds script's update for the members SEEDS, from their initial weights, with target networks that differ
-    from the online ones (the first layer 0.9x); returns it with the stacked parameters and target parameters."""
+    """The seeds script's update for the members SEEDS, from their initial weights, with target
+    networks that differ from the online ones (the first layer 0.9x); returns it with the stacked
+    parameters and target parameters."""
     mod = load_script("dqn_seeds")
     args = mod.Args(num_seeds=len(SEEDS))
     params, _, _ = mod.make_learner(args, 4, 2, SEEDS, CPU)
     target_params = {name: param.clone() for name, param in params.items()}
     target_params["network.0.weight"].mul_(0.9)
     optimizer = mod.Adam(params, lr=args.learning_rate)
-    update, _ = mod.make_functional_updates(mod.QNetwork(4, 2, device="meta"), target_params, optimizer, args)
+    update, _ = mod.make_functional_updates(
+        mod.QNetwork(4, 2, device="meta"), target_params, optimizer, args
+    )
     return update, params, target_params
 
 
 def build_cpu_update(params, target_params, member):
-    """dqn_cpu.py's update on copies of member `member`'s parameters and target parameters (a fresh Adam, as the
-    seeds update's)."""
+    """dqn_cpu.py's update on copies of member `member`'s parameters and target parameters (a fresh
+    Adam, as the seeds update's)."""
     mod = load_script("dqn_cpu")
     q_network, target_network = mod.QNetwork(4, 2), mod.QNetwork(4, 2)
     q_network.load_state_dict({name: param[member] for name, param in params.items()})
     target_network.load_state_dict({name: param[member] for name, param in target_params.items()})
-    optimizer = mod.Adam({name: p.data for name, p in q_network.named_parameters()}, lr=mod.Args().learning_rate)
+    optimizer = mod.Adam(
+        {name: p.data for name, p in q_network.named_parameters()}, lr=mod.Args().learning_rate
+    )
     update, _ = mod.make_functional_updates(q_network, target_network, optimizer, mod.Args())
     return update, q_network
 
 
 def test_each_member_starts_from_the_weights_of_the_single_seed_script_with_its_seed():
-    """Member k's Q network is the one dqn_cpu.py builds after seeding torch with `seed + k` (as its Run does), and
-    building the members leaves the global generator as it was."""
+    """Member k's Q network is the one dqn_cpu.py builds after seeding torch with `seed + k` (as its
+    Run does), and building the members leaves the global generator as it was."""
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    params, _, _ = load_script("dqn_seeds").make_learner(load_script("dqn_seeds").Args(), 4, 2, SEEDS, CPU)
+    params, _, _ = load_script("dqn_seeds").make_learner(
+        load_script("dqn_seeds").Args(), 4, 2, SEEDS, CPU
+    )
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         expected = load_script("dqn_cpu").QNetwork(4, 2).state_dict()
-        assert all(torch.equal(params[name][member], value) for name, value in expected.items()), seed
+        assert all(torch.equal(params[name][member], value) for name, value in expected.items()), (
+            seed
+        )
 
 
 def test_each_members_update_is_the_single_seed_update_on_its_inputs_eager_and_compiled():
-    """Four steps on fresh batches: the seeds update (N=3), eagerly and compiled as main compiles it on a CPU, against
-    dqn_cpu.py's update on each member's own parameters, target network, Adam state and batch. Member k's losses and
-    mean Qs agree within 1e-5 (relative) and its parameters within 1e-6 (absolute; an Adam step moves them by ~lr =
-    2.5e-4; the vmapped update multiplies in batched matmuls, whose sums round in another order). From the third call
-    on, the compiled update compiles nothing new."""
+    """Four steps on fresh batches: the seeds update (N=3), eagerly and compiled as main compiles
+    it on a CPU, against dqn_cpu.py's update on each member's own parameters, target network,
+    Adam state and batch. Member k's losses and mean Qs agree within 1e-5 (relative) and its
+    parameters within 1e-6 (absolute; an Adam step moves them by ~lr = 2.5e-4; the vmapped
+    update multiplies in batched matmuls, whose sums round in another order). From the third
+    call on, the compiled update compiles nothing new."""
     seeds_update, params, target_params = build_seeds_update()
     compiled_update, compiled_params, _ = build_seeds_update()
     compiled_update = torch.compile(compiled_update, fullgraph=True, options={"cpp_wrapper": True})
@@ -86,18 +98,28 @@ def test_each_members_update_is_the_single_seed_update_on_its_inputs_eager_and_c
                 losses, q_means = update(stacked)
                 assert losses.shape == q_means.shape == (len(SEEDS),)
                 for member, (_, q_network) in enumerate(singles):
-                    for value, reference in zip((losses[member], q_means[member]), expected[member]):
-                        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-7, msg=f"step {step}")
+                    for value, reference in zip(
+                        (losses[member], q_means[member]), expected[member]
+                    ):
+                        torch.testing.assert_close(
+                            value, reference, rtol=1e-5, atol=1e-7, msg=f"step {step}"
+                        )
                     for name, reference in q_network.state_dict().items():
-                        torch.testing.assert_close(stack[name][member], reference, rtol=0, atol=1e-6, msg=name)
+                        torch.testing.assert_close(
+                            stack[name][member], reference, rtol=0, atol=1e-6, msg=name
+                        )
         finally:
             torch.compiler.set_stance("default")
-    assert all(not torch.equal(params[name][k], start[name][k]) for name in params for k in range(len(SEEDS)))
+    assert all(
+        not torch.equal(params[name][k], start[name][k])
+        for name in params
+        for k in range(len(SEEDS))
+    )
 
 
 def test_a_members_update_depends_on_its_own_batch_alone():
-    """Two seeds updates from the same state, on the same batches except member 0's: members 1 and 2 come out with
-    exactly the same losses and parameters (bit for bit), member 0 with others."""
+    """Two seeds updates from the same state, on the same batches except member 0's: members 1 and 2
+    come out with exactly the same losses and parameters (bit for bit), member 0 with others."""
     outcomes = []
     for changed in (False, True):
         update, params, _ = build_seeds_update()
@@ -109,21 +131,26 @@ def test_a_members_update_depends_on_its_own_batch_alone():
         losses, q_means = update(stacked)
         outcomes.append((losses, q_means, params))
     (losses, q_means, params), (losses_changed, q_means_changed, params_changed) = outcomes
-    assert torch.equal(losses[1:], losses_changed[1:]) and torch.equal(q_means[1:], q_means_changed[1:])
+    assert torch.equal(losses[1:], losses_changed[1:]) and torch.equal(
+        q_means[1:], q_means_changed[1:]
+    )
     assert all(torch.equal(params[name][1:], params_changed[name][1:]) for name in params)
     assert losses[0] != losses_changed[0]
     assert not torch.equal(params["network.0.weight"][0], params_changed["network.0.weight"][0])
 
 
 def test_host_policy_is_the_vmapped_torch_q_network_also_after_an_in_place_step():
-    """Greedy (epsilon 0), the numpy policy picks each member's torch Q-network argmax for 256 random observations per
-    member (the members' networks differ), before and after the stacked weights change in place, as Adam changes
-    them (the policy reads views of the same memory); the vmapped torch policy, greedy, picks the same."""
+    """Greedy (epsilon 0), the numpy policy picks each member's torch Q-network argmax for 256
+    random observations per member (the members' networks differ), before and after the stacked
+    weights change in place, as Adam changes them (the policy reads views of the same memory);
+    the vmapped torch policy, greedy, picks the same."""
     mod = load_script("dqn_seeds")
     args = mod.Args(start_e=0.0, end_e=0.0)
     params, _, (policy, _, _) = mod.make_learner(args, 4, 3, SEEDS, CPU)
     host_policy = mod.make_host_policy(params, 3, 0.0, 0.0, 1000)
-    obs = torch.from_numpy(np.random.default_rng(0).standard_normal((len(SEEDS), 256, 4), dtype=np.float32))
+    obs = torch.from_numpy(
+        np.random.default_rng(0).standard_normal((len(SEEDS), 256, 4), dtype=np.float32)
+    )
     for _ in range(2):  # before and after an in-place change
         expected = []
         for member in range(len(SEEDS)):
@@ -133,23 +160,27 @@ def test_host_policy_is_the_vmapped_torch_q_network_also_after_an_in_place_step(
                 expected.append(q_network(obs[member]).argmax(dim=1))
         expected = torch.stack(expected)
         assert torch.equal(host_policy(obs), expected) and torch.equal(policy(obs), expected)
-        assert len(set(expected.flatten().tolist())) > 1 and not torch.equal(expected[0], expected[1])
+        assert len(set(expected.flatten().tolist())) > 1 and not torch.equal(
+            expected[0], expected[1]
+        )
         for param in params.values():
             param.add_(torch.randn_like(param))
 
 
 def test_host_policy_flips_a_coin_per_member(monkeypatch):
-    """Each member explores or exploits on its own coin: with coins 0.1, 0.9 and 0.5 and epsilon falling from 1 to
-    0.05 over 1,000 steps (8 envs a call), member 0 explores until epsilon falls below 0.1 (step 948), member 1 until
-    it falls below 0.9 (step 106), member 2 until 0.5 (step 527); exploring draws are marked -1 here. At epsilon 1
-    every member explores and the network is not run."""
+    """Each member explores or exploits on its own coin: with coins 0.1, 0.9 and 0.5 and epsilon
+    falling from 1 to 0.05 over 1,000 steps (8 envs a call), member 0 explores until epsilon falls
+    below 0.1 (step 948), member 1 until it falls below 0.9 (step 106), member 2 until 0.5 (step
+    527); exploring draws are marked -1 here. At epsilon 1 every member explores and the network is
+    not run."""
     mod = load_script("dqn_seeds")
     params, _, _ = mod.make_learner(mod.Args(), 4, 2, SEEDS, CPU)
     monkeypatch.setattr(mod.np.random, "random", lambda size: np.array([0.1, 0.9, 0.5]))
     monkeypatch.setattr(mod.np.random, "randint", lambda high, size: np.full(size, -1))
     policy = mod.make_host_policy(params, 2, 1.0, 0.05, 1000)
     obs = torch.from_numpy(np.random.default_rng(0).standard_normal((3, 8, 4), dtype=np.float32))
-    explored = np.array([(policy(obs).numpy() == -1).all(axis=1) for _ in range(150)])  # steps 0, 8, ..., 1192
+    # steps 0, 8, ..., 1192
+    explored = np.array([(policy(obs).numpy() == -1).all(axis=1) for _ in range(150)])
     steps = 8 * np.arange(150)
     epsilon = np.maximum(1.0 - 0.95 * steps / 1000, 0.05)
     np.testing.assert_array_equal(explored, epsilon[:, None] > np.array([0.1, 0.9, 0.5]))
@@ -157,9 +188,9 @@ def test_host_policy_flips_a_coin_per_member(monkeypatch):
 
 
 def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
-    """Two members with 2 envs each, 12 steps through buffers of 5 (in writes of 2 steps of the vector env's flat
-    arrays, member k's envs the k-th slice): each member's buffer holds its own last 5 transitions, and a member's
-    samples come from its own buffer only."""
+    """Two members with 2 envs each, 12 steps through buffers of 5 (in writes of 2 steps of the
+    vector env's flat arrays, member k's envs the k-th slice): each member's buffer holds its
+    own last 5 transitions, and a member's samples come from its own buffer only."""
     mod = load_script("dqn_seeds")
     rb = mod.ReplayBuffer(num_seeds=2, buffer_size=5, n_obs=1, device=CPU)
     for write in range(3):
@@ -167,7 +198,13 @@ def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
             np.array([0, 1, 100, 101]) + 4 * write + 2 * i for i in range(2)
         ]  # member 1's values: 100 + member 0's
         transitions = [
-            dict(obs=v[:, None], next_obs=v[:, None] + 0.5, actions=v % 2, rewards=v, terminations=v > 10)
+            dict(
+                obs=v[:, None],
+                next_obs=v[:, None] + 0.5,
+                actions=v % 2,
+                rewards=v,
+                terminations=v > 10,
+            )
             for v in steps
         ]
         rb.extend(transitions)
@@ -177,7 +214,9 @@ def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
     assert set(batch["rewards"][0].tolist()) == {7.0, 8.0, 9.0, 10.0, 11.0}
     assert set(batch["rewards"][1].tolist()) == {107.0, 108.0, 109.0, 110.0, 111.0}
     torch.testing.assert_close(batch["next_obs"][..., 0], batch["rewards"] + 0.5)
-    assert batch["actions"].dtype == torch.long and torch.equal(batch["actions"], batch["rewards"].long() % 2)
+    assert batch["actions"].dtype == torch.long and torch.equal(
+        batch["actions"], batch["rewards"].long() % 2
+    )
     torch.testing.assert_close(batch["terminations"], (batch["rewards"] > 10).float())
 
 
@@ -230,10 +269,15 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 
 
 def test_finished_episodes_are_counted_per_member():
-    """Three members with 2 envs each: episodes of envs 1, 2 and 3 end on the same step; member 0 gets env 1's,
-    member 1 both of its own, member 2 none."""
+    """Three members with 2 envs each: episodes of envs 1, 2 and 3 end on the same step; member 0
+    gets env 1's, member 1 both of its own, member 2 none."""
     episode = {"r": np.array([0.0, -5.0, 7.0, 8.0, 0.0, 0.0]), "l": np.array([0, 10, 20, 30, 0, 0])}
-    infos = {"final_info": {"episode": episode, "_episode": np.array([False, True, True, True, False, False])}}
+    infos = {
+        "final_info": {
+            "episode": episode,
+            "_episode": np.array([False, True, True, True, False, False]),
+        }
+    }
     finished_episodes = load_script("dqn_seeds").finished_episodes
     assert finished_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
     assert finished_episodes({}, 3) == [[], [], []]
@@ -241,13 +285,14 @@ def test_finished_episodes_are_counted_per_member():
 
 @pytest.mark.learning
 def test_the_members_learn_cartpole():
-    """Three members (seeds 2, 3, 4) as a user runs them (the compiled update, numpy acting), at the budget of
-    test_dqn.py's learning check: 60k steps each; the mean over members of each one's last-20 mean return must
-    exceed 100 (random play: ~22). One member's last-20 mean at 60k swings widely: measured on a 2-core Intel Xeon
-    (AMX), 10 runs of this command with `--seed` 2, 5, ..., 29 (30 members, one thread): members 135 to 492
-    (median 245), the runs' 3-member means 189.5 to 336.7 (this run's: 226.2). With `--gamma 0` (a target that
-    never bootstraps) the members stay far below (see test_dqn.py). A bar on each member (150 until this bar)
-    failed one run in four."""
+    """Three members (seeds 2, 3, 4) as a user runs them (the compiled update, numpy acting), at
+    the budget of test_dqn.py's learning check: 60k steps each; the mean over members of each
+    one's last-20 mean return must exceed 100 (random play: ~22). One member's last-20 mean at
+    60k swings widely: measured on a 2-core Intel Xeon (AMX), 10 runs of this command with
+    `--seed` 2, 5, ..., 29 (30 members, one thread): members 135 to 492 (median 245), the runs'
+    3-member means 189.5 to 336.7 (this run's: 226.2). With `--gamma 0` (a target that never
+    bootstraps) the members stay far below (see test_dqn.py). A bar on each member (150 until
+    this bar) failed one run in four."""
     s = summary(run_script("dqn_seeds", "--num-seeds", 3, "--seed", 2, "--total-timesteps", 60_000))
     assert s["compile"] is True and s["seeds"] == [2, 3, 4] and s["total_timesteps"] == 60_000
     assert np.mean(s["return_means"]) > 100, s["return_means"]
@@ -255,52 +300,81 @@ def test_the_members_learn_cartpole():
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """Two members, eagerly, past the learning start, saving their models and evaluating each twice."""
+    """Two members, eagerly, past the learning start, saving their models and evaluating each
+    twice."""
     flags = ("--num-seeds", 2, *SMOKE, "--no-compile", "--save-model", "--eval-episodes", 2)
     return summary(run_script("dqn_seeds", *flags, cwd=tmp_path_factory.mktemp("smoke")))
 
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
-    """The summary reports each member (seeds, their last-20 means and their mean, a curve each, aggregate sps,
-    evaluation returns per member) and a model file per member, in the single-seed format with the member's seed."""
+    """The summary reports each member (seeds, their last-20 means and their mean, a curve each,
+    aggregate sps, evaluation returns per member) and a model file per member, in the single-seed
+    format with the member's seed."""
     s = smoke_run
-    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == ("dqn_seeds", 2, [1, 2], 3000)
+    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (
+        "dqn_seeds",
+        2,
+        [1, 2],
+        3000,
+    )
     assert s["compile"] is False and s["cudagraphs"] is False and s["device"] == "cpu"
     assert s["sps_wall"] == pytest.approx(2 * 3000 / s["wall_s"], rel=0.01) and s["sps"] > 0
-    assert len(s["return_means"]) == 2 and s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
-    assert s["episodes"] == sum(map(len, s["curves"])) and all(len(curve) > 10 for curve in s["curves"])
+    assert len(s["return_means"]) == 2 and s["return_mean"] == pytest.approx(
+        np.mean(s["return_means"])
+    )
+    assert s["episodes"] == sum(map(len, s["curves"])) and all(
+        len(curve) > 10 for curve in s["curves"]
+    )
     assert [len(returns) for returns in s["eval_returns"]] == [2, 2]
     assert s["eval_return_means"] == [np.mean(returns) for returns in s["eval_returns"]]
     assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == ["dqn_seeds_seed1.pt", "dqn_seeds_seed2.pt"]
+    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [
+        "dqn_seeds_seed1.pt",
+        "dqn_seeds_seed2.pt",
+    ]
     assert s["model_file"] == s["model_files"][0]
     saved = torch.load(s["model_files"][1], weights_only=True)
-    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == ("dqn_seeds", 2, 2)
-    shapes = {name: value.shape for name, value in load_script("dqn").QNetwork(4, 2).state_dict().items()}
+    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (
+        "dqn_seeds",
+        2,
+        2,
+    )
+    shapes = {
+        name: value.shape for name, value in load_script("dqn").QNetwork(4, 2).state_dict().items()
+    }
     assert {name: value.shape for name, value in saved["model"].items()} == shapes
 
 
 @pytest.mark.parametrize("script", ["dqn", "dqn_cpu"])
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run, script):
-    """A single-seed script loads member 2's file and, given its seed, replays that member's greedy evaluation."""
+    """A single-seed script loads member 2's file and, given its seed, replays that member's greedy
+    evaluation."""
     if "|seeds)" not in (SCRIPTS / f"{script}.py").read_text():
-        pytest.skip(f"{script}.py's Run.load_model does not take the seeds scripts' files yet (its regex lacks seeds)")
+        pytest.skip(
+            f"{script}.py's Run.load_model does not take the seeds scripts' files yet (its regex "
+            "lacks seeds)"
+        )
     flags = ("--seed", 2, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 2)
     assert summary(run_script(script, *flags))["eval_returns"] == smoke_run["eval_returns"][1]
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved model as each member, each on an env seeded with the member's seed: member
-    2 of the new run replays the saved member 2's evaluation."""
+    """`--eval-model` here plays the saved model as each member, each on an env seeded with the
+    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
     flags = ("--num-seeds", 3, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 2)
     s = summary(run_script("dqn_seeds", *flags))
-    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3 and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    assert (
+        s["episodes"] == 0
+        and len(s["eval_returns"]) == 3
+        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    )
 
 
 # the other flag checks are dqn_cpu.py's (test_dqn.py)
 BAD_INPUTS = [
     (("--num-seeds", 0), ("--num-seeds",)),
-    (("--num-seeds", 100_000, "--buffer-size", 1_000_000), ("--num-seeds", "GiB")),  # 8,196 GiB of replay buffers
+    # 8,196 GiB of replay buffers
+    (("--num-seeds", 100_000, "--buffer-size", 1_000_000), ("--num-seeds", "GiB")),
     (("--cudagraphs",), ("--cudagraphs",)),
     (("--env-id", "Pendulum-v1"), ("--env-id", "Box")),
 ]

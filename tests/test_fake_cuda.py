@@ -1,28 +1,35 @@
-"""The CUDA path, dry-run on a fake GPU. Every script that records functions with `--cudagraphs` (the optimized twins,
-the torchrun script, the Ray script's learner) is built by its own `make_learner` for a CUDA device, under each flag
-set, with torch's `FakeTensorMode`: tensors whose device is "cuda" on this CPU-only build (shapes, dtypes and devices,
-no data). Each function `main` hands to `CudaGraphModule` (and, without `--cudagraphs`, the acting and update
+"""The CUDA path, dry-run on a fake GPU. Every script that records functions with `--cudagraphs`
+(the optimized twins, the torchrun script, the Ray script's learner) is built by its own
+`make_learner` for a CUDA device, under each flag set, with torch's `FakeTensorMode`: tensors
+whose device is "cuda" on this CPU-only build (shapes, dtypes and devices, no data). Each
+function `main` hands to `CudaGraphModule` (and, without `--cudagraphs`, the acting and update
 functions) then runs eagerly, a few calls, under `OnlyOnTheDevice`, which fails on:
-- a CPU tensor read or made inside the function, 0-d included: a learning rate, `alpha` or schedule left on the CPU
-  is read on the host and baked into a captured graph, a tensor made without `device=` lands on the CPU;
-- a copy from the device to the host (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t, device="cpu")`);
-- any op whose result the host must wait for (`.item()`, `torch.equal`, `nonzero`, boolean-mask indexing and writes);
-- a device mismatch between two tensors (FakeTensorMode raises `FakeTensorDeviceMismatchError`) and any other
-  data-dependent op (FakeTensorMode cannot answer it and raises).
-What it cannot show: values (a fake tensor has none), speed, and what only a capture checks (allocations from the
-graph's private pool, a kernel that is not capturable); `torch.compile` is not run (the dry run is eager: compiled
-code runs the same Python, and tests/test_cuda_path.py checks it compiled on the CPU). `docs/cuda.md` says the rest.
+- a CPU tensor read or made inside the function, 0-d included: a learning rate, `alpha` or
+  schedule left on the CPU is read on the host and baked into a captured graph, a tensor made
+  without `device=` lands on the CPU;
+- a copy from the device to the host (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t,
+  device="cpu")`);
+- any op whose result the host must wait for (`.item()`, `torch.equal`, `nonzero`, boolean-mask
+  indexing and writes);
+- a device mismatch between two tensors (FakeTensorMode raises `FakeTensorDeviceMismatchError`)
+  and any other data-dependent op (FakeTensorMode cannot answer it and raises). What it cannot
+  show: values (a fake tensor has none), speed, and what only a capture checks (allocations from
+  the graph's private pool, a kernel that is not capturable); `torch.compile` is not run (the
+  dry run is eager: compiled code runs the same Python, and tests/test_cuda_path.py checks it
+  compiled on the CPU). `docs/cuda.md` says the rest.
 
 What makes it run on a CPU-only torch, in this module only:
-- a do-nothing CUDA device guard, 2 lines of C++ built with the system's compiler (`cuda_guard`): the Python bindings
-  and autograd ask for one on any CUDA tensor, fake or not;
-- while building (`BuildOnFakeCuda`, not in the dry run): random initialisation is skipped (no CUDA generator here,
-  and a fake tensor has no values to draw), a number copied to the device keeps a host copy for the constructors'
-  checks (Adam's `0 <= lr`), meta tensors are real ones (the vmapped Q ensembles' shells), and `torch.compile` returns
-  the function as it is (the PPO twins compile their loss inside `make_update` under `--compile`);
-- in the dry run: `loss.backward()` gives each leaf a fake gradient of its shape and device without running the
-  backward kernels (autograd's engine asks the CUDA runtime for a stream), and fused Adam with a tensor learning rate
-  runs the float overload's fake kernel (the tensor one has none) once the rate is checked to be on the device."""
+- a do-nothing CUDA device guard, 2 lines of C++ built with the system's compiler
+  (`cuda_guard`): the Python bindings and autograd ask for one on any CUDA tensor, fake or not;
+- while building (`BuildOnFakeCuda`, not in the dry run): random initialisation is skipped (no
+  CUDA generator here, and a fake tensor has no values to draw), a number copied to the device
+  keeps a host copy for the constructors' checks (Adam's `0 <= lr`), meta tensors are real ones
+  (the vmapped Q ensembles' shells), and `torch.compile` returns the function as it is (the PPO
+  twins compile their loss inside `make_update` under `--compile`);
+- in the dry run: `loss.backward()` gives each leaf a fake gradient of its shape and device
+  without running the backward kernels (autograd's engine asks the CUDA runtime for a stream),
+  and fused Adam with a tensor learning rate runs the float overload's fake kernel (the tensor
+  one has none) once the rate is checked to be on the device."""
 
 import contextlib
 import ctypes
@@ -54,11 +61,18 @@ FLAG_SETS = {
     "compile-cudagraphs": {"compile": True, "cudagraphs": True},
 }
 # in-place random initialisation: skipped while building (the values of a fake tensor do not exist)
-RANDOM_INIT = {aten.uniform_.default, aten.normal_.default, aten.bernoulli_.float, aten.exponential_.default}
-# ops whose result the host must wait for (most of which FakeTensorMode would refuse on its own, less clearly)
+RANDOM_INIT = {
+    aten.uniform_.default,
+    aten.normal_.default,
+    aten.bernoulli_.float,
+    aten.exponential_.default,
+}
+# ops whose result the host must wait for (most of which FakeTensorMode would refuse on its own,
+# less clearly)
 WAITING_OPS = {*SYNC_OPS, aten.item.default}
 
-# fused Adam with a tensor learning rate has no fake kernel; its float overload, which does the same writes, has one
+# fused Adam with a tensor learning rate has no fake kernel; its float overload, which does the same
+# writes, has one
 TENSOR_LR = {
     aten._fused_adam_.tensor_lr: aten._fused_adam_.default,
     aten._fused_adamw_.tensor_lr: aten._fused_adamw_.default,
@@ -70,10 +84,10 @@ class OffTheDevice(AssertionError):
 
 
 class BuildOnFakeCuda(TorchDispatchMode):
-    """While `make_learner` builds: random initialisation does nothing, and a number copied to the device
-    (`torch.tensor(lr, device=device)`) keeps a real copy on the host, carried through the ops that read only such
-    tensors, so that a constructor can check its value (Adam's `0 <= lr`). The fake tensors themselves stay as
-    FakeTensorMode makes them."""
+    """While `make_learner` builds: random initialisation does nothing, and a number copied to the
+    device (`torch.tensor(lr, device=device)`) keeps a real copy on the host, carried through the
+    ops that read only such tensors, so that a constructor can check its value (Adam's `0 <= lr`).
+    The fake tensors themselves stay as FakeTensorMode makes them."""
 
     def __init__(self):
         super().__init__()
@@ -84,16 +98,24 @@ class BuildOnFakeCuda(TorchDispatchMode):
         if func in RANDOM_INIT:
             return args[0]
         if kwargs.get("device") == torch.device("meta"):
-            with unset_fake_temporarily():  # a real meta tensor: a Parameter made of a FakeTensor cannot be swapped
-                return func(*args, **kwargs)  # back into a module inside vmap (tensordict's to_module does it)
+            # a real meta tensor: a Parameter made of a FakeTensor cannot be swapped
+            with unset_fake_temporarily():
+                # back into a module inside vmap (tensordict's to_module does it)
+                return func(*args, **kwargs)
         if func is aten._local_scalar_dense.default and args[0] in self.values:
             return self.values[args[0]].item()
         out = func(*args, **kwargs)
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
+        if (
+            func is aten._to_copy.default
+            and isinstance(args[0], FakeTensor)
+            and args[0].constant is not None
+        ):
             self.values[out] = args[0].constant.to(kwargs.get("dtype") or args[0].dtype)
         elif tensors and all(t in self.values for t in tensors) and isinstance(out, torch.Tensor):
-            real = tree_map(lambda t: self.values[t] if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            real = tree_map(
+                lambda t: self.values[t] if isinstance(t, torch.Tensor) else t, (args, kwargs)
+            )
             with unset_fake_temporarily():
                 self.values[out] = func(*real[0], **real[1])
         elif func._schema.is_mutable and args and args[0] in self.values:
@@ -102,8 +124,8 @@ class BuildOnFakeCuda(TorchDispatchMode):
 
 
 class OnlyOnTheDevice(TorchDispatchMode):
-    """While a function runs in the dry run: every tensor an op reads or makes is on the CUDA device, and no op makes
-    the host wait for the device."""
+    """While a function runs in the dry run: every tensor an op reads or makes is on the CUDA
+    device, and no op makes the host wait for the device."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -111,15 +133,28 @@ class OnlyOnTheDevice(TorchDispatchMode):
             raise HostSync(f"host sync: {func}")
         if func in MASKABLE_OPS and any(i is not None and i.dtype == torch.bool for i in args[1]):
             raise HostSync(f"host sync: {func} with a boolean mask")
-        off = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE]
+        off = [
+            t
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE
+        ]
         if off:
-            raise OffTheDevice(f"{func} reads a tensor on {off[0].device} (shape {tuple(off[0].shape)})")
-        if func in TENSOR_LR:  # no fake kernel: the float overload's, once the tensor lr is known on the device
+            raise OffTheDevice(
+                f"{func} reads a tensor on {off[0].device} (shape {tuple(off[0].shape)})"
+            )
+        # no fake kernel: the float overload's, once the tensor lr is known on the device
+        if func in TENSOR_LR:
             func, kwargs = TENSOR_LR[func], kwargs | {"lr": 1e-3}
         out = func(*args, **kwargs)
-        off = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE]
+        off = [
+            t
+            for t in tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE
+        ]
         if off:
-            raise OffTheDevice(f"{func} makes a tensor on {off[0].device} (shape {tuple(off[0].shape)})")
+            raise OffTheDevice(
+                f"{func} makes a tensor on {off[0].device} (shape {tuple(off[0].shape)})"
+            )
         return out
 
 
@@ -130,31 +165,51 @@ C10_REGISTER_GUARD_IMPL(CUDA, c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CU
 
 @pytest.fixture(scope="module")
 def cuda_guard(tmp_path_factory):
-    """On a CPU-only build of torch, a do-nothing CUDA device guard (2 lines of C++, built with the system's g++ in
-    about 2 s): torch's Python bindings (`Tensor.to`, `copy_`, `torch.as_tensor`) and autograd's nodes ask for one
-    on any CUDA tensor, fake or not, and abort the process without it. It stays registered for the rest of the
-    process, and changes nothing else: `torch.cuda.is_available()` stays False and a real CUDA tensor still cannot
-    be made ("Torch not compiled with CUDA enabled"). A CUDA build has its own guard; nothing is built there."""
+    """On a CPU-only build of torch, a do-nothing CUDA device guard (2 lines of C++, built with the
+    system's g++ in about 2 s): torch's Python bindings (`Tensor.to`, `copy_`, `torch.as_tensor`)
+    and autograd's nodes ask for one on any CUDA tensor, fake or not, and abort the process without
+    it. It stays registered for the rest of the process, and changes nothing else:
+    `torch.cuda.is_available()` stays False and a real CUDA tensor still cannot be made ("Torch not
+    compiled with CUDA enabled"). A CUDA build has its own guard; nothing is built there."""
     if torch.version.cuda is not None:
         return
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        pytest.skip("needs a C++ compiler to build a CUDA device guard for the CPU-only torch; none on PATH")
+        pytest.skip(
+            "needs a C++ compiler to build a CUDA device guard for the CPU-only torch; none on PATH"
+        )
     folder = tmp_path_factory.mktemp("fake_cuda_guard")
     (folder / "guard.cpp").write_text(GUARD)
     torch_dir = Path(torch.__file__).parent
-    cmd = [compiler, "-std=c++17", "-shared", "-fPIC", f"-I{torch_dir / 'include'}", str(folder / "guard.cpp")]
-    cmd += ["-o", str(folder / "guard.so"), f"-L{torch_dir / 'lib'}", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
+    cmd = [
+        compiler,
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        f"-I{torch_dir / 'include'}",
+        str(folder / "guard.cpp"),
+    ]
+    cmd += [
+        "-o",
+        str(folder / "guard.so"),
+        f"-L{torch_dir / 'lib'}",
+        "-lc10",
+        f"-Wl,-rpath,{torch_dir / 'lib'}",
+    ]
     built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if built.returncode != 0:
-        pytest.skip(f"could not build the CUDA device guard: {(built.stderr.strip().splitlines() or ['?'])[-1]}")
+        pytest.skip(
+            "could not build the CUDA device guard: "
+            f"{(built.stderr.strip().splitlines() or ['?'])[-1]}"
+        )
     ctypes.CDLL(str(folder / "guard.so"))  # registers on load, for the rest of this process
 
 
 def fake_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """`loss.backward()` in the dry run: every leaf the loss depends on gets a gradient of its shape on its device
-    (added to the one it has). Autograd's engine asks the CUDA runtime for the current stream, which a CPU-only build
-    has not; the backward kernels are not run, and they run where their forward ran, which the dry run checks."""
+    """`loss.backward()` in the dry run: every leaf the loss depends on gets a gradient of its
+    shape on its device (added to the one it has). Autograd's engine asks the CUDA runtime for
+    the current stream, which a CPU-only build has not; the backward kernels are not run, and
+    they run where their forward ran, which the dry run checks."""
     nodes, seen = [self.grad_fn], set()
     while nodes:
         node = nodes.pop()
@@ -169,9 +224,12 @@ def fake_backward(self, gradient=None, retain_graph=None, create_graph=False, in
 
 @contextlib.contextmanager
 def fake_cuda(monkeypatch):
-    """Tensors made inside can live on a fake CUDA device; see the module's docstring for the patches."""
+    """Tensors made inside can live on a fake CUDA device; see the module's docstring for the
+    patches."""
     monkeypatch.setattr(torch.Tensor, "backward", fake_backward)
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn if fn is not None else (lambda f: f))
+    monkeypatch.setattr(
+        torch, "compile", lambda fn=None, **kwargs: fn if fn is not None else (lambda f: f)
+    )
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield
 
@@ -181,8 +239,8 @@ def zeros(*shape, dtype=torch.float32):
 
 
 def batch(size, **columns):
-    """A TensorDict of `size` rows ([steps, envs] for the recurrent PPO twins) on the fake CUDA device; each column
-    given by its shape per row, float32 unless it is a (shape, dtype) pair."""
+    """A TensorDict of `size` rows ([steps, envs] for the recurrent PPO twins) on the fake CUDA
+    device; each column given by its shape per row, float32 unless it is a (shape, dtype) pair."""
     columns = {
         key: column if column and isinstance(column[-1], torch.dtype) else (column, torch.float32)
         for key, column in columns.items()
@@ -197,7 +255,8 @@ def batch(size, **columns):
 
 BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
 OFF_POLICY = dict(obs=(3,), next_obs=(3,), actions=(1,), rewards=(), terminations=())
-PPO = dict(logprobs=(), values=(), advantages=(), returns=())  # with the obs and actions of each twin
+# with the obs and actions of each twin
+PPO = dict(logprobs=(), values=(), advantages=(), returns=())
 DISCRETE = ((), torch.long)
 
 
@@ -219,11 +278,15 @@ def make_dqn(module, args):
 
 def make_ppo(module, args):
     policy, _, update = module.make_learner(args, 3, 2, CUDA)[-1]
-    return {"policy": (policy, (zeros(1, 3),)), "update": (update, (batch(64, obs=(3,), actions=(2,), **PPO),))}
+    return {
+        "policy": (policy, (zeros(1, 3),)),
+        "update": (update, (batch(64, obs=(3,), actions=(2,), **PPO),)),
+    }
 
 
 def make_ppo_ray(module, args):
-    # the learner's update is the one function the Ray script records; its actors act on the CPU, in their processes
+    # the learner's update is the one function the Ray script records; its actors act on the CPU, in
+    # their processes
     _, _, update = module.make_learner(args, 3, 2, CUDA)[-1]
     # behaviour_weights: importance weights for the policy that sampled (the actors' lag)
     return {"update": (update, (batch(64, obs=(3,), actions=(2,), behaviour_weights=(), **PPO),))}
@@ -233,7 +296,10 @@ def make_ppo_atari(module, args):
     policy, _, update = module.make_learner(args, 4, CUDA)[-1]
     frames = ((4, 84, 84), torch.uint8)
     mb = batch(8, obs=frames, actions=DISCRETE, **PPO)
-    return {"policy": (policy, (zeros(2, 4, 84, 84, dtype=torch.uint8),)), "update": (update, (mb,))}
+    return {
+        "policy": (policy, (zeros(2, 4, 84, 84, dtype=torch.uint8),)),
+        "update": (update, (mb,)),
+    }
 
 
 def make_ppo_lstm(module, args):
@@ -262,7 +328,8 @@ SCRIPTS = {
     "td3_continuous_action_torchcompile": make_sac_or_td3,
     "dqn_torchcompile": make_dqn,
     "ppo_continuous_action_torchcompile": make_ppo,
-    "ppo_continuous_action_distributed": make_ppo,  # one process (the only case --cudagraphs accepts), no collective
+    # one process (the only case --cudagraphs accepts), no collective
+    "ppo_continuous_action_distributed": make_ppo,
     "ppo_continuous_action_ray": make_ppo_ray,
     "ppo_atari_envpool_torchcompile": make_ppo_atari,
     "ppo_atari_envpool_async": make_ppo_atari,
@@ -271,13 +338,15 @@ SCRIPTS = {
 }
 
 
-# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members) -------------------------
+# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members)
+# -------------------------
 SEEDS = [1, 2, 3]
 
 
 def fake_autograd_grad(outputs, inputs, *args, **kwargs):
-    """`torch.func`'s gradients in the dry run, as `fake_backward` for `.backward()`: a zero gradient of each input's
-    shape and device, without running autograd's engine (which asks the CUDA runtime for a stream)."""
+    """`torch.func`'s gradients in the dry run, as `fake_backward` for `.backward()`: a zero
+    gradient of each input's shape and device, without running autograd's engine (which asks the
+    CUDA runtime for a stream)."""
     return tuple(torch.zeros_like(x) for x in inputs)
 
 
@@ -295,11 +364,16 @@ def make_dqn_seeds(module, args):
     policy, update, _ = module.make_learner(args, 4, 2, SEEDS, CUDA)[-1]
     data = batch((len(SEEDS), 64), **OFF_POLICY | dict(obs=(4,), next_obs=(4,), actions=DISCRETE))
     update = with_fake_func_grads(update)
-    return {"policy": (policy, (zeros(len(SEEDS), 1, 4),)), "update": (update, (dict(data.items()),))}
+    return {
+        "policy": (policy, (zeros(len(SEEDS), 1, 4),)),
+        "update": (update, (dict(data.items()),)),
+    }
 
 
 def make_sac_or_td3_seeds(module, args):
-    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[-1]
+    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[
+        -1
+    ]
     data = dict(batch((len(SEEDS), 64), **OFF_POLICY).items())
     return {
         "policy": (policy, (zeros(len(SEEDS), 1, 3),)),
@@ -310,21 +384,26 @@ def make_sac_or_td3_seeds(module, args):
 
 def make_ppo_seeds(module, args):
     policy, update = module.make_learner(args, 3, 2, SEEDS, CUDA)[-1]
-    minibatch = batch((len(SEEDS), 64), obs=(3,), actions=(2,), valid=(), **PPO)  # valid: 0 for envpool's reset steps
+    # valid: 0 for envpool's reset steps
+    minibatch = batch((len(SEEDS), 64), obs=(3,), actions=(2,), valid=(), **PPO)
     update = with_fake_func_grads(update)
     return {"policy": (policy, (zeros(len(SEEDS), 3),)), "update": (update, (minibatch,))}
 
 
 SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "sac_continuous_action_seeds": make_sac_or_td3_seeds}
-SCRIPTS |= {"ppo_continuous_action_seeds": make_ppo_seeds, "td3_continuous_action_seeds": make_sac_or_td3_seeds}
-# --- end of the seeds scripts ----------------------------------------------------------------------------------------
+SCRIPTS |= {
+    "ppo_continuous_action_seeds": make_ppo_seeds,
+    "td3_continuous_action_seeds": make_sac_or_td3_seeds,
+}
+# --- end of the seeds scripts
+# ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_dry_run_on_a_fake_gpu(script, flags, monkeypatch, cuda_guard):
-    """Each function runs 3 calls, as CudaGraphModule's warm-up and recording would (the optimizers make their state
-    in the first), with every tensor on the device and no host sync."""
+    """Each function runs 3 calls, as CudaGraphModule's warm-up and recording would (the optimizers
+    make their state in the first), with every tensor on the device and no host sync."""
     module = load(script)
     args = module.Args(**FLAG_SETS[flags])
     with fake_cuda(monkeypatch):
@@ -340,7 +419,8 @@ def test_dry_run_on_a_fake_gpu(script, flags, monkeypatch, cuda_guard):
 
 
 def test_the_dry_run_catches_what_a_gpu_would_refuse(monkeypatch, cuda_guard):
-    """Not vacuous: each of these fails the dry run, as it would fail (or silently go stale in) a CUDA graph."""
+    """Not vacuous: each of these fails the dry run, as it would fail (or silently go stale in) a
+    CUDA graph."""
     with fake_cuda(monkeypatch):
         with BuildOnFakeCuda():
             x = zeros(8)
@@ -349,10 +429,13 @@ def test_the_dry_run_catches_what_a_gpu_would_refuse(monkeypatch, cuda_guard):
             cpu_lr = torch.optim.Adam([weight], lr=torch.tensor(1e-3), fused=True, capturable=True)
             dqn = load("dqn_torchcompile")
             q_network = dqn.QNetwork(4, 2, device=CUDA)
-            cpu_schedule = dqn.make_policy(q_network, 2, torch.zeros((), dtype=torch.long), 1.0, 0.05, 100)
+            cpu_schedule = dqn.make_policy(
+                q_network, 2, torch.zeros((), dtype=torch.long), 1.0, 0.05, 100
+            )
 
         def masked_write(x):
-            x[x > 0] = x[0]  # a device value: a Python number would be a CPU tensor, refused before the write
+            # a device value: a Python number would be a CPU tensor, refused before the write
+            x[x > 0] = x[0]
 
         placement = {
             "a CPU 0-d tensor read": lambda x: x * torch.tensor(2.0),

@@ -1,31 +1,38 @@
-"""Property-based flag tests: every script of leanrl/ (found on disk, so that a new script is covered too) runs with
-flag combinations that hypothesis draws from each `Args` field's valid range and from values just outside it (0,
-negatives, nan, a batch larger than the buffer, minibatches that do not divide, fractions out of range), with env ids
-from a small set per algorithm: Box envs that truncate (Pendulum) and terminate (InvertedPendulum), a Discrete env,
-gymnasium's `module:EnvId` form and unknown ids (envpool's ids for the Atari scripts). The property is the script
-contract's: a combination trains (exit status 0, exactly one SUMMARY line, every number in it finite), is refused
-(exit status 2, exactly one line on stderr that names a flag, no traceback) or diverges (exit status 3, lines on
-stderr that say so, a SUMMARY that says so and no model file). Anything else fails the test: an exception (its
-traceback is the report), another exit status, NaN in a summary that reports success.
+"""Property-based flag tests: every script of leanrl/ (found on disk, so that a new script is
+covered too) runs with flag combinations that hypothesis draws from each `Args` field's valid
+range and from values just outside it (0, negatives, nan, a batch larger than the buffer,
+minibatches that do not divide, fractions out of range), with env ids from a small set per
+algorithm: Box envs that truncate (Pendulum) and terminate (InvertedPendulum), a Discrete env,
+gymnasium's `module:EnvId` form and unknown ids (envpool's ids for the Atari scripts). The
+property is the script contract's: a combination trains (exit status 0, exactly one SUMMARY
+line, every number in it finite), is refused (exit status 2, exactly one line on stderr that
+names a flag, no traceback) or diverges (exit status 3, lines on stderr that say so, a SUMMARY
+that says so and no model file). Anything else fails the test: an exception (its traceback is
+the report), another exit status, NaN in a summary that reports success.
 
 What it costs, and how it is kept to about 3 minutes:
-- A run is in process where the script allows it: `tyro.cli(module.Args, args=flags)`, then `module.main(args)` in a
-  folder of its own, its stdout and stderr captured, `SystemExit` caught, the signal handlers and the thread count
-  restored. Budgets are a few hundred steps: a training run takes about a second, a refusal milliseconds. The
-  libraries' warnings are not counted as lines (in process pytest would collect them).
-- FUZZ_EXAMPLES (8) combinations per script, derandomized: the same ones on every run, after FOUND's.
-- The Ray script, and the torchrun script under torchrun with 2 ranks, run as subprocesses (a Ray start or a launch
-  costs 10 s or more): SUBPROCESS_EXAMPLES (1) combinations each.
-- MuJoCo (HalfCheetah-v4), POPGym, `--track` (wandb offline), `--capture-video` and `--eval-model` are drawn in
-  about 1 combination of 16, `--cudagraphs` (exit 2 without CUDA) in 1 of 4, a learning rate that diverges in 1 of
-  8, a PPO budget long enough for Pendulum's 200-step episodes to end in 1 of 6.
-- `--compile` is drawn in 1 combination of COMPILE_ONE_IN (24; 4 with `LEANRL_FUZZ_COMPILE=1`): one cold compile
-  costs 15-30 s here, more than the fuzz of a whole script. `--threads` is drawn from the default, 1 and 2.
+- A run is in process where the script allows it: `tyro.cli(module.Args, args=flags)`, then
+  `module.main(args)` in a folder of its own, its stdout and stderr captured, `SystemExit`
+  caught, the signal handlers and the thread count restored. Budgets are a few hundred steps: a
+  training run takes about a second, a refusal milliseconds. The libraries' warnings are not
+  counted as lines (in process pytest would collect them).
+- FUZZ_EXAMPLES (8) combinations per script, derandomized: the same ones on every run, after
+  FOUND's.
+- The Ray script, and the torchrun script under torchrun with 2 ranks, run as subprocesses (a
+  Ray start or a launch costs 10 s or more): SUBPROCESS_EXAMPLES (1) combinations each.
+- MuJoCo (HalfCheetah-v4), POPGym, `--track` (wandb offline), `--capture-video` and
+  `--eval-model` are drawn in about 1 combination of 16, `--cudagraphs` (exit 2 without CUDA) in
+  1 of 4, a learning rate that diverges in 1 of 8, a PPO budget long enough for Pendulum's
+  200-step episodes to end in 1 of 6.
+- `--compile` is drawn in 1 combination of COMPILE_ONE_IN (24; 4 with `LEANRL_FUZZ_COMPILE=1`):
+  one cold compile costs 15-30 s here, more than the fuzz of a whole script. `--threads` is
+  drawn from the default, 1 and 2.
 - Every failure the fuzz has found is an explicit example (FOUND), replayed first on every run.
 
-Run it longer, with new combinations on each run (not derandomized; a tenth as many for the subprocesses), and read the
-counts each test prints (exit statuses, runs that reached an episode's end, runs that compiled):
-`LEANRL_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -s`.
+Run it longer, with new combinations on each run (not derandomized; a tenth as many for the
+subprocesses), and read the counts each test prints (exit statuses, runs that reached an
+episode's end, runs that compiled): `LEANRL_FUZZ_EXAMPLES=200 python -m pytest
+tests/test_fuzz.py -s`.
 """
 
 import collections
@@ -73,9 +80,9 @@ def mostly(good, bad):
     return st.sampled_from([good, good, good, bad]).flatmap(st.sampled_from)
 
 
-# env ids per algorithm (a script's name starts with it): ids it trains on, ids it must refuse, and rarely an
-# expensive one
-# Pendulum's episodes are cut at 200 steps (truncation), InvertedPendulum's end within ~10 random steps (termination)
+# env ids per algorithm (a script's name starts with it): ids it trains on, ids it must refuse, and
+# rarely an expensive one Pendulum's episodes are cut at 200 steps (truncation), InvertedPendulum's
+# end within ~10 random steps (termination)
 BOX = ["Pendulum-v1", "gymnasium.envs.classic_control:Pendulum-v1", "InvertedPendulum-v4"]
 DISCRETE = ["CartPole-v1", "gymnasium.envs.classic_control:CartPole-v1", "Acrobot-v1"]
 UNKNOWN = ["NoSuchEnv-v0", "no_such_module:CartPole-v1"]
@@ -106,13 +113,15 @@ def fraction(closed_low=True):
 
 
 def positive_float(low, high):
-    """(valid, invalid) of a positive float drawn in [low, high]; 0, negative, nan, inf or past float32's range."""
+    """(valid, invalid) of a positive float drawn in [low, high]; 0, negative, nan, inf or past
+    float32's range."""
     return floats(low, high), st.sampled_from([0.0, -low, math.nan, math.inf, 1e38])
 
 
 def learning_rate():
-    """(valid, invalid) of a learning rate: mostly in [1e-5, 1e-2], rarely one so large that training diverges (a
-    valid flag: the run must stop with exit status 3, or end with finite numbers)."""
+    """(valid, invalid) of a learning rate: mostly in [1e-5, 1e-2], rarely one so large that
+    training diverges (a valid flag: the run must stop with exit status 3, or end with finite
+    numbers)."""
     valid, invalid = positive_float(1e-5, 1e-2)
     return rarely(valid, st.sampled_from(DIVERGING_RATES), 8), invalid
 
@@ -127,9 +136,9 @@ def rollout(values):
 
 
 def on_policy_budget(values):
-    """Valid `--total-timesteps` of an on-policy script: 1 to 3 rollouts, or rarely enough rollouts for every env to
-    pass 200 steps, where Pendulum truncates its episodes (and envpool's envs take a reset step); 600 for an Atari
-    game, where a random player's Breakout ends."""
+    """Valid `--total-timesteps` of an on-policy script: 1 to 3 rollouts, or rarely enough rollouts
+    for every env to pass 200 steps, where Pendulum truncates its episodes (and envpool's envs
+    take a reset step); 600 for an Atari game, where a random player's Breakout ends."""
     steps = 600 if values["env_id"] in GAMES else 200
     long = -(-steps // values["num_steps"]) + 1
     rollouts = rarely(st.integers(1, 3), st.integers(long, long + 1), 6)
@@ -137,18 +146,21 @@ def on_policy_budget(values):
 
 
 def minibatches(values):
-    """Valid `--num-minibatches`: a divisor of the rollout's steps into minibatches of 2 or more, at most 8."""
+    """Valid `--num-minibatches`: a divisor of the rollout's steps into minibatches of 2 or more, at
+    most 8."""
     steps = values["num_steps"] * values["num_envs"]
     return st.sampled_from([d for d in range(1, 9) if steps % d == 0 and steps // d >= 2])
 
 
 def off_policy_budget(values):
-    """Valid `--total-timesteps` of an off-policy script: from a few steps before `--learning-starts` to 150 after."""
+    """Valid `--total-timesteps` of an off-policy script: from a few steps before
+    `--learning-starts` to 150 after."""
     return st.integers(-10, 150).map(lambda steps: max(1, values["learning_starts"] + steps))
 
 
-# Each field's (valid, invalid) strategies, by name, in the order they are drawn (a strategy may be a function of the
-# values drawn before it). A field not named here keeps its default, unless it is a bool or a small int (GENERIC).
+# Each field's (valid, invalid) strategies, by name, in the order they are drawn (a strategy may be
+# a function of the values drawn before it). A field not named here keeps its default, unless it is
+# a bool or a small int (GENERIC).
 FIELDS = {
     "seed": (st.integers(0, 2**31 - 1), st.sampled_from([-1, 2**31])),
     "torch_deterministic": (st.booleans(), None),
@@ -165,16 +177,28 @@ FIELDS = {
     "num_runners": (st.integers(1, 2), st.just(3)),  # 3: more than this machine's 2 CPUs
     "num_steps": (st.integers(2, 24), st.integers(-1, 0)),
     # num_steps + 1: mostly no divisor of the rollout
-    "num_minibatches": (minibatches, lambda values: st.sampled_from([0, -1, values["num_steps"] + 1])),
+    "num_minibatches": (
+        minibatches,
+        lambda values: st.sampled_from([0, -1, values["num_steps"] + 1]),
+    ),
     "update_epochs": positive(2),
     "learning_starts": (st.sampled_from([0, 1, 32, 100, 200]), st.just(-1)),
     "total_timesteps": (
-        lambda values: on_policy_budget(values) if "num_steps" in values else off_policy_budget(values),
-        lambda values: st.integers(-1, max(-1, rollout(values) - 1)) if "num_steps" in values else st.integers(-1, 0),
+        lambda values: (
+            on_policy_budget(values) if "num_steps" in values else off_policy_budget(values)
+        ),
+        lambda values: (
+            st.integers(-1, max(-1, rollout(values) - 1))
+            if "num_steps" in values
+            else st.integers(-1, 0)
+        ),
     ),
     "batch_size": positive(64),
     # now and then smaller than the batch
-    "buffer_size": (lambda values: st.integers(max(1, values["batch_size"] - 8), 1000), st.integers(-1, 0)),
+    "buffer_size": (
+        lambda values: st.integers(max(1, values["batch_size"] - 8), 1000),
+        st.integers(-1, 0),
+    ),
     "learning_rate": learning_rate(),
     "policy_lr": learning_rate(),
     "q_lr": learning_rate(),
@@ -200,9 +224,15 @@ FIELDS = {
     "vf_coef": (floats(0, 1), None),
     "max_grad_norm": positive_float(0.01, 10.0),
     "target_kl": (st.none() | floats(1e-3, 0.1), st.sampled_from([0.0, -0.01, math.nan])),
-    "obs_indices": (st.sampled_from([None, (), (0, 2), (1,), (-1, 0)]), st.sampled_from([(0, 9), (-9,)])),
+    "obs_indices": (
+        st.sampled_from([None, (), (0, 2), (1,), (-1, 0)]),
+        st.sampled_from([(0, 9), (-9,)]),
+    ),
     "memory": (st.booleans(), None),
-    "async_batch_size": (lambda values: st.none() | st.sampled_from(divisors(values["num_envs"])), st.just(0)),
+    "async_batch_size": (
+        lambda values: st.none() | st.sampled_from(divisors(values["num_envs"])),
+        st.just(0),
+    ),
     "env_threads": (st.none() | st.integers(1, 2), st.just(0)),
     "threads": (st.sampled_from([None, 1, 2]), st.integers(-1, 0)),
     "double_buffer": (st.booleans(), None),
@@ -227,30 +257,39 @@ def env_ids(script):
 
 
 def field_strategies(module):
-    """{field: (valid, invalid)} of `module.Args`, in FIELDS' order, then the script's own fields (GENERIC)."""
+    """{field: (valid, invalid)} of `module.Args`, in FIELDS' order, then the script's own fields
+    (GENERIC)."""
     defaults = vars(module.Args())
     known = {name: FIELDS[name] for name in FIELDS if name in defaults}
-    generic = {name: GENERIC[type(value)] for name, value in defaults.items() if type(value) in GENERIC}
+    generic = {
+        name: GENERIC[type(value)] for name, value in defaults.items() if type(value) in GENERIC
+    }
     return known | {name: generic[name] for name in generic if name not in known}
 
 
 @st.composite
 def flag_values(draw, script, fields):
-    """{field: value}: an env id for `script`, a valid value for each of `fields`, then up to 2 of them drawn again
-    from outside their range."""
+    """{field: value}: an env id for `script`, a valid value for each of `fields`, then up to 2 of
+    them drawn again from outside their range."""
     values = {"env_id": draw(env_ids(script))}
     for name, (valid, _) in fields.items():
         values[name] = draw(valid(values) if callable(valid) else valid)
     breakable = [name for name, (_, invalid) in fields.items() if invalid is not None]
-    broken = draw(st.sampled_from([0, 0, 1, 2])) if breakable else 0  # half the combinations are all valid
-    for name in draw(st.lists(st.sampled_from(breakable), min_size=broken, max_size=broken)) if broken else []:
+    # half the combinations are all valid
+    broken = draw(st.sampled_from([0, 0, 1, 2])) if breakable else 0
+    for name in (
+        draw(st.lists(st.sampled_from(breakable), min_size=broken, max_size=broken))
+        if broken
+        else []
+    ):
         invalid = fields[name][1]
         values[name] = draw(invalid(values) if callable(invalid) else invalid)
     return values
 
 
 def cli(values):
-    """The command line of `values`: `--flag value`, `--flag`/`--no-flag`, a tuple as its items, None left out."""
+    """The command line of `values`: `--flag value`, `--flag`/`--no-flag`, a tuple as its items,
+    None left out."""
     flags = []
     for name, value in values.items():
         flag = "--" + name.replace("_", "-")
@@ -264,18 +303,25 @@ def cli(values):
 
 
 def run_in_process(script, flags, cwd):
-    """`python leanrl/<script>.py *flags`, in this process: a CompletedProcess of its exit status and output. An
-    exception other than SystemExit is raised, as the script would raise it."""
+    """`python leanrl/<script>.py *flags`, in this process: a CompletedProcess of its exit status
+    and output. An exception other than SystemExit is raised, as the script would raise it."""
     module = load_script(script)
     args = tyro.cli(module.Args, args=flags)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     threads, here = torch.get_num_threads(), os.getcwd()
     out, err, code = io.StringIO(), io.StringIO(), 0
     try:
-        os.chdir(tempfile.mkdtemp(dir=cwd))  # a folder of its own: two runs in one second have the same run name
-        torch.set_num_threads(1)  # tiny networks: more threads only wait for each other, the more so on a busy machine
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the libraries' (pytest would collect them), not the script's lines
+        # a folder of its own: two runs in one second have the same run name
+        os.chdir(tempfile.mkdtemp(dir=cwd))
+        # tiny networks: more threads only wait for each other, the more so on a busy machine
+        torch.set_num_threads(1)
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(),
+        ):
+            # the libraries' (pytest would collect them), not the script's lines
+            warnings.simplefilter("ignore")
             module.main(args)
     except SystemExit as stop:
         if isinstance(stop.code, str):  # sys.exit("message"): the message on stderr, status 1
@@ -290,9 +336,9 @@ def run_in_process(script, flags, cwd):
 
 
 def assert_trains_refuses_or_diverges(proc):
-    """The contract's outcomes: exit 0 with one SUMMARY line whose numbers are finite; exit 2 with one line naming a
-    flag; exit 3 with the SUMMARY of a run that diverged and lines on stderr that say so. No traceback. Returns the
-    exit status and the summary (None after a refusal)."""
+    """The contract's outcomes: exit 0 with one SUMMARY line whose numbers are finite; exit 2 with
+    one line naming a flag; exit 3 with the SUMMARY of a run that diverged and lines on stderr
+    that say so. No traceback. Returns the exit status and the summary (None after a refusal)."""
     if proc.returncode == 2:
         line = assert_user_error(proc)
         assert re.search(r"--[a-z]", line), f"the line names no flag: {line!r}"
@@ -315,8 +361,8 @@ PER_MEMBER = ("return_means", "curves", "eval_returns", "eval_return_means")
 
 
 def assert_finite(result):
-    """Every number in the summary of a run that trained is finite, but those of a seeds script's members that
-    diverged (the others went on)."""
+    """Every number in the summary of a run that trained is finite, but those of a seeds script's
+    members that diverged (the others went on)."""
     members = {entry["member"] for entry in result.get("diverged") or []}
 
     def walk(value, where):
@@ -335,40 +381,49 @@ def assert_finite(result):
         walk(value, key)
 
 
-# Every failure the fuzz has found (docs/design.md lists them), as flags by the start of a script's name; replayed first
-# on every run of the in-process test (a `_cpu` script's with --no-compile, its default being --compile), with budgets
-# that keep a run short should a check go
+# Every failure the fuzz has found (docs/design.md lists them), as flags by the start of a script's
+# name; replayed first on every run of the in-process test (a `_cpu` script's with --no-compile, its
+# default being --compile), with budgets that keep a run short should a check go
 SAC_BUDGET = "--env-id Pendulum-v1 --total-timesteps 300 --learning-starts 100 --batch-size 32"
 PPO_BUDGET = "--env-id Pendulum-v1 --total-timesteps 64 --num-steps 32 --num-minibatches 2"
 FOUND = {
     "": ["--seed -1", "--seed 4294967296"],  # numpy refused the seed
     "ppo_atari": [
         "--seed 2147483648",  # envpool refused the seed
-        # huge finite weights, logits overflowed to inf: Categorical.sample raised before a loss was logged
-        "--env-id Pong-v5 --num-steps 2 --num-minibatches 1 --total-timesteps 8 --learning-rate 1e6",
+        # huge finite weights, logits overflowed to inf: Categorical.sample raised before a loss was
+        # logged
+        "--env-id Pong-v5 --num-steps 2 --num-minibatches 1 --total-timesteps 8 --learning-rate "
+        "1e6",
     ],
     "sac": [
-        f"{SAC_BUDGET} --policy-frequency 3",  # the loss log read actor_loss before the first policy update
+        # the loss log read actor_loss before the first policy update
+        f"{SAC_BUDGET} --policy-frequency 3",
         f"{SAC_BUDGET} --policy-lr -1e-05",  # Adam refused it
         f"{SAC_BUDGET} --q-lr nan",  # Adam refused it
         f"{SAC_BUDGET} --q-lr 1e38",  # Adam overflowed float32
     ],
     "ppo_continuous": [
         f"{PPO_BUDGET} --learning-rate nan",  # Adam refused it
-        f"{PPO_BUDGET} --learning-rate inf",  # NaN weights: torch.distributions.Normal refused their mean
+        # NaN weights: torch.distributions.Normal refused their mean
+        f"{PPO_BUDGET} --learning-rate inf",
     ],
 }
 
 
 def found(script):
     no_compile = ["--no-compile"] if script.endswith("_cpu") else []
-    return [flags.split() + no_compile for start, cases in FOUND.items() if script.startswith(start) for flags in cases]
+    return [
+        flags.split() + no_compile
+        for start, cases in FOUND.items()
+        if script.startswith(start)
+        for flags in cases
+    ]
 
 
 def fuzz(script, run, max_examples, examples=()):
-    """Run `run(flags) -> (exit status, summary)` on `examples`, then on `max_examples` combinations drawn for
-    `script`; prints and returns the count of each exit status, of the runs that reached an episode's end and of
-    those that compiled."""
+    """Run `run(flags) -> (exit status, summary)` on `examples`, then on `max_examples` combinations
+    drawn for `script`; prints and returns the count of each exit status, of the runs that reached
+    an episode's end and of those that compiled."""
     counts = collections.Counter()
 
     def counted(flags):
@@ -389,8 +444,10 @@ def fuzz(script, run, max_examples, examples=()):
         suppress_health_check=[HealthCheck.too_slow],
     )(test)()
     print(
-        f"{script}: {counts[0] + counts[2] + counts[3]} combinations, {counts[0]} trained, {counts[2]} refused, "
-        f"{counts[3]} diverged; {counts['episode ended']} reached an episode's end, {counts['compiled']} compiled"
+        f"{script}: {counts[0] + counts[2] + counts[3]} combinations, {counts[0]} trained, "
+        f"{counts[2]} refused, "
+        f"{counts[3]} diverged; {counts['episode ended']} reached an episode's end, "
+        f"{counts['compiled']} compiled"
     )
     return counts
 
@@ -419,15 +476,18 @@ def test_the_ray_script_trains_or_refuses_in_one_line(fuzz_cwd):
     """Through a subprocess: the run starts Ray, which this process must not host."""
     fuzz(
         RAY,
-        lambda flags: assert_trains_refuses_or_diverges(run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300)),
+        lambda flags: assert_trains_refuses_or_diverges(
+            run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300)
+        ),
         SUBPROCESS_EXAMPLES,
     )
 
 
 def assert_every_rank_trains_refuses_or_diverges(proc, world_size=2):
-    """Under torchrun: rank 0 prints one SUMMARY line with finite numbers; or the ranks diverge (exit status 3, rank
-    0's SUMMARY says so); or every rank exits 2 with the same one line naming a flag (torchrun then fails, and reports
-    each rank's exit code). No rank prints a traceback. Returns the exit status and the summary."""
+    """Under torchrun: rank 0 prints one SUMMARY line with finite numbers; or the ranks diverge
+    (exit status 3, rank 0's SUMMARY says so); or every rank exits 2 with the same one line
+    naming a flag (torchrun then fails, and reports each rank's exit code). No rank prints a
+    traceback. Returns the exit status and the summary."""
     assert not re.search(r"\[rank\d\]: Traceback", proc.stderr), proc.stderr[-3000:]
     if proc.returncode == 0:
         result = summary(proc)
@@ -438,8 +498,8 @@ def assert_every_rank_trains_refuses_or_diverges(proc, world_size=2):
         result = summary(proc, returncode=proc.returncode)
         assert result["diverged"] and not result["model_file"], result
         return 3, result
-    # the ranks write at once (a line can land in the middle of another's), and once one rank has exited torchrun
-    # stops the others, which may not have written theirs yet
+    # the ranks write at once (a line can land in the middle of another's), and once one rank has
+    # exited torchrun stops the others, which may not have written theirs yet
     errors = re.findall(r"error: .*?(?=error: |$)", proc.stderr, flags=re.MULTILINE)
     assert 1 <= len(errors) <= world_size and len(set(errors)) == 1, proc.stderr[-3000:]
     assert re.search(r"--[a-z]", errors[0]), f"the line names no flag: {errors[0]!r}"
@@ -449,11 +509,14 @@ def assert_every_rank_trains_refuses_or_diverges(proc, world_size=2):
 
 
 def test_the_torchrun_script_under_torchrun_trains_or_refuses_on_every_rank(fuzz_cwd):
-    """2 ranks on the CPU with gloo on loopback, through torchrun (in process the script is one rank, fuzzed above)."""
+    """2 ranks on the CPU with gloo on loopback, through torchrun (in process the script is one
+    rank, fuzzed above)."""
 
     def launch(flags):
         cmd = torchrun_command(*standalone(2), *flags)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=fuzz_cwd, env=distributed_env())
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, cwd=fuzz_cwd, env=distributed_env()
+        )
         return assert_every_rank_trains_refuses_or_diverges(proc)
 
     fuzz(DISTRIBUTED, launch, SUBPROCESS_EXAMPLES)

@@ -1,5 +1,6 @@
-"""benchmarks.learning: the harness resumes after a kill (two 1,000-step DQN runs, a few seconds each), and its
-table reads the summaries of one-seed and `_seeds` scripts alike (made-up summaries, no training)."""
+"""benchmarks.learning: the harness resumes after a kill (two 1,000-step DQN runs, a few seconds
+each), and its table reads the summaries of one-seed and `_seeds` scripts alike (made-up
+summaries, no training)."""
 
 import json
 import os
@@ -26,7 +27,8 @@ def wait_for(condition, seconds, what):
 
 
 def processes_in(folder):
-    """The pids of live processes whose working directory is inside `folder` (a run's process runs in its own)."""
+    """The pids of live processes whose working directory is inside `folder` (a run's process runs
+    in its own)."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -40,12 +42,23 @@ def processes_in(folder):
 
 
 def harness(out_dir, *flags):
-    return [sys.executable, "-m", "benchmarks.learning", "--set", "smoke", "--out-dir", str(out_dir), *flags]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.learning",
+        "--set",
+        "smoke",
+        "--out-dir",
+        str(out_dir),
+        *flags,
+    ]
 
 
 def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_other(tmp_path):
     first, second = (tmp_path / run.name for run in SMOKE)
-    killed = subprocess.Popen(harness(tmp_path), cwd=ROOT, env=script_env(), stderr=subprocess.DEVNULL)
+    killed = subprocess.Popen(
+        harness(tmp_path), cwd=ROOT, env=script_env(), stderr=subprocess.DEVNULL
+    )
     try:
         wait_for((first / "summary.json").exists, 120, "summary of the first run")
     finally:
@@ -53,19 +66,31 @@ def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_othe
         killed.wait(timeout=30)
     done = (first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns
     wait_for(lambda: not processes_in(tmp_path), 30, "end of the runs the killed harness left")
-    assert not list(second.glob("runs/*/summary.json"))  # the kernel stopped the run in flight before its end
+    # the kernel stopped the run in flight before its end
+    assert not list(second.glob("runs/*/summary.json"))
     assert not (second / "summary.json").exists()
 
     resumed = subprocess.run(
-        harness(tmp_path, "--threads", "1"), cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300
+        harness(tmp_path, "--threads", "1"),
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "2 runs in the set, 1 done, 1 to run" in resumed.stderr
     assert f"started {SMOKE[0].name}" not in resumed.stderr
-    assert ((first / "summary.json").read_bytes(), (first / "summary.json").stat().st_mtime_ns) == done
+    assert (
+        (first / "summary.json").read_bytes(),
+        (first / "summary.json").stat().st_mtime_ns,
+    ) == done
     record = json.loads((second / "summary.json").read_text())
     assert record["summary"]["total_timesteps"] == 1000 and record["summary"]["seed"] == 2
-    assert record["command"][:2] == ["python", "leanrl/dqn_cpu.py"] and "--eval-episodes" in record["command"]
+    assert (
+        record["command"][:2] == ["python", "leanrl/dqn_cpu.py"]
+        and "--eval-episodes" in record["command"]
+    )
     assert len(record["summary"]["eval_returns"]) == 10
     assert record["omp_num_threads"] == 1 and record["summary"]["threads"] == 1
     assert "| dqn_cpu | CartPole-v1 | 1k | 2/2 |" in resumed.stdout
@@ -75,7 +100,9 @@ def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_othe
 
 def test_a_harness_stopped_by_sigterm_kills_its_run_and_exits_143(tmp_path):
     first = tmp_path / SMOKE[0].name
-    stopped = subprocess.Popen(harness(tmp_path), cwd=ROOT, env=script_env(), stderr=subprocess.DEVNULL)
+    stopped = subprocess.Popen(
+        harness(tmp_path), cwd=ROOT, env=script_env(), stderr=subprocess.DEVNULL
+    )
     try:
         wait_for(lambda: processes_in(first), 60, "process of the first run")
     finally:
@@ -90,7 +117,12 @@ def curve(returns, start_step=1000):
 
 
 def record(summary):
-    return {"run": "x", "started": "2026-01-01T00:00:00", "finished": "2026-01-01T00:10:00", "summary": summary}
+    return {
+        "run": "x",
+        "started": "2026-01-01T00:00:00",
+        "finished": "2026-01-01T00:10:00",
+        "summary": summary,
+    }
 
 
 def write_record(out_dir, run, summary):
@@ -99,28 +131,56 @@ def write_record(out_dir, run, summary):
 
 
 def one_seed(seed, final, evaluation):
-    return {"seed": seed, "return_mean": final, "eval_return_mean": evaluation, "curve": curve([10.0, final])}
+    return {
+        "seed": seed,
+        "return_mean": final,
+        "eval_return_mean": evaluation,
+        "curve": curve([10.0, final]),
+    }
 
 
-def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_compares_at_the_budget(tmp_path):
+def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_compares_at_the_budget(
+    tmp_path,
+):
     dqn = learning.runs("dqn_cpu", "CartPole-v1", 500_000, (1, 2, 3))
     ppo = learning.runs("ppo_continuous_action_seeds", "Hopper-v4", 1_000_000, (1, 2, 3))
     td3 = learning.runs("td3_continuous_action_seeds", "Hopper-v4", 300_000, (1, 2, 3))
     walker = learning.runs("ppo_continuous_action_cpu", "Walker2d-v4", 1_000_000, (1,))
     assert len(ppo) == 1 and ppo[0].command(Path("s"), 10)[2:] == [
-        *("--env-id", "Hopper-v4", "--total-timesteps", "1000000", "--seed", "1", "--num-seeds", "3"),
+        *(
+            "--env-id",
+            "Hopper-v4",
+            "--total-timesteps",
+            "1000000",
+            "--seed",
+            "1",
+            "--num-seeds",
+            "3",
+        ),
         *("--eval-episodes", "10"),
     ]
     write_record(tmp_path, dqn[0], one_seed(1, 500.0, 500.0))
     write_record(tmp_path, dqn[1], one_seed(2, 480.0, 490.0))
-    seeds = {"seeds": [1, 2, 3], "return_means": [2300.0, 2400.0, 2500.0], "curves": [curve([1.0, 2.0])] * 3}
+    seeds = {
+        "seeds": [1, 2, 3],
+        "return_means": [2300.0, 2400.0, 2500.0],
+        "curves": [curve([1.0, 2.0])] * 3,
+    }
     write_record(tmp_path, ppo[0], seeds | {"eval_returns": [[1900.0, 2100.0], [2200.0], [2300.0]]})
     write_record(tmp_path, td3[0], seeds | {"eval_returns": [[], [], []]})
     write_record(tmp_path, walker[0], one_seed(1, 1000.0, None))
-    plan = [*dqn, *ppo, *td3, *walker, *learning.runs("sac_continuous_action_cpu", "Hopper-v4", 300_000, (1, 2))]
+    plan = [
+        *dqn,
+        *ppo,
+        *td3,
+        *walker,
+        *learning.runs("sac_continuous_action_cpu", "Hopper-v4", 300_000, (1, 2)),
+    ]
 
     table_md = learning.report(plan, tmp_path, "test")
-    table = {row["script"]: row for row in json.loads((tmp_path / "test.json").read_text())["table"]}
+    table = {
+        row["script"]: row for row in json.loads((tmp_path / "test.json").read_text())["table"]
+    }
     assert table["dqn_cpu"] | {"reference": None} == {
         **table["dqn_cpu"],
         "seeds_planned": 3,
@@ -135,18 +195,29 @@ def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_com
     }
     assert table["ppo_continuous_action_seeds"]["seeds_done"] == 3
     assert table["ppo_continuous_action_seeds"]["return_mean"] == pytest.approx(2400.0)
-    assert table["ppo_continuous_action_seeds"]["eval_mean"] == pytest.approx((2000.0 + 2200.0 + 2300.0) / 3)
+    assert table["ppo_continuous_action_seeds"]["eval_mean"] == pytest.approx(
+        (2000.0 + 2200.0 + 2300.0) / 3
+    )
     assert table["ppo_continuous_action_seeds"]["within_reference"] is True  # 2382.86 ± 271.74
     assert table["td3_continuous_action_seeds"]["eval_mean"] is None
-    assert table["td3_continuous_action_seeds"]["within_reference"] is None  # 300k steps, CleanRL's value is at 1M
-    assert table["ppo_continuous_action_cpu"]["within_reference"] is False  # 1000 against 2287.95 ± 571.78
+    # 300k steps, CleanRL's value is at 1M
+    assert table["td3_continuous_action_seeds"]["within_reference"] is None
+    # 1000 against 2287.95 ± 571.78
+    assert table["ppo_continuous_action_cpu"]["within_reference"] is False
     assert table["sac_continuous_action_cpu"]["seeds_done"] == 0
     assert (
-        "| dqn_cpu | CartPole-v1 | 500k | 2/3 | 490.0 ± 10.0 | 495.0 ± 5.0 | 488.7 ± 16.1 at 500k | n/a |" in table_md
+        "| dqn_cpu | CartPole-v1 | 500k | 2/3 | 490.0 ± 10.0 | 495.0 ± 5.0 | 488.7 ± 16.1 at 500k "
+        "| n/a |" in table_md
     )
     assert "| sac_continuous_action_cpu | Hopper-v4 | 300k | 0/2 | pending | pending |" in table_md
-    assert "| ppo_continuous_action_cpu | Walker2d-v4 | 1M | 1/1 | 1000.0 ± 0.0 | pending |" in table_md
-    assert "**no**" in table_md and learning.REFERENCES["sac_continuous_action", "Hopper-v4"].source in table_md
+    assert (
+        "| ppo_continuous_action_cpu | Walker2d-v4 | 1M | 1/1 | 1000.0 ± 0.0 | pending |"
+        in table_md
+    )
+    assert (
+        "**no**" in table_md
+        and learning.REFERENCES["sac_continuous_action", "Hopper-v4"].source in table_md
+    )
     pending = json.loads((tmp_path / "test.json").read_text())["pending"]
     assert pending == [dqn[2].name, *(run.name for run in plan[-2:])]
     assert {path.name for path in tmp_path.glob("test-*.png")} == {
@@ -161,23 +232,31 @@ def test_thin_averages_consecutive_episodes_into_at_most_the_given_points():
     thinned = learning.thin(episodes, points=500)
     assert len(thinned) == 400  # chunks of 3
     assert thinned[0] == [30, 2.0, 1.0] and thinned[-1] == [12000, 1199.0, 1198.0]
-    assert learning.thin(episodes[:5], points=500) == [[10 * (i + 1), float(i), float(i)] for i in range(5)]
+    assert learning.thin(episodes[:5], points=500) == [
+        [10 * (i + 1), float(i), float(i)] for i in range(5)
+    ]
 
 
-def test_the_reported_sets_hold_every_committed_run_and_a_seeds_script_runs_its_seeds_in_one_process():
+def test_the_reported_sets_hold_every_committed_run_and_a_seeds_script_runs_them_in_one_process():
     names = [run.name for run in learning.learning_set("default")]
     assert names[:2] == ["dqn_seeds__CartPole-v1__500k__1x3", "dqn_cpu__CartPole-v1__500k__1"]
     assert "sac_continuous_action_seeds__Hopper-v4__300k__1x3" in names
     assert len(names) == len(set(names))
-    reported = set(names) | {run.name for run in learning.learning_set("atari")}  # the sets docs/results.md shows
-    committed = {path.parent.name for path in (ROOT / "benchmarks" / "results" / "learning").glob("*/summary.json")}
-    assert committed and committed <= reported  # a committed run outside them would drop out of every report
+    # the sets docs/results.md shows
+    reported = set(names) | {run.name for run in learning.learning_set("atari")}
+    committed = {
+        path.parent.name
+        for path in (ROOT / "benchmarks" / "results" / "learning").glob("*/summary.json")
+    }
+    # a committed run outside them would drop out of every report
+    assert committed and committed <= reported
 
 
 def test_a_second_harness_on_the_same_folder_exits_2_and_deletes_nothing(tmp_path, capsys):
     partial = tmp_path / SMOKE[0].name
     partial.mkdir()
-    held = learning.lock(tmp_path)  # as a running harness holds it (flock: each open of the folder is apart)
+    # as a running harness holds it (flock: each open of the folder is apart)
+    held = learning.lock(tmp_path)
     try:
         with pytest.raises(SystemExit) as exit_info:
             learning.main(["--set", "smoke", "--out-dir", str(tmp_path)])

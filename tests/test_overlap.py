@@ -1,7 +1,8 @@
-"""The stand-in env pool (benchmarks/standin.py) keeps envpool's contract: every env's frames in order, episodes that
-end by life, by game and by truncation with envpool's next-step reset, outputs that depend on the actions alone, an
-async recv that returns the first envs done while the others step in threads; and `python -m benchmarks.overlap
---quick` writes its table, plot and JSON with bounds that follow from the costs it measured. Nothing here is timed."""
+"""The stand-in env pool (benchmarks/standin.py) keeps envpool's contract: every env's frames in
+order, episodes that end by life, by game and by truncation with envpool's next-step reset,
+outputs that depend on the actions alone, an async recv that returns the first envs done while
+the others step in threads; and `python -m benchmarks.overlap --quick` writes its table, plot
+and JSON with bounds that follow from the costs it measured. Nothing here is timed."""
 
 import inspect
 import json
@@ -20,7 +21,8 @@ from benchmarks.standin import StandInEnvs, decode, life_length
 
 
 def play(envs, actions):
-    """Step `envs` (sync) once per row of `actions`; returns the decoded frames and the other outputs per step."""
+    """Step `envs` (sync) once per row of `actions`; returns the decoded frames and the other
+    outputs per step."""
     steps = []
     for row in actions:
         obs, rewards, terminations, truncations, info = envs.step(row)
@@ -29,16 +31,24 @@ def play(envs, actions):
 
 
 def test_one_env_plays_lives_games_and_truncation_with_next_step_resets():
-    """Lives of 3 steps, 2 lives a game, games cut off at 5 steps: the first life ends at its step 3 (a termination,
-    the game goes on), the second life is cut off at the game's step 5 (a truncation, the game over), the next game
-    starts with 2 lives; after every end the next step ignores its action and returns the next episode's first frame
-    with reward 0."""
+    """Lives of 3 steps, 2 lives a game, games cut off at 5 steps: the first life ends at its step
+    3 (a termination, the game goes on), the second life is cut off at the game's step 5 (a
+    truncation, the game over), the next game starts with 2 lives; after every end the next step
+    ignores its action and returns the next episode's first frame with reward 0."""
     envs = StandInEnvs(1, seed=3, lives=2, episode_length=(3, 3), max_episode_steps=5)
     obs, info = envs.reset()
     assert [a.tolist() for a in decode(obs)] == [[0], [0], [0]]
     assert (info["lives"].tolist(), info["elapsed_step"].tolist()) == ([2], [0])
     got = [
-        (int(e[0]), int(s[0]), float(r[0]), bool(te[0]), bool(tr[0]), int(i["terminated"][0]), int(i["lives"][0]))
+        (
+            int(e[0]),
+            int(s[0]),
+            float(r[0]),
+            bool(te[0]),
+            bool(tr[0]),
+            int(i["terminated"][0]),
+            int(i["lives"][0]),
+        )
         for (_, e, s), r, te, tr, i in play(envs, np.full((10, 1), 3))
     ]
     envs.close()
@@ -68,12 +78,17 @@ def test_sync_steps_return_every_env_in_order_with_seeded_lives_games_and_unclip
     step, episode = np.zeros(num_envs, dtype=int), np.zeros(num_envs, dtype=int)
     ended = np.zeros(num_envs, dtype=bool)
     counts = {"terminations": 0, "truncations": 0, "game overs": 0}
-    for t, ((env, episode_byte, got_step), rewards, terminations, truncations, info) in enumerate(steps):
+    for t, ((env, episode_byte, got_step), rewards, terminations, truncations, info) in enumerate(
+        steps
+    ):
         assert env.tolist() == list(range(num_envs)) == info["env_id"].tolist()
         step = np.where(ended, 0, step + 1)
         episode += ended
-        assert got_step.tolist() == step.tolist() and episode_byte.tolist() == (episode % 256).tolist()
-        # the step after an end is a reset: reward 0 and no flag; every other step scores its action, clipped
+        assert (
+            got_step.tolist() == step.tolist() and episode_byte.tolist() == (episode % 256).tolist()
+        )
+        # the step after an end is a reset: reward 0 and no flag; every other step scores its
+        # action, clipped
         np.testing.assert_array_equal(info["reward"], np.where(ended, 0, actions[t]))
         np.testing.assert_array_equal(rewards, np.sign(info["reward"]))
         lengths = [life_length(seed, e, episode[e], (4, 12)) for e in range(num_envs)]
@@ -98,7 +113,10 @@ def test_the_same_actions_give_the_same_outputs_and_another_seed_other_episodes(
         envs.close()
 
     def flat(run):
-        return [np.concatenate([*decoded, r, te, tr, *info.values()]) for decoded, r, te, tr, info in run]
+        return [
+            np.concatenate([*decoded, r, te, tr, *info.values()])
+            for decoded, r, te, tr, info in run
+        ]
 
     for a, b in zip(flat(runs[0]), flat(runs[1]), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -113,14 +131,17 @@ def test_async_recv_returns_the_first_batch_of_envs_done_and_only_envs_that_were
     second = envs.recv()
     for obs, rewards, _, _, info in (first, second):
         assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8 and rewards.shape == (2,)
-        assert info["env_id"].dtype == np.int32 and decode(obs)[0].tolist() == info["env_id"].tolist()
+        assert (
+            info["env_id"].dtype == np.int32 and decode(obs)[0].tolist() == info["env_id"].tolist()
+        )
         assert decode(obs)[2].tolist() == [0, 0]
     assert sorted([*first[4]["env_id"], *second[4]["env_id"]]) == [0, 1, 2, 3]
     envs.send(np.array([1, 2]), first[4]["env_id"])
     with pytest.raises(RuntimeError, match="sent twice"):
         envs.send(np.array([1]), first[4]["env_id"][:1])
     third = envs.recv()
-    # the only envs stepping were the first batch's: recv returns them, at their step 1, having scored their actions
+    # the only envs stepping were the first batch's: recv returns them, at their step 1, having
+    # scored their actions
     assert sorted(third[4]["env_id"]) == sorted(first[4]["env_id"])
     assert decode(third[0])[2].tolist() == [1, 1]
     by_env = dict(zip(first[4]["env_id"].tolist(), [1.0, 2.0]))
@@ -129,7 +150,8 @@ def test_async_recv_returns_the_first_batch_of_envs_done_and_only_envs_that_were
 
 
 def test_envs_step_in_worker_threads_while_the_caller_does_something_else():
-    """After `send`, the envs' steps finish with no call into the pool: they run in its threads, as envpool's."""
+    """After `send`, the envs' steps finish with no call into the pool: they run in its threads, as
+    envpool's."""
     envs = StandInEnvs(4, batch_size=2, num_threads=4, step_seconds=1e-3)
     envs.async_reset()
     deadline = time.monotonic() + 30
@@ -140,7 +162,8 @@ def test_envs_step_in_worker_threads_while_the_caller_does_something_else():
 
 
 def async_traces(num_envs, batch, recvs, act):
-    """Run the async loop for `recvs` batches; returns each env's trace and the frames each env was given, in order."""
+    """Run the async loop for `recvs` batches; returns each env's trace and the frames each env was
+    given, in order."""
     envs = StandInEnvs(num_envs, batch_size=batch, num_threads=num_envs, step_seconds=2e-4, seed=4)
     seen = [[] for _ in range(num_envs)]
     envs.async_reset()
@@ -172,15 +195,20 @@ def test_each_env_plays_the_same_game_async_as_sync_whatever_the_order_of_the_ba
 
 
 def test_bounds_follow_from_the_measured_costs():
-    # E = 100 µs per env step (10,000 env steps/s alone); the policy takes 100 µs per frame at any batch
+    # E = 100 µs per env step (10,000 env steps/s alone); the policy takes 100 µs per frame at any
+    # batch
     sync = overlap.bounds("sync", 8, 8, env_sps=10_000, acting_sps=10_000)
     assert sync["bound_sps"] == pytest.approx(5000) and sync["pipeline_bound_sps"] is None
     assert sync["acting_ms"] == pytest.approx(0.8)
     async_4 = overlap.bounds("async 4", 8, 4, env_sps=10_000, acting_sps=10_000)
-    assert async_4["bound_sps"] == pytest.approx(10_000) and async_4["acting_ms"] == pytest.approx(0.4)
-    # two batches: each steps for 8 x 100 µs, then waits 4 x 100 µs for its actions: 1.2 ms per 8 steps
+    assert async_4["bound_sps"] == pytest.approx(10_000) and async_4["acting_ms"] == pytest.approx(
+        0.4
+    )
+    # two batches: each steps for 8 x 100 µs, then waits 4 x 100 µs for its actions: 1.2 ms per 8
+    # steps
     assert async_4["pipeline_bound_sps"] == pytest.approx(8 / 1.2e-3)
-    async_1 = overlap.bounds("async 1", 8, 1, env_sps=10_000, acting_sps=1e6 / 300)  # policy-bound: 300 µs a step
+    # policy-bound: 300 µs a step
+    async_1 = overlap.bounds("async 1", 8, 1, env_sps=10_000, acting_sps=1e6 / 300)
     assert async_1["bound_sps"] == pytest.approx(1e6 / 300) == async_1["pipeline_bound_sps"]
 
 
@@ -194,18 +222,27 @@ def test_design_rows_take_medians_of_the_alternated_blocks_and_compare_with_sync
         "acting 1": [500.0, 500.0, 1.0],
     }
     sync, async_1 = overlap.design_rows("case", [("sync", 2), ("async 1", 1)], 2, rates)
-    assert (sync["sps_median"], sync["sps_min"], sync["sps_max"], sync["vs_sync"]) == (100.0, 90.0, 400.0, 1.0)
+    assert (sync["sps_median"], sync["sps_min"], sync["sps_max"], sync["vs_sync"]) == (
+        100.0,
+        90.0,
+        400.0,
+        1.0,
+    )
     assert (sync["env_only_sps"], sync["acting_sps"]) == (200.0, 1e9)
     assert sync["bound_sps"] == pytest.approx(1 / (1 / 200 + 1 / 1e9))
     assert async_1["bound_sps"] == pytest.approx(250.0) and async_1["vs_sync"] == pytest.approx(1.3)
     assert async_1["ratio_to_bound"] == pytest.approx(130 / 250)
-    no_pipeline = overlap.design_rows("case", [("sync", 2), ("async 1", 1)], 2, rates, pipeline=False)[1]
-    assert no_pipeline["pipeline_bound_sps"] is None and no_pipeline["ratio_to_pipeline_bound"] is None
+    no_pipeline = overlap.design_rows(
+        "case", [("sync", 2), ("async 1", 1)], 2, rates, pipeline=False
+    )[1]
+    assert (
+        no_pipeline["pipeline_bound_sps"] is None and no_pipeline["ratio_to_pipeline_bound"] is None
+    )
 
 
 def test_the_twin_rollout_stores_each_env_step_in_its_slot():
-    """The benchmark's copy of the twin's rollout loop, on the stand-in: slot [t, e] holds env e's frame at its step
-    t and what the policy and the env said about it."""
+    """The benchmark's copy of the twin's rollout loop, on the stand-in: slot [t, e] holds env e's
+    frame at its step t and what the policy and the env said about it."""
     num_steps, num_envs = 6, 3
     envs = StandInEnvs(num_envs, seed=2, episode_length=(2, 3), max_episode_steps=4)
     shape = (num_steps, num_envs)
@@ -221,9 +258,13 @@ def test_the_twin_rollout_stores_each_env_step_in_its_slot():
 
     game_returns = np.zeros(num_envs)
     next_obs = torch.from_numpy(envs.reset()[0])
-    next_obs = overlap.twin_rollout(envs, policy, rollout, next_obs, game_returns, lambda *_: [], "cpu")
+    next_obs = overlap.twin_rollout(
+        envs, policy, rollout, next_obs, game_returns, lambda *_: [], "cpu"
+    )
     envs.close()
-    env, _, step = (torch.as_tensor(a).view(shape) for a in decode(rollout["obs"].flatten(0, 1).numpy()))
+    env, _, step = (
+        torch.as_tensor(a).view(shape) for a in decode(rollout["obs"].flatten(0, 1).numpy())
+    )
     assert env.tolist() == [list(range(num_envs))] * num_steps
     torch.testing.assert_close(rollout["values"], 10.0 * env + step, check_dtype=False)
     torch.testing.assert_close(rollout["actions"], (env + step) % 4)
@@ -237,12 +278,21 @@ def test_the_twin_rollout_stores_each_env_step_in_its_slot():
 
 
 def test_the_twin_rollout_is_the_twins_loop_line_for_line():
-    """Every statement of the benchmark's copy of the loop is a line of the twin (its comments aside), but the loop's
-    header and the episode logging, which the copy drops."""
-    twin = [line.split("  #")[0].strip() for line in (SCRIPTS / f"{overlap.TWIN}.py").read_text().splitlines()]
+    """Every statement of the benchmark's copy of the loop is a line of the twin (its comments
+    aside), but the loop's header and the episode logging, which the copy drops."""
+    twin = [
+        line.split("  #")[0].strip()
+        for line in (SCRIPTS / f"{overlap.TWIN}.py").read_text().splitlines()
+    ]
     copy = inspect.getsource(overlap.twin_rollout).split('"""')[2].splitlines()
-    statements = [line.strip() for line in copy if line.strip() and not line.strip().startswith(("for ", "return"))]
-    missing = [line for line in statements if line not in twin and not line.startswith("finished_games(")]
+    statements = [
+        line.strip()
+        for line in copy
+        if line.strip() and not line.strip().startswith(("for ", "return"))
+    ]
+    missing = [
+        line for line in statements if line not in twin and not line.startswith("finished_games(")
+    ]
     assert len(statements) == 13 and not missing, missing
 
 
@@ -257,21 +307,36 @@ def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_p
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(tmp_path.iterdir())
-    assert [f.suffix for f in files] == [".json", ".md", ".png"] and all(f.stat().st_size > 0 for f in files)
+    assert [f.suffix for f in files] == [".json", ".md", ".png"] and all(
+        f.stat().st_size > 0 for f in files
+    )
     result = json.loads(files[0].read_text())
     assert result["machine"]["cores"] >= 1 and result["device"] == "cpu"
     rows = result["standin"]["rows"] + result["atari"]["rows"]
     cases = {r["case"] for r in rows}
-    assert cases == {"stand-in d=0.1 ms", "stand-in d=1 ms", "stand-in d=10 ms", "Breakout-v5, 8 envs"}
+    assert cases == {
+        "stand-in d=0.1 ms",
+        "stand-in d=1 ms",
+        "stand-in d=10 ms",
+        "Breakout-v5, 8 envs",
+    }
     for case in cases:
-        assert [(r["design"], r["batch"]) for r in rows if r["case"] == case] == [("sync", 8), ("async 4", 4)]
+        assert [(r["design"], r["batch"]) for r in rows if r["case"] == case] == [
+            ("sync", 8),
+            ("async 4", 4),
+        ]
     for r in rows:
         assert r["sps_min"] <= r["sps_median"] <= r["sps_max"] and r["ratio_to_bound"] > 0
-        serial = 1e6 / (r["env_us_per_step"] + r["acting_us_per_step"])  # stepping and acting one after the other
+        # stepping and acting one after the other
+        serial = 1e6 / (r["env_us_per_step"] + r["acting_us_per_step"])
         if r["design"] == "sync":
             assert r["bound_sps"] == pytest.approx(serial)
-        else:  # overlapped: the larger cost alone, at least as fast as the two in turn; the pipeline in between
-            assert r["bound_sps"] == pytest.approx(1e6 / max(r["env_us_per_step"], r["acting_us_per_step"]))
+        # overlapped: the larger cost alone, at least as fast as the two in turn; the pipeline in
+        # between
+        else:
+            assert r["bound_sps"] == pytest.approx(
+                1e6 / max(r["env_us_per_step"], r["acting_us_per_step"])
+            )
             assert r["bound_sps"] >= serial
             if r["pipeline_bound_sps"] is not None:
                 assert serial <= r["pipeline_bound_sps"] <= r["bound_sps"]
@@ -279,17 +344,23 @@ def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_p
     whole = result["atari"]["whole_iteration"]
     assert [w["script"] for w in whole] == [overlap.TWIN, overlap.ASYNC]
     assert all(w["sps"] > 0 for w in whole) and whole[1]["async_batch_size"] == 4
-    # the twin takes its 512 steps; the async script counts the steps it sent, a few more when envs run ahead
+    # the twin takes its 512 steps; the async script counts the steps it sent, a few more when envs
+    # run ahead
     assert whole[0]["total_timesteps"] == 512 <= whole[1]["total_timesteps"] < 512 + 128
     assert "| Breakout-v5, 8 envs | async 4 |" in files[1].read_text()
 
 
 @pytest.mark.parametrize(
     "flags, words",
-    [(["--async-batch-sizes", "3"], "--async-batch-sizes 3"), (["--async-batch-sizes", "8"], "--async-batch-sizes 8")],
+    [
+        (["--async-batch-sizes", "3"], "--async-batch-sizes 3"),
+        (["--async-batch-sizes", "8"], "--async-batch-sizes 8"),
+    ],
     ids=["not-a-divisor", "not-smaller"],
 )
-def test_an_async_batch_that_does_not_divide_the_envs_below_their_number_exits_2(flags, words, capsys):
+def test_an_async_batch_that_does_not_divide_the_envs_below_their_number_exits_2(
+    flags, words, capsys
+):
     with pytest.raises(SystemExit) as stop:
         overlap.parse_args(["--quick", *flags])
     assert stop.value.code == 2 and words in capsys.readouterr().err

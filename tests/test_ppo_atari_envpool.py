@@ -1,6 +1,6 @@
-"""PPO on Atari (envpool): both twins run and count whole games, the written-out categorical is torch's, GAE
-bootstraps truncations from envpool's final observation, the twin's update (compiled or not) is the eager
-twin's, nothing recompiles, bad input exits 2."""
+"""PPO on Atari (envpool): both twins run and count whole games, the written-out categorical is
+torch's, GAE bootstraps truncations from envpool's final observation, the twin's update (compiled or
+not) is the eager twin's, nothing recompiles, bad input exits 2."""
 
 import numpy as np
 import pytest
@@ -10,8 +10,8 @@ from tensordict import TensorDict
 from torch.distributions import Categorical
 
 EAGER, TWIN = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
-# 8 Breakout games x 256 agent steps: random play loses a game in ~120-300 steps, so games end; 8 iterations of
-# 32 vector steps, 2 minibatches each
+# 8 Breakout games x 256 agent steps: random play loses a game in ~120-300 steps, so games end; 8
+# iterations of 32 vector steps, 2 minibatches each
 SMOKE = (
     "--total-timesteps",
     "2048",
@@ -35,17 +35,24 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Breakout-v5", 2048, 8)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
+        "Breakout-v5",
+        2048,
+        8,
+    )
     # a random policy scores 0-5 points in a Breakout game of 5 lives
     assert result["episodes"] >= 4
     assert 0 <= result["return_mean"] < 10
-    assert all(point[2] == int(point[2]) for point in result["curve"])  # unclipped scores are whole points
+    # unclipped scores are whole points
+    assert all(point[2] == int(point[2]) for point in result["curve"])
     assert result["sps"] > 0 and result["sps_wall"] > 0
 
 
 @requires_cuda
 @pytest.mark.parametrize(
-    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+    "flags",
+    [("--cudagraphs",), ("--compile", "--cudagraphs")],
+    ids=["cudagraphs", "compile-cudagraphs"],
 )
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, *flags))
@@ -55,7 +62,10 @@ def test_cudagraphs_smoke(flags):
 
 def step_infos(reward, terminated):
     """The part of envpool's info that `finished_games` reads, for two envs."""
-    return {"reward": np.array(reward, dtype=np.float32), "terminated": np.array(terminated, dtype=np.int32)}
+    return {
+        "reward": np.array(reward, dtype=np.float32),
+        "terminated": np.array(terminated, dtype=np.int32),
+    }
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
@@ -63,9 +73,11 @@ def test_a_game_is_counted_across_lives_with_unclipped_scores(script):
     finished_games = load_script(script).finished_games
     game_returns = np.zeros(2)
     no_truncation = np.array([False, False])
-    # env 0 scores 4 (clipped to 1 for learning) then loses a life: the learner's episode ends, the game goes on
+    # env 0 scores 4 (clipped to 1 for learning) then loses a life: the learner's episode ends, the
+    # game goes on
     assert finished_games(game_returns, step_infos([4.0, 1.0], [0, 0]), no_truncation) == []
-    # env 0 scores 7 more and loses its last life: one game of 11 points; env 1 is cut off on the same step
+    # env 0 scores 7 more and loses its last life: one game of 11 points; env 1 is cut off on the
+    # same step
     finished = finished_games(game_returns, step_infos([7.0, 2.0], [1, 0]), np.array([False, True]))
     assert finished == [11.0, 3.0]
     # both counters start again from 0
@@ -89,7 +101,8 @@ def test_written_out_categorical_is_torchs():
 def test_gumbel_max_samples_follow_the_softmax():
     agent = load_script(TWIN).Agent(4)
     with torch.no_grad():
-        agent.actor.bias.copy_(torch.tensor([0.0, 1.0, 2.0, -1.0]))  # the 0.01-scaled weights barely matter
+        # the 0.01-scaled weights barely matter
+        agent.actor.bias.copy_(torch.tensor([0.0, 1.0, 2.0, -1.0]))
         obs = torch.zeros(20_000, 4, 84, 84, dtype=torch.uint8)
         torch.manual_seed(0)
         actions, log_prob, _, _ = agent.get_action_and_value(obs)
@@ -101,13 +114,18 @@ def test_gumbel_max_samples_follow_the_softmax():
 
 def gae_functions():
     eager, twin = load_script(EAGER), load_script(TWIN)
-    return {"eager": eager.gae, "twin": twin.gae, "twin-compiled": torch.compile(twin.gae, fullgraph=True)}
+    return {
+        "eager": eager.gae,
+        "twin": twin.gae,
+        "twin-compiled": torch.compile(twin.gae, fullgraph=True),
+    }
 
 
 @pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled"])
 def test_gae_bootstraps_truncation_from_the_final_obs_and_not_termination(name):
-    """One env, 4 steps: step 1 is truncated, step 2 terminates. envpool returns the final observation after a
-    done step, so values[2] (here 10) is the truncated episode's final obs, values[3] the terminated one's."""
+    """One env, 4 steps: step 1 is truncated, step 2 terminates. envpool returns the final
+    observation after a done step, so values[2] (here 10) is the truncated episode's final obs,
+    values[3] the terminated one's."""
     rewards = torch.tensor([[1.0], [2.0], [0.0], [3.0]])
     values = torch.tensor([[0.5], [1.0], [10.0], [99.0]])
     terminations = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
@@ -116,16 +134,16 @@ def test_gae_bootstraps_truncation_from_the_final_obs_and_not_termination(name):
     advantages, returns = gae_functions()[name](
         rewards, values, torch.tensor([7.0]), terminations, truncations, gamma, lam
     )
-    # by hand: delta_0 = 1 + 0.9 * 1 - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 - 1 = 10 (the final obs' value);
-    # delta_2 = 0 + 0 (terminal) - 10 = -10; delta_3 = 3 + 0.9 * 7 - 99 = -89.7. GAE stops after steps 1 and 2:
-    # A_3 = -89.7, A_2 = -10, A_1 = 10, A_0 = 1.4 + 0.45 * 10 = 5.9
+    # by hand: delta_0 = 1 + 0.9 * 1 - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 - 1 = 10 (the final obs'
+    # value); delta_2 = 0 + 0 (terminal) - 10 = -10; delta_3 = 3 + 0.9 * 7 - 99 = -89.7. GAE stops
+    # after steps 1 and 2: A_3 = -89.7, A_2 = -10, A_1 = 10, A_0 = 1.4 + 0.45 * 10 = 5.9
     torch.testing.assert_close(advantages, torch.tensor([[5.9], [10.0], [-10.0], [-89.7]]))
     torch.testing.assert_close(returns, advantages + values)
 
 
 def test_doubling_gae_equals_the_reference_loop():
-    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, 128 steps x 8 envs with
-    episode ends: float32 sums in another order agree to 1e-5."""
+    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, 128 steps x 8
+    envs with episode ends: float32 sums in another order agree to 1e-5."""
     functions = gae_functions()
     g = torch.Generator().manual_seed(0)
     n, e = 128, 8
@@ -145,12 +163,15 @@ def test_doubling_gae_equals_the_reference_loop():
 
 
 def build_update(module, seed=0, **update_kwargs):
-    """`module`'s agent (channels-last in the twin, as its main builds it on a CPU), Adam and update."""
+    """`module`'s agent (channels-last in the twin, as its main builds it on a CPU), Adam and
+    update."""
     torch.manual_seed(seed)
     if module.__name__.endswith(TWIN):
         agent = module.make_agent(4, torch.device("cpu"))
         assert agent.network[0].weight.is_contiguous(memory_format=torch.channels_last)
-        optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True)
+        optimizer = torch.optim.Adam(
+            agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True
+        )
     else:
         agent = module.Agent(4)
         optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
@@ -185,19 +206,25 @@ def test_twin_update_compiled_or_not_equals_the_eager_twins():
     for seed in range(2):  # two steps: Adam's moments carry over
         batch = make_minibatch(seed)
         # the eager twin stores float frames, a dict of tensors
-        expected = updates["eager"][0]({key: value.float() if key == "obs" else value for key, value in batch.items()})
+        expected = updates["eager"][0](
+            {key: value.float() if key == "obs" else value for key, value in batch.items()}
+        )
         for name in ("twin", "twin-compiled"):
             # float32, the same ops in another order or layout: statistics agree to 1e-5 relative
-            torch.testing.assert_close(updates[name][0](batch.clone()), expected, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                updates[name][0](batch.clone()), expected, rtol=1e-5, atol=1e-6
+            )
     after = flat_parameters(updates["eager"][1])
     assert not torch.equal(after, before)
     for name in ("twin", "twin-compiled"):
-        # Adam turns a last-bit gradient difference near 0 into up to ~lr * 1e-2 (see the PPO continuous test)
+        # Adam turns a last-bit gradient difference near 0 into up to ~lr * 1e-2 (see the PPO
+        # continuous test)
         torch.testing.assert_close(flat_parameters(updates[name][1]), after, rtol=1e-5, atol=1e-5)
 
 
 def test_no_recompilation_after_warmup():
-    """The compiled update, GAE and acting policy, the policy fed slices of the rollout as the script feeds it."""
+    """The compiled update, GAE and acting policy, the policy fed slices of the rollout as the
+    script feeds it."""
     module = load_script(TWIN)
     update, agent, optimizer = build_update(module, compile_loss=True)
     policy = torch.compile(agent.get_action_and_value, fullgraph=True)
@@ -217,7 +244,8 @@ def test_no_recompilation_after_warmup():
         iteration(seed)
     with torch.compiler.set_stance("fail_on_recompile"):
         for seed in range(2, 4):
-            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)  # the annealed learning rate, in place
+            # the annealed learning rate, in place
+            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)
             action = iteration(seed)
     assert action.shape == (8,) and action.dtype == torch.long
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(3e-4)
@@ -227,8 +255,14 @@ def test_no_recompilation_after_warmup():
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (("--env-id", "Breakout-v9"), ("--env-id", "Breakout-v9", "not one of envpool's Atari games")),
-        (("--env-id", "CartPole-v1"), ("--env-id", "CartPole-v1", "not one of envpool's Atari games")),
+        (
+            ("--env-id", "Breakout-v9"),
+            ("--env-id", "Breakout-v9", "not one of envpool's Atari games"),
+        ),
+        (
+            ("--env-id", "CartPole-v1"),
+            ("--env-id", "CartPole-v1", "not one of envpool's Atari games"),
+        ),
         (("--num-envs", "0"), ("--num-envs", "positive")),
         (("--num-minibatches", "3"), ("--num-minibatches", "divisible")),
         (("--total-timesteps", "512"), ("--total-timesteps", "one rollout")),

@@ -1,8 +1,9 @@
-"""PPO (continuous actions): the eager script, its twin and the CPU script run; GAE bootstraps truncations from the
-true final observation and not terminations; the twin's compiled update is its eager one and the CPU script's
-functional update is the eager script's module update, and nothing recompiles; the numpy policy is the agent's; bad
-input exits 2; the eager and CPU scripts learn InvertedPendulum-v4. Saving, evaluating and loading another script's
-model are in test_run_folder.py, `--env-id`'s forms in test_contract.py."""
+"""PPO (continuous actions): the eager script, its twin and the CPU script run; GAE bootstraps
+truncations from the true final observation and not terminations; the twin's compiled update is its
+eager one and the CPU script's functional update is the eager script's module update, and nothing
+recompiles; the numpy policy is the agent's; bad input exits 2; the eager and CPU scripts learn
+InvertedPendulum-v4. Saving, evaluating and loading another script's model are in
+test_run_folder.py, `--env-id`'s forms in test_contract.py."""
 
 from pathlib import Path
 
@@ -13,10 +14,25 @@ import tyro
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 
-EAGER, TWIN, CPU = "ppo_continuous_action", "ppo_continuous_action_torchcompile", "ppo_continuous_action_cpu"
-# Pendulum-v1 truncates every 200 steps: 640 steps are 10 iterations of 64, 3 episodes, 40 minibatch updates
+EAGER, TWIN, CPU = (
+    "ppo_continuous_action",
+    "ppo_continuous_action_torchcompile",
+    "ppo_continuous_action_cpu",
+)
+# Pendulum-v1 truncates every 200 steps: 640 steps are 10 iterations of 64, 3 episodes, 40 minibatch
+# updates
 PENDULUM = ("--env-id", "Pendulum-v1")
-SMOKE = (*PENDULUM, "--total-timesteps", "640", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2")
+SMOKE = (
+    *PENDULUM,
+    "--total-timesteps",
+    "640",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+)
 # gymnasium's `module:EnvId` form: gym.make imports the module, then makes the env it registers
 MODULE_PENDULUM = "gymnasium.envs.classic_control:Pendulum-v1"
 
@@ -29,8 +45,13 @@ MODULE_PENDULUM = "gymnasium.envs.classic_control:Pendulum-v1"
 def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
     assert result["script"] == script
-    assert result["compile"] is ("--compile" in flags or script == CPU)  # the CPU script compiles by default
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Pendulum-v1", 640, 1)
+    # the CPU script compiles by default
+    assert result["compile"] is ("--compile" in flags or script == CPU)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
+        "Pendulum-v1",
+        640,
+        1,
+    )
     assert result["episodes"] == 3
     assert -2000 < result["return_mean"] < 0
     assert result["sps"] > 0 and result["sps_wall"] > 0
@@ -39,16 +60,43 @@ def test_smoke(script, flags):
 
 
 @pytest.mark.parametrize(
-    "script, flags", [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))], ids=["eager", "twin", "cpu"]
+    "script, flags",
+    [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))],
+    ids=["eager", "twin", "cpu"],
 )
 def test_several_envs_log_every_episode(script, flags):
-    """Two Pendulum envs truncate on the same step: 800 steps are 4 iterations of 100 vector steps, 2 episodes per env.
-    The env is named in gymnasium's `module:EnvId` form, which the run folder's name keeps without the ':'."""
-    flags = ("--env-id", MODULE_PENDULUM, "--total-timesteps", "800", "--num-steps", "100", "--num-envs", "2", *flags)
-    result = summary(
-        run_script(script, *flags, "--num-minibatches", "4", "--update-epochs", "1", "--measure-burnin", "1")
+    """Two Pendulum envs truncate on the same step: 800 steps are 4 iterations of 100 vector steps,
+    2 episodes per env. The env is named in gymnasium's `module:EnvId` form, which the run
+    folder's name keeps without the ':'."""
+    flags = (
+        "--env-id",
+        MODULE_PENDULUM,
+        "--total-timesteps",
+        "800",
+        "--num-steps",
+        "100",
+        "--num-envs",
+        "2",
+        *flags,
     )
-    assert (result["env_id"], result["num_envs"], result["total_timesteps"], result["episodes"]) == (
+    result = summary(
+        run_script(
+            script,
+            *flags,
+            "--num-minibatches",
+            "4",
+            "--update-epochs",
+            "1",
+            "--measure-burnin",
+            "1",
+        )
+    )
+    assert (
+        result["env_id"],
+        result["num_envs"],
+        result["total_timesteps"],
+        result["episodes"],
+    ) == (
         MODULE_PENDULUM,
         2,
         800,
@@ -58,8 +106,9 @@ def test_several_envs_log_every_episode(script, flags):
 
 
 def hand_made_rollout(final_value_truncated=10.0, final_value_terminated=99.0):
-    """One env, 3 steps: step 1 is truncated (cut off, true final obs worth `final_value_truncated`), step 2
-    terminates. `values[2]` is the value of the reset obs that follows the truncation."""
+    """One env, 3 steps: step 1 is truncated (cut off, true final obs worth
+    `final_value_truncated`), step 2 terminates. `values[2]` is the value of the reset obs that
+    follows the truncation."""
     return dict(
         rewards=torch.tensor([[1.0], [2.0], [3.0]]),
         values=torch.tensor([[0.5], [1.0], [1.5]]),
@@ -76,21 +125,24 @@ def test_gae_bootstraps_truncation_from_final_obs_and_not_termination(script):
     gae = load_script(script).gae
     gamma, lam = 0.9, 0.5
     advantages, returns = gae(**hand_made_rollout(), gamma=gamma, gae_lambda=lam)
-    # by hand: delta_0 = 1 + 0.9 * V(s_1) - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 (the final obs, not the reset obs'
-    # 1.5) - 1.0 = 10; delta_2 = 3 + 0 (terminal: neither 99 nor next_value 7) - 1.5 = 1.5. GAE stops at both ends:
-    # A_2 = 1.5, A_1 = 10, A_0 = 1.4 + 0.9 * 0.5 * 10 = 5.9
+    # by hand: delta_0 = 1 + 0.9 * V(s_1) - 0.5 = 1.4; delta_1 = 2 + 0.9 * 10 (the final obs, not
+    # the reset obs' 1.5) - 1.0 = 10; delta_2 = 3 + 0 (terminal: neither 99 nor next_value 7) - 1.5
+    # = 1.5. GAE stops at both ends: A_2 = 1.5, A_1 = 10, A_0 = 1.4 + 0.9 * 0.5 * 10 = 5.9
     torch.testing.assert_close(advantages, torch.tensor([[5.9], [10.0], [1.5]]))
     torch.testing.assert_close(returns, advantages + torch.tensor([[0.5], [1.0], [1.5]]))
     # the truncated step's bootstrap moves with its final obs' value; the terminated step's does not
     more, _ = gae(
-        **hand_made_rollout(final_value_truncated=20.0, final_value_terminated=-50.0), gamma=gamma, gae_lambda=lam
+        **hand_made_rollout(final_value_truncated=20.0, final_value_terminated=-50.0),
+        gamma=gamma,
+        gae_lambda=lam,
     )
     torch.testing.assert_close(more - advantages, torch.tensor([[0.9 * 0.5 * 9.0], [9.0], [0.0]]))
 
 
 def test_doubling_gae_equals_the_reference_loop():
-    """The twin's and the CPU script's GAE (doubling; the twin's also compiled) against the eager script's loop, on
-    1000 random steps of 3 envs with episode ends: float32 sums in another order agree to 1e-5."""
+    """The twin's and the CPU script's GAE (doubling; the twin's also compiled) against the eager
+    script's loop, on 1000 random steps of 3 envs with episode ends: float32 sums in another order
+    agree to 1e-5."""
     twin = load_script(TWIN)
     functions = [twin.gae, load_script(CPU).gae, torch.compile(twin.gae, fullgraph=True)]
     g = torch.Generator().manual_seed(0)
@@ -129,15 +181,17 @@ def flat_parameters(agent):
 
 
 def same_start(module, reference, n_obs=3, n_act=2):
-    """`module`'s agent with `reference`'s weights: every script's agent has the same state_dict keys."""
+    """`module`'s agent with `reference`'s weights: every script's agent has the same state_dict
+    keys."""
     agent = module.Agent(n_obs, n_act)
     agent.load_state_dict(reference.state_dict())
     return agent
 
 
 def run_updates(updates, set_lrs, steps=5, warmup=2):
-    """Each of `updates` on the same minibatches, their statistics per step. The learning rate is annealed in place
-    (`set_lrs(lr)`) before each step after the first; after `warmup` steps a recompilation fails the test."""
+    """Each of `updates` on the same minibatches, their statistics per step. The learning rate is
+    annealed in place (`set_lrs(lr)`) before each step after the first; after `warmup` steps a
+    recompilation fails the test."""
     stats = []
     for step in range(steps):
         if step:
@@ -148,15 +202,16 @@ def run_updates(updates, set_lrs, steps=5, warmup=2):
 
 
 def test_twin_compiled_update_equals_eager_update_without_recompiling():
-    """The twin's update with its loss compiled (what `--compile` runs) against the same update run eagerly: five
-    steps from the same weights, the learning rate annealed in place; after two warm-up steps nothing recompiles,
-    neither the update nor GAE."""
+    """The twin's update with its loss compiled (what `--compile` runs) against the same update run
+    eagerly: five steps from the same weights, the learning rate annealed in place; after two
+    warm-up steps nothing recompiles, neither the update nor GAE."""
     module = load_script(TWIN)
     torch.manual_seed(0)
     eager_agent = module.Agent(3, 2)
     compiled_agent = same_start(module, eager_agent)
     optimizers = [
-        torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True)  # as the twin builds it
+        # as the twin builds it
+        torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True)
         for agent in (eager_agent, compiled_agent)
     ]
     updates = [
@@ -173,9 +228,12 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling():
         # float32, the same ops fused in another order: statistics agree to 1e-5 relative
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     assert not torch.equal(flat_parameters(eager_agent), before)
-    # Adam moves a parameter by about lr * g / (|g| + eps): where g is tiny a last-bit difference in g shows up
-    # as up to ~lr * 1e-2 in the parameter, so parameters agree to 1e-5 absolute (3% of lr)
-    torch.testing.assert_close(flat_parameters(compiled_agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5)
+    # Adam moves a parameter by about lr * g / (|g| + eps): where g is tiny a last-bit difference in
+    # g shows up as up to ~lr * 1e-2 in the parameter, so parameters agree to 1e-5 absolute (3% of
+    # lr)
+    torch.testing.assert_close(
+        flat_parameters(compiled_agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5
+    )
     gae = torch.compile(module.gae, fullgraph=True)
     for seed in range(2):
         gae(**hand_made_rollout(final_value_truncated=float(seed)), gamma=0.99, gae_lambda=0.95)
@@ -184,18 +242,22 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling():
 
 
 def test_cpu_functional_update_equals_eager_scripts_update_without_recompiling():
-    """The CPU script's functional update (torch.func gradients, the clip and Adam written out), eager and compiled
-    whole, against the eager script's module update (autograd, clip_grad_norm_, torch.optim.Adam) from the same
-    weights: five steps, the learning rate annealed in place (a tensor in the CPU script, a float in the eager one);
-    after two warm-up steps the compiled update does not recompile. Statistics agree to 1e-5 relative (float32, the
-    same math in another order, and torch.distributions' log-density against the written-out one); parameters to
-    1e-5 absolute (Adam turns a last-bit difference in a tiny gradient into up to ~lr * 1e-2)."""
+    """The CPU script's functional update (torch.func gradients, the clip and Adam written out),
+    eager and compiled whole, against the eager script's module update (autograd,
+    clip_grad_norm_, torch.optim.Adam) from the same weights: five steps, the learning rate
+    annealed in place (a tensor in the CPU script, a float in the eager one); after two warm-up
+    steps the compiled update does not recompile. Statistics agree to 1e-5 relative (float32,
+    the same math in another order, and torch.distributions' log-density against the written-out
+    one); parameters to 1e-5 absolute (Adam turns a last-bit difference in a tiny gradient into
+    up to ~lr * 1e-2)."""
     eager, cpu = load_script(EAGER), load_script(CPU)
     torch.manual_seed(0)
     eager_agent = eager.Agent(3, 2)
     optimizer = torch.optim.Adam(eager_agent.parameters(), lr=3e-4, eps=1e-5)
     agents = [same_start(cpu, eager_agent), same_start(cpu, eager_agent)]
-    functional = [cpu.make_functional_update(agent, torch.tensor(3e-4), cpu.Args()) for agent in agents]
+    functional = [
+        cpu.make_functional_update(agent, torch.tensor(3e-4), cpu.Args()) for agent in agents
+    ]
     updates = [eager.make_update(eager_agent, optimizer, eager.Args()), functional[0][0]]
     updates.append(torch.compile(functional[1][0], fullgraph=True))
     before = flat_parameters(eager_agent)
@@ -210,13 +272,16 @@ def test_cpu_functional_update_equals_eager_scripts_update_without_recompiling()
         torch.testing.assert_close(compiled_stats, functional_stats, rtol=1e-5, atol=1e-6)
     assert not torch.equal(flat_parameters(eager_agent), before)
     for agent in agents:
-        torch.testing.assert_close(flat_parameters(agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            flat_parameters(agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_host_policy_is_the_agents_policy_on_its_current_weights():
-    """The CPU script's numpy policy (the one place that restates the actor) against its torch agent: the action is
-    the agent's mean plus its std times the numpy generator's draws (the same noise), and its log-density, entropy
-    and value are the agent's for that action; still so after an update changes the weights in place."""
+    """The CPU script's numpy policy (the one place that restates the actor) against its torch
+    agent: the action is the agent's mean plus its std times the numpy generator's draws (the
+    same noise), and its log-density, entropy and value are the agent's for that action; still
+    so after an update changes the weights in place."""
     module = load_script(CPU)
     torch.manual_seed(0)
     agent = module.Agent(3, 2)
@@ -228,13 +293,19 @@ def test_host_policy_is_the_agents_policy_on_its_current_weights():
         action, logprob, entropy, value = policy(obs.numpy())
         with torch.no_grad():
             mean, std = agent.actor_mean(obs), agent.actor_logstd.exp()
-            _, agent_logprob, agent_entropy, agent_value = agent.get_action_and_value(obs, torch.from_numpy(action))
+            _, agent_logprob, agent_entropy, agent_value = agent.get_action_and_value(
+                obs, torch.from_numpy(action)
+            )
         draws = torch.from_numpy(noise.standard_normal((256, 2), dtype=np.float32))
-        torch.testing.assert_close(torch.from_numpy(action), mean + std * draws, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            torch.from_numpy(action), mean + std * draws, rtol=1e-5, atol=1e-5
+        )
         torch.testing.assert_close(torch.from_numpy(logprob), agent_logprob, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(entropy), agent_entropy, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(torch.from_numpy(value), agent_value, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(torch.from_numpy(get_value(obs.numpy())), agent_value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.from_numpy(get_value(obs.numpy())), agent_value, rtol=1e-5, atol=1e-6
+        )
         update(make_minibatch(0))  # in place: the policy's views see the new weights
     assert not torch.equal(agent.actor_logstd, torch.zeros_like(agent.actor_logstd))
 
@@ -244,15 +315,18 @@ def test_host_policy_is_the_agents_policy_on_its_current_weights():
     "flags, words",
     [
         (("--num-steps", "0"), ("--num-steps",)),
-        (("--num-steps", "100", "--num-minibatches", "3"), ("--num-steps", "--num-envs", "--num-minibatches")),
+        (
+            ("--num-steps", "100", "--num-minibatches", "3"),
+            ("--num-steps", "--num-envs", "--num-minibatches"),
+        ),
         (("--total-timesteps", "1000"), ("--total-timesteps", "--num-steps")),
         (("--num-steps", "32", "--num-minibatches", "32"), ("--num-minibatches",)),
     ],
     ids=["zero-steps", "minibatches-do-not-divide", "less-than-a-rollout", "minibatch-of-one"],
 )
 def test_bad_flags_exit_2(script, flags, words, capsys):
-    """`main` checks its flags before it makes anything (run folder, envs, a Ctrl-C handler), so this runs in the
-    test's process: exit status 2 and one line on stderr naming the flags."""
+    """`main` checks its flags before it makes anything (run folder, envs, a Ctrl-C handler), so
+    this runs in the test's process: exit status 2 and one line on stderr naming the flags."""
     module = load_script(script)
     with pytest.raises(SystemExit) as stopped:
         module.main(tyro.cli(module.Args, args=list(flags)))
@@ -263,14 +337,18 @@ def test_bad_flags_exit_2(script, flags, words, capsys):
 
 @pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 def test_an_action_space_other_than_box_exits_2(script):
-    """A whole run: the env is refused before training, with one line (unknown ids and missing modules are refused
-    in test_contract.py, for every script)."""
-    assert_user_error(run_script(script, "--env-id", "CartPole-v1", timeout=120), "--env-id", "Discrete")
+    """A whole run: the env is refused before training, with one line (unknown ids and missing
+    modules are refused in test_contract.py, for every script)."""
+    assert_user_error(
+        run_script(script, "--env-id", "CartPole-v1", timeout=120), "--env-id", "Discrete"
+    )
 
 
 @requires_cuda
 @pytest.mark.parametrize(
-    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+    "flags",
+    [("--cudagraphs",), ("--compile", "--cudagraphs")],
+    ids=["cudagraphs", "compile-cudagraphs"],
 )
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))

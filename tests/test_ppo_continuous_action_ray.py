@@ -1,13 +1,15 @@
-"""PPO on Ray env runners: a fragment has the right shapes and the true final observations; one runner with a fixed
-seed yields the transitions of the same envs stepped here; runs learn-step on a joined cluster and on a local one,
-double-buffered or not, with no Ray process left behind; a killed runner is replaced and the run goes on; Ctrl-C
-or SIGTERM stops after the iteration with a summary and exit 130 or 143, and the runners end; the scaling benchmark
-runs on a tiny budget; bad input exits 2 (a bad --env-id before Ray starts).
+"""PPO on Ray env runners: a fragment has the right shapes and the true final observations; one
+runner with a fixed seed yields the transitions of the same envs stepped here; runs learn-step
+on a joined cluster and on a local one, double-buffered or not, with no Ray process left behind;
+a killed runner is replaced and the run goes on; Ctrl-C or SIGTERM stops after the iteration
+with a summary and exit 130 or 143, and the runners end; the scaling benchmark runs on a tiny
+budget; bad input exits 2 (a bad --env-id before Ray starts).
 
-One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its own process group,
-killed as a group at the end of the module. Scripts join it with --ray-address; this process joins it for the runner
-tests. Runs that test CPU behaviour pin --no-cuda; the joined-cluster runs keep --cuda and check the learner's device
-(cuda where there is one), so a GPU machine runs them too."""
+One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its
+own process group, killed as a group at the end of the module. Scripts join it with
+--ray-address; this process joins it for the runner tests. Runs that test CPU behaviour pin
+--no-cuda; the joined-cluster runs keep --cuda and check the learner's device (cuda where there
+is one), so a GPU machine runs them too."""
 
 import json
 import os
@@ -25,7 +27,8 @@ import torch
 from conftest import ROOT, assert_user_error, load_script, run_script, script_env, summary
 
 SCRIPT = "ppo_continuous_action_ray"
-# Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8 episodes
+# Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8
+# episodes
 SMOKE = (
     "--no-cuda",
     "--env-id",
@@ -41,9 +44,14 @@ SMOKE = (
     "--measure-burnin",
     "1",
 )
-# what the head, this process and the scripts joining the head run with: Ray keeps to 127.0.0.1 only with the first
-# (see connect_ray); the head requires a token (Ray 2.60's default for a new cluster), this session's own
-CLUSTER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+# what the head, this process and the scripts joining the head run with: Ray keeps to 127.0.0.1 only
+# with the first (see connect_ray); the head requires a token (Ray 2.60's default for a new
+# cluster), this session's own
+CLUSTER = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": secrets.token_hex(32),
+}
 
 
 def free_port():
@@ -67,9 +75,12 @@ def ray_processes():
 
 
 def test_local_instance_leaves_no_ray_process(tmp_path):
-    """First in the file: before the session's head starts, so that every Ray process that appears is the run's."""
+    """First in the file: before the session's head starts, so that every Ray process that appears
+    is the run's."""
     before = ray_processes()
-    result = summary(run_script(SCRIPT, *SMOKE, "--total-timesteps", "800", cwd=tmp_path, timeout=300))
+    result = summary(
+        run_script(SCRIPT, *SMOKE, "--total-timesteps", "800", cwd=tmp_path, timeout=300)
+    )
     assert (result["total_timesteps"], result["episodes"], result["runner_restarts"]) == (800, 4, 0)
     time.sleep(2)
     assert ray_processes() - before == set(), "Ray processes of the local instance outlived the run"
@@ -77,8 +88,9 @@ def test_local_instance_leaves_no_ray_process(tmp_path):
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """host:port of a Ray head on loopback with 2 CPUs, for this module (the only one that needs Ray: one head per
-    session), so the rest of the suite runs without it; its process group is killed at the end."""
+    """host:port of a Ray head on loopback with 2 CPUs, for this module (the only one that needs
+    Ray: one head per session), so the rest of the suite runs without it; its process group is
+    killed at the end."""
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="lrt-")  # short: Ray's socket paths live under it
     head = subprocess.Popen(
@@ -111,13 +123,16 @@ def ray_head():
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert head.poll() is None and time.time() < deadline, "the Ray head did not start within 90 s"
+                assert head.poll() is None and time.time() < deadline, (
+                    "the Ray head did not start within 90 s"
+                )
                 time.sleep(0.5)
         yield f"127.0.0.1:{port}"
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
         try:
-            head.wait(timeout=5)  # its stop took over 30 s once in CI: after 5 s the whole group is killed instead
+            # its stop took over 30 s once in CI: after 5 s the whole group is killed instead
+            head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=10)
@@ -130,7 +145,8 @@ def ray_head():
 
 @pytest.fixture(scope="module")
 def ray_here(ray_head):
-    """This process joined to the session's head; the script's module, whose runner Ray ships by value."""
+    """This process joined to the session's head; the script's module, whose runner Ray ships by
+    value."""
     saved = {key: os.environ.get(key) for key in CLUSTER}
     os.environ.update(CLUSTER)
     import ray
@@ -148,7 +164,8 @@ def ray_here(ray_head):
 
 
 def policy(module, n_obs, n_act, seed=0):
-    """Weights (an agent seeded `seed`) and observation statistics far from the identity, as the learner ships them."""
+    """Weights (an agent seeded `seed`) and observation statistics far from the identity, as the
+    learner ships them."""
     torch.manual_seed(seed)
     agent = module.Agent(n_obs, n_act)
     obs_rms = {"mean": np.linspace(-0.5, 0.5, n_obs), "var": np.linspace(0.5, 2.0, n_obs)}
@@ -160,7 +177,11 @@ def test_fragment_shapes_and_true_final_observations(ray_here):
     runner = ray.remote(module.EnvRunner).options(num_cpus=0).remote("Pendulum-v1", 2, 3, 0.99)
     _, state = policy(module, 3, 1)
     fragment = ray.get(runner.sample.remote(state, 250), timeout=120)
-    shapes = {key: tuple(value.shape) for key, value in fragment.items() if key not in ("episodes", "runner")}
+    shapes = {
+        key: tuple(value.shape)
+        for key, value in fragment.items()
+        if key not in ("episodes", "runner")
+    }
     assert shapes == {
         "obs": (250, 2, 3),
         "raw_obs": (250, 2, 3),
@@ -178,7 +199,8 @@ def test_fragment_shapes_and_true_final_observations(ray_here):
     assert [step for step, _ in fragment["episodes"]] == [199, 199]
     ended = np.zeros(250, dtype=bool)
     ended[199] = True
-    # inside an episode the true next observation is the next step's; at the cut it is the final one, not the reset
+    # inside an episode the true next observation is the next step's; at the cut it is the final
+    # one, not the reset
     torch.testing.assert_close(fragment["final_obs"][~ended][:-1], fragment["obs"][1:][~ended[:-1]])
     assert not torch.allclose(fragment["final_obs"][199], fragment["obs"][200])
     torch.testing.assert_close(fragment["final_obs"][-1], fragment["next_obs"])
@@ -187,16 +209,18 @@ def test_fragment_shapes_and_true_final_observations(ray_here):
 
 
 def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
-    """Runner seeded 5 with 2 envs, two calls of 150 and 100 steps, against the same envs (seeds 5, 6), the same
-    weights and the same torch seed stepped in this process: equal actions, log-probabilities, observations, rewards,
-    ends, final observations and episode returns."""
+    """Runner seeded 5 with 2 envs, two calls of 150 and 100 steps, against the same envs (seeds 5,
+    6), the same weights and the same torch seed stepped in this process: equal actions,
+    log-probabilities, observations, rewards, ends, final observations and episode returns."""
     ray, module = ray_here
     runner = ray.remote(module.EnvRunner).options(num_cpus=0).remote("Pendulum-v1", 2, 5, 0.99)
     agent, state = policy(module, 3, 1, seed=1)
     first = ray.get(runner.sample.remote(state, 150), timeout=120)
     second = ray.get(runner.sample.remote(state, 100), timeout=120)
     remote = {
-        key: torch.cat([first[key], second[key]]) for key in first if key not in ("episodes", "next_obs", "runner")
+        key: torch.cat([first[key], second[key]])
+        for key in first
+        if key not in ("episodes", "next_obs", "runner")
     }
 
     torch.manual_seed(5)
@@ -216,7 +240,9 @@ def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
         local["rewards"].append(reward)
         local["terminations"].append(terminated)
         local["truncations"].append(truncated)
-        local["final_obs"].append(module.normalize(module.true_next_obs(next_obs, infos), state["obs_rms"]))
+        local["final_obs"].append(
+            module.normalize(module.true_next_obs(next_obs, infos), state["obs_rms"])
+        )
         episodes += [(step, r) for r in module.finished_episodes(infos)]
     for key, values in local.items():
         expected = torch.as_tensor(np.stack(values)).to(remote[key].dtype)
@@ -231,8 +257,8 @@ def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
     ids=["batched", "double-buffer-module-env-id"],
 )
 def test_run_on_a_joined_cluster(ray_head, flags, tmp_path):
-    """Learns on the cluster (the second run with gymnasium's `module:EnvId` form, which every runner imports), with
-    the default --cuda: the learner on the GPU where there is one."""
+    """Learns on the cluster (the second run with gymnasium's `module:EnvId` form, which every
+    runner imports), with the default --cuda: the learner on the GPU where there is one."""
     result = summary(
         run_script(
             SCRIPT,
@@ -251,19 +277,21 @@ def test_run_on_a_joined_cluster(ray_head, flags, tmp_path):
     assert result["script"] == SCRIPT and result["double_buffer"] is bool(flags)
     assert result["device"] == "cpu"  # a script a test launches sees no GPU (conftest.script_env)
     assert (result["num_runners"], result["num_envs"], result["total_timesteps"]) == (2, 2, 1600)
-    assert result["episodes"] == 8 and result["runner_restarts"] == 0  # 2 envs x 800 steps, 200 steps an episode
+    # 2 envs x 800 steps, 200 steps an episode
+    assert result["episodes"] == 8 and result["runner_restarts"] == 0
     assert -2000 < result["return_mean"] < 0 and len(result["eval_returns"]) == 1
     assert 50 < result["runner_memory_mib"] < 2000
     saved = torch.load(result["model_file"], weights_only=True)
     assert saved["script"] == SCRIPT and set(saved["model"]) == {"agent", "obs_rms"}
-    # the learner's statistics moved from their start (mean 0, variance 1) with the 1600 observations
+    # the learner's statistics moved from their start (mean 0, variance 1) with the 1600
+    # observations
     assert saved["model"]["obs_rms"]["count"] == pytest.approx(1600, abs=1)
     assert saved["model"]["obs_rms"]["var"].min() < 0.9
 
 
 def runner_pids(title=b"ray::EnvRunner.sample"):
-    """Pids of env runners busy sampling (Ray titles an actor's process with the method it runs), or of any process
-    whose title starts with `title`."""
+    """Pids of env runners busy sampling (Ray titles an actor's process with the method it runs),
+    or of any process whose title starts with `title`."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -276,14 +304,18 @@ def runner_pids(title=b"ray::EnvRunner.sample"):
 
 
 def start_run(tmp_path, *flags):
-    """The script started in the background, joined to the session's head with `flags`, its output piped."""
+    """The script started in the background, joined to the session's head with `flags`, its output
+    piped."""
     cmd = [sys.executable, str(ROOT / "leanrl" / f"{SCRIPT}.py"), *flags]
     env = script_env() | CLUSTER
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for_sampling(proc, timeout=120):
-    """The pids of the runners sampling, once one is (at most `timeout` s, and while `proc` runs)."""
+    """The pids of the runners sampling, once one is (at most `timeout` s, and while `proc`
+    runs)."""
     deadline = time.time() + timeout
     while not (sampling := runner_pids()):
         assert proc.poll() is None and time.time() < deadline, "no runner sampling"
@@ -298,16 +330,19 @@ def finish(proc, timeout):
 
 
 def stop(proc):
-    """`proc` killed if it still runs (a failed test leaves no learner behind; Ray then ends its runners)."""
+    """`proc` killed if it still runs (a failed test leaves no learner behind; Ray then ends its
+    runners)."""
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=30)
 
 
 def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
-    """A runner killed (SIGKILL) while it samples: Ray restarts it, its fragment is sampled again, the run ends
-    with every step it asked for and one restart reported."""
-    proc = start_run(tmp_path, *SMOKE, "--total-timesteps", "12000", "--double-buffer", "--ray-address", ray_head)
+    """A runner killed (SIGKILL) while it samples: Ray restarts it, its fragment is sampled again,
+    the run ends with every step it asked for and one restart reported."""
+    proc = start_run(
+        tmp_path, *SMOKE, "--total-timesteps", "12000", "--double-buffer", "--ray-address", ray_head
+    )
     try:
         wait_for_sampling(proc)
         time.sleep(1.0)  # a few iterations in (30 in all)
@@ -321,10 +356,12 @@ def test_killed_runner_is_replaced_and_training_goes_on(ray_head, tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_stops_after_the_iteration_and_the_runners_end(ray_head, tmp_path, signum):
-    """SIGINT or SIGTERM to the learner while its runners sample: it ends the iteration, reports it (interrupted,
-    whole iterations of 400 steps) and exits 130 or 143, and its runners end with it. (ray.init puts a SIGTERM handler
-    of its own, an exit at once; the script puts its own back.)"""
+def test_ctrl_c_or_sigterm_stops_after_the_iteration_and_the_runners_end(
+    ray_head, tmp_path, signum
+):
+    """SIGINT or SIGTERM to the learner while its runners sample: it ends the iteration, reports it
+    (interrupted, whole iterations of 400 steps) and exits 130 or 143, and its runners end with it.
+    (ray.init puts a SIGTERM handler of its own, an exit at once; the script puts its own back.)"""
     proc = start_run(tmp_path, *SMOKE, "--total-timesteps", "1000000", "--ray-address", ray_head)
     try:
         wait_for_sampling(proc)
@@ -354,7 +391,9 @@ def test_benchmark_tiny_budget(ray_head, tmp_path):
         "--out",
         str(tmp_path),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=script_env() | CLUSTER, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=script_env() | CLUSTER, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(tmp_path.glob("*.json")).read_text())
     rows = result["rows"]
@@ -367,7 +406,8 @@ def test_benchmark_tiny_budget(ray_head, tmp_path):
         ("double-buffered", 2, 8),
     ]
     for r in rows:
-        assert r["ideal_sps"] == pytest.approx(r["runners"] / 0.002)  # sleeping: one env at a time per runner
+        # sleeping: one env at a time per runner
+        assert r["ideal_sps"] == pytest.approx(r["runners"] / 0.002)
         assert r["efficiency"] == pytest.approx(r["sps"] / r["ideal_sps"])
         assert 0 < r["efficiency"] <= 1.02, r  # a sleeping env cannot step faster than its duration
         assert r["num_steps"] == 5  # T: 0.04 s of env time in a fragment of 4 envs of 2 ms
@@ -385,16 +425,27 @@ def test_benchmark_tiny_budget(ray_head, tmp_path):
         (("--capture-video",), ("--capture-video", "--eval-episodes")),
         (("--ray-address", "nonsense"), ("--ray-address", "host:port")),
     ],
-    ids=["zero-runners", "unknown-env", "missing-env-module", "video-without-eval", "address-not-host-port"],
+    ids=[
+        "zero-runners",
+        "unknown-env",
+        "missing-env-module",
+        "video-without-eval",
+        "address-not-host-port",
+    ],
 )
 def test_bad_input_exits_2(flags, words):
     assert_user_error(run_script(SCRIPT, *flags, timeout=120), *words)
 
 
 def test_unreachable_address_exits_2_at_once():
-    """Nothing listens on the port: one line, exit 2, well within the 60 s timeout (Ray alone retries for minutes)."""
+    """Nothing listens on the port: one line, exit 2, well within the 60 s timeout (Ray alone
+    retries for minutes)."""
     port = free_port()
-    assert_user_error(run_script(SCRIPT, "--ray-address", f"127.0.0.1:{port}", timeout=60), "--ray-address", str(port))
+    assert_user_error(
+        run_script(SCRIPT, "--ray-address", f"127.0.0.1:{port}", timeout=60),
+        "--ray-address",
+        str(port),
+    )
     bench = subprocess.run(
         [sys.executable, "-m", "benchmarks.ray_scaling", "--ray-address", f"127.0.0.1:{port}"],
         cwd=ROOT,
@@ -408,7 +459,16 @@ def test_unreachable_address_exits_2_at_once():
 
 def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
     assert_user_error(
-        run_script(SCRIPT, *SMOKE, "--num-runners", "3", "--ray-address", ray_head, timeout=120, env=CLUSTER),
+        run_script(
+            SCRIPT,
+            *SMOKE,
+            "--num-runners",
+            "3",
+            "--ray-address",
+            ray_head,
+            timeout=120,
+            env=CLUSTER,
+        ),
         "--num-runners 3",
         "the Ray cluster has 2",
     )

@@ -1,11 +1,13 @@
 """PPO's seeds script (continuous actions), N runs as one vmapped program: each member's update is
-ppo_continuous_action_cpu.py's update on that member's parameters, Adam state and minibatch (eager and compiled, with
-no recompilation), its reset steps (envpool's next-step autoreset) weighing nothing; a member's update does not depend
-on another member's minibatch; each member starts from the CPU script's weights for its seed; the numpy wrappers of
-the envpool envs are gymnasium's per-env wrappers; every member of a short run learns; the per-member summary, model
-files the single-seed scripts evaluate, and bad inputs.
+ppo_continuous_action_cpu.py's update on that member's parameters, Adam state and minibatch (eager
+and compiled, with no recompilation), its reset steps (envpool's next-step autoreset) weighing
+nothing; a member's update does not depend on another member's minibatch; each member starts from
+the CPU script's weights for its seed; the numpy wrappers of the envpool envs are gymnasium's
+per-env wrappers; every member of a short run learns; the per-member summary, model files the
+single-seed scripts evaluate, and bad inputs.
 
-Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test and the learning check."""
+Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test and the learning
+check."""
 
 import gymnasium as gym
 import numpy as np
@@ -18,14 +20,25 @@ from test_ppo_continuous_action import make_minibatch
 SEEDS_SCRIPT, CPU_SCRIPT = "ppo_continuous_action_seeds", "ppo_continuous_action_cpu"
 SEEDS = [1, 2, 3]
 CPU = torch.device("cpu")
-# Pendulum-v1 truncates every 200 steps: 640 steps per member are 10 iterations of 64, 3 episodes, 40 updates
-SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", 640, "--num-steps", 64, "--num-minibatches", 2)
+# Pendulum-v1 truncates every 200 steps: 640 steps per member are 10 iterations of 64, 3 episodes,
+# 40 updates
+SMOKE = (
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    640,
+    "--num-steps",
+    64,
+    "--num-minibatches",
+    2,
+)
 
 
 def stacked_minibatches(step):
-    """A minibatch per member (test_ppo_continuous_action's, a different one each) and the same stacked on a seeds
-    axis with `valid` (1: a step; 0: an envpool reset step), as the seeds update takes them. Member 1's first 8 rows
-    are reset steps: the single-seed update gets its other 56 rows."""
+    """A minibatch per member (test_ppo_continuous_action's, a different one each) and the same
+    stacked on a seeds axis with `valid` (1: a step; 0: an envpool reset step), as the seeds
+    update takes them. Member 1's first 8 rows are reset steps: the single-seed update gets its
+    other 56 rows."""
     minibatches = [make_minibatch(10 * step + k) for k in range(len(SEEDS))]
     stacked = torch.stack(minibatches)
     stacked["valid"] = torch.ones(stacked.shape)
@@ -42,18 +55,20 @@ def build_seeds_learner():
 
 
 def build_cpu_update(params, member):
-    """ppo_continuous_action_cpu.py's functional update on a copy of member `member`'s parameters (a fresh Adam, as
-    the seeds update's); returns it, its Adam and its agent."""
+    """ppo_continuous_action_cpu.py's functional update on a copy of member `member`'s parameters (a
+    fresh Adam, as the seeds update's); returns it, its Adam and its agent."""
     mod = load_script(CPU_SCRIPT)
     agent = mod.Agent(3, 2)
     agent.load_state_dict({name: param[member] for name, param in params.items()})
-    update, optimizer = mod.make_functional_update(agent, torch.tensor(mod.Args().learning_rate), mod.Args())
+    update, optimizer = mod.make_functional_update(
+        agent, torch.tensor(mod.Args().learning_rate), mod.Args()
+    )
     return update, optimizer, agent
 
 
 def test_each_member_starts_from_the_weights_of_the_cpu_script_with_its_seed():
-    """Member k's agent is the one the CPU script builds after seeding torch with `seed + k` (as its Run does), and
-    building the members leaves the global generator as it was."""
+    """Member k's agent is the one the CPU script builds after seeding torch with `seed + k` (as its
+    Run does), and building the members leaves the global generator as it was."""
     torch.manual_seed(123)
     before = torch.get_rng_state()
     optimizer, _ = build_seeds_learner()
@@ -61,17 +76,23 @@ def test_each_member_starts_from_the_weights_of_the_cpu_script_with_its_seed():
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         expected = load_script(CPU_SCRIPT).Agent(3, 2).state_dict()
-        assert all(torch.equal(optimizer.params[name][member], value) for name, value in expected.items()), seed
+        assert all(
+            torch.equal(optimizer.params[name][member], value) for name, value in expected.items()
+        ), seed
 
 
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_compiled():
-    """Four steps on fresh minibatches, the learning rate annealed in place before each: the seeds update (N=3),
-    eagerly and compiled as main compiles it on a CPU, against the CPU script's functional update on each member's own
-    parameters, Adam state and minibatch, member 1's without its 8 reset steps. Each member's statistics agree within
-    1e-5 relative (float32; masked means and the CPU script's means sum in another order), its parameters within 1e-6
-    absolute (an Adam step moves them by ~lr = 3e-4). From the third call on, the compiled update compiles nothing
+    """Four steps on fresh minibatches, the learning rate annealed in place before each: the seeds
+    update (N=3), eagerly and compiled as main compiles it on a CPU, against the CPU script's
+    functional update on each member's own parameters, Adam state and minibatch, member 1's without
+    its 8 reset steps. Each member's statistics agree within 1e-5 relative (float32; masked means
+    and the CPU script's means sum in another order), its parameters within 1e-6 absolute (an Adam
+    step moves them by ~lr = 3e-4). From the third call on, the compiled update compiles nothing
     new."""
-    (optimizer, update), (compiled_optimizer, compiled_update) = build_seeds_learner(), build_seeds_learner()
+    (optimizer, update), (compiled_optimizer, compiled_update) = (
+        build_seeds_learner(),
+        build_seeds_learner(),
+    )
     compiled_update = torch.compile(compiled_update, fullgraph=True, options={"cpp_wrapper": True})
     singles = [build_cpu_update(optimizer.params, member) for member in range(len(SEEDS))]
     start = {name: param.clone() for name, param in optimizer.params.items()}
@@ -86,15 +107,24 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_c
         for stats, adam in results:
             assert stats.shape == (len(SEEDS), 6)
             for member, (_, _, agent) in enumerate(singles):
-                torch.testing.assert_close(stats[member], expected[member], rtol=1e-5, atol=1e-6, msg=f"step {step}")
+                torch.testing.assert_close(
+                    stats[member], expected[member], rtol=1e-5, atol=1e-6, msg=f"step {step}"
+                )
                 for name, reference in agent.state_dict().items():
-                    torch.testing.assert_close(adam.params[name][member], reference, rtol=0, atol=1e-6, msg=name)
-    assert all(not torch.equal(optimizer.params[name][k], start[name][k]) for name in start for k in range(3))
+                    torch.testing.assert_close(
+                        adam.params[name][member], reference, rtol=0, atol=1e-6, msg=name
+                    )
+    assert all(
+        not torch.equal(optimizer.params[name][k], start[name][k])
+        for name in start
+        for k in range(3)
+    )
 
 
 def test_a_members_update_depends_on_its_own_minibatch_alone():
-    """Two seeds updates from the same state, on the same minibatches except member 0's: members 1 and 2 come out
-    with exactly the same statistics and parameters (bit for bit), member 0 with others."""
+    """Two seeds updates from the same state, on the same minibatches except member 0's: members 1
+    and 2 come out with exactly the same statistics and parameters (bit for bit), member 0 with
+    others."""
     outcomes = []
     for changed in (False, True):
         optimizer, update = build_seeds_learner()
@@ -107,7 +137,9 @@ def test_a_members_update_depends_on_its_own_minibatch_alone():
     assert torch.equal(stats[1:], stats_changed[1:])
     assert all(torch.equal(params[name][1:], params_changed[name][1:]) for name in params)
     assert not torch.equal(stats[0], stats_changed[0])
-    assert not torch.equal(params["actor_mean.0.weight"][0], params_changed["actor_mean.0.weight"][0])
+    assert not torch.equal(
+        params["actor_mean.0.weight"][0], params_changed["actor_mean.0.weight"][0]
+    )
 
 
 def test_members_draw_their_own_noise_and_act_with_their_own_parameters():
@@ -182,14 +214,21 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 
 
 class ScriptedPool:
-    """envpool's interface for two envs replaying raw steps (observations, rewards, ends) in next-step autoreset: the
-    step after an episode's end returns the next episode's first observation, with reward 0 and no end."""
+    """envpool's interface for two envs replaying raw steps (observations, rewards, ends) in
+    next-step autoreset: the step after an episode's end returns the next episode's first
+    observation, with reward 0 and no end."""
 
     action_space = gym.spaces.Box(-2.0, 2.0, (1,))
     observation_space = gym.spaces.Box(-np.inf, np.inf, (3,))
 
     def __init__(self, obs, rewards, terminations, truncations):
-        self.obs, self.rewards, self.terminations, self.truncations, self.t = obs, rewards, terminations, truncations, 0
+        self.obs, self.rewards, self.terminations, self.truncations, self.t = (
+            obs,
+            rewards,
+            terminations,
+            truncations,
+            0,
+        )
 
     def reset(self):
         return self.obs[0], {}
@@ -205,8 +244,8 @@ class ScriptedPool:
 
 
 def replay(env, obs, reward=None, terminated=False, truncated=False):
-    """One raw reset (`reward` None) or step through gymnasium's wrappers of `env`: the wrapped (obs, reward,
-    finished returns)."""
+    """One raw reset (`reward` None) or step through gymnasium's wrappers of `env`: the wrapped
+    (obs, reward, finished returns)."""
     unwrapped = env.unwrapped
     unwrapped.reset = lambda **kwargs: (obs, {})
     unwrapped.step = lambda action: (obs, reward, terminated, truncated, {})
@@ -217,13 +256,15 @@ def replay(env, obs, reward=None, terminated=False, truncated=False):
 
 
 def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
-    """EnvpoolWrappers (two members of one env) against the CPU script's make_env wrappers (gymnasium's, one stack
-    per env) on the same raw steps: env 0 terminates at step 3, env 1 truncates at step 5, each then taking envpool's
-    reset step, which gymnasium's vector env does as a reset in the same step. Observations and rewards agree to 1e-6
-    (float64 statistics, float32 outputs), finished returns (read from gymnasium's `final_info`) exactly."""
+    """EnvpoolWrappers (two members of one env) against the CPU script's make_env wrappers
+    (gymnasium's, one stack per env) on the same raw steps: env 0 terminates at step 3, env 1
+    truncates at step 5, each then taking envpool's reset step, which gymnasium's vector env does as
+    a reset in the same step. Observations and rewards agree to 1e-6 (float64 statistics, float32
+    outputs), finished returns (read from gymnasium's `final_info`) exactly."""
     mod = load_script(SEEDS_SCRIPT)
     rng = np.random.default_rng(0)
-    obs, rewards = rng.uniform(-1, 1, (9, 2, 3)).astype(np.float32), rng.standard_normal((9, 2)) * 3  # as envpool's
+    # as envpool's
+    obs, rewards = rng.uniform(-1, 1, (9, 2, 3)).astype(np.float32), rng.standard_normal((9, 2)) * 3
     terminations, truncations = np.zeros((9, 2), dtype=bool), np.zeros((9, 2), dtype=bool)
     terminations[3, 0], truncations[5, 1] = True, True
     wrappers = mod.EnvpoolWrappers(ScriptedPool(obs, rewards, terminations, truncations), 2, 0.99)
@@ -233,15 +274,24 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
     for t in range(9):
         if t:
             next_obs, rewards_out, _, _, infos = wrappers.step(np.zeros((2, 1), dtype=np.float32))
-            outputs = (next_obs, rewards_out, mod.finished_episodes(infos, 2))  # two members of one env
-            resetting = terminations[t - 1] | truncations[t - 1]  # envpool's reset step; gymnasium's reset
+            # two members of one env
+            outputs = (next_obs, rewards_out, mod.finished_episodes(infos, 2))
+            # envpool's reset step; gymnasium's reset
+            resetting = terminations[t - 1] | truncations[t - 1]
             raw = [
-                (obs[t, e], None if resetting[e] else rewards[t, e], terminations[t, e], truncations[t, e])
+                (
+                    obs[t, e],
+                    None if resetting[e] else rewards[t, e],
+                    terminations[t, e],
+                    truncations[t, e],
+                )
                 for e in range(2)
             ]
             expected = [replay(env, *raw[e]) for e, env in enumerate(envs)]
         for e, (expected_obs, expected_reward, expected_finished) in enumerate(expected):
-            np.testing.assert_allclose(outputs[0][e], expected_obs, rtol=1e-6, atol=1e-6, err_msg=f"step {t}")
+            np.testing.assert_allclose(
+                outputs[0][e], expected_obs, rtol=1e-6, atol=1e-6, err_msg=f"step {t}"
+            )
             assert (
                 outputs[1][e] == pytest.approx(expected_reward, rel=1e-6, abs=1e-6)
                 and outputs[2][e] == expected_finished
@@ -256,7 +306,15 @@ def test_the_members_learn_inverted_pendulum():
     command with `--seed` 1, 4, 7 and 10 (12 members): members 800.8 to 1000, the runs' 3-member
     means 901.6 to 949.1 (this run's: 945.8). A random policy balances the pole for ~5-10 steps."""
     s = summary(
-        run_script(SEEDS_SCRIPT, "--env-id", "InvertedPendulum-v4", "--total-timesteps", 40960, "--num-seeds", 3)
+        run_script(
+            SEEDS_SCRIPT,
+            "--env-id",
+            "InvertedPendulum-v4",
+            "--total-timesteps",
+            40960,
+            "--num-seeds",
+            3,
+        )
     )
     assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 40960
     assert np.mean(s["return_means"]) > 500, s["return_means"]
@@ -265,16 +323,31 @@ def test_the_members_learn_inverted_pendulum():
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """Two members, eagerly, saving their models and evaluating each twice."""
-    flags = (*SMOKE, "--num-seeds", 2, "--no-compile", "--save-model", "--eval-episodes", 2, "--measure-burnin", 2)
+    flags = (
+        *SMOKE,
+        "--num-seeds",
+        2,
+        "--no-compile",
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--measure-burnin",
+        2,
+    )
     return summary(run_script(SEEDS_SCRIPT, *flags, cwd=tmp_path_factory.mktemp("smoke")))
 
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
-    """The summary reports each member (seeds, their last-20 means and their mean, a curve each of 3 episodes,
-    aggregate sps, evaluation returns per member) and a model file per member, in the single-seed format with the
-    member's seed and its observation normalization."""
+    """The summary reports each member (seeds, their last-20 means and their mean, a curve each of 3
+    episodes, aggregate sps, evaluation returns per member) and a model file per member, in the
+    single-seed format with the member's seed and its observation normalization."""
     s = smoke_run
-    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (SEEDS_SCRIPT, 2, [1, 2], 640)
+    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (
+        SEEDS_SCRIPT,
+        2,
+        [1, 2],
+        640,
+    )
     assert s["compile"] is False and s["cudagraphs"] is False and s["device"] == "cpu"
     assert s["sps_wall"] == pytest.approx(2 * 640 / s["wall_s"], rel=0.01) and s["sps"] > 0
     assert s["episodes"] == 6 and [len(curve) for curve in s["curves"]] == [3, 3]
@@ -282,38 +355,66 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
     assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
     assert [len(returns) for returns in s["eval_returns"]] == [2, 2]
     assert s["eval_return_means"] == [np.mean(returns) for returns in s["eval_returns"]]
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)]
+    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [
+        f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)
+    ]
     saved = torch.load(s["model_files"][1], weights_only=True)
-    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (SEEDS_SCRIPT, 2, 2)
-    cpu_format = {name: value.shape for name, value in load_script(CPU_SCRIPT).Agent(3, 1).state_dict().items()}
+    assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (
+        SEEDS_SCRIPT,
+        2,
+        2,
+    )
+    cpu_format = {
+        name: value.shape
+        for name, value in load_script(CPU_SCRIPT).Agent(3, 1).state_dict().items()
+    }
     assert {name: value.shape for name, value in saved["model"]["agent"].items()} == cpu_format
     rms = saved["model"]["obs_rms"]
     # the first observation and one per step (envpool's reset steps return the next episode's first)
-    assert rms["mean"].shape == rms["var"].shape == (3,) and float(rms["count"]) == pytest.approx(1 + 640 + 1e-4)
+    assert rms["mean"].shape == rms["var"].shape == (3,) and float(rms["count"]) == pytest.approx(
+        1 + 640 + 1e-4
+    )
 
 
 def test_a_single_seed_script_evaluates_a_member_file(smoke_run, script="ppo_continuous_action"):
-    """The eager script loads member 2's file and plays it (on gymnasium's env; the member played envpool's)."""
+    """The eager script loads member 2's file and plays it (on gymnasium's env; the member played
+    envpool's)."""
     if "|seeds)" not in (SCRIPTS / f"{script}.py").read_text():
-        pytest.skip(f"{script}.py's Run.load_model does not take the seeds scripts' files yet (its regex lacks seeds)")
+        pytest.skip(
+            f"{script}.py's Run.load_model does not take the seeds scripts' files yet (its regex "
+            "lacks seeds)"
+        )
     s = summary(
-        run_script(script, "--env-id", "Pendulum-v1", "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 2)
+        run_script(
+            script,
+            "--env-id",
+            "Pendulum-v1",
+            "--eval-model",
+            smoke_run["model_files"][1],
+            "--eval-episodes",
+            2,
+        )
     )
     assert len(s["eval_returns"]) == 2 and all(-2000 < r < 0 for r in s["eval_returns"])
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved model as each member, each on an env seeded with the member's seed: member
-    2 of the new run replays the saved member 2's evaluation."""
+    """`--eval-model` here plays the saved model as each member, each on an env seeded with the
+    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
     flags = ("--env-id", "Pendulum-v1", "--num-seeds", 3, "--eval-episodes", 2, "--no-compile")
     s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-model", smoke_run["model_files"][1]))
-    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3 and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    assert (
+        s["episodes"] == 0
+        and len(s["eval_returns"]) == 3
+        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    )
 
 
 # the other flag checks are the CPU script's (test_ppo_continuous_action.py)
 BAD_INPUTS = [
     (("--num-seeds", 0), ("--num-seeds",)),
-    (("--num-seeds", 10**6, "--num-steps", 10**5, "--num-minibatches", 1), ("--num-seeds", "GiB")),  # ~37 TiB
+    # ~37 TiB
+    (("--num-seeds", 10**6, "--num-steps", 10**5, "--num-minibatches", 1), ("--num-seeds", "GiB")),
     (("--cudagraphs",), ("--cudagraphs",)),
     (("--capture-video",), ("--capture-video",)),
     (("--env-id", "gymnasium.envs.classic_control:Pendulum-v1"), ("--env-id", "envpool")),
@@ -323,8 +424,9 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("flags,words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
 def test_bad_inputs_exit_2(flags, words, capsys):
-    """`main` checks its flags and the env before it makes anything (run folder, envs, a Ctrl-C handler), so this
-    runs in the test's process: exit status 2 and one line on stderr naming the flag."""
+    """`main` checks its flags and the env before it makes anything (run folder, envs, a Ctrl-C
+    handler), so this runs in the test's process: exit status 2 and one line on stderr naming the
+    flag."""
     module = load_script(SEEDS_SCRIPT)
     with pytest.raises(SystemExit) as stopped:
         module.main(tyro.cli(module.Args, args=list(map(str, flags))))

@@ -1,16 +1,18 @@
-"""PPO data-parallel (ppo_continuous_action_distributed.py) under `torchrun`, on this CPU with gloo: two ranks train in
-lockstep (identical parameters at the end) and rank 0 alone reports; two ranks with half the data each take the
-same steps as one process with all of it, for one epoch of updates and for a whole run made deterministic; ranks and
-seeds come from RANK, not LOCAL_RANK (two single-process "machines"); run plainly, the file trains exactly as its
-twin; a rank that dies or hangs ends the run; Ctrl-C or SIGTERM stops every rank at the same iteration; bad input exits
-2 before any collective.
+"""PPO data-parallel (ppo_continuous_action_distributed.py) under `torchrun`, on this CPU with
+gloo: two ranks train in lockstep (identical parameters at the end) and rank 0 alone reports;
+two ranks with half the data each take the same steps as one process with all of it, for one
+epoch of updates and for a whole run made deterministic; ranks and seeds come from RANK, not
+LOCAL_RANK (two single-process "machines"); run plainly, the file trains exactly as its twin; a
+rank that dies or hangs ends the run; Ctrl-C or SIGTERM stops every rank at the same iteration;
+bad input exits 2 before any collective.
 
-Every run is pinned to the CPU (--no-cuda) and every launch to gloo, so that a GPU machine runs these tests as this one
-does (with --cuda, a one-GPU machine would give LOCAL_RANK 1 no GPU, and two ranks nccl on one GPU); what a CUDA
-machine gets instead (a GPU per LOCAL_RANK, nccl, the process group's timeout for NCCL's watchdog) is checked on the
-script's functions with CUDA patched in. Every launch listens on loopback only (torchrun's --standalone store, or a
-static one on 127.0.0.1; gloo on `lo`), and torchrun and every rank are killed at the end of each test, also when it
-fails."""
+Every run is pinned to the CPU (--no-cuda) and every launch to gloo, so that a GPU machine runs
+these tests as this one does (with --cuda, a one-GPU machine would give LOCAL_RANK 1 no GPU, and
+two ranks nccl on one GPU); what a CUDA machine gets instead (a GPU per LOCAL_RANK, nccl, the
+process group's timeout for NCCL's watchdog) is checked on the script's functions with CUDA
+patched in. Every launch listens on loopback only (torchrun's --standalone store, or a static
+one on 127.0.0.1; gloo on `lo`), and torchrun and every rank are killed at the end of each test,
+also when it fails."""
 
 import os
 import re
@@ -24,12 +26,22 @@ from datetime import timedelta
 import distributed_update
 import pytest
 import torch
-from conftest import ROOT, RUNS_CWD, SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
+from conftest import (
+    ROOT,
+    RUNS_CWD,
+    SCRIPTS,
+    assert_user_error,
+    load_script,
+    run_script,
+    script_env,
+    summary,
+)
 
 from benchmarks.scaling import kill_tree
 
 SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torchcompile"
-# Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs; on the CPU
+# Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs; on the
+# CPU
 TINY = (
     "--no-cuda",
     "--env-id",
@@ -44,7 +56,8 @@ TINY = (
     "1",
 )
 BANNER = re.compile(
-    r"rank (\d+) of (\d+) \(local rank (\d+), pid (\d+)\) on (\S+) with (\w+): envs seeded (\d+)\.\.(\d+)"
+    r"rank (\d+) of (\d+) \(local rank (\d+), pid (\d+)\) on (\S+) with (\w+): "
+    r"envs seeded (\d+)\.\.(\d+)"
 )
 GLOO = ("--dist-backend", "gloo")  # what the ranks of every launch use (the CPU's default, named)
 LAUNCH_TIMEOUT = 300
@@ -63,7 +76,14 @@ def distributed_env():
 
 
 def torchrun_command(launcher, program, *flags):
-    return [sys.executable, "-m", "torch.distributed.run", *launcher, str(program), *map(str, flags)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launcher,
+        str(program),
+        *map(str, flags),
+    ]
 
 
 def standalone(nproc, program=SCRIPTS / f"{SCRIPT}.py"):
@@ -71,8 +91,8 @@ def standalone(nproc, program=SCRIPTS / f"{SCRIPT}.py"):
 
 
 class Launch:
-    """A torchrun launch in the background: its output collected, its ranks' banners parsed; `close` kills whatever
-    is left of it (torchrun and every rank)."""
+    """A torchrun launch in the background: its output collected, its ranks' banners parsed; `close`
+    kills whatever is left of it (torchrun and every rank)."""
 
     def __init__(self, cmd, env=None):
         self.proc = subprocess.Popen(
@@ -87,11 +107,14 @@ class Launch:
 
     def ranks(self):
         """{rank: (local_rank, pid, first env seed, last env seed)} from the banners in `output`."""
-        return {int(m[1]): (int(m[3]), int(m[4]), int(m[7]), int(m[8])) for m in BANNER.finditer(self.output)}
+        return {
+            int(m[1]): (int(m[3]), int(m[4]), int(m[7]), int(m[8]))
+            for m in BANNER.finditer(self.output)
+        }
 
     def wait_for(self, pattern, timeout):
-        """Read the output until a line matches `pattern` (returns the match) or the launch ends (returns None); past
-        `timeout` seconds the launch is killed, which ends it."""
+        """Read the output until a line matches `pattern` (returns the match) or the launch ends
+        (returns None); past `timeout` seconds the launch is killed, which ends it."""
         watchdog = threading.Timer(timeout, self.kill)
         watchdog.start()
         try:
@@ -120,7 +143,8 @@ class Launch:
 
 @pytest.fixture
 def launches():
-    """Start torchrun launches with `launches(cmd)`; all of them are killed at the end of the test."""
+    """Start torchrun launches with `launches(cmd)`; all of them are killed at the end of the
+    test."""
     started = []
 
     def launch(cmd, env=None):
@@ -133,16 +157,17 @@ def launches():
 
 
 class Finished:
-    """What `conftest.summary` reads from a run: the SUMMARY lines of an output and an exit status."""
+    """What `conftest.summary` reads from a run: the SUMMARY lines of an output and an exit
+    status."""
 
     def __init__(self, returncode, output):
         self.returncode, self.stdout, self.stderr = returncode, output, output
 
 
 def test_two_ranks_train_in_lockstep_and_rank_0_reports(launches, tmp_path):
-    """The README's one-machine line, compiled, with the early stop on KL (decided from the ranks' mean statistics,
-    or they would diverge or wait forever), saving and evaluating on rank 0; a plain process then replays the saved
-    model to the same evaluation returns."""
+    """The README's one-machine line, compiled, with the early stop on KL (decided from the ranks'
+    mean statistics, or they would diverge or wait forever), saving and evaluating on rank 0; a
+    plain process then replays the saved model to the same evaluation returns."""
     run = launches(
         torchrun_command(
             *standalone(2),
@@ -165,24 +190,32 @@ def test_two_ranks_train_in_lockstep_and_rank_0_reports(launches, tmp_path):
     result = summary(Finished(run.finish(), run.output))
     assert (result["world_size"], result["num_envs"], result["total_timesteps"]) == (2, 2, 1280)
     assert result["parameter_spread"] == 0.0, "the ranks' parameters drifted apart"
-    # 5 iterations of 2 ranks x 2 envs x 64 steps; rank 0's two envs count one Pendulum episode each (320 steps)
+    # 5 iterations of 2 ranks x 2 envs x 64 steps; rank 0's two envs count one Pendulum episode each
+    # (320 steps)
     assert result["episodes"] == 2 and -2000 < result["return_mean"] < 0
     assert result["compile"] is True and result["sps"] > 0
-    # rank r steps the global envs seed + 2r .. seed + 2r + 1; only rank 0 prints a SUMMARY (checked by `summary`)
+    # rank r steps the global envs seed + 2r .. seed + 2r + 1; only rank 0 prints a SUMMARY (checked
+    # by `summary`)
     assert run.ranks().keys() == {0, 1}
     assert [run.ranks()[rank][2:] for rank in (0, 1)] == [(1, 2), (3, 4)]
     replayed = summary(
         run_script(
-            SCRIPT, *TINY[:3], "--eval-model", result["model_file"], "--eval-episodes", "1", env=distributed_env()
+            SCRIPT,
+            *TINY[:3],
+            "--eval-model",
+            result["model_file"],
+            "--eval-episodes",
+            "1",
+            env=distributed_env(),
         )
     )
     assert replayed["eval_returns"] == result["eval_returns"]
 
 
 def test_rank_and_seed_come_from_RANK_not_LOCAL_RANK(launches):
-    """Two "machines" of one process each (two launches with --nnodes 2, a static rendezvous on loopback): both ranks
-    have LOCAL_RANK 0. Keyed by LOCAL_RANK, as in CleanRL's multi-GPU script, both would seed the same envs and both
-    would print a SUMMARY."""
+    """Two "machines" of one process each (two launches with --nnodes 2, a static rendezvous on
+    loopback): both ranks have LOCAL_RANK 0. Keyed by LOCAL_RANK, as in CleanRL's multi-GPU script,
+    both would seed the same envs and both would print a SUMMARY."""
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [
         launches(
@@ -217,32 +250,41 @@ def test_rank_and_seed_come_from_RANK_not_LOCAL_RANK(launches):
     assert (local_0, seeds_0, local_1, seeds_1) == (0, [1, 1], 0, [2, 2])
     assert "SUMMARY" not in nodes[1].output
     result = summary(Finished(0, nodes[0].output))
-    assert (result["world_size"], result["total_timesteps"], result["parameter_spread"]) == (2, 1280, 0.0)
+    assert (result["world_size"], result["total_timesteps"], result["parameter_spread"]) == (
+        2,
+        1280,
+        0.0,
+    )
 
 
 def test_two_ranks_with_half_the_data_step_as_one_process_with_all(launches, tmp_path):
-    """One epoch of 4 minibatch updates: 2 ranks, each with its half of every minibatch, against one process with the
-    whole minibatches (tests/distributed_update.py arranges both). The ranks end bit-identical (the all-reduce gives
-    every rank the same sum); against one process, the float32 sums differ in order only: 1e-6 absolute, 1e-5
-    relative. Without the all-reduce, or with a sum instead of the mean, the gradients differ by far more."""
+    """One epoch of 4 minibatch updates: 2 ranks, each with its half of every minibatch, against one
+    process with the whole minibatches (tests/distributed_update.py arranges both). The ranks end
+    bit-identical (the all-reduce gives every rank the same sum); against one process, the float32
+    sums differ in order only: 1e-6 absolute, 1e-5 relative. Without the all-reduce, or with a sum
+    instead of the mean, the gradients differ by far more."""
     run = launches(torchrun_command(*standalone(2, HELPER), "update", tmp_path))
     assert run.finish() == 0, run.output[-3000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     for part in ("parameters", "grads"):
         for name in ranks[0][part]:
-            assert torch.equal(ranks[0][part][name], ranks[1][part][name]), f"{part} {name} differ between ranks"
+            assert torch.equal(ranks[0][part][name], ranks[1][part][name]), (
+                f"{part} {name} differ between ranks"
+            )
     single = distributed_update.train(load_script(SCRIPT), rank=0, world_size=1)
     for part in ("parameters", "grads"):
         torch.testing.assert_close(ranks[0][part], single[part], atol=1e-6, rtol=1e-5)
 
 
 def test_a_whole_run_of_two_ranks_is_one_process_with_both_ranks_envs(launches):
-    """`main` itself, with its randomness taken out (actions are the Gaussian's mean, minibatches the rollout in
-    order, each env's observation acted on alone: tests/distributed_update.py): 2 ranks of 1 env each against one
-    process of 2 envs, one iteration of 8 minibatch updates on Pendulum-v1, without advantage normalization. Same env
-    seeds, same normalization, same minibatches: rank 0's saved weights equal the process's to 1e-6 (3e-8 measured:
-    the all-reduce sums in another order); another seed differs by ~1. Acting on the process's batch of 2 instead
-    rounds differently from two batches of 1, and 64 env steps amplified that to 3e-5 on a Xeon, 1.9e-4 on an EPYC."""
+    """`main` itself, with its randomness taken out (actions are the Gaussian's mean, minibatches
+    the rollout in order, each env's observation acted on alone: tests/distributed_update.py): 2
+    ranks of 1 env each against one process of 2 envs, one iteration of 8 minibatch updates on
+    Pendulum-v1, without advantage normalization. Same env seeds, same normalization, same
+    minibatches: rank 0's saved weights equal the process's to 1e-6 (3e-8 measured: the
+    all-reduce sums in another order); another seed differs by ~1. Acting on the process's batch
+    of 2 instead rounds differently from two batches of 1, and 64 env steps amplified that to
+    3e-5 on a Xeon, 1.9e-4 on an EPYC."""
     flags = (
         *TINY[:3],
         *GLOO,
@@ -271,19 +313,28 @@ def test_a_whole_run_of_two_ranks_is_one_process_with_both_ranks_envs(launches):
             env=distributed_env(),
         )
     )
-    assert (ranks["world_size"], ranks["total_timesteps"], one["world_size"], one["total_timesteps"]) == (
+    assert (
+        ranks["world_size"],
+        ranks["total_timesteps"],
+        one["world_size"],
+        one["total_timesteps"],
+    ) == (
         2,
         128,
         1,
         128,
     )
-    weights = [torch.load(result["model_file"], weights_only=True)["model"] for result in (ranks, one)]
+    weights = [
+        torch.load(result["model_file"], weights_only=True)["model"] for result in (ranks, one)
+    ]
     torch.testing.assert_close(weights[0]["agent"], weights[1]["agent"], atol=1e-6, rtol=0)
-    torch.testing.assert_close(weights[0]["obs_rms"], weights[1]["obs_rms"])  # rank 0's first env is the process's
+    # rank 0's first env is the process's
+    torch.testing.assert_close(weights[0]["obs_rms"], weights[1]["obs_rms"])
 
 
 def test_one_process_without_torchrun_trains_as_the_twin():
-    """Without torchrun there is no process group, and the run is the twin's, episode for episode."""
+    """Without torchrun there is no process group, and the run is the twin's, episode for
+    episode."""
     flags = (*TINY, "--total-timesteps", "640", "--num-envs", "2")
     result, twin = (summary(run_script(name, *flags)) for name in (SCRIPT, TWIN))
     assert (result["world_size"], result["parameter_spread"], result["device"]) == (1, 0.0, "cpu")
@@ -293,41 +344,55 @@ def test_one_process_without_torchrun_trains_as_the_twin():
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
 def test_a_rank_that_dies_or_hangs_ends_the_run(launches, stop):
-    """Rank 1 is killed, or stopped, in the middle of training. Rank 0 must not wait forever: when rank 1 dies, gloo
-    sees the closed connection at once (or torchrun stops rank 0); when it hangs, rank 0's next collective gives up
-    after --dist-timeout (5 s) with one line naming the cause, and the launch fails. (With nccl a collective does not
-    block: NCCL's watchdog aborts rank 0 after the same timeout, which `test_dist_timeout_is_the_groups_timeout`
-    shows is handed to the process group.)"""
+    """Rank 1 is killed, or stopped, in the middle of training. Rank 0 must not wait forever: when
+    rank 1 dies, gloo sees the closed connection at once (or torchrun stops rank 0); when it
+    hangs, rank 0's next collective gives up after --dist-timeout (5 s) with one line naming the
+    cause, and the launch fails. (With nccl a collective does not block: NCCL's watchdog aborts
+    rank 0 after the same timeout, which `test_dist_timeout_is_the_groups_timeout` shows is
+    handed to the process group.)"""
     run = launches(
-        torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "5")
+        torchrun_command(
+            *standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "5"
+        )
     )
-    assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]  # training, past the burn-in
+    # training, past the burn-in
+    assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
     os.kill(run.ranks()[1][1], stop)
     if stop == signal.SIGSTOP:
         line = run.wait_for(r"error: rank 0: .*", timeout=60)
         assert line and "--dist-timeout" in line[0] and "Timed out" in line[0], run.output[-3000:]
-        os.kill(run.ranks()[1][1], signal.SIGKILL)  # else torchrun waits 30 s for the stopped rank to end
+        # else torchrun waits 30 s for the stopped rank to end
+        os.kill(run.ranks()[1][1], signal.SIGKILL)
     status = run.finish(timeout=90)
     assert status != 0
-    assert "SUMMARY" not in run.output and "[rank0]: Traceback" not in run.output, run.output[-3000:]
+    assert "SUMMARY" not in run.output and "[rank0]: Traceback" not in run.output, run.output[
+        -3000:
+    ]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_stops_every_rank_after_the_same_iteration(launches, signum):
-    """torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment; the ranks agree on where to stop
-    (an all-reduce once an iteration), so rank 0 reports a whole number of iterations of all ranks, still in lockstep.
-    Every rank ends by itself: torchrun kills what is left 30 s after forwarding the signal, and says so."""
+    """torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment; the ranks agree
+    on where to stop (an all-reduce once an iteration), so rank 0 reports a whole number of
+    iterations of all ranks, still in lockstep. Every rank ends by itself: torchrun kills what
+    is left 30 s after forwarding the signal, and says so."""
     run = launches(
-        torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "30")
+        torchrun_command(
+            *standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "30"
+        )
     )
     assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
     run.proc.send_signal(signum)
-    run.finish(timeout=90)  # torchrun itself ends with status 1 after a signal, whatever its ranks did
+    # torchrun itself ends with status 1 after a signal, whatever its ranks did
+    run.finish(timeout=90)
     result = summary(Finished(0, run.output))
     assert result["interrupted"] is True and result["parameter_spread"] == 0.0
     assert result["total_timesteps"] > 0 and result["total_timesteps"] % (2 * 64) == 0
     assert not re.search(r"\[rank\d\]: Traceback", run.output), run.output[-3000:]
-    assert f"closing signal {signal.Signals(signum).name}" in run.output and "SIGKILL" not in run.output
+    assert (
+        f"closing signal {signal.Signals(signum).name}" in run.output
+        and "SIGKILL" not in run.output
+    )
 
 
 @pytest.mark.parametrize(
@@ -354,13 +419,13 @@ def test_bad_input_exits_2(flags, env, words):
 
 
 def test_bad_input_under_torchrun_exits_2_on_every_rank_before_any_collective(launches):
-    """A budget below one rollout of all ranks (2 x 64 steps): each rank says so and exits 2 before it joins the
-    process group (no banner, which each rank prints once it has joined)."""
+    """A budget below one rollout of all ranks (2 x 64 steps): each rank says so and exits 2 before
+    it joins the process group (no banner, which each rank prints once it has joined)."""
     run = launches(torchrun_command(*standalone(2), *TINY, *GLOO, "--total-timesteps", "100"))
     assert run.finish() != 0
-    assert run.output.count("error: --total-timesteps 100 is less than one rollout of all ranks") == 2, run.output[
-        -3000:
-    ]
+    assert (
+        run.output.count("error: --total-timesteps 100 is less than one rollout of all ranks") == 2
+    ), run.output[-3000:]
     assert not run.ranks() and not re.search(r"\[rank\d\]: Traceback", run.output)
     assert re.search(r"exitcode +: 2", run.output), run.output[-3000:]
 
@@ -370,7 +435,8 @@ def test_bad_input_under_torchrun_exits_2_on_every_rank_before_any_collective(la
     [
         ({}, (0, 0, 1)),
         ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}, (0, 0, 1)),
-        ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, (5, 1, 8)),  # machine 2 of 4 with 2 ranks each
+        # machine 2 of 4 with 2 ranks each
+        ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, (5, 1, 8)),
     ],
 )
 def test_process_layout_reads_the_global_rank_from_RANK(environ, layout):
@@ -378,19 +444,21 @@ def test_process_layout_reads_the_global_rank_from_RANK(environ, layout):
 
 
 def test_dist_timeout_is_the_groups_timeout(monkeypatch):
-    """--dist-timeout is the process group's timeout: how long a gloo collective blocks, and how long NCCL's watchdog
-    lets an nccl collective wait before it aborts the rank."""
+    """--dist-timeout is the process group's timeout: how long a gloo collective blocks, and how
+    long NCCL's watchdog lets an nccl collective wait before it aborts the rank."""
     module = load_script(SCRIPT)
     calls = []
-    monkeypatch.setattr(module.dist, "init_process_group", lambda backend, **kwargs: calls.append((backend, kwargs)))
+    monkeypatch.setattr(
+        module.dist, "init_process_group", lambda backend, **kwargs: calls.append((backend, kwargs))
+    )
     module.start_process_group("nccl", 7.5)
     assert calls == [("nccl", {"timeout": timedelta(seconds=7.5)})]
 
 
 def test_a_cuda_machine_gives_each_local_rank_its_gpu_and_nccl(monkeypatch, capsys):
-    """What torchrun on a machine with one GPU gets (CUDA patched in): LOCAL_RANK 0 runs on cuda:0 with nccl by
-    default, LOCAL_RANK 1 has no GPU and exits 2 with one line, and --no-cuda puts every rank on the CPU with gloo
-    (what every launch in this file does)."""
+    """What torchrun on a machine with one GPU gets (CUDA patched in): LOCAL_RANK 0 runs on cuda:0
+    with nccl by default, LOCAL_RANK 1 has no GPU and exits 2 with one line, and --no-cuda puts
+    every rank on the CPU with gloo (what every launch in this file does)."""
     module = load_script(SCRIPT)
     devices = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

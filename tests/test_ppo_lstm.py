@@ -1,7 +1,7 @@
-"""Recurrent PPO (LSTM): both twins run, an episode start resets the LSTM state exactly, the twin's written-out
-LSTM cell and categorical are torch's, the compiled sequence loss and GAE are the eager ones, nothing recompiles,
-bad input exits 2, and with the velocities hidden the LSTM learns CartPole where the same network without memory
-does not."""
+"""Recurrent PPO (LSTM): both twins run, an episode start resets the LSTM state exactly, the twin's
+written-out LSTM cell and categorical are torch's, the compiled sequence loss and GAE are the eager
+ones, nothing recompiles, bad input exits 2, and with the velocities hidden the LSTM learns CartPole
+where the same network without memory does not."""
 
 import numpy as np
 import pytest
@@ -11,9 +11,10 @@ from tensordict import TensorDict
 from test_ppo_continuous_action import flat_parameters
 
 EAGER, TWIN = "ppo_lstm", "ppo_lstm_torchcompile"
-# 6 iterations of 2 envs x 8 steps, one minibatch of both sequences; CartPole episodes of a random policy last ~20
-# steps, so several end. The compiled functions' shapes (8 steps of 2 envs, acting on 2 envs) are those of the unit
-# tests below, which then find the smoke run's kernels in the compile cache.
+# 6 iterations of 2 envs x 8 steps, one minibatch of both sequences; CartPole episodes of a random
+# policy last ~20 steps, so several end. The compiled functions' shapes (8 steps of 2 envs, acting
+# on 2 envs) are those of the unit tests below, which then find the smoke run's kernels in the
+# compile cache.
 SMOKE = (
     "--total-timesteps",
     "96",
@@ -38,8 +39,13 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("CartPole-v1", 96, 2)
-    assert result["obs_indices"] == [0, 2]  # resolved: CartPole-v1's positions, its velocities hidden
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
+        "CartPole-v1",
+        96,
+        2,
+    )
+    # resolved: CartPole-v1's positions, its velocities hidden
+    assert result["obs_indices"] == [0, 2]
     assert result["episodes"] >= 2
     assert 5 <= result["return_mean"] <= 48
     assert result["sps"] > 0 and result["sps_wall"] > 0
@@ -50,15 +56,24 @@ def test_observed_indices_are_cartpoles_positions_there_and_every_entry_elsewher
     observed_indices = load_script(script).observed_indices
     assert observed_indices("CartPole-v1", None) == (0, 2)
     assert (
-        observed_indices("Acrobot-v1", None) == () and observed_indices("popgym:popgym-RepeatFirstEasy-v0", None) == ()
+        observed_indices("Acrobot-v1", None) == ()
+        and observed_indices("popgym:popgym-RepeatFirstEasy-v0", None) == ()
     )
-    assert observed_indices("CartPole-v1", ()) == () and observed_indices("Acrobot-v1", [1, 3]) == (1, 3)
+    assert observed_indices("CartPole-v1", ()) == () and observed_indices("Acrobot-v1", [1, 3]) == (
+        1,
+        3,
+    )
 
 
 def test_observations_keep_only_the_chosen_entries():
     module = load_script(EAGER)
-    hidden, full = module.make_envs("CartPole-v1", 2, 0, (0, 2)), module.make_envs("CartPole-v1", 2, 0, ())
-    assert hidden.single_observation_space.shape == (2,) and full.single_observation_space.shape == (4,)
+    hidden, full = (
+        module.make_envs("CartPole-v1", 2, 0, (0, 2)),
+        module.make_envs("CartPole-v1", 2, 0, ()),
+    )
+    assert hidden.single_observation_space.shape == (
+        2,
+    ) and full.single_observation_space.shape == (4,)
     obs, _ = hidden.reset(seed=3)
     full_obs, _ = full.reset(seed=3)
     np.testing.assert_array_equal(obs, full_obs[:, [0, 2]])
@@ -72,24 +87,32 @@ def test_observations_keep_only_the_chosen_entries():
 def test_episode_starts_reset_the_memory_or_every_step_without_it(script):
     module = load_script(script)
     terminations, truncations = np.array([True, False, False]), np.array([False, True, False])
-    np.testing.assert_array_equal(module.episode_starts(terminations, truncations, memory=True), [1, 1, 0])
-    np.testing.assert_array_equal(module.episode_starts(terminations, truncations, memory=False), [1, 1, 1])
+    np.testing.assert_array_equal(
+        module.episode_starts(terminations, truncations, memory=True), [1, 1, 0]
+    )
+    np.testing.assert_array_equal(
+        module.episode_starts(terminations, truncations, memory=False), [1, 1, 1]
+    )
 
 
 def random_sequence(seed, steps=6, envs=3, hidden_size=128):
     """Observations [steps, envs, N_OBS] and a nonzero LSTM state: what a rollout replays."""
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(steps, envs, N_OBS, generator=g)
-    state = (torch.randn(envs, hidden_size, generator=g), torch.randn(envs, hidden_size, generator=g))
+    state = (
+        torch.randn(envs, hidden_size, generator=g),
+        torch.randn(envs, hidden_size, generator=g),
+    )
     return obs, state
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_an_episode_start_resets_the_state_exactly(script):
-    """Env 0 starts an episode at step 3 of 6: from there its outputs are those of the suffix fed alone from a zero
-    state, whatever the state before, to 1e-6 absolute: the suffix is a batch of 1 env against 3 (and, in the twin,
-    3 steps against 6 in the one matmul for the input's gates), so a matmul may sum in another order (~2e-8 apart
-    here). Env 1, not reset, carries its memory: its outputs differ from a fresh start's."""
+    """Env 0 starts an episode at step 3 of 6: from there its outputs are those of the suffix fed
+    alone from a zero state, whatever the state before, to 1e-6 absolute: the suffix is a batch
+    of 1 env against 3 (and, in the twin, 3 steps against 6 in the one matmul for the input's
+    gates), so a matmul may sum in another order (~2e-8 apart here). Env 1, not reset, carries
+    its memory: its outputs differ from a fresh start's."""
     module = load_script(script)
     torch.manual_seed(0)
     agent = module.Agent(N_OBS, N_ACT)
@@ -107,9 +130,9 @@ def test_an_episode_start_resets_the_state_exactly(script):
 
 
 def test_the_twins_agent_is_the_eager_agent():
-    """The same weights give the same LSTM outputs, values, log-probabilities and entropies in both twins: the
-    twin's written-out LSTM cell and categorical are nn.LSTMCell and Categorical (float32 sums in another order:
-    1e-5)."""
+    """The same weights give the same LSTM outputs, values, log-probabilities and entropies in both
+    twins: the twin's written-out LSTM cell and categorical are nn.LSTMCell and Categorical (float32
+    sums in another order: 1e-5)."""
     eager, twin = load_script(EAGER), load_script(TWIN)
     torch.manual_seed(0)
     eager_agent = eager.Agent(N_OBS, N_ACT)
@@ -125,9 +148,9 @@ def test_the_twins_agent_is_the_eager_agent():
 
 
 def test_doubling_gae_equals_the_reference_loop():
-    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 8 random steps of 2 envs (the
-    smoke run's shape) with episode ends: float32 sums in another order agree to 1e-5. (PPO continuous tests the
-    same doubling on 1000 steps.)"""
+    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 8 random
+    steps of 2 envs (the smoke run's shape) with episode ends: float32 sums in another order
+    agree to 1e-5. (PPO continuous tests the same doubling on 1000 steps.)"""
     g = torch.Generator().manual_seed(0)
     terminations = (torch.rand(8, 2, generator=g) < 0.2).float()
     data = dict(
@@ -141,19 +164,27 @@ def test_doubling_gae_equals_the_reference_loop():
     twin = load_script(TWIN)
     expected = load_script(EAGER).gae(**data, gamma=0.99, gae_lambda=0.95)
     for gae in (twin.gae, torch.compile(twin.gae, fullgraph=True)):
-        torch.testing.assert_close(gae(**data, gamma=0.99, gae_lambda=0.95), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            gae(**data, gamma=0.99, gae_lambda=0.95), expected, rtol=1e-5, atol=1e-5
+        )
 
 
 def build_update(module, compile_loss, seed=0, lr=2.5e-4):
-    """The twin's agent, its fused Adam with a tensor learning rate and its update, from a fixed seed."""
+    """The twin's agent, its fused Adam with a tensor learning rate and its update, from a fixed
+    seed."""
     torch.manual_seed(seed)
     agent = module.Agent(N_OBS, N_ACT)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(lr), eps=1e-5, fused=True)
-    return module.make_update(agent, optimizer, module.Args(), compile_loss=compile_loss), agent, optimizer
+    return (
+        module.make_update(agent, optimizer, module.Args(), compile_loss=compile_loss),
+        agent,
+        optimizer,
+    )
 
 
 def make_minibatch(seed, steps=8, envs=2):
-    """A minibatch of whole sequences [steps, envs] with episode starts, and the LSTM state it starts from."""
+    """A minibatch of whole sequences [steps, envs] with episode starts, and the LSTM state it
+    starts from."""
     g = torch.Generator().manual_seed(seed)
     mb = TensorDict(
         obs=torch.randn(steps, envs, N_OBS, generator=g),
@@ -169,25 +200,32 @@ def make_minibatch(seed, steps=8, envs=2):
 
 
 def assert_compiled_loss_equals_eager(twin, make_minibatch):
-    """Three update steps of `twin`, its loss compiled against eager, from one seed: the same statistics and the same
-    parameters (the minGRU pair's tests call this too, with their minibatches)."""
+    """Three update steps of `twin`, its loss compiled against eager, from one seed: the same
+    statistics and the same parameters (the minGRU pair's tests call this too, with their
+    minibatches)."""
     module = load_script(twin)
-    (eager, eager_agent, _), (compiled, compiled_agent, _) = build_update(module, False), build_update(module, True)
+    (eager, eager_agent, _), (compiled, compiled_agent, _) = (
+        build_update(module, False),
+        build_update(module, True),
+    )
     before = flat_parameters(eager_agent)
     for seed in range(3):  # three steps: Adam's moments carry over
         mb, state = make_minibatch(seed)
         # float32, the 8-step recurrence fused in another order: statistics agree to 1e-5 relative
-        torch.testing.assert_close(compiled(mb.clone(), state), eager(mb, state), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            compiled(mb.clone(), state), eager(mb, state), rtol=1e-5, atol=1e-6
+        )
     after_eager, after_compiled = flat_parameters(eager_agent), flat_parameters(compiled_agent)
     assert not torch.equal(after_eager, before)
-    # Adam moves a parameter by about lr * g / (|g| + eps): a last-bit difference in a tiny g shows up as up to
-    # ~lr * 1e-2, so parameters agree to 1e-5 absolute
+    # Adam moves a parameter by about lr * g / (|g| + eps): a last-bit difference in a tiny g shows
+    # up as up to ~lr * 1e-2, so parameters agree to 1e-5 absolute
     torch.testing.assert_close(after_compiled, after_eager, rtol=1e-5, atol=1e-5)
 
 
 def assert_no_recompilation_after_warmup(twin, make_minibatch, state):
-    """`twin`'s compiled loss and acting, warmed up on two calls, compile nothing new on three more (fresh batches,
-    episode starts, the annealed learning rate); `state` is the recurrent state acting starts from."""
+    """`twin`'s compiled loss and acting, warmed up on two calls, compile nothing new on three more
+    (fresh batches, episode starts, the annealed learning rate); `state` is the recurrent state
+    acting starts from."""
     module = load_script(twin)
     update, agent, optimizer = build_update(module, compile_loss=True)
     policy = torch.compile(agent.get_action_and_value)
@@ -197,10 +235,13 @@ def assert_no_recompilation_after_warmup(twin, make_minibatch, state):
             policy(torch.randn(1, 2, N_OBS), state, torch.zeros(1, 2))
     with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
         for seed in range(2, 5):
-            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)  # the annealed learning rate, in place
+            # the annealed learning rate, in place
+            optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)
             with torch.enable_grad():
                 update(*make_minibatch(seed))
-            _, _, _, _, state = policy(torch.randn(1, 2, N_OBS), state, torch.ones(1, 2) * (seed % 2))
+            _, _, _, _, state = policy(
+                torch.randn(1, 2, N_OBS), state, torch.ones(1, 2) * (seed % 2)
+            )
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
 
 
@@ -209,7 +250,9 @@ def test_compiled_sequence_loss_equals_eager_loss():
 
 
 def test_no_recompilation_after_warmup():
-    assert_no_recompilation_after_warmup(TWIN, make_minibatch, (torch.zeros(2, 128), torch.zeros(2, 128)))
+    assert_no_recompilation_after_warmup(
+        TWIN, make_minibatch, (torch.zeros(2, 128), torch.zeros(2, 128))
+    )
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
@@ -228,17 +271,22 @@ def test_bad_input_exits_2(script, flags, words):
 
 
 def assert_other_observation_flags_exit_2(script, tmp_path):
-    """A model trained on both positions, evaluated with the full observation or without memory, stops with one line
-    naming the flag and the value it was trained with (the minGRU tests call this too)."""
+    """A model trained on both positions, evaluated with the full observation or without memory,
+    stops with one line naming the flag and the value it was trained with (the minGRU tests call
+    this too)."""
     trained = summary(run_script(script, *SMOKE, "--save-model", cwd=tmp_path))
     model = trained["model_file"]
     assert_user_error(
-        run_script(script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path),
+        run_script(
+            script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path
+        ),
         "--eval-model",
         "trained with --obs-indices (0, 2)",
     )
     assert_user_error(
-        run_script(script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path),
+        run_script(
+            script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path
+        ),
         "trained with --memory True",
     )
 
@@ -250,7 +298,9 @@ def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
 
 @requires_cuda
 @pytest.mark.parametrize(
-    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+    "flags",
+    [("--cudagraphs",), ("--compile", "--cudagraphs")],
+    ids=["cudagraphs", "compile-cudagraphs"],
 )
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
@@ -259,8 +309,13 @@ def test_cudagraphs_smoke(flags):
 
 
 def late_return_mean(result):
-    """The mean return of the episodes that ended in the second half of the run (less noisy than the last 20)."""
-    late = [episodic_return for step, _, episodic_return in result["curve"] if step > result["total_timesteps"] // 2]
+    """The mean return of the episodes that ended in the second half of the run (less noisy than the
+    last 20)."""
+    late = [
+        episodic_return
+        for step, _, episodic_return in result["curve"]
+        if step > result["total_timesteps"] // 2
+    ]
     return sum(late) / len(late)
 
 
@@ -271,6 +326,8 @@ def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
     that ended in the second half must exceed 56. Measured on a 2-core Intel Xeon (AMX), seeds 1-10:
     the LSTM 65.3 to 85.5 (seed 1: 85.5); with `--no-memory` (the network with its state zeroed at
     every step: a feedforward policy), seeds 1-5, 42.6 to 47.0. A random policy gets ~22."""
-    result = summary(run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"}))
+    result = summary(
+        run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"})
+    )
     assert result["total_timesteps"] == 30720
     assert late_return_mean(result) > 56, result["return_mean"]

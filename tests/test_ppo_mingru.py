@@ -1,8 +1,9 @@
-"""Recurrent PPO with minGRU memory: both twins run, the twin's scan gives the eager twin's loop (outputs and gradients,
-with episode starts, at many lengths, prime ones in about 2 sqrt(T) steps), an episode start resets the state exactly,
-the compiled sequence loss is the eager one, nothing recompiles, bad flag values exit 2 (a saved model evaluated under
-other observation flags included), benchmarks.memory checks what it times, the state remembers an episode's first
-step at init, and the agent learns velocity-hidden CartPole and POPGym's RepeatPrevious beyond a memoryless policy."""
+"""Recurrent PPO with minGRU memory: both twins run, the twin's scan gives the eager twin's loop
+(outputs and gradients, with episode starts, at many lengths, prime ones in about 2 sqrt(T) steps),
+an episode start resets the state exactly, the compiled sequence loss is the eager one, nothing
+recompiles, bad flag values exit 2 (a saved model evaluated under other observation flags included),
+benchmarks.memory checks what it times, the state remembers an episode's first step at init, and the
+agent learns velocity-hidden CartPole and POPGym's RepeatPrevious beyond a memoryless policy."""
 
 import json
 import math
@@ -29,15 +30,18 @@ EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
 
 STATE_SIZE = 128  # per layer: the minGRU state h
-# the LSTM tests' smoke flags at 160 steps, not 96: in 96 the eager twin's seed 1 ends a single episode (37 steps)
+# the LSTM tests' smoke flags at 160 steps, not 96: in 96 the eager twin's seed 1 ends a single
+# episode (37 steps)
 SMOKE_160 = ("--total-timesteps", "160", *SMOKE[2:])
 
 
 def make_minibatch(seed, steps=8, envs=2):
-    """The LSTM tests' minibatch of whole sequences with episode starts, and a recurrent state [2 layers, envs,
-    STATE_SIZE]."""
+    """The LSTM tests' minibatch of whole sequences with episode starts, and a recurrent state [2
+    layers, envs, STATE_SIZE]."""
     mb, _ = lstm_minibatch(seed, steps, envs)
-    return mb, torch.randn(2, envs, STATE_SIZE, generator=torch.Generator().manual_seed(1000 + seed))
+    return mb, torch.randn(
+        2, envs, STATE_SIZE, generator=torch.Generator().manual_seed(1000 + seed)
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,20 +53,28 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE_160, "--measure-burnin", "2", *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("CartPole-v1", 160, 2)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
+        "CartPole-v1",
+        160,
+        2,
+    )
     assert result["episodes"] >= 2
     assert 5 <= result["return_mean"] <= 48
     assert result["sps"] > 0 and result["sps_wall"] > 0
 
 
 def recurrence_inputs(seed, steps, batch=3, hidden=5):
-    """a in [0, 1) with a = 0 at about 20% of (step, sequence) and at step 0 of sequence 0, as at episode starts;
-    any b; a nonzero h0."""
+    """a in [0, 1) with a = 0 at about 20% of (step, sequence) and at step 0 of sequence 0, as at
+    episode starts; any b; a nonzero h0."""
     g = torch.Generator().manual_seed(seed)
     starts = torch.rand(steps, batch, 1, generator=g) < 0.2
     starts[0, 0] = True  # at least one, where the gradient to a (h0 times the output's) is not zero
     a = torch.rand(steps, batch, hidden, generator=g).masked_fill(starts, 0.0)
-    return a, torch.randn(steps, batch, hidden, generator=g), torch.randn(batch, hidden, generator=g)
+    return (
+        a,
+        torch.randn(steps, batch, hidden, generator=g),
+        torch.randn(batch, hidden, generator=g),
+    )
 
 
 class CountCalls(torch.overrides.TorchFunctionMode):
@@ -77,12 +89,13 @@ class CountCalls(torch.overrides.TorchFunctionMode):
 
 @pytest.mark.parametrize("steps", [1, 2, 7, 12, 32, 97, 131], ids=lambda t: f"T{t}")
 def test_the_scan_is_the_loop_outputs_and_gradients(steps):
-    """The twin's chunked scan against the eager twin's loop, at lengths that are square (1), split by a divisor
-    near sqrt(T) (2 = 1 chunk of 2, 12 = 3 of 4, 32 = 4 of 8), or prime, padded with identity steps to whole chunks
-    of ceil(sqrt(T)) (7 = 3 chunks of 3, 97 = 10 of 10, 131 = 11 of 12): the states, and the gradients of a fixed
-    linear loss to a, b and h0, agree to 1e-5 (float32 products grouped in another order). The scan's forward makes
-    about 2 sqrt(T) sequential steps of ~3 torch calls, where one chunk of all T steps (the rule that padded nothing,
-    at a prime T) made ~3T: 413 calls at T = 131, against 83 now."""
+    """The twin's chunked scan against the eager twin's loop, at lengths that are square (1), split
+    by a divisor near sqrt(T) (2 = 1 chunk of 2, 12 = 3 of 4, 32 = 4 of 8), or prime, padded
+    with identity steps to whole chunks of ceil(sqrt(T)) (7 = 3 chunks of 3, 97 = 10 of 10, 131
+    = 11 of 12): the states, and the gradients of a fixed linear loss to a, b and h0, agree to
+    1e-5 (float32 products grouped in another order). The scan's forward makes about 2 sqrt(T)
+    sequential steps of ~3 torch calls, where one chunk of all T steps (the rule that padded
+    nothing, at a prime T) made ~3T: 413 calls at T = 131, against 83 now."""
     loop, scan = load_script(EAGER).linear_recurrence, load_script(TWIN).linear_recurrence
     a, b, h0 = recurrence_inputs(steps, steps)
     with CountCalls() as count:
@@ -95,16 +108,18 @@ def test_the_scan_is_the_loop_outputs_and_gradients(steps):
         h = recurrence(*inputs)
         results.append([h.detach(), *torch.autograd.grad((h * weights).sum(), inputs)])
     torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
-    assert results[0][1][a == 0].abs().max() > 0  # the gradient to a reaches the starts: h_{t-1} times the output's
+    # the gradient to a reaches the starts: h_{t-1} times the output's
+    assert results[0][1][a == 0].abs().max() > 0
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_an_episode_start_resets_the_state_exactly(script):
-    """Env 0 starts an episode at step 5 of 12: from there its features are those of the suffix fed alone from a
-    zero state, whatever the state before (to 1e-6: in the twin the suffix's 7 steps are 3 chunks of 3, padded, where
-    the 12 steps were 3 chunks of 4), and nothing before the start, neither an observation nor the recurrent state,
-    has any gradient from them: exactly zero. Env 1, not reset, carries its memory: its features differ from a fresh
-    start's and reach back to its first observation and to both layers' states."""
+    """Env 0 starts an episode at step 5 of 12: from there its features are those of the suffix fed
+    alone from a zero state, whatever the state before (to 1e-6: in the twin the suffix's 7 steps
+    are 3 chunks of 3, padded, where the 12 steps were 3 chunks of 4), and nothing before the start,
+    neither an observation nor the recurrent state, has any gradient from them: exactly zero. Env 1,
+    not reset, carries its memory: its features differ from a fresh start's and reach back to its
+    first observation and to both layers' states."""
     module = load_script(script)
     torch.manual_seed(0)
     agent = module.Agent(N_OBS, N_ACT)
@@ -115,7 +130,10 @@ def test_an_episode_start_resets_the_state_exactly(script):
     done[5, 0] = 1.0
     hidden, h = agent.get_states(obs, state, done)
     grads = [
-        torch.autograd.grad(hidden[5:, env].sum() + h[:, env].sum(), (obs, state), retain_graph=True) for env in (0, 1)
+        torch.autograd.grad(
+            hidden[5:, env].sum() + h[:, env].sum(), (obs, state), retain_graph=True
+        )
+        for env in (0, 1)
     ]
     (obs_reset, state_reset), (obs_carried, state_carried) = grads
     assert obs_reset[:5, 0].abs().max() == 0 and state_reset[:, 0].abs().max() == 0
@@ -123,7 +141,9 @@ def test_an_episode_start_resets_the_state_exactly(script):
     assert obs_carried[0, 1].abs().max() > 0
     assert state_carried[0, 1].abs().max() > 0 and state_carried[1, 1].abs().max() > 0
     with torch.no_grad():
-        suffix, h_suffix = agent.get_states(obs[5:, :1], torch.zeros(2, 1, STATE_SIZE), done[5:, :1])
+        suffix, h_suffix = agent.get_states(
+            obs[5:, :1], torch.zeros(2, 1, STATE_SIZE), done[5:, :1]
+        )
         torch.testing.assert_close(hidden[5:, :1], suffix, rtol=0, atol=1e-6)
         torch.testing.assert_close(h[:, :1], h_suffix, rtol=0, atol=1e-6)
         fresh, _ = agent.get_states(obs[5:, 1:2], torch.zeros(2, 1, STATE_SIZE), done[5:, 1:2])
@@ -132,11 +152,12 @@ def test_an_episode_start_resets_the_state_exactly(script):
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_the_state_remembers_an_episode_start_at_init(script):
-    """The chrono-initialized gate: at init the decays a_t = 1 - z_t of both layers have a median above 0.9 (the
-    timescales spread over 2 to 64 steps; with a zero gate bias it was 0.50, a one-step half-life), and the logits 50
-    steps into an episode (RepeatFirst's length, 4 one-hot observations) still depend on its first observation: the
-    gradient to it is over 1e-3 of the gradient to the step's own observation (measured 6e-3; 1e-14 with the zero
-    bias, and minGRU then stayed at a random policy's return on RepeatFirst)."""
+    """The chrono-initialized gate: at init the decays a_t = 1 - z_t of both layers have a median
+    above 0.9 (the timescales spread over 2 to 64 steps; with a zero gate bias it was 0.50, a
+    one-step half-life), and the logits 50 steps into an episode (RepeatFirst's length, 4
+    one-hot observations) still depend on its first observation: the gradient to it is over 1e-3
+    of the gradient to the step's own observation (measured 6e-3; 1e-14 with the zero bias, and
+    minGRU then stayed at a random policy's return on RepeatFirst)."""
     module = load_script(script)
     torch.manual_seed(0)
     agent = module.Agent(4, 4)
@@ -153,8 +174,8 @@ def test_the_state_remembers_an_episode_start_at_init(script):
 
 
 def test_the_twins_agent_is_the_eager_agent():
-    """The same weights give the same features, values, log-probabilities and entropies in both twins (the scan
-    against the loop, the written-out categorical against torch's: 1e-5)."""
+    """The same weights give the same features, values, log-probabilities and entropies in both
+    twins (the scan against the loop, the written-out categorical against torch's: 1e-5)."""
     eager, twin = load_script(EAGER), load_script(TWIN)
     torch.manual_seed(0)
     eager_agent, twin_agent = eager.Agent(N_OBS, N_ACT), twin.Agent(N_OBS, N_ACT)
@@ -167,8 +188,8 @@ def test_the_twins_agent_is_the_eager_agent():
 
 
 def test_acting_one_step_at_a_time_is_the_sequence():
-    """Acting steps the recurrence once per env step, carrying the state; the update replays the whole sequence at
-    once. Both give the same values (1e-5), episode starts included."""
+    """Acting steps the recurrence once per env step, carrying the state; the update replays the
+    whole sequence at once. Both give the same values (1e-5), episode starts included."""
     module = load_script(TWIN)
     torch.manual_seed(0)
     agent = module.Agent(N_OBS, N_ACT)
@@ -199,7 +220,8 @@ BAD_FLAGS = [
 
 
 def assert_refused(module, flags, words, capsys):
-    """`flags` parsed by the script's `Args`, its envs made and its flags checked: exit 2 with one line on stderr."""
+    """`flags` parsed by the script's `Args`, its envs made and its flags checked: exit 2 with one
+    line on stderr."""
     with pytest.raises(SystemExit) as stop:
         args, _ = script_envs(module, flags)
         module.check_args(args)
@@ -210,8 +232,8 @@ def assert_refused(module, flags, words, capsys):
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_bad_input_exits_2(script, capsys):
-    """Each bad value is refused by the script's own checks, in process; a missing --eval-model through a whole run,
-    which shows that `main` checks before it trains."""
+    """Each bad value is refused by the script's own checks, in process; a missing --eval-model
+    through a whole run, which shows that `main` checks before it trains."""
     module = load_script(script)
     for flags, words in BAD_FLAGS:
         assert_refused(module, flags, words, capsys)
@@ -219,7 +241,9 @@ def test_bad_input_exits_2(script, capsys):
     assert_user_error(missing, "--eval-model", "no-such.pt", "FileNotFoundError")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here"
+)
 def test_cudagraphs_without_cuda_exits_2(capsys):
     assert_refused(load_script(TWIN), ("--cudagraphs",), ("--cudagraphs", "CUDA"), capsys)
 
@@ -231,7 +255,9 @@ def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
 
 @requires_cuda
 @pytest.mark.parametrize(
-    "flags", [("--cudagraphs",), ("--compile", "--cudagraphs")], ids=["cudagraphs", "compile-cudagraphs"]
+    "flags",
+    [("--cudagraphs",), ("--compile", "--cudagraphs")],
+    ids=["cudagraphs", "compile-cudagraphs"],
 )
 def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
@@ -240,9 +266,19 @@ def test_cudagraphs_smoke(flags):
 
 
 def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
-    """`benchmarks.memory --quick` (compiled with aot_eager: no inductor build here) times every variant and
-    candidate in every cell, each checked against the loop first, and writes the json, markdown and png."""
-    argv = ["--quick", "--candidates", "--backend", "aot_eager", "--device", "cpu", "--out", str(tmp_path)]
+    """`benchmarks.memory --quick` (compiled with aot_eager: no inductor build here) times every
+    variant and candidate in every cell, each checked against the loop first, and writes the json,
+    markdown and png."""
+    argv = [
+        "--quick",
+        "--candidates",
+        "--backend",
+        "aot_eager",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+    ]
     assert memory.main(argv) == 0
     result = json.loads(next(tmp_path.glob("memory-*.json")).read_text())
     cells = {(2, 8), (2, 16)}
@@ -250,8 +286,13 @@ def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
     assert {(r["batch"], r["steps"], r["variant"]) for r in result["models"]} == {
         (*c, v) for c in cells for v in models
     }
-    assert all(r["check"]["ok"] and r["check"]["diff"] < 1e-5 for r in result["models"] if r["variant"] != "lstm-loop")
-    assert all(r["check"] is None for r in result["models"] if r["variant"] == "lstm-loop")  # another model
+    assert all(
+        r["check"]["ok"] and r["check"]["diff"] < 1e-5
+        for r in result["models"]
+        if r["variant"] != "lstm-loop"
+    )
+    # another model
+    assert all(r["check"] is None for r in result["models"] if r["variant"] == "lstm-loop")
     assert {r["variant"] for r in result["candidates"]} >= {
         "loop",
         "hillis-steele",
@@ -261,14 +302,17 @@ def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
         "log-space",
     }
     assert all(r["check"]["ok"] for r in result["candidates"])
-    assert all(0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in result["models"] + result["candidates"])
+    assert all(
+        0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
+        for r in result["models"] + result["candidates"]
+    )
     assert "| 16 | 2 |" in next(tmp_path.glob("memory-*.md")).read_text()
     assert next(tmp_path.glob("memory-*.png")).stat().st_size > 0
 
 
 def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, capsys):
-    """A twin whose scan forgets h0 (a plausible bug: the first chunk's entering state left at zero) fails the check
-    before any timing: exit status 1 and a line naming the variant."""
+    """A twin whose scan forgets h0 (a plausible bug: the first chunk's entering state left at zero)
+    fails the check before any timing: exit status 1 and a line naming the variant."""
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     for name in ("ppo_lstm", "ppo_mingru"):
@@ -276,7 +320,10 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
     source = (ROOT / "leanrl" / f"{TWIN}.py").read_text()
     assert source.count("entering, entering_states = h0, []") == 1
     (scripts / f"{TWIN}.py").write_text(
-        source.replace("entering, entering_states = h0, []", "entering, entering_states = torch.zeros_like(h0), []")
+        source.replace(
+            "entering, entering_states = h0, []",
+            "entering, entering_states = torch.zeros_like(h0), []",
+        )
     )
     with pytest.raises(SystemExit) as stopped:
         memory.main(
@@ -304,7 +351,9 @@ def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
     that ended in the second half must exceed 60. Measured on a 2-core Intel Xeon (AMX), seeds 1-10:
     minGRU 75.5 to 125.4 (seed 1: 75.5); with `--no-memory` (the network with its state zeroed at
     every step: a feedforward policy), seeds 1-4, 43.1 to 48.2."""
-    result = summary(run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"}))
+    result = summary(
+        run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"})
+    )
     assert result["total_timesteps"] == 30720
     assert late_return_mean(result) > 60, result["return_mean"]
 
@@ -324,5 +373,9 @@ def test_recalls_the_card_four_steps_back_beyond_a_memoryless_policy():
     recall = "popgym:popgym-RepeatPreviousEasy-v0"
     flags = ("--env-id", recall, "--total-timesteps", "61440", "--seed", "1")
     result = summary(run_script(EAGER, *flags, env={"OMP_NUM_THREADS": "1"}))
-    assert (result["env_id"], result["total_timesteps"], result["obs_indices"]) == (recall, 61440, [])
+    assert (result["env_id"], result["total_timesteps"], result["obs_indices"]) == (
+        recall,
+        61440,
+        [],
+    )
     assert result["return_mean"] > -0.40, result["return_mean"]

@@ -1,6 +1,7 @@
-"""The RPC serving benchmark on a tiny budget: a run of 1 agent and 2 observers, batched and not, with its
-checks and outputs; the batching logic routes each row to its own request; a dead observer or a hung agent ends
-the run with one clear line and no process left behind; bad input exits 2."""
+"""The RPC serving benchmark on a tiny budget: a run of 1 agent and 2 observers, batched and not,
+with its checks and outputs; the batching logic routes each row to its own request; a dead
+observer or a hung agent ends the run with one clear line and no process left behind; bad input
+exits 2."""
 
 import json
 import os
@@ -18,7 +19,18 @@ from benchmarks import rpc_inference
 from benchmarks.rpc_inference import QUANTILES, Batcher
 from tests.conftest import ROOT, assert_user_error, script_env
 
-TINY = ["--observers", "2", "--episodes", "2", "--steps", "12", "--warmup-steps", "2", "--check-steps", "3"]
+TINY = [
+    "--observers",
+    "2",
+    "--episodes",
+    "2",
+    "--steps",
+    "12",
+    "--warmup-steps",
+    "2",
+    "--check-steps",
+    "3",
+]
 RUN_KEYS = {
     "policy",
     "observers",
@@ -54,19 +66,33 @@ FAULT_RUN = [
     "--timeout",
     "120",
 ]
-# The launcher's own --timeout bounds a faulty run, whatever the fault: the test waits past it, so that a slow machine
-# (CI once took over 60 s here) shows the benchmark's own failure line rather than the test's timeout.
+# The launcher's own --timeout bounds a faulty run, whatever the fault: the test waits past it, so
+# that a slow machine (CI once took over 60 s here) shows the benchmark's own failure line rather
+# than the test's timeout.
 FAULT_WAIT_S = 150
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """PPO continuous served to 2 observers stepping HalfCheetah-v4, unbatched then batched: exit status, result."""
+    """PPO continuous served to 2 observers stepping HalfCheetah-v4, unbatched then batched: exit
+    status, result."""
     out = tmp_path_factory.mktemp("rpc")
-    status = rpc_inference.main(["--policies", "ppo_continuous", "--batch", "off,on", *TINY, "--out", str(out)])
-    assert list(out.glob("*.json")), f"exit status {status} and no results: a run failed (its line is on stderr)"
-    (json_path,), (md_path,), (png_path,) = (sorted(out.glob(f"*.{ext}")) for ext in ("json", "md", "png"))
-    return status, json.loads(json_path.read_text()), md_path.read_text(), png_path.read_bytes(), out
+    status = rpc_inference.main(
+        ["--policies", "ppo_continuous", "--batch", "off,on", *TINY, "--out", str(out)]
+    )
+    assert list(out.glob("*.json")), (
+        f"exit status {status} and no results: a run failed (its line is on stderr)"
+    )
+    (json_path,), (md_path,), (png_path,) = (
+        sorted(out.glob(f"*.{ext}")) for ext in ("json", "md", "png")
+    )
+    return (
+        status,
+        json.loads(json_path.read_text()),
+        md_path.read_text(),
+        png_path.read_bytes(),
+        out,
+    )
 
 
 def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
@@ -79,17 +105,29 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
     ]
     for run in runs:
         assert run["requests"] == 2 * 2 * 12  # observers x episodes x steps, warm-up not counted
-        assert run["batches"] == (12 * 2 if run["batch"] else 2 * 2 * 12)  # batched: one forward per step
-        for metric in ("agent_latency_ms", "observer_latency_ms", "agent_throughput", "observer_throughput"):
+        # batched: one forward per step
+        assert run["batches"] == (12 * 2 if run["batch"] else 2 * 2 * 12)
+        for metric in (
+            "agent_latency_ms",
+            "observer_latency_ms",
+            "agent_throughput",
+            "observer_throughput",
+        ):
             values = [run[metric][q] for q in QUANTILES]
             assert values == sorted(values) and values[0] > 0, f"{metric}: {values}"
         assert run["served_per_s"] == pytest.approx(run["requests"] / run["wall_s"])
-        assert run["check_equal"] == {"ok": True, "diff": run["check_equal"]["diff"], "samples": 2 * 3}
+        assert run["check_equal"] == {
+            "ok": True,
+            "diff": run["check_equal"]["diff"],
+            "samples": 2 * 3,
+        }
         assert run["check_after_update"]["ok"] and run["check_after_update"]["changed"]
         assert run["policy_us_per_request"] > 0 and run["agent_cpu_us_per_request"] > 0
         assert run["observer_cpu_us_per_request"] > 0 and run["setup_s"] > 0
     assert rows[0]["vs_first"]["served_per_s"] == 1.0
-    assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(runs[1]["served_per_s"] / runs[0]["served_per_s"])
+    assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(
+        runs[1]["served_per_s"] / runs[0]["served_per_s"]
+    )
     assert not list(out.glob("*-logs")), "a successful run keeps no logs"
 
 
@@ -103,9 +141,13 @@ def test_json_schema_table_and_plot(tiny_run):
         assert set(run) == RUN_KEYS
         assert set(run["agent_latency_ms"]) == {"p50", "p75", "p90", "p95"}
         assert set(run["check_after_update"]) == {"ok", "changed", "diff"}
-    for row, run in zip(result["rows"], result["runs"], strict=True):  # one repeat: each row is its run
+    # one repeat: each row is its run
+    for row, run in zip(result["rows"], result["runs"], strict=True):
         assert set(row) == RUN_KEYS - {"repeat"} | {"repeats", "vs_first"} and row["repeats"] == 1
-        assert row["agent_latency_ms"] == run["agent_latency_ms"] and row["served_per_s"] == run["served_per_s"]
+        assert (
+            row["agent_latency_ms"] == run["agent_latency_ms"]
+            and row["served_per_s"] == run["served_per_s"]
+        )
     fast = result["rows"][1]
     cells = " / ".join(f"{fast['agent_latency_ms'][q]:.2f}" for q in QUANTILES)
     assert f"| ppo_continuous | 2 | on | off | {cells} |" in table
@@ -123,7 +165,9 @@ def test_batcher_answers_each_slot_with_its_own_row():
     assert all(future.done() for future in futures.values()), "the full batch was not answered"
     for slot, future in futures.items():
         row = future.wait()
-        assert torch.equal(row["value"], torch.full((3,), 10.0 * slot)) and int(row["first"]) == slot
+        assert (
+            torch.equal(row["value"], torch.full((3,), 10.0 * slot)) and int(row["first"]) == slot
+        )
     assert len(batcher.batches) == 1 and batcher.batches[0][1] == 4
     latency, _, policy_s = batcher.batches[0]
     assert latency >= policy_s > 0
@@ -156,15 +200,23 @@ def test_unbatched_serving_answers_each_request_alone():
     batcher = Batcher(lambda batch: {"value": batch + 1.0}, slots=1)
     futures = [batcher.submit(0, torch.full((2,), float(i))) for i in range(3)]
     assert all(future.done() for future in futures), "a lone request was left waiting"
-    assert [future.wait()["value"].tolist() for future in futures] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert [future.wait()["value"].tolist() for future in futures] == [
+        [1.0, 1.0],
+        [2.0, 2.0],
+        [3.0, 3.0],
+    ]
     assert [size for _, size, _ in batcher.batches] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("policy", ["dqn", "ppo_continuous"])
 def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(policy):
     try:
-        agent = rpc_inference.AgentServer(policy, 3, True, True, "aot_eager", 1, str(rpc_inference.SCRIPTS))
-        observations = rpc_inference.SPECS[policy].observe(3, torch.device("cpu"), torch.Generator().manual_seed(2))
+        agent = rpc_inference.AgentServer(
+            policy, 3, True, True, "aot_eager", 1, str(rpc_inference.SCRIPTS)
+        )
+        observations = rpc_inference.SPECS[policy].observe(
+            3, torch.device("cpu"), torch.Generator().manual_seed(2)
+        )
 
         def serve():
             futures = [agent.act(slot, obs) for slot, obs in enumerate(observations)]
@@ -176,13 +228,19 @@ def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(poli
         agent.perturb()
         after = serve()
         assert rpc_inference.compare(after, agent.reference(list(observations)), 1e-3, 1e-4)[0]
-        assert all(not rpc_inference.difference(new, old, 1e-3, 1e-4)[0] for new, old in zip(after, answers))
+        assert all(
+            not rpc_inference.difference(new, old, 1e-3, 1e-4)[0]
+            for new, old in zip(after, answers)
+        )
     finally:
-        torch.compiler.set_stance("default")  # the agent sets fail_on_recompile for its whole process
+        # the agent sets fail_on_recompile for its whole process
+        torch.compiler.set_stance("default")
 
 
 def test_repeats_alternate_and_combine_to_medians():
-    args = rpc_inference.parse_args(["--policies", "dqn", "td3", "--compile", "off,on", "--repeats", "2"])
+    args = rpc_inference.parse_args(
+        ["--policies", "dqn", "td3", "--compile", "off,on", "--repeats", "2"]
+    )
     plan = [(c["policy"], c["batch"], c["compile"], c["repeat"]) for c in rpc_inference.plan(args)]
     assert plan == [
         ("dqn", True, False, 0),
@@ -196,7 +254,12 @@ def test_repeats_alternate_and_combine_to_medians():
     ]
     runs = [fake_run(served, ok) for served, ok in ((100.0, True), (300.0, True), (200.0, False))]
     (row,) = rpc_inference.combine(runs, "batch")
-    assert row["served_per_s"] == 200.0 and row["agent_latency_ms"] == {"p50": 2.0, "p75": 3.0, "p90": 4.0, "p95": 5.0}
+    assert row["served_per_s"] == 200.0 and row["agent_latency_ms"] == {
+        "p50": 2.0,
+        "p75": 3.0,
+        "p90": 4.0,
+        "p95": 5.0,
+    }
     assert row["repeats"] == 3 and row["check_equal"] == {"ok": False, "diff": 0.5, "samples": 12}
 
 
@@ -216,7 +279,12 @@ def fake_run(served, ok):
 
 
 def test_percentiles_and_error_lines():
-    assert rpc_inference.percentiles([float(v) for v in range(1, 22)]) == {"p50": 11, "p75": 16, "p90": 19, "p95": 20}
+    assert rpc_inference.percentiles([float(v) for v in range(1, 22)]) == {
+        "p50": 11,
+        "p75": 16,
+        "p90": 19,
+        "p95": 20,
+    }
     assert rpc_inference.percentiles([3.0]) == {"p50": 3.0, "p75": 3.0, "p90": 3.0, "p95": 3.0}
     wrapped = RuntimeError(
         "RuntimeError: On WorkerInfo(id=2, name=observer0):\nRuntimeError('observer0: no answer "
@@ -229,12 +297,18 @@ def start_benchmark(tmp_path, *argv):
     """The benchmark as a user starts it, its stderr read line by line."""
     cmd = [sys.executable, "-m", "benchmarks.rpc_inference", *argv, "--out", str(tmp_path)]
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        env=script_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def read_until(proc, words, timeout):
-    """The lines of `proc`'s stderr up to the first that contains `words`, waiting at most `timeout` seconds."""
+    """The lines of `proc`'s stderr up to the first that contains `words`, waiting at most `timeout`
+    seconds."""
     selector = selectors.DefaultSelector()
     selector.register(proc.stderr, selectors.EVENT_READ)
     deadline, lines = time.monotonic() + timeout, []
@@ -264,8 +338,8 @@ def alive(pid):
 
 
 def fault_outcome(tmp_path, name, sig):
-    """Start a long run, send `sig` to process `name` once the timed episodes run; returns the exit status, the
-    failure line and the pids of the run."""
+    """Start a long run, send `sig` to process `name` once the timed episodes run; returns the exit
+    status, the failure line and the pids of the run."""
     proc = start_benchmark(tmp_path, *FAULT_RUN)
     try:
         started = read_until(proc, "coordinator pid", timeout=60)[-1]
@@ -276,7 +350,10 @@ def fault_outcome(tmp_path, name, sig):
             status = proc.wait(timeout=FAULT_WAIT_S)
         except subprocess.TimeoutExpired:
             logs = {log.name: log.read_text()[-2000:] for log in tmp_path.glob("*-logs/run0/*.log")}
-            pytest.fail(f"the run outlived its own --timeout after {sig.name} to {name}; the processes' logs: {logs}")
+            pytest.fail(
+                f"the run outlived its own --timeout after {sig.name} to {name}; the processes' "
+                f"logs: {logs}"
+            )
         rest = proc.stderr.read().strip().splitlines()
     finally:
         proc.kill()
@@ -336,6 +413,8 @@ def test_bad_input_from_the_shell_starts_nothing(tmp_path):
         "--out",
         str(tmp_path),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120
+    )
     assert_user_error(proc, "--batch", "--compile")
     assert not list(tmp_path.iterdir())

@@ -1,7 +1,7 @@
 """What a CleanRL user expects of every script: a run folder with the whole summary, `--save-model`,
-`--eval-episodes` after training or of a saved model (`--eval-model`, also one saved by another script of the same
-algorithm), `--capture-video`, and a Ctrl-C or SIGTERM that stops cleanly. `conftest.summary` checks on every run that
-summary.json holds what the SUMMARY line printed."""
+`--eval-episodes` after training or of a saved model (`--eval-model`, also one saved by another
+script of the same algorithm), `--capture-video`, and a Ctrl-C or SIGTERM that stops cleanly.
+`conftest.summary` checks on every run that summary.json holds what the SUMMARY line printed."""
 
 import os
 import signal
@@ -16,18 +16,60 @@ import torch
 from conftest import SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
 
 PENDULUM = ("--env-id", "Pendulum-v1")
-RECURRENT = ("--total-timesteps", "96", "--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1")
-# tiny training runs that reach the updates, per algorithm; the first two flags, where they name the env, are what a
-# replay of the saved model needs
+RECURRENT = (
+    "--total-timesteps",
+    "96",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "8",
+    "--num-minibatches",
+    "1",
+)
+# tiny training runs that reach the updates, per algorithm; the first two flags, where they name the
+# env, are what a replay of the saved model needs
 BUDGETS = {
-    "sac_continuous_action": (*PENDULUM, "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32"),
-    "td3_continuous_action": (*PENDULUM, "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32"),
+    "sac_continuous_action": (
+        *PENDULUM,
+        "--total-timesteps",
+        "600",
+        "--learning-starts",
+        "500",
+        "--batch-size",
+        "32",
+    ),
+    "td3_continuous_action": (
+        *PENDULUM,
+        "--total-timesteps",
+        "600",
+        "--learning-starts",
+        "500",
+        "--batch-size",
+        "32",
+    ),
     "dqn": ("--total-timesteps", "1500", "--learning-starts", "1000"),
-    "ppo_continuous_action": (*PENDULUM, "--total-timesteps", "640", "--num-steps", "64", "--num-minibatches", "2"),
+    "ppo_continuous_action": (
+        *PENDULUM,
+        "--total-timesteps",
+        "640",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+    ),
     "ppo_lstm": (*RECURRENT, "--update-epochs", "1"),
     "ppo_mingru": (*RECURRENT, "--update-epochs", "1"),
 }
-ATARI = ("--total-timesteps", "512", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
+ATARI = (
+    "--total-timesteps",
+    "512",
+    "--num-steps",
+    "32",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "1",
+)
 # each algorithm's scripts in a ring: a model one of them saves is replayed by the next one
 FAMILIES = {
     "sac_continuous_action": ["", "_torchcompile", "_cpu"],
@@ -47,51 +89,91 @@ RING = [
 def saved(result):
     """The model file a run saved, loaded as a user would: `weights_only=True`."""
     path = Path(result["model_file"])
-    assert path.name == f"{result['script']}.pt" and path.parent == Path(result["summary_file"]).parent
+    assert (
+        path.name == f"{result['script']}.pt" and path.parent == Path(result["summary_file"]).parent
+    )
     return torch.load(path, weights_only=True)
 
 
 def training_flags(script, algo):
-    """`BUDGETS[algo]`; a CPU script trains without compiling (what it compiles does not change the run folder)."""
+    """`BUDGETS[algo]`; a CPU script trains without compiling (what it compiles does not change the
+    run folder)."""
     return (*BUDGETS[algo], *(("--no-compile",) if script.endswith("_cpu") else ()))
 
 
 @pytest.mark.parametrize("script, replayer, algo", RING, ids=[f"{s}->{r}" for s, r, _ in RING])
-def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(script, replayer, algo, tmp_path):
-    """Train, save and evaluate 2 episodes; then evaluate the saved file alone, with the same seed, in the next script
-    of the same algorithm (eager -> twin -> CPU -> eager). The evaluation acts deterministically with the same weights
-    and the same ops (PPO normalizes observations with the saved statistics, frozen), so both give the same returns,
-    to float32 rounding of the sums."""
+def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(
+    script, replayer, algo, tmp_path
+):
+    """Train, save and evaluate 2 episodes; then evaluate the saved file alone, with the same seed,
+    in the next script of the same algorithm (eager -> twin -> CPU -> eager). The evaluation
+    acts deterministically with the same weights and the same ops (PPO normalizes observations
+    with the saved statistics, frozen), so both give the same returns, to float32 rounding of
+    the sums."""
     trained = summary(
-        run_script(script, *training_flags(script, algo), "--save-model", "--eval-episodes", "2", cwd=tmp_path)
+        run_script(
+            script,
+            *training_flags(script, algo),
+            "--save-model",
+            "--eval-episodes",
+            "2",
+            cwd=tmp_path,
+        )
     )
     assert trained["interrupted"] is False and len(trained["eval_returns"]) == 2
     assert trained["diverged"] is None
     assert trained["eval_return_mean"] == pytest.approx(np.mean(trained["eval_returns"]))
     checkpoint = saved(trained)
     assert checkpoint["script"] == script and checkpoint["args"]["env_id"] == trained["env_id"]
-    assert all(isinstance(value, torch.Tensor) for value in torch.utils._pytree.tree_leaves(checkpoint["model"]))
+    assert all(
+        isinstance(value, torch.Tensor)
+        for value in torch.utils._pytree.tree_leaves(checkpoint["model"])
+    )
     env_flags = BUDGETS[algo][:2] if BUDGETS[algo][0] == "--env-id" else ()
     replay = run_script(
-        replayer, *env_flags, "--eval-model", trained["model_file"], "--eval-episodes", "2", cwd=tmp_path
+        replayer,
+        *env_flags,
+        "--eval-model",
+        trained["model_file"],
+        "--eval-episodes",
+        "2",
+        cwd=tmp_path,
     )
     replayed = summary(replay)
     assert replayed["script"] == replayer
     assert replayed["eval_returns"] == pytest.approx(trained["eval_returns"], rel=1e-5)
-    assert (replayed["total_timesteps"], replayed["episodes"], replayed["model_file"]) == (0, 0, None)
+    assert (replayed["total_timesteps"], replayed["episodes"], replayed["model_file"]) == (
+        0,
+        0,
+        None,
+    )
 
 
 @pytest.mark.parametrize("script", ["ppo_atari_envpool", "ppo_atari_envpool_torchcompile"])
 def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script, tmp_path):
-    """The Atari scripts evaluate by sampling (as CleanRL does), so two evaluations differ; here the saved weights
-    load, strictly, into a fresh agent of the other Atari script, and an evaluation of the file runs."""
-    trained = summary(run_script(script, *ATARI, "--save-model", "--eval-episodes", "1", cwd=tmp_path))
-    other = "ppo_atari_envpool" if script.endswith("_torchcompile") else "ppo_atari_envpool_torchcompile"
+    """The Atari scripts evaluate by sampling (as CleanRL does), so two evaluations differ; here the
+    saved weights load, strictly, into a fresh agent of the other Atari script, and an evaluation of
+    the file runs."""
+    trained = summary(
+        run_script(script, *ATARI, "--save-model", "--eval-episodes", "1", cwd=tmp_path)
+    )
+    other = (
+        "ppo_atari_envpool"
+        if script.endswith("_torchcompile")
+        else "ppo_atari_envpool_torchcompile"
+    )
     module = load_script(other)
     agent = module.make_learner(module.Args(), 4, torch.device("cpu"))[0]
     agent.load_state_dict(saved(trained)["model"])  # strict: the same names and shapes
-    replayed = summary(run_script(script, "--eval-model", trained["model_file"], "--eval-episodes", "1", cwd=tmp_path))
-    assert len(replayed["eval_returns"]) == 1 and replayed["eval_return_mean"] == replayed["eval_returns"][0]
+    replayed = summary(
+        run_script(
+            script, "--eval-model", trained["model_file"], "--eval-episodes", "1", cwd=tmp_path
+        )
+    )
+    assert (
+        len(replayed["eval_returns"]) == 1
+        and replayed["eval_return_mean"] == replayed["eval_returns"][0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -100,7 +182,9 @@ def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script,
         ("dqn", "CartPole-v1", ("--total-timesteps", "300", "--learning-starts", "100")),
         (
             "sac_continuous_action",
-            "Hopper-v4",  # its episodes end when it falls (~20 steps here): HalfCheetah's 1,000-step ones took 109 s
+            # its episodes end when it falls (~20 steps here): HalfCheetah's 1,000-step ones took
+            # 109 s
+            "Hopper-v4",
             ("--total-timesteps", "60", "--learning-starts", "40", "--batch-size", "16"),
         ),
     ],
@@ -108,23 +192,46 @@ def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script,
 )
 def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flags, tmp_path):
     result = summary(
-        run_script(script, "--env-id", env_id, *flags, "--capture-video", "--eval-episodes", "2", cwd=tmp_path)
+        run_script(
+            script,
+            "--env-id",
+            env_id,
+            *flags,
+            "--capture-video",
+            "--eval-episodes",
+            "2",
+            cwd=tmp_path,
+        )
     )
     videos = Path(result["summary_file"]).parent / "videos"
     sizes = {path.name: path.stat().st_size for path in videos.iterdir()}
     assert {"train-episode-0.mp4", "eval-episode-0.mp4", "eval-episode-1.mp4"} <= set(sizes), sizes
-    assert "eval-episode-2.mp4" not in sizes, "a video of the episode the autoreset starts after the last one"
+    assert "eval-episode-2.mp4" not in sizes, (
+        "a video of the episode the autoreset starts after the last one"
+    )
     assert all(size > 1000 for size in sizes.values()), sizes
 
 
 def start_training(script, tmp_path, *flags):
-    """`script` started on a budget too large to end by itself, once its run folder exists (the signal handlers are
-    installed just after) and it has trained a few seconds; the Popen."""
+    """`script` started on a budget too large to end by itself, once its run folder exists (the
+    signal handlers are installed just after) and it has trained a few seconds; the Popen."""
     small_iterations = ("--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "2")
     budget = {"ppo_continuous_action": (*PENDULUM, *small_iterations)}.get(script, ())
-    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *budget, "--total-timesteps", "1000000", *flags]
+    cmd = [
+        sys.executable,
+        str(SCRIPTS / f"{script}.py"),
+        *budget,
+        "--total-timesteps",
+        "1000000",
+        *flags,
+    ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=script_env()
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=script_env(),
     )
     deadline = time.monotonic() + 120
     while not (tmp_path / "runs").exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -135,16 +242,22 @@ def start_training(script, tmp_path, *flags):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("script", ["dqn_torchcompile", "ppo_continuous_action"])
-def test_ctrl_c_or_sigterm_stops_after_the_step_and_reports_and_saves_what_it_has(script, signum, tmp_path):
-    """SIGINT (Ctrl-C) or SIGTERM (`kill`, Slurm's time limit) during training: the run ends with the status a shell
-    reports for the signal (130, 143), a valid summary of the steps it did, `interrupted`, and a loadable model."""
+def test_ctrl_c_or_sigterm_stops_after_the_step_and_reports_and_saves_what_it_has(
+    script, signum, tmp_path
+):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, Slurm's time limit) during training: the run ends with
+    the status a shell reports for the signal (130, 143), a valid summary of the steps it did,
+    `interrupted`, and a loadable model."""
     proc = start_training(script, tmp_path, "--save-model", "--eval-episodes", "1")
     try:
         proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    result = summary(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), returncode=128 + signum)
+    result = summary(
+        subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
+        returncode=128 + signum,
+    )
     assert result["interrupted"] is True and result["diverged"] is None
     assert 0 < result["total_timesteps"] < 1_000_000
     assert len(result["eval_returns"]) == 1
@@ -152,8 +265,8 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_and_reports_and_saves_what_it_ha
 
 
 def test_a_second_signal_stops_at_once(tmp_path):
-    """SIGTERM, then Ctrl-C while the run evaluates (10,000 episodes): the second signal's default action ends the
-    process at once, with no summary."""
+    """SIGTERM, then Ctrl-C while the run evaluates (10,000 episodes): the second signal's default
+    action ends the process at once, with no summary."""
     proc = start_training("dqn", tmp_path, "--eval-episodes", "10000")
     try:
         proc.send_signal(signal.SIGTERM)
@@ -166,7 +279,8 @@ def test_a_second_signal_stops_at_once(tmp_path):
 
 
 def make_checkpoint(tmp_path, script, env_id):
-    """A file in the scripts' saved-model format (what `Run.finish` writes), by `script`, for `env_id`."""
+    """A file in the scripts' saved-model format (what `Run.finish` writes), by `script`, for
+    `env_id`."""
     path = tmp_path / f"{script}-{env_id}.pt"
     torch.save({"script": script, "args": {"env_id": env_id}, "model": {"w": torch.zeros(1)}}, path)
     return str(path)
@@ -178,11 +292,25 @@ def test_bad_evaluation_inputs_exit_2(script, tmp_path):
     other = "td3_continuous_action" if script.startswith("sac") else "ppo_lstm_torchcompile"
     (tmp_path / "junk.pt").write_text("not a model")
     cases = [
-        (("--eval-model", str(tmp_path / "missing.pt"), "--eval-episodes", "1"), ("--eval-model", "missing.pt")),
-        (("--eval-model", str(tmp_path / "junk.pt"), "--eval-episodes", "1"), ("--eval-model", "not a model saved")),
-        (("--eval-model", make_checkpoint(tmp_path, other, env_id), "--eval-episodes", "1"), ("saved by", other)),
         (
-            ("--eval-model", make_checkpoint(tmp_path, script, "Acrobot-v1"), "--eval-episodes", "1"),
+            ("--eval-model", str(tmp_path / "missing.pt"), "--eval-episodes", "1"),
+            ("--eval-model", "missing.pt"),
+        ),
+        (
+            ("--eval-model", str(tmp_path / "junk.pt"), "--eval-episodes", "1"),
+            ("--eval-model", "not a model saved"),
+        ),
+        (
+            ("--eval-model", make_checkpoint(tmp_path, other, env_id), "--eval-episodes", "1"),
+            ("saved by", other),
+        ),
+        (
+            (
+                "--eval-model",
+                make_checkpoint(tmp_path, script, "Acrobot-v1"),
+                "--eval-episodes",
+                "1",
+            ),
             ("--env-id Acrobot-v1",),
         ),
         (("--eval-model", make_checkpoint(tmp_path, script, env_id)), ("--eval-episodes",)),
@@ -194,17 +322,22 @@ def test_bad_evaluation_inputs_exit_2(script, tmp_path):
 
 
 def test_atari_refuses_to_capture_video(tmp_path):
-    proc = run_script("ppo_atari_envpool_torchcompile", "--capture-video", timeout=120, cwd=tmp_path)
+    proc = run_script(
+        "ppo_atari_envpool_torchcompile", "--capture-video", timeout=120, cwd=tmp_path
+    )
     assert_user_error(proc, "--capture-video", "envpool")
     assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("script", ["dqn", "ppo_lstm_torchcompile"])
 def test_capture_video_without_moviepy_names_the_flag(script, tmp_path):
-    """gymnasium writes videos with moviepy; without it `--capture-video` is the flag named, before a run folder."""
+    """gymnasium writes videos with moviepy; without it `--capture-video` is the flag named, before
+    a run folder."""
     blocked = tmp_path / "blocked"
     blocked.mkdir()
     (blocked / "moviepy.py").write_text("raise ImportError('No module named moviepy')\n")
-    proc = run_script(script, "--capture-video", timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(blocked)})
+    proc = run_script(
+        script, "--capture-video", timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(blocked)}
+    )
     assert_user_error(proc, "--capture-video", "moviepy")
     assert not (tmp_path / "runs").exists()

@@ -1,7 +1,7 @@
-"""SAC: the three scripts run, the CPU script on no more threads than the cores it may use; the CPU script's functional
-update is the eager script's module update; compiled updates are their eager selves and never recompile; the CPU
-script's numpy policy is the torch actor; flag values out of range exit 2; the eager and CPU scripts learn
-Pendulum-v1."""
+"""SAC: the three scripts run, the CPU script on no more threads than the cores it may use; the CPU
+script's functional update is the eager script's module update; compiled updates are their eager
+selves and never recompile; the CPU script's numpy policy is the torch actor; flag values out of
+range exit 2; the eager and CPU scripts learn Pendulum-v1."""
 
 import numpy as np
 import pytest
@@ -9,9 +9,22 @@ import torch
 from conftest import load_script, run_script, summary
 from tensordict import TensorDict, from_modules
 
-EAGER, TWIN, CPU = "sac_continuous_action", "sac_continuous_action_torchcompile", "sac_continuous_action_cpu"
+EAGER, TWIN, CPU = (
+    "sac_continuous_action",
+    "sac_continuous_action_torchcompile",
+    "sac_continuous_action_cpu",
+)
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
-SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
+SMOKE = (
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "500",
+    "--batch-size",
+    "32",
+)
 N_OBS, N_ACT = 3, 1
 LOW, HIGH = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)
 
@@ -27,7 +40,15 @@ LOW, HIGH = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)
         (TWIN, ("--no-autotune",)),
         (CPU, ("--no-compile", "--no-autotune")),
     ],
-    ids=["eager", "twin", "twin-compile", "cpu", "eager-no-autotune", "twin-no-autotune", "cpu-no-autotune"],
+    ids=[
+        "eager",
+        "twin",
+        "twin-compile",
+        "cpu",
+        "eager-no-autotune",
+        "twin-no-autotune",
+        "cpu-no-autotune",
+    ],
 )
 def test_smoke(script, flags):
     # the CPU script is offered three threads and takes one, its default (`threads` says so)
@@ -35,7 +56,11 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "5", *flags, env=env))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Pendulum-v1", 600, 1)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
+        "Pendulum-v1",
+        600,
+        1,
+    )
     assert result["episodes"] == 3
     assert -2000 < result["return_mean"] < 0
     assert result["sps"] > 0 and result["sps_wall"] > 0
@@ -44,26 +69,31 @@ def test_smoke(script, flags):
 
 
 def test_the_cpu_script_takes_the_threads_it_is_given():
-    """One intra-op thread is the default (test_smoke); `--threads 2`, for an idle machine, is honoured."""
+    """One intra-op thread is the default (test_smoke); `--threads 2`, for an idle machine, is
+    honoured."""
     proc = run_script(CPU, *SMOKE, "--no-compile", "--threads", "2", env={"OMP_NUM_THREADS": "3"})
     assert summary(proc)["threads"] == 2
 
 
 @pytest.mark.parametrize(
-    "script, flags", [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))], ids=["eager", "twin", "cpu"]
+    "script, flags",
+    [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))],
+    ids=["eager", "twin", "cpu"],
 )
 def test_several_envs_log_every_episode(script, flags):
-    # two Pendulum envs truncate on the same step: 800 steps are 400 vector steps, 2 episodes per env
+    # two Pendulum envs truncate on the same step: 800 steps are 400 vector steps, 2 episodes per
+    # env
     budget = ("--total-timesteps", "800", "--learning-starts", "700", "--num-envs", "2")
     result = summary(run_script(script, *SMOKE[:2], *budget, *flags))
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
 
 
 def build(script, autotune=True, compile_updates=False, seed=0):
-    """`script`'s networks and update functions from `seed`, built as its `make_learner` builds them: the eager
-    script's module updates with torch.optim.Adam, the twin's with fused Adam, the CPU script's functional updates
-    (`make_functional_updates`, Adam written out). Every script draws the same initial weights from one seed (the
-    actor, then both Q-networks). `compile_updates`: the two updates in torch.compile, as `main` compiles them."""
+    """`script`'s networks and update functions from `seed`, built as its `make_learner` builds
+    them: the eager script's module updates with torch.optim.Adam, the twin's with fused Adam,
+    the CPU script's functional updates (`make_functional_updates`, Adam written out). Every
+    script draws the same initial weights from one seed (the actor, then both Q-networks).
+    `compile_updates`: the two updates in torch.compile, as `main` compiles them."""
     module = load_script(script)
     args = module.Args(autotune=autotune)
     torch.manual_seed(seed)
@@ -72,7 +102,10 @@ def build(script, autotune=True, compile_updates=False, seed=0):
     log_alpha = torch.tensor(0.0 if autotune else np.log(args.alpha), requires_grad=autotune)
     alpha = log_alpha.detach().exp()
     if script == EAGER:
-        qf1_target, qf2_target = module.SoftQNetwork(N_OBS, N_ACT), module.SoftQNetwork(N_OBS, N_ACT)
+        qf1_target, qf2_target = (
+            module.SoftQNetwork(N_OBS, N_ACT),
+            module.SoftQNetwork(N_OBS, N_ACT),
+        )
         qf1_target.load_state_dict(qf1.state_dict())
         qf2_target.load_state_dict(qf2.state_dict())
         optimizers = (
@@ -81,7 +114,16 @@ def build(script, autotune=True, compile_updates=False, seed=0):
             torch.optim.Adam([log_alpha], lr=args.q_lr),
         )
         updates = module.make_updates(
-            actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, optimizers, args, -float(N_ACT)
+            actor,
+            qf1,
+            qf2,
+            qf1_target,
+            qf2_target,
+            log_alpha,
+            alpha,
+            optimizers,
+            args,
+            -float(N_ACT),
         )
         qnet, qnet_target = [qf1, qf2], [qf1_target, qf2_target]
     else:
@@ -93,7 +135,9 @@ def build(script, autotune=True, compile_updates=False, seed=0):
                 torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True),
                 torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True),
             )
-            updates = module.make_updates(actor, qnet, qnet_target, log_alpha, alpha, optimizers, args, -float(N_ACT))
+            updates = module.make_updates(
+                actor, qnet, qnet_target, log_alpha, alpha, optimizers, args, -float(N_ACT)
+            )
         else:
             *updates, _ = module.make_functional_updates(
                 actor, qnet, qnet_target, log_alpha.detach(), alpha, args, -float(N_ACT)
@@ -102,7 +146,13 @@ def build(script, autotune=True, compile_updates=False, seed=0):
     if compile_updates:
         update_critic = torch.compile(update_critic, fullgraph=script == CPU)
         update_actor = torch.compile(update_actor, fullgraph=script == CPU)
-    state = {"actor": actor, "qnet": qnet, "qnet_target": qnet_target, "log_alpha": log_alpha, "alpha": alpha}
+    state = {
+        "actor": actor,
+        "qnet": qnet,
+        "qnet_target": qnet_target,
+        "log_alpha": log_alpha,
+        "alpha": alpha,
+    }
     return update_critic, update_actor, update_targets, state
 
 
@@ -119,7 +169,8 @@ def make_batch(seed, batch_size=64, n_obs=N_OBS, n_act=N_ACT):
 
 
 def flat(params):
-    if isinstance(params, list):  # the eager script's two networks, stacked as the other scripts stack theirs
+    # the eager script's two networks, stacked as the other scripts stack theirs
+    if isinstance(params, list):
         params = from_modules(*params)
     return torch.cat([p.detach().flatten() for p in params.values(True, True)])
 
@@ -134,8 +185,8 @@ def parameters(state):
 
 
 def take_steps(learner, first, steps):
-    """`steps` steps (critic, actor and entropy, targets) on batches from seed `first` on, with the actor's noise from
-    one seed; returns the losses."""
+    """`steps` steps (critic, actor and entropy, targets) on batches from seed `first` on, with the
+    actor's noise from one seed; returns the losses."""
     update_critic, update_actor, update_targets, _ = learner
     torch.manual_seed(123)
     losses = []
@@ -148,11 +199,11 @@ def take_steps(learner, first, steps):
 
 
 def assert_same_steps(learner, reference, steps=1):
-    """Both learners take `steps` steps from the same parameters: the same losses and the same parameters after
-    them. float32, the same math in another order (fused kernels, the Gaussian's log-density written out, Adam's
-    step written out): losses agree to 1e-5 relative. Adam's first step moves a parameter by about
-    lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference in g shows up as ~1e-5 in the parameter, so
-    parameters agree to 5e-5 (5% of q_lr)."""
+    """Both learners take `steps` steps from the same parameters: the same losses and the same
+    parameters after them. float32, the same math in another order (fused kernels, the Gaussian's
+    log-density written out, Adam's step written out): losses agree to 1e-5 relative. Adam's first
+    step moves a parameter by about lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference in
+    g shows up as ~1e-5 in the parameter, so parameters agree to 5e-5 (5% of q_lr)."""
     before = parameters(reference[3])
     losses, reference_losses = take_steps(learner, 0, steps), take_steps(reference, 0, steps)
     torch.testing.assert_close(losses, reference_losses, rtol=1e-5, atol=1e-6)
@@ -166,16 +217,17 @@ def assert_same_steps(learner, reference, steps=1):
 
 @pytest.mark.parametrize("autotune", [True, False], ids=["autotune", "fixed-alpha"])
 def test_cpu_functional_update_equals_eager_module_update(autotune):
-    """The CPU script's updates (torch.func gradients, Adam written out, targets by `lerp_`) take the eager script's
-    steps (autograd, torch.optim.Adam, two Q-networks and a loop over their targets), 3 steps in a row."""
+    """The CPU script's updates (torch.func gradients, Adam written out, targets by `lerp_`) take
+    the eager script's steps (autograd, torch.optim.Adam, two Q-networks and a loop over their
+    targets), 3 steps in a row."""
     assert_same_steps(build(CPU, autotune), build(EAGER, autotune), steps=3)
 
 
 @pytest.mark.parametrize("script", [TWIN, CPU])
 def test_compiled_update_equals_eager_update_and_never_recompiles(script, monkeypatch):
-    """What `--compile` compiles (the twin's module updates; the CPU script's functional updates, one graph each)
-    takes the step of the same updates run eagerly; after two more steps, nothing recompiles, and `alpha`, changed
-    in place, is read by the next call."""
+    """What `--compile` compiles (the twin's module updates; the CPU script's functional updates,
+    one graph each) takes the step of the same updates run eagerly; after two more steps,
+    nothing recompiles, and `alpha`, changed in place, is read by the next call."""
     # compiled code draws the actor's noise with torch's own generator, as eager code does
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     compiled = build(script, compile_updates=True)
@@ -188,9 +240,10 @@ def test_compiled_update_equals_eager_update_and_never_recompiles(script, monkey
 
 
 def test_host_policy_is_get_action_in_numpy(monkeypatch):
-    """The CPU script's numpy policy draws its noise from numpy's generator seeded with `seed`; given the same
-    draws, `Actor.get_action` gives the same action, log-probability and squashed mean, on the actor's current
-    weights (changed in place, as the written-out Adam changes them)."""
+    """The CPU script's numpy policy draws its noise from numpy's generator seeded with `seed`;
+    given the same draws, `Actor.get_action` gives the same action, log-probability and squashed
+    mean, on the actor's current weights (changed in place, as the written-out Adam changes
+    them)."""
     module = load_script(CPU)
     torch.manual_seed(0)
     actor = module.Actor(3, 2, np.full(2, -2.0), np.full(2, 2.0))
@@ -203,34 +256,53 @@ def test_host_policy_is_get_action_in_numpy(monkeypatch):
             m.setattr(module.torch, "randn_like", lambda mean, noise=noise: noise)
             expected = actor.get_action(torch.from_numpy(obs))
         for name, value, want in zip(("action", "log_prob", "mean"), got, expected):
-            torch.testing.assert_close(torch.from_numpy(value), want, rtol=1e-5, atol=1e-5, msg=name)
+            torch.testing.assert_close(
+                torch.from_numpy(value), want, rtol=1e-5, atol=1e-5, msg=name
+            )
         with torch.no_grad():
             actor.fc_mean.bias.add_(0.3)
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 def test_sac_flags_out_of_range_exit_2(script, capsys):
-    """SAC's own flags (the shared contract tests check the sizes and the env): one line naming the flag, exit 2."""
+    """SAC's own flags (the shared contract tests check the sizes and the env): one line naming the
+    flag, exit 2."""
     module = load_script(script)
-    cases = [(dict(tau=0.0), "--tau"), (dict(gamma=1.5), "--gamma"), (dict(autotune=False, alpha=0.0), "--alpha")]
+    cases = [
+        (dict(tau=0.0), "--tau"),
+        (dict(gamma=1.5), "--gamma"),
+        (dict(autotune=False, alpha=0.0), "--alpha"),
+    ]
     for values, flag in cases + [(dict(learning_starts=-1), "--learning-starts")]:
         with pytest.raises(SystemExit) as stop:
             module.check_args(module.Args(**values))
         assert stop.value.code == 2, values
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and flag in lines[0], (values, lines)
-    module.check_args(module.Args(autotune=True, alpha=0.0))  # --alpha is the autotuner's start only without it
+    # --alpha is the autotuner's start only without it
+    module.check_args(module.Args(autotune=True, alpha=0.0))
 
 
 @pytest.mark.learning
 @pytest.mark.parametrize("script, flags", [(EAGER, ()), (CPU, ())], ids=["eager", "cpu-compile"])
 def test_learns_pendulum(script, flags):
     """8,000 steps, 1,000 of them random, one intra-op thread: the mean return of the last 20
-    episodes must exceed -400. Measured on a 2-core Intel Xeon (AMX): the eager script, seeds 1-10,
-    -264.9 to -115.5 (seed 1: -145.7); the CPU script, seeds 1-10, -282.8 to -145.4 (seed 1:
-    -145.4); the seeds script's 12 members at batch 128 (test_sac_continuous_action_seeds.py) -260.3
-    to -141.2. A random policy scores about -1200 on Pendulum-v1; a broken update stays below -600."""
-    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "8000", "--learning-starts", "1000", "--seed", "1", *flags)
+    episodes must exceed -400. Measured on a 2-core Intel Xeon (AMX): the eager script, seeds
+    1-10, -264.9 to -115.5 (seed 1: -145.7); the CPU script, seeds 1-10, -282.8 to -145.4 (seed
+    1: -145.4); the seeds script's 12 members at batch 128 (test_sac_continuous_action_seeds.py)
+    -260.3 to -141.2. A random policy scores about -1200 on Pendulum-v1; a broken update stays
+    below -600."""
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "8000",
+        "--learning-starts",
+        "1000",
+        "--seed",
+        "1",
+        *flags,
+    )
     result = summary(run_script(script, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["episodes"] == 40
     assert result["return_mean"] > -400, result

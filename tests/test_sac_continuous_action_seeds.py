@@ -1,8 +1,9 @@
-"""SAC's seeds script, N runs as one vmapped program: each member starts from the weights sac_continuous_action_cpu.py
-draws with its seed; each member's critic, actor, entropy and target steps are the CPU script's on that member's
-parameters, targets, Adam state and batch; a member's update does not depend on another member's batch; the vmapped
-policy is each member's actor; every member of a short run learns Pendulum; the per-member summary, model files a
-single-seed script evaluates, and bad inputs. The learning check dominates the cost (3 members' updates at the
+"""SAC's seeds script, N runs as one vmapped program: each member starts from the weights
+sac_continuous_action_cpu.py draws with its seed; each member's critic, actor, entropy and target
+steps are the CPU script's on that member's parameters, targets, Adam state and batch; a member's
+update does not depend on another member's batch; the vmapped policy is each member's actor; every
+member of a short run learns Pendulum; the per-member summary, model files a single-seed script
+evaluates, and bad inputs. The learning check dominates the cost (3 members' updates at the
 single-seed check's budget); the other tests run eagerly, in seconds."""
 
 import functools
@@ -10,7 +11,14 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, actor_critic_seeds_smoke_run, assert_seeds_smoke_summary, load_script, run_script, summary
+from conftest import (
+    SCRIPTS,
+    actor_critic_seeds_smoke_run,
+    assert_seeds_smoke_summary,
+    load_script,
+    run_script,
+    summary,
+)
 from tensordict import from_modules
 from test_sac import HIGH, LOW, N_ACT, N_OBS, make_batch
 
@@ -21,13 +29,15 @@ load = functools.cache(load_script)  # one import per script
 
 
 def fixed_noise(mean):
-    """`torch.randn_like` made a function of its argument's values, the same for one member alone or vmapped."""
+    """`torch.randn_like` made a function of its argument's values, the same for one member alone or
+    vmapped."""
     return torch.sin(1e3 * mean.detach())
 
 
 def member_state(seed):
-    """The CPU script's networks drawn with `seed` (actor, then both Q networks, as its make_learner draws them), with
-    target networks that differ from the online ones (the first layer 0.9x) and a log alpha of its own."""
+    """The CPU script's networks drawn with `seed` (actor, then both Q networks, as its make_learner
+    draws them), with target networks that differ from the online ones (the first layer 0.9x) and a
+    log alpha of its own."""
     mod = load(CPU_SCRIPT)
     torch.manual_seed(seed)
     actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
@@ -47,7 +57,13 @@ def build_cpu(seed, autotune):
     update_critic, update_actor, update_targets, _ = mod.make_functional_updates(
         actor, qnet, qnet_target, log_alpha, alpha, args, -float(N_ACT)
     )
-    state = dict(actor=dict(actor.named_parameters()), q=qnet, q_target=qnet_target, log_alpha=log_alpha, alpha=alpha)
+    state = dict(
+        actor=dict(actor.named_parameters()),
+        q=qnet,
+        q_target=qnet_target,
+        log_alpha=log_alpha,
+        alpha=alpha,
+    )
     return (update_critic, update_actor, update_targets), state
 
 
@@ -58,7 +74,8 @@ def build_seeds(autotune, seeds=SEEDS):
     members = [member_state(seed) for seed in seeds]
     actor = members[0][0]
     actor_params = {
-        name: torch.stack([m[0].get_parameter(name).detach() for m in members]) for name, _ in actor.named_parameters()
+        name: torch.stack([m[0].get_parameter(name).detach() for m in members])
+        for name, _ in actor.named_parameters()
     }
     qnet, qnet_target = torch.stack([m[1] for m in members]), torch.stack([m[2] for m in members])
     log_alpha = torch.stack([m[3] for m in members])
@@ -77,13 +94,16 @@ def flat(state, member=None):
     return {
         "actor": torch.cat([take(p).detach().flatten() for p in state["actor"].values()]),
         "q": torch.cat([take(p).flatten() for p in state["q"].flatten_keys(".").values()]),
-        "q_target": torch.cat([take(p).flatten() for p in state["q_target"].flatten_keys(".").values()]),
+        "q_target": torch.cat(
+            [take(p).flatten() for p in state["q_target"].flatten_keys(".").values()]
+        ),
         "log_alpha": take(state["log_alpha"]).reshape(-1).clone(),
     }
 
 
 def take_step(functions, batch):
-    """One iteration's updates (critic, actor and entropy, targets) on `batch`; returns the losses."""
+    """One iteration's updates (critic, actor and entropy, targets) on `batch`; returns the
+    losses."""
     update_critic, update_actor, update_targets = functions
     qf_loss = update_critic(batch)
     actor_loss, alpha_loss = update_actor(batch)
@@ -92,17 +112,21 @@ def take_step(functions, batch):
 
 
 def stacked_batches(step):
-    """A batch per member (test_sac's, a different one each) and the same stacked on a seeds axis."""
+    """A batch per member (test_sac's, a different one each) and the same stacked on a seeds
+    axis."""
     batches = [make_batch(100 * step + k) for k in range(len(SEEDS))]
-    return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0].keys()}
+    return batches, {
+        key: torch.stack([batch[key] for batch in batches]) for key in batches[0].keys()
+    }
 
 
 @pytest.mark.parametrize("autotune", [True, False], ids=["autotune", "fixed-alpha"])
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(autotune, monkeypatch):
-    """Three iterations on fresh batches: member k's losses and parameters (actor, Q networks, targets, log alpha)
-    after each are the CPU script's on member k's own state and batch, the actor's noise a function of its input in
-    both. In float64: the members' batched matmuls sum in another order than the CPU script's, ~1e-13 apart here
-    (in float32 Adam's first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
+    """Three iterations on fresh batches: member k's losses and parameters (actor, Q networks,
+    targets, log alpha) after each are the CPU script's on member k's own state and batch, the
+    actor's noise a function of its input in both. In float64: the members' batched matmuls sum
+    in another order than the CPU script's, ~1e-13 apart here (in float32 Adam's first step, lr
+    * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
     try:
@@ -114,9 +138,13 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(autotune, m
             losses = take_step(seeds_functions, stacked)
             assert losses.shape == (len(SEEDS), 3) and losses.dtype == torch.float64
             for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
-                torch.testing.assert_close(losses[member], take_step(functions, batch), rtol=1e-10, atol=1e-10)
+                torch.testing.assert_close(
+                    losses[member], take_step(functions, batch), rtol=1e-10, atol=1e-10
+                )
                 for key, value in flat(state).items():
-                    torch.testing.assert_close(flat(seeds_state, member)[key], value, rtol=1e-10, atol=1e-10, msg=key)
+                    torch.testing.assert_close(
+                        flat(seeds_state, member)[key], value, rtol=1e-10, atol=1e-10, msg=key
+                    )
     finally:
         torch.set_default_dtype(torch.float32)
     changed = {key: not torch.equal(value, start[key]) for key, value in flat(seeds_state).items()}
@@ -124,8 +152,9 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(autotune, m
 
 
 def test_a_members_update_depends_on_its_own_batch_alone():
-    """Two iterations from the same state and random draws, on the same batches except member 0's: members 1 and 2
-    come out with exactly the same losses and parameters (bit for bit), member 0 with others."""
+    """Two iterations from the same state and random draws, on the same batches except member 0's:
+    members 1 and 2 come out with exactly the same losses and parameters (bit for bit), member 0
+    with others."""
     outcomes = []
     for changed in (False, True):
         functions, state = build_seeds(autotune=True)
@@ -139,41 +168,53 @@ def test_a_members_update_depends_on_its_own_batch_alone():
         outcomes.append((losses, [flat(state, member) for member in range(len(SEEDS))]))
     (losses, members), (losses_changed, members_changed) = outcomes
     assert torch.equal(losses[:, 1:], losses_changed[:, 1:])
-    assert all(torch.equal(members[k][key], members_changed[k][key]) for k in (1, 2) for key in members[k])
+    assert all(
+        torch.equal(members[k][key], members_changed[k][key]) for k in (1, 2) for key in members[k]
+    )
     assert not torch.equal(losses[:, 0], losses_changed[:, 0])
     assert not torch.equal(members[0]["actor"], members_changed[0]["actor"])
 
 
 def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
-    """Member k's actor and Q networks are the ones sac_continuous_action_cpu.py builds after seeding torch with
-    `seed + k` (as its Run does), its targets equal its Q networks, its alpha is 1; the global generator is left as
-    it was."""
+    """Member k's actor and Q networks are the ones sac_continuous_action_cpu.py builds after
+    seeding torch with `seed + k` (as its Run does), its targets equal its Q networks, its alpha
+    is 1; the global generator is left as it was."""
     mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    _, actor_params, alpha, optimizers, _ = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, alpha, optimizers, _ = mod.make_learner(
+        mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
+    )
     assert torch.equal(torch.get_rng_state(), before) and torch.equal(alpha, torch.ones(len(SEEDS)))
     q_params = optimizers[0].params
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         actor, _, cpu_optimizers, _ = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH)
-        assert all(torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters())
-        assert all(torch.equal(q_params[name][member], p) for name, p in cpu_optimizers[0].params.items())
+        assert all(
+            torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters()
+        )
+        assert all(
+            torch.equal(q_params[name][member], p) for name, p in cpu_optimizers[0].params.items()
+        )
 
 
 def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
-    """The policy, one call for all members, gives each member's `Actor.get_action` on that member's observations
-    (action, log-probability, squashed mean; the noise a smooth function of the mean in both), also after the stacked
-    weights change in place, as Adam changes them."""
+    """The policy, one call for all members, gives each member's `Actor.get_action` on that member's
+    observations (action, log-probability, squashed mean; the noise a smooth function of the mean in
+    both), also after the stacked weights change in place, as Adam changes them."""
     monkeypatch.setattr(torch, "randn_like", lambda mean: torch.sin(3 * mean))
     mod = load(SEEDS_SCRIPT)
-    _, actor_params, _, _, (policy, *_) = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, _, _, (policy, *_) = mod.make_learner(
+        mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
+    )
     obs = torch.randn(len(SEEDS), 16, N_OBS)
     for _ in range(2):
         got = policy(obs)
         for member in range(len(SEEDS)):
             member_actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)
-            member_actor.load_state_dict({name: p[member] for name, p in actor_params.items()}, strict=False)
+            member_actor.load_state_dict(
+                {name: p[member] for name, p in actor_params.items()}, strict=False
+            )
             with torch.no_grad():
                 expected = member_actor.get_action(obs[member])
             for name, value, want in zip(("action", "log_prob", "mean"), got, expected):
@@ -236,10 +277,24 @@ def test_the_members_learn_pendulum():
     Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12 members): members -260.3 to
     -141.2, the runs' 3-member means -211.5 to -179.8 (this run's: -179.8). A random policy scores
     about -1200; a broken update stays below -600."""
-    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 8000, "--learning-starts", 1000, "--seed", 1)
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        8000,
+        "--learning-starts",
+        1000,
+        "--seed",
+        1,
+    )
     flags += ("--threads", 1, "--batch-size", 128)
     s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags))
-    assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 8000 and s["episodes"] == 3 * 40
+    assert (
+        s["compile"] is True
+        and s["seeds"] == SEEDS
+        and s["total_timesteps"] == 8000
+        and s["episodes"] == 3 * 40
+    )
     assert np.mean(s["return_means"]) > -400, s["return_means"]
 
 
@@ -249,28 +304,57 @@ def smoke_run(tmp_path_factory):
 
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
-    assert_seeds_smoke_summary(smoke_run, SEEDS_SCRIPT, load("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH))
+    assert_seeds_smoke_summary(
+        smoke_run, SEEDS_SCRIPT, load("sac_continuous_action").Actor(N_OBS, N_ACT, LOW, HIGH)
+    )
 
 
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run):
-    """sac_continuous_action.py loads member 2's file and, given its seed, replays that member's evaluation."""
+    """sac_continuous_action.py loads member 2's file and, given its seed, replays that member's
+    evaluation."""
     if "|seeds)" not in (SCRIPTS / "sac_continuous_action.py").read_text():
-        pytest.skip("sac_continuous_action.py's Run.load_model does not take the seeds scripts' files yet")
-    flags = ("--env-id", "Pendulum-v1", "--seed", 2, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 1)
-    assert summary(run_script("sac_continuous_action", *flags))["eval_returns"] == smoke_run["eval_returns"][1]
+        pytest.skip(
+            "sac_continuous_action.py's Run.load_model does not take the seeds scripts' files yet"
+        )
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--seed",
+        2,
+        "--eval-model",
+        smoke_run["model_files"][1],
+        "--eval-episodes",
+        1,
+    )
+    assert (
+        summary(run_script("sac_continuous_action", *flags))["eval_returns"]
+        == smoke_run["eval_returns"][1]
+    )
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the member's seed: member 2
-    of the new run replays the saved member 2's evaluation."""
-    flags = ("--env-id", "Pendulum-v1", "--num-seeds", 3, "--eval-model", smoke_run["model_files"][1])
+    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the
+    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--num-seeds",
+        3,
+        "--eval-model",
+        smoke_run["model_files"][1],
+    )
     s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-episodes", 1))
-    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3 and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    assert (
+        s["episodes"] == 0
+        and len(s["eval_returns"]) == 3
+        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    )
 
 
 BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test_sac.py)
     (dict(num_seeds=0), ("--num-seeds",)),
-    (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),  # 4,470 GiB of replay buffers
+    # 4,470 GiB of replay buffers
+    (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),
     (dict(cudagraphs=True), ("--cudagraphs",)),
     (dict(seed=2**31 - 4), ("--seed",)),  # member 8's seed is 2**31 + 3
     (dict(threads=0), ("--threads",)),

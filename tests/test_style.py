@@ -1,5 +1,6 @@
-"""Readable lines, kept by a tool: every Python file of the repository is formatted by ruff (120 columns) and passes
-its lint rules (pyproject.toml says which, and why). To fix a failure: `ruff format . && ruff check --fix .`."""
+"""Readable lines, kept by a tool: every Python file of the repository is formatted by ruff at 100
+columns, with no line longer (comments and docstrings too), and passes its lint rules
+(pyproject.toml says which, and why). To fix a failure: `ruff format . && ruff check --fix .`."""
 
 import shutil
 import subprocess
@@ -28,7 +29,8 @@ def test_every_file_passes_the_lint_rules():
 
 
 def test_the_checks_fail_on_a_badly_formatted_file(tmp_path):
-    """The checks can fail: a long line and an unused import in a file of the project's configuration."""
+    """The checks can fail: a long line and an unused import in a file of the project's
+    configuration."""
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     (tmp_path / "bad.py").write_text("import os\nx = [" + ", ".join(["1"] * 60) + "]\n")
     assert ruff("format", "--check", ".", cwd=tmp_path).returncode == 1

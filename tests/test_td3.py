@@ -1,11 +1,13 @@
-"""TD3: the three scripts run; the twin's update and the CPU script's functional update are the eager script's update;
-compiled updates are their eager selves and do not recompile; the CPU script's numpy policy is the torch actor's;
-bad input exits 2; the CPU script learns Pendulum-v1.
+"""TD3: the three scripts run; the twin's update and the CPU script's functional update are the
+eager script's update; compiled updates are their eager selves and do not recompile; the CPU
+script's numpy policy is the torch actor's; bad input exits 2; the CPU script learns
+Pendulum-v1.
 
-Compiling tests (a cold torch.compile costs 15-40 s on a 2-core CPU): the twin's `--compile` smoke run and the CPU
-script's default one, the twin's compiled module updates and the CPU script's compiled functional updates (each
-checked equal to its eager self, then free of recompilation with the same compiled functions: one compile each), and
-the learning check (70-105 s alone on the CPU; 270 s on a shared one). The rest take a few seconds each.
+Compiling tests (a cold torch.compile costs 15-40 s on a 2-core CPU): the twin's `--compile`
+smoke run and the CPU script's default one, the twin's compiled module updates and the CPU
+script's compiled functional updates (each checked equal to its eager self, then free of
+recompilation with the same compiled functions: one compile each), and the learning check
+(70-105 s alone on the CPU; 270 s on a shared one). The rest take a few seconds each.
 """
 
 import numpy as np
@@ -14,17 +16,31 @@ import torch
 from conftest import load_script, run_script, summary
 from tensordict import TensorDict, from_module, from_modules
 
-EAGER, TWIN, CPU = "td3_continuous_action", "td3_continuous_action_torchcompile", "td3_continuous_action_cpu"
+EAGER, TWIN, CPU = (
+    "td3_continuous_action",
+    "td3_continuous_action_torchcompile",
+    "td3_continuous_action_cpu",
+)
 # 3 Pendulum episodes of 200 steps; 100 critic steps and 50 actor steps after the random phase
-SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "500", "--batch-size", "32")
+SMOKE = (
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "500",
+    "--batch-size",
+    "32",
+)
 N_OBS, N_ACT = 3, 2
 LOW, HIGH = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)  # the action bounds of the networks built here
 
 
 @pytest.fixture(autouse=True)
 def _one_thread_scripts(monkeypatch):
-    """Scripts run here use one intra-op thread: their ops are small, and on a shared 2-core CPU a 2-thread
-    OpenMP pool that loses a core spins and stalls (the learning run took over 15 minutes instead of 3)."""
+    """Scripts run here use one intra-op thread: their ops are small, and on a shared 2-core CPU a
+    2-thread OpenMP pool that loses a core spins and stalls (the learning run took over 15 minutes
+    instead of 3)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
@@ -34,11 +50,19 @@ def _one_thread_scripts(monkeypatch):
     ids=["eager", "twin", "twin-compile", "cpu"],
 )
 def test_smoke(script, flags):
-    """The CPU script's `--no-compile` run is test_several_envs_log_every_episode's (and test_run_folder's)."""
+    """The CPU script's `--no-compile` run is test_several_envs_log_every_episode's (and
+    test_run_folder's)."""
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "5", *flags))
     assert result["script"] == script
-    assert result["compile"] is ("--compile" in flags or script == CPU) and result["cudagraphs"] is False
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == ("Pendulum-v1", 600, 1)
+    assert (
+        result["compile"] is ("--compile" in flags or script == CPU)
+        and result["cudagraphs"] is False
+    )
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
+        "Pendulum-v1",
+        600,
+        1,
+    )
     assert result["episodes"] == 3
     assert -2000 < result["return_mean"] < 0
     assert result["sps"] > 0 and result["sps_wall"] > 0
@@ -49,25 +73,32 @@ def test_smoke(script, flags):
 
 @pytest.mark.parametrize("script, flags", [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))])
 def test_several_envs_log_every_episode(script, flags):
-    # two Pendulum envs truncate on the same step: 800 steps are 400 vector steps, 2 episodes per env
+    # two Pendulum envs truncate on the same step: 800 steps are 400 vector steps, 2 episodes per
+    # env
     budget = ("--total-timesteps", "800", "--learning-starts", "700", "--num-envs", "2")
     result = summary(run_script(script, *SMOKE[:2], *budget, *flags))
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
 
 
-# --- the update functions -------------------------------------------------------------------------------------
+# --- the update functions
+# -------------------------------------------------------------------------------------
 
 
 def build_networks(module, seed=0):
-    """Actor, target actor and two Q-networks (targets are copies), with bounds [-2, 2], from a fixed seed."""
+    """Actor, target actor and two Q-networks (targets are copies), with bounds [-2, 2], from a
+    fixed seed."""
     torch.manual_seed(seed)
-    actor, target_actor = module.Actor(N_OBS, N_ACT, LOW, HIGH), module.Actor(N_OBS, N_ACT, LOW, HIGH)
+    actor, target_actor = (
+        module.Actor(N_OBS, N_ACT, LOW, HIGH),
+        module.Actor(N_OBS, N_ACT, LOW, HIGH),
+    )
     target_actor.load_state_dict(actor.state_dict())
     return actor, target_actor, module.QNetwork(N_OBS, N_ACT), module.QNetwork(N_OBS, N_ACT)
 
 
 def build_twin_updates(module, compile_updates, seed=0):
-    """The twin's module updates with fused Adam, as `make_learner` builds them, `--compile`d or not."""
+    """The twin's module updates with fused Adam, as `make_learner` builds them, `--compile`d or
+    not."""
     args = module.Args()
     actor, target_actor, qf1, qf2 = build_networks(module, seed)
     qnet_params = from_modules(qf1, qf2, as_module=True)
@@ -76,25 +107,42 @@ def build_twin_updates(module, compile_updates, seed=0):
         torch.optim.Adam(qnet_params.values(True, True), lr=args.learning_rate, fused=True),
         torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True),
     )
-    ensemble_qf, ensemble_qf_target = module.make_ensemble_qf(N_OBS, N_ACT), module.make_ensemble_qf(N_OBS, N_ACT)
+    ensemble_qf, ensemble_qf_target = (
+        module.make_ensemble_qf(N_OBS, N_ACT),
+        module.make_ensemble_qf(N_OBS, N_ACT),
+    )
     update_critic, update_actor, update_targets = module.make_updates(
-        actor, target_actor, ensemble_qf, ensemble_qf_target, qnet_params, qnet_target, optimizers, args
+        actor,
+        target_actor,
+        ensemble_qf,
+        ensemble_qf_target,
+        qnet_params,
+        qnet_target,
+        optimizers,
+        args,
     )
     if compile_updates:
         update_critic, update_actor = torch.compile(update_critic), torch.compile(update_actor)
-    state = {"actor": actor, "target_actor": target_actor, "qnet": qnet_params, "qnet_target": qnet_target}
+    state = {
+        "actor": actor,
+        "target_actor": target_actor,
+        "qnet": qnet_params,
+        "qnet_target": qnet_target,
+    }
     return update_critic, update_actor, update_targets, state
 
 
 def build_cpu_updates(module, compile_updates, seed=0):
-    """The CPU script's functional updates with its written-out Adam, as `make_learner` builds them, each compiled
-    as one graph (`fullgraph=True`, as `main` compiles them) or not."""
+    """The CPU script's functional updates with its written-out Adam, as `make_learner` builds them,
+    each compiled as one graph (`fullgraph=True`, as `main` compiles them) or not."""
     args = module.Args()
     actor, target_actor, qf1, qf2 = build_networks(module, seed)
     qnet_params = from_modules(qf1, qf2, as_module=True)
     qnet_target = qnet_params.data.clone()
     optimizers = (
-        module.Adam({name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate),
+        module.Adam(
+            {name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate
+        ),
         module.Adam({name: p.data for name, p in actor.named_parameters()}, args.learning_rate),
     )
     update_critic, update_actor, update_targets = module.make_functional_updates(
@@ -103,12 +151,18 @@ def build_cpu_updates(module, compile_updates, seed=0):
     if compile_updates:
         update_critic = torch.compile(update_critic, fullgraph=True)
         update_actor = torch.compile(update_actor, fullgraph=True)
-    state = {"actor": actor, "target_actor": target_actor, "qnet": qnet_params, "qnet_target": qnet_target}
+    state = {
+        "actor": actor,
+        "target_actor": target_actor,
+        "qnet": qnet_params,
+        "qnet_target": qnet_target,
+    }
     return update_critic, update_actor, update_targets, state
 
 
 def build_eager_updates(module, seed=0):
-    """The eager script's update functions, from the same seed: the same starting parameters as the others'."""
+    """The eager script's update functions, from the same seed: the same starting parameters as the
+    others'."""
     args = module.Args()
     actor, target_actor, qf1, qf2 = build_networks(module, seed)
     qf1_target, qf2_target = module.QNetwork(N_OBS, N_ACT), module.QNetwork(N_OBS, N_ACT)
@@ -118,8 +172,15 @@ def build_eager_updates(module, seed=0):
         torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate),
         torch.optim.Adam(actor.parameters(), lr=args.learning_rate),
     )
-    updates = module.make_updates(actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args)
-    state = {"actor": actor, "target_actor": target_actor, "qnet": (qf1, qf2), "qnet_target": (qf1_target, qf2_target)}
+    updates = module.make_updates(
+        actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args
+    )
+    state = {
+        "actor": actor,
+        "target_actor": target_actor,
+        "qnet": (qf1, qf2),
+        "qnet_target": (qf1_target, qf2_target),
+    }
     return (*updates, state)
 
 
@@ -136,8 +197,8 @@ def make_batch(seed, batch_size=64):
 
 
 def flat(params):
-    """One flat copy of a module's parameters, a TensorDict of them, or a pair of Q-networks (stacked as the
-    twin stacks them, so both scripts' parameters line up)."""
+    """One flat copy of a module's parameters, a TensorDict of them, or a pair of Q-networks
+    (stacked as the twin stacks them, so both scripts' parameters line up)."""
     if isinstance(params, tuple):
         params = from_modules(*params)
     elif isinstance(params, torch.nn.Module):
@@ -150,8 +211,8 @@ def parameters(state):
 
 
 def one_step(updates, step=0, as_dict=False):
-    """A critic step, an actor step and a target update on the batches of `step`, with the target policy's noise
-    from a fixed seed."""
+    """A critic step, an actor step and a target update on the batches of `step`, with the target
+    policy's noise from a fixed seed."""
     update_critic, update_actor, update_targets, _ = updates
     critic_batch, actor_batch = make_batch(2 * step + 1), make_batch(2 * step + 2)
     if as_dict:
@@ -164,40 +225,53 @@ def one_step(updates, step=0, as_dict=False):
 
 
 def assert_same_steps(updates, reference, steps=1, as_dict=False):
-    """Both sets of updates take `steps` steps from the same parameters: the same losses at each, the same parameters
-    after each. float32, the same ops batched or fused in another order: losses agree to 1e-5 relative. Adam's first
-    step moves a parameter by about lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference in g shows up as
-    ~1e-5 in the parameter, so parameters agree to 1.5e-5 absolute (5% of the learning rate)."""
+    """Both sets of updates take `steps` steps from the same parameters: the same losses at each,
+    the same parameters after each. float32, the same ops batched or fused in another order:
+    losses agree to 1e-5 relative. Adam's first step moves a parameter by about lr * g / (|g| +
+    eps): where g is ~1e-8 a last-bit difference in g shows up as ~1e-5 in the parameter, so
+    parameters agree to 1.5e-5 absolute (5% of the learning rate)."""
     before = parameters(reference[3])
     for key, value in parameters(updates[3]).items():
         torch.testing.assert_close(value, before[key], rtol=0, atol=0)  # the same start
     for step in range(steps):
-        losses, reference_losses = one_step(updates, step), one_step(reference, step, as_dict=as_dict)
-        torch.testing.assert_close(losses, reference_losses, rtol=1e-5, atol=1e-6, msg=f"losses, step {step + 1}")
+        losses, reference_losses = (
+            one_step(updates, step),
+            one_step(reference, step, as_dict=as_dict),
+        )
+        torch.testing.assert_close(
+            losses, reference_losses, rtol=1e-5, atol=1e-6, msg=f"losses, step {step + 1}"
+        )
         after, after_reference = parameters(updates[3]), parameters(reference[3])
         for key in before:
-            torch.testing.assert_close(after[key], after_reference[key], rtol=1e-5, atol=1.5e-5, msg=f"{key}, {step}")
+            torch.testing.assert_close(
+                after[key], after_reference[key], rtol=1e-5, atol=1.5e-5, msg=f"{key}, {step}"
+            )
     for key, value in parameters(reference[3]).items():
         assert not torch.equal(value, before[key]), f"{key} did not change"
 
 
 def test_twin_update_equals_eager_script_update():
-    """The ensemble, the stacked fused Adam and the lerp_ targets compute what CleanRL's two networks compute."""
+    """The ensemble, the stacked fused Adam and the lerp_ targets compute what CleanRL's two
+    networks compute."""
     assert_same_steps(
-        build_twin_updates(load_script(TWIN), False), build_eager_updates(load_script(EAGER)), as_dict=True
+        build_twin_updates(load_script(TWIN), False),
+        build_eager_updates(load_script(EAGER)),
+        as_dict=True,
     )
 
 
 def test_cpu_functional_update_equals_eager_script_update():
-    """torch.func gradients, the written-out Adam and the lerp_ targets take the eager script's autograd steps with
-    torch.optim.Adam, step for step (3 steps: Adam's bias corrections and its moments past their first values)."""
+    """torch.func gradients, the written-out Adam and the lerp_ targets take the eager script's
+    autograd steps with torch.optim.Adam, step for step (3 steps: Adam's bias corrections and its
+    moments past their first values)."""
     functional = build_cpu_updates(load_script(CPU), compile_updates=False)
     assert_same_steps(functional, build_eager_updates(load_script(EAGER)), steps=3, as_dict=True)
 
 
 def drawing_inductors_noise(updates, monkeypatch):
-    """`updates` whose critic step draws the target policy's noise as the compiled one does: inductor's own randn
-    kernel (Philox, keyed by a seed drawn from torch's generator), where eager code draws from the generator itself."""
+    """`updates` whose critic step draws the target policy's noise as the compiled one does:
+    inductor's own randn kernel (Philox, keyed by a seed drawn from torch's generator), where
+    eager code draws from the generator itself."""
     update_critic, *rest = updates
     randn_like = torch.randn_like
     inductor_randn_like = torch.compile(lambda x: randn_like(x), fullgraph=True)
@@ -211,31 +285,41 @@ def drawing_inductors_noise(updates, monkeypatch):
 
 
 def assert_compiled_equals_eager_and_never_recompiles(build, module, monkeypatch):
-    """`build`'s compiled updates, as the scripts compile them (inductor's random numbers, not `fallback_random`),
-    take their eager selves' first 30 steps, the targets moving in between, when the eager critic draws the same noise;
-    then, warmed up, 3 more steps on new batches with `fail_on_recompile`: the same compiled functions, so no second
-    compile."""
+    """`build`'s compiled updates, as the scripts compile them (inductor's random numbers, not
+    `fallback_random`), take their eager selves' first 30 steps, the targets moving in between, when
+    the eager critic draws the same noise; then, warmed up, 3 more steps on new batches with
+    `fail_on_recompile`: the same compiled functions, so no second compile."""
     compiled = build(module, compile_updates=True)
-    assert_same_steps(compiled, drawing_inductors_noise(build(module, compile_updates=False), monkeypatch), steps=30)
+    assert_same_steps(
+        compiled,
+        drawing_inductors_noise(build(module, compile_updates=False), monkeypatch),
+        steps=30,
+    )
     target_before = parameters(compiled[3])["target_actor"]
     with torch.compiler.set_stance("fail_on_recompile"):
         losses = torch.stack([one_step(compiled, step) for step in range(30, 33)])
     assert torch.isfinite(losses).all()
-    assert not torch.equal(parameters(compiled[3])["target_actor"], target_before)  # updated in place
+    # updated in place
+    assert not torch.equal(parameters(compiled[3])["target_actor"], target_before)
 
 
 def test_twin_compiled_update_equals_eager_update_without_recompiling(monkeypatch):
     """`--compile`: the module updates, compiled as `main` compiles them on every device."""
-    assert_compiled_equals_eager_and_never_recompiles(build_twin_updates, load_script(TWIN), monkeypatch)
+    assert_compiled_equals_eager_and_never_recompiles(
+        build_twin_updates, load_script(TWIN), monkeypatch
+    )
 
 
 def test_cpu_compiled_update_equals_eager_update_without_recompiling(monkeypatch):
     """The CPU script's default: each functional update compiled as one graph."""
-    assert_compiled_equals_eager_and_never_recompiles(build_cpu_updates, load_script(CPU), monkeypatch)
+    assert_compiled_equals_eager_and_never_recompiles(
+        build_cpu_updates, load_script(CPU), monkeypatch
+    )
 
 
 def test_policy_explores_within_bounds():
-    """Exploration noise is drawn per env and per action dimension, scaled to the action range, clipped."""
+    """Exploration noise is drawn per env and per action dimension, scaled to the action range,
+    clipped."""
     module = load_script(TWIN)
     actor = build_networks(module)[0]
     obs = torch.zeros(1, N_OBS).expand(20_000, N_OBS)
@@ -250,14 +334,18 @@ def test_policy_explores_within_bounds():
 
 
 def test_cpu_numpy_policy_is_the_torch_actor(monkeypatch):
-    """The CPU script's numpy policy draws its noise from numpy's generator seeded with `seed`; given the same draws,
-    the eager script's `make_policy` around the CPU script's torch actor gives the same actions (a small noise, and a
-    wide one that the bounds clip), also after every weight of the actor changed in place, as Adam changes them."""
+    """The CPU script's numpy policy draws its noise from numpy's generator seeded with `seed`;
+    given the same draws, the eager script's `make_policy` around the CPU script's torch actor
+    gives the same actions (a small noise, and a wide one that the bounds clip), also after
+    every weight of the actor changed in place, as Adam changes them."""
     module, eager = load_script(CPU), load_script(EAGER)
     actor = build_networks(module)[0]
     obs = np.random.default_rng(0).standard_normal((64, N_OBS), dtype=np.float32)
     for exploration_noise in (0.1, 10.0):
-        policy, draws = module.make_host_policy(actor, exploration_noise, seed=1), np.random.default_rng(1)
+        policy, draws = (
+            module.make_host_policy(actor, exploration_noise, seed=1),
+            np.random.default_rng(1),
+        )
         for _ in range(2):
             actions = policy(obs)
             noise = torch.from_numpy(draws.standard_normal((64, N_ACT), dtype=np.float32))
@@ -290,7 +378,16 @@ def test_cpu_script_learns_pendulum():
     mean return of the last 20 episodes must exceed -700. Measured on a 2-core Intel Xeon (AMX),
     seeds 1-10: -494.8 to -152.7 (seed 1: -152.7); with `--gamma 0` (a critic that never
     bootstraps), seed 1: -1369.4. A random policy scores about -1200 on Pendulum-v1."""
-    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "10000", "--learning-starts", "1000", "--seed", "1")
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "10000",
+        "--learning-starts",
+        "1000",
+        "--seed",
+        "1",
+    )
     result = summary(run_script(CPU, *flags))
     assert result["episodes"] == 50
     assert result["return_mean"] > -700, result

@@ -1,8 +1,9 @@
-"""TD3's seeds script, N runs as one vmapped program: each member starts from the weights td3_continuous_action_cpu.py
-draws with its seed; each member's critic step, delayed actor step and target update are the CPU script's on that
-member's parameters, targets, Adam state, batch and target policy noise; a member's update does not depend on another
-member's batch; the vmapped policy is each member's actor with its exploration noise; every member of a short run
-learns Pendulum; the per-member summary, model files a single-seed script evaluates, and bad inputs. The learning check
+"""TD3's seeds script, N runs as one vmapped program: each member starts from the weights
+td3_continuous_action_cpu.py draws with its seed; each member's critic step, delayed actor step and
+target update are the CPU script's on that member's parameters, targets, Adam state, batch and
+target policy noise; a member's update does not depend on another member's batch; the vmapped policy
+is each member's actor with its exploration noise; every member of a short run learns Pendulum; the
+per-member summary, model files a single-seed script evaluates, and bad inputs. The learning check
 dominates the cost (3 members' compiled updates); the other tests run eagerly, in seconds."""
 
 import functools
@@ -10,7 +11,14 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, actor_critic_seeds_smoke_run, assert_seeds_smoke_summary, load_script, run_script, summary
+from conftest import (
+    SCRIPTS,
+    actor_critic_seeds_smoke_run,
+    assert_seeds_smoke_summary,
+    load_script,
+    run_script,
+    summary,
+)
 from test_td3 import HIGH, LOW, N_ACT, N_OBS, build_cpu_updates, make_batch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "td3_continuous_action_seeds", "td3_continuous_action_cpu"
@@ -20,21 +28,30 @@ load = functools.cache(load_script)  # one import per script
 
 
 def fixed_noise(actions):
-    """`torch.randn_like` made a function of its argument's values, the same for one member alone or vmapped."""
+    """`torch.randn_like` made a function of its argument's values, the same for one member alone or
+    vmapped."""
     return torch.sin(1e3 * actions.detach())
 
 
 def build_cpu(seed):
-    """The CPU script's functional updates on the networks drawn with `seed` (test_td3's build_cpu_updates, in the
-    order its make_learner draws them), with targets that differ from the online networks: the target actor's last
-    layer 30x (most of its actions at the bounds, where the clip acts on the smoothing noise), the target Q networks'
-    first 0.9x. Returns them and that state, each network a dict of its tensors."""
-    update_critic, update_actor, update_targets, state = build_cpu_updates(load(CPU_SCRIPT), False, seed)
+    """The CPU script's functional updates on the networks drawn with `seed` (test_td3's
+    build_cpu_updates, in the order its make_learner draws them), with targets that differ from the
+    online networks: the target actor's last layer 30x (most of its actions at the bounds, where the
+    clip acts on the smoothing noise), the target Q networks' first 0.9x. Returns them and that
+    state, each network a dict of its tensors."""
+    update_critic, update_actor, update_targets, state = build_cpu_updates(
+        load(CPU_SCRIPT), False, seed
+    )
     with torch.no_grad():
         state["target_actor"].fc_mu.weight.mul_(30.0)
         state["qnet_target"]["fc1", "weight"].mul_(0.9)
-    qnets = {key: dict(state[key].data.flatten_keys(".").items()) for key in ("qnet", "qnet_target")}
-    actors = {key: {name: p.data for name, p in state[key].named_parameters()} for key in ("actor", "target_actor")}
+    qnets = {
+        key: dict(state[key].data.flatten_keys(".").items()) for key in ("qnet", "qnet_target")
+    }
+    actors = {
+        key: {name: p.data for name, p in state[key].named_parameters()}
+        for key in ("actor", "target_actor")
+    }
     return (update_critic, update_actor, update_targets), actors | qnets
 
 
@@ -43,25 +60,42 @@ def build_seeds(seeds=SEEDS):
     returns them and the stacked state."""
     mod = load(SEEDS_SCRIPT)
     states = [build_cpu(seed)[1] for seed in seeds]
-    state = {key: {name: torch.stack([s[key][name] for s in states]) for name in states[0][key]} for key in states[0]}
+    state = {
+        key: {name: torch.stack([s[key][name] for s in states]) for name in states[0][key]}
+        for key in states[0]
+    }
     actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)  # the shell: its buffers
-    qnet, qnet_target = (mod.TensorDict(state[key]).unflatten_keys(".") for key in ("qnet", "qnet_target"))
+    qnet, qnet_target = (
+        mod.TensorDict(state[key]).unflatten_keys(".") for key in ("qnet", "qnet_target")
+    )
     args = mod.Args(num_seeds=len(seeds))
     q_params = dict(qnet.flatten_keys(".").items())
-    optimizers = (mod.Adam(q_params, args.learning_rate), mod.Adam(state["actor"], args.learning_rate))
-    updates = mod.make_functional_updates(actor, state["target_actor"], qnet, qnet_target, optimizers, args)
-    return updates, state | {"qnet": q_params, "qnet_target": dict(qnet_target.flatten_keys(".").items())}
+    optimizers = (
+        mod.Adam(q_params, args.learning_rate),
+        mod.Adam(state["actor"], args.learning_rate),
+    )
+    updates = mod.make_functional_updates(
+        actor, state["target_actor"], qnet, qnet_target, optimizers, args
+    )
+    return updates, state | {
+        "qnet": q_params,
+        "qnet_target": dict(qnet_target.flatten_keys(".").items()),
+    }
 
 
 def flat(state, member=None):
     """Every parameter of a state (the seeds state's member `member`), one vector per network."""
     take = (lambda x: x) if member is None else (lambda x: x[member])
-    return {key: torch.cat([take(p).flatten() for p in params.values()]) for key, params in state.items()}
+    return {
+        key: torch.cat([take(p).flatten() for p in params.values()])
+        for key, params in state.items()
+    }
 
 
 def take_step(functions, batch, step):
-    """Iteration `step`'s updates on `batch`: the critic's, then on even steps the delayed actor's and the targets'
-    (`--policy-frequency 2`); returns the critic's and the actor's losses (the actor's nan when it waits)."""
+    """Iteration `step`'s updates on `batch`: the critic's, then on even steps the delayed actor's
+    and the targets' (`--policy-frequency 2`); returns the critic's and the actor's losses (the
+    actor's nan when it waits)."""
     update_critic, update_actor, update_targets = functions
     qf_loss = update_critic(batch)
     actor_loss = torch.full_like(qf_loss, float("nan"))
@@ -72,17 +106,19 @@ def take_step(functions, batch, step):
 
 
 def stacked_batches(step):
-    """A batch per member (test_td3's, a different one each) and the same stacked on a seeds axis."""
+    """A batch per member (test_td3's, a different one each) and the same stacked on a seeds
+    axis."""
     batches = [make_batch(100 * step + k).to_dict() for k in range(len(SEEDS))]
     return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0]}
 
 
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(monkeypatch):
-    """Four iterations on fresh batches (two critic steps alone, two with the actor's step and the soft update of the
-    three targets): member k's losses and parameters (actor, target actor, Q networks, their targets) after each are
-    the CPU script's on member k's own state and batch, the target policy noise a function of its input in both. In
-    float64: the members' batched matmuls sum in another order than the CPU script's, ~1e-13 apart here (in float32
-    Adam's first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
+    """Four iterations on fresh batches (two critic steps alone, two with the actor's step and the
+    soft update of the three targets): member k's losses and parameters (actor, target actor, Q
+    networks, their targets) after each are the CPU script's on member k's own state and batch,
+    the target policy noise a function of its input in both. In float64: the members' batched
+    matmuls sum in another order than the CPU script's, ~1e-13 apart here (in float32 Adam's
+    first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
     try:
@@ -95,18 +131,22 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(monkeypatch
             assert losses.shape == (len(SEEDS), 2) and losses.dtype == torch.float64
             for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
                 want = take_step(functions, batch, step)
-                torch.testing.assert_close(losses[member], want, rtol=1e-10, atol=1e-10, equal_nan=True)
+                torch.testing.assert_close(
+                    losses[member], want, rtol=1e-10, atol=1e-10, equal_nan=True
+                )
                 for key, value in flat(state).items():
-                    torch.testing.assert_close(flat(seeds_state, member)[key], value, rtol=1e-10, atol=1e-10, msg=key)
+                    torch.testing.assert_close(
+                        flat(seeds_state, member)[key], value, rtol=1e-10, atol=1e-10, msg=key
+                    )
     finally:
         torch.set_default_dtype(torch.float32)
     assert all(not torch.equal(value, start[key]) for key, value in flat(seeds_state).items())
 
 
 def test_a_members_update_depends_on_its_own_batch_alone():
-    """Two iterations, each with the actor's step and the targets', from the same state and random draws, on the same
-    batches except member 0's: members 1 and 2 come out with exactly the same losses and parameters (bit for bit),
-    member 0 with others."""
+    """Two iterations, each with the actor's step and the targets', from the same state and random
+    draws, on the same batches except member 0's: members 1 and 2 come out with exactly the same
+    losses and parameters (bit for bit), member 0 with others."""
     outcomes = []
     for changed in (False, True):
         functions, state = build_seeds()
@@ -120,41 +160,55 @@ def test_a_members_update_depends_on_its_own_batch_alone():
         outcomes.append((losses, [flat(state, member) for member in range(len(SEEDS))]))
     (losses, members), (losses_changed, members_changed) = outcomes
     assert torch.equal(losses[:, 1:], losses_changed[:, 1:])
-    assert all(torch.equal(members[k][key], members_changed[k][key]) for k in (1, 2) for key in members[k])
+    assert all(
+        torch.equal(members[k][key], members_changed[k][key]) for k in (1, 2) for key in members[k]
+    )
     assert not torch.equal(losses[:, 0], losses_changed[:, 0])
     assert not torch.equal(members[0]["actor"], members_changed[0]["actor"])
 
 
 def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
-    """Member k's actor and Q networks are the ones td3_continuous_action_cpu.py builds after seeding torch with
-    `seed + k` (as its Run does); the global generator is left as it was."""
+    """Member k's actor and Q networks are the ones td3_continuous_action_cpu.py builds after
+    seeding torch with `seed + k` (as its Run does); the global generator is left as it was."""
     mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    _, actor_params, optimizers, _ = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    _, actor_params, optimizers, _ = mod.make_learner(
+        mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
+    )
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         actor, cpu_optimizers, _ = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH, CPU)
-        assert all(torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters())
-        assert all(torch.equal(optimizers[0].params[name][member], p) for name, p in cpu_optimizers[0].params.items())
+        assert all(
+            torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters()
+        )
+        assert all(
+            torch.equal(optimizers[0].params[name][member], p)
+            for name, p in cpu_optimizers[0].params.items()
+        )
 
 
 def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
-    """The policy, one call for all members, gives the eager script's `make_policy` around each member's actor on that
-    member's observations (the noise a smooth function of the action in both; a small noise, and a wide one that the
-    bounds clip), also after the stacked weights change in place, as Adam changes them."""
+    """The policy, one call for all members, gives the eager script's `make_policy` around each
+    member's actor on that member's observations (the noise a smooth function of the action in both;
+    a small noise, and a wide one that the bounds clip), also after the stacked weights change in
+    place, as Adam changes them."""
     monkeypatch.setattr(torch, "randn_like", lambda actions: torch.sin(3 * actions))
     mod, eager = load(SEEDS_SCRIPT), load("td3_continuous_action")
     obs = torch.randn(len(SEEDS), 16, N_OBS)
     for exploration_noise in (0.1, 10.0):
         args = mod.Args(exploration_noise=exploration_noise)
-        _, actor_params, _, (policy, *_) = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+        _, actor_params, _, (policy, *_) = mod.make_learner(
+            args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
+        )
         for _ in range(2):
             actions = policy(obs)
             for member in range(len(SEEDS)):
                 member_actor = eager.Actor(N_OBS, N_ACT, LOW, HIGH)
-                member_actor.load_state_dict({name: p[member] for name, p in actor_params.items()}, strict=False)
+                member_actor.load_state_dict(
+                    {name: p[member] for name, p in actor_params.items()}, strict=False
+                )
                 with torch.no_grad():
                     expected = eager.make_policy(member_actor, exploration_noise)(obs[member])
                 torch.testing.assert_close(actions[member], expected, rtol=1e-5, atol=1e-6)
@@ -224,9 +278,25 @@ def test_the_members_learn_pendulum():
     -568.3 to -159.4, the runs' 3-member means -412.2 to -244.2 (this run's: -244.2). A random
     policy scores about -1200; the CPU script with `--gamma 0` -1369.4 (test_td3.py). A bar of -300
     on each member failed on this host."""
-    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 10000, "--learning-starts", 1000, "--seed", 1)
-    s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags, "--batch-size", 128, "--threads", 1))
-    assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 10000 and s["episodes"] == 3 * 50
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        10000,
+        "--learning-starts",
+        1000,
+        "--seed",
+        1,
+    )
+    s = summary(
+        run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags, "--batch-size", 128, "--threads", 1)
+    )
+    assert (
+        s["compile"] is True
+        and s["seeds"] == SEEDS
+        and s["total_timesteps"] == 10000
+        and s["episodes"] == 3 * 50
+    )
     assert np.mean(s["return_means"]) > -600, s["return_means"]
 
 
@@ -237,30 +307,54 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
     assert_seeds_smoke_summary(
-        smoke_run, SEEDS_SCRIPT, load("td3_continuous_action").Actor(3, 1, -2 * np.ones(1), 2 * np.ones(1))
+        smoke_run,
+        SEEDS_SCRIPT,
+        load("td3_continuous_action").Actor(3, 1, -2 * np.ones(1), 2 * np.ones(1)),
     )
 
 
 @pytest.mark.parametrize("script", ["td3_continuous_action", "td3_continuous_action_cpu"])
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run, script):
-    """The eager and the CPU script load member 2's file and, given its seed, replay that member's evaluation."""
+    """The eager and the CPU script load member 2's file and, given its seed, replay that member's
+    evaluation."""
     if "|seeds)" not in (SCRIPTS / f"{script}.py").read_text():
         pytest.skip(f"{script}.py's Run.load_model does not take the seeds scripts' files yet")
-    flags = ("--env-id", "Pendulum-v1", "--seed", 2, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 1)
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--seed",
+        2,
+        "--eval-model",
+        smoke_run["model_files"][1],
+        "--eval-episodes",
+        1,
+    )
     assert summary(run_script(script, *flags))["eval_returns"] == smoke_run["eval_returns"][1]
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the member's seed: member 2
-    of the new run replays the saved member 2's evaluation."""
-    flags = ("--env-id", "Pendulum-v1", "--num-seeds", 3, "--eval-model", smoke_run["model_files"][1])
+    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the
+    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
+    flags = (
+        "--env-id",
+        "Pendulum-v1",
+        "--num-seeds",
+        3,
+        "--eval-model",
+        smoke_run["model_files"][1],
+    )
     s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-episodes", 1))
-    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3 and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    assert (
+        s["episodes"] == 0
+        and len(s["eval_returns"]) == 3
+        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
+    )
 
 
 BAD_INPUTS = [  # the other flag checks are td3_continuous_action_cpu.py's (test_td3.py)
     (dict(num_seeds=0), ("--num-seeds",)),
-    (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),  # 3,353 GiB of replay buffers
+    # 3,353 GiB of replay buffers
+    (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),
     (dict(cudagraphs=True), ("--cudagraphs",)),
     (dict(seed=2**31 - 4), ("--seed",)),  # member 8's seed is 2**31 + 3
     (dict(threads=0), ("--threads",)),
