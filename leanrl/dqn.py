@@ -327,9 +327,8 @@ def main(args):
 
 
 # ==================================================================================================
-# Run plumbing, not the algorithm: user errors, run folder and summary, wandb, Ctrl-C and SIGTERM,
-# save, load, evaluate, video. `fail` and `Run` are the same in every script, `evaluate` in those
-# that act alike; `check_args` is per script.
+# Run plumbing, the same in every single-process script: flag errors, the run folder and summary,
+# wandb, Ctrl-C and SIGTERM, divergence, save, load, evaluation. `check_args` is this script's own.
 
 
 def fail(message):
@@ -378,27 +377,27 @@ def check_args(args):
 
 
 class Run:
-    """Seeds; loads `--eval-model` (saved by any script of the algorithm); makes `runs/<run_name>/`;
-    checks that video can be recorded; starts wandb; catches Ctrl-C and SIGTERM. Under torchrun,
-    rank 0 alone keeps the run folder."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, the progress bar, the
+    summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss sets `diverged`:
+    the loop stops after its step."""
 
-    def __init__(self, args, script, rank=0):
+    VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
+
+    def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(
-                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
-            )
-        self.args, self.script, self.rank, self.wandb = args, script, rank, None
+            n = args.eval_episodes
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
+        self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
-            ":", "_"
-        )
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.name = self.name.replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        self.videos = self.video_folder() if args.capture_video and rank == 0 else None
-        if rank == 0:
-            os.makedirs(self.dir, exist_ok=True)
-        if args.track and rank == 0:
-            self.wandb = wandb = __import__("wandb")  # imported with --track only
-            wandb.init(
+        self.videos = self.video_folder() if args.capture_video else None
+        os.makedirs(self.dir, exist_ok=True)
+        self.wandb = None
+        if args.track:
+            self.wandb = __import__("wandb")  # only with --track
+            self.wandb.init(
                 project=args.wandb_project_name,
                 entity=args.wandb_entity,
                 config=vars(args),
@@ -408,65 +407,50 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        # the last 20 returns; [step, seconds, return] of all
-        self.returns, self.curve = deque(maxlen=20), []
-        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
-        self.stop_signal = 0
-        self.diverged = None  # a loss that is not finite sets it: the loop stops, the run exits 3
+        self.returns = deque(maxlen=20)  # the last 20 episodic returns
+        self.curve = []  # [step, seconds, return] of every episode
+        self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
+        self.steps, self.stop_signal, self.diverged = 0, 0, None
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    # then both signals' default action: a second one stops at once
     def on_signal(self, signum, frame):
         self.stop_signal = signum
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
             signal.signal(signum, signal.SIG_DFL)
 
     def load_model(self, path):
-        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
+        algorithm = re.sub(self.VARIANTS, "", self.script)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(
-                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
-                f"{e})"
-            )
-        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({e!r})")
+        if re.sub(self.VARIANTS, "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        # what a policy acts on (the last two: recurrent scripts')
-        for flag in ("env_id", "obs_indices", "memory"):
-            if trained.get(flag) != getattr(self.args, flag, None):
-                fail(
-                    f"--eval-model {path} was trained with --{flag.replace('_', '-')} "
-                    f"{trained.get(flag)}"
-                )
+        if trained.get("env_id") != self.args.env_id:
+            fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
 
-    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        # read when MuJoCo is first imported: no window, no display
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
-        # EGL has none)
+    def video_folder(self):
+        """runs/<run_name>/videos, once we know that this machine can record the env."""
+        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
         try:
-            __import__("moviepy")
+            __import__("moviepy")  # RecordVideo's writer
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(
-                f"--capture-video: {self.args.env_id} cannot record video here "
-                f"({type(e).__name__}: {e})"
-            )
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
         return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step
 
     def sps(self, global_step, now=None):
-        if self.measure_start:  # else None: the clock has not started
-            return (global_step - self.measure_step) / ((now or time.time()) - self.measure_start)
+        if self.measure_start:  # None before the clock starts
+            seconds = (now or time.time()) - self.measure_start
+            return (global_step - self.measure_step) / seconds
 
     def log_episodes(self, global_step, returns):
         for episodic_return in returns:
@@ -476,84 +460,82 @@ class Run:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
 
     def log_progress(self, pbar, global_step, metrics):
-        """The bar's sps and mean return; with `--track`, `metrics` (one device's tensors) to wandb.
-        A loss (`*loss*`) or `weight_norm` not finite diverges the run; other metrics may be nan."""
+        """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
+        finite diverges the run."""
         tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
-        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync, once
+        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync
         metrics = metrics | dict(zip(tensors, values))
-        sps, return_mean = (
-            self.sps(global_step) or 0.0,
-            np.mean(self.returns) if self.returns else float("nan"),
-        )
+        sps = self.sps(global_step) or 0.0
+        return_mean = np.mean(self.returns) if self.returns else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, value in metrics.items():  # not `explained_variance`: nan where returns all tie
+        for name, value in metrics.items():
             if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
                 self.diverge(global_step, name, value)
 
-    def diverge(self, step, metric, value):  # once; under torchrun all ranks check the same losses
+    def diverge(self, step, metric, value):
+        if self.diverged:
+            return
         rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
         rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
-        if not self.diverged and self.rank == 0:  # one line on stderr, under the bar
-            line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
-            tqdm.tqdm.write(line, file=sys.stderr)
-        self.diverged = self.diverged or dict(step=step, metric=metric, value=str(value))
+        line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
+        tqdm.tqdm.write(line, file=sys.stderr)
+        self.diverged = dict(step=step, metric=metric, value=str(value))
 
     def finish(self, device, model, evaluate, **extra):
-        """Save `model` (`--save-model`); write summary.json, then play `--eval-episodes` with
-        `evaluate(episodes, videos) -> returns` and write it again; print one SUMMARY line. A run
-        that diverged (also one whose weights or returns are not finite now) saves and evaluates
-        nothing and exits 3; after a signal, exit as it would."""
+        """Save `model` (--save-model), write summary.json, play --eval-episodes with
+        `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
+        nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
         args, end_time = self.args, time.time()
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
-        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once, at the end
-        if not np.isfinite(weight_sum):  # a weight that diverged since the last log
+        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once
+        if not np.isfinite(weight_sum):
             self.diverge(self.steps, "weight_sum", weight_sum)
-        # actions the envs could not take
         if self.returns and not np.isfinite(np.mean(self.returns)):
             self.diverge(self.steps, "return_mean", np.mean(self.returns))
-        save, episodes = (False, 0) if self.diverged else (args.save_model, args.eval_episodes)
-        model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt")) if save else None
-        if model_file:  # loadable with torch.load(model_file, weights_only=True)
-            torch.save(
-                {"script": self.script, "args": vars(args), "model": model}, model_file + ".tmp"
-            )
+        model_file = None
+        if args.save_model and not self.diverged:  # torch.load(model_file, weights_only=True)
+            model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt"))
+            saved = {"script": self.script, "args": vars(args), "model": model}
+            torch.save(saved, model_file + ".tmp")
             os.replace(model_file + ".tmp", model_file)
         wall_s = end_time - self.start_time
-        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
-        summary |= dict(
-            compile=getattr(args, "compile", False), cudagraphs=getattr(args, "cudagraphs", False)
-        )
-        summary |= dict(
-            num_envs=args.num_envs, total_timesteps=self.steps, sps=self.sps(self.steps, end_time)
-        )
-        summary |= dict(
-            sps_wall=self.steps / wall_s, wall_s=wall_s, torch_version=torch.__version__
-        )
-        summary |= dict(
+        summary = dict(
+            script=self.script,
+            env_id=args.env_id,
+            seed=args.seed,
+            device=str(device),
+            compile=getattr(args, "compile", False),
+            cudagraphs=getattr(args, "cudagraphs", False),
+            num_envs=args.num_envs,
+            total_timesteps=self.steps,
+            sps=self.sps(self.steps, end_time),
+            sps_wall=self.steps / wall_s,
+            wall_s=wall_s,
+            torch_version=torch.__version__,
             episodes=len(self.curve),
             return_mean=float(np.mean(self.returns)) if self.returns else None,
+            interrupted=self.stop_signal > 0,
+            model_file=model_file,
+            eval_returns=[],
+            eval_return_mean=None,
+            **extra,
         )
-        summary |= dict(interrupted=self.stop_signal > 0, model_file=model_file, eval_returns=[])
-        summary |= dict(eval_return_mean=None, **extra)
-        # the summary first: a run killed while it evaluates (a second signal) keeps it
-        if episodes:
-            self.write_summary(summary)
-            eval_returns = evaluate(episodes, self.videos)
-            summary |= dict(
-                eval_returns=eval_returns, eval_return_mean=float(np.mean(eval_returns))
-            )
+        if args.eval_episodes and not self.diverged:
+            self.write_summary(summary)  # kept if a second signal kills the evaluation
+            returns = evaluate(args.eval_episodes, self.videos)
+            summary |= dict(eval_returns=returns, eval_return_mean=float(np.mean(returns)))
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if self.diverged or self.stop_signal:  # after a signal, what a shell reports: 130 or 143
+        if self.diverged or self.stop_signal:
             sys.exit(3 if self.diverged else 128 + self.stop_signal)
 
     def write_summary(self, summary):
-        """summary.json, atomically (a reader never sees half a file), with non-finite numbers as
-        strings ("nan": valid JSON); returns what the SUMMARY line prints."""
+        """summary.json, written atomically, non-finite numbers as strings; returns what the SUMMARY
+        line prints."""
         text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
