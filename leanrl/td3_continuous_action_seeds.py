@@ -528,8 +528,9 @@ def main(args):
 
 
 # ==================================================================================================
-# Run plumbing, the same in every seeds script: user errors, the run folder, each member's results,
-# wandb, Ctrl-C.
+# Run plumbing, the same in every seeds script: flag errors, the run folder, each member's
+# results, wandb, Ctrl-C and SIGTERM, divergence, save, load, evaluation. `check_args` is this
+# script's own.
 
 
 def fail(message):
@@ -584,30 +585,30 @@ def check_memory(args, per_member, what):  # per_member: one member's bytes
 
 
 class Run:
-    """Seeds; loads `--eval-model`; makes `runs/<run_name>/`; checks that video can be recorded;
-    starts wandb; catches Ctrl-C and SIGTERM. Member k has seed `seeds[k]`, its last 20 returns
-    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where member k's loss or
-    weights first turned non-finite."""
+    """Everything around training, per member: seeds, `runs/<run_name>/`, wandb, signals, the
+    progress bar, the summary. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and
+    its curve `curves[k]`; `diverged[k]` records where its loss or weights first turned non-finite,
+    and the others go on."""
+
+    VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            fail(
-                f"--eval-episodes must be >= 0, and > 0 with --eval-model; got {args.eval_episodes}"
-            )
-        # member k is the single-seed script with seed `seeds[k]`, its envs seeded from there on
+            n = args.eval_episodes
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
+        # member k is the single-seed script run with seed `seeds[k]`: no two share an env seed
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.args, self.script, self.diverged = args, script, {}
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".replace(
-            ":", "_"
-        )
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.name = self.name.replace(":", "_")
         self.dir = os.path.join("runs", self.name)
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
-        # imported with --track only
-        self.wandb = wandb = __import__("wandb") if args.track else None
-        if wandb:
-            wandb.init(
+        self.wandb = None
+        if args.track:
+            self.wandb = __import__("wandb")  # only with --track
+            self.wandb.init(
                 project=args.wandb_project_name,
                 entity=args.wandb_entity,
                 config=vars(args),
@@ -617,154 +618,149 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns, self.curves = [deque(maxlen=20) for _ in self.seeds], [[] for _ in self.seeds]
-        self.start_time, self.measure_start, self.measure_step, self.steps = time.time(), None, 0, 0
-        # a first Ctrl-C or SIGTERM sets it: the loop stops after its step, the run reports
-        self.stop_signal = 0
+        self.returns = [deque(maxlen=20) for _ in self.seeds]
+        self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
+        self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
+        self.steps, self.stop_signal = 0, 0
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
-    # then both signals' default action: a second one stops at once
     def on_signal(self, signum, frame):
         self.stop_signal = signum
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
             signal.signal(signum, signal.SIG_DFL)
 
     def load_model(self, path):
-        algorithm = re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", self.script)
+        algorithm = re.sub(self.VARIANTS, "", self.script)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             saved_by, trained = saved["script"], dict(saved["args"])
         except Exception as e:
-            fail(
-                f"--eval-model {path} is not a model saved by these scripts ({type(e).__name__}: "
-                f"{e})"
-            )
-        if re.sub(r"_(torchcompile|cpu|distributed|ray|async|seeds)$", "", saved_by) != algorithm:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({e!r})")
+        if re.sub(self.VARIANTS, "", saved_by) != algorithm:
             fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if trained.get("env_id") != self.args.env_id:  # what a policy acts on
+        if trained.get("env_id") != self.args.env_id:
             fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
 
-    def video_folder(self):  # runs/<run_name>/videos, once checked that video can be recorded here
-        # read when MuJoCo is first imported: no window, no display
-        os.environ.setdefault("MUJOCO_GL", "egl")
-        # now, not at the first reset: moviepy (RecordVideo's writer) and a frame (MuJoCo without
-        # EGL has none)
+    def video_folder(self):
+        """runs/<run_name>/videos, once we know that this machine can record the env."""
+        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
         try:
-            __import__("moviepy")
+            __import__("moviepy")  # RecordVideo's writer
             env = gym.make(self.args.env_id, render_mode="rgb_array")
             env.reset(seed=0)
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
-            fail(
-                f"--capture-video: {self.args.env_id} cannot record video here "
-                f"({type(e).__name__}: {e})"
-            )
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
         return os.path.join(self.dir, "videos")
 
-    # all members' env steps per second (`global_step` counts one member's)
-    def sps(self, global_step, now=None):
-        if self.measure_start:  # else None: the clock has not started
-            return (
-                len(self.seeds)
-                * (global_step - self.measure_step)
-                / ((now or time.time()) - self.measure_start)
-            )
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
 
-    # member k's returns of the episodes ended on this step
+    def sps(self, global_step, now=None):
+        """Every member's env steps per second (`global_step` counts one member's)."""
+        if self.measure_start:  # None before the clock starts
+            seconds = (now or time.time()) - self.measure_start
+            return len(self.seeds) * (global_step - self.measure_step) / seconds
+
     def log_episodes(self, global_step, member_returns):
-        for seed, returns, curve, episode_returns in zip(
-            self.seeds, self.returns, self.curves, member_returns
-        ):
-            for r in episode_returns:  # a diverged policy's nan: in its curve only, a string
+        """`member_returns[k]`: the returns of member k's episodes that ended on this step."""
+        members = zip(self.seeds, self.returns, self.curves, member_returns)
+        for seed, returns, curve, episode_returns in members:
+            for r in episode_returns:  # a diverged policy's nan goes to its curve, as a string
                 returns.extend([r] if np.isfinite(r) else [])
                 value = r if np.isfinite(r) else str(r)
                 curve.append([global_step, time.time() - self.start_time, value])
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_seed{seed}": r}, step=global_step)
 
-    def log_progress(self, pbar, global_step, metrics):  # the bar, divergence, wandb (--track)
-        # `metrics`: numbers, and tensors on one device, each of one value or one per member
-        n, device = len(self.seeds), next(v.device for v in metrics.values() if torch.is_tensor(v))
+    def log_progress(self, pbar, global_step, metrics):
+        """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
+        value or one per member) to wandb. A member whose loss is not finite diverges."""
+        n = len(self.seeds)
+        device = next(v.device for v in metrics.values() if torch.is_tensor(v))
         rows = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
-        values = dict(zip(metrics, torch.stack([r.expand(n) for r in rows]).tolist()))  # host sync
-        for name, row in values.items():  # a member whose loss (a metric named *loss) is not finite
-            for k in [k for k, v in enumerate(row) if name.endswith("loss") and not np.isfinite(v)]:
-                self.diverge(k, global_step, name, row[k])
+        rows = torch.stack([r.expand(n) for r in rows]).tolist()  # host sync
+        values = dict(zip(metrics, rows))
+        for name, row in values.items():
+            for k, v in enumerate(row):
+                if name.endswith("loss") and not np.isfinite(v):
+                    self.diverge(k, global_step, name, v)
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
-        pbar.set_description(
-            f"sps {sps:5.0f} | return {np.mean(means) if means else float('nan'):8.1f}",
-            refresh=False,
-        )
+        return_mean = np.mean(means) if means else float("nan")
+        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
 
-    def diverge(self, member, step, what, value):  # the first time: a record, a line on stderr
+    def diverge(self, member, step, what, value):
         if member in self.diverged:
             return
-        seed, flags = self.seeds[member], vars(self.args)  # the learning rates: floats
-        rates = [f for f in flags if f.endswith("lr") or f == "learning_rate"]  # and --anneal-lr
+        seed, flags = self.seeds[member], vars(self.args)
+        rates = [f for f in flags if f.endswith("lr") or f == "learning_rate"]
         rates = "/".join("--" + f.replace("_", "-") for f in rates if type(flags[f]) is float)
-        record = dict(seed=seed, member=member, step=step, loss=what, value=str(value))
-        self.diverged[member] = record  # the other members go on
-        message = f"error: member {member} (seed {seed}) diverged at step {step}: {what} is {value}"
-        tqdm.tqdm.write(f"{message}; the others go on; try a lower {rates}", file=sys.stderr)
+        self.diverged[member] = dict(
+            seed=seed, member=member, step=step, loss=what, value=str(value)
+        )
+        line = f"error: member {member} (seed {seed}) diverged at step {step}: {what} is {value}"
+        tqdm.tqdm.write(f"{line}; the others go on; try a lower {rates}", file=sys.stderr)
 
     def finish(self, device, models, evaluate):
-        """Save each member's model (`--save-model`) and write summary.json (atomically); unless a
-        signal stopped the run, play `--eval-episodes` per member with `evaluate(member, episodes,
-        videos) -> returns` and write it again; print one SUMMARY line. A diverged member (also one
-        whose weights are not finite now) has no model file, evaluation or return mean. Exit 3 if
-        every member diverged."""
+        """Save each member's model (--save-model), write summary.json, play --eval-episodes per
+        member with `evaluate(member, episodes, videos)` (not after a signal), print the SUMMARY
+        line. A diverged member has no model file, evaluation or return mean; exit 3 if every
+        member diverged, 130 or 143 after a signal."""
         args, end_time, seeds = self.args, time.time(), self.seeds
         for k, model in enumerate(models):  # weights that turned non-finite since the last log
             parts = [part.values() if isinstance(part, dict) else [part] for part in model.values()]
             weights = torch.cat([t.flatten().cpu() for part in parts for t in part])
             if not weights.isfinite().all():
                 self.diverge(k, self.steps, "a weight", weights[~weights.isfinite()][0].item())
-        kept = [k not in self.diverged for k in range(len(seeds))]  # the members that went on
+        kept = [k not in self.diverged for k in range(len(seeds))]
         paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
         model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
-        for seed, model, path in [saved for saved in zip(seeds, models, model_files) if saved[2]]:
-            torch.save(
-                {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model},
-                path + ".tmp",
-            )
-            os.replace(path + ".tmp", path)  # loadable with torch.load(path, weights_only=True)
+        for seed, model, path in zip(seeds, models, model_files):
+            if path:  # torch.load(path, weights_only=True)
+                saved = {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}
+                torch.save(saved, path + ".tmp")
+                os.replace(path + ".tmp", path)
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
-        kept_means, wall_s = [m for m, ok in zip(means, kept) if ok], end_time - self.start_time
-        summary = {
-            flag: vars(args)[flag]
-            for flag in ("env_id", "seed", "compile", "cudagraphs", "num_envs")
-        }
-        summary |= dict(
-            script=self.script, device=str(device), num_seeds=len(seeds), seeds=seeds, wall_s=wall_s
-        )
-        summary |= dict(
+        kept_means = [m for m, ok in zip(means, kept) if ok]
+        return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
+        wall_s = end_time - self.start_time
+        summary = dict(
+            env_id=args.env_id,
+            seed=args.seed,
+            compile=args.compile,
+            cudagraphs=args.cudagraphs,
+            num_envs=args.num_envs,
+            script=self.script,
+            device=str(device),
+            num_seeds=len(seeds),
+            seeds=seeds,
+            wall_s=wall_s,
             total_timesteps=self.steps,
             torch_version=torch.__version__,
             threads=torch.get_num_threads(),
-        )
-        summary |= dict(
-            sps=self.sps(self.steps, end_time), sps_wall=len(seeds) * self.steps / wall_s
-        )
-        summary |= dict(
+            sps=self.sps(self.steps, end_time),
+            sps_wall=len(seeds) * self.steps / wall_s,
             episodes=sum(map(len, self.curves)),
             return_means=means,
             interrupted=self.stop_signal > 0,
+            return_mean=return_mean,
+            diverged=[self.diverged[k] for k in sorted(self.diverged)],
+            model_file=next(filter(None, model_files), None),
+            model_files=model_files,
+            eval_returns=[],
+            eval_return_means=[],
+            eval_return_mean=None,
         )
-        return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
-        diverged = [self.diverged[k] for k in sorted(self.diverged)]
-        summary |= dict(return_mean=return_mean, diverged=diverged)
-        summary |= dict(model_file=next(filter(None, model_files), None), model_files=model_files)
-        summary |= dict(eval_returns=[], eval_return_means=[], eval_return_mean=None)
-        if args.eval_episodes and not self.stop_signal:  # not after a signal: seconds may be left
-            self.write_summary(summary)  # first: a run killed while it evaluates keeps its summary
-            videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]  # seed<s>/
+        if args.eval_episodes and not self.stop_signal:
+            self.write_summary(summary)  # kept if a second signal kills the evaluation
+            videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]
             episodes, members = args.eval_episodes, range(len(seeds))
             returns = [evaluate(k, episodes, videos[k]) if kept[k] else None for k in members]
             means = [None if r is None else float(np.mean(r)) for r in returns]
@@ -774,12 +770,12 @@ class Run:
         if self.wandb:
             self.wandb.finish()
         if not any(kept):
-            sys.exit(3)  # every member diverged
+            sys.exit(3)
         if self.stop_signal:
-            # what a shell reports: 130 after Ctrl-C, 143 after SIGTERM
             sys.exit(128 + self.stop_signal)
 
-    def write_summary(self, summary):  # summary.json, atomically: a reader never sees half a file
+    def write_summary(self, summary):
+        """summary.json, written atomically; returns its path for the SUMMARY line."""
         path = os.path.join(self.dir, "summary.json")
         with open(path + ".tmp", "w") as f:
             json.dump(summary | {"curves": self.curves}, f)
