@@ -368,6 +368,11 @@ def test_no_page_refers_to_an_issue(page):
     assert issue_mentions(page.read_text()) == []
 
 
+def test_the_readme_is_short():
+    """The README is read in five minutes; reference goes to docs/, dated notes to docs/notes/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 180
+
+
 def test_the_readme_keeps_the_ci_command():
     """CI (.ci/run) runs the README's test command verbatim."""
     _, blocks = split_fences((ROOT / "README.md").read_text())
