@@ -1,12 +1,14 @@
-"""The documentation points at what exists: every relative link in README.md, CONTRIBUTING.md and
-docs/*.md names a file of the repository (and, with `#anchor`, a heading of that file, by GitHub's
-slug rules), and every command in a fenced code block names scripts (`leanrl/<name>.py`), benchmark
-modules (`python -m benchmarks.<module>`), shell scripts and requirements files that exist. Figures
-come from the results that produced them: the README's speed tables and docs/performance.md's quick
-tables from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from
-the report of `python -m benchmarks.learning`. No page refers to the project's issues. The checker
-itself is tested on made-up pages, so that each check is shown able to fail. Nothing here runs a
-script."""
+"""The documentation points at what exists: every relative link in README.md, CONTRIBUTING.md,
+docs/*.md and docs/notes/*.md names a file of the repository (and, with `#anchor`, a heading of
+that file, by GitHub's slug rules), and every command in a fenced code block names scripts
+(`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`), shell scripts and
+requirements files that exist. Figures come from the results that produced them: the README's speed
+tables and docs/performance.md's quick tables from docs/benchmark_quick.json, the learning tables of
+the README and docs/results.md from the report of `python -m benchmarks.learning`, the threads table
+of docs/performance.md and the seeds tables of docs/notes/seeds-cpu.md from their JSON in docs/, the
+TD3 windows of docs/notes/td3-hopper.md from theirs. No page refers to the project's issues. The
+checker itself is tested on made-up pages, so that each check is shown able to fail. Nothing here
+runs a script."""
 
 import json
 import re
@@ -21,22 +23,22 @@ from benchmarks.learning import short_markdown
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
 LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
-# in docs/
-SEEDS_RESULTS = {"seeds_cpu.json": seeds.markdown, "seeds_cpu_sac_idle.json": seeds.markdown}
-SEEDS_RESULTS |= {
-    "seeds_cpu_td3_idle.json": seeds.markdown,
-    "seeds_cpu_dqn_idle.json": seeds.markdown,
+# in docs/: each results file, how its table is written, and the page that shows the table
+SEEDS_NOTE = ROOT / "docs" / "notes" / "seeds-cpu.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+SEEDS_RESULTS = {
+    "seeds_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds_cpu_sac_idle.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds_cpu_td3_idle.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds_cpu_dqn_idle.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds_cpu_ppo_idle.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds_cpu_dqn_idle_f25.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds_gpu_proxy.json": (seeds.proxy_markdown, SEEDS_NOTE),
+    "threads_cpu.json": (threads.markdown, PERFORMANCE),
 }
-SEEDS_RESULTS |= {
-    "seeds_cpu_ppo_idle.json": seeds.markdown,
-    "seeds_cpu_dqn_idle_f25.json": seeds.markdown,
-}
-SEEDS_RESULTS |= {
-    "seeds_gpu_proxy.json": seeds.proxy_markdown,
-    "threads_cpu.json": threads.markdown,
-}
-# CleanRL's TD3 run here beside ours, in docs/results.md
-TD3_WINDOWS = ROOT / "docs" / "td3_cleanrl_hopper.json"
+# CleanRL's TD3 run here beside ours, in the notes
+TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
+TD3_NOTE = ROOT / "docs" / "notes" / "td3-hopper.md"
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(`+).+?\1")
@@ -82,8 +84,15 @@ EAGER_COLUMNS = {"eager sps": ("sps_median", "{:.0f}"), "env-only sps": ("env_on
 
 
 def doc_files(root=ROOT):
-    """The pages whose links are checked."""
-    return [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").glob("*.md"))]
+    """The pages whose links are checked: the README, CONTRIBUTING, the reference pages of docs/ and
+    the dated notes of docs/notes/."""
+    docs = root / "docs"
+    return [
+        root / "README.md",
+        root / "CONTRIBUTING.md",
+        *sorted(docs.glob("*.md")),
+        *sorted((docs / "notes").glob("*.md")),
+    ]
 
 
 def split_fences(text):
@@ -277,6 +286,7 @@ def issue_mentions(text):
 def test_the_pages_are_checked():
     checked = {page.relative_to(ROOT).as_posix() for page in doc_files() if page.is_file()}
     pages = ["performance", "cuda", "memory", "scaling-torchrun", "scaling-ray", "serving-rpc"]
+    pages += ["usage", "scripts", "results", "design", "notes/README", "notes/history"]
     assert {"README.md", "CONTRIBUTING.md", *(f"docs/{page}.md" for page in pages)} <= checked
 
 
@@ -319,10 +329,10 @@ def test_the_learning_tables_are_the_learning_report(learning_set):
 
 
 @pytest.mark.parametrize("name", SEEDS_RESULTS)
-def test_the_seeds_tables_in_performance_md_are_the_benchmarks_tables(name):
-    page = (ROOT / "docs" / "performance.md").read_text()
-    table = SEEDS_RESULTS[name](json.loads((ROOT / "docs" / name).read_text()))
-    assert missing_lines(page, table.splitlines()) == []
+def test_the_seeds_and_threads_tables_are_the_benchmarks_tables(name):
+    write, page = SEEDS_RESULTS[name]
+    table = write(json.loads((ROOT / "docs" / name).read_text()))
+    assert missing_lines(page.read_text(), table.splitlines()) == []
 
 
 def windows_markdown(results):
@@ -345,8 +355,8 @@ def windows_markdown(results):
     return "\n".join(lines)
 
 
-def test_the_td3_windows_table_in_results_md_is_its_json():
-    page = (ROOT / "docs" / "results.md").read_text()
+def test_the_td3_windows_table_in_its_note_is_its_json():
+    page = TD3_NOTE.read_text()
     assert (
         missing_lines(page, windows_markdown(json.loads(TD3_WINDOWS.read_text())).splitlines())
         == []
@@ -356,6 +366,11 @@ def test_the_td3_windows_table_in_results_md_is_its_json():
 @pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
 def test_no_page_refers_to_an_issue(page):
     assert issue_mentions(page.read_text()) == []
+
+
+def test_the_readme_is_short():
+    """The README is read in five minutes; reference goes to docs/, dated notes to docs/notes/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 180
 
 
 def test_the_readme_keeps_the_ci_command():
