@@ -1,8 +1,8 @@
 """Recurrent PPO with an LSTM policy for discrete actions, the eager reference.
 
-Paper: https://arxiv.org/abs/1707.06347. The agent and its update are CleanRL's ppo_atari_lstm.py
-on vector observations. By default it plays CartPole-v1 with both velocities hidden, which only an
-agent that remembers past positions balances well.
+Paper: https://arxiv.org/abs/1707.06347. The agent and update are CleanRL's
+ppo_atari_lstm.py on vector observations. By default it plays CartPole-v1 with both
+velocities hidden: only an agent that remembers past positions balances it well.
 
     python leanrl/ppo_lstm.py  # velocity-hidden CartPole: memory at work
     python leanrl/ppo_lstm.py --no-memory  # no memory: it plateaus lower
@@ -10,12 +10,12 @@ agent that remembers past positions balances well.
     # a POPGym POMDP (requirements-popgym.txt)
     python leanrl/ppo_lstm.py --env-id popgym:popgym-RepeatFirstEasy-v0
 
-Plain PyTorch, in the shape of ppo_lstm_torchcompile.py. Its ops are tiny: on a small or shared
-CPU, run it with `OMP_NUM_THREADS=1`.
+Plain PyTorch, in the shape of ppo_lstm_torchcompile.py. Its ops are tiny: on a
+small or shared CPU, run it with `OMP_NUM_THREADS=1`.
 
-An episode start zeroes the state inside the time loop, with no padding. A minibatch is the whole
-sequences of some envs, replayed from the state the rollout started with. A truncated episode
-bootstraps from the value of its true final observation, a terminated one from 0.
+An episode start zeroes the state inside the time loop, with no padding. A minibatch
+is the whole sequences of some envs, replayed from the state the rollout started
+with. A truncated episode bootstraps from the value of its true final observation.
 """
 
 import json
@@ -55,23 +55,23 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first env and of evaluation episodes to runs/<run_name>/videos/"""
+    """record videos of the first env and of evaluation episodes"""
     save_model: bool = False
-    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
+    """save the weights and the arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
     """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    """evaluate this saved .pt file instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """iterations excluded from `sps` (they compile and warm up)"""
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     obs_indices: tuple[int, ...] | None = None
-    """the observation entries the agent sees; by default CartPole-v1's positions (0 2) on
-    CartPole-v1 and all of them elsewhere; `--obs-indices` with no value keeps them all"""
+    """the observation entries the agent sees; by default (0 2) on CartPole-v1, all
+    elsewhere; `--obs-indices` with no value keeps them all"""
     memory: bool = True
-    """carry the recurrent state from step to step; `--no-memory` resets it at every step"""
+    """carry the state from step to step; `--no-memory` resets it at every step"""
     total_timesteps: int = 200_000
     """total environment steps of the experiment"""
     learning_rate: float = 1e-3
@@ -103,7 +103,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
 
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
@@ -111,7 +111,7 @@ def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
         # no render_mode without video: POPGym's envs take none
         env = gym.make(env_id) if video_dir is None else gym.make(env_id, render_mode="rgb_array")
         if video_dir is not None:
-            # training follows gymnasium's schedule, evaluation records its first episodes
+            # training: gymnasium's schedule; evaluation: its first episodes
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -128,8 +128,7 @@ def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
                 )
             visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
-        # the hidden task's inputs are small (a pole angle within 0.21 rad): unnormalized, it
-        # learned nothing
+        # the hidden task's inputs are small: unnormalized, it learned nothing
         env = gym.wrappers.NormalizeObservation(env)
         env = gym.wrappers.TransformObservation(
             env, lambda obs: np.clip(obs, -10, 10), env.observation_space
@@ -147,8 +146,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """A 64-unit torso, an LSTM cell and policy and value heads. Time-major: observations
-    [T, B, n_obs], done flags [T, B], the state (h, c) [B, hidden_size] each."""
+    """A 64-unit torso, an LSTM cell, policy and value heads. Time-major:
+    observations [T, B, n_obs], done flags [T, B], the state (h, c) [B, H] each."""
 
     def __init__(self, n_obs, n_act, hidden_size=128, device=None):
         super().__init__()
@@ -167,8 +166,8 @@ class Agent(nn.Module):
         return tuple(torch.zeros(batch, self.lstm.hidden_size, device=device) for _ in "hc")
 
     def get_states(self, x, lstm_state, done):
-        """The LSTM's outputs [T, B, hidden_size] over `x`, and its state after the last step.
-        The state is zeroed where `done[t]` is 1: nothing of an episode leaks into the next."""
+        """The LSTM's outputs [T, B, H] over `x`, and its last state. The state is
+        zeroed where `done[t]` is 1: no episode leaks into the next."""
         hidden = self.network(x)
         h, c = lstm_state
         new_hidden = []
@@ -199,7 +198,7 @@ def observed_indices(env_id, obs_indices):
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode, the first env recording to `video_dir` if given.
+    """A vector env in same-step autoreset mode, the first env recording video.
     A bad id or index, or a non-Discrete action space, exits with status 2."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)
@@ -218,7 +217,7 @@ def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episode
 
 
 def obs_rms_of(envs):
-    """The first env's observation normalization statistics as tensors, saved with the model."""
+    """The first env's normalization statistics, saved with the model."""
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
     return {
         "mean": torch.tensor(rms.mean),
@@ -228,7 +227,7 @@ def obs_rms_of(envs):
 
 
 def freeze_obs_rms(envs, stats):
-    """Every env of `envs` normalizes with the statistics `stats`, which no longer move."""
+    """Every env normalizes with `stats`, which no longer move."""
     for env in envs.envs:
         rms = env.get_wrapper_attr("obs_rms")
         rms.mean = stats["mean"].numpy().copy()
@@ -259,18 +258,18 @@ def true_next_obs(next_obs, infos):
 
 
 def episode_starts(terminations, truncations, memory):
-    """1 where an episode ended, so the next one starts afresh; 1 everywhere without `memory`."""
+    """1 where an episode ended; 1 everywhere without `memory`."""
     dones = np.logical_or(terminations, truncations)
     return dones if memory else np.ones_like(dones)
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] like the
-    inputs but `next_value` [num_envs]. `final_values[t]`: the value of the true final observation
-    of an episode truncated at step t."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs]
+    like the inputs but `next_value` [num_envs]. `final_values[t]`: the value of the
+    true final observation of an episode truncated at step t."""
     dones = torch.maximum(terminations, truncations)
-    # the value after step t: the next step's, or at an episode's end its true final observation's
-    # if it was cut off and 0 if it terminated
+    # the value after step t: the next step's, the true final observation's if the
+    # episode was cut off there, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -327,8 +326,8 @@ def make_learner(args, n_obs, n_act, device):
         return loss, torch.stack(stats).detach()
 
     def update(mb, state):
-        """One gradient step on the whole sequences `mb` [num_steps, envs], replayed from `state`,
-        the state their rollout started with."""
+        """One gradient step on the sequences `mb` [num_steps, envs], replayed
+        from `state`, the state their rollout started with."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb, state)
         loss.backward()
@@ -347,8 +346,8 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    args.obs_indices = observed_indices(args.env_id, args.obs_indices)  # resolved once
-    run = Run(args, "ppo_lstm")  # seeds, run folder, wandb, signals: at the end of the file
+    args.obs_indices = observed_indices(args.env_id, args.obs_indices)
+    run = Run(args, "ppo_lstm")  # seeds, run folder, wandb, signals
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, videos)
@@ -356,12 +355,11 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     learner = make_learner(args, n_obs, int(envs.single_action_space.n), device)
     agent, optimizer = learner.agent, learner.optimizer
-    policy, get_value, update, compute_gae = learner.policy, learner.get_value, learner.update, gae
 
     def finish(obs_rms):
-        def evaluate_agent(episodes, videos):  # the most likely action, the state carried
+        def evaluate_agent(episodes, videos):  # the most likely action
             eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
-            freeze_obs_rms(eval_envs, obs_rms)  # the normalization the agent was trained with
+            freeze_obs_rms(eval_envs, obs_rms)
             zeros = agent.zero_state(1, device)
             return evaluate(agent, eval_envs, episodes, args.seed, zeros, args.memory, device)
 
@@ -396,8 +394,8 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # the update replays each env's sequence from the state this rollout starts with
+            run.start_clock(global_step)  # compile and warm-up are behind
+        # the update replays each env's sequence from this state
         initial_state = tuple(s.clone() for s in next_state)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -411,7 +409,7 @@ def main(args):
 
             # act: a sequence of one step
             with torch.no_grad():
-                action, logprob, _, value, next_state = policy(
+                action, logprob, _, value, next_state = learner.policy(
                     next_obs[None], next_state, next_done[None]
                 )
             rollout["values"][step] = value.flatten()
@@ -425,10 +423,10 @@ def main(args):
             rollout["terminations"][step] = as_tensor(terminations)
             rollout["truncations"][step] = as_tensor(truncations)
             if truncations.any():
-                # the value where each truncated episode was cut, seen with its episode's memory
+                # the value where each truncated episode was cut, seen with its memory
                 final_obs = as_tensor(true_next_obs(next_obs, infos))
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(
+                    rollout["final_values"][step] = learner.get_value(
                         final_obs[None], next_state, final_done
                     ).flatten()
             next_obs = as_tensor(next_obs)
@@ -436,20 +434,21 @@ def main(args):
 
         # advantages
         with torch.no_grad():
-            next_value = get_value(next_obs[None], next_state, next_done[None]).flatten()
+            next_value = learner.get_value(next_obs[None], next_state, next_done[None]).flatten()
         ends = (rollout["final_values"], rollout["terminations"], rollout["truncations"])
-        advantages, returns = compute_gae(
+        advantages, returns = gae(
             rollout["rewards"], rollout["values"], next_value, *ends, args.gamma, args.gae_lambda
         )
-        # the batch stays [num_steps, num_envs]: a minibatch is the whole sequences of some envs
+        # the batch stays [num_steps, num_envs]: a minibatch is the sequences of some envs
         b = {key: rollout[key] for key in ("obs", "actions", "logprobs", "values", "dones")}
         b["advantages"], b["returns"] = advantages, returns
 
         # update
         for _ in range(args.update_epochs):
             for mb_envs in torch.randperm(args.num_envs, device=device).split(envs_per_batch):
+                mb = {key: value[:, mb_envs] for key, value in b.items()}
                 mb_state = tuple(s[mb_envs] for s in initial_state)
-                stats = update({key: value[:, mb_envs] for key, value in b.items()}, mb_state)
+                stats = learner.update(mb, mb_state)
             # host sync, once per epoch
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
@@ -459,14 +458,14 @@ def main(args):
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         lr = optimizer.param_groups[0]["lr"]
         metrics = dict(zip(names, stats), explained_variance=explained_var, learning_rate=lr)
-        # checked like a loss: at the next rollout, Categorical.sample raises on nan probabilities
+        # checked like a loss: Categorical.sample raises on nan probabilities
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # Ctrl-C, SIGTERM or divergence
             break
 
-    # the normalization the agent was trained with: saved with it, frozen to evaluate
+    # the normalization the agent was trained with
     obs_rms = obs_rms_of(envs)
     envs.close()
     finish(obs_rms)
