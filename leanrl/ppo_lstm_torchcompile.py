@@ -108,9 +108,9 @@ class Args:
     """stop an update's epochs once the approximate KL exceeds this"""
 
     compile: bool = False
-    """compile acting, GAE and the update's sequence loss with `torch.compile`"""
+    """compile acting, GAE and the sequence loss with `torch.compile`"""
     cudagraphs: bool = False
-    """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
+    """record acting and the update as CUDA graphs (needs a CUDA device)"""
 
 
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
@@ -193,8 +193,8 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, lstm_state, done, action=None):
         hidden, lstm_state = self.get_states(x, lstm_state, done)
         logits = self.actor(hidden)
-        # Categorical's sample, log_prob and entropy, written out; sampling by the Gumbel-max
-        # trick: the argmax of logits plus Gumbel noise is distributed as softmax(logits)
+        # Categorical's sample, log_prob and entropy, written out. Gumbel-max trick:
+        # argmax(logits + Gumbel noise) is distributed as softmax(logits)
         log_probs = logits.log_softmax(-1)
         if action is None:
             gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
@@ -295,9 +295,9 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by
-    # doubling: after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1
-    # of A_t and coefs[t] is the product of their c's. The loop's sums, in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of
+    # A_t and coefs[t] is the product of their c's (the loop's sums, in another order)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -314,7 +314,7 @@ def make_learner(args, n_obs, n_act, device):
     agent = Agent(n_obs, n_act, device=device)
     # a tensor learning rate, annealed in place: a captured graph reads its memory
     lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; torch captures a capturable optimizer only
+    # fused: one kernel; capturable: else a graph cannot record its step
     optimizer = torch.optim.Adam(
         agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
     )
@@ -417,8 +417,8 @@ def main(args):
     if args.compile:
         learner.policy = torch.compile(learner.policy)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (the optimizer creates its state),
-        # the next records the graph; compiled, one more warms up for that state
+        # `warmup - 1` calls run as they are (Adam creates its state), the next
+        # records the graph; compiled, one more warms up for that state
         warmup = 3 if args.compile else 2
         learner.policy = CudaGraphModule(learner.policy, warmup=warmup)
         learner.update = CudaGraphModule(learner.update, warmup=warmup)
