@@ -146,9 +146,8 @@ class Agent(nn.Module):
     the layer's input beside its state, and policy and value heads. Time-major:
     observations [T, B, n_obs], done flags [T, B], the state [num_layers, B, hidden_size].
 
-    minGRU's gate z_t = sigmoid(W_z x_t) and candidate h~_t = W_h x_t read the input
-    alone, never h_{t-1}: h_t = (1 - z_t) * h_{t-1} + z_t * h~_t = a_t * h_{t-1} + b_t
-    is a diagonal linear recurrence."""
+    minGRU's gate z_t and candidate h~_t read the input alone, never h_{t-1}, so
+    h_t = (1 - z_t) * h_{t-1} + z_t * h~_t is a diagonal linear recurrence."""
 
     def __init__(
         self, n_obs, n_act, hidden_size=128, num_layers=2, width=128, horizon=64, device=None
@@ -163,8 +162,7 @@ class Agent(nn.Module):
             for _ in range(num_layers)
         )
         # the chrono initialization (Tallec and Ollivier 2018): W_z's bias is -log(u), u
-        # spread over [1, horizon - 1], so the units remember over 2 to `horizon` steps.
-        # With a zero bias, POPGym's recall tasks stayed out of reach (docs/memory.md)
+        # spread over [1, horizon - 1], so the units remember over 2 to `horizon` steps
         timescales = torch.linspace(1, horizon - 1, hidden_size, device=device)
         for mingru in self.mingru:
             with torch.no_grad():

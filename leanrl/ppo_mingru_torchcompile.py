@@ -8,7 +8,7 @@ Same algorithm, defaults and loop as ppo_mingru.py; what changes is the data flo
     # POPGym's recall task
     python leanrl/ppo_mingru_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0
 
-- The recurrence runs as a chunked associative scan: about 2 sqrt(T) steps, not T.
+- The recurrence is a chunked associative scan: about 2 sqrt(T) steps, not T.
 - The rollout is one TensorDict on the device; a minibatch is one indexing call.
 - Acting uses a copy of the agent that shares its weights, without autograd state.
 - The categorical is written out, and GAE is solved by doubling.
@@ -155,9 +155,8 @@ class Agent(nn.Module):
     the layer's input beside its state, and policy and value heads. Time-major:
     observations [T, B, n_obs], done flags [T, B], the state [num_layers, B, hidden_size].
 
-    minGRU's gate z_t = sigmoid(W_z x_t) and candidate h~_t = W_h x_t read the input
-    alone, never h_{t-1}: h_t = (1 - z_t) * h_{t-1} + z_t * h~_t = a_t * h_{t-1} + b_t
-    is a diagonal linear recurrence."""
+    minGRU's gate z_t and candidate h~_t read the input alone, never h_{t-1}, so
+    h_t = (1 - z_t) * h_{t-1} + z_t * h~_t is a diagonal linear recurrence."""
 
     def __init__(
         self, n_obs, n_act, hidden_size=128, num_layers=2, width=128, horizon=64, device=None
@@ -172,8 +171,7 @@ class Agent(nn.Module):
             for _ in range(num_layers)
         )
         # the chrono initialization (Tallec and Ollivier 2018): W_z's bias is -log(u), u
-        # spread over [1, horizon - 1], so the units remember over 2 to `horizon` steps.
-        # With a zero bias, POPGym's recall tasks stayed out of reach (docs/memory.md)
+        # spread over [1, horizon - 1], so the units remember over 2 to `horizon` steps
         timescales = torch.linspace(1, horizon - 1, hidden_size, device=device)
         for mingru in self.mingru:
             with torch.no_grad():
@@ -226,9 +224,7 @@ def linear_recurrence(a, b, h0):
     """h_t = a_t * h_{t-1} + b_t for t = 1..T from h0 [B, H]; `a`, `b` and the
     states returned are [T, B, H]. A chunked associative scan: (a1, b1) then (a2, b2)
     compose into (a1 * a2, a2 * b1 + b2), and an episode start (a_t = 0) drops all
-    before it. (1) Each chunk of about sqrt(T) steps is composed from a zero state,
-    all chunks at once; (2) the chunks, in order, give the state entering each;
-    (3) every h_t at once. docs/memory.md says why this scan."""
+    before it. docs/memory.md says why this scan."""
     steps = a.shape[0]
     # chunks of c steps take c + ceil(T / c) sequential steps, the fewest at
     # c = ceil(sqrt(T)); a divisor of T as good needs no padding, else identity
@@ -244,7 +240,7 @@ def linear_recurrence(a, b, h0):
             torch.cat([b, b.new_zeros(pad, *b.shape[1:])]),
         )
     a_chunks, b_chunks = a.unflatten(0, (-1, chunk)), b.unflatten(0, (-1, chunk))
-    # (1) h: each chunk's state from a zero start; decay: the product of its a's
+    # (1) all chunks at once, from a zero state: h their states, decay their a's product
     h, decay = torch.zeros_like(b_chunks[:, 0]), torch.ones_like(a_chunks[:, 0])
     chunk_states, decays = [], []
     # unbind: its backward is one stack, an index's would zero-fill a whole copy
@@ -252,12 +248,12 @@ def linear_recurrence(a, b, h0):
         h, decay = a_i * h + b_i, a_i * decay
         chunk_states.append(h)
         decays.append(decay)
-    # (2) the state entering each chunk: the same recurrence, one step per chunk
+    # (2) the state entering each chunk, one step per chunk
     entering, entering_states = h0, []
     for decay_j, h_j in zip(decay.unbind(0), h.unbind(0)):
         entering_states.append(entering)
         entering = decay_j * entering + h_j
-    # (3) every state at once; no slice without padding: its backward copies the gradient
+    # (3) every h_t at once; no slice without padding: its backward copies the gradient
     states = (
         torch.stack(chunk_states, 1)
         + torch.stack(decays, 1) * torch.stack(entering_states)[:, None]
