@@ -8,15 +8,15 @@ ppo_lstm.py (read its docstring first); what changes is the data flow.
     # POPGym's recall task
     python leanrl/ppo_lstm_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0
 
-- The rollout is one TensorDict on the device; a minibatch is one indexing call.
-- Acting uses a copy of the agent that shares its weights, without autograd state.
-- The LSTM cell is written out: the input's share of the gates is one matmul for the
-  whole sequence, and the time loop does only the recurrent part, which inductor fuses.
-- The categorical is written out (torch.distributions checks its arguments, a host
-  sync), and GAE is solved by doubling.
-- Adam is fused, capturable under `--cudagraphs`, with a tensor learning rate.
-- `--compile` compiles acting, GAE and the sequence loss; `--cudagraphs` records acting
-  and the update as CUDA graphs and needs a CUDA device.
+- The rollout is one TensorDict on the device; a minibatch is one index.
+- Acting uses a copy of the agent sharing its weights, without autograd.
+- The LSTM cell is written out: the input's share of the gates is one
+  matmul for the whole sequence; the time loop does only the recurrent part.
+- The categorical is written out (torch.distributions checks its arguments,
+  a host sync), and GAE is solved by doubling.
+- Adam is fused, capturable under `--cudagraphs`, its learning rate a tensor.
+- `--compile` compiles acting, GAE and the sequence loss; `--cudagraphs`
+  records acting and the update as CUDA graphs (it needs a CUDA device).
 """
 
 import json
@@ -205,8 +205,8 @@ class Agent(nn.Module):
 
 
 def lstm_step(gates_x, h, c, weight_hh):
-    """One LSTM cell step from the input's share of its gates `gates_x` [B, 4H] (torch's
-    order: input, forget, cell, output) and the state `h`, `c` [B, H]: the new (h, c)."""
+    """One LSTM cell step: the new (h, c) from the input's share of the gates
+    `gates_x` [B, 4H] (input, forget, cell, output) and the state `h`, `c` [B, H]."""
     i, f, g, o = (gates_x + h @ weight_hh.T).chunk(4, -1)
     c = f.sigmoid() * c + i.sigmoid() * g.tanh()
     return o.sigmoid() * c.tanh(), c

@@ -9,12 +9,12 @@ Same algorithm, defaults and loop as ppo_mingru.py; what changes is the data flo
     python leanrl/ppo_mingru_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0
 
 - The recurrence is a chunked associative scan: about 2 sqrt(T) steps, not T.
-- The rollout is one TensorDict on the device; a minibatch is one indexing call.
-- Acting uses a copy of the agent that shares its weights, without autograd state.
+- The rollout is one TensorDict on the device; a minibatch is one index.
+- Acting uses a copy of the agent sharing its weights, without autograd.
 - The categorical is written out, and GAE is solved by doubling.
-- Adam is fused, capturable under `--cudagraphs`, with a tensor learning rate.
-- `--compile` compiles acting, GAE and the sequence loss; `--cudagraphs` records acting
-  and the update as CUDA graphs and needs a CUDA device.
+- Adam is fused, capturable under `--cudagraphs`, its learning rate a tensor.
+- `--compile` compiles acting, GAE and the sequence loss; `--cudagraphs`
+  records acting and the update as CUDA graphs (it needs a CUDA device).
 """
 
 import json
