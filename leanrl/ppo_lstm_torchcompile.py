@@ -1,31 +1,22 @@
-"""Recurrent PPO (an LSTM policy) for discrete actions, optimized: the twin of ppo_lstm.py.
+"""Recurrent PPO with an LSTM policy for discrete actions, optimized: the twin of ppo_lstm.py.
 
-Paper: https://arxiv.org/abs/1707.06347; the recurrent agent and its update are CleanRL's. Defaults:
-CartPole-v1 with both velocities hidden (`--obs-indices 0 2`), which only an agent that remembers
-past positions balances well; 200k steps, 8 envs x 32 steps, 2 minibatches of 4 whole env sequences,
-10 epochs, learning rate 1e-3, clip 0.2, no entropy bonus (CleanRL's Atari settings learned here no
-faster than the memoryless baseline).
+Paper: https://arxiv.org/abs/1707.06347. Same algorithm, defaults and loop as
+ppo_lstm.py (read its docstring first); what changes is the data flow.
 
-    python leanrl/ppo_lstm_torchcompile.py --compile               # on a CPU
+    python leanrl/ppo_lstm_torchcompile.py --compile  # on a CPU
     python leanrl/ppo_lstm_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
     # POPGym's recall task
     python leanrl/ppo_lstm_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0
 
-Same algorithm, same defaults and same loop as the eager twin (read its docstring first); what
-changes is the data flow:
-- the rollout is one TensorDict preallocated on the device; a minibatch of env sequences is one
-  indexing call;
-- acting uses a copy of the agent that shares its weights but carries no autograd state;
-- the LSTM cell is written out: the input's share of the gates is one matmul for the whole sequence,
-  and the time loop does only the recurrent part, in ops dynamo traces and inductor fuses (it
-  refuses `nn.LSTM` itself);
-- the categorical (Gumbel-max sampling, log-probability, entropy) is written out:
-  torch.distributions checks its arguments on every call, a host sync; GAE is solved by doubling;
-- a fused Adam (capturable under `--cudagraphs`), its learning rate a tensor annealed in place; one
-  CPU thread;
-- `--compile` compiles acting, GAE and the sequence loss, forward and backward (the clip and Adam
-  stay eager); `--cudagraphs` records acting and the update as CUDA graphs, and exits with status 2
-  without a CUDA device.
+- The rollout is one TensorDict on the device; a minibatch is one index.
+- Acting uses a copy of the agent sharing its weights, without autograd.
+- The LSTM cell is written out: the input's share of the gates is one
+  matmul for the whole sequence; the time loop does only the recurrent part.
+- The categorical is written out (torch.distributions checks its arguments,
+  a host sync), and GAE is solved by doubling.
+- Adam is fused, capturable under `--cudagraphs`, its learning rate a tensor.
+- `--compile` compiles acting, GAE and the sequence loss; `--cudagraphs`
+  records acting and the update as CUDA graphs (it needs a CUDA device).
 """
 
 import json
@@ -37,6 +28,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -65,28 +57,23 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of evaluation episodes"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the weights and the arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training (with its
-    --obs-indices, memory)"""
+    """evaluate this saved .pt file instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """iterations excluded from `sps` (they compile and warm up)"""
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     obs_indices: tuple[int, ...] | None = None
-    """the entries of the observation the agent sees; by default CartPole-v1's positions (0 2) on
-    CartPole-v1, every entry on any other env; `--obs-indices` with no value keeps them all"""
+    """the observation entries the agent sees; by default (0 2) on CartPole-v1, all
+    elsewhere; `--obs-indices` with no value keeps them all"""
     memory: bool = True
-    """carry the LSTM state from step to step; `--no-memory` resets it at every step (a feedforward
-    baseline)"""
+    """carry the state from step to step; `--no-memory` resets it at every step"""
     total_timesteps: int = 200_000
     """total environment steps of the experiment"""
     learning_rate: float = 1e-3
@@ -94,7 +81,7 @@ class Args:
     num_envs: int = 8
     """the number of parallel environments"""
     num_steps: int = 32
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -102,8 +89,7 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 2
-    """the number of minibatches each epoch splits the rollout into, by environment (whole
-    sequences)"""
+    """the number of minibatches of each epoch, split by env (whole sequences)"""
     update_epochs: int = 10
     """the number of epochs (passes over the rollout) of each update"""
     norm_adv: bool = True
@@ -119,21 +105,20 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
     compile: bool = False
-    """compile acting, GAE and the update's sequence loss with `torch.compile`"""
+    """compile acting, GAE and the sequence loss with `torch.compile`"""
     cudagraphs: bool = False
-    """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
+    """record acting and the update as CUDA graphs (needs a CUDA device)"""
 
 
 def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
     def thunk():
-        # only with video: some envs (POPGym's) take no render_mode argument
+        # no render_mode without video: POPGym's envs take none
         env = gym.make(env_id) if video_dir is None else gym.make(env_id, render_mode="rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training: gymnasium's schedule; evaluation: its first episodes
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -141,7 +126,7 @@ def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
             )
         env = gym.wrappers.FlattenObservation(env)
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        if obs_indices:  # keep only these entries (e.g. CartPole's positions, not its velocities)
+        if obs_indices:
             space, keep = env.observation_space, list(obs_indices)
             if not all(-space.shape[0] <= i < space.shape[0] for i in keep):
                 fail(
@@ -150,8 +135,7 @@ def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
                 )
             visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
-        # normalized by running statistics, as in CleanRL's continuous PPO: the hidden task's inputs
-        # are small (a pole angle within 0.21 rad), and unnormalized, 150k steps learned nothing
+        # the hidden task's inputs are small: unnormalized, it learned nothing
         env = gym.wrappers.NormalizeObservation(env)
         env = gym.wrappers.TransformObservation(
             env, lambda obs: np.clip(obs, -10, 10), env.observation_space
@@ -169,9 +153,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """A 64-unit torso, an LSTM cell of `hidden_size` units and policy and value heads on its
-    output. Sequences are time-major: observations [T, B, n_obs], done flags [T, B], the LSTM
-    state (h, c) [B, hidden_size] each."""
+    """A 64-unit torso, an LSTM cell, policy and value heads. Time-major:
+    observations [T, B, n_obs], done flags [T, B], the state (h, c) [B, H] each."""
 
     def __init__(self, n_obs, n_act, hidden_size=128, device=None):
         super().__init__()
@@ -185,15 +168,17 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(hidden_size, n_act, device=device), std=0.01)
         self.critic = layer_init(nn.Linear(hidden_size, 1, device=device), std=1)
 
+    def zero_state(self, batch, device=None):
+        """The state of `batch` envs at their first step."""
+        return tuple(torch.zeros(batch, self.lstm.hidden_size, device=device) for _ in "hc")
+
     def get_states(self, x, lstm_state, done):
-        """The LSTM's outputs [T, B, hidden_size] over the sequence `x` and its state after the last
-        step. `done[t]` is 1 where `x[t]` is the first observation of an episode: the state is
-        zeroed there, so nothing of the previous episode leaks into the new one."""
+        """The LSTM's outputs [T, B, H] over `x`, and its last state. The state is
+        zeroed where `done[t]` is 1: no episode leaks into the next."""
         hidden = self.network(x)
         h, c = lstm_state
         new_hidden = []
-        # nn.LSTMCell written out: the input's share of the gates for every step at once, in one
-        # matmul
+        # nn.LSTMCell written out: the input's share of the gates in one matmul
         gates_x = hidden @ self.lstm.weight_ih.T + self.lstm.bias_ih + self.lstm.bias_hh
         for gates_x_t, done_t in zip(gates_x, done):
             keep = (1.0 - done_t).unsqueeze(-1)
@@ -208,9 +193,8 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, lstm_state, done, action=None):
         hidden, lstm_state = self.get_states(x, lstm_state, done)
         logits = self.actor(hidden)
-        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out;
-        # sampling by the Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as
-        # softmax(logits)
+        # Categorical's sample, log_prob and entropy, written out. Gumbel-max trick:
+        # argmax(logits + Gumbel noise) is distributed as softmax(logits)
         log_probs = logits.log_softmax(-1)
         if action is None:
             gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
@@ -221,30 +205,25 @@ class Agent(nn.Module):
 
 
 def lstm_step(gates_x, h, c, weight_hh):
-    """One step of an LSTM cell from the input's share of its gates `gates_x` [B, 4H] (torch's
-    order: input, forget, cell, output) and the previous state `h`, `c` [B, H]; returns the new
-    (h, c)."""
+    """One LSTM cell step: the new (h, c) from the input's share of the gates
+    `gates_x` [B, 4H] (input, forget, cell, output) and the state `h`, `c` [B, H]."""
     i, f, g, o = (gates_x + h @ weight_hh.T).chunk(4, -1)
     c = f.sigmoid() * c + i.sigmoid() * g.tanh()
     return o.sigmoid() * c.tanh(), c
 
 
 def observed_indices(env_id, obs_indices):
-    """The entries of the observation the agent sees: `obs_indices` if given, else CartPole-v1's
-    positions (0 2) on CartPole-v1 (its velocities hidden) and every entry on any other env (the
-    empty tuple: all)."""
+    """`obs_indices` if given, else (0 2) on CartPole-v1 and all entries (`()`) elsewhere."""
     if obs_indices is not None:
         return tuple(obs_indices)
     return (0, 2) if env_id == "CartPole-v1" else ()
 
 
 def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode: the step that ends an episode returns the reset obs
-    and puts the true final obs in `info["final_obs"]`; with `video_dir`, the first env records
-    videos there (the first `video_episodes` episodes if given). A bad id, an index outside the
-    observation or a non-Discrete action space exits with status 2."""
+    """A vector env in same-step autoreset mode, the first env recording video.
+    A bad id or index, or a non-Discrete action space, exits with status 2."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [
             make_env(env_id, seed + i, obs_indices, videos[i], video_episodes)
             for i in range(num_envs)
@@ -260,8 +239,7 @@ def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episode
 
 
 def obs_rms_of(envs):
-    """The first env's observation normalization statistics, as tensors (what a saved model needs to
-    act)."""
+    """The first env's normalization statistics, saved with the model."""
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
     return {
         "mean": torch.tensor(rms.mean),
@@ -271,7 +249,7 @@ def obs_rms_of(envs):
 
 
 def freeze_obs_rms(envs, stats):
-    """Every env of `envs` normalizes with the statistics `stats`, which no longer move."""
+    """Every env normalizes with `stats`, which no longer move."""
     for env in envs.envs:
         rms = env.get_wrapper_attr("obs_rms")
         rms.mean = stats["mean"].numpy().copy()
@@ -302,29 +280,24 @@ def true_next_obs(next_obs, infos):
 
 
 def episode_starts(terminations, truncations, memory):
-    """The reset flags of the next observations: 1 where an episode ended, so the next one starts
-    afresh; 1 everywhere without `memory` (the state is then zeroed at every step: a feedforward
-    policy)."""
+    """1 where an episode ended; 1 everywhere without `memory`."""
     dones = np.logical_or(terminations, truncations)
     return dones if memory else np.ones_like(dones)
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation; returns (advantages, returns), both [num_steps, num_envs]
-    like every input but `next_value` [num_envs], the value after the last step.
-    `final_values[t]` is the value of the true final observation of an episode truncated at step
-    t."""
+    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs]
+    like the inputs but `next_value` [num_envs]. `final_values[t]`: the value of the
+    true final observation of an episode truncated at step t."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's inside an episode; at its end, the true
-    # final observation's if it was cut off and 0 if it terminated
+    # the value after step t: the next step's, the true final observation's if the
+    # episode was cut off there, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of
-    # an episode. Solved by doubling: after the round with shift s, advantages[t] sums the terms t
-    # .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds
-    # of a few vectorized ops replace the num_steps-long loop. The same sums, added in another
-    # order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of
+    # A_t and coefs[t] is the product of their c's (the loop's sums, in another order)
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -336,21 +309,24 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch of whole sequences (a TensorDict
-    [num_steps, envs]) replayed from the LSTM state `lstm_state` the rollout started with;
-    returns its statistics. `compile_loss`: compile the forward and backward of the sequence
-    loss; the clip and the Adam step stay eager."""
+def make_learner(args, n_obs, n_act, device):
+    """The agent, its optimizer and the steps `main` runs, on `device`."""
+    agent = Agent(n_obs, n_act, device=device)
+    # a tensor learning rate, annealed in place: a captured graph reads its memory
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel; capturable: else a graph cannot record its step
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
 
-    def loss_fn(mb, lstm_state):
+    def loss_fn(mb, state):
         _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
-            mb["obs"], lstm_state, mb["dones"], mb["actions"]
+            mb["obs"], state, mb["dones"], mb["actions"]
         )
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-
         with torch.no_grad():
-            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            # http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
@@ -359,12 +335,12 @@ def make_update(agent, optimizer, args, compile_loss=False):
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-        # Policy loss
+        # policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-        # Value loss
+        # value loss
         newvalue = newvalue.squeeze(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
@@ -378,90 +354,79 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
-    if compile_loss:
+    if args.compile:
+        # the loss forward and backward; the clip and the Adam step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
-    def update(mb, lstm_state):
+    def update(mb, state):
+        """One gradient step on the sequences `mb` [num_steps, envs], replayed
+        from `state`, the state their rollout started with."""
         optimizer.zero_grad()
-        loss, stats = loss_fn(mb, lstm_state)
+        loss, stats = loss_fn(mb, state)
         loss.backward()
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
         return stats
 
-    return update
-
-
-def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
-    them."""
-    agent = Agent(n_obs, n_act, device=device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
-    # nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an
-    # optimizer that is not
-    optimizer = torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
-    )
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd
-    # state
+    # acting reads the agent's weights through a copy that has no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return (
-        agent,
-        optimizer,
-        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=agent_inference.get_action_and_value,
+        get_value=agent_inference.get_value,
+        update=update,
     )
 
 
 def main(args):
     check_args(args)
-    # None: the env's default, resolved once
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)
-    # seeds, run folder, wandb, signals: at the end of the file
-    run = Run(args, "ppo_lstm_torchcompile")
-    # with --eval-model no training episode is played, and none is recorded
-    envs = make_envs(
-        args.env_id,
-        args.num_envs,
-        args.seed,
-        args.obs_indices,
-        None if args.eval_model else run.videos,
-    )
+    run = Run(args, "ppo_lstm_torchcompile")  # seeds, run folder, wandb, signals
+    # evaluating a saved model records no training episode
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if device.type == "cpu":
-        # every op here is tiny (8-env acting, 2-env sequences in the update): waking a second
-        # thread costs more than it saves, and on a shared CPU an oversubscribed thread pool can
-        # stall a step for milliseconds
+        # every op is tiny: a second thread costs more than it saves
         torch.set_num_threads(1)
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    agent, optimizer, (policy, get_value, update) = make_learner(
-        args, n_obs, int(envs.single_action_space.n), device
-    )
-    if run.saved_model is not None:
-        agent.load_state_dict(run.saved_model["agent"])
-        freeze_obs_rms(envs, run.saved_model["obs_rms"])  # the normalization it was trained with
-    compute_gae = gae
-    if args.compile:
-        # GAE is one small graph per rollout; `make_update` compiles the sequence loss (the Adam
-        # step stays eager)
-        compute_gae = torch.compile(gae, fullgraph=True)
-        policy = torch.compile(policy)
-    if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next
-        # records the graph, later calls replay it; a compiled function warms up once more, to
-        # compile for the optimizer's state first
-        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
-        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
+    learner = make_learner(args, n_obs, int(envs.single_action_space.n), device)
+    agent, optimizer = learner.agent, learner.optimizer
 
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    def finish(obs_rms):
+        def evaluate_agent(episodes, videos):  # the most likely action
+            eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
+            freeze_obs_rms(eval_envs, obs_rms)
+            zeros = agent.zero_state(1, device)
+            return evaluate(agent, eval_envs, episodes, args.seed, zeros, args.memory, device)
+
+        model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
+        run.finish(device, model, evaluate_agent, obs_indices=list(args.obs_indices))
+
+    if args.eval_model:
+        agent.load_state_dict(run.saved_model["agent"])
+        envs.close()
+        return finish(run.saved_model["obs_rms"])
+
+    compute_gae = torch.compile(gae, fullgraph=True) if args.compile else gae
+    if args.compile:
+        learner.policy = torch.compile(learner.policy)
+    if args.cudagraphs:
+        # `warmup - 1` calls run as they are (Adam creates its state), the next
+        # records the graph; compiled, one more warms up for that state
+        warmup = 3 if args.compile else 2
+        learner.policy = CudaGraphModule(learner.policy, warmup=warmup)
+        learner.update = CudaGraphModule(learner.update, warmup=warmup)
+
+    def as_tensor(x):
+        return torch.as_tensor(x, device=device, dtype=torch.float)
+
+    # the rollout, [num_steps, num_envs, ...], one TensorDict
     shape = (args.num_steps, args.num_envs)
     keys = ("logprobs", "values", "rewards", "dones", "terminations", "truncations", "final_values")
     rollout = TensorDict(
@@ -471,118 +436,91 @@ def main(args):
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
-    # dones[t] = 1: obs[t] starts an episode, the LSTM state is zeroed before it (always, under
-    # --no-memory)
+    next_obs = as_tensor(next_obs)
+    # dones[t] = 1: obs[t] starts an episode, and the state is zeroed before it
     next_done = torch.full((args.num_envs,), 0.0 if args.memory else 1.0, device=device)
-    next_lstm_state = (
-        torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
-        torch.zeros(args.num_envs, agent.lstm.hidden_size, device=device),
-    )
-    # a true final observation continues its episode: no reset before it (but always one under
-    # --no-memory)
+    next_state = agent.zero_state(args.num_envs, device)
+    # a true final observation continues its episode: no reset before it
     final_done = torch.full((1, args.num_envs), 0.0 if args.memory else 1.0, device=device)
     envs_per_batch = args.num_envs // args.num_minibatches
-    num_iterations = (
-        0 if args.eval_model else args.total_timesteps // (args.num_envs * args.num_steps)
-    )
+    num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
-        # the update replays each env's sequence from the LSTM state this rollout starts with
-        initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
+            run.start_clock(global_step)  # compile and warm-up are behind
+        # the update replays each env's sequence from this state
+        initial_state = tuple(s.clone() for s in next_state)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            # in place: no recompile
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # no recompile
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             rollout["obs"][step] = next_obs
             rollout["dones"][step] = next_done
 
-            # ALGO LOGIC: action logic, a sequence of one step
+            # act: a sequence of one step
             with torch.no_grad():
-                action, logprob, _, value, next_lstm_state = policy(
-                    next_obs[None], next_lstm_state, next_done[None]
+                action, logprob, _, value, next_state = learner.policy(
+                    next_obs[None], next_state, next_done[None]
                 )
             rollout["values"][step] = value.flatten()
             rollout["actions"][step] = action[0]
             rollout["logprobs"][step] = logprob[0]
 
+            # step the envs
             next_obs, reward, terminations, truncations, infos = envs.step(action[0].cpu().numpy())
             run.log_episodes(global_step, finished_episodes(infos))
-            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(
-                terminations, device=device, dtype=torch.float
-            )
-            rollout["truncations"][step] = torch.as_tensor(
-                truncations, device=device, dtype=torch.float
-            )
+            rollout["rewards"][step] = as_tensor(reward)
+            rollout["terminations"][step] = as_tensor(terminations)
+            rollout["truncations"][step] = as_tensor(truncations)
             if truncations.any():
-                # the value of the state each truncated episode was cut at, seen with that episode's
-                # memory
-                final_obs = torch.as_tensor(
-                    true_next_obs(next_obs, infos), device=device, dtype=torch.float
-                )
+                # the value where each truncated episode was cut, seen with its memory
+                final_obs = as_tensor(true_next_obs(next_obs, infos))
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(
-                        final_obs[None], next_lstm_state, final_done
+                    rollout["final_values"][step] = learner.get_value(
+                        final_obs[None], next_state, final_done
                     ).flatten()
-            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
-            next_done = episode_starts(terminations, truncations, args.memory)
-            next_done = torch.as_tensor(next_done, device=device, dtype=torch.float)
+            next_obs = as_tensor(next_obs)
+            next_done = as_tensor(episode_starts(terminations, truncations, args.memory))
 
-        # bootstrap value if not done
+        # advantages
         with torch.no_grad():
-            next_value = get_value(next_obs[None], next_lstm_state, next_done[None]).flatten()
+            next_value = learner.get_value(next_obs[None], next_state, next_done[None]).flatten()
         ends = (rollout["final_values"], rollout["terminations"], rollout["truncations"])
         advantages, returns = compute_gae(
             rollout["rewards"], rollout["values"], next_value, *ends, args.gamma, args.gae_lambda
         )
-
-        # the batch stays [num_steps, num_envs]: a minibatch is the whole sequences of some envs
+        # the batch stays [num_steps, num_envs]: a minibatch is the sequences of some envs
         b = rollout.select("obs", "actions", "logprobs", "values", "dones")
         b["advantages"], b["returns"] = advantages, returns
 
-        # Optimizing the policy and value network
+        # update
         for _ in range(args.update_epochs):
-            b_envs = torch.randperm(args.num_envs, device=device).split(envs_per_batch)
-            for mb_envs in b_envs:
-                mb_lstm_state = (initial_lstm_state[0][mb_envs], initial_lstm_state[1][mb_envs])
-                stats = update(b[:, mb_envs], mb_lstm_state)
+            for mb_envs in torch.randperm(args.num_envs, device=device).split(envs_per_batch):
+                mb = b[:, mb_envs]
+                mb_state = tuple(s[mb_envs] for s in initial_state)
+                stats = learner.update(mb, mb_state)
             # host sync, once per epoch
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         lr = optimizer.param_groups[0]["lr"]
         metrics = dict(zip(names, stats), explained_variance=explained_var, learning_rate=lr)
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # Ctrl-C, SIGTERM or divergence
             break
 
-    # the normalization the agent was trained with: saved with it, frozen to evaluate
+    # the normalization the agent was trained with
     obs_rms = obs_rms_of(envs)
     envs.close()
-
-    def evaluate_agent(episodes, videos):  # the most likely action, the LSTM state carried
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
-        freeze_obs_rms(eval_envs, obs_rms)
-        # (h, c) of one env, never written
-        zeros = (torch.zeros(1, agent.lstm.hidden_size, device=device),) * 2
-        return evaluate(agent, eval_envs, episodes, args.seed, zeros, args.memory, device)
-
-    run.finish(
-        device,
-        {"agent": agent.state_dict(), "obs_rms": obs_rms},
-        evaluate_agent,
-        obs_indices=list(args.obs_indices),
-    )
+    finish(obs_rms)
 
 
 # ==================================================================================================
@@ -598,26 +536,18 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
-    for flag, value in vars(args).items():
+    for name, value in vars(args).items():
+        # nan fails every comparison below; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            flag = "--" + name.replace("_", "-")
+            fail(f"{flag} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"]
+    for name in positive + ["learning_rate", "clip_coef", "max_grad_norm", "target_kl"]:
+        value = getattr(args, name)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.total_timesteps < args.num_steps * args.num_envs:
         fail(
             f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "

@@ -92,14 +92,16 @@ def build_ppo_ray(module, args):
 
 
 def build_ppo_lstm(module, args):
-    _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
+    learner = module.make_learner(args, 2, 2, CPU)
+    optimizer, policy, update = learner.optimizer, learner.policy, learner.update
     state = lambda: (torch.randn(4, 128), torch.randn(4, 128))  # noqa: E731
     obs = lambda: (torch.randn(1, 4, 2), state(), torch.ones(1, 4))  # noqa: E731
     return [optimizer], {"policy": (policy, obs), "update": (update, lambda: lstm_minibatch(0))}
 
 
 def build_ppo_mingru(module, args):
-    _, optimizer, (policy, _, update) = module.make_learner(args, 2, 2, CPU)
+    learner = module.make_learner(args, 2, 2, CPU)
+    optimizer, policy, update = learner.optimizer, learner.policy, learner.update
 
     def obs():
         return torch.randn(1, 4, 2), torch.randn(2, 4, MINGRU_STATE_SIZE), torch.ones(1, 4)

@@ -303,7 +303,8 @@ def make_ppo_atari(module, args):
 
 
 def make_ppo_lstm(module, args):
-    policy, _, update = module.make_learner(args, 2, 2, CUDA)[-1]
+    learner = module.make_learner(args, 2, 2, CUDA)
+    policy, update = learner.policy, learner.update
     mb = batch((8, 2), obs=(2,), actions=DISCRETE, dones=(), **PPO)
     return {
         "policy": (policy, (zeros(1, 4, 2), (zeros(4, 128), zeros(4, 128)), zeros(1, 4))),
@@ -312,7 +313,8 @@ def make_ppo_lstm(module, args):
 
 
 def make_ppo_mingru(module, args):
-    agent, _, (policy, _, update) = module.make_learner(args, 2, 2, CUDA)
+    learner = module.make_learner(args, 2, 2, CUDA)
+    agent, policy, update = learner.agent, learner.policy, learner.update
     mb = batch((8, 2), obs=(2,), actions=DISCRETE, dones=(), **PPO)
     layers, size = agent.num_layers, agent.state_size
     return {

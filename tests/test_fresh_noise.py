@@ -77,14 +77,15 @@ def ppo_atari(module, args, device):
 
 
 def ppo_lstm(module, args, device):
-    policy = module.make_learner(args, 2, 2, device)[-1][0]
+    policy = module.make_learner(args, 2, 2, device).policy
     state = (torch.zeros(ENVS, 128, device=device), torch.zeros(ENVS, 128, device=device))
     obs, done = randn(1, ENVS, 2, device=device), torch.ones(1, ENVS, device=device)
     return {"policy": (policy, (obs, state, done))}
 
 
 def ppo_mingru(module, args, device):
-    agent, _, (policy, *_) = module.make_learner(args, 2, 2, device)
+    learner = module.make_learner(args, 2, 2, device)
+    agent, policy = learner.agent, learner.policy
     state = torch.zeros(agent.num_layers, ENVS, agent.state_size, device=device)
     obs, done = randn(1, ENVS, 2, device=device), torch.ones(1, ENVS, device=device)
     return {"policy": (policy, (obs, state, done))}

@@ -170,16 +170,12 @@ def test_doubling_gae_equals_the_reference_loop():
 
 
 def build_update(module, compile_loss, seed=0, lr=2.5e-4):
-    """The twin's agent, its fused Adam with a tensor learning rate and its update, from a fixed
-    seed."""
+    """The twin's update, agent and fused Adam with a tensor learning rate, from a fixed seed;
+    `compile_loss`: its sequence loss compiled (as under --compile)."""
     torch.manual_seed(seed)
-    agent = module.Agent(N_OBS, N_ACT)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(lr), eps=1e-5, fused=True)
-    return (
-        module.make_update(agent, optimizer, module.Args(), compile_loss=compile_loss),
-        agent,
-        optimizer,
-    )
+    args = module.Args(compile=compile_loss, learning_rate=lr)
+    learner = module.make_learner(args, N_OBS, N_ACT, torch.device("cpu"))
+    return learner.update, learner.agent, learner.optimizer
 
 
 def make_minibatch(seed, steps=8, envs=2):
