@@ -8,14 +8,12 @@ LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
     python leanrl/td3_continuous_action_cpu.py --env-id Pendulum-v1 \
         --total-timesteps 10000 --learning-starts 1000  # learns
 
-The optimized twin's algorithm, defaults and loop, made fast on a CPU. It trains on the CPU
-whatever the machine has: no `--cuda`, no `--cudagraphs`. Each update compiles as one graph, from
-the forward pass to the Adam step (`--no-compile` runs it eagerly): it is a function of the
-parameters, with `torch.func` gradients and Adam written out, since autograd's `backward` and an
+The optimized twin's algorithm, defaults and loop, made fast on a CPU, which it always trains
+on. Each update compiles as one graph, from the forward pass to the Adam step: it is a function
+of the parameters, with `torch.func` gradients and Adam written out, since `backward` and an
 optimizer's `step` would split the graph. Acting runs in numpy on views of the actor's weights,
-and the replay buffer is written through numpy views: at batch 1 a torch call costs more to
-dispatch than its arithmetic. One intra-op thread by default (`--threads`): a thread pool that
-loses a core to other work stalls at every op (docs/performance.md).
+and the replay buffer is written through numpy views: at batch 1, numpy dispatches faster than
+torch. One intra-op thread by default (docs/performance.md).
 """
 
 import json
@@ -255,16 +253,15 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     # both Q-networks' parameters stacked in one TensorDict, the targets a copy
     qnet_params = from_modules(qf1, qf2, as_module=True)
     qnet_target = qnet_params.data.clone()
-    # Adam steps the networks' own tensors in place: the modules, their stack and the numpy policy
-    # see every step
+    # Adam steps the networks' own tensors in place: the stack and the numpy policy see each step
     q_params = {name: p.data for name, p in qnet_params.flatten_keys(".").items()}
     q_optimizer = Adam(q_params, args.learning_rate)
     actor_params = {name: p.data for name, p in actor.named_parameters()}
     actor_optimizer = Adam(actor_params, args.learning_rate)
     q_target = dict(qnet_target.flatten_keys(".").items())
-    actor_weights, actor_target_weights = from_module(actor).data, from_module(actor_target).data
-    # one Q-network as a function of its parameters (a weightless shell), and that function mapped
-    # over the stack of both networks' parameters
+    actor_weights = from_module(actor).data
+    actor_target_weights = from_module(actor_target).data
+    # a weightless shell called on the parameters it is given, and vmapped over the stack
     qnet = QNetwork(n_obs, n_act, device="meta")
 
     def qf(params, obs, actions):
@@ -277,7 +274,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     rng = np.random.default_rng(args.seed)
 
     def policy(obs):
-        """The actor's action plus Gaussian noise, clipped to the bounds, in numpy."""
+        """The actor's action plus Gaussian noise, clipped to the bounds."""
         # `Actor.forward`, restated: a test holds the two to the same actions
         x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
         x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)

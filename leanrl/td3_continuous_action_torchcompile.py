@@ -245,7 +245,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     q_params = qnet_params.values(True, True)
     q_optimizer = torch.optim.Adam(q_params, lr=args.learning_rate, **adam_options)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **adam_options)
-    actor_params, actor_target_params = from_module(actor).data, from_module(actor_target).data
+    actor_params = from_module(actor).data
+    actor_target_params = from_module(actor_target).data
     # acting reads the actor's weights through a copy without autograd state
     actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
     actor_params.to_module(actor_detach)
