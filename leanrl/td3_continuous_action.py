@@ -285,9 +285,9 @@ def main(args):
     run = Run(args, "td3_continuous_action")  # seeds, run folder, wandb, signals
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
     actor = learner.actor
 

@@ -343,9 +343,9 @@ def main(args):
     device = torch.device("cpu")  # whatever the machine has
     # one thread unless --threads says more: a thread pool that loses a core waits at every op
     torch.set_num_threads(args.threads or 1)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
     actor = learner.actor
 
@@ -358,6 +358,7 @@ def main(args):
         envs.close()
         run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
         return
+
     if args.compile:  # each update as one graph, forward pass to Adam step
         learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
         learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
