@@ -189,9 +189,8 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions in one TensorDict on `device`: one indexing call samples
-    every field. Each step is written through numpy views of its tensors: a numpy write costs a
-    fraction of a torch one."""
+    """A circular buffer of transitions in one TensorDict on `device`, sampled uniformly. Steps
+    are written through numpy views of its tensors: a numpy write is cheaper than a torch one."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])

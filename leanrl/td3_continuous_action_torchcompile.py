@@ -191,8 +191,7 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions in one TensorDict on `device`: one indexing call adds or
-    samples every field."""
+    """A circular buffer of transitions in one TensorDict on `device`, sampled uniformly."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -216,8 +215,7 @@ class ReplayBuffer:
 
 
 def make_ensemble_qf(n_obs, n_act):
-    """`ensemble_qf(params, obs, actions)`: the Q-values [k, batch, 1] of k stacked Q-networks,
-    vmapped, so that each layer of all k is one batched matmul."""
+    """The Q-values [k, batch, 1] of k stacked Q-networks' `params`: one matmul per layer."""
     # a weightless shell: the parameters are swapped in at each call
     qnet = QNetwork(n_obs, n_act, device="meta")
 
