@@ -9,7 +9,7 @@ LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
         --total-timesteps 10000 --learning-starts 1000  # learns
 
 Written in the shape of td3_continuous_action_torchcompile.py, so that `diff` shows only what
-buys speed.
+buys speed. One critic step per vector step: with `--num-envs N`, N times fewer per env step.
 """
 
 import json
