@@ -116,15 +116,19 @@ def build_sac(script, device, cpu=None):
 
 
 def build_td3(script, device, cpu=None):
-    """TD3: the actor, its weight-sharing acting copy and `make_policy` around it, with an
+    """TD3: the twin's learner, acting through its weight-sharing copy of the actor, with an
     exploration noise of 0: the same ops (the noise is still drawn, scaled and added), a
-    deterministic action."""
+    deterministic action. With the CPU script, that script's learner too, its actor a copy of the
+    twin's: the source is both actors, so that a change to it reaches both policies."""
     low, high = -torch.ones(HALF_CHEETAH_ACT), torch.ones(HALF_CHEETAH_ACT)
-    actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
-    actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
-    from_module(actor).data.to_module(actor_detach)
-    host = cpu.make_host_policy(actor, 0.0, seed=0) if cpu else None
-    return Built(actor, script.make_policy(actor_detach, 0.0), host)
+    sizes = (HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high)
+    learner = script.make_learner(script.Args(exploration_noise=0.0), *sizes, device)
+    if not cpu:
+        return Built(learner.actor, learner.policy)
+    host = cpu.make_learner(cpu.Args(exploration_noise=0.0, seed=0), *sizes, device)
+    host.actor.load_state_dict(learner.actor.state_dict())
+    source = torch.nn.ModuleList([learner.actor, host.actor])
+    return Built(source, learner.policy, host.policy)
 
 
 def build_dqn(script, device, cpu=None):

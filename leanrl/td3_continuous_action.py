@@ -1,18 +1,15 @@
-"""Twin Delayed DDPG (TD3) for continuous actions, the eager reference (CleanRL's
-td3_continuous_action.py).
+"""Twin Delayed DDPG (TD3) for continuous actions, the eager reference: CleanRL's
+td3_continuous_action.py in plain PyTorch.
 
-Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps);
-the default env is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's. The default env is
+LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
-    python leanrl/td3_continuous_action.py                                   # the benchmark run
-    # learns
-    python leanrl/td3_continuous_action.py --env-id Pendulum-v1 --total-timesteps 10000 \
-        --learning-starts 1000
+    python leanrl/td3_continuous_action.py  # the benchmark run
+    python leanrl/td3_continuous_action.py --env-id Pendulum-v1 \
+        --total-timesteps 10000 --learning-starts 1000  # learns
 
-Plain PyTorch: the readable twin of td3_continuous_action_torchcompile.py, in its shape so that
-`diff` shows only what buys speed. One critic step per vector step, one actor step and target update
-every `policy_frequency`, as in CleanRL (with `--num-envs N`, N times fewer per env step). Truncated
-episodes bootstrap from their true final obs.
+Written in the shape of td3_continuous_action_torchcompile.py, so that `diff` shows only what
+buys speed. One critic step per vector step: with `--num-envs N`, N times fewer per env step.
 """
 
 import json
@@ -24,6 +21,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -51,18 +49,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env (and of evaluation) to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -81,25 +76,22 @@ class Args:
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
     policy_noise: float = 0.2
-    """the std of the noise on the target policy's actions (target policy smoothing), in half action
-    ranges"""
+    """the std of the target policy's smoothing noise, in half action ranges"""
     exploration_noise: float = 0.1
-    """the std of the exploration noise on the acting policy's actions, in half action ranges"""
+    """the std of the acting policy's noise, in half action ranges"""
     learning_starts: int = 25_000
     """environment steps of random actions before learning starts"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): one actor step and one target update every this
-    many critic steps"""
+    """one actor step and one target update every this many critic steps"""
     noise_clip: float = 0.5
-    """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
+    """the target policy's noise is clipped to [-noise_clip, noise_clip]"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training: gymnasium's schedule; evaluation: its first `video_episodes`
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -113,11 +105,10 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
-    obs in `infos`); the first env records videos to `video_dir`, if given. A bad id, or actions not
-    in a bounded Box, exit 2."""
+    """Vector env with same-step autoreset; the first env records videos to `video_dir`.
+    A bad id, or actions not in a bounded Box, exit 2."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     # an unknown id, or a `module:EnvId` whose module is missing
@@ -189,8 +180,7 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with
-    replacement."""
+    """A circular buffer of transitions on `device`, sampled uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -200,7 +190,7 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
-        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
+        """Write one vector step's transitions, a dict of arrays."""
         n = len(transition["obs"])
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
         for key, value in transition.items():
@@ -213,31 +203,35 @@ class ReplayBuffer:
         return {key: value[idx] for key, value in self.storage.items()}
 
 
-def make_policy(actor, exploration_noise):
-    """Acting: the actor's action plus N(0, `exploration_noise` half ranges) noise drawn on the
-    device, clipped."""
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """TD3's networks, optimizers and steps, by name."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    actor_target = Actor(n_obs, n_act, action_low, action_high, device=device)
+    actor_target.load_state_dict(actor.state_dict())
+    qf1 = QNetwork(n_obs, n_act, device=device)
+    qf2 = QNetwork(n_obs, n_act, device=device)
+    qf1_target = QNetwork(n_obs, n_act, device=device)
+    qf2_target = QNetwork(n_obs, n_act, device=device)
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_params = list(qf1.parameters()) + list(qf2.parameters())
+    q_optimizer = torch.optim.Adam(q_params, lr=args.learning_rate)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
 
     def policy(obs):
+        """The actor's action plus Gaussian noise, clipped to the bounds."""
         actions = actor(obs)
-        actions = actions + torch.randn_like(actions) * actor.action_scale * exploration_noise
-        return actor.clip(actions)
-
-    return policy
-
-
-def make_updates(actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args):
-    """TD3's critic step, (delayed) actor step and soft update of the three target networks;
-    `optimizers`: q, actor."""
-    q_optimizer, actor_optimizer = optimizers
+        noise = torch.randn_like(actions) * actor.action_scale * args.exploration_noise
+        return actor.clip(actions + noise)
 
     def update_critic(data):
         with torch.no_grad():
-            # target policy smoothing: clipped noise on the target action, in half action ranges
+            # target policy smoothing: clipped noise on the target action
             noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
                 -args.noise_clip, args.noise_clip
             )
-            next_actions = target_actor.clip(
-                target_actor(data["next_obs"]) + noise * target_actor.action_scale
+            next_actions = actor_target.clip(
+                actor_target(data["next_obs"]) + noise * actor_target.action_scale
             )
             qf1_next_target = qf1_target(data["next_obs"], next_actions)
             qf2_next_target = qf2_target(data["next_obs"], next_actions)
@@ -266,78 +260,70 @@ def make_updates(actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimize
 
     def update_targets():
         # soft update: tau * params + (1 - tau) * target
-        for net, target in ((actor, target_actor), (qf1, qf1_target), (qf2, qf2_target)):
+        for net, target in ((actor, actor_target), (qf1, qf1_target), (qf2, qf2_target)):
             for param, target_param in zip(net.parameters(), target.parameters()):
                 target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
 
-    return update_critic, update_actor, update_targets
-
-
-def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """The actor, the optimizers (q, actor) and the steps (policy, update_critic, update_actor,
-    update_targets)."""
-    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor.load_state_dict(actor.state_dict())
-    qf1 = QNetwork(n_obs, n_act, device=device)
-    qf2 = QNetwork(n_obs, n_act, device=device)
-    qf1_target = QNetwork(n_obs, n_act, device=device)
-    qf2_target = QNetwork(n_obs, n_act, device=device)
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam(
-        list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate
-    )
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
-
-    optimizers = (q_optimizer, actor_optimizer)
-    update_critic, update_actor, update_targets = make_updates(
-        actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args
-    )
-    return (
-        actor,
-        optimizers,
-        (make_policy(actor, args.exploration_noise), update_critic, update_actor, update_targets),
+    return SimpleNamespace(
+        policy=policy,
+        actor=actor,
+        actor_target=actor_target,
+        qf1=qf1,
+        qf2=qf2,
+        qf1_target=qf1_target,
+        qf2_target=qf2_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
     )
 
 
 def main(args):
     check_args(args)
-    # seeds, the run folder, wandb and signals: see the end of the file
-    run = Run(args, "td3_continuous_action")
+    run = Run(args, "td3_continuous_action")  # seeds, run folder, wandb, signals
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
+    space = envs.single_action_space
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    learner = make_learner(args, n_obs, n_act, action_low, action_high, device)
-    actor, _, (policy, update_critic, update_actor, update_targets) = learner
-    if run.saved_model is not None:
+    n_act = int(np.prod(space.shape))
+    learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
+    actor = learner.actor
+
+    def evaluate_actor(episodes, videos):  # the actor's action, no noise
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(actor, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
         actor.load_state_dict(run.saved_model)
+        envs.close()
+        run.finish(device, actor.state_dict(), evaluate_actor)
+        return
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     actor_loss = torch.zeros((), device=device)
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here, after compile and warm-up
 
-        # ALGO LOGIC: put action logic here
+        # act
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
             with torch.no_grad():
-                actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float))
+                actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))
             actions = actions.cpu().numpy()
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
+        # store: a truncated episode bootstraps from its true final obs
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(
             dict(
@@ -348,30 +334,23 @@ def main(args):
                 terminations=terminations,
             )
         )
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update: the actor and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = update_critic(data)
-
-            # delayed policy updates, on the critic's batch
+            qf_loss = learner.update_critic(data)
             if iteration % args.policy_frequency == 0:
-                actor_loss = update_actor(data)
-                update_targets()
+                actor_loss = learner.update_actor(data)
+                learner.update_targets()
 
+            # log
             if iteration % 100 == 0:
                 run.log_progress(pbar, global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # Ctrl-C, SIGTERM or divergence
             break
-
-    def evaluate_actor(episodes, videos):  # the actor's action, no noise
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(actor, eval_envs, episodes, args.seed, device)
 
     envs.close()
     run.finish(device, actor.state_dict(), evaluate_actor)
@@ -390,30 +369,28 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    flags = {f"--{flag.replace('_', '-')}": value for flag, value in vars(args).items()}
     # nan passes every comparison below; past 1e30 float32 overflows
-    for flag, value in vars(args).items():
+    for name, value in flags.items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    for flag in (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "learning_rate",
+    for name in (
+        "--total-timesteps",
+        "--num-envs",
+        "--buffer-size",
+        "--batch-size",
+        "--policy-frequency",
+        "--learning-rate",
     ):
-        if getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+        if flags[name] <= 0:
+            fail(f"{name} must be positive, got {flags[name]}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    for flag in ("learning_starts", "policy_noise", "exploration_noise", "noise_clip"):
-        if getattr(args, flag) < 0:
-            fail(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    for name in ("--learning-starts", "--policy-noise", "--exploration-noise", "--noise-clip"):
+        if flags[name] < 0:
+            fail(f"{name} must be >= 0, got {flags[name]}")
     if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail(f"--tau must be in (0, 1] and --gamma in [0, 1]; got {args.tau} and {args.gamma}")
 

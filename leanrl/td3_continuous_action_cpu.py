@@ -1,23 +1,19 @@
 """Twin Delayed DDPG (TD3) for continuous actions on a CPU, grown from
 td3_continuous_action_torchcompile.py.
 
-Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps, 25k random steps);
-the default env is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's. The default env is
+LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
-    python leanrl/td3_continuous_action_cpu.py                                   # the benchmark run
-    python leanrl/td3_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000 \
-        --learning-starts 1000
+    python leanrl/td3_continuous_action_cpu.py  # the benchmark run
+    python leanrl/td3_continuous_action_cpu.py --env-id Pendulum-v1 \
+        --total-timesteps 10000 --learning-starts 1000  # learns
 
-The optimized twin's algorithm, defaults and loop, made fast on a CPU (`diff` against the twin shows
-how). It trains on the CPU whatever the machine has: no `--cuda`, no `--cudagraphs`. Each update,
-from the forward pass to the Adam step, compiles as one graph (`--no-compile` runs the same
-functions eagerly): it is written as a function of the parameters, `torch.func` gradients and Adam
-written out, since autograd's `backward` and an optimizer's `step` would split the graph. Acting
-runs in numpy on views of the actor's weights and the replay buffer is written through numpy views:
-at batch 1 a torch call costs more to dispatch than its arithmetic. Intra-op threads (`--threads`,
-`threads` in the SUMMARY): one by default. The critics' batch-256 matmuls gain from a second thread
-on an idle CPU (`--threads 2`), but a thread pool that loses a core to other work stalls at every op
-(docs/performance.md).
+The optimized twin's algorithm, defaults and loop, made fast on a CPU, which it always trains
+on. Each update compiles as one graph, from the forward pass to the Adam step: it is a function
+of the parameters, with `torch.func` gradients and Adam written out, since `backward` and an
+optimizer's `step` would split the graph. Acting runs in numpy on views of the actor's weights,
+and the replay buffer is written through numpy views: at batch 1, numpy dispatches faster than
+torch. One intra-op thread by default (docs/performance.md).
 """
 
 import json
@@ -29,6 +25,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -56,18 +53,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env (and of evaluation) to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -86,30 +80,27 @@ class Args:
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
     policy_noise: float = 0.2
-    """the std of the noise on the target policy's actions (target policy smoothing), in half action
-    ranges"""
+    """the std of the target policy's smoothing noise, in half action ranges"""
     exploration_noise: float = 0.1
-    """the std of the exploration noise on the acting policy's actions, in half action ranges"""
+    """the std of the acting policy's noise, in half action ranges"""
     learning_starts: int = 25_000
     """environment steps of random actions before learning starts"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): one actor step and one target update every this
-    many critic steps"""
+    """one actor step and one target update every this many critic steps"""
     noise_clip: float = 0.5
-    """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
+    """the target policy's noise is clipped to [-noise_clip, noise_clip]"""
 
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default 1; 2 pays on an idle machine, see the docstring)"""
+    """torch's intra-op threads (default 1; 2 pays on an idle machine)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training: gymnasium's schedule; evaluation: its first `video_episodes`
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -123,11 +114,10 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
-    obs in `infos`); the first env records videos to `video_dir`, if given. A bad id, or actions not
-    in a bounded Box, exit 2."""
+    """Vector env with same-step autoreset; the first env records videos to `video_dir`.
+    A bad id, or actions not in a bounded Box, exit 2."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     # an unknown id, or a `module:EnvId` whose module is missing
@@ -199,10 +189,8 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with
-    replacement. One TensorDict holds every field, so sampling a batch is one indexing call for all
-    of them. Each step is written through numpy views of its tensors (the same memory): a numpy
-    write costs a fraction of a torch one."""
+    """A circular buffer of transitions in one TensorDict on `device`, sampled uniformly. Steps
+    are written through numpy views of its tensors: a numpy write is cheaper than a torch one."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
@@ -214,8 +202,7 @@ class ReplayBuffer:
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
-        """Write one vector step's transitions, a dict of numpy arrays (the env's, and the
-        actions)."""
+        """Write one vector step's transitions, a dict of numpy arrays."""
         n = len(transition["obs"])
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
@@ -230,21 +217,17 @@ class ReplayBuffer:
 
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
-    place. Called inside a compiled update it becomes part of that update's graph;
-    `torch.optim.Adam.step` would break the graph."""
+    place, so that it compiles into the update's graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # inlines a power of a step-count tensor into every vector of the CPU kernel
         device = next(iter(params.values())).device
-        self.beta1_power, self.beta2_power = (
-            torch.ones((), device=device),
-            torch.ones((), device=device),
-        )
+        self.beta1_power = torch.ones((), device=device)
+        self.beta2_power = torch.ones((), device=device)
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -259,66 +242,59 @@ class Adam:
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
 
-def make_host_policy(actor, exploration_noise, seed):
-    """The acting policy in numpy: the actor's action plus Gaussian noise of std `exploration_noise`
-    half action ranges (numpy's generator, seeded with `seed`), one draw per env and action
-    dimension, clipped to the env's bounds. At batch 1 a torch call costs more to dispatch than its
-    arithmetic, a numpy call much less. The arrays are views of the actor's weights, which Adam
-    updates in place: the policy always acts with the current ones."""
-    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
-    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
-    rng = np.random.default_rng(seed)
-
-    def policy(obs):
-        # `Actor.forward`, restated: a test holds the two to the same actions
-        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
-        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
-        actions = np.tanh(x @ w["fc_mu.weight"].T + w["fc_mu.bias"]) * action_scale + action_bias
-        actions += (
-            rng.standard_normal(actions.shape, dtype=np.float32) * action_scale * exploration_noise
-        )
-        return np.clip(actions, action_bias - action_scale, action_bias + action_scale)
-
-    return policy
-
-
-def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optimizers, args):
-    """TD3's critic step, (delayed) actor step and soft update of the three target networks;
-    `optimizers`: q, actor. The two gradient steps are functions of the parameters: `torch.func`
-    takes the gradients and Adam is written out, so that `torch.compile(fullgraph=True)` makes each,
-    from the forward pass to the parameters' step, one graph (autograd's `backward` and an
-    optimizer's `step` would split it)."""
-    q_optimizer, actor_optimizer = optimizers
-    q_params, actor_params = q_optimizer.params, actor_optimizer.params  # the networks' own tensors
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """TD3's networks, optimizers and steps, by name."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    actor_target = Actor(n_obs, n_act, action_low, action_high, device=device)
+    actor_target.load_state_dict(actor.state_dict())
+    qf1 = QNetwork(n_obs, n_act, device=device)
+    qf2 = QNetwork(n_obs, n_act, device=device)
+    # both Q-networks' parameters stacked in one TensorDict, the targets a copy
+    qnet_params = from_modules(qf1, qf2, as_module=True)
+    qnet_target = qnet_params.data.clone()
+    # Adam steps the networks' own tensors in place: the stack and the numpy policy see each step
+    q_params = {name: p.data for name, p in qnet_params.flatten_keys(".").items()}
+    q_optimizer = Adam(q_params, args.learning_rate)
+    actor_params = {name: p.data for name, p in actor.named_parameters()}
+    actor_optimizer = Adam(actor_params, args.learning_rate)
     q_target = dict(qnet_target.flatten_keys(".").items())
-    actor_weights, target_actor_weights = from_module(actor).data, from_module(target_actor).data
-    # one Q-network as a function of its parameters (a weightless shell, called on them), and that
-    # function mapped over the stack of both networks' parameters
-    qnet = QNetwork(actor.fc1.in_features, actor.fc_mu.out_features, device="meta")
+    actor_weights = from_module(actor).data
+    actor_target_weights = from_module(actor_target).data
+    # a weightless shell called on the parameters it is given, and vmapped over the stack
+    qnet = QNetwork(n_obs, n_act, device="meta")
 
     def qf(params, obs, actions):
         return functional_call(qnet, params, (obs, actions))
 
     ensemble_qf = torch.vmap(qf, (0, None, None))
+    # acting in numpy, on views of the actor's weights
+    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
+    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
+    rng = np.random.default_rng(args.seed)
+
+    def policy(obs):
+        """The actor's action plus Gaussian noise, clipped to the bounds."""
+        # `Actor.forward`, restated: a test holds the two to the same actions
+        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
+        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
+        actions = np.tanh(x @ w["fc_mu.weight"].T + w["fc_mu.bias"]) * action_scale + action_bias
+        noise = rng.standard_normal(actions.shape, dtype=np.float32)
+        actions += noise * action_scale * args.exploration_noise
+        return np.clip(actions, action_bias - action_scale, action_bias + action_scale)
 
     def qf_loss_fn(q_params, data, next_q_value):
         qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
         # qf1's plus qf2's mean squared error
         return (qf_a_values - next_q_value).pow(2).mean(1).sum()
 
-    def actor_loss_fn(actor_params, obs):
-        # the actor climbs the first Q-network only
-        qf1_params = {name: p[0] for name, p in q_params.items()}
-        return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
-
     def update_critic(data):
         with torch.no_grad():
-            # target policy smoothing: clipped noise on the target action, in half action ranges
+            # target policy smoothing: clipped noise on the target action
             noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
                 -args.noise_clip, args.noise_clip
             )
-            next_actions = target_actor.clip(
-                target_actor(data["next_obs"]) + noise * target_actor.action_scale
+            next_actions = actor_target.clip(
+                actor_target(data["next_obs"]) + noise * actor_target.action_scale
             )
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values
@@ -330,88 +306,83 @@ def make_functional_updates(actor, target_actor, qnet_params, qnet_target, optim
         q_optimizer.step(grads)
         return qf_loss
 
+    def actor_loss_fn(actor_params, obs):
+        # the actor climbs the first Q-network only
+        qf1_params = {name: p[0] for name, p in q_params.items()}
+        return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
+
     def update_actor(data):
         grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params, data["obs"])
         actor_optimizer.step(grads)
         return actor_loss
 
     def update_targets():
-        # soft update, one in-place lerp over all leaves of each TensorDict: target + tau * (params
-        # - target)
-        target_actor_weights.lerp_(actor_weights, args.tau)
+        # soft update, one in-place lerp per TensorDict: target + tau * (params - target)
+        actor_target_weights.lerp_(actor_weights, args.tau)
         qnet_target.lerp_(qnet_params.data, args.tau)
 
-    return update_critic, update_actor, update_targets
-
-
-def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """The actor, the optimizers (q, actor) and the steps (policy, update_critic, update_actor,
-    update_targets)."""
-    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    target_actor.load_state_dict(actor.state_dict())
-    qf1 = QNetwork(n_obs, n_act, device=device)
-    qf2 = QNetwork(n_obs, n_act, device=device)
-    qnet_params = from_modules(qf1, qf2, as_module=True)
-    qnet_target = qnet_params.data.clone()
-    # Adam steps the networks' own tensors in place: the modules, their stack and the numpy policy
-    # see every step
-    q_optimizer = Adam(
-        {name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate
+    return SimpleNamespace(
+        policy=policy,
+        actor=actor,
+        actor_target=actor_target,
+        qnet_params=qnet_params,
+        qnet_target=qnet_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
     )
-    actor_optimizer = Adam(
-        {name: p.data for name, p in actor.named_parameters()}, args.learning_rate
-    )
-
-    optimizers = (q_optimizer, actor_optimizer)
-    updates = make_functional_updates(
-        actor, target_actor, qnet_params, qnet_target, optimizers, args
-    )
-    policy = make_host_policy(actor, args.exploration_noise, args.seed)
-    return actor, optimizers, (policy, *updates)
 
 
 def main(args):
     check_args(args)
-    # seeds, the run folder, wandb, signals: see the end of the file
-    run = Run(args, "td3_continuous_action_cpu")
+    run = Run(args, "td3_continuous_action_cpu")  # seeds, run folder, wandb, signals
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")  # whatever the machine has
-    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle
-    # CPU, but a thread pool that loses a core to other work waits for it at every op
+    # one thread unless --threads says more: a thread pool that loses a core waits at every op
     torch.set_num_threads(args.threads or 1)
-
+    space = envs.single_action_space
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    learner = make_learner(args, n_obs, n_act, action_low, action_high, device)
-    actor, _, (policy, update_critic, update_actor, update_targets) = learner
-    if run.saved_model is not None:
+    n_act = int(np.prod(space.shape))
+    learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
+    actor = learner.actor
+
+    def evaluate_actor(episodes, videos):  # the actor's action, no noise
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(actor, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
         actor.load_state_dict(run.saved_model)
+        envs.close()
+        run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
+        return
+
     if args.compile:  # each update as one graph, forward pass to Adam step
-        update_critic = torch.compile(update_critic, fullgraph=True)
-        update_actor = torch.compile(update_actor, fullgraph=True)
+        learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
+        learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     actor_loss = torch.zeros((), device=device)
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here, after compile and warm-up
 
-        # ALGO LOGIC: put action logic here
+        # act
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            actions = policy(np.asarray(obs, dtype=np.float32))  # numpy in, numpy out
+            actions = learner.policy(np.asarray(obs, dtype=np.float32))  # numpy in, numpy out
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
+        # store: a truncated episode bootstraps from its true final obs
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(
             dict(
@@ -422,30 +393,23 @@ def main(args):
                 terminations=terminations,
             )
         )
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update: the actor and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = update_critic(data)
-
-            # delayed policy updates, on the critic's batch
+            qf_loss = learner.update_critic(data)
             if iteration % args.policy_frequency == 0:
-                actor_loss = update_actor(data)
-                update_targets()
+                actor_loss = learner.update_actor(data)
+                learner.update_targets()
 
+            # log
             if iteration % 100 == 0:
                 run.log_progress(pbar, global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # Ctrl-C, SIGTERM or divergence
             break
-
-    def evaluate_actor(episodes, videos):  # the actor's action, no noise
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(actor, eval_envs, episodes, args.seed, device)
 
     envs.close()
     run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
@@ -464,30 +428,28 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
+    flags = {f"--{flag.replace('_', '-')}": value for flag, value in vars(args).items()}
     # nan passes every comparison below; past 1e30 float32 overflows
-    for flag, value in vars(args).items():
+    for name, value in flags.items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    for flag in (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "learning_rate",
+    for name in (
+        "--total-timesteps",
+        "--num-envs",
+        "--buffer-size",
+        "--batch-size",
+        "--policy-frequency",
+        "--learning-rate",
     ):
-        if getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+        if flags[name] <= 0:
+            fail(f"{name} must be positive, got {flags[name]}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    for flag in ("learning_starts", "policy_noise", "exploration_noise", "noise_clip"):
-        if getattr(args, flag) < 0:
-            fail(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    for name in ("--learning-starts", "--policy-noise", "--exploration-noise", "--noise-clip"):
+        if flags[name] < 0:
+            fail(f"{name} must be >= 0, got {flags[name]}")
     if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail(f"--tau must be in (0, 1] and --gamma in [0, 1]; got {args.tau} and {args.gamma}")
     if args.threads is not None and args.threads <= 0:

@@ -47,15 +47,13 @@ def build_sac(module, args):
 
 def build_td3(module, args):
     bounds = (-2 * np.ones(TD3_ACT), 2 * np.ones(TD3_ACT))
-    _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(
-        args, TD3_OBS, TD3_ACT, *bounds, CPU
-    )
+    learner = module.make_learner(args, TD3_OBS, TD3_ACT, *bounds, CPU)
     obs = lambda: (torch.randn(1, TD3_OBS),)  # noqa: E731
     batch = lambda: (td3_batch(0),)  # noqa: E731
-    return optimizers, {
-        "policy": (policy, obs),
-        "update_critic": (update_critic, batch),
-        "update_actor": (update_actor, batch),
+    return [learner.q_optimizer, learner.actor_optimizer], {
+        "policy": (learner.policy, obs),
+        "update_critic": (learner.update_critic, batch),
+        "update_actor": (learner.update_actor, batch),
     }
 
 

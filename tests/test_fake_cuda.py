@@ -270,6 +270,16 @@ def make_sac_or_td3(module, args):  # make_learner returns the functions last, a
     }
 
 
+def make_td3(module, args):
+    learner = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
+    data = batch(64, **OFF_POLICY)
+    return {
+        "policy": (learner.policy, (zeros(1, 3),)),
+        "update_critic": (learner.update_critic, (data,)),
+        "update_actor": (learner.update_actor, (data,)),
+    }
+
+
 def make_dqn(module, args):
     policy, update, _ = module.make_learner(args, 4, 2, CUDA)[-1]
     data = batch(64, **OFF_POLICY | dict(obs=(4,), next_obs=(4,), actions=DISCRETE))
@@ -327,7 +337,7 @@ load = functools.cache(load_script)  # one import per script for its four flag s
 
 SCRIPTS = {
     "sac_continuous_action_torchcompile": make_sac_or_td3,
-    "td3_continuous_action_torchcompile": make_sac_or_td3,
+    "td3_continuous_action_torchcompile": make_td3,
     "dqn_torchcompile": make_dqn,
     "ppo_continuous_action_torchcompile": make_ppo,
     # one process (the only case --cudagraphs accepts), no collective

@@ -91,6 +91,16 @@ def ppo_mingru(module, args, device):
     return {"policy": (policy, (obs, state, done))}
 
 
+def td3(module, args, device):
+    learner = module.make_learner(args, 3, 1, *BOUNDS, device)
+    data = sac_batch(0).to(device)
+    return {
+        "policy": (learner.policy, (randn(ENVS, 3, device=device),)),
+        "update_critic": (learner.update_critic, (data,)),
+        "update_actor": (learner.update_actor, (data,)),
+    }
+
+
 def sac_or_td3_seeds(module, args, device):
     learner = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, device)
     policy, update_critic, update_actor, _ = learner[-1]
@@ -115,7 +125,7 @@ def ppo_seeds(module, args, device):
 # script -> (builder, the functions it records that draw random numbers)
 SAMPLING = {
     "sac_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic", "update_actor")),
-    "td3_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic")),
+    "td3_continuous_action_torchcompile": (td3, ("policy", "update_critic")),
     "dqn_torchcompile": (dqn, ("policy",)),
     "ppo_continuous_action_torchcompile": (ppo, ("policy",)),
     "ppo_continuous_action_distributed": (ppo, ("policy",)),
@@ -218,10 +228,9 @@ def sac_updates(module, args, device):
 
 def td3_updates(module, args, device):
     learner = module.make_learner(args, TD3_OBS, TD3_ACT, TD3_LOW, TD3_HIGH, device)
-    _, optimizers, (_, update_critic, update_actor, _) = learner
-    return optimizers, [
-        (update_critic, lambda k: td3_batch(2 * k).to(device)),
-        (update_actor, lambda k: td3_batch(2 * k + 1).to(device)),
+    return [learner.q_optimizer, learner.actor_optimizer], [
+        (learner.update_critic, lambda k: td3_batch(2 * k).to(device)),
+        (learner.update_actor, lambda k: td3_batch(2 * k + 1).to(device)),
     ]
 
 

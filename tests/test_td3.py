@@ -84,104 +84,54 @@ def test_several_envs_log_every_episode(script, flags):
 # -------------------------------------------------------------------------------------
 
 
-def build_networks(module, seed=0):
-    """Actor, target actor and two Q-networks (targets are copies), with bounds [-2, 2], from a
-    fixed seed."""
+def build_learner(module, seed=0, **args):
+    """`module`'s `make_learner` on the CPU, with bounds [-2, 2], after seeding torch with `seed`:
+    every script draws the actor, the target actor and the two Q-networks first, in that order,
+    so the three scripts' learners start from the same parameters."""
     torch.manual_seed(seed)
-    actor, target_actor = (
-        module.Actor(N_OBS, N_ACT, LOW, HIGH),
-        module.Actor(N_OBS, N_ACT, LOW, HIGH),
-    )
-    target_actor.load_state_dict(actor.state_dict())
-    return actor, target_actor, module.QNetwork(N_OBS, N_ACT), module.QNetwork(N_OBS, N_ACT)
+    return module.make_learner(module.Args(**args), N_OBS, N_ACT, LOW, HIGH, torch.device("cpu"))
+
+
+def stacked_state(learner):
+    return {
+        "actor": learner.actor,
+        "target_actor": learner.actor_target,
+        "qnet": learner.qnet_params,
+        "qnet_target": learner.qnet_target,
+    }
 
 
 def build_twin_updates(module, compile_updates, seed=0):
-    """The twin's module updates with fused Adam, as `make_learner` builds them, `--compile`d or
-    not."""
-    args = module.Args()
-    actor, target_actor, qf1, qf2 = build_networks(module, seed)
-    qnet_params = from_modules(qf1, qf2, as_module=True)
-    qnet_target = qnet_params.data.clone()
-    optimizers = (
-        torch.optim.Adam(qnet_params.values(True, True), lr=args.learning_rate, fused=True),
-        torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True),
-    )
-    ensemble_qf, ensemble_qf_target = (
-        module.make_ensemble_qf(N_OBS, N_ACT),
-        module.make_ensemble_qf(N_OBS, N_ACT),
-    )
-    update_critic, update_actor, update_targets = module.make_updates(
-        actor,
-        target_actor,
-        ensemble_qf,
-        ensemble_qf_target,
-        qnet_params,
-        qnet_target,
-        optimizers,
-        args,
-    )
+    """The twin's module updates with fused Adam, from its `make_learner`, `--compile`d or not."""
+    learner = build_learner(module, seed)
+    update_critic, update_actor = learner.update_critic, learner.update_actor
     if compile_updates:
         update_critic, update_actor = torch.compile(update_critic), torch.compile(update_actor)
-    state = {
-        "actor": actor,
-        "target_actor": target_actor,
-        "qnet": qnet_params,
-        "qnet_target": qnet_target,
-    }
-    return update_critic, update_actor, update_targets, state
+    return update_critic, update_actor, learner.update_targets, stacked_state(learner)
 
 
 def build_cpu_updates(module, compile_updates, seed=0):
-    """The CPU script's functional updates with its written-out Adam, as `make_learner` builds them,
-    each compiled as one graph (`fullgraph=True`, as `main` compiles them) or not."""
-    args = module.Args()
-    actor, target_actor, qf1, qf2 = build_networks(module, seed)
-    qnet_params = from_modules(qf1, qf2, as_module=True)
-    qnet_target = qnet_params.data.clone()
-    optimizers = (
-        module.Adam(
-            {name: p.data for name, p in qnet_params.flatten_keys(".").items()}, args.learning_rate
-        ),
-        module.Adam({name: p.data for name, p in actor.named_parameters()}, args.learning_rate),
-    )
-    update_critic, update_actor, update_targets = module.make_functional_updates(
-        actor, target_actor, qnet_params, qnet_target, optimizers, args
-    )
+    """The CPU script's functional updates with its written-out Adam, from its `make_learner`, each
+    compiled as one graph (`fullgraph=True`, as `main` compiles them) or not."""
+    learner = build_learner(module, seed)
+    update_critic, update_actor = learner.update_critic, learner.update_actor
     if compile_updates:
         update_critic = torch.compile(update_critic, fullgraph=True)
         update_actor = torch.compile(update_actor, fullgraph=True)
-    state = {
-        "actor": actor,
-        "target_actor": target_actor,
-        "qnet": qnet_params,
-        "qnet_target": qnet_target,
-    }
-    return update_critic, update_actor, update_targets, state
+    return update_critic, update_actor, learner.update_targets, stacked_state(learner)
 
 
 def build_eager_updates(module, seed=0):
     """The eager script's update functions, from the same seed: the same starting parameters as the
     others'."""
-    args = module.Args()
-    actor, target_actor, qf1, qf2 = build_networks(module, seed)
-    qf1_target, qf2_target = module.QNetwork(N_OBS, N_ACT), module.QNetwork(N_OBS, N_ACT)
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
-    optimizers = (
-        torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate),
-        torch.optim.Adam(actor.parameters(), lr=args.learning_rate),
-    )
-    updates = module.make_updates(
-        actor, target_actor, qf1, qf2, qf1_target, qf2_target, optimizers, args
-    )
+    learner = build_learner(module, seed)
     state = {
-        "actor": actor,
-        "target_actor": target_actor,
-        "qnet": (qf1, qf2),
-        "qnet_target": (qf1_target, qf2_target),
+        "actor": learner.actor,
+        "target_actor": learner.actor_target,
+        "qnet": (learner.qf1, learner.qf2),
+        "qnet_target": (learner.qf1_target, learner.qf2_target),
     }
-    return (*updates, state)
+    return learner.update_critic, learner.update_actor, learner.update_targets, state
 
 
 def make_batch(seed, batch_size=64):
@@ -321,12 +271,12 @@ def test_policy_explores_within_bounds():
     """Exploration noise is drawn per env and per action dimension, scaled to the action range,
     clipped."""
     module = load_script(TWIN)
-    actor = build_networks(module)[0]
+    small_noise, wide_noise = (build_learner(module, exploration_noise=e) for e in (0.1, 10.0))
     obs = torch.zeros(1, N_OBS).expand(20_000, N_OBS)
     with torch.no_grad():
-        mean = actor(obs[:1])
-        small = module.make_policy(actor, 0.1)(obs)
-        wide = module.make_policy(actor, 10.0)(obs)
+        mean = small_noise.actor(obs[:1])
+        small = small_noise.policy(obs)
+        wide = wide_noise.policy(obs)
     # std 0.1 half-ranges = 0.2 here; 20,000 draws give a standard error of the std below 0.002
     torch.testing.assert_close(small.std(0), torch.full((N_ACT,), 0.2), rtol=0, atol=0.01)
     torch.testing.assert_close(small.mean(0), mean[0], rtol=0, atol=0.01)
@@ -335,23 +285,22 @@ def test_policy_explores_within_bounds():
 
 def test_cpu_numpy_policy_is_the_torch_actor(monkeypatch):
     """The CPU script's numpy policy draws its noise from numpy's generator seeded with `seed`;
-    given the same draws, the eager script's `make_policy` around the CPU script's torch actor
+    given the same draws, the eager script's policy on the CPU script's torch actor's weights
     gives the same actions (a small noise, and a wide one that the bounds clip), also after
     every weight of the actor changed in place, as Adam changes them."""
     module, eager = load_script(CPU), load_script(EAGER)
-    actor = build_networks(module)[0]
     obs = np.random.default_rng(0).standard_normal((64, N_OBS), dtype=np.float32)
     for exploration_noise in (0.1, 10.0):
-        policy, draws = (
-            module.make_host_policy(actor, exploration_noise, seed=1),
-            np.random.default_rng(1),
-        )
+        learner = build_learner(module, exploration_noise=exploration_noise, seed=1)
+        reference = build_learner(eager, exploration_noise=exploration_noise)
+        policy, actor, draws = learner.policy, learner.actor, np.random.default_rng(1)
         for _ in range(2):
             actions = policy(obs)
             noise = torch.from_numpy(draws.standard_normal((64, N_ACT), dtype=np.float32))
+            reference.actor.load_state_dict(actor.state_dict())
             with monkeypatch.context() as m, torch.no_grad():
                 m.setattr(eager.torch, "randn_like", lambda actions, noise=noise: noise)
-                expected = eager.make_policy(actor, exploration_noise)(torch.from_numpy(obs))
+                expected = reference.policy(torch.from_numpy(obs))
             torch.testing.assert_close(torch.from_numpy(actions), expected, rtol=1e-5, atol=1e-5)
             with torch.no_grad():
                 for param in actor.parameters():

@@ -179,18 +179,19 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
-        actor, cpu_optimizers, _ = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH, CPU)
+        learner = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH, CPU)
         assert all(
-            torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters()
+            torch.equal(actor_params[name][member], p)
+            for name, p in learner.actor.named_parameters()
         )
         assert all(
             torch.equal(optimizers[0].params[name][member], p)
-            for name, p in cpu_optimizers[0].params.items()
+            for name, p in learner.q_optimizer.params.items()
         )
 
 
 def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
-    """The policy, one call for all members, gives the eager script's `make_policy` around each
+    """The policy, one call for all members, gives the eager script's policy with each
     member's actor on that member's observations (the noise a smooth function of the action in both;
     a small noise, and a wide one that the bounds clip), also after the stacked weights change in
     place, as Adam changes them."""
@@ -205,12 +206,13 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
         for _ in range(2):
             actions = policy(obs)
             for member in range(len(SEEDS)):
-                member_actor = eager.Actor(N_OBS, N_ACT, LOW, HIGH)
-                member_actor.load_state_dict(
+                eager_args = eager.Args(exploration_noise=exploration_noise)
+                reference = eager.make_learner(eager_args, N_OBS, N_ACT, LOW, HIGH, CPU)
+                reference.actor.load_state_dict(
                     {name: p[member] for name, p in actor_params.items()}, strict=False
                 )
                 with torch.no_grad():
-                    expected = eager.make_policy(member_actor, exploration_noise)(obs[member])
+                    expected = reference.policy(obs[member])
                 torch.testing.assert_close(actions[member], expected, rtol=1e-5, atol=1e-6)
             assert not torch.allclose(actions[0], actions[1])
             actor_params["fc_mu.bias"].add_(torch.tensor([[0.3], [-0.2], [0.1]]))
