@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import tyro
@@ -41,7 +42,14 @@ from benchmarks.registry import ALGOS
 from benchmarks.registry import VARIANTS as ALL_VARIANTS
 from benchmarks.scripts import SCRIPTS, load_script
 
-# what each algorithm's `make_learner` returns last: its step functions, named as parts
+# the step functions of a `make_learner` that returns a namespace, by field, named as parts
+PARTS = {
+    "policy": "acting",
+    "update_critic": "critic update",
+    "update_actor": "actor update",
+    "update_targets": "target update",
+}
+# what each algorithm's `make_learner` returns last, where it returns a tuple: its step functions
 FUNCTIONS = {
     "sac": ("acting", "critic update", "actor update", "target update"),
     "td3": ("acting", "critic update", "actor update", "target update"),
@@ -85,7 +93,15 @@ def instrumented(module, algo, timers):
     make_host_policy = getattr(module, "make_host_policy", None)
 
     def timed_make_learner(*args, **kwargs):
-        *head, functions = make_learner(*args, **kwargs)
+        learner = make_learner(*args, **kwargs)
+        if isinstance(learner, SimpleNamespace):
+            for field, part in PARTS.items():
+                fn = getattr(learner, field, None)
+                # a host policy made inside make_learner is timed already
+                if fn is not None and not hasattr(fn, "part"):
+                    setattr(learner, field, timers.wrap(part, fn))
+            return learner
+        *head, functions = learner
         # a host policy made inside make_learner is timed already
         parts = zip(FUNCTIONS[algo], functions)
         return (

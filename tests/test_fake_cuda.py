@@ -260,6 +260,16 @@ PPO = dict(logprobs=(), values=(), advantages=(), returns=())
 DISCRETE = ((), torch.long)
 
 
+def make_sac(module, args):
+    learner = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
+    data = batch(64, **OFF_POLICY)
+    return {
+        "policy": (learner.policy, (zeros(1, 3),)),
+        "update_critic": (learner.update_critic, (data,)),
+        "update_actor": (learner.update_actor, (data,)),
+    }
+
+
 def make_sac_or_td3(module, args):  # make_learner returns the functions last, as in every script
     policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, CUDA)[-1]
     data = batch(64, **OFF_POLICY)
@@ -324,7 +334,7 @@ def make_ppo_mingru(module, args):
 load = functools.cache(load_script)  # one import per script for its four flag sets
 
 SCRIPTS = {
-    "sac_continuous_action_torchcompile": make_sac_or_td3,
+    "sac_continuous_action_torchcompile": make_sac,
     "td3_continuous_action_torchcompile": make_sac_or_td3,
     "dqn_torchcompile": make_dqn,
     "ppo_continuous_action_torchcompile": make_ppo,
