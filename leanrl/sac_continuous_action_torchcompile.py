@@ -86,7 +86,7 @@ class Args:
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): `policy_frequency` updates every as many steps"""
+    """every `policy_frequency` steps, `policy_frequency` policy updates (delayed, as CleanRL)"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
