@@ -42,7 +42,7 @@ from benchmarks.registry import ALGOS
 from benchmarks.registry import VARIANTS as ALL_VARIANTS
 from benchmarks.scripts import SCRIPTS, load_script
 
-# what each algorithm's `make_learner` returns last: its step functions, named as parts
+# what each algorithm's `make_learner` returns last, where it returns a tuple: its step functions
 FUNCTIONS = {
     "sac": ("acting", "critic update", "actor update", "target update"),
     "td3": ("acting", "critic update", "actor update", "target update"),

@@ -1,17 +1,14 @@
 """Soft Actor-Critic for continuous actions, the eager reference (CleanRL's
 sac_continuous_action.py).
 
-Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is
-LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
+Paper: https://arxiv.org/abs/1812.05905. CleanRL's hyperparameters, on LeanRL's benchmark env
+HalfCheetah-v4 for 1M steps (CleanRL's SAC defaults to Hopper-v4).
 
-    python leanrl/sac_continuous_action.py                                   # the benchmark run
-    # learns Pendulum
+    python leanrl/sac_continuous_action.py  # the benchmark run
     python leanrl/sac_continuous_action.py --env-id Pendulum-v1 --total-timesteps 10000
 
-Plain PyTorch: the readable twin of sac_continuous_action_torchcompile.py, in its shape so that
-`diff` shows only what buys speed. One gradient step per vector step, as in CleanRL (with
-`--num-envs N`, N times fewer per env step). Truncated episodes bootstrap from their true final
-observation; terminated ones do not.
+Plain PyTorch, written in the shape of sac_continuous_action_torchcompile.py so that `diff` shows
+only what buys speed. One gradient step per vector step, as in CleanRL.
 """
 
 import json
@@ -24,6 +21,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -51,18 +49,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of every evaluation episode to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (they compile and warm up)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -85,12 +80,11 @@ class Args:
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): every `policy_frequency` steps,
-    `policy_frequency` updates"""
+    """every `policy_frequency` steps, `policy_frequency` policy updates (delayed, as CleanRL)"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """the entropy coefficient when not autotuned (autotuning starts it at 1, as CleanRL)"""
+    """the entropy coefficient without autotune (autotune starts it at 1, as CleanRL)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
@@ -98,9 +92,8 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training records gymnasium's schedule (episodes 0, 1, 8, 27, ...), evaluation all
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -114,11 +107,9 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
-    obs in `infos`); the first env records videos to `video_dir`, if given. A bad id, or actions not
-    in a bounded Box, exit 2."""
+    """A vector env with same-step autoreset; the first env records videos to `video_dir`."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     # an unknown id, or a `module:EnvId` whose module is missing
@@ -195,7 +186,8 @@ class Actor(nn.Module):
     def get_action(self, obs):
         mean, log_std = self(obs)
         std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std, validate_args=False)  # the run reports a nan
+        # no argument checks: a nan is reported by the run, not raised here
+        normal = torch.distributions.Normal(mean, std, validate_args=False)
         x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
@@ -208,18 +200,15 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions, preallocated on `device`; `sample` draws uniformly with
-    replacement."""
+    """A circular buffer of transitions on `device`, sampled uniformly with replacement."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        self.storage = {
-            key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()
-        }
+        self.storage = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
-        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
+        """Write one vector step: a dict of arrays, one row per env."""
         n = len(transition["obs"])
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
         for key, value in transition.items():
@@ -232,12 +221,26 @@ class ReplayBuffer:
         return {key: value[idx] for key, value in self.storage.items()}
 
 
-def make_updates(
-    actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, optimizers, args, target_entropy
-):
-    """The critic step, the actor (and entropy) step and the target update of SAC; `optimizers`: (q,
-    actor, alpha)."""
-    q_optimizer, actor_optimizer, a_optimizer = optimizers
+def make_learner(args, n_obs, n_act, action_low, action_high, device):
+    """SAC's networks, optimizers and update steps on `device`."""
+    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+    qf1 = SoftQNetwork(n_obs, n_act, device=device)
+    qf2 = SoftQNetwork(n_obs, n_act, device=device)
+    qf1_target = SoftQNetwork(n_obs, n_act, device=device)
+    qf2_target = SoftQNetwork(n_obs, n_act, device=device)
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_params = list(qf1.parameters()) + list(qf2.parameters())
+    q_optimizer = torch.optim.Adam(q_params, lr=args.q_lr)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr)
+
+    # automatic entropy tuning starts at alpha = 1
+    target_entropy = -float(n_act)
+    log_alpha = torch.tensor(
+        0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune
+    )
+    alpha = log_alpha.detach().exp()  # updated in place
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
 
     def update_critic(data):
         with torch.no_grad():
@@ -245,9 +248,8 @@ def make_updates(
             qf1_next_target = qf1_target(data["next_obs"], next_actions)
             qf2_next_target = qf2_target(data["next_obs"], next_actions)
             min_qf_next_target = torch.min(qf1_next_target, qf2_next_target) - alpha * next_log_pi
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
         qf1_a_values = qf1(data["obs"], data["actions"]).view(-1)
         qf2_a_values = qf2(data["obs"], data["actions"]).view(-1)
@@ -267,15 +269,15 @@ def make_updates(
         actor_loss.backward()
         actor_optimizer.step()
 
-        alpha_loss = torch.zeros((), device=log_alpha.device)
+        alpha_loss = torch.zeros((), device=device)
         if args.autotune:
             with torch.no_grad():
                 _, log_pi, _ = actor.get_action(data["obs"])
             alpha_loss = (-log_alpha.exp() * (log_pi + target_entropy)).mean()
 
-            a_optimizer.zero_grad()
+            alpha_optimizer.zero_grad()
             alpha_loss.backward()
-            a_optimizer.step()
+            alpha_optimizer.step()
             alpha.copy_(log_alpha.detach().exp())
         return actor_loss.detach(), alpha_loss.detach()
 
@@ -284,75 +286,69 @@ def make_updates(
             for param, target_param in zip(net.parameters(), target.parameters()):
                 target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
 
-    return update_critic, update_actor, update_targets
-
-
-def make_learner(args, n_obs, n_act, action_low, action_high, device):
-    """SAC's networks, optimizers and steps on `device`, as `main` runs them. Returns the actor, the
-    entropy coefficient `alpha` (changed in place), the optimizers and (policy, update_critic,
-    update_actor, update_targets)."""
-    actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-    qf1 = SoftQNetwork(n_obs, n_act, device=device)
-    qf2 = SoftQNetwork(n_obs, n_act, device=device)
-    qf1_target = SoftQNetwork(n_obs, n_act, device=device)
-    qf2_target = SoftQNetwork(n_obs, n_act, device=device)
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr)
-
-    # automatic entropy tuning starts at alpha = 1
-    target_entropy = -float(n_act)
-    log_alpha = torch.tensor(
-        0.0 if args.autotune else math.log(args.alpha), device=device, requires_grad=args.autotune
+    return SimpleNamespace(
+        policy=actor.get_action,
+        actor=actor,
+        qf1=qf1,
+        qf2=qf2,
+        qf1_target=qf1_target,
+        qf2_target=qf2_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        alpha_optimizer=alpha_optimizer,
+        log_alpha=log_alpha,
+        alpha=alpha,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
     )
-    alpha = log_alpha.detach().exp()
-    a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
-    optimizers = (q_optimizer, actor_optimizer, a_optimizer)
-    update_critic, update_actor, update_targets = make_updates(
-        actor, qf1, qf2, qf1_target, qf2_target, log_alpha, alpha, optimizers, args, target_entropy
-    )
-    return actor, alpha, optimizers, (actor.get_action, update_critic, update_actor, update_targets)
 
 
 def main(args):
     check_args(args)
-    # seeds, run folder, wandb, signals: see the file's end
-    run = Run(args, "sac_continuous_action")
+    run = Run(args, "sac_continuous_action")  # seeds, run folder, wandb, signals: at the end
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    learner = make_learner(args, n_obs, n_act, action_low, action_high, device)
-    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = learner
-    if run.saved_model is not None:
+    space = envs.single_action_space
+    n_act = int(np.prod(space.shape))
+    learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
+    actor = learner.actor
+
+    def evaluate_actor(episodes, videos):  # the actor's mean action, squashed
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(
+            lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device
+        )
+
+    if args.eval_model:
         actor.load_state_dict(run.saved_model)
+        return run.finish(device, actor.state_dict(), evaluate_actor)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
-    learning_starts = args.learning_starts // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs  # in vector steps
     # logged before the first delayed policy update
     actor_loss = alpha_loss = torch.zeros((), device=device)
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here, after compiling and warm-up
 
-        # ALGO LOGIC: put action logic here
+        # act
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
             with torch.no_grad():
-                actions, _, _ = policy(torch.as_tensor(obs, device=device, dtype=torch.float))
+                actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))[0]
             actions = actions.cpu().numpy()
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
+        # store
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(
             dict(
@@ -363,37 +359,26 @@ def main(args):
                 terminations=terminations,
             )
         )
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = update_critic(data)
-
-            if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
+            qf_loss = learner.update_critic(data)
+            if iteration % args.policy_frequency == 0:  # delayed, as in TD3
                 for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
-                    actor_loss, alpha_loss = update_actor(data)
-
+                    actor_loss, alpha_loss = learner.update_actor(data)
             if iteration % args.target_network_frequency == 0:
-                update_targets()
+                learner.update_targets()
 
+            # log
             if iteration % 100 == 0:
-                losses = dict(
-                    qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss, alpha=alpha
-                )
-                run.log_progress(pbar, global_step, losses)
+                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
+                run.log_progress(pbar, global_step, losses | dict(alpha=learner.alpha))
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
-
-    def evaluate_actor(episodes, videos):  # the actor's mean action, squashed
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(
-            lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device
-        )
 
     envs.close()
     run.finish(device, actor.state_dict(), evaluate_actor)
@@ -414,22 +399,13 @@ def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
     # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        name = flag.replace("_", "-")
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "target_network_frequency",
-    )
-    for flag in (*sizes, "policy_lr", "q_lr"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
+    for flag in (*sizes, "target_network_frequency", "policy_lr", "q_lr"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:

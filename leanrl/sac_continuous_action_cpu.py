@@ -1,27 +1,18 @@
 """Soft Actor-Critic on a CPU, grown from sac_continuous_action_torchcompile.py: `diff` them for the
 CPU lesson.
 
-Paper: https://arxiv.org/abs/1812.05905. Hyperparameters are CleanRL's; the default env is LeanRL's
-benchmark env, HalfCheetah-v4 (CleanRL's SAC defaults to Hopper-v4), 1M steps.
+Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
-    python leanrl/sac_continuous_action_cpu.py                                   # the benchmark run
-    # learns Pendulum
+    python leanrl/sac_continuous_action_cpu.py  # the benchmark run
     python leanrl/sac_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000
 
-It trains on the CPU whatever the machine has (no `--cuda`, no `--cudagraphs`). Intra-op threads
-(`--threads`, `threads` in the summary): one by default. The batch-256 updates run faster on two
-threads of an idle CPU (`--threads 2`), but a thread pool that loses a core to other work stalls at
-every op (docs/performance.md). What changes from the twin:
-- each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out)
-  compiled whole with `fullgraph=True`: autograd's `backward` and an optimizer's `step` would split
-  the graph, and compiled module updates ran slower than eager ones on a CPU; `--no-compile` runs
-  the same functions eagerly;
+It trains on the CPU, on one intra-op thread unless `--threads` says more (docs/performance.md).
+What changes from the twin:
+- each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out),
+  compiled whole: autograd's `backward` and an optimizer's `step` would split the graph;
 - acting runs in numpy on views of the actor's weights: at batch 1 a torch call costs more than its
   arithmetic;
-- the replay buffer is written through numpy views of its tensors: a numpy write costs a fraction of
-  a torch one. One gradient step per vector step, as in CleanRL (with `--num-envs N`, N times fewer
-  per env step). Truncated episodes bootstrap from their true final observation; terminated ones do
-  not.
+- the replay buffer is written through numpy views of its tensors, cheaper than a torch write.
 """
 
 import json
@@ -34,6 +25,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -61,18 +53,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of every evaluation episode to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (they compile and warm up)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -95,27 +84,25 @@ class Args:
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): every `policy_frequency` steps,
-    `policy_frequency` updates"""
+    """every `policy_frequency` steps, `policy_frequency` policy updates (delayed, as CleanRL)"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """the entropy coefficient when not autotuned (autotuning starts it at 1, as CleanRL)"""
+    """the entropy coefficient without autotune (autotune starts it at 1, as CleanRL)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default 1; 2 pays on an idle machine, see the docstring)"""
+    """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training records gymnasium's schedule (episodes 0, 1, 8, 27, ...), evaluation all
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -129,11 +116,9 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
-    obs in `infos`); the first env records videos to `video_dir`, if given. A bad id, or actions not
-    in a bounded Box, exit 2."""
+    """A vector env with same-step autoreset; the first env records videos to `video_dir`."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     # an unknown id, or a `module:EnvId` whose module is missing
@@ -213,11 +198,9 @@ class Actor(nn.Module):
 
 
 def sample_action(mean, log_std, action_scale, action_bias):
-    """A squashed Gaussian action, its log-probability and the squashed mean: `Actor.get_action` and
-    the updates'."""
+    """A squashed Gaussian action, its log-probability and the squashed mean."""
     std = log_std.exp()
-    # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per
-    # call
+    # the Gaussian written out: torch.distributions.Normal checks its arguments, a host sync
     noise = torch.randn_like(mean)
     x_t = mean + std * noise  # reparameterization trick
     y_t = torch.tanh(x_t)
@@ -231,19 +214,18 @@ def sample_action(mean, log_std, action_scale, action_bias):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions in one TensorDict; `sample` draws uniformly with
-    replacement. Each step is written through numpy views of its tensors (the same memory): a
-    numpy write costs a fraction of a torch one."""
+    """A circular buffer of transitions in one TensorDict, sampled uniformly with replacement. Each
+    step is written through numpy views of its tensors (the same memory)."""
 
     def __init__(self, buffer_size, n_obs, n_act):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {key: torch.zeros(buffer_size, *shape) for key, shape in shapes.items()}
+        storage = {k: torch.zeros(buffer_size, *s) for k, s in shapes.items()}
         self.storage = TensorDict(storage, batch_size=[buffer_size])
         self.views = self.storage.numpy()
         self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
 
     def add(self, transition):
-        """Write one vector step's transitions: a dict of arrays (the env's, and the actions)."""
+        """Write one vector step: a dict of arrays, one row per env."""
         n = len(transition["obs"])
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
@@ -259,8 +241,7 @@ class ReplayBuffer:
 def make_ensemble_qf(n_obs, n_act):
     """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in
     `params`, by vmap."""
-    # a weightless shell: `params` are swapped in at each call
-    qnet = SoftQNetwork(n_obs, n_act, device="meta")
+    qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a shell: `params` are swapped in
 
     def qf(params, obs, actions):
         return functional_call(qnet, params, (obs, actions))
@@ -276,9 +257,8 @@ class Adam:
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # would inline a power of a step count into the update kernel, once per vector
         self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
 
     def step(self, grads):
@@ -294,23 +274,52 @@ class Adam:
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
 
-def make_functional_updates(
-    actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy
-):
-    """SAC's critic step, actor (and entropy) step and target update as functions of the parameters
-    (the modules' own tensors, updated in place), each one graph from forward pass to Adam's step.
-    Returns them and the optimizers."""
+def make_host_policy(actor, seed):
+    """`actor.get_action` in numpy for batch-1 acting, on views of the actor's weights (Adam updates
+    them in place), with noise from numpy's generator seeded with `seed`. A test holds it to the
+    actor."""
+    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
+    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
+    rng = np.random.default_rng(seed)
+
+    def get_action(obs):
+        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
+        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
+        mean = x @ w["fc_mean.weight"].T + w["fc_mean.bias"]
+        log_std = np.tanh(x @ w["fc_logstd.weight"].T + w["fc_logstd.bias"])
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        noise = rng.standard_normal(mean.shape, dtype=np.float32)  # then `sample_action`, in numpy
+        y_t = np.tanh(mean + np.exp(log_std) * noise)
+        log_prob = -0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)
+        log_prob -= np.log(action_scale * (1 - y_t**2) + 1e-6)
+        action, mean = y_t * action_scale + action_bias, np.tanh(mean) * action_scale + action_bias
+        return action, log_prob.sum(-1, keepdims=True), mean
+
+    return get_action
+
+
+def make_learner(args, n_obs, n_act, action_low, action_high):
+    """SAC's networks, optimizers and update steps, each update a function of the parameters."""
+    actor = Actor(n_obs, n_act, action_low, action_high)
+    qf1 = SoftQNetwork(n_obs, n_act)
+    qf2 = SoftQNetwork(n_obs, n_act)
+    # both networks' parameters, stacked leaf by leaf
+    qnet_params = from_modules(qf1, qf2, as_module=True)
+    qnet_target = qnet_params.data.clone()
+    ensemble_qf = make_ensemble_qf(n_obs, n_act)
+    # the modules' own tensors, which Adam updates in place
     actor_params = {name: p.data for name, p in actor.named_parameters()}
     q_params = {name: p.data for name, p in qnet_params.flatten_keys(".").items()}
     q_target = dict(qnet_target.flatten_keys(".").items())
+    q_optimizer = Adam(q_params, args.q_lr)
+    actor_optimizer = Adam(actor_params, args.policy_lr)
+
+    # automatic entropy tuning starts at alpha = 1
+    target_entropy = -float(n_act)
+    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha))
+    alpha = log_alpha.exp()  # updated in place
     alpha_params = {"log_alpha": log_alpha}
-    optimizers = (
-        Adam(q_params, args.q_lr),
-        Adam(actor_params, args.policy_lr),
-        Adam(alpha_params, args.q_lr),
-    )
-    q_optimizer, actor_optimizer, a_optimizer = optimizers
-    ensemble_qf = make_ensemble_qf(actor.fc1.in_features, actor.fc_mean.out_features)
+    alpha_optimizer = Adam(alpha_params, args.q_lr)
 
     def get_action(actor_params, obs):  # the actor as a function of its parameters
         mean, log_std = functional_call(actor, actor_params, (obs,))
@@ -321,9 +330,8 @@ def make_functional_updates(
             next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
@@ -352,110 +360,81 @@ def make_functional_updates(
                 return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
 
             grads, alpha_loss = grad_and_value(alpha_loss_fn)(alpha_params)
-            a_optimizer.step(grads)
+            alpha_optimizer.step(grads)
             alpha.copy_(log_alpha.exp())
         return actor_loss, alpha_loss
 
     def update_targets():
-        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at
-        # once
+        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves
         qnet_target.lerp_(qnet_params.data, args.tau)
 
-    return update_critic, update_actor, update_targets, optimizers
-
-
-def make_host_policy(actor, seed):
-    """`actor.get_action` in numpy for batch-1 acting, on views of the actor's weights (Adam updates
-    them in place), the noise from numpy's generator seeded with `seed`. It restates the actor's
-    math: a test holds it to the actor."""
-    w = {name: p.detach().numpy() for name, p in actor.named_parameters()}
-    action_scale, action_bias = actor.action_scale.numpy(), actor.action_bias.numpy()
-    rng = np.random.default_rng(seed)
-
-    def get_action(obs):
-        x = np.maximum(obs @ w["fc1.weight"].T + w["fc1.bias"], 0)
-        x = np.maximum(x @ w["fc2.weight"].T + w["fc2.bias"], 0)
-        mean = x @ w["fc_mean.weight"].T + w["fc_mean.bias"]
-        log_std = np.tanh(x @ w["fc_logstd.weight"].T + w["fc_logstd.bias"])
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
-        noise = rng.standard_normal(mean.shape, dtype=np.float32)  # then `sample_action`, in numpy
-        y_t = np.tanh(mean + np.exp(log_std) * noise)
-        log_prob = -0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)
-        log_prob -= np.log(action_scale * (1 - y_t**2) + 1e-6)
-        action, mean = y_t * action_scale + action_bias, np.tanh(mean) * action_scale + action_bias
-        return action, log_prob.sum(-1, keepdims=True), mean
-
-    return get_action
-
-
-def make_learner(args, n_obs, n_act, action_low, action_high):
-    """SAC's networks, optimizers and steps, as `main` runs them. Returns the actor, the entropy
-    coefficient `alpha` (changed in place), the optimizers and (numpy policy, update_critic,
-    update_actor, update_targets)."""
-    actor = Actor(n_obs, n_act, action_low, action_high)
-    qf1 = SoftQNetwork(n_obs, n_act)
-    qf2 = SoftQNetwork(n_obs, n_act)
-    # both networks' parameters, stacked leaf by leaf
-    qnet_params = from_modules(qf1, qf2, as_module=True)
-    qnet_target = qnet_params.data.clone()
-
-    # automatic entropy tuning starts at alpha = 1
-    target_entropy = -float(n_act)
-    log_alpha = torch.tensor(0.0 if args.autotune else math.log(args.alpha))
-    alpha = log_alpha.exp()
-    update_critic, update_actor, update_targets, optimizers = make_functional_updates(
-        actor, qnet_params, qnet_target, log_alpha, alpha, args, target_entropy
-    )
-    return (
-        actor,
-        alpha,
-        optimizers,
-        (make_host_policy(actor, args.seed), update_critic, update_actor, update_targets),
+    return SimpleNamespace(
+        policy=make_host_policy(actor, args.seed),
+        actor=actor,
+        actor_params=actor_params,
+        qnet_params=qnet_params,
+        qnet_target=qnet_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        alpha_optimizer=alpha_optimizer,
+        log_alpha=log_alpha,
+        alpha=alpha,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
     )
 
 
 def main(args):
     check_args(args)
-    # seeds, run folder, wandb, signals: see the file's end
-    run = Run(args, "sac_continuous_action_cpu")
+    run = Run(args, "sac_continuous_action_cpu")  # seeds, run folder, wandb, signals: at the end
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     device = torch.device("cpu")
-    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle
-    # CPU, but a thread pool that loses a core to other work waits for it at every op
+    # a second thread speeds the updates' matmuls on an idle CPU, but a thread pool that loses a
+    # core to other work waits for it at every op
     torch.set_num_threads(args.threads or 1)
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    learner = make_learner(args, n_obs, n_act, action_low, action_high)
-    actor, alpha, _, (policy, update_critic, update_actor, update_targets) = learner
-    if run.saved_model is not None:
+    space = envs.single_action_space
+    n_act = int(np.prod(space.shape))
+    learner = make_learner(args, n_obs, n_act, space.low, space.high)
+    actor = learner.actor
+
+    def evaluate_actor(episodes, videos):  # the actor's mean action, squashed
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        return evaluate(
+            lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device
+        )
+
+    threads = torch.get_num_threads()
+    if args.eval_model:
         actor.load_state_dict(run.saved_model)
+        return run.finish(device, actor.state_dict(), evaluate_actor, threads=threads)
     if args.compile:
-        update_critic = torch.compile(update_critic, fullgraph=True)
-        update_actor = torch.compile(update_actor, fullgraph=True)
+        learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
+        learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act)
     obs, _ = envs.reset(seed=args.seed)
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
-    learning_starts = args.learning_starts // args.num_envs
+    learning_starts = args.learning_starts // args.num_envs  # in vector steps
     # logged before the first delayed policy update
     actor_loss = alpha_loss = torch.zeros((), device=device)
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here, after compiling and warm-up
 
-        # ALGO LOGIC: put action logic here
+        # act
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            actions, _, _ = policy(np.asarray(obs, dtype=np.float32))  # numpy in, numpy out
+            actions = learner.policy(np.asarray(obs, dtype=np.float32))[0]  # numpy in and out
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
+        # store
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(
             dict(
@@ -466,40 +445,29 @@ def main(args):
                 terminations=terminations,
             )
         )
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = update_critic(data)
-
-            if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
+            qf_loss = learner.update_critic(data)
+            if iteration % args.policy_frequency == 0:  # delayed, as in TD3
                 for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
-                    actor_loss, alpha_loss = update_actor(data)
-
+                    actor_loss, alpha_loss = learner.update_actor(data)
             if iteration % args.target_network_frequency == 0:
-                update_targets()
+                learner.update_targets()
 
+            # log
             if iteration % 100 == 0:
-                losses = dict(
-                    qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss, alpha=alpha
-                )
-                run.log_progress(pbar, global_step, losses)
+                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
+                run.log_progress(pbar, global_step, losses | dict(alpha=learner.alpha))
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
-    def evaluate_actor(episodes, videos):  # the actor's mean action, squashed
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(
-            lambda obs: actor.get_action(obs)[2], eval_envs, episodes, args.seed, device
-        )
-
     envs.close()
-    run.finish(device, actor.state_dict(), evaluate_actor, threads=torch.get_num_threads())
+    run.finish(device, actor.state_dict(), evaluate_actor, threads=threads)
 
 
 # ==================================================================================================
@@ -517,22 +485,13 @@ def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
     # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        name = flag.replace("_", "-")
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "target_network_frequency",
-    )
-    for flag in (*sizes, "policy_lr", "q_lr"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
+    for flag in (*sizes, "target_network_frequency", "policy_lr", "q_lr"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:

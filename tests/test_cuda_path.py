@@ -33,15 +33,14 @@ BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
 
 
 def build_sac(module, args):
-    _, _, optimizers, (policy, update_critic, update_actor, _) = module.make_learner(
-        args, 3, 1, *BOUNDS, CPU
-    )
+    learner = module.make_learner(args, 3, 1, *BOUNDS, CPU)
     obs = lambda: (torch.randn(1, 3),)  # noqa: E731
     batch = lambda: (sac_batch(0),)  # noqa: E731
+    optimizers = (learner.q_optimizer, learner.actor_optimizer, learner.alpha_optimizer)
     return optimizers, {
-        "policy": (policy, obs),
-        "update_critic": (update_critic, batch),
-        "update_actor": (update_actor, batch),
+        "policy": (learner.policy, obs),
+        "update_critic": (learner.update_critic, batch),
+        "update_actor": (learner.update_actor, batch),
     }
 
 

@@ -260,17 +260,7 @@ PPO = dict(logprobs=(), values=(), advantages=(), returns=())
 DISCRETE = ((), torch.long)
 
 
-def make_sac_or_td3(module, args):  # make_learner returns the functions last, as in every script
-    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, CUDA)[-1]
-    data = batch(64, **OFF_POLICY)
-    return {
-        "policy": (policy, (zeros(1, 3),)),
-        "update_critic": (update_critic, (data,)),
-        "update_actor": (update_actor, (data,)),
-    }
-
-
-def make_td3(module, args):
+def make_sac_or_td3(module, args):  # the same fields in both
     learner = module.make_learner(args, 3, 1, *BOUNDS, CUDA)
     data = batch(64, **OFF_POLICY)
     return {
@@ -337,7 +327,7 @@ load = functools.cache(load_script)  # one import per script for its four flag s
 
 SCRIPTS = {
     "sac_continuous_action_torchcompile": make_sac_or_td3,
-    "td3_continuous_action_torchcompile": make_td3,
+    "td3_continuous_action_torchcompile": make_sac_or_td3,
     "dqn_torchcompile": make_dqn,
     "ppo_continuous_action_torchcompile": make_ppo,
     # one process (the only case --cudagraphs accepts), no collective

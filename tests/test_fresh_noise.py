@@ -50,13 +50,13 @@ def members(make_batch, device):
     return dict(torch.stack([make_batch(k) for k in SEEDS]).to(device).items())
 
 
-def sac_or_td3(module, args, device):
-    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, device)[-1]
+def sac_or_td3(module, args, device):  # the same fields in both
+    learner = module.make_learner(args, 3, 1, *BOUNDS, device)
     data = sac_batch(0).to(device)
     return {
-        "policy": (policy, (randn(ENVS, 3, device=device),)),
-        "update_critic": (update_critic, (data,)),
-        "update_actor": (update_actor, (data,)),
+        "policy": (learner.policy, (randn(ENVS, 3, device=device),)),
+        "update_critic": (learner.update_critic, (data,)),
+        "update_actor": (learner.update_actor, (data,)),
     }
 
 
@@ -91,16 +91,6 @@ def ppo_mingru(module, args, device):
     return {"policy": (policy, (obs, state, done))}
 
 
-def td3(module, args, device):
-    learner = module.make_learner(args, 3, 1, *BOUNDS, device)
-    data = sac_batch(0).to(device)
-    return {
-        "policy": (learner.policy, (randn(ENVS, 3, device=device),)),
-        "update_critic": (learner.update_critic, (data,)),
-        "update_actor": (learner.update_actor, (data,)),
-    }
-
-
 def sac_or_td3_seeds(module, args, device):
     learner = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, device)
     policy, update_critic, update_actor, _ = learner[-1]
@@ -125,7 +115,7 @@ def ppo_seeds(module, args, device):
 # script -> (builder, the functions it records that draw random numbers)
 SAMPLING = {
     "sac_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic", "update_actor")),
-    "td3_continuous_action_torchcompile": (td3, ("policy", "update_critic")),
+    "td3_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic")),
     "dqn_torchcompile": (dqn, ("policy",)),
     "ppo_continuous_action_torchcompile": (ppo, ("policy",)),
     "ppo_continuous_action_distributed": (ppo, ("policy",)),
@@ -219,10 +209,10 @@ def on(device, batch):
 
 def sac_updates(module, args, device):
     learner = module.make_learner(args, 3, 1, *BOUNDS, device)
-    *_, optimizers, (_, update_critic, update_actor, _) = learner
+    optimizers = (learner.q_optimizer, learner.actor_optimizer, learner.alpha_optimizer)
     return optimizers, [
-        (update_critic, lambda k: sac_batch(2 * k).to(device)),
-        (update_actor, lambda k: sac_batch(2 * k + 1).to(device)),
+        (learner.update_critic, lambda k: sac_batch(2 * k).to(device)),
+        (learner.update_actor, lambda k: sac_batch(2 * k + 1).to(device)),
     ]
 
 

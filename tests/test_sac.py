@@ -89,71 +89,34 @@ def test_several_envs_log_every_episode(script, flags):
 
 
 def build(script, autotune=True, compile_updates=False, seed=0):
-    """`script`'s networks and update functions from `seed`, built as its `make_learner` builds
-    them: the eager script's module updates with torch.optim.Adam, the twin's with fused Adam,
-    the CPU script's functional updates (`make_functional_updates`, Adam written out). Every
-    script draws the same initial weights from one seed (the actor, then both Q-networks).
-    `compile_updates`: the two updates in torch.compile, as `main` compiles them."""
+    """`script`'s networks and update functions from `seed`, built by its `make_learner`: the eager
+    script's module updates with torch.optim.Adam, the twin's with fused Adam, the CPU script's
+    functional updates (Adam written out). Every script draws the same initial weights from one
+    seed (the actor, then both Q-networks). `compile_updates`: the two updates in torch.compile,
+    as `main` compiles them."""
     module = load_script(script)
     args = module.Args(autotune=autotune)
     torch.manual_seed(seed)
-    actor = module.Actor(N_OBS, N_ACT, LOW, HIGH)
-    qf1, qf2 = module.SoftQNetwork(N_OBS, N_ACT), module.SoftQNetwork(N_OBS, N_ACT)
-    log_alpha = torch.tensor(0.0 if autotune else np.log(args.alpha), requires_grad=autotune)
-    alpha = log_alpha.detach().exp()
+    device = () if script == CPU else (torch.device("cpu"),)
+    learner = module.make_learner(args, N_OBS, N_ACT, LOW, HIGH, *device)
     if script == EAGER:
-        qf1_target, qf2_target = (
-            module.SoftQNetwork(N_OBS, N_ACT),
-            module.SoftQNetwork(N_OBS, N_ACT),
-        )
-        qf1_target.load_state_dict(qf1.state_dict())
-        qf2_target.load_state_dict(qf2.state_dict())
-        optimizers = (
-            torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr),
-            torch.optim.Adam(actor.parameters(), lr=args.policy_lr),
-            torch.optim.Adam([log_alpha], lr=args.q_lr),
-        )
-        updates = module.make_updates(
-            actor,
-            qf1,
-            qf2,
-            qf1_target,
-            qf2_target,
-            log_alpha,
-            alpha,
-            optimizers,
-            args,
-            -float(N_ACT),
-        )
-        qnet, qnet_target = [qf1, qf2], [qf1_target, qf2_target]
+        qnet = [learner.qf1, learner.qf2]
+        qnet_target = [learner.qf1_target, learner.qf2_target]
     else:
-        qnet = from_modules(qf1, qf2, as_module=True)
-        qnet_target = qnet.data.clone()
-        if script == TWIN:
-            optimizers = (
-                torch.optim.Adam(qnet.values(True, True), lr=args.q_lr, fused=True),
-                torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True),
-                torch.optim.Adam([log_alpha], lr=args.q_lr, fused=True),
-            )
-            updates = module.make_updates(
-                actor, qnet, qnet_target, log_alpha, alpha, optimizers, args, -float(N_ACT)
-            )
-        else:
-            *updates, _ = module.make_functional_updates(
-                actor, qnet, qnet_target, log_alpha.detach(), alpha, args, -float(N_ACT)
-            )
-    update_critic, update_actor, update_targets = updates
+        qnet, qnet_target = learner.qnet_params, learner.qnet_target
+    update_critic, update_actor = learner.update_critic, learner.update_actor
     if compile_updates:
         update_critic = torch.compile(update_critic, fullgraph=script == CPU)
         update_actor = torch.compile(update_actor, fullgraph=script == CPU)
     state = {
-        "actor": actor,
+        "actor": learner.actor,
         "qnet": qnet,
         "qnet_target": qnet_target,
-        "log_alpha": log_alpha,
-        "alpha": alpha,
+        "log_alpha": learner.log_alpha,
+        "alpha": learner.alpha,
+        "autotune": autotune,
     }
-    return update_critic, update_actor, update_targets, state
+    return update_critic, update_actor, learner.update_targets, state
 
 
 def make_batch(seed, batch_size=64, n_obs=N_OBS, n_act=N_ACT):
@@ -209,7 +172,7 @@ def assert_same_steps(learner, reference, steps=1):
     torch.testing.assert_close(losses, reference_losses, rtol=1e-5, atol=1e-6)
     after, after_reference = parameters(learner[3]), parameters(reference[3])
     for key in before:
-        if key != "log_alpha" or reference[3]["log_alpha"].requires_grad:
+        if key != "log_alpha" or reference[3]["autotune"]:
             assert not torch.equal(after_reference[key], before[key]), f"{key} did not change"
         torch.testing.assert_close(after[key], after_reference[key], rtol=1e-5, atol=5e-5, msg=key)
     torch.testing.assert_close(learner[3]["alpha"], learner[3]["log_alpha"].detach().exp())

@@ -52,19 +52,23 @@ def build_cpu(seed, autotune):
     """The CPU script's update functions on member `seed`'s state; returns them with that state."""
     mod = load(CPU_SCRIPT)
     actor, qnet, qnet_target, log_alpha = member_state(seed)
-    alpha = log_alpha.exp()
-    args = mod.Args(autotune=autotune)
-    update_critic, update_actor, update_targets, _ = mod.make_functional_updates(
-        actor, qnet, qnet_target, log_alpha, alpha, args, -float(N_ACT)
-    )
+    learner = mod.make_learner(mod.Args(autotune=autotune), N_OBS, N_ACT, LOW, HIGH)
+    # the member's state, copied into the tensors the learner's updates read and change in place
+    for name, p in learner.actor_params.items():
+        p.copy_(actor.get_parameter(name))
+    learner.qnet_params.data.update_(qnet)
+    learner.qnet_target.update_(qnet_target)
+    learner.log_alpha.copy_(log_alpha)
+    learner.alpha.copy_(log_alpha.exp())
     state = dict(
-        actor=dict(actor.named_parameters()),
-        q=qnet,
-        q_target=qnet_target,
-        log_alpha=log_alpha,
-        alpha=alpha,
+        actor=learner.actor_params,
+        q=learner.qnet_params.data,
+        q_target=learner.qnet_target,
+        log_alpha=learner.log_alpha,
+        alpha=learner.alpha,
     )
-    return (update_critic, update_actor, update_targets), state
+    functions = (learner.update_critic, learner.update_actor, learner.update_targets)
+    return functions, state
 
 
 def build_seeds(autotune, seeds=SEEDS):
@@ -189,12 +193,13 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     q_params = optimizers[0].params
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
-        actor, _, cpu_optimizers, _ = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH)
+        learner = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH)
         assert all(
-            torch.equal(actor_params[name][member], p) for name, p in actor.named_parameters()
+            torch.equal(actor_params[name][member], p)
+            for name, p in learner.actor.named_parameters()
         )
         assert all(
-            torch.equal(q_params[name][member], p) for name, p in cpu_optimizers[0].params.items()
+            torch.equal(q_params[name][member], p) for name, p in learner.q_optimizer.params.items()
         )
 
 
