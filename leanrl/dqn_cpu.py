@@ -6,12 +6,10 @@ Paper: https://www.nature.com/articles/nature14236
     python leanrl/dqn_cpu.py --no-compile              # the same functions, eagerly
     python leanrl/dqn_cpu.py --total-timesteps 100000  # learns CartPole
 
-On a CPU every call is small (batch-1 acting, batch-128 updates) and costs more in Python and
-dispatch than in arithmetic. So the update is a function of the parameters (`torch.func`
-gradients, Adam written out) that `torch.compile` makes one graph. Acting runs the Q network in
-numpy, on views of the weights. Transitions stay numpy arrays until they are written, once per
-`train_frequency` iterations. Torch runs one thread unless `--threads` says otherwise: every op is
-tiny. It trains on the CPU whatever the machine has; on a GPU, run dqn_torchcompile.py.
+Every call here is small and costs more in Python and dispatch than in arithmetic. So the update
+is a function of the parameters (`torch.func` gradients, Adam written out) compiled as one graph;
+acting runs the Q network in numpy, on views of the weights; transitions are written once per
+`train_frequency` iterations; torch runs one thread. On a GPU, run dqn_torchcompile.py.
 """
 
 import json
@@ -206,9 +204,8 @@ class Adam:
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # would inline a power of a step count into the kernel, once per vector: a slow step
         self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
 
     def step(self, grads):
@@ -287,7 +284,8 @@ def make_learner(args, n_obs, n_act):
 
 def main(args):
     check_args(args)
-    run = Run(args, "dqn_cpu")  # seeds, run folder, wandb, signals: see the end of the file
+    # seeds, run folder, wandb, signals: see the end of the file
+    run = Run(args, "dqn_cpu")
     videos = None if args.eval_model else run.videos  # no training video
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos)
     device = torch.device("cpu")
@@ -377,40 +375,26 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison below; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_network_frequency",
-    )
-    for flag in (*sizes, "learning_rate"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    for flag in (*sizes, "target_network_frequency", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(
-            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
-            "--train-frequency"
-        )
+        buffer = f"--buffer-size {args.buffer_size}"
+        fail(f"{buffer} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if (
-        not 0 < args.exploration_fraction <= 1
-        or not 0 <= args.start_e <= 1
-        or not 0 <= args.end_e <= 1
-    ):
+    epsilons = (args.start_e, args.end_e)
+    if not 0 < args.exploration_fraction <= 1 or not all(0 <= e <= 1 for e in epsilons):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
     if args.threads is not None and args.threads <= 0:
         fail(f"--threads must be positive, got {args.threads}")

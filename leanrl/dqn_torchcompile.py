@@ -171,7 +171,7 @@ def linear_schedule(start_e, end_e, duration, t):
 
 class ReplayBuffer:
     """A circular buffer on `device`, written from numpy arrays, sampled uniformly. A TensorDict:
-    a batch is one indexing of all its fields."""
+    a batch is one indexing."""
 
     def __init__(self, buffer_size, n_obs, device):
         self.storage = TensorDict(
@@ -256,9 +256,8 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "dqn_torchcompile"
-    )  # seeds, run folder, wandb, signals: see the end of the file
+    # seeds, run folder, wandb, signals: see the end of the file
+    run = Run(args, "dqn_torchcompile")
     videos = None if args.eval_model else run.videos  # no training video
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -283,8 +282,7 @@ def main(args):
         policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
-        # the first calls run as they are (the optimizer makes its state, compile compiles), the
-        # next one records the graph, the later ones replay it
+        # warm-up calls (Adam makes its state, compile compiles), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
@@ -328,8 +326,7 @@ def main(args):
         # log
         if iteration % 100 == 0:
             step = torch.tensor(global_step)
-            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step)
-            epsilon = epsilon.to(device)
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step).to(device)
             metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
             run.log_progress(pbar, global_step, metrics)
 
@@ -355,40 +352,26 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison below; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_network_frequency",
-    )
-    for flag in (*sizes, "learning_rate"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    for flag in (*sizes, "target_network_frequency", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(
-            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
-            "--train-frequency"
-        )
+        buffer = f"--buffer-size {args.buffer_size}"
+        fail(f"{buffer} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if (
-        not 0 < args.exploration_fraction <= 1
-        or not 0 <= args.start_e <= 1
-        or not 0 <= args.end_e <= 1
-    ):
+    epsilons = (args.start_e, args.end_e)
+    if not 0 < args.exploration_fraction <= 1 or not all(0 <= e <= 1 for e in epsilons):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
