@@ -430,7 +430,8 @@ def test_the_dry_run_catches_what_a_gpu_would_refuse(monkeypatch, cuda_guard):
             dqn = load("dqn_torchcompile")
             # its step on the CPU, its Q network on the device
             dqn_learner = dqn.make_learner(dqn.Args(), 4, 2, torch.device("cpu"))
-            dqn_learner.q_network.to(CUDA)
+            q_network = dqn.QNetwork(4, 2, device=CUDA)
+            dqn_learner.q_network.load_state_dict(q_network.state_dict(), assign=True)
             cpu_schedule = dqn_learner.policy
 
         def masked_write(x):
