@@ -170,8 +170,7 @@ class ReplayBuffer:
             rewards=torch.zeros(buffer_size, device=device),
             terminations=torch.zeros(buffer_size, device=device),
         )
-        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
-        self.device = device
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def extend(self, transitions):
         n = sum(len(t["obs"]) for t in transitions)

@@ -6,9 +6,9 @@ Paper: https://www.nature.com/articles/nature14236
     python leanrl/dqn_torchcompile.py --compile               # acting and the update compiled
     python leanrl/dqn_torchcompile.py --compile --cudagraphs  # and replayed as CUDA graphs
 
-What changes from dqn.py: epsilon-greedy acting on the device, with no host sync; transitions
-written to a TensorDict buffer once per `train_frequency` iterations; a fused Adam; the target
-update as one `lerp_`. On a CPU, dqn_cpu.py is faster.
+What changes from dqn.py: acting on the device, with no host sync; transitions written to a
+TensorDict buffer once per `train_frequency` iterations; a fused Adam; the target update as one
+`lerp_`. On a CPU, dqn_cpu.py is faster.
 """
 
 import json
@@ -183,8 +183,7 @@ class ReplayBuffer:
             batch_size=[buffer_size],
             device=device,
         )
-        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
-        self.device = device
+        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def extend(self, transitions):
         n = sum(len(t["obs"]) for t in transitions)
@@ -299,8 +298,7 @@ def main(args):
             run.start_clock(global_step)  # compile and warm-up are behind
 
         # act
-        obs_tensor = torch.as_tensor(obs, device=device, dtype=torch.float)
-        actions = policy(obs_tensor).cpu().numpy()
+        actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float)).cpu().numpy()
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
