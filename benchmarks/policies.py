@@ -132,17 +132,18 @@ def build_td3(script, device, cpu=None):
 
 
 def build_dqn(script, device, cpu=None):
-    """DQN: epsilon-greedy `make_policy` on the Q-network, with epsilon 0 (start_e = end_e = 0): the
-    same ops (the coins are still drawn), a greedy, deterministic action. The duration is the
-    default's, 0.5 x 500k steps."""
-    q_network = script.QNetwork(CARTPOLE_OBS, CARTPOLE_ACT, device=device)
-    global_step = torch.zeros((), dtype=torch.long, device=device)
-    host = cpu.make_host_policy(q_network, CARTPOLE_ACT, 0.0, 0.0, 250_000.0) if cpu else None
-    return Built(
-        q_network,
-        script.make_policy(q_network, CARTPOLE_ACT, global_step, 0.0, 0.0, 250_000.0),
-        host,
-    )
+    """DQN: the learner's epsilon-greedy policy on the Q-network, with epsilon 0 (start_e = end_e =
+    0): the same ops (the coins are still drawn), a greedy, deterministic action. The duration is
+    the default's, 0.5 x 500k steps."""
+    greedy = dict(start_e=0.0, end_e=0.0)
+    learner = script.make_learner(script.Args(**greedy), CARTPOLE_OBS, CARTPOLE_ACT, device)
+    host = None
+    if cpu:
+        host_learner = cpu.make_learner(cpu.Args(**greedy), CARTPOLE_OBS, CARTPOLE_ACT)
+        # the twin's Q network on the host policy's memory: a change to one is a change to both
+        learner.q_network.load_state_dict(host_learner.q_network.state_dict(), assign=True)
+        host = host_learner.policy
+    return Built(learner.q_network, learner.policy, host)
 
 
 def negate_output_layer(q_network):

@@ -1,22 +1,15 @@
-"""Deep Q-Network for discrete actions, made fast on a CPU: dqn.py (same algorithm, same defaults)
-rewritten for it.
+"""Deep Q-Network for discrete actions, dqn.py made fast on a CPU (same algorithm, same defaults).
 
-Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k
-steps).
+Paper: https://www.nature.com/articles/nature14236
 
-    python leanrl/dqn_cpu.py                              # the benchmark run, the update compiled
-    python leanrl/dqn_cpu.py --no-compile                 # the same functions, eagerly
-    python leanrl/dqn_cpu.py --total-timesteps 100000     # learns CartPole
+    python leanrl/dqn_cpu.py                           # the benchmark run, the update compiled
+    python leanrl/dqn_cpu.py --no-compile              # the same functions, eagerly
+    python leanrl/dqn_cpu.py --total-timesteps 100000  # learns CartPole
 
-Grown from dqn.py: `diff leanrl/dqn.py leanrl/dqn_cpu.py` shows what makes DQN fast on a CPU, where
-every call is small (batch-1 acting, batch-128 updates) and costs more in Python and dispatch than
-in arithmetic. The update is a function of the parameters (`torch.func` gradients, Adam written out)
-that `torch.compile` makes one graph, called through a C++ wrapper; acting is the eager script's
-Python coin and the Q network in numpy, on views of the weights; transitions stay numpy arrays until
-they are written, once per `train_frequency` iterations, through numpy views of the buffer. Torch
-runs one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op is
-tiny, and two threads were slower in every run measured (docs/performance.md). It trains on the CPU
-whatever the machine has (no `--cuda`, no CUDA graphs: on a GPU, run dqn_torchcompile.py).
+Every call here is small and costs more in Python and dispatch than in arithmetic. So the update
+is a function of the parameters (`torch.func` gradients, Adam written out) compiled as one graph;
+acting runs the Q network in numpy, on views of the weights; transitions are written once per
+`train_frequency` iterations; torch runs one thread. On a GPU, run dqn_torchcompile.py.
 """
 
 import json
@@ -28,6 +21,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -54,18 +48,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env, and of evaluation, to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, report the mean return of this many episodes of the policy"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
@@ -82,7 +73,7 @@ class Args:
     tau: float = 1.0
     """the target network update rate (1: a hard copy)"""
     target_network_frequency: int = 500
-    """the frequency of updates for the target network, in iterations"""
+    """the frequency of updates for the target network, in iterations (vector steps)"""
     batch_size: int = 128
     """the batch size of sample from the replay memory"""
     start_e: float = 1.0
@@ -90,7 +81,7 @@ class Args:
     end_e: float = 0.05
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which epsilon goes from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which epsilon falls from `start_e` to `end_e`"""
     learning_starts: int = 10_000
     """environment steps before learning starts"""
     train_frequency: int = 10
@@ -99,15 +90,14 @@ class Args:
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default 1: every op here is tiny, see the docstring)"""
+    """torch's intra-op threads (default 1: every op here is tiny)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # gymnasium's schedule in training, the first `video_episodes` in evaluation
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -121,23 +111,18 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode (the true final obs of an ended episode in
-    `info["final_obs"]`); with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given)."""
+    """A vector env; its first env records videos to `video_dir`, if given."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        # same-step autoreset: the true last obs of an episode is in info["final_obs"]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    # an unknown id, or a `module:EnvId` whose module is missing
-    except (gym.error.Error, ModuleNotFoundError) as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(
-            f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete "
-            "actions"
-        )
-    envs.action_space.seed(seed)  # the random actions of exploration
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions")
+    envs.action_space.seed(seed)  # exploration's random actions
     return envs
 
 
@@ -178,14 +163,13 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t`: a line from `start_e` at 0 to `end_e` at `duration`, then flat."""
+    """Epsilon at env step `t`: from `start_e` at 0 down to `end_e` at `duration`, then flat."""
     return max(start_e + (end_e - start_e) * t / duration, end_e)
 
 
 class ReplayBuffer:
-    """A circular buffer in CPU tensors, written from the env's numpy arrays through numpy views of
-    the tensors (the same memory: a numpy write costs a fraction of a torch one); `sample` draws
-    uniformly with replacement."""
+    """A circular buffer in CPU tensors, written from numpy arrays through numpy views of the
+    tensors (a numpy write costs a fraction of a torch one), sampled uniformly."""
 
     def __init__(self, buffer_size, n_obs):
         self.storage = dict(
@@ -202,8 +186,7 @@ class ReplayBuffer:
         n = sum(len(t["obs"]) for t in transitions)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
-            # numpy converts to the view's dtype
-            view[idx] = np.concatenate([t[key] for t in transitions])
+            view[idx] = np.concatenate([t[key] for t in transitions])  # at its dtype
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -221,9 +204,8 @@ class Adam:
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # would inline a power of a step count into the kernel, once per vector: a slow step
         self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
 
     def step(self, grads):
@@ -239,12 +221,35 @@ class Adam:
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
 
-def make_functional_updates(q_network, target_network, optimizer, args):
-    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's
-    update. The TD step is a function of the parameters, `optimizer.params` (the network's own
-    tensors, updated in place): `torch.func` takes the gradients and Adam is written out, so
-    `torch.compile(fullgraph=True)` makes the whole step, from the forward pass to the parameters'
-    update, one graph (`backward` and `torch.optim` would split it)."""
+def make_learner(args, n_obs, n_act):
+    """The Q network, its target, the optimizer and the steps that use them."""
+    q_network = QNetwork(n_obs, n_act)
+    target_network = QNetwork(n_obs, n_act)
+    target_network.load_state_dict(q_network.state_dict())
+    # the network's own tensors, which Adam updates in place
+    params = {name: param.data for name, param in q_network.named_parameters()}
+    optimizer = Adam(params, lr=args.learning_rate)
+    # numpy views of the weights: the policy always acts with the current ones
+    layers = [
+        (layer.weight.detach().numpy(), layer.bias.detach().numpy())
+        for layer in q_network.network[::2]
+    ]
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    step = 0
+
+    def policy(obs):
+        """Epsilon-greedy with one coin for all envs, as CleanRL flips it, and the Q network in
+        numpy (at batch 1 a torch call costs more to dispatch than its arithmetic). It restates
+        `QNetwork.forward`, and a test holds it to it."""
+        nonlocal step
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step)
+        step += len(obs)
+        if random.random() < epsilon:
+            return np.random.randint(n_act, size=len(obs))
+        (w1, b1), (w2, b2), (w3, b3) = layers
+        x = np.maximum(obs @ w1.T + b1, 0)
+        x = np.maximum(x @ w2.T + b2, 0)
+        return (x @ w3.T + b3).argmax(axis=1)
 
     def loss_fn(params, data, td_target):
         q_values = functional_call(q_network, params, (data["obs"],))
@@ -252,144 +257,105 @@ def make_functional_updates(q_network, target_network, optimizer, args):
         return F.mse_loss(td_target, old_val), old_val.mean()
 
     def update(data):
+        """One TD step; returns the loss and the mean Q of the actions taken. A function of the
+        parameters, so that `torch.compile(fullgraph=True)` makes it one graph, from the forward
+        pass to Adam's step (`backward` and `torch.optim` would split it)."""
         with torch.no_grad():
             target_max, _ = target_network(data["next_obs"]).max(dim=1)
             td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
-        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(
-            optimizer.params, data, td_target
-        )
+        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
         optimizer.step(grads)
         return loss, q_mean
 
-    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
+    def update_target():
+        """Moves the target a fraction `tau` of the way to the Q network (1: a copy)."""
         for param, target_param in zip(q_network.parameters(), target_network.parameters()):
             target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
 
-    return update, update_target
-
-
-def make_host_policy(q_network, n_act, start_e, end_e, duration):
-    """CleanRL's epsilon-greedy on the host: one coin for all envs, and the Q network in numpy, run
-    only when the coin says exploit (at batch 1 a torch call costs more to dispatch than its
-    arithmetic, a numpy call much less). The arrays are views of the network's weights, which Adam
-    updates in place, so it always acts with the current ones; it restates `QNetwork.forward`, and a
-    test holds it to it. The step that sets epsilon is a Python int the policy advances by the
-    number of envs. Numpy observations in, numpy actions out."""
-    layers = [
-        (layer.weight.detach().numpy(), layer.bias.detach().numpy())
-        for layer in q_network.network[::2]
-    ]
-    step = 0
-
-    def policy(obs):
-        nonlocal step
-        epsilon = linear_schedule(start_e, end_e, duration, step)
-        step += len(obs)
-        if random.random() < epsilon:
-            return np.random.randint(n_act, size=len(obs))
-        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
-        x = np.maximum(obs @ w1.T + b1, 0)
-        x = np.maximum(x @ w2.T + b2, 0)
-        return (x @ w3.T + b3).argmax(axis=1)
-
-    return policy
-
-
-def make_learner(args, n_obs, n_act):
-    """DQN's Q network, optimizer and functions (policy, update, update_target) on the CPU, as
-    `main` runs them."""
-    q_network = QNetwork(n_obs, n_act)
-    target_network = QNetwork(n_obs, n_act)
-    target_network.load_state_dict(q_network.state_dict())
-    optimizer = Adam(
-        {name: param.data for name, param in q_network.named_parameters()}, lr=args.learning_rate
+    return SimpleNamespace(
+        policy=policy,
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        update=update,
+        update_target=update_target,
     )
-    update, update_target = make_functional_updates(q_network, target_network, optimizer, args)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    policy = make_host_policy(q_network, n_act, args.start_e, args.end_e, exploration_steps)
-    return q_network, optimizer, (policy, update, update_target)
 
 
 def main(args):
     check_args(args)
-    run = Run(args, "dqn_cpu")  # seeds, the run folder, wandb and signals: see the end of the file
-    # with --eval-model nothing trains: no training video
-    train_videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, train_videos)
-    device = torch.device("cpu")  # whatever the machine has
-    # every op here is tiny (batch 1 acting, batch 128 update): waking a second thread costs more
-    # than it saves, and on a shared CPU an oversubscribed thread pool can stall a step for
-    # milliseconds
+    # seeds, run folder, wandb, signals: see the end of the file
+    run = Run(args, "dqn_cpu")
+    videos = None if args.eval_model else run.videos  # no training video
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos)
+    device = torch.device("cpu")
+    # every op is tiny: waking a second thread costs more than it saves
     torch.set_num_threads(args.threads or 1)
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
-    q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act)
-    if run.saved_model is not None:
-        # in place: the policy's numpy views and Adam's params follow
+    learner = make_learner(args, n_obs, n_act)
+    q_network = learner.q_network
+
+    def evaluate_greedy(episodes, videos):
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        greedy = lambda obs: q_network(obs).argmax(dim=1)  # noqa: E731
+        return evaluate(greedy, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
+        envs.close()
         q_network.load_state_dict(run.saved_model)
+        run.finish(device, q_network.state_dict(), evaluate_greedy, threads=torch.get_num_threads())
+        return
+
+    policy, update = learner.policy, learner.update
     if args.compile:  # one graph, whose C++ wrapper calls its kernels with fewer Python calls
         update = torch.compile(update, fullgraph=True, options={"cpp_wrapper": True})
 
     rb = ReplayBuffer(args.buffer_size, n_obs)
     obs, _ = envs.reset(seed=args.seed)
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     exploration_steps = args.exploration_fraction * args.total_timesteps
     transitions = []
     qf_loss = q_mean = torch.zeros(())
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # compile and warm-up are behind
 
-        # ALGO LOGIC: put action logic here
+        # act
         actions = policy(np.asarray(obs, dtype=np.float32))
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
+        # store
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(
-            obs=obs,
-            next_obs=real_next_obs,
-            actions=actions,
-            rewards=rewards,
-            terminations=terminations,
-        )
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions)
+        transition |= dict(rewards=rewards, terminations=terminations)
         transitions.append(transition)  # numpy arrays until the next write
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update
         if iteration % args.train_frequency == 0:
             rb.extend(transitions)
             transitions.clear()
         if iteration > learning_starts:
             if iteration % args.train_frequency == 0:
-                data = rb.sample(args.batch_size)
-                qf_loss, q_mean = update(data)
-
+                qf_loss, q_mean = update(rb.sample(args.batch_size))
             if iteration % args.target_network_frequency == 0:
-                update_target()
+                learner.update_target()
 
+        # log
         if iteration % 100 == 0:
             epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-            run.log_progress(
-                pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
-            )
+            metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
+            run.log_progress(pbar, global_step, metrics)
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:
             break
-
-    def evaluate_greedy(episodes, videos):  # the greedy action
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(
-            lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device
-        )
 
     envs.close()
     run.finish(device, q_network.state_dict(), evaluate_greedy, threads=torch.get_num_threads())
@@ -408,40 +374,26 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison below; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_network_frequency",
-    )
-    for flag in (*sizes, "learning_rate"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    for flag in (*sizes, "target_network_frequency", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(
-            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
-            "--train-frequency"
-        )
+        buffer = f"--buffer-size {args.buffer_size}"
+        fail(f"{buffer} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if (
-        not 0 < args.exploration_fraction <= 1
-        or not 0 <= args.start_e <= 1
-        or not 0 <= args.end_e <= 1
-    ):
+    epsilons = (args.start_e, args.end_e)
+    if not 0 < args.exploration_fraction <= 1 or not all(0 <= e <= 1 for e in epsilons):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
     if args.threads is not None and args.threads <= 0:
         fail(f"--threads must be positive, got {args.threads}")

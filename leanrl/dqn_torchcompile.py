@@ -1,20 +1,14 @@
-"""Deep Q-Network for discrete actions, the optimized twin of dqn.py (same algorithm, same
-defaults).
+"""Deep Q-Network for discrete actions, dqn.py optimized for a GPU (same algorithm, same defaults).
 
-Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k
-steps).
+Paper: https://www.nature.com/articles/nature14236
 
-    python leanrl/dqn_torchcompile.py                             # the benchmark run, eager
-    python leanrl/dqn_torchcompile.py --compile                   # acting and the update compiled
-    # and replayed as CUDA graphs (CUDA only)
-    python leanrl/dqn_torchcompile.py --compile --cudagraphs
+    python leanrl/dqn_torchcompile.py                         # the benchmark run, eager
+    python leanrl/dqn_torchcompile.py --compile               # acting and the update compiled
+    python leanrl/dqn_torchcompile.py --compile --cudagraphs  # and replayed as CUDA graphs
 
-What changes from dqn.py, all for speed on a GPU: epsilon-greedy acting on the device (its step
-is a device tensor it advances in place: no host sync, no recompile); transitions written to a
-TensorDict buffer once per `train_frequency` iterations, not once per step; a fused Adam; the
-target update as one `lerp_` over the parameters' TensorDict. `--compile` wraps acting and the
-update in `torch.compile`, `--cudagraphs` in tensordict's `CudaGraphModule`. On a CPU, run
-dqn_cpu.py instead (the update compiled as one functional graph, acting in numpy).
+What changes from dqn.py: acting on the device, with no host sync; transitions written to a
+TensorDict buffer once per `train_frequency` iterations; a fused Adam; the target update as one
+`lerp_`. On a CPU, dqn_cpu.py is faster.
 """
 
 import json
@@ -26,6 +20,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -55,18 +50,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env, and of evaluation, to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, report the mean return of this many episodes of the policy"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
 
     env_id: str = "CartPole-v1"
     """the id of the environment"""
@@ -83,7 +75,7 @@ class Args:
     tau: float = 1.0
     """the target network update rate (1: a hard copy)"""
     target_network_frequency: int = 500
-    """the frequency of updates for the target network, in iterations"""
+    """the frequency of updates for the target network, in iterations (vector steps)"""
     batch_size: int = 128
     """the batch size of sample from the replay memory"""
     start_e: float = 1.0
@@ -91,7 +83,7 @@ class Args:
     end_e: float = 0.05
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which epsilon goes from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which epsilon falls from `start_e` to `end_e`"""
     learning_starts: int = 10_000
     """environment steps before learning starts"""
     train_frequency: int = 10
@@ -106,9 +98,8 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # gymnasium's schedule in training, the first `video_episodes` in evaluation
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -122,23 +113,18 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
 
 
 def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode (the true final obs of an ended episode in
-    `info["final_obs"]`); with `video_dir`, the first env records videos there (the first
-    `video_episodes` episodes if given)."""
+    """A vector env; its first env records videos to `video_dir`, if given."""
     try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
+        videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        # same-step autoreset: the true last obs of an episode is in info["final_obs"]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    # an unknown id, or a `module:EnvId` whose module is missing
-    except (gym.error.Error, ModuleNotFoundError) as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(
-            f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete "
-            "actions"
-        )
-    envs.action_space.seed(seed)  # the random actions of exploration
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions")
+    envs.action_space.seed(seed)  # exploration's random actions
     return envs
 
 
@@ -179,14 +165,13 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t` (a tensor): a line from `start_e` at 0 to `end_e` at `duration`, then
-    flat."""
+    """Epsilon at env step `t`, a tensor: from `start_e` at 0 down to `end_e` at `duration`."""
     return (start_e + (end_e - start_e) * t / duration).clamp_min(end_e)
 
 
 class ReplayBuffer:
-    """A circular buffer on `device`, written from the env's numpy arrays; `sample` draws uniformly
-    with replacement. A TensorDict: a batch is one indexing of all its fields."""
+    """A circular buffer on `device`, written from numpy arrays, sampled uniformly. A TensorDict:
+    a batch is one indexing."""
 
     def __init__(self, buffer_size, n_obs, device):
         self.storage = TensorDict(
@@ -204,8 +189,8 @@ class ReplayBuffer:
         n = sum(len(t["obs"]) for t in transitions)
         idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
         for key, column in self.storage.items():
-            # its dtype, device
-            column[idx] = torch.as_tensor(np.concatenate([t[key] for t in transitions])).to(column)
+            values = np.concatenate([t[key] for t in transitions])
+            column[idx] = torch.as_tensor(values).to(column)  # at its dtype
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -214,15 +199,36 @@ class ReplayBuffer:
         return self.storage[idx]
 
 
-def make_updates(q_network, target_network, optimizer, args):
-    """The TD step (returns the loss and the mean Q of the taken actions) and the target network's
-    update."""
+def make_learner(args, n_obs, n_act, device):
+    """The Q network, its target, the optimizer and the steps that use them."""
+    q_network = QNetwork(n_obs, n_act, device=device)
+    target_network = QNetwork(n_obs, n_act, device=device)
+    target_network.load_state_dict(q_network.state_dict())
+    # fused: one kernel for all parameters; capturable: a CUDA graph can replay its step
+    optimizer = torch.optim.Adam(
+        q_network.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs
+    )
+    # the env step on the device, which the policy advances in place: no sync, no recompile
+    global_step = torch.zeros((), dtype=torch.long, device=device)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+
+    def policy(obs):
+        """Epsilon-greedy with one coin for all envs, as CleanRL flips it, on the device."""
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+        with torch.no_grad():
+            q_values = q_network(obs)
+        explore = torch.rand((), device=obs.device) < epsilon
+        random_actions = torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
+        global_step.add_(obs.shape[0])
+        return torch.where(explore, random_actions, q_values.argmax(dim=1))
 
     def update(data):
+        """One TD step; returns the loss and the mean Q of the actions taken."""
         with torch.no_grad():
             target_max, _ = target_network(data["next_obs"]).max(dim=1)
             td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
-        old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
+        q_values = q_network(data["obs"])
+        old_val = q_values.gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
         loss = F.mse_loss(td_target, old_val)
 
         optimizer.zero_grad()
@@ -232,133 +238,99 @@ def make_updates(q_network, target_network, optimizer, args):
 
     params, target_params = from_module(q_network).data, from_module(target_network).data
 
-    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
-        # one in-place lerp over all parameters: target + tau * (online - target), exactly online
-        # when tau=1
-        target_params.lerp_(params, args.tau)
+    def update_target():
+        """Moves the target a fraction `tau` of the way to the Q network (1: a copy)."""
+        target_params.lerp_(params, args.tau)  # one in-place op over all parameters
 
-    return update, update_target
-
-
-def make_policy(q_network, n_act, global_step, start_e, end_e, duration):
-    """CleanRL's epsilon-greedy on the device, one coin for all envs. `global_step` is a device
-    tensor the policy reads and advances in place (by the number of envs), so the schedule moves
-    with no host sync and no recompile."""
-
-    def policy(obs):
-        epsilon = linear_schedule(start_e, end_e, duration, global_step)
-        with torch.no_grad():
-            q_values = q_network(obs)
-        explore = torch.rand((), device=obs.device) < epsilon
-        random_actions = torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
-        global_step.add_(obs.shape[0])
-        return torch.where(explore, random_actions, q_values.argmax(dim=1))
-
-    return policy
-
-
-def make_learner(args, n_obs, n_act, device):
-    """DQN's Q network, optimizer and functions (policy, update, update_target) on `device`, as
-    `main` runs them."""
-    q_network = QNetwork(n_obs, n_act, device=device)
-    target_network = QNetwork(n_obs, n_act, device=device)
-    target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other
-    # Adam's step
-    optimizer = torch.optim.Adam(
-        q_network.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs
+    return SimpleNamespace(
+        policy=policy,
+        global_step=global_step,
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        update=update,
+        update_target=update_target,
     )
-    update, update_target = make_updates(q_network, target_network, optimizer, args)
-    global_step = torch.zeros((), dtype=torch.long, device=device)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    policy = make_policy(q_network, n_act, global_step, args.start_e, args.end_e, exploration_steps)
-    return q_network, optimizer, (policy, update, update_target)
 
 
 def main(args):
     check_args(args)
-    # seeds, the run folder, wandb and signals: see the end of the file
+    # seeds, run folder, wandb, signals: see the end of the file
     run = Run(args, "dqn_torchcompile")
-    # with --eval-model nothing trains: no training video
-    train_videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, train_videos)
+    videos = None if args.eval_model else run.videos  # no training video
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(envs.single_action_space.n)
-    q_network, _, (policy, update, update_target) = make_learner(args, n_obs, n_act, device)
-    if run.saved_model is not None:
+    learner = make_learner(args, n_obs, n_act, device)
+    q_network = learner.q_network
+
+    def evaluate_greedy(episodes, videos):
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        greedy = lambda obs: q_network(obs).argmax(dim=1)  # noqa: E731
+        return evaluate(greedy, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
+        envs.close()
         q_network.load_state_dict(run.saved_model)
+        run.finish(device, q_network.state_dict(), evaluate_greedy)
+        return
+
+    policy, update = learner.policy, learner.update
     if args.compile:
         policy = torch.compile(policy, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
-        # the first calls run as they are (the optimizer creates its state; a compiled function
-        # compiles, one call more), the next records the graph, later calls replay it
+        # warm-up calls (Adam makes its state, compile compiles), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
     obs, _ = envs.reset(seed=args.seed)
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     learning_starts = args.learning_starts // args.num_envs
     exploration_steps = args.exploration_fraction * args.total_timesteps
     transitions = []
     qf_loss = q_mean = torch.zeros((), device=device)
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
+    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # compile and warm-up are behind
 
-        # ALGO LOGIC: put action logic here
+        # act
         actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float)).cpu().numpy()
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
+        # store
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(
-            obs=obs,
-            next_obs=real_next_obs,
-            actions=actions,
-            rewards=rewards,
-            terminations=terminations,
-        )
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions)
+        transition |= dict(rewards=rewards, terminations=terminations)
         transitions.append(transition)  # numpy arrays until the next write
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update
         if iteration % args.train_frequency == 0:
             rb.extend(transitions)
             transitions.clear()
         if iteration > learning_starts:
             if iteration % args.train_frequency == 0:
-                data = rb.sample(args.batch_size)
-                qf_loss, q_mean = update(data)
-
+                qf_loss, q_mean = update(rb.sample(args.batch_size))
             if iteration % args.target_network_frequency == 0:
-                update_target()
+                learner.update_target()
 
+        # log
         if iteration % 100 == 0:
-            epsilon = linear_schedule(
-                args.start_e, args.end_e, exploration_steps, torch.tensor(global_step)
-            ).to(device)
-            run.log_progress(
-                pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
-            )
+            step = torch.tensor(global_step)
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step).to(device)
+            metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
+            run.log_progress(pbar, global_step, metrics)
 
         run.steps = global_step + args.num_envs
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:
             break
-
-    def evaluate_greedy(episodes, videos):  # the greedy action
-        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
-        return evaluate(
-            lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, args.seed, device
-        )
 
     envs.close()
     run.finish(device, q_network.state_dict(), evaluate_greedy)
@@ -377,40 +349,26 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison below; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_network_frequency",
-    )
-    for flag in (*sizes, "learning_rate"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    for flag in (*sizes, "target_network_frequency", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(
-            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
-            "--train-frequency"
-        )
+        buffer = f"--buffer-size {args.buffer_size}"
+        fail(f"{buffer} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if (
-        not 0 < args.exploration_fraction <= 1
-        or not 0 <= args.start_e <= 1
-        or not 0 <= args.end_e <= 1
-    ):
+    epsilons = (args.start_e, args.end_e)
+    if not 0 < args.exploration_fraction <= 1 or not all(0 <= e <= 1 for e in epsilons):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")

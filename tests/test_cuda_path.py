@@ -57,10 +57,10 @@ def build_td3(module, args):
 
 
 def build_dqn(module, args):
-    _, optimizer, (policy, update, _) = module.make_learner(args, 4, 2, CPU)
-    return [optimizer], {
-        "policy": (policy, lambda: (torch.randn(1, 4),)),
-        "update": (update, lambda: (dqn_batch(),)),
+    learner = module.make_learner(args, 4, 2, CPU)
+    return [learner.optimizer], {
+        "policy": (learner.policy, lambda: (torch.randn(1, 4),)),
+        "update": (learner.update, lambda: (dqn_batch(),)),
     }
 
 

@@ -128,14 +128,13 @@ def test_compiled_policy_follows_schedule_with_one_coin_without_recompiling():
     epsilon 0.525). 2,000 calls per point: standard error below 0.012, tolerance 0.04."""
     mod = load_script("dqn_torchcompile")
     torch.manual_seed(0)
-    q_network = mod.QNetwork(4, 2)
+    args = mod.Args(start_e=1.0, end_e=0.05, exploration_fraction=1.0, total_timesteps=100_000)
+    learner = mod.make_learner(args, 4, 2, torch.device("cpu"))
+    q_network, global_step = learner.q_network, learner.global_step
     with torch.no_grad():
         q_network.network[4].weight.zero_()
         q_network.network[4].bias.copy_(torch.tensor([1.0, 0.0]))
-    global_step = torch.zeros((), dtype=torch.long)
-    policy = torch.compile(
-        mod.make_policy(q_network, 2, global_step, 1.0, 0.05, 100_000), fullgraph=True
-    )
+    policy = torch.compile(learner.policy, fullgraph=True)
     obs = torch.randn(8, 4)
 
     policy(obs)  # warm-up: compiles
@@ -159,21 +158,22 @@ def test_host_policy_follows_schedule_with_one_coin(monkeypatch):
     the network's argmax for every env; with the coin at 0.04 no call exploits, even past the
     schedule's end (epsilon stays at 0.05). Exploring draws are marked -1 here."""
     mod = load_script("dqn_cpu")
-    q_network = mod.QNetwork(4, 2)
+    args = mod.Args(start_e=1.0, end_e=0.05, exploration_fraction=1.0, total_timesteps=1000)
+    learner = mod.make_learner(args, 4, 2)
     with torch.no_grad():
-        q_network.network[4].weight.zero_()
-        q_network.network[4].bias.copy_(torch.tensor([0.0, 1.0]))
+        learner.q_network.network[4].weight.zero_()
+        learner.q_network.network[4].bias.copy_(torch.tensor([0.0, 1.0]))
     monkeypatch.setattr(mod.np.random, "randint", lambda high, size: np.full(size, -1))
     obs = np.random.default_rng(0).standard_normal((8, 4), dtype=np.float32)
 
     monkeypatch.setattr(mod.random, "random", lambda: 0.6)
-    policy = mod.make_host_policy(q_network, 2, 1.0, 0.05, 1000)
+    policy = learner.policy
     actions = [policy(obs) for _ in range(100)]
     assert all(a.shape == (8,) and a.dtype.kind == "i" for a in actions)
     assert all((a == -1).all() for a in actions[:53]) and all((a == 1).all() for a in actions[53:])
 
     monkeypatch.setattr(mod.random, "random", lambda: 0.04)
-    policy = mod.make_host_policy(q_network, 2, 1.0, 0.05, 1000)
+    policy = mod.make_learner(args, 4, 2).policy  # from step 0 again
     assert all((policy(obs) == -1).all() for _ in range(300))  # 2,400 steps
 
 
@@ -183,8 +183,8 @@ def test_host_policy_is_the_torch_q_network_also_after_an_in_place_step():
     change in place (as Adam's step changes them: the policy reads views of the same memory)."""
     mod = load_script("dqn_cpu")
     torch.manual_seed(0)
-    q_network = mod.QNetwork(4, 3)
-    policy = mod.make_host_policy(q_network, 3, 0.0, 0.0, 1000)
+    learner = mod.make_learner(mod.Args(start_e=0.0, end_e=0.0), 4, 3)
+    q_network, policy = learner.q_network, learner.policy
     obs = np.random.default_rng(0).standard_normal((512, 4), dtype=np.float32)
     for _ in range(2):  # before and after an in-place change
         with torch.no_grad():
@@ -236,26 +236,25 @@ def make_batch(n_obs=4, n_act=2, batch_size=128, seed=1):
     }
 
 
-def build_update(script, **adam):
-    """A script's TD update from the same starting parameters (seeded) and a target network that
-    differs from the online one: the eager script's and the twin's module update (torch.optim.Adam
-    with `adam`'s flags), or the CPU script's functional update with its written-out Adam."""
+def make_learner(script, args):
+    """`script`'s learner for 4 observations and 2 actions on the CPU (the eager script's, with no
+    action space: its policy is not called)."""
     mod = load_script(script)
-    args = mod.Args(learning_rate=2.5e-4, gamma=0.99)
-    torch.manual_seed(0)
-    q_network = mod.QNetwork(4, 2)
-    target_network = mod.QNetwork(4, 2)
-    target_network.load_state_dict(q_network.state_dict())
-    target_network.network[0].weight.data.mul_(0.9)
     if script == "dqn_cpu":
-        optimizer = mod.Adam(
-            {name: p.data for name, p in q_network.named_parameters()}, lr=args.learning_rate
-        )
-        update, _ = mod.make_functional_updates(q_network, target_network, optimizer, args)
-    else:
-        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, **adam)
-        update, _ = mod.make_updates(q_network, target_network, optimizer, args)
-    return update, q_network
+        return mod.make_learner(args, 4, 2)
+    return mod.make_learner(args, 4, 2, *([None] if script == "dqn" else []), torch.device("cpu"))
+
+
+def build_update(script):
+    """A script's TD update from the same starting parameters (seeded) and a target network that
+    differs from the online one, as its `make_learner` builds it: the eager script's module update
+    (torch.optim.Adam), the twin's (fused Adam), or the CPU script's functional update with its
+    written-out Adam."""
+    args = load_script(script).Args(learning_rate=2.5e-4, gamma=0.99)
+    torch.manual_seed(0)
+    learner = make_learner(script, args)
+    learner.target_network.network[0].weight.data.mul_(0.9)
+    return learner.update, learner.q_network
 
 
 def test_twin_compiled_update_matches_eager_and_does_not_recompile():
@@ -264,8 +263,8 @@ def test_twin_compiled_update_matches_eager_and_does_not_recompile():
     within 1e-6 (absolute; one Adam step moves them by ~lr = 2.5e-4). Then more steps on fresh
     batches compile nothing new."""
     batch = make_batch()
-    eager_update, eager_q = build_update("dqn_torchcompile", fused=True)
-    compiled_update, compiled_q = build_update("dqn_torchcompile", fused=True)
+    eager_update, eager_q = build_update("dqn_torchcompile")
+    compiled_update, compiled_q = build_update("dqn_torchcompile")
     compiled_update = torch.compile(compiled_update)
     start = [p.detach().clone() for p in eager_q.parameters()]
 
@@ -319,10 +318,10 @@ def test_cpu_functional_update_matches_the_eager_scripts_module_update_step_for_
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_target_update_is_a_copy_at_tau_one(script):
     mod = load_script(script)
-    online, target = mod.QNetwork(4, 2), mod.QNetwork(4, 2)
-    make_updates = mod.make_functional_updates if script == "dqn_cpu" else mod.make_updates
-    _, update_target = make_updates(online, target, None, mod.Args(tau=1.0))
-    update_target()
+    learner = make_learner(script, mod.Args(tau=1.0))
+    online, target = learner.q_network, learner.target_network
+    target.load_state_dict(mod.QNetwork(4, 2).state_dict())  # in place: a random target
+    learner.update_target()
     for p, tp in zip(online.parameters(), target.parameters()):
         assert torch.equal(p, tp)
 

@@ -49,14 +49,13 @@ def build_cpu_update(params, target_params, member):
     """dqn_cpu.py's update on copies of member `member`'s parameters and target parameters (a fresh
     Adam, as the seeds update's)."""
     mod = load_script("dqn_cpu")
-    q_network, target_network = mod.QNetwork(4, 2), mod.QNetwork(4, 2)
-    q_network.load_state_dict({name: param[member] for name, param in params.items()})
-    target_network.load_state_dict({name: param[member] for name, param in target_params.items()})
-    optimizer = mod.Adam(
-        {name: p.data for name, p in q_network.named_parameters()}, lr=mod.Args().learning_rate
+    learner = mod.make_learner(mod.Args(), 4, 2)
+    # in place: Adam's parameters are the network's tensors
+    learner.q_network.load_state_dict({name: param[member] for name, param in params.items()})
+    learner.target_network.load_state_dict(
+        {name: param[member] for name, param in target_params.items()}
     )
-    update, _ = mod.make_functional_updates(q_network, target_network, optimizer, mod.Args())
-    return update, q_network
+    return learner.update, learner.q_network
 
 
 def test_each_member_starts_from_the_weights_of_the_single_seed_script_with_its_seed():

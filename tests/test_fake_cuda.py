@@ -271,9 +271,9 @@ def make_sac_or_td3(module, args):  # the same fields in both
 
 
 def make_dqn(module, args):
-    policy, update, _ = module.make_learner(args, 4, 2, CUDA)[-1]
+    learner = module.make_learner(args, 4, 2, CUDA)
     data = batch(64, **OFF_POLICY | dict(obs=(4,), next_obs=(4,), actions=DISCRETE))
-    return {"policy": (policy, (zeros(1, 4),)), "update": (update, (data,))}
+    return {"policy": (learner.policy, (zeros(1, 4),)), "update": (learner.update, (data,))}
 
 
 def make_ppo(module, args):
@@ -430,10 +430,11 @@ def test_the_dry_run_catches_what_a_gpu_would_refuse(monkeypatch, cuda_guard):
             weight.grad = zeros(8)
             cpu_lr = torch.optim.Adam([weight], lr=torch.tensor(1e-3), fused=True, capturable=True)
             dqn = load("dqn_torchcompile")
+            # its step on the CPU, its Q network on the device
+            dqn_learner = dqn.make_learner(dqn.Args(), 4, 2, torch.device("cpu"))
             q_network = dqn.QNetwork(4, 2, device=CUDA)
-            cpu_schedule = dqn.make_policy(
-                q_network, 2, torch.zeros((), dtype=torch.long), 1.0, 0.05, 100
-            )
+            dqn_learner.q_network.load_state_dict(q_network.state_dict(), assign=True)
+            cpu_schedule = dqn_learner.policy
 
         def masked_write(x):
             # a device value: a Python number would be a CPU tensor, refused before the write

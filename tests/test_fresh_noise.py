@@ -61,7 +61,7 @@ def sac_or_td3(module, args, device):  # the same fields in both
 
 
 def dqn(module, args, device):
-    policy = module.make_learner(args, 4, 2, device)[-1][0]
+    policy = module.make_learner(args, 4, 2, device).policy
     return {"policy": (policy, (randn(ENVS, 4, device=device),))}
 
 
