@@ -336,8 +336,7 @@ def main(args):
         agent.load_state_dict(run.saved_model["agent"])
         obs_rms = run.saved_model["obs_rms"]
         envs.close()
-        model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
-        return run.finish(device, model, evaluate_agent)
+        return run.finish(device, run.saved_model, evaluate_agent)
 
     policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_gae = gae
@@ -450,41 +449,28 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
-    # numpy's seeds are below 2**32, envpool's below 2**31
-    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
-        fail(
-            f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
-            f"{args.measure_burnin}"
-        )
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
+    if args.measure_burnin < 0:
+        fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
-            "--num-envs)"
-        )
+        rollout = "one rollout (--num-steps x --num-envs)"
+        fail(f"--total-timesteps {args.total_timesteps} is less than {rollout}")
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
-            "parts of 2 or more"
-        )
+        rollout = f"--num-steps x --num-envs ({batch_size})"
+        fail(f"--num-minibatches must split {rollout} into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
