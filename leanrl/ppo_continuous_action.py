@@ -324,7 +324,7 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here, after compiling and warm-up
+            run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -345,7 +345,7 @@ def main(args):
             rollout["terminations"][step] = to_tensor(terminations)
             rollout["truncations"][step] = to_tensor(truncations)
             if truncations.any():
-                # the value of the state each truncated episode was cut at (gae reads it only there)
+                # the value where each truncated episode was cut (gae reads it only there)
                 final_obs = to_tensor(true_next_obs(next_obs, infos))
                 with torch.no_grad():
                     rollout["final_values"][step] = get_value(final_obs).flatten()
@@ -384,7 +384,7 @@ def main(args):
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
-    # the first env's observation normalization is part of the policy: saved and evaluated with it
+    # the first env's observation normalization is part of the policy, saved with it
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
     obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
     envs.close()

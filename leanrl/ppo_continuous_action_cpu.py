@@ -7,13 +7,10 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
 
 It trains on the CPU whatever the machine has; for a GPU, run the twin. Same algorithm, defaults
 and loop. What changes for speed on a CPU:
-- the update is a function of the parameters: `torch.func` takes the gradients, and the clip and
-  Adam are written out, so that it compiles whole into one graph, as GAE does (`--no-compile`:
-  eager);
-- acting runs in numpy on views of the agent's weights, and the rollout is written through numpy
-  views of its tensors;
-- one intra-op thread unless `--threads` says otherwise: every op here is tiny
-  (docs/performance.md).
+- the update is a function of the parameters, with the clip and Adam written out, so that it
+  compiles whole into one graph, as GAE does (`--no-compile`: eager);
+- acting runs in numpy on views of the agent's weights;
+- one intra-op thread unless `--threads` says otherwise: every op here is tiny.
 """
 
 import json
@@ -189,7 +186,7 @@ class Agent(nn.Module):
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
 
-    # what `functional_call` runs; acting, and its sampling, is in numpy (`make_learner`)
+    # what `functional_call` runs; acting is in numpy (`make_learner`)
     forward = get_action_and_value
 
 
@@ -330,9 +327,9 @@ def make_learner(args, n_obs, n_act, device):
         optimizer.step({name: grad * scale for name, grad in grads.items()})
         return stats
 
-    # acting in numpy: at batch 1 a torch call costs more to dispatch than its arithmetic. The
-    # arrays are views of the weights Adam updates in place; the noise is numpy's, seeded. The one
-    # place that restates the actor: a test holds it to `Agent.get_action_and_value`.
+    # acting in numpy: at batch 1, a torch call costs more to dispatch than its arithmetic.
+    # The arrays are views of the weights, which Adam updates in place. The one place that
+    # restates the actor: a test holds it to `Agent.get_action_and_value`.
     w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
     rng = np.random.default_rng(args.seed)
 
@@ -395,7 +392,7 @@ def main(args):
     policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_gae = gae
     if args.compile:
-        # GAE and the whole update, each one graph; the C++ wrapper makes fewer Python calls
+        # GAE and the whole update, each one graph; a C++ wrapper makes fewer Python calls
         options = {"cpp_wrapper": True}
         compute_gae = torch.compile(gae, fullgraph=True, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
@@ -409,7 +406,7 @@ def main(args):
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
-    # numpy views of the rollout's tensors (same memory), where the policy's arrays are written
+    # numpy views of the rollout's tensors, which the numpy policy's arrays are written to
     store = rollout.numpy()
 
     next_obs, _ = envs.reset(seed=args.seed)
@@ -421,7 +418,7 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here, after compiling and warm-up
+            run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             # in place: no recompile
@@ -442,7 +439,7 @@ def main(args):
             store["terminations"][step] = terminations
             store["truncations"][step] = truncations
             if truncations.any():
-                # the value of the state each truncated episode was cut at (gae reads it only there)
+                # the value where each truncated episode was cut (gae reads it only there)
                 final_obs = to_array(true_next_obs(next_obs, infos))
                 store["final_values"][step] = get_value(final_obs).flatten()
             next_obs = to_array(next_obs)
@@ -477,7 +474,7 @@ def main(args):
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
-    # the first env's observation normalization is part of the policy: saved and evaluated with it
+    # the first env's observation normalization is part of the policy, saved with it
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
     obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
     envs.close()
