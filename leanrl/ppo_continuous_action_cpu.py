@@ -1,22 +1,16 @@
-"""Proximal Policy Optimization for continuous actions on a CPU, grown from
-ppo_continuous_action_torchcompile.py: `diff` against it reads as what makes PPO fast on a CPU.
+"""PPO for continuous actions on a CPU, grown from ppo_continuous_action_torchcompile.py.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048
-steps per rollout).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     python leanrl/ppo_continuous_action_cpu.py  # the benchmark run
-    # learns
     python leanrl/ppo_continuous_action_cpu.py --env-id InvertedPendulum-v4 --total-timesteps 40960
 
-It trains on the CPU whatever the machine has (for a GPU, run the twin). Same algorithm, defaults
-and loop; changed:
-- the update is a function of the parameters (`torch.func` gradients, the clip and Adam written out,
-  the learning rate a tensor annealed in place) compiled whole into one graph, as GAE, with a C++
-  wrapper (`--no-compile`: eager);
-- acting runs in numpy on views of the agent's weights (at batch 1, torch's dispatch costs more than
-  the math), and the rollout is written through numpy views of its tensors;
-- one intra-op thread unless `--threads` says otherwise (`threads` in the SUMMARY): every op here is
-  tiny, and two threads were slower in every run measured (docs/performance.md).
+It trains on the CPU whatever the machine has; for a GPU, run the twin. Same algorithm, defaults
+and loop. What changes for speed on a CPU:
+- the update is a function of the parameters, with the clip and Adam written out, so that it
+  compiles whole into one graph, as GAE does (`--no-compile`: eager);
+- acting runs in numpy on views of the agent's weights;
+- one intra-op thread unless `--threads` says otherwise: every op here is tiny.
 """
 
 import json
@@ -29,6 +23,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -55,14 +50,11 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of evaluation episodes to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -77,7 +69,7 @@ class Args:
     num_envs: int = 1
     """the number of parallel environments"""
     num_steps: int = 2048
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -101,30 +93,27 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this (off by default)"""
 
     compile: bool = True
     """compile GAE and each update as one graph; --no-compile runs the same functions eagerly"""
     threads: int | None = None
-    """torch's intra-op threads (default 1: every op here is tiny, see the docstring)"""
+    """torch's intra-op threads (default 1: every op here is tiny)"""
 
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training: gymnasium's schedule; evaluation: the first `video_episodes`
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
                 env, video_dir, record, name_prefix=prefix, disable_logger=True
             )
         if not isinstance(env.action_space, gym.spaces.Box):
-            fail(
-                f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO "
-                "here needs a Box"
-            )
+            space = type(env.action_space).__name__
+            fail(f"--env-id {env_id!r} has a {space} action space; PPO here needs a Box")
         env = gym.wrappers.FlattenObservation(env)
         # before the normalization: it records the raw returns
         env = gym.wrappers.RecordEpisodeStatistics(env)
@@ -146,9 +135,7 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 
 
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
-    obs in `infos`); the first env records to `video_dir`; `obs_rms` normalizes observations,
-    frozen. A bad id or action space exit 2."""
+    """Vector env with same-step autoreset: the true final obs of an episode is in `infos`."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [
@@ -199,7 +186,7 @@ class Agent(nn.Module):
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
 
-    # what `functional_call` runs; acting (and its sampling) is `make_host_policy`
+    # what `functional_call` runs; acting is in numpy (`make_learner`)
     forward = get_action_and_value
 
 
@@ -225,21 +212,19 @@ def true_next_obs(next_obs, infos):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
-    every input but `next_value` [num_envs], the value of the obs after the last step.
-    `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at step t in a terminal
-    state / cut off; `final_values[t]`: the value of the true final obs of a truncated episode
-    (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), shaped [num_steps, num_envs].
+
+    `next_value` [num_envs] is the value of the obs after the last step. `final_values[t]` is the
+    value of the true final obs of an episode truncated at step t (read only there).
+    """
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's
-    # end, the value of its true final observation if it was cut off and 0 if it terminated
+    # after an episode's last step: its final obs' value if it was cut off, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
-    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
-    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
-    # (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. A loop, unrolled, would take minutes to compile.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -252,22 +237,21 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
-    place: in a compiled update it is part of the update's graph, which `torch.optim.Adam.step`
-    would break. The lr is in `param_groups`."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place.
+
+    Written out so that a compiled update holds it in its graph, which `torch.optim.Adam.step`
+    would break. The learning rate is in `param_groups`.
+    """
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.betas, self.eps = params, betas, eps
         self.param_groups = [{"lr": lr}]
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
-        self.beta1_power, self.beta2_power = (
-            torch.ones((), device=lr.device),
-            torch.ones((), device=lr.device),
-        )
+        # beta1**t and beta2**t as running products of tensors: nothing recompiles, and Inductor
+        # would inline a power of a step count into the kernel of every parameter, slowly
+        self.beta1_power = torch.ones((), device=lr.device)
+        self.beta2_power = torch.ones((), device=lr.device)
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -282,18 +266,19 @@ class Adam:
             param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
 
 
-def make_functional_update(agent, lr, args):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict), returning its statistics,
-    as a function of the parameters (the agent's own tensors, updated in place): `torch.func`
-    takes the gradients, the clip and Adam are written out, so `torch.compile(fullgraph=True)`
-    makes it one graph (`backward` or `Adam.step` would split it)."""
+def make_learner(args, n_obs, n_act, device):
+    """PPO's agent, optimizer and steps on `device`."""
+    agent = Agent(n_obs, n_act, device=device)
+    # a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # the agent's own tensors, which Adam updates in place
     params = {name: p.data for name, p in agent.named_parameters()}
     optimizer = Adam(params, lr, eps=1e-5)
 
     def loss_fn(params, mb):
-        _, newlogprob, entropy, newvalue = functional_call(
-            agent, params, (mb["obs"], mb["actions"])
-        )
+        """The clipped-surrogate loss of a minibatch, and its statistics."""
+        inputs = (mb["obs"], mb["actions"])
+        _, newlogprob, entropy, newvalue = functional_call(agent, params, inputs)
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
 
@@ -307,12 +292,12 @@ def make_functional_update(agent, lr, args):
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-        # Policy loss
+        # policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-        # Value loss
+        # value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
@@ -326,30 +311,27 @@ def make_functional_update(agent, lr, args):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
     def update(mb):
+        """One gradient step on a minibatch (a TensorDict); returns its statistics.
+
+        `torch.func` takes the gradients, and the clip and Adam are written out: `backward` or
+        `torch.optim.Adam.step` would split the compiled graph.
+        """
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
-        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of
-        # `max_grad_norm`
+        # nn.utils.clip_grad_norm_, written out
         total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         optimizer.step({name: grad * scale for name, grad in grads.items()})
         return stats
 
-    return update, optimizer
-
-
-def make_host_policy(agent, seed):
-    """The agent's policy (`get_action_and_value`, sampling the action) and `get_value` in numpy: at
-    batch 1 a torch call costs more to dispatch than its arithmetic. The arrays are views of the
-    agent's weights, which Adam updates in place, so it acts with the current ones; the noise comes
-    from numpy's generator, seeded with `seed`. The one place that restates the actor: a test holds
-    it to `Agent.get_action_and_value` on the same noise."""
+    # acting in numpy: at batch 1, a torch call costs more to dispatch than its arithmetic.
+    # The arrays are views of the weights, which Adam updates in place. The one place that
+    # restates the actor: a test holds it to `Agent.get_action_and_value`.
     w = {name: p.detach().numpy() for name, p in agent.named_parameters()}
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(args.seed)
 
     def mlp(net, x):  # Linear, Tanh, Linear, Tanh, Linear
         x = np.tanh(x @ w[f"{net}.0.weight"].T + w[f"{net}.0.bias"])
@@ -359,11 +341,12 @@ def make_host_policy(agent, seed):
     def get_value(x):
         return mlp("critic", x)
 
-    def get_action_and_value(x):
+    def policy(x):
         action_mean = mlp("actor_mean", x)
         action_logstd = np.broadcast_to(w["actor_logstd"], action_mean.shape)
         action_std = np.exp(action_logstd)
-        action = action_mean + action_std * rng.standard_normal(action_mean.shape, dtype=np.float32)
+        noise = rng.standard_normal(action_mean.shape, dtype=np.float32)
+        action = action_mean + action_std * noise
         log_prob = (
             -((action - action_mean) ** 2) / (2 * action_std**2)
             - action_logstd
@@ -372,79 +355,79 @@ def make_host_policy(agent, seed):
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
         return action, log_prob.sum(1), entropy.sum(1), get_value(x)
 
-    return get_action_and_value, get_value
-
-
-def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them
-    here too). Returns the agent, the written-out Adam and the functions (policy and get_value in
-    numpy, update)."""
-    agent = Agent(n_obs, n_act, device=device)
-    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing
-    # recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    update, optimizer = make_functional_update(agent, lr, args)
-    policy, get_value = make_host_policy(agent, args.seed)
-    return agent, optimizer, (policy, get_value, update)
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=policy,
+        get_value=get_value,
+        update=update,
+    )
 
 
 def main(args):
     check_args(args)
     # seeds, run folder, wandb, signals: see the end of the file
     run = Run(args, "ppo_continuous_action_cpu")
-    # what the saved agent was trained with
-    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None
     videos = None if args.eval_model else run.videos
-    envs = make_envs(
-        args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms
-    )
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos)
     device = torch.device("cpu")
-    # every op is tiny (batch 1 acting, batch 64 updates): waking a second thread costs more than it
-    # saves
+    # every op is tiny: waking a second thread costs more than it saves
     torch.set_num_threads(args.threads or 1)
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
-    if run.saved_model is not None:
+    learner = make_learner(args, n_obs, n_act, device)
+    agent, optimizer = learner.agent, learner.optimizer
+
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean; `obs_rms` is bound below
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
+
+    threads = torch.get_num_threads()
+    if args.eval_model:
         agent.load_state_dict(run.saved_model["agent"])
+        obs_rms = run.saved_model["obs_rms"]
+        envs.close()
+        return run.finish(device, run.saved_model, evaluate_agent, threads=threads)
+
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_gae = gae
     if args.compile:
-        # GAE and the whole functional update, each one graph with a C++ wrapper (fewer Python calls
-        # per kernel)
+        # GAE and the whole update, each one graph; a C++ wrapper makes fewer Python calls
         options = {"cpp_wrapper": True}
         compute_gae = torch.compile(gae, fullgraph=True, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
 
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    def to_array(x):  # the envs' observations, as float32
+        return np.asarray(x, dtype=np.float32)
+
+    # the rollout, [num_steps, num_envs, ...], one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
     rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
-    # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    # numpy views of the rollout's tensors, which the numpy policy's arrays are written to
     store = rollout.numpy()
 
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = np.asarray(next_obs, dtype=np.float32)
+    next_obs = to_array(next_obs)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    num_iterations = args.total_timesteps // batch_size
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             # in place: no recompile
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             store["obs"][step] = next_obs
-
-            # ALGO LOGIC: action logic
             action, logprob, _, value = policy(next_obs)
             store["values"][step] = value.flatten()
             store["actions"][step] = action
@@ -456,25 +439,24 @@ def main(args):
             store["terminations"][step] = terminations
             store["truncations"][step] = truncations
             if truncations.any():
-                # the value of the state each truncated episode was cut at (gae reads it only there)
-                final_obs = np.asarray(true_next_obs(next_obs, infos), dtype=np.float32)
+                # the value where each truncated episode was cut (gae reads it only there)
+                final_obs = to_array(true_next_obs(next_obs, infos))
                 store["final_values"][step] = get_value(final_obs).flatten()
-            next_obs = np.asarray(next_obs, dtype=np.float32)
+            next_obs = to_array(next_obs)
 
-        # bootstrap value if not done
+        # advantages
         next_value = torch.from_numpy(get_value(next_obs)).flatten()
-        inputs = {
-            key: rollout[key]
-            for key in ("rewards", "values", "final_values", "terminations", "truncations")
-        }
+        keys = ("rewards", "values", "final_values", "terminations", "truncations")
         advantages, returns = compute_gae(
-            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+            **{key: rollout[key] for key in keys},
+            next_value=next_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
         )
 
+        # update
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
-
-        # Optimizing the policy and value network
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
@@ -483,31 +465,21 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(
-            pbar, global_step, dict(zip(names, stats), explained_variance=explained_var)
-        )
+        metrics = dict(zip(names, stats), explained_variance=explained_var)
+        run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
-    # the observation normalization (the first env's) is part of the policy: saved and evaluated
-    # with it
+    # the first env's observation normalization is part of the policy, saved with it
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    obs_rms = {
-        "mean": torch.as_tensor(rms.mean),
-        "var": torch.as_tensor(rms.var),
-        "count": torch.tensor(rms.count),
-    }
-
-    def evaluate_agent(episodes, videos):  # the Gaussian's mean
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
-        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
-
+    obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
     envs.close()
     model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
-    run.finish(device, model, evaluate_agent, threads=torch.get_num_threads())
+    run.finish(device, model, evaluate_agent, threads=threads)
 
 
 # ==================================================================================================
@@ -523,41 +495,28 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
-    # numpy's seeds are below 2**32, envpool's below 2**31
-    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
-        fail(
-            f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
-            f"{args.measure_burnin}"
-        )
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
+    if args.measure_burnin < 0:
+        fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
-            "--num-envs)"
-        )
+        rollout = "one rollout (--num-steps x --num-envs)"
+        fail(f"--total-timesteps {args.total_timesteps} is less than {rollout}")
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
-            "parts of 2 or more"
-        )
+        rollout = f"--num-steps x --num-envs ({batch_size})"
+        fail(f"--num-minibatches must split {rollout} into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.threads is not None and args.threads <= 0:

@@ -1,25 +1,20 @@
-"""Proximal Policy Optimization for continuous actions, optimized: the twin of
-ppo_continuous_action.py.
+"""PPO for continuous actions, optimized: the twin of ppo_continuous_action.py.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps, 2048
-steps per rollout).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     # fastest on a CUDA GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs
     python leanrl/ppo_continuous_action_torchcompile.py --compile --env-id InvertedPendulum-v4 \
         --total-timesteps 40960
 
-On a CPU, run ppo_continuous_action_cpu.py instead. Same algorithm, defaults and loop as the eager
-twin; what changes:
-- the rollout is one TensorDict on the device; acting uses a copy of the agent sharing its weights,
-  no autograd state;
-- the Gaussian's log-density and entropy are written out (torch.distributions validates and builds
-  objects on every call, which costs more than the math at these sizes); GAE is solved by doubling
-  (a small graph to compile);
-- a fused Adam (capturable under `--cudagraphs`) whose learning rate is a tensor annealed in place;
-- `--compile` compiles GAE, acting and the update's loss (forward and backward); `--cudagraphs`
-  records acting and the update as CUDA graphs (tensordict's `CudaGraphModule`), replayed with one
-  launch each (needs a CUDA device).
+Same algorithm, defaults and loop as the eager twin. What changes for speed:
+- the rollout is one TensorDict on the device;
+- acting reads the weights through a copy of the agent that has no autograd state;
+- the Gaussian's log-density and entropy are written out, and GAE is solved by doubling;
+- a fused Adam whose learning rate is a tensor, annealed in place;
+- `--compile` compiles GAE, acting and the update's loss;
+- `--cudagraphs` records acting and the update as CUDA graphs (needs a CUDA device).
+On a CPU, run ppo_continuous_action_cpu.py instead.
 """
 
 import json
@@ -32,6 +27,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -60,14 +56,11 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of evaluation episodes to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -82,7 +75,7 @@ class Args:
     num_envs: int = 1
     """the number of parallel environments"""
     num_steps: int = 2048
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -106,31 +99,27 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this (off by default)"""
 
     compile: bool = False
-    """compile GAE, the acting policy and the update's loss (on a CPU, run
-    ppo_continuous_action_cpu.py instead)"""
+    """compile GAE, acting and the update's loss"""
     cudagraphs: bool = False
-    """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
+    """record acting and the update as CUDA graphs (needs a CUDA device)"""
 
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training: gymnasium's schedule; evaluation: the first `video_episodes`
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
                 env, video_dir, record, name_prefix=prefix, disable_logger=True
             )
         if not isinstance(env.action_space, gym.spaces.Box):
-            fail(
-                f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO "
-                "here needs a Box"
-            )
+            space = type(env.action_space).__name__
+            fail(f"--env-id {env_id!r} has a {space} action space; PPO here needs a Box")
         env = gym.wrappers.FlattenObservation(env)
         # before the normalization: it records the raw returns
         env = gym.wrappers.RecordEpisodeStatistics(env)
@@ -152,9 +141,7 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
 
 
 def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """Vector env, same-step autoreset (an episode's last step returns the reset obs, the true final
-    obs in `infos`); the first env records to `video_dir`; `obs_rms` normalizes observations,
-    frozen. A bad id or action space exit 2."""
+    """Vector env with same-step autoreset: the true final obs of an episode is in `infos`."""
     try:
         videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
         thunks = [
@@ -233,21 +220,19 @@ def true_next_obs(next_obs, infos):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
-    every input but `next_value` [num_envs], the value of the obs after the last step.
-    `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at step t in a terminal
-    state / cut off; `final_values[t]`: the value of the true final obs of a truncated episode
-    (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), shaped [num_steps, num_envs].
+
+    `next_value` [num_envs] is the value of the obs after the last step. `final_values[t]` is the
+    value of the true final obs of an episode truncated at step t (read only there).
+    """
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's
-    # end, the value of its true final observation if it was cut off and 0 if it terminated
+    # after an episode's last step: its final obs' value if it was cut off, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
-    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
-    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
-    # (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. A loop, unrolled, would take minutes to compile.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -259,12 +244,18 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay
-    eager."""
+def make_learner(args, n_obs, n_act, device):
+    """PPO's agent, optimizer and steps on `device`."""
+    agent = Agent(n_obs, n_act, device=device)
+    # a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel for all parameters; capturable: the Adam a CUDA graph can record
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
 
     def loss_fn(mb):
+        """The clipped-surrogate loss of a minibatch, and its statistics."""
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
@@ -279,12 +270,12 @@ def make_update(agent, optimizer, args, compile_loss=False):
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-        # Policy loss
+        # policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-        # Value loss
+        # value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
@@ -298,14 +289,14 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
-    if compile_loss:
+    if args.compile:  # the forward and backward; the clip and the Adam step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
     def update(mb):
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -313,30 +304,15 @@ def make_update(agent, optimizer, args, compile_loss=False):
         optimizer.step()
         return stats
 
-    return update
-
-
-def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
-    them."""
-    agent = Agent(n_obs, n_act, device=device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
-    # nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other
-    # Adam in a graph
-    optimizer = torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
-    )
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd
-    # state
+    # acting reads the weights through a copy that shares their memory, with no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return (
-        agent,
-        optimizer,
-        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=agent_inference.get_action_and_value,
+        get_value=agent_inference.get_value,
+        update=update,
     )
 
 
@@ -344,32 +320,40 @@ def main(args):
     check_args(args)
     # seeds, run folder, wandb, signals: see the end of the file
     run = Run(args, "ppo_continuous_action_torchcompile")
-    # what the saved agent was trained with
-    saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None
     videos = None if args.eval_model else run.videos
-    envs = make_envs(
-        args.env_id, args.num_envs, args.seed, args.gamma, videos, obs_rms=saved_obs_rms
-    )
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.gamma, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    agent, optimizer, (policy, get_value, update) = make_learner(args, n_obs, n_act, device)
-    if run.saved_model is not None:
+    learner = make_learner(args, n_obs, n_act, device)
+    agent, optimizer = learner.agent, learner.optimizer
+
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean; `obs_rms` is bound below
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
         agent.load_state_dict(run.saved_model["agent"])
+        obs_rms = run.saved_model["obs_rms"]
+        envs.close()
+        return run.finish(device, run.saved_model, evaluate_agent)
+
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_gae = gae
     if args.compile:
-        # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains
-        # from compile
+        # GAE is one small graph; make_learner compiled the loss
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (Adam creates its state; a compiled function
-        # compiles once more for it), the next records a CUDA graph, later calls replay it
+        # the first `warmup - 1` calls run as they are (Adam makes its state, compile compiles once
+        # more), the next records a CUDA graph, later calls replay it
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    def to_tensor(x):  # the envs' numpy arrays, as float32 on the device
+        return torch.as_tensor(x, device=device, dtype=torch.float)
+
+    # the rollout, [num_steps, num_envs, ...], one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
     rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
@@ -377,25 +361,24 @@ def main(args):
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    next_obs = to_tensor(next_obs)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    num_iterations = args.total_timesteps // batch_size
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             # in place: no recompile
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             rollout["obs"][step] = next_obs
-
-            # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = policy(next_obs)
             rollout["values"][step] = value.flatten()
@@ -404,37 +387,30 @@ def main(args):
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             run.log_episodes(global_step, finished_episodes(infos))
-            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(
-                terminations, device=device, dtype=torch.float
-            )
-            rollout["truncations"][step] = torch.as_tensor(
-                truncations, device=device, dtype=torch.float
-            )
+            rollout["rewards"][step] = to_tensor(reward)
+            rollout["terminations"][step] = to_tensor(terminations)
+            rollout["truncations"][step] = to_tensor(truncations)
             if truncations.any():
-                # the value of the state each truncated episode was cut at (gae reads it only there)
-                final_obs = torch.as_tensor(
-                    true_next_obs(next_obs, infos), device=device, dtype=torch.float
-                )
+                # the value where each truncated episode was cut (gae reads it only there)
+                final_obs = to_tensor(true_next_obs(next_obs, infos))
                 with torch.no_grad():
                     rollout["final_values"][step] = get_value(final_obs).flatten()
-            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+            next_obs = to_tensor(next_obs)
 
-        # bootstrap value if not done
+        # advantages
         with torch.no_grad():
             next_value = get_value(next_obs).flatten()
-        inputs = {
-            key: rollout[key]
-            for key in ("rewards", "values", "final_values", "terminations", "truncations")
-        }
+        keys = ("rewards", "values", "final_values", "terminations", "truncations")
         advantages, returns = compute_gae(
-            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+            **{key: rollout[key] for key in keys},
+            next_value=next_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
         )
 
+        # update
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
-
-        # Optimizing the policy and value network
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
@@ -443,28 +419,18 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(
-            pbar, global_step, dict(zip(names, stats), explained_variance=explained_var)
-        )
+        metrics = dict(zip(names, stats), explained_variance=explained_var)
+        run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
-    # the observation normalization (the first env's) is part of the policy: saved and evaluated
-    # with it
+    # the first env's observation normalization is part of the policy, saved with it
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    obs_rms = {
-        "mean": torch.as_tensor(rms.mean),
-        "var": torch.as_tensor(rms.var),
-        "count": torch.tensor(rms.count),
-    }
-
-    def evaluate_agent(episodes, videos):  # the Gaussian's mean
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
-        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
-
+    obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
     envs.close()
     run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent)
 
@@ -482,41 +448,28 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
-    # numpy's seeds are below 2**32, envpool's below 2**31
-    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
-        fail(
-            f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
-            f"{args.measure_burnin}"
-        )
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+        fail(f"--seed must be in [0, 2**31), got {args.seed}")
+    if args.measure_burnin < 0:
+        fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
-            "--num-envs)"
-        )
+        rollout = "one rollout (--num-steps x --num-envs)"
+        fail(f"--total-timesteps {args.total_timesteps} is less than {rollout}")
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
-            "parts of 2 or more"
-        )
+        rollout = f"--num-steps x --num-envs ({batch_size})"
+        fail(f"--num-minibatches must split {rollout} into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):

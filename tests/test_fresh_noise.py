@@ -66,7 +66,7 @@ def dqn(module, args, device):
 
 
 def ppo(module, args, device):
-    policy = module.make_learner(args, 3, 2, device)[-1][0]
+    policy = module.make_learner(args, 3, 2, device).policy
     return {"policy": (policy, (randn(ENVS, 3, device=device),))}
 
 
@@ -230,12 +230,12 @@ def dqn_updates(module, args, device):
 
 
 def ppo_updates(module, args, device):
-    _, optimizer, (_, _, update) = module.make_learner(args, 3, 2, device)
-    return [optimizer], [(update, lambda k: ppo_minibatch(k).to(device))]
+    learner = module.make_learner(args, 3, 2, device)
+    return [learner.optimizer], [(learner.update, lambda k: ppo_minibatch(k).to(device))]
 
 
 # twin -> (its optimizers and (update, batch of step k) pairs, whether `main` compiles the updates:
-# the PPO twins' `make_update` compiles the loss itself under --compile, Adam's step stays eager)
+# the PPO twins' `make_learner` compiles the loss itself under --compile, Adam's step stays eager)
 UPDATES = {
     "sac_continuous_action_torchcompile": (sac_updates, True),
     "td3_continuous_action_torchcompile": (td3_updates, True),

@@ -33,6 +33,7 @@ SMOKE = (
     "--update-epochs",
     "2",
 )
+CPU_DEVICE = torch.device("cpu")
 # gymnasium's `module:EnvId` form: gym.make imports the module, then makes the env it registers
 MODULE_PENDULUM = "gymnasium.envs.classic_control:Pendulum-v1"
 
@@ -180,12 +181,12 @@ def flat_parameters(agent):
     return torch.cat([p.detach().flatten() for p in agent.parameters()])
 
 
-def same_start(module, reference, n_obs=3, n_act=2):
-    """`module`'s agent with `reference`'s weights: every script's agent has the same state_dict
-    keys."""
-    agent = module.Agent(n_obs, n_act)
-    agent.load_state_dict(reference.state_dict())
-    return agent
+def same_start(*learners):
+    """`learners` with the first one's weights: every script's agent has the same state_dict keys.
+    Loading copies in place, so the weights' views (acting, the written-out Adam) stay valid."""
+    for learner in learners[1:]:
+        learner.agent.load_state_dict(learners[0].agent.state_dict())
+    return learners
 
 
 def run_updates(updates, set_lrs, steps=5, warmup=2):
@@ -207,22 +208,16 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling():
     warm-up steps nothing recompiles, neither the update nor GAE."""
     module = load_script(TWIN)
     torch.manual_seed(0)
-    eager_agent = module.Agent(3, 2)
-    compiled_agent = same_start(module, eager_agent)
-    optimizers = [
-        # as the twin builds it
-        torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True)
-        for agent in (eager_agent, compiled_agent)
-    ]
-    updates = [
-        module.make_update(eager_agent, optimizers[0], module.Args()),
-        module.make_update(compiled_agent, optimizers[1], module.Args(), compile_loss=True),
-    ]
+    learners = same_start(
+        *(module.make_learner(module.Args(compile=c), 3, 2, CPU_DEVICE) for c in (False, True))
+    )
+    eager_agent, compiled_agent = (learner.agent for learner in learners)
+    updates = [learner.update for learner in learners]
     before = flat_parameters(eager_agent)
 
     def set_lrs(lr):
-        for optimizer in optimizers:
-            optimizer.param_groups[0]["lr"].copy_(lr)
+        for learner in learners:
+            learner.optimizer.param_groups[0]["lr"].copy_(lr)
 
     for eager, compiled in run_updates(updates, set_lrs):
         # float32, the same ops fused in another order: statistics agree to 1e-5 relative
@@ -252,20 +247,19 @@ def test_cpu_functional_update_equals_eager_scripts_update_without_recompiling()
     up to ~lr * 1e-2)."""
     eager, cpu = load_script(EAGER), load_script(CPU)
     torch.manual_seed(0)
-    eager_agent = eager.Agent(3, 2)
-    optimizer = torch.optim.Adam(eager_agent.parameters(), lr=3e-4, eps=1e-5)
-    agents = [same_start(cpu, eager_agent), same_start(cpu, eager_agent)]
-    functional = [
-        cpu.make_functional_update(agent, torch.tensor(3e-4), cpu.Args()) for agent in agents
-    ]
-    updates = [eager.make_update(eager_agent, optimizer, eager.Args()), functional[0][0]]
-    updates.append(torch.compile(functional[1][0], fullgraph=True))
+    module_learner, *functional = same_start(
+        eager.make_learner(eager.Args(), 3, 2, CPU_DEVICE),
+        *(cpu.make_learner(cpu.Args(), 3, 2, CPU_DEVICE) for _ in range(2)),
+    )
+    eager_agent, agents = module_learner.agent, [learner.agent for learner in functional]
+    updates = [module_learner.update, functional[0].update]
+    updates.append(torch.compile(functional[1].update, fullgraph=True))
     before = flat_parameters(eager_agent)
 
     def set_lrs(lr):
-        optimizer.param_groups[0]["lr"] = lr
-        for _, adam in functional:
-            adam.param_groups[0]["lr"].copy_(lr)
+        module_learner.optimizer.param_groups[0]["lr"] = lr
+        for learner in functional:
+            learner.optimizer.param_groups[0]["lr"].copy_(lr)
 
     for module_stats, functional_stats, compiled_stats in run_updates(updates, set_lrs):
         torch.testing.assert_close(functional_stats, module_stats, rtol=1e-5, atol=1e-6)
@@ -284,9 +278,9 @@ def test_host_policy_is_the_agents_policy_on_its_current_weights():
     so after an update changes the weights in place."""
     module = load_script(CPU)
     torch.manual_seed(0)
-    agent = module.Agent(3, 2)
-    update, _ = module.make_functional_update(agent, torch.tensor(3e-4), module.Args())
-    policy, get_value = module.make_host_policy(agent, seed=3)
+    learner = module.make_learner(module.Args(seed=3), 3, 2, CPU_DEVICE)
+    agent, update = learner.agent, learner.update
+    policy, get_value = learner.policy, learner.get_value
     noise = np.random.default_rng(3)  # the draws the policy makes, in the same order
     obs = torch.randn(256, 3, generator=torch.Generator().manual_seed(0))
     for _ in range(2):

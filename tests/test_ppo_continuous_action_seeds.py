@@ -58,12 +58,9 @@ def build_cpu_update(params, member):
     """ppo_continuous_action_cpu.py's functional update on a copy of member `member`'s parameters (a
     fresh Adam, as the seeds update's); returns it, its Adam and its agent."""
     mod = load_script(CPU_SCRIPT)
-    agent = mod.Agent(3, 2)
-    agent.load_state_dict({name: param[member] for name, param in params.items()})
-    update, optimizer = mod.make_functional_update(
-        agent, torch.tensor(mod.Args().learning_rate), mod.Args()
-    )
-    return update, optimizer, agent
+    learner = mod.make_learner(mod.Args(), 3, 2, CPU)
+    learner.agent.load_state_dict({name: param[member] for name, param in params.items()})
+    return learner.update, learner.optimizer, learner.agent
 
 
 def test_each_member_starts_from_the_weights_of_the_cpu_script_with_its_seed():
