@@ -415,7 +415,8 @@ def async_rollouts(module, num_steps, envs, policy, get_value, device):
 def atari_policy(twin, agent_args, n_act, device, compile_policy):
     """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and
     value function on a fresh agent, the same for both designs."""
-    _, _, (policy, get_value, _) = twin.make_learner(agent_args, n_act, device)
+    learner = twin.make_learner(agent_args, n_act, device)
+    policy, get_value = learner.policy, learner.get_value
     return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
 
 

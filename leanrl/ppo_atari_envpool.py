@@ -369,7 +369,8 @@ def check_args(args):
     # checked here, before the run folder is made
     if args.capture_video:
         fail(
-            "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record videos"
+            "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "
+            "videos"
         )
 
 
