@@ -111,8 +111,8 @@ def make_envs(env_id, num_envs, seed):
 
 
 def finished_games(game_returns, infos, truncations):
-    """The scores of the games that ended on this step, over all their lives. envpool's info has
-    no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
     game_returns += infos["reward"]
     game_over = infos["terminated"].astype(bool) | truncations
     scores = game_returns[game_over].tolist()
@@ -127,7 +127,7 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso shared by a policy head and a value head; takes stacked frames
+    """The Nature DQN torso shared by a policy head and a value head. It takes stacked frames
     [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
@@ -161,8 +161,8 @@ class Agent(nn.Module):
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
-    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode, so
-    `values[t + 1]` is the value of the final observation after an episode ends at step t: a
+    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode:
+    after an episode ends at step t, `values[t + 1]` is the value of its final observation. A
     truncated step bootstraps from it, a terminated one does not."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
@@ -237,7 +237,8 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, envs.single_action_space.n, device)
     agent, optimizer = learner.agent, learner.optimizer
-    policy, get_value, update, compute_gae = learner.policy, learner.get_value, learner.update, gae
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
+    compute_gae = gae
 
     # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
     def evaluate_agent(episodes, videos):
@@ -314,7 +315,8 @@ def main(args):
         # log
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
-        metrics["explained_variance"] = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        metrics["explained_variance"] = explained_var
         # Categorical.sample would raise on nan weights at the next rollout
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
         run.log_progress(pbar, global_step, metrics)

@@ -124,8 +124,8 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
 
 
 def finished_games(game_returns, infos, truncations):
-    """The scores of the games that ended on this step, over all their lives. envpool's info has
-    no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place, at
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place, at
     the batch's `info["env_id"]`."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
@@ -142,7 +142,7 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso shared by a policy head and a value head; takes stacked frames
+    """The Nature DQN torso shared by a policy head and a value head. It takes stacked frames
     [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
@@ -180,16 +180,16 @@ class Agent(nn.Module):
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
-    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode, so
-    `values[t + 1]` is the value of the final observation after an episode ends at step t: a
+    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode:
+    after an episode ends at step t, `values[t + 1]` is the value of its final observation. A
     truncated step bootstraps from it, a terminated one does not."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
-    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t]
-    # is the product of their c's. log2(num_steps) rounds replace the loop over the steps, and the
-    # compiled graph stays small. The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. log2(num_steps) rounds of vector ops replace the
+    # loop over the steps, and the compiled graph stays small.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -286,11 +286,11 @@ class RolloutState:
     """What one rollout hands the next."""
 
     def __init__(self, num_envs):
-        self.step = np.zeros(num_envs, dtype=np.int64)  # per env, the row of its next action
-        self.game_returns = np.zeros(num_envs)  # per env, the score of its game in play
-        self.held = []  # batches (frames, env ids) that wait for the updated policy
-        self.pending = []  # actions (actions, env ids) chosen but not sent
-        self.global_step = 0  # the env steps sent so far
+        self.step = np.zeros(num_envs, dtype=np.int64)  # the row of each env's next action
+        self.game_returns = np.zeros(num_envs)  # each env's game in play
+        self.held = []  # batches (frames, env ids) waiting for the updated policy
+        self.pending = []  # actions (actions, env ids) chosen, not sent
+        self.global_step = 0  # env steps sent
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
@@ -298,10 +298,11 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
     and row `num_steps` of its values with its bootstrap value. `envs` runs envpool's async API,
     started by `async_reset()`; `log_episodes(global_step, scores)` gets the games that end."""
     complete = np.zeros(len(state.step), dtype=bool)  # the envs that have their steps
+    device = rollout.device
 
     def cells(rows, env_id):
         """The index of the cells (rows[i], env_id[i]) of the rollout."""
-        return tuple(torch.as_tensor(np.stack([rows, env_id]), device=rollout.device))
+        return tuple(torch.as_tensor(np.stack([rows, env_id]), device=device))
 
     def act(obs, env_id, send):
         """Act on one batch; the envs in `send` (a mask) step, the others' actions wait."""
@@ -323,8 +324,8 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
 
     def dispatch(batches, in_flight):
         """Act on `batches` with `in_flight` envs stepping; returns the envs in flight after.
-        Envs that lag step on. While any lags, a few that have their steps step too, to fill the
-        batch that `recv` waits for; the rest wait for the next rollout."""
+        Envs that lag step on. While any lags, a few that have their steps step too, to fill
+        the batch that `recv` waits for. The rest wait for the next rollout."""
         env_ids = np.concatenate([env_id for _, env_id in batches])
         send = state.step[env_ids] < num_steps  # the laggards
         complete[env_ids[~send]] = True
@@ -359,14 +360,13 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
         obs, reward, terminations, truncations, infos = envs.recv()
         env_id = infos["env_id"]
         in_flight -= len(env_id)
-        # the outcome of each env's last action, one row above its new frame (after
-        # `async_reset`, row 0 gets the reset's zeros and then the first action's outcome)
+        # each env's last outcome goes one row above its new frame (the reset's zeros to row 0)
         index = cells(np.maximum(state.step[env_id] - 1, 0), env_id)
         outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
         for key, value in outcome.items():
-            rollout[key][index] = torch.as_tensor(value, device=rollout.device, dtype=torch.float)
+            rollout[key][index] = torch.as_tensor(value, device=device, dtype=torch.float)
         log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
-        obs = torch.from_numpy(obs).to(rollout.device)  # on a CPU, a view of envpool's array
+        obs = torch.from_numpy(obs).to(device)  # on a CPU, a view of envpool's array
         in_flight = dispatch([(obs, env_id)], in_flight)
 
 
@@ -383,7 +383,8 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, envs.single_action_space.n, device)
     agent, optimizer = learner.agent, learner.optimizer
-    policy, get_value, update, compute_gae = learner.policy, learner.get_value, learner.update, gae
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
+    compute_gae = gae
 
     # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
     def evaluate_agent(episodes, videos):
@@ -449,7 +450,8 @@ def main(args):
         # log
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
-        metrics["explained_variance"] = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        metrics["explained_variance"] = explained_var
         run.log_progress(pbar, state.global_step, metrics)
         run.steps = state.global_step
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence

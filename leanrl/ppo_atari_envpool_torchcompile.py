@@ -125,8 +125,8 @@ def make_envs(env_id, num_envs, seed):
 
 
 def finished_games(game_returns, infos, truncations):
-    """The scores of the games that ended on this step, over all their lives. envpool's info has
-    no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
     game_returns += infos["reward"]
     game_over = infos["terminated"].astype(bool) | truncations
     scores = game_returns[game_over].tolist()
@@ -141,7 +141,7 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso shared by a policy head and a value head; takes stacked frames
+    """The Nature DQN torso shared by a policy head and a value head. It takes stacked frames
     [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
@@ -179,16 +179,16 @@ class Agent(nn.Module):
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
-    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode, so
-    `values[t + 1]` is the value of the final observation after an episode ends at step t: a
+    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode:
+    after an episode ends at step t, `values[t + 1]` is the value of its final observation. A
     truncated step bootstraps from it, a terminated one does not."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
-    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t]
-    # is the product of their c's. log2(num_steps) rounds replace the loop over the steps, and the
-    # compiled graph stays small. The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. log2(num_steps) rounds of vector ops replace the
+    # loop over the steps, and the compiled graph stays small.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -274,7 +274,8 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, envs.single_action_space.n, device)
     agent, optimizer = learner.agent, learner.optimizer
-    policy, get_value, update, compute_gae = learner.policy, learner.get_value, learner.update, gae
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
+    compute_gae = gae
 
     # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
     def evaluate_agent(episodes, videos):
@@ -364,7 +365,8 @@ def main(args):
         # log
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
-        metrics["explained_variance"] = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        metrics["explained_variance"] = explained_var
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
