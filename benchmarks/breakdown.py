@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import tyro
@@ -48,6 +49,16 @@ FUNCTIONS = {
     "dqn": ("acting", "update", "target update"),
     "ppo_continuous_action": ("acting", "value", "update"),
     "ppo_atari_envpool": ("acting", "value", "update"),
+}
+# the same for a learner that is a namespace: its step functions by field
+FIELDS = {
+    "policy": "acting",
+    "get_value": "value",
+    "update_critic": "critic update",
+    "update_actor": "actor update",
+    "update_targets": "target update",
+    "update": "update",
+    "update_target": "target update",
 }
 BY_NAME = {algo.name: algo for algo in ALGOS}
 # calls of each part left out of the window: compiling, the optimizers creating their state
@@ -85,7 +96,14 @@ def instrumented(module, algo, timers):
     make_host_policy = getattr(module, "make_host_policy", None)
 
     def timed_make_learner(*args, **kwargs):
-        *head, functions = make_learner(*args, **kwargs)
+        learner = make_learner(*args, **kwargs)
+        if isinstance(learner, SimpleNamespace):
+            for name, part in FIELDS.items():
+                fn = getattr(learner, name, None)
+                if fn is not None and not hasattr(fn, "part"):
+                    setattr(learner, name, timers.wrap(part, fn))
+            return learner
+        *head, functions = learner
         # a host policy made inside make_learner is timed already
         parts = zip(FUNCTIONS[algo], functions)
         return (

@@ -6,11 +6,9 @@ x 128 steps.
     python leanrl/ppo_atari_envpool.py                      # the benchmark run
     python leanrl/ppo_atari_envpool.py --env-id Pong-v5 --total-timesteps 2000000
 
-Plain PyTorch, no tensordict, written in the shape of ppo_atari_envpool_torchcompile.py so that
-`diff` shows only what buys speed. envpool steps the games in C++ threads with DeepMind's
-preprocessing: 4 frames skipped per step, 30 no-op resets, 84x84 grayscale frames stacked by 4,
-rewards clipped to their sign. Losing a life ends the episode the agent learns from, not the game
-it reports.
+Plain PyTorch, in the shape of ppo_atari_envpool_torchcompile.py, so that `diff` shows only what
+buys speed. envpool steps the games in C++ threads with DeepMind's preprocessing. Losing a life
+ends the episode the agent learns from, not the game it reports.
 """
 
 import json
@@ -45,7 +43,7 @@ class Args:
     cuda: bool = True
     """use a CUDA device when there is one, else the CPU"""
     track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
+    """log to Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb's project name"""
     wandb_entity: str | None = None
@@ -59,7 +57,7 @@ class Args:
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """the first iterations, which compile and warm up, left out of `sps`"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -70,7 +68,7 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
-    """the vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -78,9 +76,9 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches each epoch splits the rollout into"""
+    """the minibatches each epoch splits the rollout into"""
     update_epochs: int = 4
-    """the number of epochs (passes over the rollout) of each update"""
+    """the passes over the rollout of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.1
@@ -94,7 +92,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
 
 def make_envs(env_id, num_envs, seed):
@@ -161,9 +159,8 @@ class Agent(nn.Module):
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
-    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode:
-    after an episode ends at step t, `values[t + 1]` is the value of its final observation. A
-    truncated step bootstraps from it, a terminated one does not."""
+    envpool resets in next-step mode: after an episode ends at step t, `values[t + 1]` is the
+    value of its final observation, which a truncated step bootstraps from."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values

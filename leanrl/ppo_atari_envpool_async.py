@@ -47,7 +47,7 @@ class Args:
     cuda: bool = True
     """use a CUDA device when there is one, else the CPU"""
     track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
+    """log to Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb's project name"""
     wandb_entity: str | None = None
@@ -61,7 +61,7 @@ class Args:
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """the first iterations, which compile and warm up, left out of `sps`"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -76,7 +76,7 @@ class Args:
     env_threads: int | None = None
     """envpool's threads that step the games (default: all cores but one, kept for the policy)"""
     num_steps: int = 128
-    """the vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -84,9 +84,9 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches each epoch splits the rollout into"""
+    """the minibatches each epoch splits the rollout into"""
     update_epochs: int = 4
-    """the number of epochs (passes over the rollout) of each update"""
+    """the passes over the rollout of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.1
@@ -100,7 +100,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
     compile: bool = False
     """compile GAE, the update's loss and the acting policy with `torch.compile`"""
@@ -125,8 +125,7 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
 
 def finished_games(game_returns, infos, truncations):
     """The scores of the games that ended on this step, over all their lives. envpool's info
-    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place, at
-    the batch's `info["env_id"]`."""
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
     game_over = env_id[infos["terminated"].astype(bool) | truncations]
@@ -180,9 +179,8 @@ class Agent(nn.Module):
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
-    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode:
-    after an episode ends at step t, `values[t + 1]` is the value of its final observation. A
-    truncated step bootstraps from it, a terminated one does not."""
+    envpool resets in next-step mode: after an episode ends at step t, `values[t + 1]` is the
+    value of its final observation, which a truncated step bootstraps from."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -301,7 +299,6 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
     device = rollout.device
 
     def cells(rows, env_id):
-        """The index of the cells (rows[i], env_id[i]) of the rollout."""
         return tuple(torch.as_tensor(np.stack([rows, env_id]), device=device))
 
     def act(obs, env_id, send):

@@ -15,10 +15,6 @@ The same algorithm and loop as the eager twin, with the data flow rewritten for 
 - Adam is fused, its learning rate a tensor annealed in place;
 - `--compile` compiles acting, GAE and the loss with its backward (the clip and Adam stay eager);
 - `--cudagraphs` records acting and the update as CUDA graphs; it needs a CUDA device.
-
-envpool steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per step,
-30 no-op resets, 84x84 grayscale frames stacked by 4, rewards clipped to their sign. Losing a life
-ends the episode the agent learns from, not the game it reports.
 """
 
 import json
@@ -54,7 +50,7 @@ class Args:
     cuda: bool = True
     """use a CUDA device when there is one, else the CPU"""
     track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
+    """log to Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb's project name"""
     wandb_entity: str | None = None
@@ -68,7 +64,7 @@ class Args:
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """the first iterations, which compile and warm up, left out of `sps`"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -79,7 +75,7 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
-    """the vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -87,9 +83,9 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches each epoch splits the rollout into"""
+    """the minibatches each epoch splits the rollout into"""
     update_epochs: int = 4
-    """the number of epochs (passes over the rollout) of each update"""
+    """the passes over the rollout of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.1
@@ -103,7 +99,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
     compile: bool = False
     """compile GAE, the update's loss and the acting policy with `torch.compile`"""
@@ -179,9 +175,8 @@ class Agent(nn.Module):
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
-    `next_value` [num_envs] is the value after the last step. envpool resets in next-step mode:
-    after an episode ends at step t, `values[t + 1]` is the value of its final observation. A
-    truncated step bootstraps from it, a terminated one does not."""
+    envpool resets in next-step mode: after an episode ends at step t, `values[t + 1]` is the
+    value of its final observation, which a truncated step bootstraps from."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
