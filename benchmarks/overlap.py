@@ -347,13 +347,9 @@ def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, 
         rollout["logprobs"][step] = logprob
 
         next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-        rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-        rollout["terminations"][step] = torch.as_tensor(
-            terminations, device=device, dtype=torch.float
-        )
-        rollout["truncations"][step] = torch.as_tensor(
-            truncations, device=device, dtype=torch.float
-        )
+        outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
+        for key, array in outcome.items():
+            rollout[key][step] = torch.as_tensor(array, device=device, dtype=torch.float)
         next_obs = torch.from_numpy(next_obs)
         finished_games(game_returns, infos, truncations)
     return next_obs

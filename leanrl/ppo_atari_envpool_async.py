@@ -360,8 +360,8 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
         # each env's last outcome goes one row above its new frame (the reset's zeros to row 0)
         index = cells(np.maximum(state.step[env_id] - 1, 0), env_id)
         outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
-        for key, value in outcome.items():
-            rollout[key][index] = torch.as_tensor(value, device=device, dtype=torch.float)
+        for key, array in outcome.items():
+            rollout[key][index] = torch.as_tensor(array, device=device, dtype=torch.float)
         log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
         obs = torch.from_numpy(obs).to(device)  # on a CPU, a view of envpool's array
         in_flight = dispatch([(obs, env_id)], in_flight)

@@ -328,8 +328,8 @@ def main(args):
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
-            for key, value in outcome.items():
-                rollout[key][step] = torch.as_tensor(value, device=device, dtype=torch.float)
+            for key, array in outcome.items():
+                rollout[key][step] = torch.as_tensor(array, device=device, dtype=torch.float)
             next_obs = torch.from_numpy(next_obs)  # a view of envpool's array, no copy
             run.log_episodes(global_step, finished_games(game_returns, infos, truncations))
 
