@@ -347,13 +347,9 @@ def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, 
         rollout["logprobs"][step] = logprob
 
         next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-        rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-        rollout["terminations"][step] = torch.as_tensor(
-            terminations, device=device, dtype=torch.float
-        )
-        rollout["truncations"][step] = torch.as_tensor(
-            truncations, device=device, dtype=torch.float
-        )
+        outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
+        for key, array in outcome.items():
+            rollout[key][step] = torch.as_tensor(array, device=device, dtype=torch.float)
         next_obs = torch.from_numpy(next_obs)
         finished_games(game_returns, infos, truncations)
     return next_obs
@@ -415,7 +411,8 @@ def async_rollouts(module, num_steps, envs, policy, get_value, device):
 def atari_policy(twin, agent_args, n_act, device, compile_policy):
     """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and
     value function on a fresh agent, the same for both designs."""
-    _, _, (policy, get_value, _) = twin.make_learner(agent_args, n_act, device)
+    learner = twin.make_learner(agent_args, n_act, device)
+    policy, get_value = learner.policy, learner.get_value
     return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
 
 

@@ -97,12 +97,10 @@ def build_ppo_continuous(script, device, cpu=None):
 
 
 def build_ppo_atari(script, device, cpu=None):
-    """PPO Atari: the Nature-CNN agent (channels-last on a CPU, as the twin makes it) and its
-    weight-sharing acting copy; acting is `get_action_and_value`."""
-    agent = script.make_agent(ATARI_ACT, device)
-    agent_inference = script.Agent(ATARI_ACT, device=device)
-    from_module(agent).data.to_module(agent_inference)
-    return Built(agent, agent_inference.get_action_and_value)
+    """PPO Atari: the twin's learner (its agent channels-last on a CPU) and its weight-sharing
+    acting copy; acting is `get_action_and_value`."""
+    learner = script.make_learner(script.Args(), ATARI_ACT, device)
+    return Built(learner.agent, learner.policy)
 
 
 def build_sac(script, device, cpu=None):

@@ -1,17 +1,14 @@
-"""Proximal Policy Optimization on Atari with envpool, the eager reference (CleanRL's
-ppo_atari_envpool.py).
+"""PPO on Atari with envpool, the eager reference (CleanRL's ppo_atari_envpool.py).
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x
-128 steps).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's: Breakout-v5, 10M steps, 8 envs
+x 128 steps.
 
-    python leanrl/ppo_atari_envpool.py                                      # the benchmark run
+    python leanrl/ppo_atari_envpool.py                      # the benchmark run
     python leanrl/ppo_atari_envpool.py --env-id Pong-v5 --total-timesteps 2000000
 
-Plain PyTorch, no tensordict: the readable twin of ppo_atari_envpool_torchcompile.py, written in the
-same shape so that `diff` shows only what buys speed. envpool (1.2.5) steps the games in C++ threads
-with DeepMind's preprocessing: 4 frames skipped per step, 30 no-op resets, grayscale 84x84 frames
-stacked by 4, rewards clipped to their sign, and episodic life (losing a life ends the episode the
-agent learns from, not the game it reports).
+Plain PyTorch, in the shape of ppo_atari_envpool_torchcompile.py, so that `diff` shows only what
+buys speed. envpool steps the games in C++ threads with DeepMind's preprocessing. Losing a life
+ends the episode the agent learns from, not the game it reports.
 """
 
 import json
@@ -23,6 +20,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import envpool
 import numpy as np
@@ -44,23 +42,21 @@ class Args:
     cuda: bool = True
     """use a CUDA device when there is one, else the CPU"""
     track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
+    """log to Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
+    """refused: envpool renders no frames"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many games with the trained policy and report their mean score (0:
-    none)"""
+    """after training, play this many games with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """the first iterations, which compile and warm up, left out of `sps`"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -71,7 +67,7 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -79,9 +75,9 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches each epoch splits the rollout into"""
+    """the minibatches each epoch splits the rollout into"""
     update_epochs: int = 4
-    """the number of epochs (passes over the rollout) of each update"""
+    """the passes over the rollout of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.1
@@ -95,31 +91,25 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
 
 def make_envs(env_id, num_envs, seed):
-    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default
-    but episodic life and clipped rewards). An id that is not one of envpool's Atari games exits
-    with status 2."""
+    """envpool's Atari games with gymnasium's step signature, episodic life and clipped rewards.
+    An id that is not one of envpool's Atari games exits with status 2."""
     if (
         env_id not in envpool.list_all_envs()
         or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
     ):
-        fail(
-            f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see "
-            "envpool.list_all_envs())"
-        )
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
     return envpool.make_gymnasium(
         env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True
     )
 
 
 def finished_games(game_returns, infos, truncations):
-    """envpool's info has no episode statistics: add this step's unclipped rewards
-    (`info["reward"]`) to `game_returns` (one per env, in place) and return the scores of the
-    games that ended on this step, over all their lives: no life left (`info["terminated"]`) or
-    cut off at the step limit. Several envs can finish on one step."""
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
     game_returns += infos["reward"]
     game_over = infos["terminated"].astype(bool) | truncations
     scores = game_returns[game_over].tolist()
@@ -134,8 +124,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head;
-    takes the stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+    """The Nature DQN torso shared by a policy head and a value head. It takes stacked frames
+    [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
         super().__init__()
@@ -159,8 +149,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
         logits = self.actor(hidden)
-        # logits that overflowed (a diverging run) still sample: the losses report it, not a
-        # traceback
+        # overflowed logits (a diverging run) still sample: the loss check reports it
         probs = Categorical(logits=logits.nan_to_num(), validate_args=False)
         if action is None:
             action = probs.sample()
@@ -168,12 +157,9 @@ class Agent(nn.Module):
 
 
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
-    but `next_value` [num_envs], the value of the observation after the last step. `terminations[t]`
-    / `truncations[t]` (0 or 1): the episode ended at step t in a terminal state (or losing a life)
-    / cut off. envpool resets in next-step mode: the step after an episode's end returns its true
-    final observation, so `values[t + 1]` is its value (a truncated step bootstraps from it, a
-    terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
+    """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
+    envpool resets in next-step mode: after an episode ends at step t, `values[t + 1]` is the
+    value of its final observation, which a truncated step bootstraps from."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
@@ -186,17 +172,17 @@ def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambd
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args):
-    """One clipped-surrogate gradient step on a minibatch (a dict of tensors); returns its
-    statistics."""
+def make_learner(args, n_act, device):
+    """PPO's agent and optimizer on `device`, and the functions `main` calls."""
+    agent = Agent(n_act, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     def loss_fn(mb):
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-
         with torch.no_grad():
-            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            # http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
@@ -204,31 +190,26 @@ def make_update(agent, optimizer, args):
         mb_advantages = mb["advantages"]
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-        # Policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-        # Value loss
         newvalue = newvalue.view(-1)
+        v_loss = (newvalue - mb["returns"]) ** 2
         if args.clip_vloss:
-            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
             v_clipped = mb["values"] + torch.clamp(
                 newvalue - mb["values"], -args.clip_coef, args.clip_coef
             )
-            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
-            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-        else:
-            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+            v_loss = torch.max(v_loss, (v_clipped - mb["returns"]) ** 2)
+        v_loss = 0.5 * v_loss.mean()
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
     def update(mb):
+        """One gradient step on a minibatch (a dict of tensors); returns its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -236,36 +217,38 @@ def make_update(agent, optimizer, args):
         optimizer.step()
         return stats
 
-    return update
-
-
-def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
-    them."""
-    agent = Agent(n_act, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    update = make_update(agent, optimizer, args)
-    return agent, optimizer, (agent.get_action_and_value, agent.get_value, update)
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=agent.get_action_and_value,
+        get_value=agent.get_value,
+        update=update,
+    )
 
 
 def main(args):
     check_args(args)
-    # seeds, run folder, wandb, signals: at the end of the file
-    run = Run(args, "ppo_atari_envpool")
+    run = Run(args, "ppo_atari_envpool")  # seeds, run folder, wandb, signals
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    learner = make_learner(args, envs.single_action_space.n, device)
+    agent, optimizer = learner.agent, learner.optimizer
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
+    compute_gae = gae
+
+    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    def evaluate_agent(episodes, videos):
+        eval_envs = make_envs(args.env_id, 1, args.seed)
+        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
+
+    if args.eval_model:
+        agent.load_state_dict(run.saved_model)
+        envs.close()
+        return run.finish(device, agent.state_dict(), evaluate_agent)
 
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    agent, optimizer, (policy, get_value, update) = make_learner(
-        args, envs.single_action_space.n, device
-    )
-    if run.saved_model is not None:
-        agent.load_state_dict(run.saved_model)
-    compute_gae = gae
-
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...]
+    num_iterations = args.total_timesteps // batch_size
     shape = (args.num_steps, args.num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     rollout = {key: torch.zeros(shape, device=device) for key in keys}
@@ -279,16 +262,15 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here, past compile and warm-up
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             rollout["obs"][step] = next_obs
-
-            # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = policy(next_obs)
             rollout["values"][step] = value.flatten()
@@ -296,32 +278,28 @@ def main(args):
             rollout["logprobs"][step] = logprob
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(
-                terminations, device=device, dtype=torch.float
-            )
-            rollout["truncations"][step] = torch.as_tensor(
-                truncations, device=device, dtype=torch.float
-            )
+            outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
+            for key, array in outcome.items():
+                rollout[key][step] = torch.as_tensor(array, device=device, dtype=torch.float)
             next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
             run.log_episodes(global_step, finished_games(game_returns, infos, truncations))
 
-        # bootstrap value if not done
+        # advantages
         with torch.no_grad():
             next_value = get_value(next_obs).flatten()
-        inputs = (
+        advantages, returns = compute_gae(
             rollout["rewards"],
             rollout["values"],
             next_value,
             rollout["terminations"],
             rollout["truncations"],
+            args.gamma,
+            args.gae_lambda,
         )
-        advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
-
         b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
-        # Optimizing the policy and value network
+        # update
         for _ in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
@@ -330,27 +308,17 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-        metrics = dict(
-            zip(
-                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"),
-                stats,
-            )
-        )
-        metrics |= dict(
-            explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"]
-        )
-        # checked like a loss: at the next rollout, Categorical.sample raises on nan probabilities
+        metrics["explained_variance"] = explained_var
+        # Categorical.sample would raise on nan weights at the next rollout
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
-
-    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
-    def evaluate_agent(episodes, videos):
-        eval_envs = make_envs(args.env_id, 1, args.seed)
-        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
 
     envs.close()
     run.finish(device, agent.state_dict(), evaluate_agent)
@@ -369,26 +337,19 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
         fail(
@@ -402,7 +363,7 @@ def check_args(args):
         )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    # checked here, before the run folder is made (the other scripts check in Run)
+    # checked here, before the run folder is made
     if args.capture_video:
         fail(
             "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "

@@ -1,19 +1,17 @@
-"""Proximal Policy Optimization on Atari: ppo_atari_envpool_torchcompile.py with envpool's async
-mode.
+"""PPO on Atari: ppo_atari_envpool_torchcompile.py with envpool's async mode.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs
-x 128 steps).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's: Breakout-v5, 10M steps, 8 envs
+x 128 steps.
 
     python leanrl/ppo_atari_envpool_async.py --compile               # on a CPU
-    python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a CUDA GPU
+    python leanrl/ppo_atari_envpool_async.py --compile --cudagraphs  # fastest on a GPU
 
 The twin steps all envs, then acts on all of them. Here envpool's `recv` returns the first
 `--async-batch-size` envs done stepping, the policy acts on them and `send` hands their actions
-back by `env_id`, while the other envs step in envpool's `--env-threads` threads. All of it is
-in `collect_rollout`, which stores each env's steps in order, so that the rest (GAE,
-bootstrapping, scores) is the twin's; with `--async-batch-size` equal to `--num-envs` it takes
-the twin's steps. SUMMARY adds `async_batch_size` and `env_threads`. The design and its measured
-overlap: docs/async-sampling.md.
+back, while the other envs step in `--env-threads` threads. `collect_rollout` stores each env's
+steps in order, so the rest is the twin's; with `--async-batch-size` equal to `--num-envs` it
+takes the twin's steps. SUMMARY adds `async_batch_size` and `env_threads`. The design is in
+docs/async-sampling.md.
 """
 
 import json
@@ -25,6 +23,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import envpool
 import numpy as np
@@ -47,23 +46,21 @@ class Args:
     cuda: bool = True
     """use a CUDA device when there is one, else the CPU"""
     track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
+    """log to Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
+    """refused: envpool renders no frames"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many games with the trained policy and report their mean score (0:
-    none)"""
+    """after training, play this many games with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """the first iterations, which compile and warm up, left out of `sps`"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -74,13 +71,11 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     async_batch_size: int | None = None
-    """the envs the policy acts on at once, the others stepping meanwhile (a divisor of --num-envs;
-    default: half)"""
+    """the envs the policy acts on at once while the others step (default: half the envs)"""
     env_threads: int | None = None
-    """envpool's threads that step the games (default: one fewer than the cores this process may
-    use, at least 1, so that the policy keeps a core while they step)"""
+    """envpool's threads that step the games (default: all cores but one, kept for the policy)"""
     num_steps: int = 128
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -88,9 +83,9 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches each epoch splits the rollout into"""
+    """the minibatches each epoch splits the rollout into"""
     update_epochs: int = 4
-    """the number of epochs (passes over the rollout) of each update"""
+    """the passes over the rollout of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.1
@@ -104,7 +99,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
     compile: bool = False
     """compile GAE, the update's loss and the acting policy with `torch.compile`"""
@@ -113,18 +108,14 @@ class Args:
 
 
 def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
-    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default
-    but episodic life and clipped rewards); with `batch_size` < `num_envs`, async: `recv` returns
-    `batch_size` of them, stepped by `num_threads` threads (0: envpool's choice). An id that is not
-    one of envpool's Atari games exits with status 2."""
+    """envpool's Atari games with gymnasium's step signature, episodic life and clipped rewards.
+    `recv` returns `batch_size` of them, stepped by `num_threads` threads (0: envpool's choice).
+    An id that is not one of envpool's Atari games exits with status 2."""
     if (
         env_id not in envpool.list_all_envs()
         or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
     ):
-        fail(
-            f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see "
-            "envpool.list_all_envs())"
-        )
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
     pool = dict(batch_size=batch_size, num_threads=num_threads)
     return envpool.make_gymnasium(
         env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool
@@ -132,10 +123,8 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
 
 
 def finished_games(game_returns, infos, truncations):
-    """envpool's info has no episode statistics: add this batch's unclipped rewards
-    (`info["reward"]`) to its envs' `game_returns` (one per env, in place) and return the scores
-    of the games that ended on this step, over all their lives: no life left
-    (`info["terminated"]`) or cut off at the step limit. Several envs can finish on one step."""
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
     game_over = env_id[infos["terminated"].astype(bool) | truncations]
@@ -151,8 +140,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head;
-    takes the stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+    """The Nature DQN torso shared by a policy head and a value head. It takes stacked frames
+    [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
         super().__init__()
@@ -174,11 +163,10 @@ class Agent(nn.Module):
         return self.critic(self.network(x.float() / 255.0))
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x.float() / 255.0)  # uint8 frames become floats here, in the network
+        hidden = self.network(x.float() / 255.0)  # uint8 frames become floats here
         logits = self.actor(hidden)
-        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out;
-        # sampling by the Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as
-        # softmax(logits)
+        # Categorical's sample, log_prob and entropy, written out. Gumbel-max sampling: the argmax
+        # of logits plus Gumbel noise is distributed as softmax(logits).
         log_probs = logits.log_softmax(-1)
         if action is None:
             gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
@@ -188,28 +176,17 @@ class Agent(nn.Module):
         return action, log_prob, entropy, self.critic(hidden)
 
 
-def make_agent(n_act, device):
-    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are
-    faster."""
-    agent = Agent(n_act, device=device)
-    return agent.to(memory_format=torch.channels_last) if device.type == "cpu" else agent
-
-
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
-    but `next_value` [num_envs], the value of the observation after the last step. `terminations[t]`
-    / `truncations[t]` (0 or 1): the episode ended at step t in a terminal state (or losing a life)
-    / cut off. envpool resets in next-step mode: the step after an episode's end returns its true
-    final observation, so `values[t + 1]` is its value (a truncated step bootstraps from it, a
-    terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
+    """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
+    envpool resets in next-step mode: after an episode ends at step t, `values[t + 1]` is the
+    value of its final observation, which a truncated step bootstraps from."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of
-    # an episode. Solved by doubling: after the round with shift s, advantages[t] sums the terms t
-    # .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds
-    # of a few vectorized ops replace the num_steps-long loop, and the compiled graph stays small.
-    # The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. log2(num_steps) rounds of vector ops replace the
+    # loop over the steps, and the compiled graph stays small.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -221,18 +198,24 @@ def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambd
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay
-    eager."""
+def make_learner(args, n_act, device):
+    """PPO's agent and optimizer on `device`, and the functions `main` calls."""
+    agent = Agent(n_act, device=device)
+    if device.type == "cpu":  # oneDNN's convolutions are faster on channels-last (NHWC) weights
+        agent = agent.to(memory_format=torch.channels_last)
+    # a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel for all parameters; only a capturable optimizer's step can be recorded
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
 
     def loss_fn(mb):
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-
         with torch.no_grad():
-            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            # http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
@@ -240,34 +223,29 @@ def make_update(agent, optimizer, args, compile_loss=False):
         mb_advantages = mb["advantages"]
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-        # Policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-        # Value loss
         newvalue = newvalue.view(-1)
+        v_loss = (newvalue - mb["returns"]) ** 2
         if args.clip_vloss:
-            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
             v_clipped = mb["values"] + torch.clamp(
                 newvalue - mb["values"], -args.clip_coef, args.clip_coef
             )
-            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
-            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-        else:
-            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+            v_loss = torch.max(v_loss, (v_clipped - mb["returns"]) ** 2)
+        v_loss = 0.5 * v_loss.mean()
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
-    if compile_loss:
+    if args.compile:  # the loss, forward and backward; the clip and the Adam step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
     def update(mb):
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -275,38 +253,22 @@ def make_update(agent, optimizer, args, compile_loss=False):
         optimizer.step()
         return stats
 
-    return update
-
-
-def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
-    them."""
-    agent = make_agent(n_act, device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
-    # nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an
-    # optimizer that is not
-    optimizer = torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
-    )
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd
-    # state
+    # acting reads the weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return (
-        agent,
-        optimizer,
-        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=agent_inference.get_action_and_value,
+        get_value=agent_inference.get_value,
+        update=update,
     )
 
 
 def make_storage(num_steps, num_envs, obs_shape, device):
-    """The rollout's storage, one TensorDict [2 * num_steps + 2, num_envs, ...] on `device`; frames
-    stay uint8. Each env's steps fill its column in order; the rows past num_steps hold the steps it
-    takes while others finish theirs, the next rollout's first: `collect_rollout` lets none take
-    more than num_steps + 1 of them."""
+    """The rollout's storage, [2 * num_steps + 2, num_envs, ...], each env's steps in its column.
+    The rows past num_steps hold the next rollout's first steps, which envs take while others
+    finish theirs: at most num_steps + 1."""
     shape = (2 * num_steps + 2, num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     storage = TensorDict(
@@ -318,74 +280,68 @@ def make_storage(num_steps, num_envs, obs_shape, device):
 
 
 class RolloutState:
-    """What one rollout hands the next: per env, `step` (the row of its next action) and
-    `game_returns` (the score of its game in play); `held`, batches (frames, env ids) that wait
-    for the updated policy; `pending`, actions (actions, env ids) chosen but not sent yet;
-    `global_step`, the env steps sent so far."""
+    """What one rollout hands the next."""
 
     def __init__(self, num_envs):
-        self.step = np.zeros(num_envs, dtype=np.int64)
-        self.game_returns = np.zeros(num_envs)
-        self.held, self.pending, self.global_step = [], [], 0
-
-
-def act(envs, policy, rollout, state, obs, env_id, send):
-    """The policy acts on one batch (frames `obs` on the rollout's device, ids `env_id`), its step
-    stored in each env's next row; the envs in `send` (a mask) step meanwhile, the others' actions
-    wait in `state.pending`."""
-    with torch.no_grad():
-        action, logprob, _, value = policy(obs)
-    actions = action.cpu().numpy()
-    envs.send(actions[send], env_id[send])
-    if not send.all():
-        state.pending.append((actions[~send], env_id[~send]))
-    index = tuple(torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device))
-    for row, env, frame in zip(state.step[env_id].tolist(), env_id.tolist(), obs):
-        # a copy per frame: on a CPU an indexed write of whole frames is ~100x slower
-        rollout["obs"][row, env] = frame
-    rollout["actions"][index] = action
-    rollout["logprobs"][index] = logprob
-    rollout["values"][index] = value.flatten()
-    state.step[env_id] += 1
-    state.global_step += int(send.sum())
-
-
-def dispatch(envs, policy, get_value, rollout, state, batches, num_steps, complete, others):
-    """Batches whose frames are in (just received, or held since the last rollout): envs that lag
-    step on; of those with their steps (marked in `complete`), as many as keep a batch stepping
-    with the `others` while any env lags (recv waits for a whole batch), the rest wait for the
-    next rollout. Once some run ahead, a batch is every env in flight, the laggards among them:
-    none takes more than num_steps + 1 steps past its num_steps. Returns the number sent."""
-    env_ids = np.concatenate([env_id for _, env_id in batches])
-    send = state.step[env_ids] < num_steps  # the laggards
-    complete[env_ids[~send]] = True
-    if not complete.all():
-        send[np.flatnonzero(~send)[: max(0, len(batches[0][1]) - others - send.sum())]] = True
-    for (obs, env_id), sends in zip(batches, np.split(send, len(batches))):
-        if sends.any():
-            act(envs, policy, rollout, state, obs, env_id, sends)
-        # every env of the batch has its steps: it waits for the updated policy, its value
-        # bootstraps
-        else:
-            index = tuple(
-                torch.as_tensor(np.stack([state.step[env_id], env_id]), device=rollout.device)
-            )
-            with torch.no_grad():
-                rollout["values"][index] = get_value(obs).flatten()
-            state.held.append((obs, env_id))
-    return int(send.sum())
+        self.step = np.zeros(num_envs, dtype=np.int64)  # the row of each env's next action
+        self.game_returns = np.zeros(num_envs)  # each env's game in play
+        self.held = []  # batches (frames, env ids) waiting for the updated policy
+        self.pending = []  # actions (actions, env ids) chosen, not sent
+        self.global_step = 0  # env steps sent
 
 
 def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_episodes):
-    """Fill rows 0..num_steps-1 of `rollout` (from `make_storage`) with each env's next `num_steps`
-    steps, in order, and row `num_steps` of its values with its bootstrap value. `envs` has
-    envpool's async API, started by `async_reset()`; `policy(obs) -> (action, logprob, entropy,
-    value)` and `get_value(obs)` take a batch of uint8 frames on the rollout's device;
-    `log_episodes(global_step, scores)` gets the scores of games that end; `state` carries over."""
+    """Fill rows 0..num_steps-1 of `rollout` with each env's next `num_steps` steps, in order,
+    and row `num_steps` of its values with its bootstrap value. `envs` runs envpool's async API,
+    started by `async_reset()`; `log_episodes(global_step, scores)` gets the games that end."""
+    complete = np.zeros(len(state.step), dtype=bool)  # the envs that have their steps
+    device = rollout.device
+
+    def cells(rows, env_id):
+        return tuple(torch.as_tensor(np.stack([rows, env_id]), device=device))
+
+    def act(obs, env_id, send):
+        """Act on one batch; the envs in `send` (a mask) step, the others' actions wait."""
+        with torch.no_grad():
+            action, logprob, _, value = policy(obs)
+        actions = action.cpu().numpy()
+        envs.send(actions[send], env_id[send])
+        if not send.all():
+            state.pending.append((actions[~send], env_id[~send]))
+        for row, env, frame in zip(state.step[env_id].tolist(), env_id.tolist(), obs):
+            # a copy per frame: on a CPU an indexed write of whole frames is much slower
+            rollout["obs"][row, env] = frame
+        index = cells(state.step[env_id], env_id)
+        rollout["actions"][index] = action
+        rollout["logprobs"][index] = logprob
+        rollout["values"][index] = value.flatten()
+        state.step[env_id] += 1
+        state.global_step += int(send.sum())
+
+    def dispatch(batches, in_flight):
+        """Act on `batches` with `in_flight` envs stepping; returns the envs in flight after.
+        Envs that lag step on. While any lags, a few that have their steps step too, to fill
+        the batch that `recv` waits for. The rest wait for the next rollout."""
+        env_ids = np.concatenate([env_id for _, env_id in batches])
+        send = state.step[env_ids] < num_steps  # the laggards
+        complete[env_ids[~send]] = True
+        if not complete.all():
+            fill = max(0, len(batches[0][1]) - in_flight - send.sum())
+            send[np.flatnonzero(~send)[:fill]] = True
+        for (obs, env_id), sends in zip(batches, np.split(send, len(batches))):
+            if sends.any():
+                act(obs, env_id, sends)
+            else:  # the batch waits for the updated policy, and its value bootstraps
+                with torch.no_grad():
+                    value = get_value(obs).flatten()
+                rollout["values"][cells(state.step[env_id], env_id)] = value
+                state.held.append((obs, env_id))
+        return in_flight + int(send.sum())
+
     # the steps envs took past the last rollout are this rollout's first
     if state.step.min() >= num_steps:
         lead = state.step.max() - num_steps
-        # the two overlap when lead > num_steps
+        # clone: the two overlap when lead > num_steps
         rollout[:lead] = rollout[num_steps : num_steps + lead].clone()
         state.step -= num_steps
     pending, state.pending, held, state.held = state.pending, [], state.held, []
@@ -393,111 +349,92 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
     for actions, env_id in pending:
         envs.send(actions, env_id)
         state.global_step += len(env_id)
-    complete = np.zeros(len(state.step), dtype=bool)
     in_flight = len(state.step) - sum(len(env_id) for _, env_id in held)
-    # held at the end of the last rollout, they act with the updated policy, as if just received
-    if held:
-        in_flight += dispatch(
-            envs, policy, get_value, rollout, state, held, num_steps, complete, in_flight
-        )
+    if held:  # held at the end of the last rollout, they act with the updated policy
+        in_flight = dispatch(held, in_flight)
     while not complete.all():
         obs, reward, terminations, truncations, infos = envs.recv()
         env_id = infos["env_id"]
         in_flight -= len(env_id)
-        # the outcome of each env's last action, one row above its new frame (after `async_reset`,
-        # the reset's zeros go to row 0 and the outcome of the env's first action overwrites them)
-        index = tuple(
-            torch.as_tensor(
-                np.stack([np.maximum(state.step[env_id] - 1, 0), env_id]), device=rollout.device
-            )
-        )
-        rollout["rewards"][index] = torch.as_tensor(
-            reward, device=rollout.device, dtype=torch.float
-        )
-        rollout["terminations"][index] = torch.as_tensor(
-            terminations, device=rollout.device, dtype=torch.float
-        )
-        rollout["truncations"][index] = torch.as_tensor(
-            truncations, device=rollout.device, dtype=torch.float
-        )
+        # each env's last outcome goes one row above its new frame (the reset's zeros to row 0)
+        index = cells(np.maximum(state.step[env_id] - 1, 0), env_id)
+        outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
+        for key, array in outcome.items():
+            rollout[key][index] = torch.as_tensor(array, device=device, dtype=torch.float)
         log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
-        # on a CPU a view of envpool's array, no copy
-        obs = torch.from_numpy(obs).to(rollout.device)
-        in_flight += dispatch(
-            envs, policy, get_value, rollout, state, [(obs, env_id)], num_steps, complete, in_flight
-        )
+        obs = torch.from_numpy(obs).to(device)  # on a CPU, a view of envpool's array
+        in_flight = dispatch([(obs, env_id)], in_flight)
 
 
 def main(args):
-    if args.async_batch_size is None:
-        # the default, half the envs and at least one, resolved once
+    if args.async_batch_size is None:  # half the envs, at least one
         args.async_batch_size = max(1, args.num_envs // 2)
-    # on a CPU, envs and policy stepping on the same cores would take turns, not overlap
+    # on a CPU, envs and policy on the same cores would take turns, not overlap
     if args.env_threads is None:
-        # ours to use
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         args.env_threads = max(1, cores - 1)
     check_args(args)
-    # seeds, run folder, wandb, signals: at the end of the file
-    run = Run(args, "ppo_atari_envpool_async")
+    run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals
     envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    agent, optimizer, (policy, get_value, update) = make_learner(
-        args, envs.single_action_space.n, device
-    )
-    if run.saved_model is not None:
-        agent.load_state_dict(run.saved_model)
+    learner = make_learner(args, envs.single_action_space.n, device)
+    agent, optimizer = learner.agent, learner.optimizer
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_gae = gae
+
+    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    def evaluate_agent(episodes, videos):
+        eval_envs = make_envs(args.env_id, 1, 1, args.seed)
+        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
+
+    extra = dict(async_batch_size=args.async_batch_size, env_threads=args.env_threads)
+    if args.eval_model:
+        agent.load_state_dict(run.saved_model)
+        envs.close()
+        return run.finish(device, agent.state_dict(), evaluate_agent, **extra)
     if args.compile:
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy, fullgraph=True)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next
-        # records the graph, later calls replay it; a compiled function warms up once more, to
-        # compile for the optimizer's state first
+        # the first `warmup - 1` calls run as they are (the optimizer makes its state), the next
+        # records the graph, later calls replay it; compiled, one more call compiles for that state
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    # ALGO Logic: Storage setup, by env
-    storage = make_storage(
-        args.num_steps, args.num_envs, envs.single_observation_space.shape, device
-    )
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    obs_shape = envs.single_observation_space.shape
+    storage = make_storage(args.num_steps, args.num_envs, obs_shape, device)
     rollout = storage[: args.num_steps]  # a view: what the update learns from
-
     state = RolloutState(args.num_envs)
-    envs.async_reset()  # every env resets in envpool's threads; recv returns them a batch at a time
+    envs.async_reset()  # every env resets in envpool's threads; recv returns them by batches
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            # sps counts from here: compile and warm-up are behind
-            run.start_clock(state.global_step)
+            run.start_clock(state.global_step)  # sps counts from here, past compile and warm-up
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            # in place: no recompile
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # no recompile
 
+        # rollout
         collect_rollout(envs, policy, get_value, storage, state, args.num_steps, run.log_episodes)
 
-        # bootstrap value if not done: each env's value after its num_steps steps, taken as they
-        # came
-        next_value = storage["values"][args.num_steps]
-        inputs = (
+        # advantages
+        next_value = storage["values"][args.num_steps]  # each env's, after its num_steps steps
+        advantages, returns = compute_gae(
             rollout["rewards"],
             rollout["values"],
             next_value,
             rollout["terminations"],
             rollout["truncations"],
+            args.gamma,
+            args.gae_lambda,
         )
-        advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
-
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
-        # Optimizing the policy and value network
+        # update
         for _ in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
@@ -506,28 +443,17 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-        metrics = dict(
-            zip(
-                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"),
-                stats,
-            )
-        )
-        metrics |= dict(
-            explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"]
-        )
+        metrics["explained_variance"] = explained_var
         run.log_progress(pbar, state.global_step, metrics)
         run.steps = state.global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
-    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
-    def evaluate_agent(episodes, videos):
-        eval_envs = make_envs(args.env_id, 1, 1, args.seed)
-        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
-
     envs.close()
-    extra = dict(async_batch_size=args.async_batch_size, env_threads=args.env_threads)
     run.finish(device, agent.state_dict(), evaluate_agent, **extra)
 
 
@@ -544,26 +470,19 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("env_threads", "clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "env_threads", "clip_coef", "max_grad_norm", "target_kl")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
         fail(
@@ -587,7 +506,7 @@ def check_args(args):
             "--cudagraphs needs a CUDA device and none is available (run without it, or with "
             "--compile)"
         )
-    # checked here, before the run folder is made (the other scripts check in Run)
+    # checked here, before the run folder is made
     if args.capture_video:
         fail(
             "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "

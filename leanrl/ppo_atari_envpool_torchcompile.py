@@ -1,28 +1,20 @@
-"""Proximal Policy Optimization on Atari with envpool, optimized: the twin of ppo_atari_envpool.py.
+"""PPO on Atari with envpool, optimized: the twin of ppo_atari_envpool.py.
 
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (Breakout-v5, 10M steps, 8 envs x
-128 steps).
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's: Breakout-v5, 10M steps, 8 envs
+x 128 steps.
 
     python leanrl/ppo_atari_envpool_torchcompile.py --compile               # on a CPU
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs  # fastest on a CUDA GPU
+    python leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs  # fastest on a GPU
 
-Same algorithm, same defaults and same loop as the eager twin; what changes is the data flow:
-- frames stay uint8 (4x smaller than float32) from envpool to the network, which converts them;
-  envpool's fresh array each step is copied once, into its slot of the rollout, and acting reads
-  that slot;
-- the rollout is one TensorDict preallocated on the device: flattening it and cutting minibatches
-  are one call;
-- acting uses a copy of the agent that shares its weights but carries no autograd state;
-- the categorical (Gumbel-max sampling, log-probability, entropy) is written out:
-  torch.distributions checks its arguments on every call, a host sync; GAE is solved by doubling;
-- a fused Adam (capturable under `--cudagraphs`), its learning rate a tensor annealed in place;
-- `--compile` compiles acting, GAE and the update's loss, forward and backward (the clip and Adam
-  stay eager); `--cudagraphs` records acting and the update as CUDA graphs, and exits with status 2
-  without a CUDA device.
-
-envpool (1.2.5) steps the games in C++ threads with DeepMind's preprocessing: 4 frames skipped per
-step, 30 no-op resets, grayscale 84x84 frames stacked by 4, rewards clipped to their sign, and
-episodic life (losing a life ends the episode the agent learns from, not the game it reports).
+The same algorithm and loop as the eager twin, with the data flow rewritten for speed:
+- frames stay uint8 from envpool to the network, copied once, into their slot of the rollout;
+- the rollout is one TensorDict on the device, flattened and cut into minibatches in one call;
+- acting uses a copy of the agent that shares its weights but has no autograd state;
+- the categorical is written out, as torch.distributions checks its arguments with a host sync;
+- GAE is solved by doubling instead of a loop over the steps;
+- Adam is fused, its learning rate a tensor annealed in place;
+- `--compile` compiles acting, GAE and the loss with its backward (the clip and Adam stay eager);
+- `--cudagraphs` records acting and the update as CUDA graphs; it needs a CUDA device.
 """
 
 import json
@@ -34,6 +26,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import envpool
 import numpy as np
@@ -56,23 +49,21 @@ class Args:
     cuda: bool = True
     """use a CUDA device when there is one, else the CPU"""
     track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
+    """log to Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """refused: envpool renders no frames, so the Atari scripts cannot record videos"""
+    """refused: envpool renders no frames"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many games with the trained policy and report their mean score (0:
-    none)"""
+    """after training, play this many games with the trained policy (0: none)"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    """the first iterations, which compile and warm up, left out of `sps`"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -83,7 +74,7 @@ class Args:
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -91,9 +82,9 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches each epoch splits the rollout into"""
+    """the minibatches each epoch splits the rollout into"""
     update_epochs: int = 4
-    """the number of epochs (passes over the rollout) of each update"""
+    """the passes over the rollout of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.1
@@ -107,7 +98,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this"""
 
     compile: bool = False
     """compile GAE, the update's loss and the acting policy with `torch.compile`"""
@@ -116,27 +107,21 @@ class Args:
 
 
 def make_envs(env_id, num_envs, seed):
-    """envpool's Atari games with gymnasium's step signature (the preprocessing is envpool's default
-    but episodic life and clipped rewards). An id that is not one of envpool's Atari games exits
-    with status 2."""
+    """envpool's Atari games with gymnasium's step signature, episodic life and clipped rewards.
+    An id that is not one of envpool's Atari games exits with status 2."""
     if (
         env_id not in envpool.list_all_envs()
         or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
     ):
-        fail(
-            f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5; see "
-            "envpool.list_all_envs())"
-        )
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
     return envpool.make_gymnasium(
         env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True
     )
 
 
 def finished_games(game_returns, infos, truncations):
-    """envpool's info has no episode statistics: add this step's unclipped rewards
-    (`info["reward"]`) to `game_returns` (one per env, in place) and return the scores of the
-    games that ended on this step, over all their lives: no life left (`info["terminated"]`) or
-    cut off at the step limit. Several envs can finish on one step."""
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
     game_returns += infos["reward"]
     game_over = infos["terminated"].astype(bool) | truncations
     scores = game_returns[game_over].tolist()
@@ -151,8 +136,8 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature DQN torso (3 convolutions, 512 units) shared by a policy head and a value head;
-    takes the stacked frames [batch, 4, 84, 84] with pixels in 0..255."""
+    """The Nature DQN torso shared by a policy head and a value head. It takes stacked frames
+    [batch, 4, 84, 84] with pixels in 0..255."""
 
     def __init__(self, n_act, device=None):
         super().__init__()
@@ -174,11 +159,10 @@ class Agent(nn.Module):
         return self.critic(self.network(x.float() / 255.0))
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x.float() / 255.0)  # uint8 frames become floats here, in the network
+        hidden = self.network(x.float() / 255.0)  # uint8 frames become floats here
         logits = self.actor(hidden)
-        # Categorical(logits=logits).sample(), .log_prob(action) and .entropy(), written out;
-        # sampling by the Gumbel-max trick: the argmax of logits plus Gumbel noise is distributed as
-        # softmax(logits)
+        # Categorical's sample, log_prob and entropy, written out. Gumbel-max sampling: the argmax
+        # of logits plus Gumbel noise is distributed as softmax(logits).
         log_probs = logits.log_softmax(-1)
         if action is None:
             gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
@@ -188,28 +172,17 @@ class Agent(nn.Module):
         return action, log_prob, entropy, self.critic(hidden)
 
 
-def make_agent(n_act, device):
-    """The agent; on a CPU with channels-last (NHWC) weights, on which oneDNN's convolutions are
-    faster."""
-    agent = Agent(n_act, device=device)
-    return agent.to(memory_format=torch.channels_last) if device.type == "cpu" else agent
-
-
 def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
-    but `next_value` [num_envs], the value of the observation after the last step. `terminations[t]`
-    / `truncations[t]` (0 or 1): the episode ended at step t in a terminal state (or losing a life)
-    / cut off. envpool resets in next-step mode: the step after an episode's end returns its true
-    final observation, so `values[t + 1]` is its value (a truncated step bootstraps from it, a
-    terminated one with 0), and the reset step stays in the rollout as CleanRL keeps it."""
+    """Generalized advantage estimation: (advantages, returns), each [num_steps, num_envs].
+    envpool resets in next-step mode: after an episode ends at step t, `values[t + 1]` is the
+    value of its final observation, which a truncated step bootstraps from."""
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), stopped at the end of
-    # an episode. Solved by doubling: after the round with shift s, advantages[t] sums the terms t
-    # .. t + 2s - 1 of A_t and coefs[t] is the product of their c's, so ceil(log2(num_steps)) rounds
-    # of a few vectorized ops replace the num_steps-long loop, and the compiled graph stays small.
-    # The same sums, added in another order.
+    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. log2(num_steps) rounds of vector ops replace the
+    # loop over the steps, and the compiled graph stays small.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -221,18 +194,24 @@ def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambd
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the clip and the Adam step stay
-    eager."""
+def make_learner(args, n_act, device):
+    """PPO's agent and optimizer on `device`, and the functions `main` calls."""
+    agent = Agent(n_act, device=device)
+    if device.type == "cpu":  # oneDNN's convolutions are faster on channels-last (NHWC) weights
+        agent = agent.to(memory_format=torch.channels_last)
+    # a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel for all parameters; only a capturable optimizer's step can be recorded
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
 
     def loss_fn(mb):
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-
         with torch.no_grad():
-            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            # http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
@@ -240,34 +219,29 @@ def make_update(agent, optimizer, args, compile_loss=False):
         mb_advantages = mb["advantages"]
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-        # Policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-        # Value loss
         newvalue = newvalue.view(-1)
+        v_loss = (newvalue - mb["returns"]) ** 2
         if args.clip_vloss:
-            v_loss_unclipped = (newvalue - mb["returns"]) ** 2
             v_clipped = mb["values"] + torch.clamp(
                 newvalue - mb["values"], -args.clip_coef, args.clip_coef
             )
-            v_loss_clipped = (v_clipped - mb["returns"]) ** 2
-            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-        else:
-            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+            v_loss = torch.max(v_loss, (v_clipped - mb["returns"]) ** 2)
+        v_loss = 0.5 * v_loss.mean()
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
-    if compile_loss:
+    if args.compile:  # the loss, forward and backward; the clip and the Adam step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
     def update(mb):
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -275,68 +249,56 @@ def make_update(agent, optimizer, args, compile_loss=False):
         optimizer.step()
         return stats
 
-    return update
-
-
-def make_learner(args, n_act, device):
-    """PPO's agent, optimizer and functions (policy, get_value, update) on `device`, as `main` runs
-    them."""
-    agent = make_agent(n_act, device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
-    # nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable: torch refuses to record the step of an
-    # optimizer that is not
-    optimizer = torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
-    )
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd
-    # state
+    # acting reads the weights through a copy that shares their memory but has no autograd state
     agent_inference = Agent(n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return (
-        agent,
-        optimizer,
-        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=agent_inference.get_action_and_value,
+        get_value=agent_inference.get_value,
+        update=update,
     )
 
 
 def main(args):
     check_args(args)
-    # seeds, run folder, wandb, signals: at the end of the file
-    run = Run(args, "ppo_atari_envpool_torchcompile")
+    run = Run(args, "ppo_atari_envpool_torchcompile")  # seeds, run folder, wandb, signals
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    agent, optimizer, (policy, get_value, update) = make_learner(
-        args, envs.single_action_space.n, device
-    )
-    if run.saved_model is not None:
-        agent.load_state_dict(run.saved_model)
+    learner = make_learner(args, envs.single_action_space.n, device)
+    agent, optimizer = learner.agent, learner.optimizer
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_gae = gae
+
+    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
+    def evaluate_agent(episodes, videos):
+        eval_envs = make_envs(args.env_id, 1, args.seed)
+        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
+
+    if args.eval_model:
+        agent.load_state_dict(run.saved_model)
+        envs.close()
+        return run.finish(device, agent.state_dict(), evaluate_agent)
     if args.compile:
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy, fullgraph=True)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (the optimizer creates its state), the next
-        # records the graph, later calls replay it; a compiled function warms up once more, to
-        # compile for the optimizer's state first
+        # the first `warmup - 1` calls run as they are (the optimizer makes its state), the next
+        # records the graph, later calls replay it; compiled, one more call compiles for that state
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict; frames stay uint8
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
     shape = (args.num_steps, args.num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     rollout = TensorDict(
         {key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device
     )
-    rollout["obs"] = torch.zeros(
-        *shape, *envs.single_observation_space.shape, dtype=torch.uint8, device=device
-    )
+    obs_shape = envs.single_observation_space.shape
+    rollout["obs"] = torch.zeros(*shape, *obs_shape, dtype=torch.uint8, device=device)
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset()
@@ -346,19 +308,17 @@ def main(args):
     pbar = tqdm.tqdm(range(1, num_iterations + 1))
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
+            run.start_clock(global_step)  # sps counts from here, past compile and warm-up
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            # in place: no recompile
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # no recompile
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs = rollout["obs"][step]
             # the one copy of the frames: into the rollout, read from there
             obs.copy_(next_obs, non_blocking=True)
-
-            # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = policy(obs)
             rollout["values"][step] = value.flatten()
@@ -366,32 +326,28 @@ def main(args):
             rollout["logprobs"][step] = logprob
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(
-                terminations, device=device, dtype=torch.float
-            )
-            rollout["truncations"][step] = torch.as_tensor(
-                truncations, device=device, dtype=torch.float
-            )
+            outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
+            for key, array in outcome.items():
+                rollout[key][step] = torch.as_tensor(array, device=device, dtype=torch.float)
             next_obs = torch.from_numpy(next_obs)  # a view of envpool's array, no copy
             run.log_episodes(global_step, finished_games(game_returns, infos, truncations))
 
-        # bootstrap value if not done
+        # advantages
         with torch.no_grad():
             next_value = get_value(next_obs.to(device)).flatten()
-        inputs = (
+        advantages, returns = compute_gae(
             rollout["rewards"],
             rollout["values"],
             next_value,
             rollout["terminations"],
             rollout["truncations"],
+            args.gamma,
+            args.gae_lambda,
         )
-        advantages, returns = compute_gae(*inputs, args.gamma, args.gae_lambda)
-
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
-        # Optimizing the policy and value network
+        # update
         for _ in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
@@ -400,25 +356,15 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-        metrics = dict(
-            zip(
-                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"),
-                stats,
-            )
-        )
-        metrics |= dict(
-            explained_variance=explained_var, learning_rate=optimizer.param_groups[0]["lr"]
-        )
+        metrics["explained_variance"] = explained_var
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
-
-    # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
-    def evaluate_agent(episodes, videos):
-        eval_envs = make_envs(args.env_id, 1, args.seed)
-        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
 
     envs.close()
     run.finish(device, agent.state_dict(), evaluate_agent)
@@ -437,26 +383,19 @@ def fail(message):
 
 def check_args(args):
     """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
         fail(
@@ -475,7 +414,7 @@ def check_args(args):
             "--cudagraphs needs a CUDA device and none is available (run without it, or with "
             "--compile)"
         )
-    # checked here, before the run folder is made (the other scripts check in Run)
+    # checked here, before the run folder is made
     if args.capture_video:
         fail(
             "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "

@@ -107,7 +107,8 @@ def build_ppo_mingru(module, args):
 
 
 def build_ppo_atari(module, args):
-    _, optimizer, (policy, _, update) = module.make_learner(args, 4, CPU)
+    learner = module.make_learner(args, 4, CPU)
+    optimizer, policy, update = learner.optimizer, learner.policy, learner.update
     obs = lambda: (torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),)  # noqa: E731
     return [optimizer], {
         "policy": (policy, obs),

@@ -293,7 +293,8 @@ def make_ppo_ray(module, args):
 
 
 def make_ppo_atari(module, args):
-    policy, _, update = module.make_learner(args, 4, CUDA)[-1]
+    learner = module.make_learner(args, 4, CUDA)
+    policy, update = learner.policy, learner.update
     frames = ((4, 84, 84), torch.uint8)
     mb = batch(8, obs=frames, actions=DISCRETE, **PPO)
     return {

@@ -71,7 +71,7 @@ def ppo(module, args, device):
 
 
 def ppo_atari(module, args, device):
-    policy = module.make_learner(args, 4, device)[-1][0]
+    policy = module.make_learner(args, 4, device).policy
     frames = torch.randint(0, 256, (ENVS, 4, 84, 84), generator=torch.Generator().manual_seed(0))
     return {"policy": (policy, (frames.to(torch.uint8).to(device),))}
 

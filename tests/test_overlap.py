@@ -293,7 +293,7 @@ def test_the_twin_rollout_is_the_twins_loop_line_for_line():
     missing = [
         line for line in statements if line not in twin and not line.startswith("finished_games(")
     ]
-    assert len(statements) == 13 and not missing, missing
+    assert len(statements) == 12 and not missing, missing
 
 
 def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_path):

@@ -162,20 +162,16 @@ def test_doubling_gae_equals_the_reference_loop():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def build_update(module, seed=0, **update_kwargs):
-    """`module`'s agent (channels-last in the twin, as its main builds it on a CPU), Adam and
-    update."""
+def build_update(module, seed=0, **args):
+    """`module`'s update, agent (channels-last in the twin, as its main builds it on a CPU) and
+    Adam (fused, its learning rate a tensor, in the twin)."""
     torch.manual_seed(seed)
+    learner = module.make_learner(module.Args(**args), 4, torch.device("cpu"))
+    agent, optimizer = learner.agent, learner.optimizer
     if module.__name__.endswith(TWIN):
-        agent = module.make_agent(4, torch.device("cpu"))
         assert agent.network[0].weight.is_contiguous(memory_format=torch.channels_last)
-        optimizer = torch.optim.Adam(
-            agent.parameters(), lr=torch.tensor(2.5e-4), eps=1e-5, fused=True
-        )
-    else:
-        agent = module.Agent(4)
-        optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
-    return module.make_update(agent, optimizer, module.Args(), **update_kwargs), agent, optimizer
+        assert optimizer.defaults["fused"] and torch.is_tensor(optimizer.defaults["lr"])
+    return learner.update, agent, optimizer
 
 
 def make_minibatch(seed, size=32):
@@ -200,7 +196,7 @@ def test_twin_update_compiled_or_not_equals_the_eager_twins():
     updates = {
         "eager": build_update(eager_module),
         "twin": build_update(twin_module),
-        "twin-compiled": build_update(twin_module, compile_loss=True),
+        "twin-compiled": build_update(twin_module, compile=True),
     }
     before = flat_parameters(updates["eager"][1])
     for seed in range(2):  # two steps: Adam's moments carry over
@@ -226,7 +222,7 @@ def test_no_recompilation_after_warmup():
     """The compiled update, GAE and acting policy, the policy fed slices of the rollout as the
     script feeds it."""
     module = load_script(TWIN)
-    update, agent, optimizer = build_update(module, compile_loss=True)
+    update, agent, optimizer = build_update(module, compile=True)
     policy = torch.compile(agent.get_action_and_value, fullgraph=True)
     gae = torch.compile(module.gae, fullgraph=True)
     rollout_obs = torch.randint(0, 256, (4, 8, 4, 84, 84), dtype=torch.uint8)

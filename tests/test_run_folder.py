@@ -163,7 +163,7 @@ def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script,
         else "ppo_atari_envpool_torchcompile"
     )
     module = load_script(other)
-    agent = module.make_learner(module.Args(), 4, torch.device("cpu"))[0]
+    agent = module.make_learner(module.Args(), 4, torch.device("cpu")).agent
     agent.load_state_dict(saved(trained)["model"])  # strict: the same names and shapes
     replayed = summary(
         run_script(
