@@ -68,12 +68,12 @@ def build_dqn(module, args):
 
 
 def build_ppo(module, args):
-    _, optimizer, (policy, _, update) = module.make_learner(args, 3, 2, CPU)
+    learner = module.make_learner(args, 3, 2, CPU)
     # the update compiles its loss itself under --compile (the Adam step stays eager), so `main`
     # compiles only acting
-    return [optimizer], {
-        "policy": (policy, lambda: (torch.randn(1, 3),)),
-        "update": (update, lambda: (ppo_minibatch(0),)),
+    return [learner.optimizer], {
+        "policy": (learner.policy, lambda: (torch.randn(1, 3),)),
+        "update": (learner.update, lambda: (ppo_minibatch(0),)),
     }
 
 

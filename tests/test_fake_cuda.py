@@ -277,10 +277,10 @@ def make_dqn(module, args):
 
 
 def make_ppo(module, args):
-    policy, _, update = module.make_learner(args, 3, 2, CUDA)[-1]
+    learner = module.make_learner(args, 3, 2, CUDA)
     return {
-        "policy": (policy, (zeros(1, 3),)),
-        "update": (update, (batch(64, obs=(3,), actions=(2,), **PPO),)),
+        "policy": (learner.policy, (zeros(1, 3),)),
+        "update": (learner.update, (batch(64, obs=(3,), actions=(2,), **PPO),)),
     }
 
 

@@ -66,7 +66,7 @@ def dqn(module, args, device):
 
 
 def ppo(module, args, device):
-    policy = module.make_learner(args, 3, 2, device)[-1][0]
+    policy = module.make_learner(args, 3, 2, device).policy
     return {"policy": (policy, (randn(ENVS, 3, device=device),))}
 
 
