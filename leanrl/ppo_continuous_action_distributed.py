@@ -52,14 +52,11 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of evaluation episodes to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the policy and report their mean return"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -74,7 +71,7 @@ class Args:
     num_envs: int = 1
     """the number of parallel environments of each rank"""
     num_steps: int = 2048
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout (of each rank)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -98,18 +95,16 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this (default: off)"""
 
     compile: bool = False
     """compile GAE, the acting policy and the update's loss with `torch.compile`"""
     cudagraphs: bool = False
-    """record the acting policy and the update as CUDA graphs (needs a CUDA device; one process
-    only)"""
+    """record the acting policy and the update as CUDA graphs (CUDA device, one process)"""
     dist_backend: str | None = None
-    """the torch.distributed backend under torchrun, nccl or gloo (default: nccl on CUDA, gloo on
-    the CPU)"""
+    """the torch.distributed backend, nccl or gloo (default: nccl on CUDA, else gloo)"""
     dist_timeout: float = 120.0
-    """seconds a collective may wait for the other ranks (the process group's timeout)"""
+    """seconds a collective may wait for the other ranks"""
 
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
