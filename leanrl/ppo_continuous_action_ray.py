@@ -217,11 +217,9 @@ class Agent(nn.Module):
 
 
 def normalize(obs, obs_rms):
-    """Raw `obs` normalized with `obs_rms` (`mean`, `var`) as NormalizeObservation does, clipped to
-    [-10, 10]."""
-    return np.clip((obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8), -10, 10).astype(
-        np.float32
-    )
+    """Raw `obs` normalized with `obs_rms` as NormalizeObservation does, clipped to [-10, 10]."""
+    obs = (obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8)
+    return np.clip(obs, -10, 10).astype(np.float32)
 
 
 def finished_episodes(infos):
@@ -363,11 +361,10 @@ class EnvRunner:
         torch.manual_seed(seed)  # the action noise
 
     def sample(self, policy, num_steps):
-        """A fragment of `num_steps` vector steps acting with `policy` ({"agent": state dict,
-        "obs_rms"}). Tensors [num_steps, num_envs, ...]: `obs` normalized as the policy saw them,
-        `raw_obs` for the learner's statistics, `final_obs` the true next observation of each
-        step, normalized. Also `next_obs` [num_envs, n_obs] normalized for the bootstrap,
-        `episodes` [(step, return)] of the episodes that ended, and `runner`, this process."""
+        """`num_steps` vector steps acting with `policy` ({"agent", "obs_rms"}): tensors
+        [num_steps, num_envs, ...] (`obs` normalized, `raw_obs` for the learner's statistics,
+        `final_obs` the true next obs, normalized), `next_obs` for the bootstrap, `episodes`
+        [(step, return)] that ended, and `runner`, this process."""
         self.agent.load_state_dict(policy["agent"])
         n_envs, n_obs = self.next_obs.shape
         shapes = dict(obs=(n_obs,), raw_obs=(n_obs,), final_obs=(n_obs,))
@@ -463,10 +460,9 @@ def start_runners(ray, args):
 
 
 def gather(ray, runners, calls, weights, args):
-    """The fragment of each call in `calls` (one per runner, in order). A runner that died is
-    asked again with the same `weights` once Ray has restarted it. One silent for --ray-timeout
-    s, that raises, or that fails more than --runner-restarts + 1 times in a row ends the run
-    with one line and exit status 1."""
+    """The fragment of each call in `calls`, one per runner. A runner that died is asked again,
+    with the same `weights`, once Ray has restarted it. One that is silent for --ray-timeout,
+    raises, or dies too often ends the run with one line and exit status 1."""
     fragments = []
     for i, call in enumerate(calls):
         failures = 0
@@ -636,8 +632,8 @@ def main(args):
             run.steps = global_step
             if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
                 break
-        calls = [runner.resident_memory_mib.remote() for runner in runners]
-        memory = ray.get(calls, timeout=args.ray_timeout)
+        memory = [runner.resident_memory_mib.remote() for runner in runners]
+        memory = ray.get(memory, timeout=args.ray_timeout)
     # also on a failure; a second signal kills the driver, and Ray its runners
     finally:
         ray.shutdown()  # ends the runners, and a local Ray instance with them
