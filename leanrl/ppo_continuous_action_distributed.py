@@ -1,15 +1,14 @@
 """Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions,
-data-parallel over N processes with torch.distributed: grown from the optimized twin
-ppo_continuous_action_torchcompile.py, so that `diff` against it shows the scaling only. Defaults
-are CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
+data-parallel over N processes with torch.distributed. Grown from the optimized twin
+ppo_continuous_action_torchcompile.py: `diff` against it shows the scaling only. Defaults are
+CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
-    # 2 on this machine
     torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile
 
-Each rank is the twin seeded `seed + RANK * num_envs`. Rank 0's weights are broadcast and each
-minibatch's gradients averaged over the ranks: N ranks train as one process with N x num_envs envs,
-rank 0 alone keeping the run folder, SUMMARY, wandb and model. A collective waits at most
-`--dist-timeout` s (docs/scaling-torchrun.md: more machines).
+Each rank is the twin seeded `seed + RANK * num_envs`. The ranks start from rank 0's weights and
+average each minibatch's gradients, so N ranks train as one process with N x num_envs envs. Rank 0
+alone keeps the run folder, SUMMARY, wandb and model. A collective waits at most `--dist-timeout`
+seconds (docs/scaling-torchrun.md: more machines).
 """
 
 import json
@@ -23,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -52,14 +52,11 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env and of evaluation episodes to runs/<run_name>/videos/"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the policy and report their mean return"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
@@ -74,7 +71,7 @@ class Args:
     num_envs: int = 1
     """the number of parallel environments of each rank"""
     num_steps: int = 2048
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout (of each rank)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -98,18 +95,16 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this (default: off)"""
 
     compile: bool = False
     """compile GAE, the acting policy and the update's loss with `torch.compile`"""
     cudagraphs: bool = False
-    """record the acting policy and the update as CUDA graphs (needs a CUDA device; one process
-    only)"""
+    """record the acting policy and the update as CUDA graphs (CUDA device, one process)"""
     dist_backend: str | None = None
-    """the torch.distributed backend under torchrun, nccl or gloo (default: nccl on CUDA, gloo on
-    the CPU)"""
+    """the torch.distributed backend, nccl or gloo (default: nccl on CUDA, else gloo)"""
     dist_timeout: float = 120.0
-    """seconds a collective may wait for the other ranks (the process group's timeout)"""
+    """seconds a collective may wait for the other ranks"""
 
 
 def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
@@ -232,19 +227,17 @@ def true_next_obs(next_obs, infos):
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
     every input but `next_value` [num_envs], the value of the obs after the last step.
-    `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at step t in a terminal
-    state / cut off; `final_values[t]`: the value of the true final obs of a truncated episode
-    (read only there)."""
+    `final_values[t]` is the value of the true final obs of an episode truncated at step t (read
+    only there)."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's
-    # end, the value of its true final observation if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's inside an episode; at its end, the true
+    # final observation's if it was cut off, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
-    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
-    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
-    # (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 and coefs[t] is the
+    # product of their c's. A Python loop over the steps would take minutes to compile.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -256,12 +249,136 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    `compile_loss`: compile the forward and backward of the loss; the averaging of the gradients
-    over `world_size` ranks, the clip and the Adam step stay eager."""
+# What scaling out adds: where a rank runs, and collectives that give up after a timeout
+
+
+def process_layout(environ):
+    """(rank, local_rank, world_size) from torchrun's variables; (0, 0, 1) without torchrun."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    if not any(name in environ for name in names):
+        return 0, 0, 1
+    try:
+        rank, local_rank, world_size = (int(environ[name]) for name in names)
+    except (KeyError, ValueError):
+        values = [environ.get(name) for name in names]
+        fail(
+            f"RANK, LOCAL_RANK and WORLD_SIZE must all be set, as integers (got {values}): "
+            "launch with torchrun"
+        )
+    if not (0 <= rank < world_size and 0 <= local_rank <= rank):
+        fail(
+            f"RANK {rank}, LOCAL_RANK {local_rank} and WORLD_SIZE {world_size} do not fit together"
+        )
+    return rank, local_rank, world_size
+
+
+def rank_device(cuda, local_rank):
+    """The GPU of this machine's rank `local_rank` if `cuda` and there is one, else the CPU."""
+    if not (cuda and torch.cuda.is_available()):
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        fail(
+            f"LOCAL_RANK {local_rank} has no GPU: this machine has "
+            f"{torch.cuda.device_count()} (lower --nproc_per_node)"
+        )
+    # nccl's own work (barriers, its streams) goes to this rank's GPU, not GPU 0
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def dist_backend(args, device):
+    """--dist-backend, or the device's default: nccl on CUDA, gloo on the CPU."""
+    backend = args.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend not in ("nccl", "gloo") or not dist.is_backend_available(backend):
+        fail(
+            f"--dist-backend {backend!r} is not available here (nccl needs a CUDA build, "
+            "gloo works everywhere)"
+        )
+    if backend == "nccl" and device.type != "cuda":
+        fail(f"--dist-backend nccl needs a CUDA device and this rank runs on {device} (use gloo)")
+    return backend
+
+
+def start_process_group(backend, timeout):
+    """Join the other ranks. `timeout` seconds bounds a gloo collective, and how long NCCL's
+    watchdog lets an nccl one wait before it aborts the process."""
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    except dist.DistError as e:
+        cause = str(e).strip().splitlines()[0]
+        sys.exit(f"error: the ranks did not meet within {timeout} s ({cause})")
+
+
+def collective(function, tensor, **kwargs):
+    """`function(tensor, **kwargs)`, a collective in place. Under gloo, a lost or late rank ends
+    this one with exit status 1 and one line (nccl's watchdog aborts the process instead)."""
+    try:
+        function(tensor, **kwargs)
+    except RuntimeError as e:
+        # without gloo's "[source file:line] " prefix
+        cause = str(e).strip().splitlines()[0].split("] ")[-1]
+        what = f"rank {dist.get_rank()}: {function.__name__} failed"
+        sys.exit(f"error: {what}, another rank died or hung past --dist-timeout ({cause})")
+
+
+def all_reduce_gradients(grads, world_size):
+    """Average the tensors `grads` over the ranks, in place, with one all-reduce of one flat
+    buffer. Not DistributedDataParallel: it syncs only what runs through forward(), which PPO's
+    loss does not call, and these small networks leave it nothing to overlap."""
+    flat = torch.cat([grad.flatten() for grad in grads])
+    collective(dist.all_reduce, flat)  # the sum over the ranks
+    flat /= world_size
+    for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads])):
+        grad.copy_(averaged.view_as(grad))
+
+
+def mean_over_ranks(values, world_size):
+    """The mean of the tensor `values` over the ranks, the same on every rank."""
+    if world_size == 1:
+        return values
+    total = values.clone()
+    collective(dist.all_reduce, total)
+    return total / world_size
+
+
+def max_over_ranks(value, world_size, device):
+    """The largest of the ranks' ints `value`, on every rank."""
+    if world_size == 1:
+        return value
+    values = torch.tensor(value, device=device)
+    collective(dist.all_reduce, values, op=dist.ReduceOp.MAX)
+    return int(values)  # host sync, once per iteration
+
+
+def parameter_spread(module, world_size):
+    """The largest difference between two ranks' values of a parameter of `module`: 0.0 while
+    the ranks stay in lockstep, as they must."""
+    if world_size == 1:
+        return 0.0
+    flat = torch.cat([parameter.detach().flatten() for parameter in module.parameters()])
+    highest, lowest = flat.clone(), flat.clone()
+    collective(dist.all_reduce, highest, op=dist.ReduceOp.MAX)
+    collective(dist.all_reduce, lowest, op=dist.ReduceOp.MIN)
+    return float((highest - lowest).max())
+
+
+def make_learner(args, n_obs, n_act, device, world_size=1):
+    """PPO's agent, optimizer and step functions on `device`. With `world_size` > 1, in a process
+    group started before, every rank starts from rank 0's weights and the update averages the
+    gradients over the ranks."""
+    agent = Agent(n_obs, n_act, device=device)
+    if world_size > 1:
+        for parameter in agent.parameters():
+            collective(dist.broadcast, parameter.data, src=0)
+    # a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel for all parameters; capturable: the only Adam torch records in a graph
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
 
     def loss_fn(mb):
+        """The clipped-surrogate loss of a minibatch (a TensorDict) and its statistics."""
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
@@ -295,14 +412,15 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
-    if compile_loss:
+    if args.compile:
+        # the forward and backward; the gradients' averaging, the clip and Adam's step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
     def update(mb):
+        """One gradient step on a minibatch; its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -312,160 +430,15 @@ def make_update(agent, optimizer, args, compile_loss=False, world_size=1):
         optimizer.step()
         return stats
 
-    return update
-
-
-# What scaling out adds: the process layout, the device and backend of a rank, and the collectives,
-# each with a timeout
-
-
-def process_layout(environ):
-    """(rank, local_rank, world_size) from torchrun's RANK, LOCAL_RANK and WORLD_SIZE in `environ`:
-    the global rank, the rank on this machine (it picks the GPU) and the number of processes;
-    (0, 0, 1) without torchrun."""
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-    if not any(name in environ for name in names):
-        return 0, 0, 1
-    try:
-        rank, local_rank, world_size = (int(environ[name]) for name in names)
-    except (KeyError, ValueError):
-        values = [environ.get(name) for name in names]
-        fail(
-            f"RANK, LOCAL_RANK and WORLD_SIZE must all be set, as integers (got {values}): launch "
-            "with torchrun"
-        )
-    if not (0 <= rank < world_size and 0 <= local_rank <= rank):
-        fail(
-            f"RANK {rank}, LOCAL_RANK {local_rank} and WORLD_SIZE {world_size} do not fit together"
-        )
-    return rank, local_rank, world_size
-
-
-def rank_device(cuda, local_rank):
-    """The device of the rank `local_rank` of this machine: its own GPU if `cuda` and there is one,
-    else the CPU."""
-    if not (cuda and torch.cuda.is_available()):
-        return torch.device("cpu")
-    if local_rank >= torch.cuda.device_count():
-        fail(
-            f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
-            "(lower --nproc_per_node)"
-        )
-    # nccl's own work (barriers, its streams) goes to this rank's GPU, not GPU 0
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
-
-
-def dist_backend(args, device):
-    """The backend named by --dist-backend, or the device's default: nccl on CUDA, gloo on the
-    CPU."""
-    backend = args.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
-    if backend not in ("nccl", "gloo") or not dist.is_backend_available(backend):
-        fail(
-            f"--dist-backend {backend!r} is not available here (nccl needs a CUDA build, gloo "
-            "works everywhere)"
-        )
-    if backend == "nccl" and device.type != "cuda":
-        fail(f"--dist-backend nccl needs a CUDA device and this rank runs on {device} (use gloo)")
-    return backend
-
-
-def start_process_group(backend, timeout):
-    """Join the other ranks (torchrun's rendezvous). `timeout` seconds is the group's timeout: how
-    long a gloo collective blocks, and how long NCCL's watchdog lets an nccl collective wait
-    before it aborts the process."""
-    try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-    except dist.DistError as e:
-        sys.exit(
-            f"error: the ranks did not meet within {timeout} s ({str(e).strip().splitlines()[0]})"
-        )
-
-
-def collective(function, tensor, **kwargs):
-    """The torch.distributed collective `function` (all_reduce, broadcast) on `tensor`, in place.
-    With gloo, a rank that died, or that did not join within the group's timeout, ends this one
-    with exit status 1 and one line naming the cause (nccl does not raise here: its watchdog
-    aborts the process)."""
-    try:
-        function(tensor, **kwargs)
-    except RuntimeError as e:  # what gloo raises for a lost peer or a timeout
-        # without gloo's "[source file:line] " prefix
-        cause = str(e).strip().splitlines()[0].split("] ")[-1]
-        what = f"rank {dist.get_rank()}: {function.__name__} failed"
-        sys.exit(f"error: {what}, another rank died or hung past --dist-timeout ({cause})")
-
-
-def all_reduce_gradients(grads, world_size):
-    """Average the gradient tensors `grads` over the ranks in place: one all-reduce of all of them
-    in one flat buffer (one collective per minibatch, not one per parameter). By hand, not with
-    DistributedDataParallel: DDP syncs only what runs through the module's forward(), and PPO's
-    loss calls get_action_and_value; and with ~10k parameters its overlap of communication with
-    the backward pass would have nothing to overlap."""
-    flat = torch.cat([grad.flatten() for grad in grads])
-    collective(dist.all_reduce, flat)  # the sum over the ranks, the same on every rank
-    flat /= world_size
-    for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads])):
-        grad.copy_(averaged.view_as(grad))
-
-
-def mean_over_ranks(values, world_size):
-    """The mean of the tensor `values` over the ranks (one small all-reduce), the same on every
-    rank."""
-    if world_size == 1:
-        return values
-    total = values.clone()
-    collective(dist.all_reduce, total)
-    return total / world_size
-
-
-def max_over_ranks(value, world_size, device):
-    """The largest of the ranks' `value`s (ints), on every rank: one small all-reduce."""
-    if world_size == 1:
-        return value
-    values = torch.tensor(value, device=device)
-    collective(dist.all_reduce, values, op=dist.ReduceOp.MAX)
-    return int(values)  # host sync, once per iteration
-
-
-def parameter_spread(module, world_size):
-    """The largest difference between two ranks' values of any parameter of `module` (two small
-    all-reduces, once at the end of a run): 0.0 when the ranks stayed in lockstep, as they must."""
-    if world_size == 1:
-        return 0.0
-    flat = torch.cat([parameter.detach().flatten() for parameter in module.parameters()])
-    highest, lowest = flat.clone(), flat.clone()
-    collective(dist.all_reduce, highest, op=dist.ReduceOp.MAX)
-    collective(dist.all_reduce, lowest, op=dist.ReduceOp.MIN)
-    return float((highest - lowest).max())
-
-
-def make_learner(args, n_obs, n_act, device, world_size=1):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them
-    here too); with `world_size` > 1 the update averages the gradients over that many ranks of a
-    process group started before. Returns the agent, the optimizer and the functions (policy,
-    get_value, update)."""
-    agent = Agent(n_obs, n_act, device=device)
-    if world_size > 1:
-        for parameter in agent.parameters():  # every rank starts from rank 0's weights
-            collective(dist.broadcast, parameter.data, src=0)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
-    # nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other
-    # Adam in a graph
-    optimizer = torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
-    )
-    update = make_update(agent, optimizer, args, compile_loss=args.compile, world_size=world_size)
-    # acting reads the agent's weights through a copy that shares their memory but has no autograd
-    # state
+    # acting reads the weights through a copy that shares their memory, without autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return (
-        agent,
-        optimizer,
-        (agent_inference.get_action_and_value, agent_inference.get_value, update),
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        policy=agent_inference.get_action_and_value,
+        get_value=agent_inference.get_value,
+        update=update,
     )
 
 
@@ -474,8 +447,7 @@ def main(args):
     check_args(args, world_size)
     device = rank_device(args.cuda, local_rank)
     backend = dist_backend(args, device)
-    # each rank is the twin with a seed of its own: its envs are the global envs seed + rank *
-    # num_envs, ...
+    # each rank is the twin with its own seeds: global envs seed + rank * num_envs, ...
     args = replace(args, seed=args.seed + rank * args.num_envs)
     # seeds, run folder, wandb, signals: see the file's end
     run = Run(args, "ppo_continuous_action_distributed", rank)
@@ -490,21 +462,28 @@ def main(args):
         start_process_group(backend, args.dist_timeout)
         seeds = f"{args.seed}..{args.seed + args.num_envs - 1}"
         where = f"(local rank {local_rank}, pid {os.getpid()}) on {device} with {backend}"
-        print(
-            f"rank {rank} of {world_size} {where}: envs seeded {seeds}", file=sys.stderr, flush=True
-        )
+        print(f"rank {rank} of {world_size} {where}: envs seeded {seeds}", file=sys.stderr)
 
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
-    agent, optimizer, (policy, get_value, update) = make_learner(
-        args, n_obs, n_act, device, world_size
-    )
-    if run.saved_model is not None:
-        agent.load_state_dict(run.saved_model["agent"])
+    learner = make_learner(args, n_obs, n_act, device, world_size)
+    agent, policy, update = learner.agent, learner.policy, learner.update
+
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean
+        obs_rms = model["obs_rms"]
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:  # one process, checked
+        model = run.saved_model
+        agent.load_state_dict(model["agent"])
+        envs.close()
+        run.finish(device, model, evaluate_agent, world_size=1, parameter_spread=0.0)
+        return
+
     compute_gae = gae
     if args.compile:
-        # GAE is one small graph per rollout; `make_update` compiled the loss; batch-1 acting gains
-        # from compile
+        # GAE is one small graph per rollout; batch-1 acting gains from compile
         compute_gae = torch.compile(gae, fullgraph=True)
         policy = torch.compile(policy)
     if args.cudagraphs:
@@ -513,7 +492,10 @@ def main(args):
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    # ALGO Logic: Storage setup, [num_steps, num_envs, ...], one TensorDict
+    def to_tensor(array):  # what the envs return, as float32 on the device
+        return torch.as_tensor(array, device=device, dtype=torch.float)
+
+    # the rollout, [num_steps, num_envs, ...], in one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
     rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
@@ -521,11 +503,11 @@ def main(args):
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+    next_obs = to_tensor(next_obs)
     # one rank's rollout; all ranks together step world_size times more
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // (batch_size * world_size)
+    num_iterations = args.total_timesteps // (batch_size * world_size)
     global_step = 0
     pbar = tqdm.tqdm(range(1, num_iterations + 1), disable=rank != 0)
     for iteration in pbar:
@@ -534,13 +516,12 @@ def main(args):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             # in place: no recompile
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+            learner.optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
             rollout["obs"][step] = next_obs
-
-            # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = policy(next_obs)
             rollout["values"][step] = value.flatten()
@@ -549,40 +530,32 @@ def main(args):
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             run.log_episodes(global_step, finished_episodes(infos))
-            rollout["rewards"][step] = torch.as_tensor(reward, device=device, dtype=torch.float)
-            rollout["terminations"][step] = torch.as_tensor(
-                terminations, device=device, dtype=torch.float
-            )
-            rollout["truncations"][step] = torch.as_tensor(
-                truncations, device=device, dtype=torch.float
-            )
+            rollout["rewards"][step] = to_tensor(reward)
+            rollout["terminations"][step] = to_tensor(terminations)
+            rollout["truncations"][step] = to_tensor(truncations)
             if truncations.any():
                 # the value of the state each truncated episode was cut at (gae reads it only there)
-                final_obs = torch.as_tensor(
-                    true_next_obs(next_obs, infos), device=device, dtype=torch.float
-                )
+                final_obs = to_tensor(true_next_obs(next_obs, infos))
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs).flatten()
-            next_obs = torch.as_tensor(next_obs, device=device, dtype=torch.float)
+                    rollout["final_values"][step] = learner.get_value(final_obs).flatten()
+            next_obs = to_tensor(next_obs)
 
-        # bootstrap value if not done
+        # advantages, bootstrapped from the value of the obs after the rollout
         with torch.no_grad():
-            next_value = get_value(next_obs).flatten()
-        inputs = {
-            key: rollout[key]
-            for key in ("rewards", "values", "final_values", "terminations", "truncations")
-        }
+            next_value = learner.get_value(next_obs).flatten()
+        keys = ("rewards", "values", "final_values", "terminations", "truncations")
         advantages, returns = compute_gae(
-            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+            **rollout.select(*keys),
+            next_value=next_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
         )
-
         b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
-        # Optimizing the policy and value network
+        # update
         for _epoch in range(args.update_epochs):
-            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
-            for mb_inds in b_inds:
+            for mb_inds in torch.randperm(batch_size, device=device).split(minibatch_size):
                 stats = update(b[mb_inds])
             # so that every rank takes the same early-stop decision
             stats = mean_over_ranks(stats, world_size)
@@ -590,41 +563,29 @@ def main(args):
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break
 
+        # log
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(
-            pbar, global_step, dict(zip(names, stats), explained_variance=explained_var)
-        )
+        metrics = dict(zip(names, stats), explained_variance=explained_var)
+        run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
-        # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: they all stop
-        # here, together
+        # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: all stop here
         if signum := max_over_ranks(run.stop_signal, world_size, device):
             run.stop_signal = run.stop_signal or signum
             break
         if run.diverged:  # on every rank at once: the losses it checks are all-reduced, the same
             break
 
-    spread = parameter_spread(agent, world_size)  # across ranks, at the end: 0.0 in lockstep
+    spread = parameter_spread(agent, world_size)
     if world_size > 1:
         dist.destroy_process_group()
-
-    # the observation normalization (the first env's) is part of the policy: saved and evaluated
-    # with it
+    # the observation normalization (the first env's) is part of the policy
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    obs_rms = {
-        "mean": torch.as_tensor(rms.mean),
-        "var": torch.as_tensor(rms.var),
-        "count": torch.tensor(rms.count),
-    }
-
-    def evaluate_agent(episodes, videos):  # the Gaussian's mean
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
-        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
-
+    obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
+    model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
     envs.close()
     if rank > 0:  # rank 0 alone saves, evaluates and reports
         sys.exit(3 if run.diverged else 128 + run.stop_signal if run.stop_signal else 0)
-    model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
     run.finish(device, model, evaluate_agent, world_size=world_size, parameter_spread=spread)
 
 
@@ -644,27 +605,19 @@ def check_args(args, world_size):
     # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     # numpy's seeds are below 2**32, envpool's below 2**31
     if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
         fail(
             f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
             f"{args.measure_burnin}"
         )
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "learning_rate",
-    )
-    for flag in positive + ("dist_timeout", "clip_coef", "max_grad_norm", "target_kl"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    positive = "total_timesteps num_envs num_steps num_minibatches update_epochs learning_rate"
+    for flag in positive.split() + ["dist_timeout", "clip_coef", "max_grad_norm", "target_kl"]:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size * world_size:
         fail(

@@ -1,18 +1,18 @@
-"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions whose
-rollouts come from Ray actors: grown from the optimized twin ppo_continuous_action_torchcompile.py,
-so that `diff` against it shows what sampling on Ray changes. Defaults are CleanRL's
-(HalfCheetah-v4, 1M steps, 2048 steps per iteration).
+"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, with
+rollouts sampled by Ray actors. Grown from the optimized twin ppo_continuous_action_torchcompile.py:
+`diff` against it shows what sampling on Ray changes. Defaults are CleanRL's (HalfCheetah-v4, 1M
+steps, 2048 steps per iteration).
 
     # 2 runners x 4 envs
     python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer
     # join a running cluster (`ray start`)
     python leanrl/ppo_continuous_action_ray.py --ray-address 10.0.0.1:6379
 
-Each runner is a Ray actor with `--num-envs` envs and a CPU copy of the policy, returning fragments
-of `--num-steps` steps; the learner normalizes observations and updates as the twin.
+Each runner is a Ray actor with `--num-envs` envs and a CPU copy of the policy; it returns
+fragments of `--num-steps` steps. The learner normalizes observations and updates as the twin.
 `--double-buffer` samples during the update with weights one update old, under Hilton et al.'s
-decoupled objective (arxiv.org/abs/2110.00641). Runners restart when they die and end with the run;
-a silent one ends it after `--ray-timeout` (docs/scaling-ray.md).
+decoupled objective (arxiv.org/abs/2110.00641). Runners restart when they die and end with the
+run; a silent one ends it after `--ray-timeout` (docs/scaling-ray.md).
 """
 
 import json
@@ -26,6 +26,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -47,8 +48,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """use a CUDA device for the learner when there is one, else the CPU (runners act on their
-    CPU)"""
+    """use a CUDA device for the learner when there is one, else the CPU (runners use theirs)"""
     track: bool = False
     """log to Weights and Biases (the only way wandb is touched)"""
     wandb_project_name: str = "leanrl"
@@ -56,19 +56,15 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the evaluation episodes to runs/<run_name>/videos/ (runners, maybe remote,
-    record none)"""
+    """record videos of the evaluation episodes to runs/<run_name>/videos/ (runners record none)"""
     save_model: bool = False
-    """save the weights the policy needs, with the run's arguments, to runs/<run_name>/<script>.pt
-    at the end"""
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy and report their mean return
-    (0: none)"""
+    """after training, play this many episodes with the policy and report their mean return"""
     eval_model: str | None = None
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps` (they start the runners, compile and warm
-    up)"""
+    """iterations (rollout + update) excluded from `sps`: runners start, functions compile"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -79,10 +75,9 @@ class Args:
     num_runners: int = 2
     """the number of env runners (Ray actors, one CPU each)"""
     num_envs: int = 1
-    """the number of environments of each runner (stepped one after another in a vector env)"""
+    """the number of environments of each runner, stepped in turn in a vector env"""
     num_steps: int = 1024
-    """the number of vector steps of each fragment (env steps per iteration: num_steps * num_envs *
-    num_runners)"""
+    """the number of vector steps of each fragment (of each runner, each iteration)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -106,17 +101,14 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs early once the approximate KL exceeds this (off by default)"""
+    """stop an update's epochs once the approximate KL exceeds this (default: off)"""
 
     double_buffer: bool = False
-    """keep each runner's next fragment in flight during the update (sampled with the weights one
-    update old)"""
+    """sample each runner's next fragment during the update, with weights one update old"""
     ray_address: str | None = None
-    """join the Ray cluster at this host:port (`ray start --head` prints it); default: a local
-    instance on loopback"""
+    """join the Ray cluster at this host:port (default: a local instance on loopback)"""
     ray_timeout: float = 120.0
-    """seconds a runner may take to start or to return a fragment before the run ends with one
-    line"""
+    """seconds a runner may take to start or to return a fragment, else the run ends"""
     runner_restarts: int = 3
     """how many times Ray restarts each runner that dies before the run gives up"""
 
@@ -225,11 +217,9 @@ class Agent(nn.Module):
 
 
 def normalize(obs, obs_rms):
-    """Raw `obs` normalized with `obs_rms` (`mean`, `var`) as NormalizeObservation does, clipped to
-    [-10, 10]."""
-    return np.clip((obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8), -10, 10).astype(
-        np.float32
-    )
+    """Raw `obs` normalized with `obs_rms` as NormalizeObservation does, clipped to [-10, 10]."""
+    obs = (obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8)
+    return np.clip(obs, -10, 10).astype(np.float32)
 
 
 def finished_episodes(infos):
@@ -256,19 +246,17 @@ def true_next_obs(next_obs, infos):
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
     every input but `next_value` [num_envs], the value of the obs after the last step.
-    `terminations[t]` / `truncations[t]` (0 or 1): the episode ended at step t in a terminal
-    state / cut off; `final_values[t]`: the value of the true final obs of a truncated episode
-    (read only there)."""
+    `final_values[t]` is the value of the true final obs of an episode truncated at step t (read
+    only there)."""
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's
-    # end, the value of its true final observation if it was cut off and 0 if it terminated
+    # the value of the state after step t: the next step's inside an episode; at its end, the true
+    # final observation's if it was cut off, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
-    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
-    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
-    # (unrolled, it would take minutes to compile)
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 and coefs[t] is the
+    # product of their c's. A Python loop over the steps would take minutes to compile.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -280,13 +268,20 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-def make_update(agent, optimizer, args, compile_loss=False):
-    """One clipped-surrogate gradient step on a minibatch (a TensorDict); returns its statistics.
-    The ratio is taken against `logprobs`, the proximal policy's; `behaviour_weights` correct
-    for the policy that sampled. `compile_loss`: compile the forward and backward of the loss;
-    the clip and the Adam step stay eager."""
+def make_learner(args, n_obs, n_act, device):
+    """PPO's agent, optimizer and step functions on `device`."""
+    agent = Agent(n_obs, n_act, device=device)
+    # a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # fused: one kernel for all parameters; capturable: the only Adam torch records in a graph
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
+    )
 
     def loss_fn(mb):
+        """The clipped-surrogate loss of a minibatch (a TensorDict) and its statistics. The ratio
+        is taken against `logprobs`, the proximal policy's; `behaviour_weights` correct for the
+        policy that sampled."""
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
@@ -304,8 +299,7 @@ def make_update(agent, optimizer, args, compile_loss=False):
         # Policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-        # the decoupled objective: weighted by pi_prox / pi_behaviour (1 without --double-buffer:
-        # the twin's loss)
+        # the decoupled objective: weighted by pi_prox / pi_behaviour (1 without --double-buffer)
         pg_loss = (torch.max(pg_loss1, pg_loss2) * mb["behaviour_weights"]).mean()
 
         # Value loss
@@ -322,14 +316,15 @@ def make_update(agent, optimizer, args, compile_loss=False):
 
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss, torch.stack(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss, torch.stack(stats).detach()
 
-    if compile_loss:
+    if args.compile:
+        # the forward and backward; the clip and Adam's step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
     def update(mb):
+        """One gradient step on a minibatch; its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -337,82 +332,60 @@ def make_update(agent, optimizer, args, compile_loss=False):
         optimizer.step()
         return stats
 
-    return update
-
-
-def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`, as `main` runs them (tests build them
-    here too). Returns the agent, the optimizer and the functions (get_value, get_action,
-    update)."""
-    agent = Agent(n_obs, n_act, device=device)
-    # the learning rate is a tensor annealed in place: a captured graph reads its memory, and
-    # nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable (under --cudagraphs): torch records no other
-    # Adam in a graph
-    optimizer = torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
-    )
-    update = make_update(agent, optimizer, args, compile_loss=args.compile)
-    # the learner's values read the agent's weights through a copy that shares their memory but has
-    # no autograd state
+    # the learner's values read the weights through a copy that shares their memory, without
+    # autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
-    return agent, optimizer, (agent_inference.get_value, agent_inference.get_action, update)
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        get_value=agent_inference.get_value,
+        get_action=agent_inference.get_action,
+        update=update,
+    )
 
 
 class EnvRunner:
-    """An env runner, run as a Ray actor: `num_envs` environments (seeds `seed`, `seed + 1`, ...)
-    in a vector env and a CPU copy of the policy. A restarted runner starts again from here:
-    fresh environments, the same seeds."""
+    """An env runner, run as a Ray actor: `num_envs` environments seeded `seed`, `seed + 1`, ...
+    and a CPU copy of the policy. A restarted runner starts again here: fresh environments, the
+    same seeds."""
 
     def __init__(self, env_id, num_envs, seed, gamma):
-        # one core per runner: batch-`num_envs` acting gains nothing from more threads
+        # one core per runner: acting on a batch of `num_envs` gains nothing from more threads
         torch.set_num_threads(1)
         self.envs = make_envs(env_id, num_envs, seed, gamma)
         n_obs = int(np.prod(self.envs.single_observation_space.shape))
         # weights come with each call
         self.agent = Agent(n_obs, int(np.prod(self.envs.single_action_space.shape)))
-        self.next_obs, _ = self.envs.reset(seed=seed)  # raw: normalized with each call's statistics
+        self.next_obs, _ = self.envs.reset(seed=seed)  # raw: each call normalizes with its stats
         torch.manual_seed(seed)  # the action noise
 
     def sample(self, policy, num_steps):
-        """A fragment of `num_steps` vector steps acting with `policy` ({"agent": state dict,
-        "obs_rms"}): tensors [num_steps, num_envs, ...] (`obs` normalized as the policy saw them,
-        `raw_obs` for the learner's statistics, `final_obs` the true next observation of each step,
-        normalized), `next_obs` [num_envs, n_obs] normalized for the bootstrap, `episodes` [(step,
-        return)] of the episodes that ended, and `runner`, this process."""
+        """`num_steps` vector steps acting with `policy` ({"agent", "obs_rms"}): tensors
+        [num_steps, num_envs, ...] (`obs` normalized, `raw_obs` for the learner's statistics,
+        `final_obs` the true next obs, normalized), `next_obs` for the bootstrap, `episodes`
+        [(step, return)] that ended, and `runner`, this process."""
         self.agent.load_state_dict(policy["agent"])
         n_envs, n_obs = self.next_obs.shape
-        shapes = dict(
-            obs=(n_obs,),
-            raw_obs=(n_obs,),
-            final_obs=(n_obs,),
-            actions=self.envs.single_action_space.shape,
-        )
-        shapes |= dict(logprobs=(), rewards=(), terminations=(), truncations=())
-        fragment = {
-            key: np.zeros((num_steps, n_envs, *shape), dtype=np.float32)
-            for key, shape in shapes.items()
-        }
+        shapes = dict(obs=(n_obs,), raw_obs=(n_obs,), final_obs=(n_obs,))
+        shapes |= dict(actions=self.envs.single_action_space.shape, logprobs=(), rewards=())
+        shapes |= dict(terminations=(), truncations=())
+        fragment = {k: np.zeros((num_steps, n_envs, *s), np.float32) for k, s in shapes.items()}
         episodes = []
         for step in range(num_steps):
             fragment["raw_obs"][step] = self.next_obs
-            fragment["obs"][step] = normalize(self.next_obs, policy["obs_rms"])
+            obs = fragment["obs"][step] = normalize(self.next_obs, policy["obs_rms"])
             with torch.no_grad():
-                action, logprob, _ = self.agent.get_action(torch.from_numpy(fragment["obs"][step]))
+                action, logprob, _ = self.agent.get_action(torch.from_numpy(obs))
             fragment["actions"][step], fragment["logprobs"][step] = action.numpy(), logprob.numpy()
             self.next_obs, reward, terminations, truncations, infos = self.envs.step(
                 fragment["actions"][step]
             )
             fragment["rewards"][step] = reward
-            fragment["terminations"][step], fragment["truncations"][step] = (
-                terminations,
-                truncations,
-            )
-            fragment["final_obs"][step] = normalize(
-                true_next_obs(self.next_obs, infos), policy["obs_rms"]
-            )
+            fragment["terminations"][step] = terminations
+            fragment["truncations"][step] = truncations
+            final_obs = true_next_obs(self.next_obs, infos)
+            fragment["final_obs"][step] = normalize(final_obs, policy["obs_rms"])
             episodes += [(step, episodic_return) for episodic_return in finished_episodes(infos)]
         fragment["next_obs"] = normalize(self.next_obs, policy["obs_rms"])
         fragment = {key: torch.from_numpy(value) for key, value in fragment.items()}
@@ -427,8 +400,11 @@ class EnvRunner:
             return None
 
 
+# What scaling out adds: a Ray cluster, runners on it, and calls that give up after a timeout
+
+
 def check_address(address):
-    """`--ray-address` must be host:port where something answers: else exit status 2 within 5
+    """`--ray-address` must be host:port where something answers, else exit status 2 within 5
     seconds (Ray itself would retry for minutes)."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -440,44 +416,43 @@ def check_address(address):
 
 
 def connect_ray(address):
-    """Join the Ray cluster whose head is at `address` (host:port), or start a local Ray instance
-    sized to this machine, listening on 127.0.0.1 only and without a dashboard; returns the
-    `ray` module."""
+    """The `ray` module, joined to the cluster whose head is at `address` (host:port), or to a
+    local instance sized to this machine, on 127.0.0.1 only and without a dashboard."""
     if address is None or address.rpartition(":")[0] in ("127.0.0.1", "localhost"):
-        # on Linux Ray replaces 127.0.0.1 by the machine's network address unless told that it runs
-        # on one machine
+        # on Linux Ray replaces 127.0.0.1 by the machine's network address unless told that it
+        # runs on one machine
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray  # imported here, after the line above: Ray reads that variable when it is imported
+    import ray  # after the line above: Ray reads that variable when it is imported
 
     # ray.init replaces it by an exit at once: `Run`'s again after
     on_sigterm = signal.getsignal(signal.SIGTERM)
+    quiet = dict(logging_level="ERROR", log_to_driver=False)
     if address is None:
-        local = dict(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1")
-        ray.init(**local, logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **quiet
+        )
     else:
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            ray.init(address=address, **quiet)
         # e.g. a head that wants a token: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN
         except ConnectionError as e:
             fail(
                 f"--ray-address {address}: Ray did not let this process join "
-                f"({str(e).splitlines()[0]}); with token "
-                "authentication set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN "
-                "or ~/.ray/auth_token)"
+                f"({str(e).splitlines()[0]}); with token authentication set RAY_AUTH_MODE=token "
+                "and the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
             )
     signal.signal(signal.SIGTERM, on_sigterm)
     return ray
 
 
 def start_runners(ray, args):
-    """`args.num_runners` env runners, one CPU each, restarted by Ray when they die; runner i steps
-    the envs seeded `seed + i * num_envs`, ... (as `num_runners * num_envs` envs of one vector
-    env would be)."""
+    """`args.num_runners` env runners, one CPU each, restarted by Ray when they die. Runner i
+    steps the envs seeded `seed + i * num_envs`, ..., as one vector env of all would."""
     cpus = ray.cluster_resources().get("CPU", 0)
     if cpus < args.num_runners:
         fail(
-            f"--num-runners {args.num_runners} needs {args.num_runners} CPUs; the Ray cluster has "
-            f"{cpus:g}"
+            f"--num-runners {args.num_runners} needs {args.num_runners} CPUs; the Ray cluster "
+            f"has {cpus:g}"
         )
     runner = ray.remote(num_cpus=1, max_restarts=args.runner_restarts)(EnvRunner)
     seeds = [args.seed + i * args.num_envs for i in range(args.num_runners)]
@@ -485,10 +460,9 @@ def start_runners(ray, args):
 
 
 def gather(ray, runners, calls, weights, args):
-    """The fragment of each call in `calls` (one per runner, in order); a runner that died is asked
-    again, with the same `weights`, once Ray has restarted it. A runner silent for --ray-timeout s,
-    that raises, or fails more than --runner-restarts + 1 times in a row ends the run with one line,
-    exit status 1 (`main` then shuts Ray down)."""
+    """The fragment of each call in `calls`, one per runner. A runner that died is asked again,
+    with the same `weights`, once Ray has restarted it. One that is silent for --ray-timeout,
+    raises, or dies too often ends the run with one line and exit status 1."""
     fragments = []
     for i, call in enumerate(calls):
         failures = 0
@@ -522,18 +496,9 @@ def policy_state(agent, obs_rms):
 
 
 def side_by_side(fragments, device):
-    """The fragments of every runner as one rollout, a TensorDict [num_steps, num_runners *
-    num_envs] on `device`, and the observations after it, [num_runners * num_envs, n_obs]."""
-    keys = (
-        "obs",
-        "raw_obs",
-        "actions",
-        "logprobs",
-        "rewards",
-        "terminations",
-        "truncations",
-        "final_obs",
-    )
+    """The runners' fragments as one rollout, a TensorDict [num_steps, num_runners * num_envs] on
+    `device`, and the observations after it, [num_runners * num_envs, n_obs]."""
+    keys = "obs raw_obs actions logprobs rewards terminations truncations final_obs".split()
     rollout = {key: torch.cat([f[key] for f in fragments], dim=1) for key in keys}
     rollout = TensorDict(rollout, batch_size=rollout["rewards"].shape, device=device)
     return rollout, torch.cat([f["next_obs"] for f in fragments]).to(device)
@@ -552,42 +517,49 @@ def main(args):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     envs.close()  # the runners step the envs
-    agent, optimizer, (get_value, get_action, update) = make_learner(args, n_obs, n_act, device)
-    obs_rms = RunningMeanStd(shape=(n_obs,))  # one normalization for every env of every runner
-    if run.saved_model is not None:
-        agent.load_state_dict(run.saved_model["agent"])
-        saved = run.saved_model["obs_rms"]
-        obs_rms.mean, obs_rms.var, obs_rms.count = (
-            saved["mean"].numpy(),
-            saved["var"].numpy(),
-            float(saved["count"]),
-        )
+    learner = make_learner(args, n_obs, n_act, device)
+    agent, get_value, update = learner.agent, learner.get_value, learner.update
+    # every env of every runner: the columns of the rollout
+    num_envs = args.num_runners * args.num_envs
+    scaling = dict(num_runners=args.num_runners, double_buffer=args.double_buffer)
+
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean
+        obs_rms = model["obs_rms"]
+        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
+        model = run.saved_model
+        agent.load_state_dict(model["agent"])
+        scaling |= dict(runner_restarts=0, runner_memory_mib=None, num_envs=num_envs)
+        run.finish(device, model, evaluate_agent, **scaling)
+        return
+
     compute_gae = gae
     if args.compile:
-        # GAE is one small graph per rollout; `make_update` compiled the loss (runners act eagerly)
+        # GAE is one small graph per rollout (runners act eagerly)
         compute_gae = torch.compile(gae, fullgraph=True)
     if args.cudagraphs:
         # the first `warmup - 1` calls run as they are (Adam creates its state; a compiled function
         # compiles once more for it), the next records a CUDA graph, later calls replay it
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
-    # every env of every runner: the columns of the rollout
-    num_envs = args.num_runners * args.num_envs
     batch_size = num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
-    global_step, restarts, runner_memory_mib = 0, 0, None
+    num_iterations = args.total_timesteps // batch_size
+    obs_rms = RunningMeanStd(shape=(n_obs,))  # one normalization for every env of every runner
+    global_step, restarts = 0, 0
     runner_processes = [None] * args.num_runners  # host:pid of each runner
-    ray = connect_ray(args.ray_address) if num_iterations else None
+    ray = connect_ray(args.ray_address)
     try:
-        runners = start_runners(ray, args) if num_iterations else []
-        # the weights go to Ray's object store once per iteration; every runner reads them from
-        # there
-        weights = ray.put(policy_state(agent, obs_rms)) if num_iterations else None
-        calls, calls_weights = (
-            [runner.sample.remote(weights, args.num_steps) for runner in runners],
-            weights,
-        )
+        runners = start_runners(ray, args)
+
+        def sample(weights):  # the runners' next fragments, and the weights they act with
+            return [runner.sample.remote(weights, args.num_steps) for runner in runners], weights
+
+        # the weights go to Ray's object store once per iteration; every runner reads them there
+        weights = ray.put(policy_state(agent, obs_rms))
+        calls, calls_weights = sample(weights)
         pbar = tqdm.tqdm(range(1, num_iterations + 1))
         for iteration in pbar:
             if iteration == args.measure_burnin + 1:
@@ -596,123 +568,82 @@ def main(args):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 # in place: no recompile
-                optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+                learner.optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
+            # rollout: the runners' fragments, side by side
             fragments = gather(ray, runners, calls, calls_weights, args)
-            # a runner that comes back in another process was restarted (also one that died between
-            # two calls)
-            restarts += sum(
-                old is not None and old != f["runner"]
-                for old, f in zip(runner_processes, fragments)
-            )
-            runner_processes = [f["runner"] for f in fragments]
+            # a runner that answers from another process was restarted (also between two calls)
+            processes = [f["runner"] for f in fragments]
+            restarts += sum(old not in (None, new) for old, new in zip(runner_processes, processes))
+            runner_processes = processes
             if args.double_buffer and iteration < num_iterations:
                 # the next fragments are sampled during this update, with the weights from before it
-                calls, calls_weights = (
-                    [runner.sample.remote(weights, args.num_steps) for runner in runners],
-                    weights,
-                )
-
+                calls, calls_weights = sample(weights)
             rollout, next_obs = side_by_side(fragments, device)
             obs_rms.update(rollout["raw_obs"].flatten(0, 1).cpu().numpy())  # for the next fragments
-            episodes = sorted(
-                (step, r) for fragment in fragments for step, r in fragment["episodes"]
-            )
+            episodes = sorted((step, r) for f in fragments for step, r in f["episodes"])
             for step, episodic_return in episodes:
                 run.log_episodes(global_step + (step + 1) * num_envs, [episodic_return])
             global_step += batch_size
 
-            # ALGO LOGIC: the values of the pre-update critic, for the whole rollout in one pass
-            # each
+            # advantages, from the values of the pre-update critic, in one pass each
             with torch.no_grad():
                 rollout["values"] = get_value(rollout["obs"]).squeeze(-1)
                 # gae reads them where truncated
                 rollout["final_values"] = get_value(rollout["final_obs"]).squeeze(-1)
                 next_value = get_value(next_obs).flatten()
-            inputs = {
-                key: rollout[key]
-                for key in ("rewards", "values", "final_values", "terminations", "truncations")
-            }
+            keys = ("rewards", "values", "final_values", "terminations", "truncations")
             advantages, returns = compute_gae(
-                **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+                **rollout.select(*keys),
+                next_value=next_value,
+                gamma=args.gamma,
+                gae_lambda=args.gae_lambda,
             )
-
             rollout["behaviour_weights"] = torch.ones_like(rollout["logprobs"])
             if args.double_buffer:
-                # the policy that sampled is one update behind: clip around the learner's policy
-                # (the proximal one) and weight each sample by pi_prox / pi_behaviour (decoupled
-                # PPO, Hilton et al. 2021)
+                # the sampling policy is one update behind: clip around the learner's (proximal)
+                # policy, weight each sample by pi_prox / pi_behaviour (Hilton et al. 2021)
+                obs, actions = rollout["obs"].flatten(0, 1), rollout["actions"].flatten(0, 1)
                 with torch.no_grad():
-                    _, logprobs, _ = get_action(
-                        rollout["obs"].flatten(0, 1), rollout["actions"].flatten(0, 1)
-                    )
-                behaviour_logprobs, rollout["logprobs"] = (
-                    rollout["logprobs"],
-                    logprobs.view_as(rollout["logprobs"]),
-                )
+                    _, logprobs, _ = learner.get_action(obs, actions)
+                behaviour_logprobs = rollout["logprobs"]
+                rollout["logprobs"] = logprobs.view_as(behaviour_logprobs)
                 rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
-
-            b = rollout.select("obs", "actions", "logprobs", "values", "behaviour_weights").flatten(
-                0, 1
-            )
+            keys = ("obs", "actions", "logprobs", "values", "behaviour_weights")
+            b = rollout.select(*keys).flatten(0, 1)
             b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
 
-            # Optimizing the policy and value network
+            # update
             for _epoch in range(args.update_epochs):
-                b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
-                for mb_inds in b_inds:
+                for mb_inds in torch.randperm(batch_size, device=device).split(minibatch_size):
                     stats = update(b[mb_inds])
                 # host sync, once per epoch
                 if args.target_kl is not None and stats[4] > args.target_kl:
                     break
-
             weights = ray.put(policy_state(agent, obs_rms))
             if not args.double_buffer and iteration < num_iterations:
-                calls, calls_weights = (
-                    [runner.sample.remote(weights, args.num_steps) for runner in runners],
-                    weights,
-                )
+                calls, calls_weights = sample(weights)
 
+            # log
             explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-            names = (
-                "policy_loss",
-                "value_loss",
-                "entropy",
-                "old_approx_kl",
-                "approx_kl",
-                "clipfrac",
-            )
-            run.log_progress(
-                pbar, global_step, dict(zip(names, stats), explained_variance=explained_var)
-            )
+            names = "policy_loss value_loss entropy old_approx_kl approx_kl clipfrac".split()
+            metrics = dict(zip(names, stats), explained_variance=explained_var)
+            run.log_progress(pbar, global_step, metrics)
             run.steps = global_step
-            if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence: stop
+            if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
                 break
-        if runners:
-            memory = ray.get(
-                [runner.resident_memory_mib.remote() for runner in runners],
-                timeout=args.ray_timeout,
-            )
-            runner_memory_mib = max(memory) if None not in memory else None
-    # also on a failure (`gather`, `start_runners`); a second signal kills the driver, and Ray its
-    # runners
+        memory = [runner.resident_memory_mib.remote() for runner in runners]
+        memory = ray.get(memory, timeout=args.ray_timeout)
+    # also on a failure; a second signal kills the driver, and Ray its runners
     finally:
-        if ray:
-            ray.shutdown()  # ends the runners, and a local Ray instance with them
+        ray.shutdown()  # ends the runners, and a local Ray instance with them
 
     # the observation normalization is part of the policy: saved and evaluated with it
     obs_rms = {key: torch.as_tensor(getattr(obs_rms, key)) for key in ("mean", "var", "count")}
-
-    def evaluate_agent(episodes, videos):  # the Gaussian's mean
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
-        return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
-
-    scaling = dict(
-        num_runners=args.num_runners, double_buffer=args.double_buffer, runner_restarts=restarts
-    )
-    # all runners' envs, not one runner's
-    scaling |= dict(runner_memory_mib=runner_memory_mib, num_envs=num_envs)
-    run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent, **scaling)
+    model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
+    memory_mib = max(memory) if None not in memory else None
+    scaling |= dict(runner_restarts=restarts, runner_memory_mib=memory_mib, num_envs=num_envs)
+    run.finish(device, model, evaluate_agent, **scaling)
 
 
 # ==================================================================================================
@@ -731,33 +662,25 @@ def check_args(args):
     # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     # numpy's seeds are below 2**32, envpool's below 2**31
     if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
         fail(
             f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
             f"{args.measure_burnin}"
         )
-    positive = (
-        "total_timesteps",
-        "num_runners",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-    )
-    for flag in positive + (
+    positive = "total_timesteps num_runners num_envs num_steps num_minibatches update_epochs"
+    for flag in positive.split() + [
         "learning_rate",
         "ray_timeout",
         "clip_coef",
         "max_grad_norm",
         "target_kl",
-    ):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:  # --target-kl None: off
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    ]:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs * args.num_runners
     if args.total_timesteps < batch_size:
         fail(

@@ -71,11 +71,12 @@ def train(module, rank, world_size):
     """The learner (seeded by rank, so that only the broadcast makes the ranks' initial weights
     equal) after one epoch on its minibatches: {"parameters", "grads"} by name."""
     torch.manual_seed(100 + rank)
-    agent, _, (_, _, update) = module.make_learner(
+    learner = module.make_learner(
         update_args(module), N_OBS, N_ACT, torch.device("cpu"), world_size
     )
+    agent = learner.agent
     for mb in minibatches(fixed_batch(), rank, world_size):
-        update(mb)
+        learner.update(mb)
     return {
         "parameters": {name: p.detach().clone() for name, p in agent.named_parameters()},
         "grads": {name: p.grad.clone() for name, p in agent.named_parameters()},
@@ -115,8 +116,10 @@ def deterministic_main(flags):
     make_learner = module.make_learner
 
     def make_learner_acting_by_rows(*args, **kwargs):
-        agent, optimizer, (policy, get_value, update) = make_learner(*args, **kwargs)
-        return agent, optimizer, (one_row_at_a_time(policy), one_row_at_a_time(get_value), update)
+        learner = make_learner(*args, **kwargs)
+        learner.policy = one_row_at_a_time(learner.policy)
+        learner.get_value = one_row_at_a_time(learner.get_value)
+        return learner
 
     module.make_learner = make_learner_acting_by_rows
     module.main(tyro.cli(module.Args, args=flags))

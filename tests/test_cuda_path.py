@@ -77,7 +77,7 @@ def build_ppo(module, args):
 def build_ppo_ray(module, args):
     # the learner's update is what the Ray script records; its actors act on the CPU in their own
     # processes
-    _, optimizer, (_, _, update) = module.make_learner(args, 3, 2, CPU)
+    learner = module.make_learner(args, 3, 2, CPU)
 
     def minibatch():
         mb = ppo_minibatch(0)
@@ -85,7 +85,7 @@ def build_ppo_ray(module, args):
         mb["behaviour_weights"] = torch.rand(mb.batch_size)
         return (mb,)
 
-    return [optimizer], {"update": (update, minibatch)}
+    return [learner.optimizer], {"update": (learner.update, minibatch)}
 
 
 def build_ppo_lstm(module, args):

@@ -287,7 +287,7 @@ def make_ppo(module, args):
 def make_ppo_ray(module, args):
     # the learner's update is the one function the Ray script records; its actors act on the CPU, in
     # their processes
-    _, _, update = module.make_learner(args, 3, 2, CUDA)[-1]
+    update = module.make_learner(args, 3, 2, CUDA).update
     # behaviour_weights: importance weights for the policy that sampled (the actors' lag)
     return {"update": (update, (batch(64, obs=(3,), actions=(2,), behaviour_weights=(), **PPO),))}
 
