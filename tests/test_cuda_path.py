@@ -124,7 +124,7 @@ TWINS = {
     "ppo_continuous_action_torchcompile": (build_ppo, ("policy",)),
     # one process: --cudagraphs as in its twin
     "ppo_continuous_action_distributed": (build_ppo, ("policy",)),
-    # main compiles GAE only; `make_update` compiles the loss
+    # main compiles GAE only; `make_learner` compiles the loss
     "ppo_continuous_action_ray": (build_ppo_ray, ()),
     "ppo_atari_envpool_torchcompile": (build_ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (build_ppo_lstm, ("policy",)),

@@ -25,7 +25,7 @@ What makes it run on a CPU-only torch, in this module only:
   CUDA generator here, and a fake tensor has no values to draw), a number copied to the device
   keeps a host copy for the constructors' checks (Adam's `0 <= lr`), meta tensors are real ones
   (the vmapped Q ensembles' shells), and `torch.compile` returns the function as it is (the PPO
-  twins compile their loss inside `make_update` under `--compile`);
+  twins compile their loss inside `make_learner` under `--compile`);
 - in the dry run: `loss.backward()` gives each leaf a fake gradient of its shape and device
   without running the backward kernels (autograd's engine asks the CUDA runtime for a stream),
   and fused Adam with a tensor learning rate runs the float overload's fake kernel (the tensor
