@@ -120,10 +120,9 @@ def test_shared_parts_are_byte_identical_within_their_family(part):
             )
 
 
-# The most bytes a script may have: its own budget, set from its size after the redesign of issue
-# 52 (a named learner, step headers, plumbing per family), and the most bytes of the plumbing section
-# (from the banner's rule to the end), the seeds scripts' also recording and leaving out diverged
-# members.
+# The most bytes a script may have: its own budget, set from its size once it had a named learner,
+# step headers and the plumbing of its family, and the most bytes of the plumbing section (from the
+# banner's rule to the end), the seeds scripts' also recording and leaving out diverged members.
 SIZE_BUDGETS = {
     "dqn": 24_000,
     "dqn_cpu": 27_400,
