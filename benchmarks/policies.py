@@ -27,7 +27,7 @@ ATARI_FRAMES, ATARI_ACT = (4, 84, 84), 4
 class Built:
     """A policy ready to time: `source` is the training module whose weights it reads, `act` the
     function the twin calls to act (on a weight-sharing copy of `source`, or on `source` itself),
-    `host` the CPU script's numpy policy on views of `source`'s weights (`make_host_policy`, what
+    `host` the CPU script's numpy policy on views of `source`'s weights (the `policy` that
     `<algo>_cpu.py` acts with; None on CUDA and where there is no CPU script), called with numpy
     arrays."""
 
@@ -92,8 +92,13 @@ def build_ppo_continuous(script, device, cpu=None):
         agent.actor_logstd.fill_(-20.0)
     agent_inference = script.Agent(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device=device)
     from_module(agent).data.to_module(agent_inference)
-    host = cpu.make_host_policy(agent, seed=0)[0] if cpu else None
-    return Built(agent, agent_inference.get_action_and_value, host)
+    if not cpu:
+        return Built(agent, agent_inference.get_action_and_value)
+    # the CPU script's learner, its agent a copy of this one: the source is both agents
+    host = cpu.make_learner(cpu.Args(seed=0), HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, device)
+    host.agent.load_state_dict(agent.state_dict())
+    source = torch.nn.ModuleList([agent, host.agent])
+    return Built(source, agent_inference.get_action_and_value, host.policy)
 
 
 def build_ppo_atari(script, device, cpu=None):

@@ -763,8 +763,8 @@ class Run:
             model_file=model_file,
             eval_returns=[],
             eval_return_mean=None,
-            **extra,
         )
+        summary |= extra  # a script's own fields, which may override the ones above
         if args.eval_episodes and not self.diverged:
             self.write_summary(summary)  # kept if a second signal kills the evaluation
             returns = evaluate(args.eval_episodes, self.videos)
