@@ -97,12 +97,7 @@ class Args:
 def make_envs(env_id, num_envs, seed, videos=None, prefix="train"):
     """envpool's Atari games with gymnasium's step signature, episodic life and clipped rewards.
     With `videos` (a folder) env 0's games are recorded there, as `prefix`-episode-<game>.mp4.
-    An id that is not one of envpool's Atari games exits with status 2."""
-    if (
-        env_id not in envpool.list_all_envs()
-        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
-    ):
-        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
+    `check_args` has checked that `env_id` is one of envpool's Atari games."""
     render = dict(render_mode="rgb_array") if videos else {}
     envs = envpool.make_gymnasium(
         env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **render
@@ -403,6 +398,12 @@ def check_args(args):
         if isinstance(value, float) and not abs(value) <= 1e30:
             name = "--" + flag.replace("_", "-")
             fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    env_id = args.env_id
+    if (
+        env_id not in envpool.list_all_envs()
+        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
+    ):
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
     flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")

@@ -111,12 +111,7 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0, videos=None, pr
     """envpool's Atari games with gymnasium's step signature, episodic life and clipped rewards.
     `recv` returns `batch_size` of them, stepped by `num_threads` threads (0: envpool's choice).
     With `videos` (a folder) env 0's games are recorded there, as `prefix`-episode-<game>.mp4.
-    An id that is not one of envpool's Atari games exits with status 2."""
-    if (
-        env_id not in envpool.list_all_envs()
-        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
-    ):
-        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
+    `check_args` has checked that `env_id` is one of envpool's Atari games."""
     pool = dict(batch_size=batch_size, num_threads=num_threads)
     if videos:
         pool["render_mode"] = "rgb_array"
@@ -540,6 +535,12 @@ def check_args(args):
         if isinstance(value, float) and not abs(value) <= 1e30:
             name = "--" + flag.replace("_", "-")
             fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    env_id = args.env_id
+    if (
+        env_id not in envpool.list_all_envs()
+        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
+    ):
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
     flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
