@@ -52,7 +52,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """refused: envpool renders no frames"""
+    """record videos of the first env and of every evaluation episode to runs/<run_name>/videos/"""
     save_model: bool = False
     """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
     eval_episodes: int = 0
@@ -107,19 +107,18 @@ class Args:
     """record the acting policy and the update as CUDA graphs (needs a CUDA device)"""
 
 
-def make_envs(env_id, num_envs, batch_size, seed, num_threads=0):
+def make_envs(env_id, num_envs, batch_size, seed, num_threads=0, videos=None, prefix="train"):
     """envpool's Atari games with gymnasium's step signature, episodic life and clipped rewards.
     `recv` returns `batch_size` of them, stepped by `num_threads` threads (0: envpool's choice).
-    An id that is not one of envpool's Atari games exits with status 2."""
-    if (
-        env_id not in envpool.list_all_envs()
-        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
-    ):
-        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
+    With `videos` (a folder) env 0's games are recorded there, as `prefix`-episode-<game>.mp4.
+    `check_args` has checked that `env_id` is one of envpool's Atari games."""
     pool = dict(batch_size=batch_size, num_threads=num_threads)
-    return envpool.make_gymnasium(
+    if videos:
+        pool["render_mode"] = "rgb_array"
+    envs = envpool.make_gymnasium(
         env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool
     )
+    return VideoRecorder(envs, videos, prefix) if videos else envs
 
 
 def finished_games(game_returns, infos, truncations):
@@ -131,6 +130,64 @@ def finished_games(game_returns, infos, truncations):
     scores = game_returns[game_over].tolist()
     game_returns[game_over] = 0.0
     return scores
+
+
+class VideoRecorder:
+    """envpool's `envs`, recording the games of env 0 from `render()` to
+    `<folder>/<prefix>-episode-<game>.mp4`: every game for "eval", gymnasium's schedule (games 0, 1,
+    8, 27, ...) for "train". A game is a whole game, all its lives; `close()` saves one unfinished.
+    The envs must be made with `render_mode="rgb_array"`."""
+
+    def __init__(self, envs, folder, prefix):
+        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
+
+        self.envs, self.folder, self.prefix, self.save_video = envs, folder, prefix, save_video
+        self.schedule = capped_cubic_video_schedule if prefix == "train" else lambda game: True
+        self.fps = 60 / envs.spec.config.frame_skip  # the console draws 60 frames a second
+        self.game, self.frames = 0, []
+
+    def __getattr__(self, name):  # the rest is envpool's
+        return getattr(self.envs, name)
+
+    def reset(self):
+        obs, infos = self.envs.reset()
+        self.record(infos, np.zeros(len(obs), dtype=bool))  # no game ends at a reset
+        return obs, infos
+
+    def step(self, actions):
+        outcome = self.envs.step(actions)
+        self.record(outcome[4], outcome[3])
+        return outcome
+
+    def recv(self):
+        outcome = self.envs.recv()
+        self.record(outcome[4], outcome[3])
+        return outcome
+
+    def record(self, infos, truncations):
+        """env 0's frame, if it is in this batch; its video when its game ends."""
+        for i in np.flatnonzero(infos["env_id"] == 0):  # async: env 0 is in some batches only
+            if self.schedule(self.game):
+                self.frames.append(self.envs.render(env_ids=[0])[0])
+            if infos["terminated"][i] or truncations[i]:
+                self.save()
+                self.game += 1
+
+    def save(self):
+        if self.frames:
+            self.save_video(
+                self.frames,
+                self.folder,
+                episode_trigger=lambda game: True,  # self.frames holds only scheduled games
+                name_prefix=self.prefix,
+                episode_index=self.game,
+                fps=self.fps,
+            )
+        self.frames = []
+
+    def close(self):
+        self.save()
+        self.envs.close()
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -375,7 +432,10 @@ def main(args):
         args.env_threads = max(1, cores - 1)
     check_args(args)
     run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals
-    envs = make_envs(args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads)
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(
+        args.env_id, args.num_envs, args.async_batch_size, args.seed, args.env_threads, videos
+    )
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, envs.single_action_space.n, device)
     agent, optimizer = learner.agent, learner.optimizer
@@ -384,7 +444,7 @@ def main(args):
 
     # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
     def evaluate_agent(episodes, videos):
-        eval_envs = make_envs(args.env_id, 1, 1, args.seed)
+        eval_envs = make_envs(args.env_id, 1, 1, args.seed, 0, videos, "eval")
         return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
 
     extra = dict(async_batch_size=args.async_batch_size, env_threads=args.env_threads)
@@ -475,6 +535,12 @@ def check_args(args):
         if isinstance(value, float) and not abs(value) <= 1e30:
             name = "--" + flag.replace("_", "-")
             fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    env_id = args.env_id
+    if (
+        env_id not in envpool.list_all_envs()
+        or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
+    ):
+        fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
     if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
         fail(f"--seed must be in [0, 2**31), got {args.seed}")
     flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
@@ -506,12 +572,6 @@ def check_args(args):
             "--cudagraphs needs a CUDA device and none is available (run without it, or with "
             "--compile)"
         )
-    # checked here, before the run folder is made
-    if args.capture_video:
-        fail(
-            "--capture-video: envpool 1.2.5 renders no frames, so the Atari scripts cannot record "
-            "videos"
-        )
 
 
 class Run:
@@ -530,7 +590,7 @@ class Run:
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.name = self.name.replace(":", "_")
         self.dir = os.path.join("runs", self.name)
-        self.videos = None  # envpool renders no frames: check_args refuses --capture-video
+        self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
         self.wandb = None
         if args.track:
@@ -569,6 +629,18 @@ class Run:
         if trained.get("env_id") != self.args.env_id:
             fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
+
+    def video_folder(self):
+        """runs/<run_name>/videos, once we know that this machine can record envpool's frames."""
+        try:
+            __import__("gymnasium.utils.save_video")  # the writer, moviepy's
+            envs = envpool.make_gymnasium(self.args.env_id, num_envs=1, render_mode="rgb_array")
+            envs.reset()
+            assert isinstance(envs.render(env_ids=[0]), np.ndarray), "no frame"
+            envs.close()
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
+        return os.path.join(self.dir, "videos")
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step

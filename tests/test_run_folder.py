@@ -3,7 +3,6 @@
 script of the same algorithm), `--capture-video`, and a Ctrl-C or SIGTERM that stops cleanly.
 `conftest.summary` checks on every run that summary.json holds what the SUMMARY line printed."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -321,15 +320,51 @@ def test_bad_evaluation_inputs_exit_2(script, tmp_path):
     assert not (tmp_path / "runs").exists(), "a user error makes no run folder"
 
 
-def test_atari_refuses_to_capture_video(tmp_path):
-    proc = run_script(
-        "ppo_atari_envpool_torchcompile", "--capture-video", timeout=120, cwd=tmp_path
-    )
-    assert_user_error(proc, "--capture-video", "envpool")
-    assert os.listdir(tmp_path) == []
+ATARI_VIDEO = ("--total-timesteps", "512", "--num-steps", "128", "--update-epochs", "1")
 
 
-@pytest.mark.parametrize("script", ["dqn", "ppo_lstm_torchcompile"])
+def video_frames(path):
+    """The frames of an .mp4, decoded."""
+    from moviepy import VideoFileClip
+
+    with VideoFileClip(str(path)) as clip:
+        return list(clip.iter_frames())
+
+
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("ppo_atari_envpool", ("--num-envs", "1", "--eval-episodes", "1")),
+        # env 0 is in some of the batches `recv` returns only
+        ("ppo_atari_envpool_async", ("--num-envs", "4", "--async-batch-size", "2")),
+    ],
+    ids=["eager", "async-4-envs"],
+)
+def test_atari_videos_of_training_games_and_of_every_evaluation_game(script, flags, tmp_path):
+    """envpool's `render()` draws env 0's games, whole games of all their lives: gymnasium's
+    schedule in training (games 0 and 1 in a run this short), every game of the evaluation (the
+    eager script's; the twin shares its recorder, byte for byte, as test_plumbing checks)."""
+    result = summary(run_script(script, *ATARI_VIDEO, *flags, "--capture-video", cwd=tmp_path))
+    videos = Path(result["summary_file"]).parent / "videos"
+    frames = {path.name: video_frames(path) for path in sorted(videos.iterdir())}
+    # game 1 only if game 0 ended; `close()` saves a game left unfinished
+    evaluated = ("eval-episode-0.mp4",) if "--eval-episodes" in flags else ()
+    assert {*evaluated, "train-episode-0.mp4"} <= set(frames)
+    assert set(frames) <= {"eval-episode-0.mp4", "train-episode-0.mp4", "train-episode-1.mp4"}
+    assert all((videos / name).stat().st_size > 1000 for name in frames)
+    for name in (*evaluated, "train-episode-0.mp4"):
+        video = frames[name]
+        assert len(video) > 10 and video[0].shape == (210, 160, 3), (name, len(video))
+        assert video[0].std() > 0 and not np.array_equal(video[0], video[-1]), name
+    if script == "ppo_atari_envpool":
+        # game 0 ends at the global step of the first point of the curve: its frames are the
+        # reset's and one per step; moviepy writes int(duration * fps) of them, which a float
+        # duration can make one fewer
+        steps = result["curve"][0][0]
+        assert steps <= len(frames["train-episode-0.mp4"]) <= steps + 1, steps
+
+
+@pytest.mark.parametrize("script", ["dqn", "ppo_lstm_torchcompile", "ppo_atari_envpool_async"])
 def test_capture_video_without_moviepy_names_the_flag(script, tmp_path):
     """gymnasium writes videos with moviepy; without it `--capture-video` is the flag named, before
     a run folder."""
