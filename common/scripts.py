@@ -2,8 +2,11 @@
 nothing from the project, so they are loaded by path)."""
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
+
+import tyro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
 
@@ -16,3 +19,16 @@ def load_script(name, directory=SCRIPTS):
     sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
     spec.loader.exec_module(module)
     return module
+
+
+def script_envs(module, flags):
+    """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its
+    `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
+    `Args`; the optional ones, such as video recording, keep their defaults)."""
+    args = tyro.cli(module.Args, args=list(flags))
+    # the memory scripts resolve their default in main, as here
+    if hasattr(module, "observed_indices"):
+        args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
+    parameters = inspect.signature(module.make_envs).parameters.values()
+    required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
+    return args, module.make_envs(**{name: getattr(args, name) for name in required})

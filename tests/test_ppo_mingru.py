@@ -2,8 +2,9 @@
 (outputs and gradients, with episode starts, at many lengths, prime ones in about 2 sqrt(T) steps),
 an episode start resets the state exactly, the compiled sequence loss is the eager one, nothing
 recompiles, bad flag values exit 2 (a saved model evaluated under other observation flags included),
-benchmarks.memory checks what it times, the state remembers an episode's first step at init, and the
-agent learns velocity-hidden CartPole and POPGym's RepeatPrevious beyond a memoryless policy."""
+benchmarks.studies.memory checks what it times, the state remembers an episode's first step at init,
+and the agent learns velocity-hidden CartPole and POPGym's RepeatPrevious beyond a memoryless
+policy."""
 
 import json
 import math
@@ -23,8 +24,8 @@ from test_ppo_lstm import (
 )
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 
-from benchmarks import memory
-from benchmarks.env_limit import script_envs
+from benchmarks.studies import memory
+from common.scripts import script_envs
 
 EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
@@ -266,9 +267,9 @@ def test_cudagraphs_smoke(flags):
 
 
 def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
-    """`benchmarks.memory --quick` (compiled with aot_eager: no inductor build here) times every
-    variant and candidate in every cell, each checked against the loop first, and writes the json,
-    markdown and png."""
+    """`benchmarks.studies.memory --quick` (compiled with aot_eager: no inductor build here) times
+    every variant and candidate in every cell, each checked against the loop first, and writes the
+    json, markdown and png."""
     argv = [
         "--quick",
         "--candidates",
