@@ -15,31 +15,16 @@ with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_env
 """
 
 import argparse
-import inspect
 import json
 import time
 from pathlib import Path
 
 import numpy as np
-import tyro
 
-from benchmarks.scripts import load_script
+from common.scripts import load_script, script_envs
 
 ACTION_BATCHES = 64  # distinct random action batches, cycled through while timing
 WARMUP_STEPS = 10  # vector steps before the clock starts
-
-
-def script_envs(module, flags):
-    """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its
-    `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
-    `Args`; the optional ones, such as video recording, keep their defaults)."""
-    args = tyro.cli(module.Args, args=list(flags))
-    # the memory scripts resolve their default in main, as here
-    if hasattr(module, "observed_indices"):
-        args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
-    parameters = inspect.signature(module.make_envs).parameters.values()
-    required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
-    return args, module.make_envs(**{name: getattr(args, name) for name in required})
 
 
 def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):

@@ -42,11 +42,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import registry, seeds
+from benchmarks import registry
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, optional
 from benchmarks.run import BenchmarkError, parse_summary
-from benchmarks.scripts import SCRIPTS
+from benchmarks.studies import seeds
+from common.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("tests", "smoke", "learning", "sps", "seeds")
@@ -69,7 +70,8 @@ SCALED = {
     "ppo_continuous_action_distributed": "ppo_continuous_action",
     "ppo_atari_envpool_async": "ppo_atari_envpool",
 }
-# algorithm -> the learning test's flags and bar on the last-20 mean return (tests/test_<algo>.py)
+# algorithm -> the learning test's flags and bar on the last-20 mean return (tests/test_<script>.py,
+# e.g. test_sac_continuous_action.py)
 PENDULUM = ("--env-id", "Pendulum-v1", "--learning-starts", "1000")
 LEARNING = {
     "sac": ((*PENDULUM, "--total-timesteps", "8000"), -400),
@@ -111,7 +113,7 @@ def algo(name):
 def graphed_runs():
     """Each script that records functions and the budget flags of its short run: the twins and the
     scripts grown from them at `benchmarks.run`'s quick budget, the seeds scripts at
-    `benchmarks.seeds`' quick budget (without `--num-seeds`)."""
+    `benchmarks.studies.seeds`' quick budget (without `--num-seeds`)."""
     runs = {a.twin: a.quick for a in registry.ALGOS}
     runs |= {stem: algo(name).quick for stem, name in SCALED.items()}
     return runs | {a.script: a.quick for a in seeds.ALGOS}

@@ -17,8 +17,9 @@ import tyro
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import breakdown, env_limit, machine, plots, report, run, scaling, seeds, threads
+from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
+from benchmarks.studies import breakdown, scaling, seeds, threads
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -687,7 +688,7 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
         raise AssertionError(f"the launcher's child is still running: {child.read_text()}")
 
 
-# --- benchmarks.seeds: a seeds script against N single-seed processes, and the GPU proxy
+# --- benchmarks.studies.seeds: a seeds script against N single-seed processes, and the GPU proxy
 # ---------------------------
 
 # A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a
@@ -858,7 +859,8 @@ def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(
 
 
 def test_threads_rows_are_medians_and_their_ratio():
-    """benchmarks.threads: a row per condition and script, the median sps of each thread count."""
+    """benchmarks.studies.threads: a row per condition and script, the median sps of each thread
+    count."""
     results = {"idle": {"x_cpu": {1: [100.0, 120.0], 2: [150.0, 170.0, 400.0]}}}
     results["one core busy"] = {"x_cpu": {1: [90.0], 2: [9.0]}}
     table = threads.rows(results)

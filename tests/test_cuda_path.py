@@ -23,10 +23,10 @@ from test_ppo_continuous_action import make_minibatch as ppo_minibatch
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 from test_ppo_mingru import STATE_SIZE as MINGRU_STATE_SIZE
 from test_ppo_mingru import make_minibatch as mingru_minibatch
-from test_sac import make_batch as sac_batch
-from test_td3 import N_ACT as TD3_ACT
-from test_td3 import N_OBS as TD3_OBS
-from test_td3 import make_batch as td3_batch
+from test_sac_continuous_action import make_batch as sac_batch
+from test_td3_continuous_action import N_ACT as TD3_ACT
+from test_td3_continuous_action import N_OBS as TD3_OBS
+from test_td3_continuous_action import make_batch as td3_batch
 
 CPU = torch.device("cpu")
 BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))

@@ -1,14 +1,14 @@
 """The documentation points at what exists: every relative link in README.md, CONTRIBUTING.md,
-docs/*.md and docs/notes/*.md names a file of the repository (and, with `#anchor`, a heading of
-that file, by GitHub's slug rules), and every command in a fenced code block names scripts
-(`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`), shell scripts and
-requirements files that exist. Figures come from the results that produced them: the README's speed
-tables and docs/performance.md's quick tables from docs/benchmark_quick.json, the learning tables of
-the README and docs/results.md from the report of `python -m benchmarks.learning`, the threads table
-of docs/performance.md and the seeds tables of docs/notes/seeds-cpu.md from their JSON in docs/, the
-TD3 windows of docs/notes/td3-hopper.md from theirs. No page refers to the project's issues. The
-checker itself is tested on made-up pages, so that each check is shown able to fail. Nothing here
-runs a script."""
+docs/*.md and docs/notes/*.md names a file of the repository (and, with `#anchor`, a heading of that
+file, by GitHub's slug rules), and every command in a fenced code block names scripts
+(`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`, a study's
+`benchmarks.studies.<module>`), shell scripts and requirements files that exist. Figures come from
+the results that produced them: the README's speed tables and docs/performance.md's quick tables
+from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from the
+report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the seeds
+tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
+docs/notes/td3-hopper.md from theirs. No page refers to the project's issues. The checker itself is
+tested on made-up pages, so that each check is shown able to fail. Nothing here runs a script."""
 
 import json
 import re
@@ -17,8 +17,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from benchmarks import report, seeds, threads
+from benchmarks import report
 from benchmarks.learning import short_markdown
+from benchmarks.studies import seeds, threads
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
@@ -410,8 +411,8 @@ def test_anchors_number_repeated_headings_and_skip_code():
 
 @pytest.fixture
 def repo(tmp_path):
-    """A made-up repository: a README, a docs page with two headings, one script and one benchmark
-    module."""
+    """A made-up repository: a README, a docs page with two headings, one script, one benchmark
+    module and one study."""
     (tmp_path / "docs").mkdir()
     (tmp_path / "leanrl").mkdir()
     (tmp_path / "benchmarks").mkdir()
@@ -422,6 +423,8 @@ def repo(tmp_path):
     (tmp_path / "leanrl" / "dqn.py").write_text("")
     (tmp_path / "benchmarks" / "run.py").write_text("")
     (tmp_path / "benchmarks" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "studies").mkdir()
+    (tmp_path / "benchmarks" / "studies" / "seeds.py").write_text("")
     return tmp_path
 
 
@@ -475,6 +478,7 @@ def test_commands_naming_what_exists_pass(repo):
     readme = write_readme(
         repo,
         "```bash\npython leanrl/dqn.py --seed 1\npython -m benchmarks.run --quick\n"
+        "python -m benchmarks.studies.seeds --quick\n"
         "python leanrl/<algo>.py   # a placeholder, not a script\n```\n",
     )
     assert command_problems(readme, repo) == []

@@ -26,15 +26,18 @@ from conftest import load_script, requires_cuda
 from tensordict.nn import CudaGraphModule
 from test_dqn import make_batch as dqn_batch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
-from test_sac import make_batch as sac_batch
-from test_td3 import HIGH as TD3_HIGH
-from test_td3 import LOW as TD3_LOW
-from test_td3 import N_ACT as TD3_ACT
-from test_td3 import N_OBS as TD3_OBS
-from test_td3 import make_batch as td3_batch
+from test_sac_continuous_action import make_batch as sac_batch
+from test_td3_continuous_action import HIGH as TD3_HIGH
+from test_td3_continuous_action import LOW as TD3_LOW
+from test_td3_continuous_action import N_ACT as TD3_ACT
+from test_td3_continuous_action import N_OBS as TD3_OBS
+from test_td3_continuous_action import make_batch as td3_batch
 from torch.utils._pytree import tree_leaves
 
-BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))  # test_sac's batches: 3 observations, 1 action
+BOUNDS = (
+    -2 * np.ones(1),
+    2 * np.ones(1),
+)  # test_sac_continuous_action's batches: 3 observations, 1 action
 SEEDS = [1, 2, 3]
 ENVS = 32  # per member: enough that two fresh draws of discrete actions never agree by chance
 REPLAYS = 256

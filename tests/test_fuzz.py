@@ -52,7 +52,7 @@ import tyro
 from conftest import SCRIPTS, assert_user_error, load_script, run_script, summary
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_ppo_distributed import distributed_env, standalone, torchrun_command
+from test_ppo_continuous_action_distributed import distributed_env, standalone, torchrun_command
 
 LONG_RUN = "LEANRL_FUZZ_EXAMPLES" in os.environ
 FUZZ_EXAMPLES = int(os.environ.get("LEANRL_FUZZ_EXAMPLES", 8))

@@ -10,7 +10,8 @@ import time
 from conftest import ROOT, assert_user_error, script_env
 from test_fresh_noise import SAMPLING
 
-from benchmarks import gpu_check, registry, seeds
+from benchmarks import gpu_check, registry
+from benchmarks.studies import seeds
 
 
 def test_without_cuda_it_exits_2_in_one_line():

@@ -1,8 +1,8 @@
-"""The stand-in env pool (benchmarks/standin.py) keeps envpool's contract: every env's frames in
+"""The stand-in env pool (common/standin.py) keeps envpool's contract: every env's frames in
 order, episodes that end by life, by game and by truncation with envpool's next-step reset,
 outputs that depend on the actions alone, an async recv that returns the first envs done while
-the others step in threads; and `python -m benchmarks.overlap --quick` writes its table, plot
-and JSON with bounds that follow from the costs it measured. Nothing here is timed."""
+the others step in threads; and `python -m benchmarks.studies.overlap --quick` writes its table,
+plot and JSON with bounds that follow from the costs it measured. Nothing here is timed."""
 
 import inspect
 import json
@@ -16,8 +16,8 @@ import torch
 from conftest import ROOT, SCRIPTS, script_env
 from tensordict import TensorDict
 
-from benchmarks import overlap
-from benchmarks.standin import StandInEnvs, decode, life_length
+from benchmarks.studies import overlap
+from common.standin import StandInEnvs, decode, life_length
 
 
 def play(envs, actions):
@@ -298,7 +298,7 @@ def test_the_twin_rollout_is_the_twins_loop_line_for_line():
 
 def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.overlap", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.studies.overlap", "--quick", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,

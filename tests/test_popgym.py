@@ -1,7 +1,7 @@
 """POPGym (requirements/requirements-popgym.txt) under the memory scripts: each of the four runs on
 a POPGym task with Discrete observations and sees every entry of it, `python -m
-benchmarks.memory --tasks` tables a tiny run, and on a recall task the LSTM passes a threshold
-that the same network without memory cannot reach."""
+benchmarks.studies.memory --tasks` tables a tiny run, and on a recall task the LSTM passes a
+threshold that the same network without memory cannot reach."""
 
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import run_script, summary
 
-from benchmarks import memory
+from benchmarks.studies import memory
 
 pytest.importorskip("popgym", reason="needs requirements/requirements-popgym.txt")
 

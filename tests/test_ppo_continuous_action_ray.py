@@ -380,7 +380,7 @@ def test_benchmark_tiny_budget(ray_head, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.ray_scaling",
+        "benchmarks.studies.ray_scaling",
         "--quick",
         "--kinds",
         "sleep",
@@ -447,7 +447,13 @@ def test_unreachable_address_exits_2_at_once():
         str(port),
     )
     bench = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ray_scaling", "--ray-address", f"127.0.0.1:{port}"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.studies.ray_scaling",
+            "--ray-address",
+            f"127.0.0.1:{port}",
+        ],
         cwd=ROOT,
         env=script_env(),
         capture_output=True,
@@ -481,7 +487,7 @@ def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
 )
 def test_benchmark_bad_input_exits_2(flags, words):
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ray_scaling", *flags],
+        [sys.executable, "-m", "benchmarks.studies.ray_scaling", *flags],
         cwd=ROOT,
         env=script_env(),
         capture_output=True,

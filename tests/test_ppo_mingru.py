@@ -2,16 +2,15 @@
 (outputs and gradients, with episode starts, at many lengths, prime ones in about 2 sqrt(T) steps),
 an episode start resets the state exactly, the compiled sequence loss is the eager one, nothing
 recompiles, bad flag values exit 2 (a saved model evaluated under other observation flags included),
-benchmarks.memory checks what it times, the state remembers an episode's first step at init, and the
-agent learns velocity-hidden CartPole and POPGym's RepeatPrevious beyond a memoryless policy."""
+the state remembers an episode's first step at init, and the agent learns velocity-hidden CartPole
+and POPGym's RepeatPrevious beyond a memoryless policy. That benchmarks.studies.memory checks what
+it times is test_memory.py's."""
 
-import json
 import math
-import shutil
 
 import pytest
 import torch
-from conftest import ROOT, assert_user_error, load_script, requires_cuda, run_script, summary
+from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 from test_ppo_lstm import (
     N_ACT,
     N_OBS,
@@ -23,8 +22,7 @@ from test_ppo_lstm import (
 )
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 
-from benchmarks import memory
-from benchmarks.env_limit import script_envs
+from common.scripts import script_envs
 
 EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
@@ -263,85 +261,6 @@ def test_cudagraphs_smoke(flags):
     result = summary(run_script(TWIN, *SMOKE, "--measure-burnin", "2", *flags))
     assert (result["device"], result["cudagraphs"], result["total_timesteps"]) == ("cuda", True, 96)
     assert result["episodes"] >= 2
-
-
-def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
-    """`benchmarks.memory --quick` (compiled with aot_eager: no inductor build here) times every
-    variant and candidate in every cell, each checked against the loop first, and writes the json,
-    markdown and png."""
-    argv = [
-        "--quick",
-        "--candidates",
-        "--backend",
-        "aot_eager",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-    ]
-    assert memory.main(argv) == 0
-    result = json.loads(next(tmp_path.glob("memory-*.json")).read_text())
-    cells = {(2, 8), (2, 16)}
-    models = {"lstm-loop", "mingru-loop", "mingru-scan", "mingru-scan-compiled"}
-    assert {(r["batch"], r["steps"], r["variant"]) for r in result["models"]} == {
-        (*c, v) for c in cells for v in models
-    }
-    assert all(
-        r["check"]["ok"] and r["check"]["diff"] < 1e-5
-        for r in result["models"]
-        if r["variant"] != "lstm-loop"
-    )
-    # another model
-    assert all(r["check"] is None for r in result["models"] if r["variant"] == "lstm-loop")
-    assert {r["variant"] for r in result["candidates"]} >= {
-        "loop",
-        "hillis-steele",
-        "prototype-associative-scan",
-        "chunked",
-        "chunked-compiled",
-        "log-space",
-    }
-    assert all(r["check"]["ok"] for r in result["candidates"])
-    assert all(
-        0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
-        for r in result["models"] + result["candidates"]
-    )
-    assert "| 16 | 2 |" in next(tmp_path.glob("memory-*.md")).read_text()
-    assert next(tmp_path.glob("memory-*.png")).stat().st_size > 0
-
-
-def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, capsys):
-    """A twin whose scan forgets h0 (a plausible bug: the first chunk's entering state left at zero)
-    fails the check before any timing: exit status 1 and a line naming the variant."""
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    for name in ("ppo_lstm", "ppo_mingru"):
-        shutil.copy(ROOT / "leanrl" / f"{name}.py", scripts)
-    source = (ROOT / "leanrl" / f"{TWIN}.py").read_text()
-    assert source.count("entering, entering_states = h0, []") == 1
-    (scripts / f"{TWIN}.py").write_text(
-        source.replace(
-            "entering, entering_states = h0, []",
-            "entering, entering_states = torch.zeros_like(h0), []",
-        )
-    )
-    with pytest.raises(SystemExit) as stopped:
-        memory.main(
-            [
-                "--quick",
-                "--backend",
-                "aot_eager",
-                "--device",
-                "cpu",
-                "--scripts-dir",
-                str(scripts),
-                "--out",
-                str(tmp_path),
-            ]
-        )
-    assert stopped.value.code == 1
-    assert "check failed: T 8 batch 2 mingru-scan:" in capsys.readouterr().err
-    assert not list(tmp_path.glob("memory-*.json"))
 
 
 @pytest.mark.learning

@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from benchmarks import rpc_inference
-from benchmarks.rpc_inference import QUANTILES, Batcher
+from benchmarks.studies import rpc_inference
+from benchmarks.studies.rpc_inference import QUANTILES, Batcher
 from tests.conftest import ROOT, assert_user_error, script_env
 
 TINY = [
@@ -295,7 +295,7 @@ def test_percentiles_and_error_lines():
 
 def start_benchmark(tmp_path, *argv):
     """The benchmark as a user starts it, its stderr read line by line."""
-    cmd = [sys.executable, "-m", "benchmarks.rpc_inference", *argv, "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "benchmarks.studies.rpc_inference", *argv, "--out", str(tmp_path)]
     return subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -403,7 +403,7 @@ def test_bad_input_from_the_shell_starts_nothing(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.rpc_inference",
+        "benchmarks.studies.rpc_inference",
         "--observers",
         "4",
         "--compile",

@@ -20,7 +20,7 @@ from conftest import (
     summary,
 )
 from tensordict import from_modules
-from test_sac import HIGH, LOW, N_ACT, N_OBS, make_batch
+from test_sac_continuous_action import HIGH, LOW, N_ACT, N_OBS, make_batch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "sac_continuous_action_seeds", "sac_continuous_action_cpu"
 SEEDS = [1, 2, 3]
@@ -116,8 +116,8 @@ def take_step(functions, batch):
 
 
 def stacked_batches(step):
-    """A batch per member (test_sac's, a different one each) and the same stacked on a seeds
-    axis."""
+    """A batch per member (test_sac_continuous_action's, a different one each) and the same stacked
+    on a seeds axis."""
     batches = [make_batch(100 * step + k) for k in range(len(SEEDS))]
     return batches, {
         key: torch.stack([batch[key] for batch in batches]) for key in batches[0].keys()
@@ -276,12 +276,12 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 @pytest.mark.learning
 def test_the_members_learn_pendulum():
     """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled, one
-    thread), at the budget and bar of test_sac.py's learning check: 8,000 steps each, 1,000 of them
-    random; the mean over members of each one's last-20 mean return must exceed -400. Batches of
-    128, as TD3's seeds check: three members' updates cost three times one's. Measured on a 2-core
-    Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12 members): members -260.3 to
-    -141.2, the runs' 3-member means -211.5 to -179.8 (this run's: -179.8). A random policy scores
-    about -1200; a broken update stays below -600."""
+    thread), at the budget and bar of test_sac_continuous_action.py's learning check: 8,000 steps
+    each, 1,000 of them random; the mean over members of each one's last-20 mean return must exceed
+    -400. Batches of 128, as TD3's seeds check: three members' updates cost three times one's.
+    Measured on a 2-core Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12 members):
+    members -260.3 to -141.2, the runs' 3-member means -211.5 to -179.8 (this run's: -179.8). A
+    random policy scores about -1200; a broken update stays below -600."""
     flags = (
         "--env-id",
         "Pendulum-v1",
@@ -356,7 +356,8 @@ def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
     )
 
 
-BAD_INPUTS = [  # the other flag checks are sac_continuous_action_cpu.py's (test_sac.py)
+# the other flag checks are sac_continuous_action_cpu.py's (test_sac_continuous_action.py)
+BAD_INPUTS = [
     (dict(num_seeds=0), ("--num-seeds",)),
     # 4,470 GiB of replay buffers
     (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),

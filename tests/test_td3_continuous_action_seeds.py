@@ -19,7 +19,7 @@ from conftest import (
     run_script,
     summary,
 )
-from test_td3 import HIGH, LOW, N_ACT, N_OBS, build_cpu_updates, make_batch
+from test_td3_continuous_action import HIGH, LOW, N_ACT, N_OBS, build_cpu_updates, make_batch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "td3_continuous_action_seeds", "td3_continuous_action_cpu"
 SEEDS = [1, 2, 3]
@@ -34,11 +34,11 @@ def fixed_noise(actions):
 
 
 def build_cpu(seed):
-    """The CPU script's functional updates on the networks drawn with `seed` (test_td3's
-    build_cpu_updates, in the order its make_learner draws them), with targets that differ from the
-    online networks: the target actor's last layer 30x (most of its actions at the bounds, where the
-    clip acts on the smoothing noise), the target Q networks' first 0.9x. Returns them and that
-    state, each network a dict of its tensors."""
+    """The CPU script's functional updates on the networks drawn with `seed`
+    (test_td3_continuous_action's build_cpu_updates, in the order its make_learner draws them), with
+    targets that differ from the online networks: the target actor's last layer 30x (most of its
+    actions at the bounds, where the clip acts on the smoothing noise), the target Q networks' first
+    0.9x. Returns them and that state, each network a dict of its tensors."""
     update_critic, update_actor, update_targets, state = build_cpu_updates(
         load(CPU_SCRIPT), False, seed
     )
@@ -106,8 +106,8 @@ def take_step(functions, batch, step):
 
 
 def stacked_batches(step):
-    """A batch per member (test_td3's, a different one each) and the same stacked on a seeds
-    axis."""
+    """A batch per member (test_td3_continuous_action's, a different one each) and the same stacked
+    on a seeds axis."""
     batches = [make_batch(100 * step + k).to_dict() for k in range(len(SEEDS))]
     return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0]}
 
@@ -273,13 +273,13 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 @pytest.mark.learning
 def test_the_members_learn_pendulum():
     """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled, one
-    thread), at the budget of test_td3.py's learning check: 10,000 steps each, 1,000 of them random;
-    the mean over members of each one's last-20 mean return must exceed -600. Batches of 128, not
-    256: three members' updates cost three times one's, and members learn slower on them. Measured
-    on a 2-core Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12 members): members
-    -568.3 to -159.4, the runs' 3-member means -412.2 to -244.2 (this run's: -244.2). A random
-    policy scores about -1200; the CPU script with `--gamma 0` -1369.4 (test_td3.py). A bar of -300
-    on each member failed on this host."""
+    thread), at the budget of test_td3_continuous_action.py's learning check: 10,000 steps each,
+    1,000 of them random; the mean over members of each one's last-20 mean return must exceed -600.
+    Batches of 128, not 256: three members' updates cost three times one's, and members learn slower
+    on them. Measured on a 2-core Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12
+    members): members -568.3 to -159.4, the runs' 3-member means -412.2 to -244.2 (this run's:
+    -244.2). A random policy scores about -1200; the CPU script with `--gamma 0` -1369.4
+    (test_td3_continuous_action.py). A bar of -300 on each member failed on this host."""
     flags = (
         "--env-id",
         "Pendulum-v1",
@@ -353,7 +353,8 @@ def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
     )
 
 
-BAD_INPUTS = [  # the other flag checks are td3_continuous_action_cpu.py's (test_td3.py)
+# the other flag checks are td3_continuous_action_cpu.py's (test_td3_continuous_action.py)
+BAD_INPUTS = [
     (dict(num_seeds=0), ("--num-seeds",)),
     # 3,353 GiB of replay buffers
     (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),

@@ -2,9 +2,11 @@
 issue #1172): environments whose step takes d seconds, stepped by R remote workers, in three
 designs.
 
-    python -m benchmarks.ray_scaling  # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
-    python -m benchmarks.ray_scaling --quick            # a tiny budget (the tests run it)
-    python -m benchmarks.ray_scaling --ray-address 10.0.0.1:6379 --runners 16,32,64
+    # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
+    python -m benchmarks.studies.ray_scaling
+    # a tiny budget (the tests run it)
+    python -m benchmarks.studies.ray_scaling --quick
+    python -m benchmarks.studies.ray_scaling --ray-address 10.0.0.1:6379 --runners 16,32,64
 
 Designs:
 - per-step (the thread's baseline): R workers holding one environment each; the driver computes
@@ -56,11 +58,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from benchmarks.inference import RESULTS, note, positive_float, positive_int
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, write_result
-from benchmarks.rpc_inference import OneLineParser, values_of
-from benchmarks.scripts import load_script
+from benchmarks.studies.inference import RESULTS, note, positive_float, positive_int
+from benchmarks.studies.rpc_inference import OneLineParser, values_of
+from common.scripts import load_script
 
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")
@@ -362,7 +364,7 @@ def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before Ray
     starts."""
     parser = OneLineParser(
-        prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.studies.ray_scaling", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--quick",

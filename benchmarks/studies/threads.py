@@ -2,12 +2,12 @@
 `--threads 2`, on an idle machine and beside one other process that keeps a core busy (a second
 user, a data loader, another run).
 
-    python -m benchmarks.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
-    python -m benchmarks.threads --algos sac --rounds 3
+    python -m benchmarks.studies.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
+    python -m benchmarks.studies.threads --algos sac --rounds 3
 
 Each algorithm's runs alternate (threads 1, threads 2, per script), `--rounds` times in each
-condition, on the budgets of `benchmarks.seeds` (the seeds scripts with `--num-seeds 2`). A row
-gives the median sps and the ratio of two threads to one. Writes
+condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with `--num-seeds 2`). A
+row gives the median sps and the ratio of two threads to one. Writes
 benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 from benchmarks import report
 from benchmarks.machine import machine_info
 from benchmarks.run import note
-from benchmarks.seeds import ALGOS, budget, read_summary
+from benchmarks.studies.seeds import ALGOS, budget, read_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONDITIONS = ("idle", "one core busy")
 BUSY_LOOP = "while True: pass"
 
@@ -106,7 +106,9 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", nargs="+", default=[algo.name for algo in ALGOS])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--full", action="store_true", help="the full budgets of benchmarks.seeds")
+    parser.add_argument(
+        "--full", action="store_true", help="the full budgets of benchmarks.studies.seeds"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds for one run")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     return parser.parse_args(argv)

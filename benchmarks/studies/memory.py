@@ -1,15 +1,18 @@
 """When a scan beats a loop: the forward and backward pass of PPO's recurrent memory over sequences
 of T steps.
 
-    python -m benchmarks.memory  # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
-    python -m benchmarks.memory --candidates     # also every scan candidate on bare (a, b) tensors
-    python -m benchmarks.memory --quick          # a smoke run: T 8 and 16, batch 2, short blocks
+    # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
+    python -m benchmarks.studies.memory
+    # also every scan candidate on bare (a, b) tensors
+    python -m benchmarks.studies.memory --candidates
+    # a smoke run: T 8 and 16, batch 2, short blocks
+    python -m benchmarks.studies.memory --quick
     # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
-    python -m benchmarks.memory --learning
+    python -m benchmarks.studies.memory --learning
     # the three agents on five POMDPs, 3 seeds (~25 min here)
-    python -m benchmarks.memory --tasks --jobs 2
+    python -m benchmarks.studies.memory --tasks --jobs 2
     # named tasks of TASKS (this one not by default)
-    python -m benchmarks.memory --tasks repeat-first --seeds 1 2
+    python -m benchmarks.studies.memory --tasks repeat-first --seeds 1 2
 
 Variants, each the sequence model of a script (torso, recurrence over T steps with an episode
 start at about 5% of the steps, the layers after it), forward then backward to its parameters,
@@ -66,7 +69,9 @@ import gymnasium as gym
 import torch
 from torch._higher_order_ops.associative_scan import associative_scan
 
-from benchmarks.inference import (
+from benchmarks.machine import machine_info
+from benchmarks.report import optional, write_result
+from benchmarks.studies.inference import (
     Variant,
     calls_per_block,
     note,
@@ -76,11 +81,9 @@ from benchmarks.inference import (
     time_block,
     warm_up,
 )
-from benchmarks.machine import machine_info
-from benchmarks.report import optional, write_result
-from benchmarks.scripts import SCRIPTS, load_script
+from common.scripts import SCRIPTS, load_script
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}
 QUICK = {"steps": [8, 16], "batch_sizes": [2], "rounds": 2, "block_ms": 5.0}
 HIDDEN, N_OBS, START_PROB = 128, 2, 0.05
@@ -776,7 +779,7 @@ def plot(result, path):
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.studies.memory", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--steps", nargs="+", type=positive_int, help="sequence lengths T (default: 16 64 256 1024)"

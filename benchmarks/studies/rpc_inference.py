@@ -2,9 +2,9 @@
 requests of N observer processes that step real gymnasium environments, with one forward pass
 per request or one per batch of requests, eager or compiled.
 
-    python -m benchmarks.rpc_inference  # 8 observers, batch off,on, 4 policies
-    python -m benchmarks.rpc_inference --policies dqn --observers 1,2,4,8 --batch on
-    python -m benchmarks.rpc_inference --policies ppo_continuous --compile off,on --batch on
+    python -m benchmarks.studies.rpc_inference  # 8 observers, batch off,on, 4 policies
+    python -m benchmarks.studies.rpc_inference --policies dqn --observers 1,2,4,8 --batch on
+    python -m benchmarks.studies.rpc_inference --policies ppo_continuous --compile off,on --batch on
 
 One of --observers, --batch and --compile may list several values, comma-separated: it is the
 x-axis, and each value (times each policy, times --repeats, the values alternating) is one run.
@@ -13,10 +13,10 @@ all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store 
 it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op
 thread each.
 
-The agent builds the policy as its optimized twin builds it (benchmarks/policies.py), compiled
-with `torch.compile` under --compile on (compile time reported apart as setup_s). Each observer
-steps its own environment (the policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for PPO
-continuous, SAC and TD3, whose sizes the policies are built with; one MuJoCo step is ~0.1 ms)
+The agent builds the policy as its optimized twin builds it (benchmarks/studies/policies.py),
+compiled with `torch.compile` under --compile on (compile time reported apart as setup_s). Each
+observer steps its own environment (the policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for
+PPO continuous, SAC and TD3, whose sizes the policies are built with; one MuJoCo step is ~0.1 ms)
 and asks the agent for an action every step, `--steps` steps an episode, resetting the
 environment inside an episode when it ends. Unbatched, the agent runs one forward pass per
 request, one at a time; batched, it waits for one request from every observer, runs them as one
@@ -70,7 +70,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-from benchmarks.inference import (
+from benchmarks.machine import machine_info
+from benchmarks.report import machine_line, write_result
+from benchmarks.studies.inference import (
     COMPILE_WARMUP,
     RESULTS,
     check_mark,
@@ -80,10 +82,8 @@ from benchmarks.inference import (
     positive_float,
     positive_int,
 )
-from benchmarks.machine import machine_info
-from benchmarks.policies import SPECS
-from benchmarks.report import machine_line, write_result
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.studies.policies import SPECS
+from common.scripts import SCRIPTS, load_script
 
 ENVS = {  # policy -> (the environment its observers step, the answer they step it with)
     "ppo_continuous": ("HalfCheetah-v4", "action"),
@@ -797,7 +797,7 @@ def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before any
     process starts."""
     parser = OneLineParser(
-        prog="python -m benchmarks.rpc_inference", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.studies.rpc_inference", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
     parser.add_argument(
@@ -973,6 +973,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     # so that RPC pickles this module's classes by name
-    from benchmarks.rpc_inference import main as imported_main
+    from benchmarks.studies.rpc_inference import main as imported_main
 
     sys.exit(imported_main())

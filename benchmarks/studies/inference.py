@@ -1,13 +1,15 @@
 """How much torch.compile and CUDA graphs speed up acting: each optimized twin's acting policy,
 eager against compiled, per batch size.
 
-    python -m benchmarks.inference  # every policy, batch 1 8 64 256 1024, three compile modes
-    python -m benchmarks.inference --quick  # a smoke run: batch 1 and 8, default mode, short blocks
+    # every policy, batch 1 8 64 256 1024, three compile modes
+    python -m benchmarks.studies.inference
+    # a smoke run: batch 1 and 8, default mode, short blocks
+    python -m benchmarks.studies.inference --quick
 
-For each policy (benchmarks/policies.py) and batch size, the policy is built the way its script
-builds it and wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the script's
-numpy policy (`numpy`: what the MLP twins act with under `--compile` there); on a CUDA device,
-tensordict's `CudaGraphModule` and `CudaGraphModule(torch.compile(...))`. Each variant first
+For each policy (benchmarks/studies/policies.py) and batch size, the policy is built the way its
+script builds it and wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the
+script's numpy policy (`numpy`: what the MLP twins act with under `--compile` there); on a CUDA
+device, tensordict's `CudaGraphModule` and `CudaGraphModule(torch.compile(...))`. Each variant first
 runs its warm-up calls (compile, capture), timed on their own as `setup_s`. Then `--rounds`
 rounds each run one block of the same number of calls per variant, the order rotated every
 round, so that a noisy machine hits every variant alike. Every call is timed alone: with
@@ -16,7 +18,7 @@ round, so that a noisy machine hits every variant alike. Every call is timed alo
 script with a fixed number of envs sees it: dynamo is reset between batch sizes and a recompile
 during the timed rounds is an error.
 
-Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says
+Checks, in the benchmark: each variant's deterministic outputs (benchmarks/studies/policies.py says
 which) equal the eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may
 differ, argmax near-ties); halfway through the rounds the training module's weights are changed
 in place, and each variant must then match eager on the new weights and differ from its own
@@ -42,11 +44,11 @@ import torch
 from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
-from benchmarks.policies import SPECS
 from benchmarks.report import write_result
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.studies.policies import SPECS
+from common.scripts import SCRIPTS, load_script
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 CUDA_VARIANTS = ("cudagraphs", "compile+cudagraphs")
 FULL = {"batch_sizes": [1, 8, 64, 256, 1024], "modes": list(MODES), "rounds": 10, "block_ms": 40.0}
@@ -483,7 +485,7 @@ def positive_float(text):
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.inference", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.studies.inference", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
     parser.add_argument(

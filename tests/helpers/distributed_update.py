@@ -1,9 +1,10 @@
 """Data-parallel runs made deterministic, run by torchrun (or plainly, as one process) for
-test_ppo_distributed.py:
+test_ppo_continuous_action_distributed.py:
 
-    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py update OUT_DIR
+    torchrun --standalone --nproc_per_node 2 tests/helpers/distributed_update.py update OUT_DIR
     # or python ... main
-    torchrun --standalone --nproc_per_node 2 tests/distributed_update.py main --num-envs 1 ...
+    torchrun --standalone --nproc_per_node 2 tests/helpers/distributed_update.py main \\
+        --num-envs 1 ...
 
 `update`: each rank builds the learner of ppo_continuous_action_distributed as `main` builds it
 (`make_learner` with the world size, which broadcasts rank 0's weights), runs one epoch of minibatch
@@ -28,9 +29,9 @@ import tyro
 from tensordict import TensorDict
 
 # the repository root: run as a file by torchrun
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.scripts import load_script  # noqa: E402
+from common.scripts import load_script  # noqa: E402
 
 SCRIPT = "ppo_continuous_action_distributed"
 N_OBS, N_ACT, BATCH, NUM_MINIBATCHES = 3, 2, 512, 4

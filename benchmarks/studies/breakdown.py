@@ -1,10 +1,12 @@
 """Where a step's time goes, for every algorithm: the script's own `main()` runs with timers around
 its parts.
 
-    python -m benchmarks.breakdown  # every algorithm: eager, twin, twin --compile, CPU script
-    python -m benchmarks.breakdown sac dqn --rounds 3   # some algorithms, 3 alternating rounds
+    # every algorithm: eager, twin, twin --compile, CPU script
+    python -m benchmarks.studies.breakdown
+    # some algorithms, 3 alternating rounds
+    python -m benchmarks.studies.breakdown sac dqn --rounds 3
     # also the seeds script with 8 members (dqn_seeds.py)
-    python -m benchmarks.breakdown dqn --seeds 8
+    python -m benchmarks.studies.breakdown dqn --seeds 8
 
 Nothing is rebuilt here: each variant runs the script's `main()` (in a fresh interpreter, at the
 quick benchmark budget of `benchmarks/registry.py`), with timers wrapped around the functions
@@ -40,7 +42,7 @@ import tyro
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS
 from benchmarks.registry import VARIANTS as ALL_VARIANTS
-from benchmarks.scripts import SCRIPTS, load_script
+from common.scripts import SCRIPTS, load_script
 
 # what each algorithm's `make_learner` returns last, where it returns a tuple: its step functions
 FUNCTIONS = {
@@ -220,7 +222,7 @@ def run_variant(algo, variant, budget_flags, timeout=1800):
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.breakdown",
+        "benchmarks.studies.breakdown",
         "--one",
         script,
         algo,
@@ -232,7 +234,7 @@ def run_variant(algo, variant, budget_flags, timeout=1800):
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     if proc.returncode != 0:
         sys.exit(
@@ -273,7 +275,7 @@ def main(argv=None):
         print(json.dumps({"sps": sps, "parts": parts}))
         return 0
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.breakdown", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.studies.breakdown", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "algos",

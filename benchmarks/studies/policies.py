@@ -1,5 +1,5 @@
 """The acting policy of each optimized twin, built the way the twin's `main()` builds it, for
-`benchmarks.inference`.
+`benchmarks.studies.inference`.
 
 Each script is imported by path (scripts import nothing from the project); its networks are made
 with the default env's sizes, written here so that no env is created: HalfCheetah-v4 has 17

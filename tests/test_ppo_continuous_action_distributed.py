@@ -23,7 +23,6 @@ import sys
 import threading
 from datetime import timedelta
 
-import distributed_update
 import pytest
 import torch
 from conftest import (
@@ -36,8 +35,9 @@ from conftest import (
     script_env,
     summary,
 )
+from helpers import distributed_update
 
-from benchmarks.scaling import kill_tree
+from common.processes import kill_tree
 
 SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torchcompile"
 # Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs; on the
@@ -61,7 +61,7 @@ BANNER = re.compile(
 )
 GLOO = ("--dist-backend", "gloo")  # what the ranks of every launch use (the CPU's default, named)
 LAUNCH_TIMEOUT = 300
-HELPER = ROOT / "tests" / "distributed_update.py"
+HELPER = ROOT / "tests" / "helpers" / "distributed_update.py"
 
 
 def free_port():
@@ -259,10 +259,10 @@ def test_rank_and_seed_come_from_RANK_not_LOCAL_RANK(launches):
 
 def test_two_ranks_with_half_the_data_step_as_one_process_with_all(launches, tmp_path):
     """One epoch of 4 minibatch updates: 2 ranks, each with its half of every minibatch, against one
-    process with the whole minibatches (tests/distributed_update.py arranges both). The ranks end
-    bit-identical (the all-reduce gives every rank the same sum); against one process, the float32
-    sums differ in order only: 1e-6 absolute, 1e-5 relative. Without the all-reduce, or with a sum
-    instead of the mean, the gradients differ by far more."""
+    process with the whole minibatches (tests/helpers/distributed_update.py arranges both). The
+    ranks end bit-identical (the all-reduce gives every rank the same sum); against one process, the
+    float32 sums differ in order only: 1e-6 absolute, 1e-5 relative. Without the all-reduce, or with
+    a sum instead of the mean, the gradients differ by far more."""
     run = launches(torchrun_command(*standalone(2, HELPER), "update", tmp_path))
     assert run.finish() == 0, run.output[-3000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
@@ -278,13 +278,13 @@ def test_two_ranks_with_half_the_data_step_as_one_process_with_all(launches, tmp
 
 def test_a_whole_run_of_two_ranks_is_one_process_with_both_ranks_envs(launches):
     """`main` itself, with its randomness taken out (actions are the Gaussian's mean, minibatches
-    the rollout in order, each env's observation acted on alone: tests/distributed_update.py): 2
-    ranks of 1 env each against one process of 2 envs, one iteration of 8 minibatch updates on
-    Pendulum-v1, without advantage normalization. Same env seeds, same normalization, same
-    minibatches: rank 0's saved weights equal the process's to 1e-6 (3e-8 measured: the
-    all-reduce sums in another order); another seed differs by ~1. Acting on the process's batch
-    of 2 instead rounds differently from two batches of 1, and 64 env steps amplified that to
-    3e-5 on a Xeon, 1.9e-4 on an EPYC."""
+    the rollout in order, each env's observation acted on alone:
+    tests/helpers/distributed_update.py): 2 ranks of 1 env each against one process of 2 envs, one
+    iteration of 8 minibatch updates on Pendulum-v1, without advantage normalization. Same env
+    seeds, same normalization, same minibatches: rank 0's saved weights equal the process's to 1e-6
+    (3e-8 measured: the all-reduce sums in another order); another seed differs by ~1. Acting on the
+    process's batch of 2 instead rounds differently from two batches of 1, and 64 env steps
+    amplified that to 3e-5 on a Xeon, 1.9e-4 on an EPYC."""
     flags = (
         *TINY[:3],
         *GLOO,

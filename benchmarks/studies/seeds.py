@@ -3,12 +3,13 @@ as one vmapped program) against the best way to run N seeds of the algorithm's f
 single-seed script on this machine, beside the env-only limit of the same N x num_envs envs; and
 the "GPU proxy", each member's share of acting and of one update.
 
-    python -m benchmarks.seeds  # every algorithm with a seeds script, N = 1 2 4 8 16, 2 rounds
-    python -m benchmarks.seeds --algos dqn --members 1 8 --repeats 3
+    # every algorithm with a seeds script, N = 1 2 4 8 16, 2 rounds
+    python -m benchmarks.studies.seeds
+    python -m benchmarks.studies.seeds --algos dqn --members 1 8 --repeats 3
     # per-member cost of acting and of an update, N = 1 8 32 128
-    python -m benchmarks.seeds --gpu-proxy
+    python -m benchmarks.studies.seeds --gpu-proxy
     # tiny budgets, N = 1 2, one round: a smoke test of the harness
-    python -m benchmarks.seeds --quick
+    python -m benchmarks.studies.seeds --quick
 
 For each N and round, in turn:
 - `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs
@@ -57,14 +58,14 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks.env_limit import random_actions, script_envs, step_for
+from benchmarks.env_limit import random_actions, step_for
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
-from benchmarks.scripts import SCRIPTS, load_script
+from common.scripts import SCRIPTS, load_script, script_envs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to its cores
 
 
@@ -650,7 +651,7 @@ def proxy_plot(result, path):
 def parse_args(argv):
     names = [algo.name for algo in ALGOS]
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.seeds", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.studies.seeds", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)"

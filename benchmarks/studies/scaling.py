@@ -2,9 +2,9 @@
 ppo_continuous_action_distributed.py side by side, their scaling efficiency, and the
 environment-only limit of as many processes.
 
-    python -m benchmarks.scaling  # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
-    python -m benchmarks.scaling --processes 1 2 4 --repeats 2 --iterations 8
-    python -m benchmarks.scaling -- --compile            # flags after -- go to every run
+    python -m benchmarks.studies.scaling  # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
+    python -m benchmarks.studies.scaling --processes 1 2 4 --repeats 2 --iterations 8
+    python -m benchmarks.studies.scaling -- --compile            # flags after -- go to every run
 
 One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N
 processes are `torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on
@@ -30,7 +30,6 @@ A run that fails ends the benchmark with status 1.
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,9 +42,10 @@ from benchmarks.machine import machine_info
 from benchmarks.plots import save, smooth
 from benchmarks.report import machine_line, optional
 from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
-from benchmarks.scripts import SCRIPTS
+from common.processes import kill_tree
+from common.scripts import SCRIPTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = SCRIPTS / "ppo_continuous_action_distributed.py"
 NUM_STEPS = 2048  # the script's default rollout length per env
 
@@ -55,34 +55,6 @@ def loopback_env():
     thread per process unless the user set `OMP_NUM_THREADS`."""
     env = {"OMP_NUM_THREADS": "1"} | dict(os.environ)
     return env | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
-
-
-def descendants(pid):
-    """The pids of every live descendant of `pid`, from /proc (torchrun starts its ranks in
-    sessions of their own, so killing its process group misses them)."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # it ended meanwhile
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(pid):
-    """SIGKILL to `pid` and to every descendant of it."""
-    for target in [*descendants(pid), pid]:
-        try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def execute(cmd, timeout, env=None):
@@ -284,7 +256,7 @@ def figure(table, runs):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.scaling", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.studies.scaling", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 is always run)"

@@ -1,11 +1,14 @@
 """Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async
 mode, each next to the bound its design can reach.
 
-    python -m benchmarks.overlap  # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
-    python -m benchmarks.overlap --quick  # a smoke run (~1 min): short blocks, tiny Atari budgets
-    python -m benchmarks.overlap --skip-atari     # the stand-in envs alone
+    # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
+    python -m benchmarks.studies.overlap
+    # a smoke run (~1 min): short blocks, tiny Atari budgets
+    python -m benchmarks.studies.overlap --quick
+    # the stand-in envs alone
+    python -m benchmarks.studies.overlap --skip-atari
     # the Atari policy compiled (in the rollouts and the scripts' runs)
-    python -m benchmarks.overlap --compile
+    python -m benchmarks.studies.overlap --compile
 
 Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but
 the async one). `async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv`
@@ -28,7 +31,7 @@ they overlap. Each rollout's sps is reported as a ratio to its design's bound. T
 - on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for
   the envs and A with the policy alone, so neither bound counts what one takes from the other.
 
-(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
+(a) Stand-in envs (common/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
 outside the GIL, one thread per env in every design (the envs can all step at once in each); the
 policy is a fixed matmul, per frame a chain of [64, 64] products calibrated so that acting on all
 envs costs about `--policy-ms` (its cost grows with the batch, as a network's). Each of `--rounds`
@@ -72,15 +75,15 @@ import torch
 from tensordict import TensorDict
 
 from benchmarks.env_limit import random_actions
-from benchmarks.inference import note, pick_device, positive_float, positive_int, time_block
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, parse_summary
-from benchmarks.scripts import SCRIPTS, load_script
-from benchmarks.standin import StandInEnvs
+from benchmarks.studies.inference import note, pick_device, positive_float, positive_int, time_block
+from common.scripts import SCRIPTS, load_script
+from common.standin import StandInEnvs
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"
 FULL = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -643,7 +646,7 @@ def plot(result, path):
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.overlap", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.studies.overlap", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--step-ms",

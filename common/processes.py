@@ -1,0 +1,33 @@
+"""Ending a process and everything it started (torchrun's ranks, Ray's workers), for the benchmarks
+and the tests alike."""
+
+import os
+import signal
+
+
+def descendants(pid):
+    """The pids of every live descendant of `pid`, from /proc (torchrun starts its ranks in
+    sessions of their own, so killing its process group misses them)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid):
+    """SIGKILL to `pid` and to every descendant of it."""
+    for target in [*descendants(pid), pid]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,34 @@
+"""Where the training scripts are, and how the benchmarks and the tests import one (scripts import
+nothing from the project, so they are loaded by path)."""
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+import tyro
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
+
+
+def load_script(name, directory=SCRIPTS):
+    """Import `<directory>/<name>.py` (by default a script of `leanrl/`) as a module; importing
+    starts nothing."""
+    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", Path(directory) / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def script_envs(module, flags):
+    """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its
+    `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
+    `Args`; the optional ones, such as video recording, keep their defaults)."""
+    args = tyro.cli(module.Args, args=list(flags))
+    # the memory scripts resolve their default in main, as here
+    if hasattr(module, "observed_indices"):
+        args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
+    parameters = inspect.signature(module.make_envs).parameters.values()
+    required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
+    return args, module.make_envs(**{name: getattr(args, name) for name in required})
