@@ -58,9 +58,11 @@ LEANRL_H100 = {"ppo_atari_envpool": 6.8, "ppo_continuous_action": 2.7, "sac": 5.
 # scripts whose CUDA tests live in one pytest run each (test_fresh_noise.py is split by script)
 CUDA_TEST_FILES = (
     "test_contract.py",
+    "test_cuda_path.py",
     "test_dqn.py",
     "test_ppo_continuous_action.py",
     "test_ppo_atari_envpool.py",
+    "test_ppo_atari_envpool_async.py",
     "test_ppo_lstm.py",
     "test_ppo_mingru.py",
 )

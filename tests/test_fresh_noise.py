@@ -228,8 +228,8 @@ def td3_updates(module, args, device):
 
 
 def dqn_updates(module, args, device):
-    _, optimizer, (_, update, _) = module.make_learner(args, 4, 2, device)
-    return [optimizer], [(update, lambda k: on(device, dqn_batch(seed=k)))]
+    learner = module.make_learner(args, 4, 2, device)
+    return [learner.optimizer], [(learner.update, lambda k: on(device, dqn_batch(seed=k)))]
 
 
 def ppo_updates(module, args, device):
