@@ -385,3 +385,61 @@ def make_run(tmp_path, monkeypatch):
         return module.Run(module.Args(**flags), script)
 
     return make
+
+
+@pytest.fixture
+def train(tmp_path, monkeypatch):
+    """`train(script, *flags, stop_at=k)`: the script's `main` in this process, in a temporary
+    working folder; with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1
+    in this call). Returns the exit status (0 when `main` returns)."""
+    import gymnasium as gym
+    import tyro
+
+    monkeypatch.chdir(tmp_path)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    step = gym.vector.SyncVectorEnv.step
+
+    def run(script, *flags, stop_at=None):
+        module = load_script(script)
+        calls = [0]
+
+        def counted_step(envs, actions):
+            calls[0] += 1
+            if calls[0] == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step(envs, actions)
+
+        monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", counted_step)
+        try:
+            module.main(tyro.cli(module.Args, args=list(map(str, flags))))
+            return 0
+        except SystemExit as e:
+            return e.code
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    return run
+
+
+def checkpoint(folder):
+    """The checkpoint of a run folder, loaded on the CPU."""
+    return torch.load(Path(folder) / "checkpoint.pt", map_location="cpu", weights_only=False)
+
+
+def assert_same_state(a, b, where="state"):
+    """Two checkpoints' training states are equal, bit for bit: every tensor, array and value."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), f"{where} differs"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
