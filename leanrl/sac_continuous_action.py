@@ -539,7 +539,7 @@ class Run:
     def resume(self, state, iterations):
         """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
         generators into the run; returns the part of `iterations` left to run."""
-        saved, self.iterations = self.saved, iterations
+        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
         if saved is None:
             return iterations
         self.restore(state, saved["state"], self.args.seed + saved["step"])
