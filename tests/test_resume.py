@@ -2,10 +2,16 @@
 went through ends, bit for bit on the CPU where the envs can be saved; and the faults: a truncated,
 foreign or mismatched checkpoint exits 2 in one line, a finished run is not run again."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
-from tests.conftest import assert_same_state, checkpoint
+from tests.conftest import ROOT, SCRIPTS, assert_same_state, checkpoint, script_env
 
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
@@ -98,3 +104,50 @@ def test_bad_checkpoints_exit_2_in_one_line(train, capsys, tmp_path):
         assert_one_error_line(capsys, f"--resume {path} is not a checkpoint")
     assert train("sac_continuous_action", *SHORT, "--resume", "runs/a/checkpoint.pt") == 0
     assert checkpoint("runs/a")["step"] == 300
+
+
+def test_the_slurm_batch_script_checkpoints_requeues_and_continues(tmp_path):
+    """docs/slurm/train.sbatch as Slurm would run it, without Slurm: signalled as `--signal=B:TERM`
+    does, it checkpoints, exits 0 and asks `scontrol` (a stand-in) to requeue the job; started
+    again as the requeued job, it continues the run to its end."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    (tmp_path / "leanrl").symlink_to(SCRIPTS)
+    env = script_env() | dict(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
+    env |= dict(SCONTROL_LOG=str(tmp_path / "scontrol.log"), RUN_NAME="job", OMP_NUM_THREADS="1")
+    batch = ["bash", str(ROOT / "docs" / "slurm" / "train.sbatch"), *map(str, SHORT)]
+    total = batch.index("--total-timesteps") + 1  # where each start puts its budget
+    job = subprocess.Popen(
+        [*batch[:total], "100000", *batch[total + 1 :], "--checkpoint-minutes", "0.005"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    saved = tmp_path / "runs" / "job" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not saved.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err[-2000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 42\n"
+    stopped = checkpoint(tmp_path / "runs" / "job")
+    assert '"interrupted": true' in out and not stopped["final"] and stopped["step"] > 0
+    end = stopped["step"] + 200
+    again = subprocess.run(
+        [*batch[:total], str(end), *batch[total + 1 :]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = checkpoint(tmp_path / "runs" / "job")
+    assert resumed["final"] and resumed["step"] == end
+    assert resumed["resumes"] == [dict(step=stopped["step"], fresh_episodes=False)]
