@@ -579,3 +579,21 @@ def test_issue_mentions_are_found_in_prose(line, found):
 def test_scripts_named_outside_code_blocks_are_not_commands(repo):
     readme = write_readme(repo, "Run `python leanrl/missing.py` one day.\n")
     assert command_problems(readme, repo) == []
+
+
+def test_the_checkpoint_figures_are_the_measurements():
+    """docs/usage.md's and the note's figures of SAC's checkpoint come from the JSON of
+    `python -m benchmarks.studies.checkpoint` beside the note."""
+    result = json.loads((ROOT / "docs" / "notes" / "checkpoint_cost.json").read_text())
+    size = f"{result['checkpoint_bytes'] / 1e6:.0f} MB"
+    note = (ROOT / "docs" / "notes" / "checkpoint-cost.md").read_text()
+    assert result["buffer_size"] == 1_000_000 and result["env_id"] == "HalfCheetah-v4"
+    for figure in (
+        size,
+        ", ".join(f"{seconds:.2f}" for seconds in result["write_s"]) + " s",
+        ", ".join(f"{seconds:.2f}" for seconds in result["load_s"]) + " s",
+        f"{100 * result['sps_cost']:.2f}% of the run's time",
+    ):
+        assert figure in note, figure
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    assert size in usage and result["sps_cost"] < 0.001 and "under 0.1% of the time" in usage

@@ -2,6 +2,7 @@
 went through ends, bit for bit on the CPU where the envs can be saved; and the faults: a truncated,
 foreign or mismatched checkpoint exits 2 in one line, a finished run is not run again."""
 
+import io
 import os
 import signal
 import subprocess
@@ -11,7 +12,8 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT, SCRIPTS, assert_same_state, checkpoint, script_env
+from benchmarks.studies import checkpoint as checkpoint_study
+from tests.conftest import ROOT, SCRIPTS, assert_same_state, checkpoint, load_script, script_env
 
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
@@ -151,3 +153,32 @@ def test_the_slurm_batch_script_checkpoints_requeues_and_continues(tmp_path):
     resumed = checkpoint(tmp_path / "runs" / "job")
     assert resumed["final"] and resumed["step"] == end
     assert resumed["resumes"] == [dict(step=stopped["step"], fresh_episodes=False)]
+
+
+def test_a_checkpoint_keeps_the_filled_part_of_the_buffer():
+    """A 1M-transition buffer holding 5 saves 5 rows (not the storage of the whole buffer), and
+    they load back into an empty buffer."""
+    module = load_script("sac_continuous_action")
+    rb = module.ReplayBuffer(1_000_000, 3, 1, torch.device("cpu"))
+    for step in range(5):
+        obs = torch.full((1, 3), float(step))
+        rb.add(dict(obs=obs, next_obs=obs + 1, actions=obs[:, :1], rewards=[1.0], terminations=[0]))
+    saved = io.BytesIO()
+    torch.save(rb.state_dict(), saved)
+    assert saved.tell() < 10_000
+    saved.seek(0)
+    empty = module.ReplayBuffer(1_000_000, 3, 1, torch.device("cpu"))
+    empty.load_state_dict(torch.load(saved))
+    assert (empty.size, empty.cursor) == (5, 5)
+    assert torch.equal(empty.storage["next_obs"][:5, 0], torch.arange(1.0, 6.0))
+
+
+def test_the_checkpoint_study_measures_a_full_buffer(tmp_path, monkeypatch):
+    """`benchmarks.studies.checkpoint --quick`: the checkpoint of SAC with a full 10,000-transition
+    buffer on HalfCheetah-v4 holds the buffer (42 floats a transition) and little else."""
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    result = checkpoint_study.main(["--quick", "--out-dir", str(tmp_path)])
+    buffer_bytes = 10_000 * (17 + 17 + 6 + 1 + 1) * 4
+    assert buffer_bytes < result["checkpoint_bytes"] < buffer_bytes + 4_000_000
+    assert len(result["write_s"]) == 1 and 0 < result["sps_cost"] < 0.01
+    assert list(tmp_path.glob("checkpoint-*.json"))
