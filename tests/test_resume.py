@@ -5,7 +5,7 @@ foreign or mismatched checkpoint exits 2 in one line, a finished run is not run 
 import pytest
 import torch
 
-from tests.conftest import assert_same_state, checkpoint
+from tests.conftest import assert_same_state, checkpoint, load_script
 
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
@@ -13,6 +13,13 @@ EXACT = {
         ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
         ("--batch-size", 32, "--buffer-size", 1000),
         350,
+    ),
+    # 1 env, so the step is the vector step: the SIGTERM comes at the end of the 4th iteration, in
+    # the middle of an episode, with the LSTM's state carried into the 5th
+    "ppo_lstm": (
+        ("--total-timesteps", 64, "--num-envs", 1, "--num-steps", 8),
+        ("--num-minibatches", 1, "--update-epochs", 2),
+        32,
     ),
 }
 
@@ -98,3 +105,53 @@ def test_bad_checkpoints_exit_2_in_one_line(train, capsys, tmp_path):
         assert_one_error_line(capsys, f"--resume {path} is not a checkpoint")
     assert train("sac_continuous_action", *SHORT, "--resume", "runs/a/checkpoint.pt") == 0
     assert checkpoint("runs/a")["step"] == 300
+
+
+# script -> a tiny run, stopped by a SIGTERM at its `SMOKE_STOP_AT`-th vector step, then resumed
+SMOKE_STOP_AT = 2
+RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
+RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
+SMOKE = {
+    "ppo_lstm": RECURRENT,
+    "ppo_lstm_torchcompile": RECURRENT,
+    "ppo_mingru": RECURRENT,
+    "ppo_mingru_torchcompile": RECURRENT,
+}
+
+
+@pytest.mark.parametrize("script", SMOKE)
+def test_a_stopped_run_resumes_to_its_end(script, train):
+    assert train(script, *SMOKE[script], "--run-name", "run", stop_at=SMOKE_STOP_AT) == 143
+    stopped = checkpoint("runs/run")
+    assert not stopped["final"] and stopped["step"] > 0
+    assert train(script, *SMOKE[script], "--resume", "runs/run") == 0
+    resumed = checkpoint("runs/run")
+    assert resumed["final"] and resumed["step"] == resumed["args"]["total_timesteps"]
+    assert [resume["step"] for resume in resumed["resumes"]] == [stopped["step"]]
+
+
+def test_a_tensor_learning_rate_is_restored_in_place(make_run):
+    """The recurrent twins anneal a tensor learning rate in place, and a CUDA graph reads it there:
+    restoring their optimizer copies the checkpoint's rate into that tensor."""
+    run = make_run("ppo_lstm_torchcompile")
+    lr = torch.tensor(1e-3)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+    saved = run.state_of(dict(optimizer=optimizer))
+    annealed = torch.tensor(5e-4)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=annealed)
+    run.restore(dict(optimizer=optimizer), saved, seed=1)
+    assert optimizer.param_groups[0]["lr"] is annealed and torch.equal(annealed, lr)
+
+
+def test_fresh_episodes_start_with_a_zero_recurrent_state(make_run):
+    """Envs that a checkpoint could not hold start fresh episodes: the observations of a reset, no
+    episode start flagged and the LSTM's state (h, c) zeroed, where they are."""
+    module = load_script("ppo_lstm")
+    run = make_run("ppo_lstm")
+    envs = module.make_envs("CartPole-v1", 2, 1, (0, 2))
+    carried = (envs, torch.ones(2, 2), torch.ones(2), torch.ones(2, 128), torch.ones(2, 128))
+    saved = (None, *(x.clone() for x in carried[1:]))
+    run.restore(carried, saved, seed=7)
+    expected = module.make_envs("CartPole-v1", 2, 1, (0, 2)).reset(seed=7)[0]
+    assert torch.equal(carried[1], torch.as_tensor(expected, dtype=torch.float))
+    assert all(not x.any() for x in carried[2:]) and not run.envs_restored
