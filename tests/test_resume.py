@@ -121,6 +121,8 @@ SMOKE = {
 
 @pytest.mark.parametrize("script", SMOKE)
 def test_a_stopped_run_resumes_to_its_end(script, train):
+    """A tiny run stopped by a SIGTERM, then resumed, reaches its last step, with one resume at the
+    step where it stopped."""
     assert train(script, *SMOKE[script], "--run-name", "run", stop_at=SMOKE_STOP_AT) == 143
     stopped = checkpoint("runs/run")
     assert not stopped["final"] and stopped["step"] > 0
@@ -137,10 +139,10 @@ def test_a_tensor_learning_rate_is_restored_in_place(make_run):
     lr = torch.tensor(1e-3)
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=lr)
     saved = run.state_of(dict(optimizer=optimizer))
-    annealed = torch.tensor(5e-4)
-    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=annealed)
+    resumed_lr = torch.tensor(5e-4)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=resumed_lr)
     run.restore(dict(optimizer=optimizer), saved, seed=1)
-    assert optimizer.param_groups[0]["lr"] is annealed and torch.equal(annealed, lr)
+    assert optimizer.param_groups[0]["lr"] is resumed_lr and torch.equal(resumed_lr, lr)
 
 
 def test_fresh_episodes_start_with_a_zero_recurrent_state(make_run):
