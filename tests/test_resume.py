@@ -22,6 +22,13 @@ EXACT = {
         ("--batch-size", 32, "--buffer-size", 1000),
         350,
     ),
+    # 1 env, so the step is the vector step: the SIGTERM comes at the end of the 4th iteration, in
+    # the middle of an episode, with the LSTM's state carried into the 5th
+    "ppo_lstm": (
+        ("--total-timesteps", 64, "--num-envs", 1, "--num-steps", 8),
+        ("--num-minibatches", 1, "--update-epochs", 2),
+        32,
+    ),
 }
 
 
@@ -182,3 +189,55 @@ def test_the_checkpoint_study_measures_a_full_buffer(tmp_path, monkeypatch):
     assert buffer_bytes < result["checkpoint_bytes"] < buffer_bytes + 4_000_000
     assert len(result["write_s"]) == 1 and 0 < result["sps_cost"] < 0.01
     assert list(tmp_path.glob("checkpoint-*.json"))
+
+
+# script -> a tiny run, stopped by a SIGTERM at its `SMOKE_STOP_AT`-th vector step, then resumed
+SMOKE_STOP_AT = 2
+RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
+RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
+SMOKE = {
+    "ppo_lstm": RECURRENT,
+    "ppo_lstm_torchcompile": RECURRENT,
+    "ppo_mingru": RECURRENT,
+    "ppo_mingru_torchcompile": RECURRENT,
+}
+
+
+@pytest.mark.parametrize("script", SMOKE)
+def test_a_stopped_run_resumes_to_its_end(script, train):
+    """A tiny run stopped by a SIGTERM, then resumed, reaches its last step, with one resume at the
+    step where it stopped."""
+    assert train(script, *SMOKE[script], "--run-name", "run", stop_at=SMOKE_STOP_AT) == 143
+    stopped = checkpoint("runs/run")
+    assert not stopped["final"] and stopped["step"] > 0
+    assert train(script, *SMOKE[script], "--resume", "runs/run") == 0
+    resumed = checkpoint("runs/run")
+    assert resumed["final"] and resumed["step"] == resumed["args"]["total_timesteps"]
+    assert [resume["step"] for resume in resumed["resumes"]] == [stopped["step"]]
+
+
+def test_a_tensor_learning_rate_is_restored_in_place(make_run):
+    """The recurrent twins anneal a tensor learning rate in place, and a CUDA graph reads it there:
+    restoring their optimizer copies the checkpoint's rate into that tensor."""
+    run = make_run("ppo_lstm_torchcompile")
+    lr = torch.tensor(1e-3)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+    saved = run.state_of(dict(optimizer=optimizer))
+    resumed_lr = torch.tensor(5e-4)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=resumed_lr)
+    run.restore(dict(optimizer=optimizer), saved, seed=1)
+    assert optimizer.param_groups[0]["lr"] is resumed_lr and torch.equal(resumed_lr, lr)
+
+
+def test_fresh_episodes_start_with_a_zero_recurrent_state(make_run):
+    """Envs that a checkpoint could not hold start fresh episodes: the observations of a reset, no
+    episode start flagged and the LSTM's state (h, c) zeroed, where they are."""
+    module = load_script("ppo_lstm")
+    run = make_run("ppo_lstm")
+    envs = module.make_envs("CartPole-v1", 2, 1, (0, 2))
+    carried = (envs, torch.ones(2, 2), torch.ones(2), torch.ones(2, 128), torch.ones(2, 128))
+    saved = (None, *(x.clone() for x in carried[1:]))
+    run.restore(carried, saved, seed=7)
+    expected = module.make_envs("CartPole-v1", 2, 1, (0, 2)).reset(seed=7)[0]
+    assert torch.equal(carried[1], torch.as_tensor(expected, dtype=torch.float))
+    assert all(not x.any() for x in carried[2:]) and not run.envs_restored
