@@ -648,6 +648,9 @@ class Run:
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
         if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
             fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        folder = args.run_name
+        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
+            fail(f"--run-name must name one folder under runs/, got {folder!r}")
         self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -736,9 +739,12 @@ class Run:
         if saved is None:
             return iterations
         self.restore(state, saved["state"], self.args.seed + saved["step"])
-        random.setstate(saved["generators"][0])
-        np.random.set_state(saved["generators"][1])
-        torch.set_rng_state(saved["generators"][2])
+        python, numpy, cpu, cuda = saved["generators"]
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
         self.steps, self.curve = saved["step"], saved["curve"]
         self.returns.extend(saved["returns"])
         self.start_time = time.time() - saved["wall_s"]
@@ -753,7 +759,8 @@ class Run:
         final = iteration + 1 == self.iterations.stop
         if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
             return
-        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
         saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
         saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
         saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)

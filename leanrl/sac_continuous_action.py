@@ -457,6 +457,9 @@ class Run:
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
         if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
             fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        folder = args.run_name
+        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
+            fail(f"--run-name must name one folder under runs/, got {folder!r}")
         self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -543,9 +546,12 @@ class Run:
         if saved is None:
             return iterations
         self.restore(state, saved["state"], self.args.seed + saved["step"])
-        random.setstate(saved["generators"][0])
-        np.random.set_state(saved["generators"][1])
-        torch.set_rng_state(saved["generators"][2])
+        python, numpy, cpu, cuda = saved["generators"]
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
         self.steps, self.curve = saved["step"], saved["curve"]
         self.returns.extend(saved["returns"])
         self.start_time = time.time() - saved["wall_s"]
@@ -560,7 +566,8 @@ class Run:
         final = iteration + 1 == self.iterations.stop
         if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
             return
-        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
         saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
         saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
         saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
@@ -572,7 +579,8 @@ class Run:
 
     def state_of(self, obj):
         """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs, ...) the
-        envs' wrappers and envs pickled, or None where they cannot be (a video recorder)."""
+        envs' wrappers and envs pickled but their functions, which the same flags make again
+        (observation transforms), or None where they cannot be (a video recorder)."""
         if hasattr(obj, "state_dict"):
             return obj.state_dict()
         if isinstance(obj, np.random.Generator):
@@ -583,13 +591,15 @@ class Run:
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
         if isinstance(obj, tuple):  # (envs, obs, ...)
-            links = ("env", "envs", "env_fns")  # between the layers, and how to make them
+            # between the layers, and how to make them
+            links = ("env", "envs", "env_fns", "_saved_kwargs")
             layers = [
-                {k: v for k, v in vars(x).items() if k not in links} for x in self.layers(obj)
+                {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                for x in self.layers(obj)
             ]
             try:
                 envs = pickle.dumps(layers)
-            except Exception:  # a video recorder's schedule cannot be pickled
+            except Exception:  # an env that renders for a video recorder holds its screen
                 envs = None
             return (envs, *(self.state_of(x) for x in obj[1:]))
         return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
@@ -597,7 +607,13 @@ class Run:
     def restore(self, obj, saved, seed):
         """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
         `seed`."""
-        if hasattr(obj, "load_state_dict"):
+        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
+            rates = [group["lr"] for group in obj.param_groups]
+            obj.load_state_dict(saved)
+            for group, rate in zip(obj.param_groups, rates):
+                if isinstance(rate, torch.Tensor):
+                    group["lr"] = rate.copy_(group["lr"])
+        elif hasattr(obj, "load_state_dict"):
             obj.load_state_dict(saved)
         elif isinstance(obj, np.random.Generator):
             obj.bit_generator.state = saved
@@ -606,10 +622,10 @@ class Run:
             for key, value in items:
                 if key in saved:
                     self.restore(value, saved[key], seed)
-        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes, no dones
+        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes: no dones, no memory
             self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
-            for dones in obj[2:]:
-                dones.zero_()
+            for carried in obj[2:]:
+                carried.zero_()
         elif isinstance(obj, tuple):
             for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
                 vars(layer).update(attributes)
