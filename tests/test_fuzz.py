@@ -173,6 +173,11 @@ FIELDS = {
     "eval_episodes": (st.integers(0, 2), st.just(-1)),
     "eval_model": (rarely(st.none(), st.sampled_from(["missing.pt", "not_a_model.pt"])), None),
     "measure_burnin": (st.integers(0, 4), st.just(-1)),
+    # a checkpoint now and then, or on nearly every step; resuming what is not there, or a name
+    # that is not one folder
+    "checkpoint_minutes": (st.sampled_from([10.0, 0.0, 1e-4]), st.just(-1.0)),
+    "resume": (rarely(st.none(), st.sampled_from(["auto", "missing.pt", "not_a_model.pt"])), None),
+    "run_name": (rarely(st.none(), st.just("fuzz")), st.sampled_from(["", "..", "a/b"])),
     "num_envs": positive(3),
     "num_runners": (st.integers(1, 2), st.just(3)),  # 3: more than this machine's 2 CPUs
     "num_steps": (st.integers(2, 24), st.integers(-1, 0)),
