@@ -75,6 +75,8 @@ FRESH_EPISODES = ("ppo_continuous_action_seeds",)
 
 @pytest.mark.parametrize("script", SMOKE)
 def test_a_run_stopped_by_sigterm_resumes_to_its_end(script, train):
+    """Stopped between its first and last step, resumed with --resume auto, the run reaches its
+    end with one entry in `resumes`, which says whether its episodes started fresh."""
     counted = COUNTED.get(script)
     flags = (*SMOKE[script], "--run-name", "run")
     assert train(script, *flags, stop_at=20, counted=counted) == 143
@@ -103,6 +105,7 @@ def test_an_envpool_run_resumes_its_learner_and_statistics_with_fresh_episodes(t
     assert summary["resumes"] == [dict(step=32, fresh_episodes=True)]
     params = stopped["state"]["learner"]["params"]
     count = stopped["state"]["normalization"]["obs_rms"][2]
+    assert len(summary["model_files"]) == 2
     for member, model_file in enumerate(summary["model_files"]):
         model = torch.load(model_file, weights_only=True)["model"]
         assert_same_state(model["agent"], {name: p[member] for name, p in params.items()})
