@@ -15,11 +15,16 @@ A member whose logged loss (or final weights) turns non-finite has diverged: one
 says which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and
 leaves it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member
 diverged.
+
+`--resume` brings back every member's learner and normalization statistics, but envpool's envs
+cannot be saved: a resumed run's episodes start fresh, seeded from its step (`resumes` in the
+SUMMARY says `fresh_episodes`).
 """
 
 import json
 import math
 import os
+import pickle
 import random
 import re
 import signal
@@ -71,6 +76,13 @@ class Args:
     """instead of training, play this saved .pt file as every member for --eval-episodes"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    checkpoint_minutes: float = 10.0
+    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
+    Ctrl-C or SIGTERM and at the end (0: only then)"""
+    resume: str | None = None
+    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
+    run_name: str | None = None
+    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment (one of envpool's tasks)"""
@@ -129,9 +141,9 @@ def update_rms(rms, x):
 class EnvpoolWrappers:
     """make_env's wrappers in numpy, each env its own statistics, around `num_envs` envpool envs,
     with gymnasium's interface. `resetting` marks the envs taking a reset step (next-step mode),
-    which the statistics skip."""
+    which the statistics skip. `make(seed)`: a new pool, env i seeded `seed + i`."""
 
-    def __init__(self, envs, num_envs, gamma, obs_rms=None):
+    def __init__(self, envs, num_envs, gamma, obs_rms=None, make=None):
         self.envs, self.num_envs, self.single_action_space, self.gamma = (
             envs,
             num_envs,
@@ -159,7 +171,10 @@ class EnvpoolWrappers:
             np.zeros(n),
             np.zeros(n, bool),
         )
-        self.close = envs.close
+        self.make = make
+
+    def close(self):
+        self.envs.close()
 
     # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
     def normalize(self, obs):
@@ -168,8 +183,19 @@ class EnvpoolWrappers:
             np.float32
         )
 
-    def reset(self, seed=None):  # `seed`: gymnasium's interface; envpool's seeds are set
+    def reset(self, seed=None):  # envpool's seeds are fixed when it is made: a seed makes anew
+        if seed is not None:
+            self.envs.close()
+            self.envs = self.make(seed)
+        self.episode_return[:], self.resetting[:] = 0.0, False
         return self.normalize(self.envs.reset()[0]), {}
+
+    def state_dict(self):  # the statistics, for checkpoints (envpool's envs cannot be saved)
+        rms = dict(obs_rms=self.obs_rms, return_rms=self.return_rms)
+        return rms | dict(discounted_reward=self.discounted_reward)
+
+    def load_state_dict(self, state):
+        vars(self).update(state)
 
     def step(self, actions):
         stepped = ~self.resetting
@@ -199,17 +225,20 @@ def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
             f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps "
             "(envpool.list_all_envs())"
         )
-    env_seeds = [seed + k * num_envs + i for k in range(num_seeds) for i in range(num_envs)]
-    threads = min(len(os.sched_getaffinity(0)), len(env_seeds))
-    envs = envpool.make_gymnasium(
-        env_id, num_envs=len(env_seeds), env_seed=env_seeds, num_threads=threads
-    )
+    n = num_seeds * num_envs
+    threads = min(len(os.sched_getaffinity(0)), n)
+
+    def make(seed):  # env j (env j % num_envs of member j // num_envs) seeded `seed + j`
+        env_seeds = [(seed + j) % 2**31 for j in range(n)]
+        return envpool.make_gymnasium(env_id, num_envs=n, env_seed=env_seeds, num_threads=threads)
+
+    envs = make(seed)
     if not isinstance(envs.action_space, gym.spaces.Box):
         fail(
             f"--env-id {env_id!r} has a {type(envs.action_space).__name__} action space; PPO here "
             "needs a Box"
         )
-    return EnvpoolWrappers(envs, len(env_seeds), gamma, obs_rms)
+    return EnvpoolWrappers(envs, n, gamma, obs_rms, make)
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -335,6 +364,16 @@ class Adam:
             param.sub_(
                 self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom
             )
+
+    def state_dict(self):  # the moments and beta**t, for checkpoints
+        moments = dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq)
+        return moments | dict(beta_powers=self.beta_powers)
+
+    def load_state_dict(self, state):  # in place: compiled steps and CUDA graphs read them
+        for name in self.params:
+            self.exp_avg[name].copy_(state["exp_avg"][name])
+            self.exp_avg_sq[name].copy_(state["exp_avg_sq"][name])
+        self.beta_powers.copy_(state["beta_powers"])
 
 
 def make_learner(args, n_obs, n_act, seeds, device):
@@ -481,13 +520,21 @@ def main(args):
     store = rollout.numpy()
 
     next_obs, _ = envs.reset()
+
+    # what a checkpoint keeps, beside the run's counters and generators: envpool's envs cannot be
+    # saved, their statistics can
+    def training_state():
+        learner = dict(params=optimizer.params, optimizer=optimizer)
+        return dict(learner=learner, normalization=envs, envs=(envs, next_obs))
+
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    iterations = run.resume(training_state(), range(1, num_iterations + 1))
     # with a [num_seeds, k] index: member rows
     members = torch.arange(args.num_seeds, device=device).unsqueeze(1)
-    global_step = 0
-    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+    global_step = run.steps  # 0, or where the resumed run stopped
+    pbar = tqdm.tqdm(iterations)
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             # sps counts from here, past compiling
@@ -559,6 +606,7 @@ def main(args):
             pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var)
         )
         run.steps = global_step
+        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
@@ -602,8 +650,8 @@ def main(args):
 
 # ==================================================================================================
 # Run plumbing, the same in every seeds script: flag errors, the run folder, each member's
-# results, wandb, Ctrl-C and SIGTERM, divergence, save, load, evaluation. `check_args` is this
-# script's own.
+# results, wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args`
+# is this script's own.
 
 
 def fail(message):
@@ -669,24 +717,31 @@ def check_memory(args, per_member, what):  # per_member: one member's bytes
 
 
 class Run:
-    """Everything around training, per member: seeds, `runs/<run_name>/`, wandb, signals, the
-    progress bar, the summary. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and
-    its curve `curves[k]`; `diverged[k]` records where its loss or weights first turned non-finite,
-    and the others go on."""
+    """Everything around training, per member: seeds, `runs/<run_name>/`, wandb, signals,
+    checkpoints, the progress bar, the summary. Member k has seed `seeds[k]`, its last 20 returns
+    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where its loss or weights first
+    turned non-finite, and the others go on."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
+    # flags that a resumed run may change: they do not change what is trained
+    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
+    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name")
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             n = args.eval_episodes
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
+        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
+            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
         # member k is the single-seed script run with seed `seeds[k]`: no two share an env seed
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.args, self.script, self.diverged = args, script, {}
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = self.name.replace(":", "_")
+        self.name = (args.run_name or self.name).replace(":", "_")
         self.dir = os.path.join("runs", self.name)
+        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
         self.wandb = None
@@ -697,6 +752,8 @@ class Run:
                 entity=args.wandb_entity,
                 config=vars(args),
                 name=self.name,
+                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
+                resume="allow",
             )
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -706,6 +763,8 @@ class Run:
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.stop_signal = 0, 0
+        self.resumes, self.next_checkpoint = [], time.time() + 60 * args.checkpoint_minutes
+        self.envs_restored = False  # by `resume`, where the checkpoint holds them
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
@@ -726,6 +785,127 @@ class Run:
         if trained.get("env_id") != self.args.env_id:
             fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
+
+    def load_checkpoint(self):
+        """The checkpoint that --resume names (a file or a run folder), checked against the
+        flags."""
+        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
+        if args.resume is None and args.run_name and os.path.exists(own):
+            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
+        if args.resume == "auto" and not args.run_name:
+            fail("--resume auto needs --run-name, the folder under runs/ to continue")
+        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
+            return None
+        path = own if args.resume == "auto" else args.resume
+        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved_by, trained = saved["script"], saved["args"]
+        except Exception as e:
+            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
+        if saved_by != self.script:
+            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
+        for flag, value in vars(args).items():
+            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
+                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
+            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
+            sys.exit(0)
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.name = os.path.basename(self.dir)
+        return saved
+
+    def resume(self, state, iterations):
+        """Copy the checkpoint's training state into `state` (in place) and its counters, curves,
+        divergences and generators into the run; returns the part of `iterations` left to run."""
+        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
+        if saved is None:
+            return iterations
+        self.restore(state, saved["state"], self.args.seed + saved["step"])
+        random.setstate(saved["generators"][0])
+        np.random.set_state(saved["generators"][1])
+        torch.set_rng_state(saved["generators"][2])
+        self.steps, self.curves, self.diverged = saved["step"], saved["curves"], saved["diverged"]
+        for returns, member_returns in zip(self.returns, saved["returns"]):
+            returns.extend(member_returns)
+        self.start_time = time.time() - saved["wall_s"]
+        resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
+        self.resumes = saved["resumes"] + [resumed]
+        self.start_clock(self.steps)
+        return range(saved["iteration"], iterations.stop)
+
+    def checkpoint(self, iteration, state):
+        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
+        and the generators to checkpoint.pt, written to a temporary file and renamed; not once
+        every member has diverged."""
+        final = iteration + 1 == self.iterations.stop
+        due = final or self.stop_signal or time.time() > self.next_checkpoint
+        if len(self.diverged) == len(self.seeds) or not due:
+            return
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
+        returns = [list(member_returns) for member_returns in self.returns]
+        saved |= dict(step=self.steps, final=final, curves=self.curves, returns=returns)
+        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
+        saved |= dict(diverged=self.diverged)
+        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, generators=generators)
+        path = os.path.join(self.dir, "checkpoint.pt")
+        torch.save(saved | dict(state=self.state_of(state())), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
+
+    def state_of(self, obj):
+        """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs) the
+        envs' wrappers and envs pickled, or None where they cannot be (a video recorder,
+        envpool)."""
+        if hasattr(obj, "state_dict"):
+            return obj.state_dict()
+        if isinstance(obj, dict):  # what has a state: no functions
+            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
+            return {k: self.state_of(v) for k, v in kept.items()}
+        if isinstance(obj, tuple):  # (envs, obs)
+            links = ("env", "envs", "env_fns")  # between the layers, and how to make them
+            try:  # a video recorder's schedule cannot be pickled, nor envpool's envs walked
+                envs = pickle.dumps(
+                    [{k: v for k, v in vars(x).items() if k not in links} for x in self.layers(obj)]
+                )
+            except Exception:
+                envs = None
+            return envs, self.state_of(obj[1])
+        return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
+
+    def restore(self, obj, saved, seed):
+        """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
+        `seed`."""
+        if hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(saved)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                if key in saved:
+                    self.restore(value, saved[key], seed)
+        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes
+            self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
+        elif isinstance(obj, tuple):
+            for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
+                vars(layer).update(attributes)
+            self.restore(obj[1], saved[1], seed)
+            self.envs_restored = True
+        elif isinstance(obj, np.ndarray):
+            obj[...] = saved
+        else:
+            with torch.no_grad():
+                obj.copy_(torch.as_tensor(saved))
+
+    @staticmethod
+    def layers(envs_obs):
+        """The vector env, then each env's wrappers and the env itself, outermost first."""
+        layers = [envs_obs[0]]
+        for env in envs_obs[0].envs:
+            layers.append(env)
+            while hasattr(env, "env"):
+                env = env.env
+                layers.append(env)
+        return layers
 
     def video_folder(self):
         """runs/<run_name>/videos, once we know that this machine can record the env."""
@@ -834,6 +1014,7 @@ class Run:
             episodes=sum(map(len, self.curves)),
             return_means=means,
             interrupted=self.stop_signal > 0,
+            resumes=self.resumes,
             return_mean=return_mean,
             diverged=[self.diverged[k] for k in sorted(self.diverged)],
             model_file=next(filter(None, model_files), None),

@@ -391,16 +391,19 @@ def make_run(tmp_path, monkeypatch):
 def train(tmp_path, monkeypatch):
     """`train(script, *flags, stop_at=k)`: the script's `main` in this process, in a temporary
     working folder; with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1
-    in this call). Returns the exit status (0 when `main` returns)."""
+    in this call): a step of gymnasium's SyncVectorEnv, or of the script's class that `counted`
+    names. Returns the exit status (0 when `main` returns)."""
     import gymnasium as gym
     import tyro
 
     monkeypatch.chdir(tmp_path)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    step = gym.vector.SyncVectorEnv.step
+    vector_step = gym.vector.SyncVectorEnv.step
 
-    def run(script, *flags, stop_at=None):
+    def run(script, *flags, stop_at=None, counted=None):
         module = load_script(script)
+        envs_class = getattr(module, counted) if counted else gym.vector.SyncVectorEnv
+        step = envs_class.step if counted else vector_step  # a fresh module's, or the unpatched
         calls = [0]
 
         def counted_step(envs, actions):
@@ -409,7 +412,7 @@ def train(tmp_path, monkeypatch):
                 os.kill(os.getpid(), signal.SIGTERM)
             return step(envs, actions)
 
-        monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", counted_step)
+        monkeypatch.setattr(envs_class, "step", counted_step)
         try:
             module.main(tyro.cli(module.Args, args=list(map(str, flags))))
             return 0

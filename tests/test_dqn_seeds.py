@@ -146,7 +146,7 @@ def test_host_policy_is_the_vmapped_torch_q_network_also_after_an_in_place_step(
     mod = load_script("dqn_seeds")
     args = mod.Args(start_e=0.0, end_e=0.0)
     params, _, (policy, _, _) = mod.make_learner(args, 4, 3, SEEDS, CPU)
-    host_policy = mod.make_host_policy(params, 3, 0.0, 0.0, 1000)
+    host_policy = mod.make_host_policy(params, 3, torch.zeros((), dtype=torch.long), 0.0, 0.0, 1000)
     obs = torch.from_numpy(
         np.random.default_rng(0).standard_normal((len(SEEDS), 256, 4), dtype=np.float32)
     )
@@ -176,7 +176,7 @@ def test_host_policy_flips_a_coin_per_member(monkeypatch):
     params, _, _ = mod.make_learner(mod.Args(), 4, 2, SEEDS, CPU)
     monkeypatch.setattr(mod.np.random, "random", lambda size: np.array([0.1, 0.9, 0.5]))
     monkeypatch.setattr(mod.np.random, "randint", lambda high, size: np.full(size, -1))
-    policy = mod.make_host_policy(params, 2, 1.0, 0.05, 1000)
+    policy = mod.make_host_policy(params, 2, torch.zeros((), dtype=torch.long), 1.0, 0.05, 1000)
     obs = torch.from_numpy(np.random.default_rng(0).standard_normal((3, 8, 4), dtype=np.float32))
     # steps 0, 8, ..., 1192
     explored = np.array([(policy(obs).numpy() == -1).all(axis=1) for _ in range(150)])
@@ -236,7 +236,7 @@ def test_members_explore_on_their_own_draws_and_act_with_their_own_networks():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
     step, shell = torch.zeros((), dtype=torch.long), mod.QNetwork(4, 3, device="meta")
     policy = mod.make_policy(shell, params, 3, step, 1.0, 1.0, 1000)
-    host_policy = mod.make_host_policy(params, 3, 1.0, 1.0, 1000)
+    host_policy = mod.make_host_policy(params, 3, torch.zeros((), dtype=torch.long), 1.0, 1.0, 1000)
     rb = mod.ReplayBuffer(len(SEEDS), 1000, 4, CPU)
     rb.views["rewards"][:] = np.arange(1000)  # the same buffer for each member
     rb.size = 1000
@@ -256,7 +256,9 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
         if poisoned:
             params["network.2.weight"][0, 5] = float("nan")
         losses = torch.stack([update(stacked_batches(step)[1])[0] for step in range(3)])
-        host_actions = mod.make_host_policy(params, 2, 0.0, 0.0, 1000)(obs)
+        host_actions = mod.make_host_policy(
+            params, 2, torch.zeros((), dtype=torch.long), 0.0, 0.0, 1000
+        )(obs)
         global_step = torch.zeros((), dtype=torch.long)
         shell = mod.QNetwork(4, 2, device="meta")
         policy = mod.make_policy(shell, params, 2, global_step, 0.0, 0.0, 1000)

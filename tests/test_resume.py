@@ -3,11 +3,13 @@ went through ends, bit for bit on the CPU where the envs can be saved; and the f
 foreign or mismatched checkpoint exits 2 in one line, a finished run is not run again."""
 
 import io
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,20 +31,29 @@ EXACT = {
         ("--num-minibatches", 1, "--update-epochs", 2),
         32,
     ),
+    # 2 members; the stop leaves 4 transitions waiting for the buffer's next write
+    "dqn_seeds": (
+        ("--total-timesteps", 500, "--learning-starts", 200, "--num-seeds", 2, "--no-compile"),
+        ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+        355,
+    ),
 }
 
 
 def same_runs(a, b):
     """Runs that end in the same state: the final checkpoints' training states (but the pickled
-    envs, whose episode statistics hold clock times), steps, curves (steps and returns) and last
-    returns."""
+    envs, whose episode statistics hold clock times), steps, curves (steps and returns; a seeds
+    script's: one per member) and last returns."""
     assert a["final"] and b["final"]
     for saved in (a, b):
         envs = saved["state"].get("envs")
         saved["state"]["envs"] = envs and (type(envs[0]), *envs[1:])
     assert_same_state(a["state"], b["state"])
     assert (a["step"], a["returns"]) == (b["step"], b["returns"])
-    assert [(s, r) for s, _, r in a["curve"]] == [(s, r) for s, _, r in b["curve"]]
+    curves = [saved.get("curves", [saved.get("curve")]) for saved in (a, b)]
+    assert [[(s, r) for s, _, r in curve] for curve in curves[0]] == [
+        [(s, r) for s, _, r in curve] for curve in curves[1]
+    ]
 
 
 @pytest.mark.parametrize("script", EXACT)
@@ -57,6 +68,68 @@ def test_a_resumed_run_ends_as_one_that_went_through(script, train, tmp_path):
     resumed = checkpoint(tmp_path / "runs" / "stopped")
     assert resumed["resumes"] == [dict(step=stop_at, fresh_episodes=False)]
     same_runs(checkpoint(tmp_path / "runs" / "through"), resumed)
+
+
+# script -> a tiny run's flags: stopped by a SIGTERM at its 20th vector step, then resumed
+TINY_SEEDS = ("--num-seeds", 2, "--no-compile", "--batch-size", 8, "--buffer-size", 100)
+TINY_PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 50, "--learning-starts", 30)
+TINY_PPO_SEEDS = ("--num-seeds", 2, "--no-compile", "--env-id", "Pendulum-v1", "--num-steps", 16)
+TINY_PPO_SEEDS += ("--num-minibatches", 2, "--update-epochs", 1)
+RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
+RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
+SMOKE = {
+    "ppo_lstm": RECURRENT,
+    "ppo_lstm_torchcompile": RECURRENT,
+    "ppo_mingru": RECURRENT,
+    "ppo_mingru_torchcompile": RECURRENT,
+    "dqn_seeds": (*TINY_SEEDS, "--total-timesteps", 60, "--learning-starts", 10),
+    "sac_continuous_action_seeds": (*TINY_SEEDS, *TINY_PENDULUM),
+    "td3_continuous_action_seeds": (*TINY_SEEDS, *TINY_PENDULUM),
+    "ppo_continuous_action_seeds": (*TINY_PPO_SEEDS, "--total-timesteps", 64),
+}
+# what the `train` fixture counts where it is not gymnasium's SyncVectorEnv, and scripts whose
+# envs cannot be saved
+COUNTED = {"ppo_continuous_action_seeds": "EnvpoolWrappers"}
+FRESH_EPISODES = ("ppo_continuous_action_seeds",)
+
+
+@pytest.mark.parametrize("script", SMOKE)
+def test_a_run_stopped_by_sigterm_resumes_to_its_end(script, train):
+    """Stopped between its first and last step, resumed with --resume auto, the run reaches its
+    end with one entry in `resumes`, which says whether its episodes started fresh."""
+    counted = COUNTED.get(script)
+    flags = (*SMOKE[script], "--run-name", "run")
+    assert train(script, *flags, stop_at=20, counted=counted) == 143
+    stopped = checkpoint("runs/run")
+    assert not stopped["final"] and 20 <= stopped["step"] < stopped["args"]["total_timesteps"]
+    assert train(script, *flags, "--resume", "auto", counted=counted) == 0
+    resumed = checkpoint("runs/run")
+    assert resumed["final"] and resumed["step"] == resumed["args"]["total_timesteps"]
+    fresh = script in FRESH_EPISODES
+    assert resumed["resumes"] == [dict(step=stopped["step"], fresh_episodes=fresh)]
+
+
+def test_an_envpool_run_resumes_its_learner_and_statistics_with_fresh_episodes(train):
+    """ppo_continuous_action_seeds: resumed with --total-timesteps at the checkpoint's step, no
+    iteration is left and the saved models are the learner as the checkpoint restored it; each
+    member's observation statistics went on from the checkpoint's by the fresh episodes' first
+    observation."""
+    script, flags = "ppo_continuous_action_seeds", (*TINY_PPO_SEEDS, "--total-timesteps")
+    stop = dict(stop_at=20, counted="EnvpoolWrappers")  # in the second 16-step rollout
+    assert train(script, *flags, 64, "--run-name", "run", **stop) == 143
+    stopped = checkpoint("runs/run")
+    assert stopped["step"] == 32 and stopped["state"]["envs"][0] is None
+    resume = ("--save-model", "--resume", "runs/run")
+    assert train(script, *flags, 32, *resume, counted="EnvpoolWrappers") == 0
+    summary = json.loads(Path("runs/run/summary.json").read_text())
+    assert summary["resumes"] == [dict(step=32, fresh_episodes=True)]
+    params = stopped["state"]["learner"]["params"]
+    count = stopped["state"]["normalization"]["obs_rms"][2]
+    assert len(summary["model_files"]) == 2
+    for member, model_file in enumerate(summary["model_files"]):
+        model = torch.load(model_file, weights_only=True)["model"]
+        assert_same_state(model["agent"], {name: p[member] for name, p in params.items()})
+        assert float(model["obs_rms"]["count"]) == pytest.approx(count + 1)  # float32
 
 
 SHORT = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 100)
@@ -189,31 +262,6 @@ def test_the_checkpoint_study_measures_a_full_buffer(tmp_path, monkeypatch):
     assert buffer_bytes < result["checkpoint_bytes"] < buffer_bytes + 4_000_000
     assert len(result["write_s"]) == 1 and 0 < result["sps_cost"] < 0.01
     assert list(tmp_path.glob("checkpoint-*.json"))
-
-
-# script -> a tiny run, stopped by a SIGTERM at its `SMOKE_STOP_AT`-th vector step, then resumed
-SMOKE_STOP_AT = 2
-RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
-RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
-SMOKE = {
-    "ppo_lstm": RECURRENT,
-    "ppo_lstm_torchcompile": RECURRENT,
-    "ppo_mingru": RECURRENT,
-    "ppo_mingru_torchcompile": RECURRENT,
-}
-
-
-@pytest.mark.parametrize("script", SMOKE)
-def test_a_stopped_run_resumes_to_its_end(script, train):
-    """A tiny run stopped by a SIGTERM, then resumed, reaches its last step, with one resume at the
-    step where it stopped."""
-    assert train(script, *SMOKE[script], "--run-name", "run", stop_at=SMOKE_STOP_AT) == 143
-    stopped = checkpoint("runs/run")
-    assert not stopped["final"] and stopped["step"] > 0
-    assert train(script, *SMOKE[script], "--resume", "runs/run") == 0
-    resumed = checkpoint("runs/run")
-    assert resumed["final"] and resumed["step"] == resumed["args"]["total_timesteps"]
-    assert [resume["step"] for resume in resumed["resumes"]] == [stopped["step"]]
 
 
 def test_a_tensor_learning_rate_is_restored_in_place(make_run):

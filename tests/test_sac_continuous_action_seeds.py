@@ -186,11 +186,12 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    _, actor_params, alpha, optimizers, _ = mod.make_learner(
+    _, actor_params, alpha, state, _ = mod.make_learner(
         mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
     )
     assert torch.equal(torch.get_rng_state(), before) and torch.equal(alpha, torch.ones(len(SEEDS)))
-    q_params = optimizers[0].params
+    q_params = state["q_params"]
+    assert all(torch.equal(state["qnet_target"][name], q_params[name]) for name in q_params)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         learner = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH)

@@ -173,9 +173,7 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    _, actor_params, optimizers, _ = mod.make_learner(
-        mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
-    )
+    _, actor_params, state, _ = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
@@ -185,7 +183,7 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
             for name, p in learner.actor.named_parameters()
         )
         assert all(
-            torch.equal(optimizers[0].params[name][member], p)
+            torch.equal(state["q_params"][name][member], p)
             for name, p in learner.q_optimizer.params.items()
         )
 
