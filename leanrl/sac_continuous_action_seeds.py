@@ -677,6 +677,9 @@ class Run:
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
         if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
             fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        folder = args.run_name
+        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
+            fail(f"--run-name must name one folder under runs/, got {folder!r}")
         # member k is the single-seed script run with seed `seeds[k]`: no two share an env seed
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.args, self.script, self.diverged = args, script, {}
@@ -765,9 +768,12 @@ class Run:
         if saved is None:
             return iterations
         self.restore(state, saved["state"], self.args.seed + saved["step"])
-        random.setstate(saved["generators"][0])
-        np.random.set_state(saved["generators"][1])
-        torch.set_rng_state(saved["generators"][2])
+        python, numpy, cpu, cuda = saved["generators"]
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
         self.steps, self.curves, self.diverged = saved["step"], saved["curves"], saved["diverged"]
         for returns, member_returns in zip(self.returns, saved["returns"]):
             returns.extend(member_returns)
@@ -785,7 +791,8 @@ class Run:
         due = final or self.stop_signal or time.time() > self.next_checkpoint
         if len(self.diverged) == len(self.seeds) or not due:
             return
-        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
         saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
         returns = [list(member_returns) for member_returns in self.returns]
         saved |= dict(step=self.steps, final=final, curves=self.curves, returns=returns)
@@ -799,18 +806,22 @@ class Run:
 
     def state_of(self, obj):
         """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs) the
-        envs' wrappers and envs pickled, or None where they cannot be (a video recorder,
-        envpool)."""
+        envs' wrappers and envs pickled but their functions, which the same flags make again, or
+        None where they cannot be (a video recorder, envpool)."""
         if hasattr(obj, "state_dict"):
             return obj.state_dict()
         if isinstance(obj, dict):  # what has a state: no functions
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
         if isinstance(obj, tuple):  # (envs, obs)
-            links = ("env", "envs", "env_fns")  # between the layers, and how to make them
-            try:  # a video recorder's schedule cannot be pickled, nor envpool's envs walked
+            # between the layers, and how to make them
+            links = ("env", "envs", "env_fns", "_saved_kwargs")
+            try:  # a renderer's screen cannot be pickled, nor envpool's envs walked
                 envs = pickle.dumps(
-                    [{k: v for k, v in vars(x).items() if k not in links} for x in self.layers(obj)]
+                    [
+                        {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                        for x in self.layers(obj)
+                    ]
                 )
             except Exception:
                 envs = None
