@@ -24,7 +24,15 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, assert_user_error, load_script, run_script, script_env, summary
+from conftest import (
+    ROOT,
+    assert_user_error,
+    checkpoint,
+    load_script,
+    run_script,
+    script_env,
+    summary,
+)
 
 SCRIPT = "ppo_continuous_action_ray"
 # Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8
@@ -374,6 +382,59 @@ def test_ctrl_c_or_sigterm_stops_after_the_iteration_and_the_runners_end(
     while runner_pids(b"ray::EnvRunner"):
         assert time.time() < deadline, "the runners outlived the run"
         time.sleep(0.5)
+
+
+def test_a_resumed_run_restores_the_learner_and_its_runners_start_fresh_episodes(
+    ray_head, tmp_path
+):
+    """SIGTERM while the runners sample: the checkpoint keeps the learner and the observation
+    statistics. Resumed with no iteration left, the run saves exactly those; resumed for 2 more
+    iterations, it ends there, its statistics and Adam's steps go on from the checkpoint's, and
+    its runners' episodes start at the resumed step."""
+    flags = (*SMOKE, "--ray-address", ray_head, "--run-name", "job")
+    proc = start_run(tmp_path, *flags, "--total-timesteps", "1000000")
+    try:
+        wait_for_sampling(proc)
+        proc.send_signal(signal.SIGTERM)
+        summary(finish(proc, timeout=120), returncode=143)
+    finally:
+        stop(proc)
+    stopped = checkpoint(tmp_path / "runs/job")
+    step, learner = stopped["step"], stopped["state"]["learner"]
+
+    def resume(total_timesteps, *more):
+        result = run_script(
+            SCRIPT,
+            *flags,
+            "--total-timesteps",
+            str(total_timesteps),
+            "--resume",
+            "runs/job",
+            *more,
+            cwd=tmp_path,
+            timeout=300,
+            env=CLUSTER,
+        )
+        return summary(result)
+
+    assert resume(step, "--save-model")["resumes"] == [dict(step=step, fresh_episodes=True)]
+    saved = torch.load(tmp_path / f"runs/job/{SCRIPT}.pt", weights_only=True)["model"]
+    for name, value in learner["agent"].items():
+        assert torch.equal(saved["agent"][name], value), name
+    statistics = stopped["state"]["obs_rms"]
+    for name in ("mean", "var"):
+        assert np.array_equal(saved["obs_rms"][name].numpy(), statistics[name]), name
+    assert saved["obs_rms"]["count"] == pytest.approx(statistics["count"])  # saved as a float32
+
+    assert resume(step + 800)["total_timesteps"] == step + 800
+    resumed = checkpoint(tmp_path / "runs/job")
+    assert resumed["final"] and resumed["resumes"] == [dict(step=step, fresh_episodes=True)]
+    assert resumed["state"]["obs_rms"]["count"] == statistics["count"] + 800
+    adam_steps = [s["step"] for s in resumed["state"]["learner"]["optimizer"]["state"].values()]
+    assert adam_steps == [s["step"] + 2 * 2 * 4 for s in learner["optimizer"]["state"].values()]
+    # 2 runners x 1 env, 200 steps an episode: fresh ones end 400 and 800 steps after the resume
+    ends = [s for s, _, _ in resumed["curve"] if s > step]
+    assert ends == [step + 400, step + 400, step + 800, step + 800]
 
 
 def test_benchmark_tiny_budget(ray_head, tmp_path):

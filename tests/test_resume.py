@@ -5,7 +5,7 @@ foreign or mismatched checkpoint exits 2 in one line, a finished run is not run 
 import pytest
 import torch
 
-from tests.conftest import assert_same_state, checkpoint
+from tests.conftest import assert_same_state, checkpoint, load_script
 
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
@@ -13,6 +13,12 @@ EXACT = {
         ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
         ("--batch-size", 32, "--buffer-size", 1000),
         350,
+    ),
+    # 4 iterations of 64 steps, stopped at the end of the second, in the first episode
+    "ppo_continuous_action": (
+        ("--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64),
+        ("--num-minibatches", 2, "--update-epochs", 2),
+        128,
     ),
 }
 
@@ -42,6 +48,46 @@ def test_a_resumed_run_ends_as_one_that_went_through(script, train, tmp_path):
     resumed = checkpoint(tmp_path / "runs" / "stopped")
     assert resumed["resumes"] == [dict(step=stop_at, fresh_episodes=False)]
     same_runs(checkpoint(tmp_path / "runs" / "through"), resumed)
+
+
+# script -> a tiny run's flags and the vector step at which its first part gets the SIGTERM
+PPO = ("--env-id", "Pendulum-v1", "--total-timesteps", 192, "--num-steps", 64)
+PPO += ("--num-minibatches", 2, "--update-epochs", 1)
+SMOKE = {
+    "ppo_continuous_action": (PPO, 100),
+    "ppo_continuous_action_torchcompile": (PPO, 100),
+    "ppo_continuous_action_cpu": ((*PPO, "--no-compile"), 100),
+}
+
+
+@pytest.mark.parametrize("script", SMOKE)
+def test_a_stopped_run_resumes_to_its_end(script, train):
+    """Stopped by SIGTERM in its `stop_at`-th vector step, resumed, the run ends where it would
+    have, after its last iteration, and says where it resumed."""
+    flags, stop_at = SMOKE[script]
+    total = int(flags[flags.index("--total-timesteps") + 1])
+    assert train(script, *flags, "--run-name", "job", stop_at=stop_at) == 143
+    stopped = checkpoint("runs/job")
+    assert not stopped["final"] and stop_at <= stopped["step"] < total
+    assert train(script, *flags, "--resume", "runs/job") == 0
+    resumed = checkpoint("runs/job")
+    assert resumed["final"] and resumed["step"] == total
+    assert [r["step"] for r in resumed["resumes"]] == [stopped["step"]]
+
+
+@pytest.mark.parametrize(
+    "script", ["ppo_continuous_action_torchcompile", "ppo_continuous_action_ray"]
+)
+def test_a_loaded_learning_rate_goes_into_the_tensor_that_graphs_read(script):
+    """The fused Adam's learning rate is a tensor on the device, which a CUDA graph reads: loading
+    a checkpoint's optimizer state (loaded on the CPU) copies its rate into that tensor."""
+    module = load_script(script)
+    learner = module.make_learner(module.Args(), 3, 1, torch.device("cpu"))
+    lr = learner.optimizer.param_groups[0]["lr"]
+    state = learner.optimizer.state_dict()
+    state["param_groups"][0]["lr"] = torch.tensor(0.5)
+    learner.optimizer.load_state_dict(state)
+    assert learner.optimizer.param_groups[0]["lr"] is lr and lr.item() == 0.5
 
 
 SHORT = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 100)
