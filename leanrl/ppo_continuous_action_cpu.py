@@ -11,6 +11,7 @@ and loop. What changes for speed on a CPU:
   compiles whole into one graph, as GAE does (`--no-compile`: eager);
 - acting runs in numpy on views of the agent's weights;
 - one intra-op thread unless `--threads` says otherwise: every op here is tiny.
+
 A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose recorder cannot be
 saved: then its episodes and its observation and reward normalization start afresh.
 """

@@ -2,8 +2,9 @@
 runner with a fixed seed yields the transitions of the same envs stepped here; runs learn-step
 on a joined cluster and on a local one, double-buffered or not, with no Ray process left behind;
 a killed runner is replaced and the run goes on; Ctrl-C or SIGTERM stops after the iteration
-with a summary and exit 130 or 143, and the runners end; the scaling benchmark runs on a tiny
-budget; bad input exits 2 (a bad --env-id before Ray starts).
+with a summary and exit 130 or 143, and the runners end; a run stopped by SIGTERM resumes with
+its learner restored and fresh episodes; the scaling benchmark runs on a tiny budget; bad input
+exits 2 (a bad --env-id before Ray starts).
 
 One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its
 own process group, killed as a group at the end of the module. Scripts join it with
