@@ -2,8 +2,9 @@
 runner with a fixed seed yields the transitions of the same envs stepped here; runs learn-step
 on a joined cluster and on a local one, double-buffered or not, with no Ray process left behind;
 a killed runner is replaced and the run goes on; Ctrl-C or SIGTERM stops after the iteration
-with a summary and exit 130 or 143, and the runners end; the scaling benchmark runs on a tiny
-budget; bad input exits 2 (a bad --env-id before Ray starts).
+with a summary and exit 130 or 143, and the runners end; a run stopped by SIGTERM resumes with
+its learner restored and fresh episodes; the scaling benchmark runs on a tiny budget; bad input
+exits 2 (a bad --env-id before Ray starts).
 
 One Ray head serves every test here: `ray start --head --block` on loopback with 2 CPUs, in its
 own process group, killed as a group at the end of the module. Scripts join it with
@@ -24,7 +25,15 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, assert_user_error, load_script, run_script, script_env, summary
+from conftest import (
+    ROOT,
+    assert_user_error,
+    checkpoint,
+    load_script,
+    run_script,
+    script_env,
+    summary,
+)
 
 SCRIPT = "ppo_continuous_action_ray"
 # Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8
@@ -374,6 +383,37 @@ def test_ctrl_c_or_sigterm_stops_after_the_iteration_and_the_runners_end(
     while runner_pids(b"ray::EnvRunner"):
         assert time.time() < deadline, "the runners outlived the run"
         time.sleep(0.5)
+
+
+def test_a_resumed_run_restores_the_learner_and_its_runners_start_fresh_episodes(
+    ray_head, tmp_path
+):
+    """SIGTERM while the runners sample: the checkpoint keeps the learner and the observation
+    statistics. Resumed for 2 more iterations, the run ends there, its statistics and Adam's steps
+    go on from the checkpoint's, and its runners' episodes start at the resumed step. (That the
+    weights come back bit for bit is tested on the eager script, whose `Run` is this one.)"""
+    flags = (*SMOKE, "--ray-address", ray_head, "--run-name", "job")
+    proc = start_run(tmp_path, *flags, "--total-timesteps", "1000000")
+    try:
+        wait_for_sampling(proc)
+        proc.send_signal(signal.SIGTERM)
+        summary(finish(proc, timeout=120), returncode=143)
+    finally:
+        stop(proc)
+    stopped = checkpoint(tmp_path / "runs/job")
+    step, learner = stopped["step"], stopped["state"]["learner"]
+    more = ("--total-timesteps", str(step + 800), "--resume", "runs/job")
+    result = run_script(SCRIPT, *flags, *more, cwd=tmp_path, timeout=300, env=CLUSTER)
+    assert summary(result)["total_timesteps"] == step + 800
+    resumed = checkpoint(tmp_path / "runs/job")
+    assert resumed["final"] and resumed["resumes"] == [dict(step=step, fresh_episodes=True)]
+    statistics = stopped["state"]["obs_rms"]
+    assert resumed["state"]["obs_rms"]["count"] == statistics["count"] + 800
+    adam_steps = [s["step"] for s in resumed["state"]["learner"]["optimizer"]["state"].values()]
+    assert adam_steps == [s["step"] + 2 * 2 * 4 for s in learner["optimizer"]["state"].values()]
+    # 2 runners x 1 env, 200 steps an episode: fresh ones end 400 and 800 steps after the resume
+    ends = [s for s, _, _ in resumed["curve"] if s > step]
+    assert ends == [step + 400, step + 400, step + 800, step + 800]
 
 
 def test_benchmark_tiny_budget(ray_head, tmp_path):

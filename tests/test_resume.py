@@ -37,6 +37,12 @@ EXACT = {
         ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
         355,
     ),
+    # 4 iterations of 64 steps, stopped at the end of the second, in the first episode
+    "ppo_continuous_action": (
+        ("--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64),
+        ("--num-minibatches", 2, "--update-epochs", 2),
+        128,
+    ),
 }
 
 
@@ -75,9 +81,14 @@ TINY_SEEDS = ("--num-seeds", 2, "--no-compile", "--batch-size", 8, "--buffer-siz
 TINY_PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 50, "--learning-starts", 30)
 TINY_PPO_SEEDS = ("--num-seeds", 2, "--no-compile", "--env-id", "Pendulum-v1", "--num-steps", 16)
 TINY_PPO_SEEDS += ("--num-minibatches", 2, "--update-epochs", 1)
+PPO = ("--env-id", "Pendulum-v1", "--total-timesteps", 192, "--num-steps", 64)
+PPO += ("--num-minibatches", 2, "--update-epochs", 1)
 RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
 RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
 SMOKE = {
+    "ppo_continuous_action": PPO,
+    "ppo_continuous_action_torchcompile": PPO,
+    "ppo_continuous_action_cpu": (*PPO, "--no-compile"),
     "ppo_lstm": RECURRENT,
     "ppo_lstm_torchcompile": RECURRENT,
     "ppo_mingru": RECURRENT,
@@ -264,10 +275,11 @@ def test_the_checkpoint_study_measures_a_full_buffer(tmp_path, monkeypatch):
     assert list(tmp_path.glob("checkpoint-*.json"))
 
 
-def test_a_tensor_learning_rate_is_restored_in_place(make_run):
-    """The recurrent twins anneal a tensor learning rate in place, and a CUDA graph reads it there:
+@pytest.mark.parametrize("script", ["ppo_lstm_torchcompile", "ppo_continuous_action_torchcompile"])
+def test_a_tensor_learning_rate_is_restored_in_place(script, make_run):
+    """The PPO twins anneal a tensor learning rate in place, and a CUDA graph reads it there:
     restoring their optimizer copies the checkpoint's rate into that tensor."""
-    run = make_run("ppo_lstm_torchcompile")
+    run = make_run(script)
     lr = torch.tensor(1e-3)
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=lr)
     saved = run.state_of(dict(optimizer=optimizer))
