@@ -389,27 +389,29 @@ def make_run(tmp_path, monkeypatch):
 
 @pytest.fixture
 def train(tmp_path, monkeypatch):
-    """`train(script, *flags, stop_at=k)`: the script's `main` in this process, in a temporary
-    working folder; with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1
-    in this call). Returns the exit status (0 when `main` returns)."""
+    """`train(script, *flags, stop_at=k, counted=(cls, name))`: the script's `main` in this
+    process, in a temporary working folder; with `stop_at`, a SIGTERM arrives during its k-th vector
+    step (counted from 1 in this call): its k-th call of the method `cls.name` (by default
+    gymnasium's `SyncVectorEnv.step`). Returns the exit status (0 when `main` returns)."""
     import gymnasium as gym
     import tyro
 
     monkeypatch.chdir(tmp_path)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    step = gym.vector.SyncVectorEnv.step
+    originals = {}  # the methods before this fixture counted their calls
 
-    def run(script, *flags, stop_at=None):
+    def run(script, *flags, stop_at=None, counted=(gym.vector.SyncVectorEnv, "step")):
         module = load_script(script)
         calls = [0]
+        step = originals.setdefault(counted, getattr(*counted))
 
-        def counted_step(envs, actions):
+        def counted_step(envs, *args, **kwargs):
             calls[0] += 1
             if calls[0] == stop_at:
                 os.kill(os.getpid(), signal.SIGTERM)
-            return step(envs, actions)
+            return step(envs, *args, **kwargs)
 
-        monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", counted_step)
+        monkeypatch.setattr(*counted, counted_step)
         try:
             module.main(tyro.cli(module.Args, args=list(map(str, flags))))
             return 0
