@@ -126,12 +126,14 @@ def test_bad_checkpoints_exit_2_in_one_line(train, capsys, tmp_path):
 
 # script -> a tiny run's flags, for the smoke test: stopped by a SIGTERM in its STOP_AT-th vector
 # step, resumed, it reaches its end
-SMOKE = {}
 STOP_AT = 2
 ATARI = ("--num-envs", 2, "--num-steps", 16, "--total-timesteps", 96, "--num-minibatches", 2)
 ATARI += ("--update-epochs", 1)
-for script in ("ppo_atari_envpool", "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"):
-    SMOKE[script] = ATARI
+SMOKE = {
+    "ppo_atari_envpool": ATARI,
+    "ppo_atari_envpool_torchcompile": ATARI,
+    "ppo_atari_envpool_async": ATARI,
+}
 # what a vector step is where it is not gymnasium's SyncVectorEnv.step: envpool's step, and the
 # async script's recv of a batch
 COUNTED = {
