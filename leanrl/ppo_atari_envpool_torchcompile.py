@@ -15,6 +15,10 @@ The same algorithm and loop as the eager twin, with the data flow rewritten for 
 - Adam is fused, its learning rate a tensor annealed in place;
 - `--compile` compiles acting, GAE and the loss with its backward (the clip and Adam stay eager);
 - `--cudagraphs` records acting and the update as CUDA graphs; it needs a CUDA device.
+
+A resumed run (--resume) gets its learner back exactly (network, optimizer, learning-rate schedule,
+counters, generators, curve), but envpool's envs cannot be saved: its games start fresh, seeded
+with --seed plus the step it resumes from (`fresh_episodes: true` in the summary's `resumes`).
 """
 
 import json
@@ -64,6 +68,13 @@ class Args:
     """evaluate this saved .pt file for --eval-episodes games instead of training"""
     measure_burnin: int = 3
     """the first iterations, which compile and warm up, left out of `sps`"""
+    checkpoint_minutes: float = 10.0
+    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
+    Ctrl-C or SIGTERM and at the end (0: only then)"""
+    resume: str | None = None
+    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
+    run_name: str | None = None
+    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
@@ -320,7 +331,8 @@ def make_learner(args, n_act, device):
 def main(args):
     check_args(args)
     run = Run(args, "ppo_atari_envpool_torchcompile")  # seeds, run folder, wandb, signals
-    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, run.env_seed, videos)  # fresh games on resume
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, envs.single_action_space.n, device)
     agent, optimizer = learner.agent, learner.optimizer
@@ -360,8 +372,13 @@ def main(args):
     next_obs, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs)
     game_returns = np.zeros(args.num_envs)
-    global_step = 0
-    pbar = tqdm.tqdm(range(1, num_iterations + 1))
+
+    def training_state():  # what a checkpoint keeps, beside the run's counters and generators
+        return dict(learner=learner)
+
+    iterations = run.resume(training_state(), range(1, num_iterations + 1))
+    global_step = run.steps
+    pbar = tqdm.tqdm(iterations)
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here, past compile and warm-up
@@ -419,6 +436,7 @@ def main(args):
         metrics["explained_variance"] = explained_var
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
+        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
@@ -428,7 +446,8 @@ def main(args):
 
 # ==================================================================================================
 # Run plumbing, the same in every Atari script: flag errors, the run folder and summary,
-# wandb, Ctrl-C and SIGTERM, divergence, save, load, evaluation. `check_args` is this script's own.
+# wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args` is this
+# script's own.
 
 
 def fail(message):
@@ -479,21 +498,31 @@ def check_args(args):
 
 
 class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, the progress bar, the
-    summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss sets `diverged`:
-    the loop stops after its step."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
+    sets `diverged`: the loop stops after its step."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
+    # flags that a resumed run may change: they do not change what is trained
+    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
+    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "env_threads")
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             n = args.eval_episodes
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
+        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
+            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
         self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = self.name.replace(":", "_")
+        self.name = (args.run_name or self.name).replace(":", "_")
         self.dir = os.path.join("runs", self.name)
+        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
+        # envpool's envs cannot be saved: a resumed run's games start fresh, seeded by its step
+        # (envpool's seeds are below 2**31)
+        self.env_seed = (args.seed + (self.saved["step"] if self.saved else 0)) % 2**31
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
         self.wandb = None
@@ -504,6 +533,8 @@ class Run:
                 entity=args.wandb_entity,
                 config=vars(args),
                 name=self.name,
+                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
+                resume="allow",
             )
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -513,6 +544,7 @@ class Run:
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.stop_signal, self.diverged = 0, 0, None
+        self.resumes, self.next_checkpoint = [], time.time() + 60 * args.checkpoint_minutes
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
@@ -533,6 +565,103 @@ class Run:
         if trained.get("env_id") != self.args.env_id:
             fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
+
+    def load_checkpoint(self):
+        """The checkpoint that --resume names (a file or a run folder), checked against the
+        flags."""
+        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
+        if args.resume is None and args.run_name and os.path.exists(own):
+            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
+        if args.resume == "auto" and not args.run_name:
+            fail("--resume auto needs --run-name, the folder under runs/ to continue")
+        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
+            return None
+        path = own if args.resume == "auto" else args.resume
+        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved_by, trained = saved["script"], saved["args"]
+        except Exception as e:
+            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
+        if saved_by != self.script:
+            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
+        for flag, value in vars(args).items():
+            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
+                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
+            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
+            sys.exit(0)
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.name = os.path.basename(self.dir)
+        return saved
+
+    def resume(self, state, iterations):
+        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
+        generators into the run; returns the part of `iterations` left to run."""
+        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
+        if saved is None:
+            return iterations
+        self.restore(state, saved["state"])
+        python, numpy, cpu, cuda = saved["generators"]
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
+        self.steps, self.curve = saved["step"], saved["curve"]
+        self.returns.extend(saved["returns"])
+        self.start_time = time.time() - saved["wall_s"]
+        self.resumes = saved["resumes"] + [dict(step=self.steps, fresh_episodes=True)]
+        self.start_clock(self.steps)
+        return range(saved["iteration"], iterations.stop)
+
+    def checkpoint(self, iteration, state):
+        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
+        and the generators to checkpoint.pt, written to a temporary file and renamed."""
+        final = iteration + 1 == self.iterations.stop
+        if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
+            return
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
+        saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
+        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
+        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, generators=generators)
+        path = os.path.join(self.dir, "checkpoint.pt")
+        torch.save(saved | dict(state=self.state_of(state())), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
+
+    def state_of(self, obj):
+        """What `restore` puts back: state dicts and tensors (not the envs, which envpool cannot
+        save)."""
+        if hasattr(obj, "state_dict"):
+            return obj.state_dict()
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
+        if isinstance(obj, dict):  # what has a state: no functions
+            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
+            return {k: self.state_of(v) for k, v in kept.items()}
+        return obj.clone()
+
+    def restore(self, obj, saved):
+        """`saved` into `obj`, in place."""
+        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
+            rates = [group["lr"] for group in obj.param_groups]
+            obj.load_state_dict(saved)
+            for group, rate in zip(obj.param_groups, rates):
+                if isinstance(rate, torch.Tensor):
+                    group["lr"] = rate.copy_(group["lr"])
+        elif hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(saved)
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
+                if key in saved:
+                    self.restore(value, saved[key])
+        else:
+            with torch.no_grad():
+                obj.copy_(torch.as_tensor(saved))
 
     def video_folder(self):
         """runs/<run_name>/videos, once we know that this machine can record envpool's frames."""
@@ -620,6 +749,7 @@ class Run:
             episodes=len(self.curve),
             return_mean=float(np.mean(self.returns)) if self.returns else None,
             interrupted=self.stop_signal > 0,
+            resumes=self.resumes,
             model_file=model_file,
             eval_returns=[],
             eval_return_mean=None,

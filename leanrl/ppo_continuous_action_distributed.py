@@ -7,13 +7,17 @@ CleanRL's (HalfCheetah-v4, 1M steps, 2048 steps per rollout).
 
 Each rank is the twin seeded `seed + RANK * num_envs`. The ranks start from rank 0's weights and
 average each minibatch's gradients, so N ranks train as one process with N x num_envs envs. Rank 0
-alone keeps the run folder, SUMMARY, wandb and model. A collective waits at most `--dist-timeout`
-seconds (docs/scaling-torchrun.md: more machines).
+alone keeps the run folder, SUMMARY, wandb, model and checkpoint, which gathers every rank's
+generators and envs: a resumed run (--resume, with as many ranks, each of which reads the file)
+continues exactly where the envs can be saved. A collective waits at most `--dist-timeout` seconds
+(docs/scaling-torchrun.md: more machines).
 """
 
+import functools
 import json
 import math
 import os
+import pickle
 import random
 import re
 import signal
@@ -61,6 +65,13 @@ class Args:
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
     """iterations (rollout + update) excluded from `sps` (they compile and warm up)"""
+    checkpoint_minutes: float = 10.0
+    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
+    Ctrl-C or SIGTERM and at the end (0: only then)"""
+    resume: str | None = None
+    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
+    run_name: str | None = None
+    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -123,20 +134,26 @@ def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=N
                 f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO "
                 "here needs a Box"
             )
-        env = gym.wrappers.FlattenObservation(env)
+        # FlattenObservation, ClipAction and the clips with partials, not lambdas: checkpoints
+        # pickle the wrappers
+        space = env.observation_space
+        flatten = functools.partial(gym.spaces.flatten, space)
+        env = gym.wrappers.TransformObservation(env, flatten, gym.spaces.flatten_space(space))
         # before the normalization: it records the raw returns
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = gym.wrappers.ClipAction(env)
+        space = env.action_space
+        clip_action = functools.partial(np.clip, a_min=space.low, a_max=space.high)
+        unbounded = gym.spaces.Box(-np.inf, np.inf, space.shape, space.dtype)
+        env = gym.wrappers.TransformAction(env, clip_action, unbounded)
         env = gym.wrappers.NormalizeObservation(env)
         # a trained policy acts on observations normalized as in its training, frozen
         if obs_rms is not None:
             env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
             env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
-        env = gym.wrappers.TransformObservation(
-            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
-        )
+        clip = functools.partial(np.clip, a_min=-10, a_max=10)
+        env = gym.wrappers.TransformObservation(env, clip, env.observation_space)
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        env = gym.wrappers.TransformReward(env, clip)
         env.action_space.seed(seed)
         return env
 
@@ -450,7 +467,7 @@ def main(args):
     # each rank is the twin with its own seeds: global envs seed + rank * num_envs, ...
     args = replace(args, seed=args.seed + rank * args.num_envs)
     # seeds, run folder, wandb, signals: see the file's end
-    run = Run(args, "ppo_continuous_action_distributed", rank)
+    run = Run(args, "ppo_continuous_action_distributed", rank, world_size)
     # what the saved agent was trained with
     saved_obs_rms = run.saved_model["obs_rms"] if args.eval_model else None
     videos = None if args.eval_model else run.videos
@@ -508,8 +525,13 @@ def main(args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // (batch_size * world_size)
-    global_step = 0
-    pbar = tqdm.tqdm(range(1, num_iterations + 1), disable=rank != 0)
+
+    def training_state():  # what a checkpoint keeps, beside the run's counters and generators
+        return dict(learner=learner, envs=(envs, next_obs))
+
+    iterations = run.resume(training_state(), range(1, num_iterations + 1))
+    global_step = run.steps  # 0 unless resumed
+    pbar = tqdm.tqdm(iterations, disable=rank != 0)
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
             run.start_clock(global_step)  # sps counts from here: compile and warm-up are behind
@@ -570,7 +592,10 @@ def main(args):
         run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
         # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: all stop here
-        if signum := max_over_ranks(run.stop_signal, world_size, device):
+        # (a signal that comes after this all-reduce waits for the next iteration's)
+        signum = max_over_ranks(run.stop_signal, world_size, device)
+        run.checkpoint(iteration, training_state, signum)  # when due, on a signal, at the end
+        if signum:
             run.stop_signal = run.stop_signal or signum
             break
         if run.diverged:  # on every rank at once: the losses it checks are all-reduced, the same
@@ -591,7 +616,8 @@ def main(args):
 
 # ==================================================================================================
 # Run plumbing, the single-process scripts' with ranks: flag errors, the run folder and summary,
-# wandb, Ctrl-C and SIGTERM, divergence, save, load, evaluation. `check_args` is this script's own.
+# wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args` is this
+# script's own.
 
 
 def fail(message):
@@ -644,21 +670,29 @@ def check_args(args, world_size):
 
 
 class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, the progress bar, the
-    summary; rank 0 alone keeps the folder, wandb and the messages. A first Ctrl-C or SIGTERM sets
-    `stop_signal` and a non-finite loss sets `diverged`: the loop stops after its step."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary; rank 0 alone keeps the folder, wandb and the messages. A first
+    Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss sets `diverged`: the loop stops
+    after its step."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
+    # flags that a resumed run may change: they do not change what is trained
+    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
+    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "dist_backend", "dist_timeout")
 
-    def __init__(self, args, script, rank):
+    def __init__(self, args, script, rank, world_size):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             n = args.eval_episodes
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
-        self.args, self.script, self.rank = args, script, rank
+        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
+            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        self.args, self.script, self.rank, self.world_size = args, script, rank, world_size
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = self.name.replace(":", "_")
+        self.name = (args.run_name or self.name).replace(":", "_")
         self.dir = os.path.join("runs", self.name)
+        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
         self.videos = self.video_folder() if args.capture_video and rank == 0 else None
         if rank == 0:
             os.makedirs(self.dir, exist_ok=True)
@@ -670,6 +704,8 @@ class Run:
                 entity=args.wandb_entity,
                 config=vars(args),
                 name=self.name,
+                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
+                resume="allow",
             )
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -679,6 +715,8 @@ class Run:
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.stop_signal, self.diverged = 0, 0, None
+        self.resumes, self.next_checkpoint = [], time.time() + 60 * args.checkpoint_minutes
+        self.envs_restored = False  # by `resume`, where the checkpoint holds them
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
@@ -699,6 +737,154 @@ class Run:
         if trained.get("env_id") != self.args.env_id:
             fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
+
+    def load_checkpoint(self):
+        """The checkpoint that --resume names (a file or a run folder), checked against the
+        flags and the number of ranks."""
+        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
+        if args.resume is None and args.run_name and os.path.exists(own):
+            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
+        if args.resume == "auto" and not args.run_name:
+            fail("--resume auto needs --run-name, the folder under runs/ to continue")
+        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
+            return None
+        path = own if args.resume == "auto" else args.resume
+        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved_by, trained, ranks = saved["script"], saved["args"], len(saved["ranks"])
+        except Exception as e:
+            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
+        if saved_by != self.script:
+            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
+        if ranks != self.world_size:
+            fail(f"--resume {path} was trained by {ranks} ranks, not {self.world_size}")
+        own_seed = args.seed - self.rank * args.num_envs  # rank 0's, the one the checkpoint keeps
+        for flag, value in (vars(args) | dict(seed=own_seed)).items():
+            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
+                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
+            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
+            sys.exit(0)
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.name = os.path.basename(self.dir)
+        return saved
+
+    def resume(self, state, iterations):
+        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
+        generators into the run; returns the part of `iterations` left to run."""
+        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
+        if saved is None:
+            return iterations
+        generators, envs = saved["ranks"][self.rank]  # this rank's own
+        self.restore(state, saved["state"] | dict(envs=envs), self.args.seed + saved["step"])
+        python, numpy, cpu, cuda = generators
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
+        self.steps, self.curve = saved["step"], saved["curve"]
+        self.returns.extend(saved["returns"])
+        self.start_time = time.time() - saved["wall_s"]
+        resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
+        self.resumes = saved["resumes"] + [resumed]
+        self.start_clock(self.steps)
+        return range(saved["iteration"], iterations.stop)
+
+    def checkpoint(self, iteration, state, stop_signal):
+        """After `iteration`, when due, on the first signal the ranks agreed on (`stop_signal`)
+        and at the end: `state()`, the counters and every rank's generators and envs to
+        checkpoint.pt, which rank 0 writes to a temporary file and renames. Every rank calls it
+        after each iteration; the learner, the same on every rank, is rank 0's."""
+        final = iteration + 1 == self.iterations.stop
+        due = [time.time() > self.next_checkpoint]
+        if self.world_size > 1:  # each rank has its own clock: rank 0's decides
+            collective(dist.broadcast_object_list, due, src=0)
+        if self.diverged or not (final or stop_signal or due[0]):
+            return
+        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
+        state = state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+        own = (generators, self.state_of(state.pop("envs")))
+        ranks = [own]
+        if self.world_size > 1:  # every rank's, on rank 0
+            ranks = [None] * self.world_size if self.rank == 0 else None
+            collective(dist.gather_object, own, object_gather_list=ranks, dst=0)
+        if self.rank > 0:
+            return
+        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
+        saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
+        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
+        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, ranks=ranks)
+        path = os.path.join(self.dir, "checkpoint.pt")
+        torch.save(saved | dict(state=self.state_of(state)), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def state_of(self, obj):
+        """What `restore` puts back: state dicts, tensors, and for (envs, obs) the envs' wrappers
+        and envs pickled but their functions, which the same flags make again, or None where they
+        cannot be (a video recorder)."""
+        if hasattr(obj, "state_dict"):
+            return obj.state_dict()
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
+        if isinstance(obj, dict):  # what has a state: no functions
+            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
+            return {k: self.state_of(v) for k, v in kept.items()}
+        if isinstance(obj, tuple):  # (envs, obs)
+            # between the layers, and how to make them
+            links = ("env", "envs", "env_fns", "_saved_kwargs")
+            layers = [
+                {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                for x in self.layers(obj)
+            ]
+            try:
+                envs = pickle.dumps(layers)
+            except Exception:  # an env that renders for a video recorder holds its screen
+                envs = None
+            return (envs, *(self.state_of(x) for x in obj[1:]))
+        return obj.to("cpu", copy=True)  # a rank's observations travel to rank 0
+
+    def restore(self, obj, saved, seed):
+        """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
+        `seed`."""
+        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
+            rates = [group["lr"] for group in obj.param_groups]
+            obj.load_state_dict(saved)
+            for group, rate in zip(obj.param_groups, rates):
+                if isinstance(rate, torch.Tensor):
+                    group["lr"] = rate.copy_(group["lr"])
+        elif hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(saved)
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
+                if key in saved:
+                    self.restore(value, saved[key], seed)
+        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes
+            self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
+        elif isinstance(obj, tuple):
+            for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
+                vars(layer).update(attributes)
+            for x, value in zip(obj[1:], saved[1:]):
+                self.restore(x, value, seed)
+            self.envs_restored = True
+        else:
+            with torch.no_grad():
+                obj.copy_(torch.as_tensor(saved))
+
+    @staticmethod
+    def layers(envs_obs):
+        """The vector env, then each env's wrappers and the env itself, outermost first."""
+        layers = [envs_obs[0]]
+        for env in envs_obs[0].envs:
+            layers.append(env)
+            while hasattr(env, "env"):
+                env = env.env
+                layers.append(env)
+        return layers
 
     def video_folder(self):
         """runs/<run_name>/videos, once we know that this machine can record the env."""
@@ -787,6 +973,7 @@ class Run:
             episodes=len(self.curve),
             return_mean=float(np.mean(self.returns)) if self.returns else None,
             interrupted=self.stop_signal > 0,
+            resumes=self.resumes,
             model_file=model_file,
             eval_returns=[],
             eval_return_mean=None,

@@ -389,30 +389,32 @@ def make_run(tmp_path, monkeypatch):
 
 @pytest.fixture
 def train(tmp_path, monkeypatch):
-    """`train(script, *flags, stop_at=k)`: the script's `main` in this process, in a temporary
-    working folder; with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1
-    in this call): a step of gymnasium's SyncVectorEnv, or of the script's class that `counted`
-    names. Returns the exit status (0 when `main` returns)."""
+    """`train(script, *flags, stop_at=k, counted=(owner, name))`: the script's `main` in this
+    process, in a temporary working folder; with `stop_at`, a SIGTERM arrives during its k-th vector
+    step (counted from 1 in this call): its k-th call of the method `owner.name`, `owner` a class
+    or the name of one of the script's (by default gymnasium's `SyncVectorEnv.step`). Returns the
+    exit status (0 when `main` returns)."""
     import gymnasium as gym
     import tyro
 
     monkeypatch.chdir(tmp_path)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    vector_step = gym.vector.SyncVectorEnv.step
+    originals = {}  # the methods before this fixture counted their calls
 
     def run(script, *flags, stop_at=None, counted=None):
         module = load_script(script)
-        envs_class = getattr(module, counted) if counted else gym.vector.SyncVectorEnv
-        step = envs_class.step if counted else vector_step  # a fresh module's, or the unpatched
+        owner, name = counted or (gym.vector.SyncVectorEnv, "step")
+        owner = getattr(module, owner) if isinstance(owner, str) else owner
+        step = originals.setdefault((owner, name), getattr(owner, name))
         calls = [0]
 
-        def counted_step(envs, actions):
+        def counted_step(envs, *args, **kwargs):
             calls[0] += 1
             if calls[0] == stop_at:
                 os.kill(os.getpid(), signal.SIGTERM)
-            return step(envs, actions)
+            return step(envs, *args, **kwargs)
 
-        monkeypatch.setattr(envs_class, "step", counted_step)
+        monkeypatch.setattr(owner, name, counted_step)
         try:
             module.main(tyro.cli(module.Args, args=list(map(str, flags))))
             return 0

@@ -2,6 +2,7 @@
 went through ends, bit for bit on the CPU where the envs can be saved; and the faults: a truncated,
 foreign or mismatched checkpoint exits 2 in one line, a finished run is not run again."""
 
+import copy
 import io
 import json
 import os
@@ -13,9 +14,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from envpool.python.envpool import EnvPoolMixin
+from test_ppo_continuous_action_distributed import (
+    GLOO,
+    LAUNCH_TIMEOUT,
+    RUNS_CWD,  # where its launches run (`conftest`'s, not `tests.conftest`'s)
+    TINY,
+    Finished,
+    launches,  # noqa: F401 (a fixture)
+    standalone,
+    torchrun_command,
+)
 
 from benchmarks.studies import checkpoint as checkpoint_study
-from tests.conftest import ROOT, SCRIPTS, assert_same_state, checkpoint, load_script, script_env
+from tests.conftest import (
+    ROOT,
+    SCRIPTS,
+    assert_same_state,
+    checkpoint,
+    load_script,
+    script_env,
+    summary,
+)
 
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
@@ -40,6 +60,13 @@ EXACT = {
     # 4 iterations of 64 steps, stopped at the end of the second, in the first episode
     "ppo_continuous_action": (
         ("--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-steps", 64),
+        ("--num-minibatches", 2, "--update-epochs", 2),
+        128,
+    ),
+    # one process, without torchrun: its envs travel in the checkpoint's `ranks`; stopped in the
+    # last step of its 2nd iteration
+    "ppo_continuous_action_distributed": (
+        ("--no-cuda", "--env-id", "Pendulum-v1", "--total-timesteps", 384, "--num-steps", 64),
         ("--num-minibatches", 2, "--update-epochs", 2),
         128,
     ),
@@ -83,6 +110,8 @@ TINY_PPO_SEEDS = ("--num-seeds", 2, "--no-compile", "--env-id", "Pendulum-v1", "
 TINY_PPO_SEEDS += ("--num-minibatches", 2, "--update-epochs", 1)
 PPO = ("--env-id", "Pendulum-v1", "--total-timesteps", 192, "--num-steps", 64)
 PPO += ("--num-minibatches", 2, "--update-epochs", 1)
+ATARI = ("--num-envs", 2, "--num-steps", 16, "--total-timesteps", 96, "--num-minibatches", 2)
+ATARI += ("--update-epochs", 1)
 RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
 RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
 SMOKE = {
@@ -97,11 +126,20 @@ SMOKE = {
     "sac_continuous_action_seeds": (*TINY_SEEDS, *TINY_PENDULUM),
     "td3_continuous_action_seeds": (*TINY_SEEDS, *TINY_PENDULUM),
     "ppo_continuous_action_seeds": (*TINY_PPO_SEEDS, "--total-timesteps", 64),
+    "ppo_atari_envpool": ATARI,
+    "ppo_atari_envpool_torchcompile": ATARI,
+    "ppo_atari_envpool_async": ATARI,
 }
-# what the `train` fixture counts where it is not gymnasium's SyncVectorEnv, and scripts whose
-# envs cannot be saved
-COUNTED = {"ppo_continuous_action_seeds": "EnvpoolWrappers"}
-FRESH_EPISODES = ("ppo_continuous_action_seeds",)
+# what the `train` fixture counts where a vector step is not gymnasium's SyncVectorEnv.step (a
+# class of the script by its name, or envpool's step, or the async script's recv of a batch), and
+# the scripts whose envs cannot be saved
+COUNTED = {
+    "ppo_continuous_action_seeds": ("EnvpoolWrappers", "step"),
+    "ppo_atari_envpool": (EnvPoolMixin, "step"),
+    "ppo_atari_envpool_torchcompile": (EnvPoolMixin, "step"),
+    "ppo_atari_envpool_async": (EnvPoolMixin, "recv"),
+}
+FRESH_EPISODES = ("ppo_continuous_action_seeds", *(s for s in COUNTED if "atari" in s))
 
 
 @pytest.mark.parametrize("script", SMOKE)
@@ -126,12 +164,12 @@ def test_an_envpool_run_resumes_its_learner_and_statistics_with_fresh_episodes(t
     member's observation statistics went on from the checkpoint's by the fresh episodes' first
     observation."""
     script, flags = "ppo_continuous_action_seeds", (*TINY_PPO_SEEDS, "--total-timesteps")
-    stop = dict(stop_at=20, counted="EnvpoolWrappers")  # in the second 16-step rollout
+    stop = dict(stop_at=20, counted=COUNTED[script])  # in the second 16-step rollout
     assert train(script, *flags, 64, "--run-name", "run", **stop) == 143
     stopped = checkpoint("runs/run")
     assert stopped["step"] == 32 and stopped["state"]["envs"][0] is None
     resume = ("--save-model", "--resume", "runs/run")
-    assert train(script, *flags, 32, *resume, counted="EnvpoolWrappers") == 0
+    assert train(script, *flags, 32, *resume, counted=COUNTED[script]) == 0
     summary = json.loads(Path("runs/run/summary.json").read_text())
     assert summary["resumes"] == [dict(step=32, fresh_episodes=True)]
     params = stopped["state"]["learner"]["params"]
@@ -301,3 +339,57 @@ def test_fresh_episodes_start_with_a_zero_recurrent_state(make_run):
     expected = module.make_envs("CartPole-v1", 2, 1, (0, 2)).reset(seed=7)[0]
     assert torch.equal(carried[1], torch.as_tensor(expected, dtype=torch.float))
     assert all(not x.any() for x in carried[2:]) and not run.envs_restored
+
+
+def test_a_resumed_atari_run_gets_its_learner_back_and_fresh_games(train, tmp_path, monkeypatch):
+    """envpool's envs cannot be saved: the resumed run loads the checkpoint's network and optimizer
+    (recorded as their `load_state_dict` leaves them), goes on from the checkpoint's step, curve and
+    learning-rate schedule, and says that its games started fresh."""
+    script, counted = "ppo_atari_envpool_torchcompile", (EnvPoolMixin, "step")
+    flags = (*ATARI, "--total-timesteps", 128, "--run-name", "job")
+    assert train(script, *flags, stop_at=40, counted=counted) == 143  # in the 3rd of 4 iterations
+    stopped = checkpoint(tmp_path / "runs" / "job")
+    assert stopped["step"] == 96 and stopped["iteration"] == 4
+    loaded = {}
+    for cls in (torch.nn.Module, torch.optim.Optimizer):
+        load = cls.load_state_dict
+
+        def recorded(obj, state, *args, load=load, **kwargs):
+            out = load(obj, state, *args, **kwargs)
+            loaded[type(obj).__name__] = copy.deepcopy(obj.state_dict())
+            return out
+
+        monkeypatch.setattr(cls, "load_state_dict", recorded)
+    assert train(script, *flags, "--resume", "auto", counted=counted) == 0
+    learner = stopped["state"]["learner"]
+    assert_same_state(loaded["Agent"], learner["agent"])
+    assert_same_state(loaded["Adam"], learner["optimizer"])
+    assert loaded["Adam"]["state"][0]["step"] == 6  # 3 iterations of 1 epoch of 2 minibatches
+    resumed = checkpoint(tmp_path / "runs" / "job")
+    assert resumed["resumes"] == [dict(step=96, fresh_episodes=True)]
+    assert resumed["step"] == 128 and resumed["curve"][: len(stopped["curve"])] == stopped["curve"]
+    # the last of 4 iterations anneals the learning rate to a quarter
+    lr = resumed["state"]["learner"]["optimizer"]["param_groups"][0]["lr"]
+    assert float(lr) == pytest.approx(2.5e-4 / 4)
+
+
+def test_two_ranks_stopped_by_sigterm_resume_to_their_end(launches):  # noqa: F811
+    """torchrun forwards a SIGTERM to both ranks, which stop after the same iteration; rank 0 alone
+    writes the checkpoint, with each rank's generators and envs. The same command line, with more
+    steps, goes on from there on both ranks, in lockstep, to its end."""
+    name = "two-ranks-resumed"
+    flags = (*TINY, *GLOO, "--dist-timeout", 30, "--run-name", name, "--resume", "auto")
+    run = launches(torchrun_command(*standalone(2), *flags, "--total-timesteps", 10_000_000))
+    assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
+    run.proc.send_signal(signal.SIGTERM)
+    run.finish(timeout=90)
+    stopped = checkpoint(Path(RUNS_CWD) / "runs" / name)
+    # whole iterations of 2 ranks x 64 steps
+    assert not stopped["final"] and stopped["step"] > 0 and stopped["step"] % 128 == 0
+    assert [type(envs) for _, (envs, _) in stopped["ranks"]] == [bytes, bytes]
+    total = stopped["step"] + 2 * 128
+    run = launches(torchrun_command(*standalone(2), *flags, "--total-timesteps", total))
+    assert run.finish() == 0, run.output[-3000:]
+    result = summary(Finished(0, run.output))
+    assert result["total_timesteps"] == total and result["parameter_spread"] == 0.0
+    assert result["resumes"] == [dict(step=stopped["step"], fresh_episodes=False)]
