@@ -14,7 +14,41 @@ EXACT = {
         ("--batch-size", 32, "--buffer-size", 1000),
         350,
     ),
+    "td3_continuous_action_cpu": (
+        ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
+        ("--batch-size", 32, "--buffer-size", 1000, "--no-compile"),
+        350,
+    ),
+    # stopped with 4 transitions not yet written to the buffer (one write per 10 steps)
+    "dqn_torchcompile": (
+        ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
+        ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+        355,
+    ),
+    # and the step count of its numpy policy's epsilon schedule
+    "dqn_cpu": (
+        ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
+        ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+        ("--no-compile",),
+        355,
+    ),
 }
+PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 200, "--learning-starts", 100)
+PENDULUM += ("--batch-size", 32, "--buffer-size", 1000)
+CARTPOLE = ("--env-id", "CartPole-v1", "--total-timesteps", 200, "--learning-starts", 100)
+CARTPOLE += ("--batch-size", 32, "--buffer-size", 1000)
+# script -> a tiny run's flags: more than SMOKE_STOP vector steps, no compiling
+SMOKE = {
+    "sac_continuous_action_torchcompile": PENDULUM,
+    "sac_continuous_action_cpu": (*PENDULUM, "--no-compile"),
+    "td3_continuous_action": PENDULUM,
+    "td3_continuous_action_torchcompile": PENDULUM,
+    "td3_continuous_action_cpu": (*PENDULUM, "--no-compile"),
+    "dqn": CARTPOLE,
+    "dqn_torchcompile": CARTPOLE,
+    "dqn_cpu": (*CARTPOLE, "--no-compile"),
+}
+SMOKE_STOP = 150  # the vector step during which the first run gets its SIGTERM
 
 
 def same_runs(a, b):
@@ -42,6 +76,19 @@ def test_a_resumed_run_ends_as_one_that_went_through(script, train, tmp_path):
     resumed = checkpoint(tmp_path / "runs" / "stopped")
     assert resumed["resumes"] == [dict(step=stop_at, fresh_episodes=False)]
     same_runs(checkpoint(tmp_path / "runs" / "through"), resumed)
+
+
+@pytest.mark.parametrize("script", SMOKE)
+def test_a_run_stopped_by_sigterm_resumes_to_its_end(script, train):
+    flags = (*SMOKE[script], "--run-name", "smoke")
+    assert train(script, *flags, stop_at=SMOKE_STOP) == 143
+    stopped = checkpoint("runs/smoke")
+    assert not stopped["final"] and stopped["iteration"] == SMOKE_STOP
+    assert train(script, *flags, "--resume", "auto") == 0
+    resumed = checkpoint("runs/smoke")
+    total_timesteps = flags[flags.index("--total-timesteps") + 1]
+    assert resumed["final"] and resumed["step"] == total_timesteps
+    assert [resume["step"] for resume in resumed["resumes"]] == [stopped["step"]]
 
 
 SHORT = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 100)
