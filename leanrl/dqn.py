@@ -239,6 +239,8 @@ def make_learner(args, n_obs, n_act, action_space, device):
 
     return SimpleNamespace(
         policy=policy,
+        # the random actions' generator: a checkpoint restores it in place, where `policy` draws
+        exploration_rng=action_space.np_random,
         q_network=q_network,
         target_network=target_network,
         optimizer=optimizer,

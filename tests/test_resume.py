@@ -7,6 +7,11 @@ import torch
 
 from tests.conftest import assert_same_state, checkpoint
 
+# the DQN scripts on CartPole, their target networks updated after the stop too
+DQN = (
+    ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
+    ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+)
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
     "sac_continuous_action": (
@@ -19,19 +24,11 @@ EXACT = {
         ("--batch-size", 32, "--buffer-size", 1000, "--no-compile"),
         350,
     ),
-    # stopped with 4 transitions not yet written to the buffer (one write per 10 steps)
-    "dqn_torchcompile": (
-        ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
-        ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
-        355,
-    ),
-    # and the step count of its numpy policy's epsilon schedule
-    "dqn_cpu": (
-        ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
-        ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
-        ("--no-compile",),
-        355,
-    ),
+    # what each hides: the pending buffer writes (one per 10 steps, 4 due at the stop) of the twin
+    # and the CPU script, the random actions' generator of the eager script, the CPU script's step
+    "dqn": (*DQN, 355),
+    "dqn_torchcompile": (*DQN, 355),
+    "dqn_cpu": (*DQN, ("--no-compile",), 355),
 }
 PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 200, "--learning-starts", 100)
 PENDULUM += ("--batch-size", 32, "--buffer-size", 1000)
