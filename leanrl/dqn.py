@@ -239,7 +239,8 @@ def make_learner(args, n_obs, n_act, action_space, device):
 
     return SimpleNamespace(
         policy=policy,
-        # the random actions' generator: a checkpoint restores it in place, where `policy` draws
+        # the generator of the random actions, restored in place by --resume: the envs' restored
+        # action space is a new object, not the one `policy` holds
         exploration_rng=action_space.np_random,
         q_network=q_network,
         target_network=target_network,

@@ -345,7 +345,7 @@ def main(args):
     obs, _ = envs.reset(seed=args.seed)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        if transitions:  # written now, as the next update writes them: the same buffer
+        if transitions:  # written now, where the next write would put them: the same buffer
             rb.extend(transitions)
             transitions.clear()
         return dict(learner=learner, rb=rb, envs=(envs, obs))
