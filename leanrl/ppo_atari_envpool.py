@@ -463,6 +463,9 @@ class Run:
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
         if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
             fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        folder = args.run_name
+        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
+            fail(f"--run-name must name one folder under runs/, got {folder!r}")
         self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -493,7 +496,8 @@ class Run:
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.stop_signal, self.diverged = 0, 0, None
-        self.resumes, self.next_checkpoint = [], time.time() + 60 * args.checkpoint_minutes
+        self.resumes = []
+        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 

@@ -503,7 +503,8 @@ class Run:
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.stop_signal, self.diverged = 0, 0, None
-        self.resumes, self.next_checkpoint = [], time.time() + 60 * args.checkpoint_minutes
+        self.resumes = []
+        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
         self.envs_restored = False  # by `resume`, where the checkpoint holds them
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)

@@ -18,6 +18,7 @@ What changes from the eager twin (on a CPU, sac_continuous_action_cpu.py is the 
 import json
 import math
 import os
+import pickle
 import random
 import re
 import signal
@@ -64,6 +65,13 @@ class Args:
     """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
     measure_burnin: int = 3
     """gradient steps after `learning_starts` left out of `sps` (they compile and warm up)"""
+    checkpoint_minutes: float = 10.0
+    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
+    Ctrl-C or SIGTERM and at the end (0: only then)"""
+    resume: str | None = None
+    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
+    run_name: str | None = None
+    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
@@ -232,6 +240,15 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,), device=self.device)
         return self.storage[idx]
 
+    def state_dict(self):  # the filled part, for checkpoints
+        storage = {key: value[: self.size] for key, value in self.storage.items()}
+        return dict(storage=storage, cursor=self.cursor, size=self.size)
+
+    def load_state_dict(self, state):
+        self.cursor, self.size = state["cursor"], state["size"]
+        for key, value in state["storage"].items():
+            self.storage[key][: self.size] = value
+
 
 def make_ensemble_qf(n_obs, n_act):
     """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in
@@ -368,10 +385,15 @@ def main(args):
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
+
+    def training_state():  # what a checkpoint keeps, beside the run's counters and generators
+        return dict(learner=learner, rb=rb, envs=(envs, obs))
+
+    iterations = run.resume(training_state(), range(args.total_timesteps // args.num_envs))
     learning_starts = args.learning_starts // args.num_envs  # in vector steps
     # logged before the first delayed policy update
     actor_loss = alpha_loss = torch.zeros((), device=device)
-    pbar = tqdm.tqdm(range(args.total_timesteps // args.num_envs), mininterval=1.0)
+    pbar = tqdm.tqdm(iterations, mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
@@ -418,6 +440,7 @@ def main(args):
                 run.log_progress(pbar, global_step, losses | dict(alpha=learner.alpha))
 
         run.steps = global_step + args.num_envs
+        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
@@ -427,7 +450,8 @@ def main(args):
 
 # ==================================================================================================
 # Run plumbing, the same in every single-process script: flag errors, the run folder and summary,
-# wandb, Ctrl-C and SIGTERM, divergence, save, load, evaluation. `check_args` is this script's own.
+# wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args` is this
+# script's own.
 
 
 def fail(message):
@@ -463,21 +487,33 @@ def check_args(args):
 
 
 class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, the progress bar, the
-    summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss sets `diverged`:
-    the loop stops after its step."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
+    sets `diverged`: the loop stops after its step."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
+    # flags that a resumed run may change: they do not change what is trained
+    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
+    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name")
+    FREE_FLAGS += ("threads", "env_threads", "ray_address", "ray_timeout", "runner_restarts")
+    FREE_FLAGS += ("dist_timeout",)
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
             n = args.eval_episodes
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
+        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
+            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        folder = args.run_name
+        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
+            fail(f"--run-name must name one folder under runs/, got {folder!r}")
         self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = self.name.replace(":", "_")
+        self.name = (args.run_name or self.name).replace(":", "_")
         self.dir = os.path.join("runs", self.name)
+        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
         self.videos = self.video_folder() if args.capture_video else None
         os.makedirs(self.dir, exist_ok=True)
         self.wandb = None
@@ -488,6 +524,8 @@ class Run:
                 entity=args.wandb_entity,
                 config=vars(args),
                 name=self.name,
+                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
+                resume="allow",
             )
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -497,6 +535,9 @@ class Run:
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.stop_signal, self.diverged = 0, 0, None
+        self.resumes = []
+        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
+        self.envs_restored = False  # by `resume`, where the checkpoint holds them
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
@@ -517,6 +558,145 @@ class Run:
         if trained.get("env_id") != self.args.env_id:
             fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
         return saved["model"]
+
+    def load_checkpoint(self):
+        """The checkpoint that --resume names (a file or a run folder), checked against the
+        flags."""
+        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
+        if args.resume is None and args.run_name and os.path.exists(own):
+            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
+        if args.resume == "auto" and not args.run_name:
+            fail("--resume auto needs --run-name, the folder under runs/ to continue")
+        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
+            return None
+        path = own if args.resume == "auto" else args.resume
+        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved_by, trained = saved["script"], saved["args"]
+        except Exception as e:
+            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
+        if saved_by != self.script:
+            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
+        for flag, value in vars(args).items():
+            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
+                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
+            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
+            sys.exit(0)
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.name = os.path.basename(self.dir)
+        return saved
+
+    def resume(self, state, iterations):
+        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
+        generators into the run; returns the part of `iterations` left to run."""
+        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
+        if saved is None:
+            return iterations
+        self.restore(state, saved["state"], self.args.seed + saved["step"])
+        python, numpy, cpu, cuda = saved["generators"]
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
+        self.steps, self.curve = saved["step"], saved["curve"]
+        self.returns.extend(saved["returns"])
+        self.start_time = time.time() - saved["wall_s"]
+        resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
+        self.resumes = saved["resumes"] + [resumed]
+        self.start_clock(self.steps)
+        return range(saved["iteration"], iterations.stop)
+
+    def checkpoint(self, iteration, state):
+        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
+        and the generators to checkpoint.pt, written to a temporary file and renamed."""
+        final = iteration + 1 == self.iterations.stop
+        if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
+            return
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
+        saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
+        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
+        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, generators=generators)
+        path = os.path.join(self.dir, "checkpoint.pt")
+        torch.save(saved | dict(state=self.state_of(state())), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
+
+    def state_of(self, obj):
+        """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs, ...) the
+        envs' wrappers and envs pickled but their functions, which the same flags make again
+        (observation transforms), or None where they cannot be (a video recorder)."""
+        if hasattr(obj, "state_dict"):
+            return obj.state_dict()
+        if isinstance(obj, np.random.Generator):
+            return obj.bit_generator.state
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
+        if isinstance(obj, dict):  # what has a state: no functions
+            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
+            return {k: self.state_of(v) for k, v in kept.items()}
+        if isinstance(obj, tuple):  # (envs, obs, ...)
+            # between the layers, and how to make them
+            links = ("env", "envs", "env_fns", "_saved_kwargs")
+            layers = [
+                {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                for x in self.layers(obj)
+            ]
+            try:
+                envs = pickle.dumps(layers)
+            except Exception:  # an env that renders for a video recorder holds its screen
+                envs = None
+            return (envs, *(self.state_of(x) for x in obj[1:]))
+        return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
+
+    def restore(self, obj, saved, seed):
+        """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
+        `seed`."""
+        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
+            rates = [group["lr"] for group in obj.param_groups]
+            obj.load_state_dict(saved)
+            for group, rate in zip(obj.param_groups, rates):
+                if isinstance(rate, torch.Tensor):
+                    group["lr"] = rate.copy_(group["lr"])
+        elif hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(saved)
+        elif isinstance(obj, np.random.Generator):
+            obj.bit_generator.state = saved
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
+                if key in saved:
+                    self.restore(value, saved[key], seed)
+        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes: no dones, no memory
+            self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
+            for carried in obj[2:]:
+                carried.zero_()
+        elif isinstance(obj, tuple):
+            for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
+                vars(layer).update(attributes)
+            for x, value in zip(obj[1:], saved[1:]):
+                self.restore(x, value, seed)
+            self.envs_restored = True
+        elif isinstance(obj, np.ndarray):
+            obj[...] = saved
+        else:
+            with torch.no_grad():
+                obj.copy_(torch.as_tensor(saved))
+
+    @staticmethod
+    def layers(envs_obs):
+        """The vector env, then each env's wrappers and the env itself, outermost first."""
+        layers = [envs_obs[0]]
+        for env in envs_obs[0].envs:
+            layers.append(env)
+            while hasattr(env, "env"):
+                env = env.env
+                layers.append(env)
+        return layers
 
     def video_folder(self):
         """runs/<run_name>/videos, once we know that this machine can record the env."""
@@ -604,6 +784,7 @@ class Run:
             episodes=len(self.curve),
             return_mean=float(np.mean(self.returns)) if self.returns else None,
             interrupted=self.stop_signal > 0,
+            resumes=self.resumes,
             model_file=model_file,
             eval_returns=[],
             eval_return_mean=None,

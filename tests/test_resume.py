@@ -37,6 +37,11 @@ from tests.conftest import (
     summary,
 )
 
+# the DQN scripts on CartPole, their target networks updated after the stop too
+DQN = (
+    ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
+    ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+)
 # script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
 EXACT = {
     "sac_continuous_action": (
@@ -70,6 +75,16 @@ EXACT = {
         ("--num-minibatches", 2, "--update-epochs", 2),
         128,
     ),
+    "td3_continuous_action_cpu": (
+        ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
+        ("--batch-size", 32, "--buffer-size", 1000, "--no-compile"),
+        350,
+    ),
+    # what each hides: the pending buffer writes (one per 10 steps, 4 due at the stop) of the twin
+    # and the CPU script, the random actions' generator of the eager script, the CPU script's step
+    "dqn": (*DQN, 355),
+    "dqn_torchcompile": (*DQN, 355),
+    "dqn_cpu": (*DQN, ("--no-compile",), 355),
 }
 
 
@@ -108,6 +123,10 @@ TINY_SEEDS = ("--num-seeds", 2, "--no-compile", "--batch-size", 8, "--buffer-siz
 TINY_PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 50, "--learning-starts", 30)
 TINY_PPO_SEEDS = ("--num-seeds", 2, "--no-compile", "--env-id", "Pendulum-v1", "--num-steps", 16)
 TINY_PPO_SEEDS += ("--num-minibatches", 2, "--update-epochs", 1)
+PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 100, "--learning-starts", 10)
+PENDULUM += ("--batch-size", 32, "--buffer-size", 1000)
+CARTPOLE = ("--env-id", "CartPole-v1", "--total-timesteps", 100, "--learning-starts", 10)
+CARTPOLE += ("--batch-size", 32, "--buffer-size", 1000)
 PPO = ("--env-id", "Pendulum-v1", "--total-timesteps", 192, "--num-steps", 64)
 PPO += ("--num-minibatches", 2, "--update-epochs", 1)
 ATARI = ("--num-envs", 2, "--num-steps", 16, "--total-timesteps", 96, "--num-minibatches", 2)
@@ -115,6 +134,14 @@ ATARI += ("--update-epochs", 1)
 RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
 RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
 SMOKE = {
+    "sac_continuous_action_torchcompile": PENDULUM,
+    "sac_continuous_action_cpu": (*PENDULUM, "--no-compile"),
+    "td3_continuous_action": PENDULUM,
+    "td3_continuous_action_torchcompile": PENDULUM,
+    "td3_continuous_action_cpu": (*PENDULUM, "--no-compile"),
+    "dqn": CARTPOLE,
+    "dqn_torchcompile": CARTPOLE,
+    "dqn_cpu": (*CARTPOLE, "--no-compile"),
     "ppo_continuous_action": PPO,
     "ppo_continuous_action_torchcompile": PPO,
     "ppo_continuous_action_cpu": (*PPO, "--no-compile"),

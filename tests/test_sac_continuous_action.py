@@ -203,15 +203,16 @@ def test_compiled_update_equals_eager_update_and_never_recompiles(script, monkey
 
 
 def test_host_policy_is_get_action_in_numpy(monkeypatch):
-    """The CPU script's numpy policy draws its noise from numpy's generator seeded with `seed`;
-    given the same draws, `Actor.get_action` gives the same action, log-probability and squashed
+    """The CPU script's numpy policy draws its noise from the numpy Generator it is given; given
+    the same draws, `Actor.get_action` gives the same action, log-probability and squashed
     mean, on the actor's current weights (changed in place, as the written-out Adam changes
     them)."""
     module = load_script(CPU)
     torch.manual_seed(0)
     actor = module.Actor(3, 2, np.full(2, -2.0), np.full(2, 2.0))
     obs = np.random.default_rng(0).standard_normal((64, 3), dtype=np.float32)
-    policy, draws = module.make_host_policy(actor, seed=1), np.random.default_rng(1)
+    policy = module.make_host_policy(actor, np.random.default_rng(1))
+    draws = np.random.default_rng(1)
     for _ in range(2):
         got = policy(obs)
         noise = torch.from_numpy(draws.standard_normal((64, 2), dtype=np.float32))

@@ -15,6 +15,7 @@ under the same seed.
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from tensordict import from_module
 
@@ -114,7 +115,7 @@ def build_sac(script, device, cpu=None):
     actor = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     actor_detach = script.Actor(HALF_CHEETAH_OBS, HALF_CHEETAH_ACT, low, high, device=device)
     from_module(actor).data.to_module(actor_detach)
-    host = cpu.make_host_policy(actor, seed=0) if cpu else None
+    host = cpu.make_host_policy(actor, np.random.default_rng(0)) if cpu else None
     return Built(actor, actor_detach.get_action, host)
 
 
