@@ -206,8 +206,8 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,), device=self.device)
         return self.storage[idx]
 
-    def state_dict(self):  # the filled part, for checkpoints
-        storage = {key: value[: self.size] for key, value in self.storage.items()}
+    def state_dict(self):  # the filled part (a copy: torch.save writes a view's whole storage)
+        storage = {key: value[: self.size].clone() for key, value in self.storage.items()}
         return dict(storage=storage, cursor=self.cursor, size=self.size)
 
     def load_state_dict(self, state):
