@@ -104,7 +104,9 @@ def ray_head():
     temp_dir = tempfile.mkdtemp(prefix="lrt-")  # short: Ray's socket paths live under it
     head = subprocess.Popen(
         [
-            "ray",
+            sys.executable,  # this interpreter's Ray, not the first `ray` on the PATH
+            "-m",
+            "ray.scripts.scripts",
             "start",
             "--head",
             "--block",
