@@ -742,6 +742,9 @@ class Run:
     def video_folder(self):
         """runs/<run_name>/videos, once we know that this machine can record the env."""
         os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
+        # torch's compiler loads triton's LLVM (CUDA builds); after Mesa's EGL has loaded its own,
+        # that crashes the process, so it comes first
+        __import__("torch._dynamo")
         try:
             __import__("moviepy")  # RecordVideo's writer
             env = gym.make(self.args.env_id, render_mode="rgb_array")
