@@ -65,6 +65,7 @@ CUDA_TEST_FILES = (
     "test_ppo_atari_envpool_async.py",
     "test_ppo_lstm.py",
     "test_ppo_mingru.py",
+    "test_resume.py",
 )
 # scripts beyond the twins that record functions, with the registry algorithm whose budget they run
 # (Ray's learner records only its update, which draws no random numbers: it needs a Ray cluster)

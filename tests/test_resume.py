@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from envpool.python.envpool import EnvPoolMixin
 from test_ppo_continuous_action_distributed import (
     GLOO,
     LAUNCH_TIMEOUT,
@@ -27,12 +26,18 @@ from test_ppo_continuous_action_distributed import (
 )
 
 from benchmarks.studies import checkpoint as checkpoint_study
+
+try:
+    from envpool.python.envpool import EnvPoolMixin
+except ImportError:  # the GPU check's machine: its CUDA tests need no envpool
+    EnvPoolMixin = None
 from tests.conftest import (
     ROOT,
     SCRIPTS,
     assert_same_state,
     checkpoint,
     load_script,
+    requires_cuda,
     script_env,
     summary,
 )
@@ -112,6 +117,31 @@ def test_a_resumed_run_ends_as_one_that_went_through(script, train, tmp_path):
     assert train(script, *flags, "--run-name", "stopped", stop_at=stop_at) == 143
     stopped = checkpoint(tmp_path / "runs" / "stopped")
     assert not stopped["final"] and stopped["step"] == stop_at * 1
+    assert train(script, *flags, "--resume", tmp_path / "runs" / "stopped") == 0
+    resumed = checkpoint(tmp_path / "runs" / "stopped")
+    assert resumed["resumes"] == [dict(step=stop_at, fresh_episodes=False)]
+    same_runs(checkpoint(tmp_path / "runs" / "through"), resumed)
+
+
+# the twins under CUDA graphs: script -> EXACT's entry for its eager script
+GRAPHED = ("--compile", "--cudagraphs")
+EXACT_GRAPHED = {
+    "sac_continuous_action_torchcompile": (*EXACT["sac_continuous_action"][:2], GRAPHED, 350),
+    "ppo_continuous_action_torchcompile": (*EXACT["ppo_continuous_action"][:2], GRAPHED, 128),
+    "dqn_torchcompile": (*DQN, GRAPHED, 355),
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("script", EXACT_GRAPHED)
+def test_a_run_resumed_under_cuda_graphs_ends_as_one_that_went_through(script, train, tmp_path):
+    """The restore writes into the tensors the recorded graphs read (parameters, optimizer state,
+    tensor learning rates) and the CUDA generators: the resumed run records its graphs afresh and
+    ends, on the same GPU, as the run that went through."""
+    *flags, stop_at = EXACT_GRAPHED[script]
+    flags = [flag for group in flags for flag in group]
+    assert train(script, *flags, "--run-name", "through") == 0
+    assert train(script, *flags, "--run-name", "stopped", stop_at=stop_at) == 143
     assert train(script, *flags, "--resume", tmp_path / "runs" / "stopped") == 0
     resumed = checkpoint(tmp_path / "runs" / "stopped")
     assert resumed["resumes"] == [dict(step=stop_at, fresh_episodes=False)]
