@@ -411,8 +411,7 @@ class Run:
     FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
     FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
     FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name")
-    FREE_FLAGS += ("threads", "env_threads", "ray_address", "ray_timeout", "runner_restarts")
-    FREE_FLAGS += ("dist_timeout",)
+    FREE_FLAGS += ("threads", "ray_address", "ray_timeout", "runner_restarts")
 
     def __init__(self, args, script):
         if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):

@@ -172,3 +172,28 @@ def test_every_script_is_within_its_size_budgets():
         if plumbing > budget:
             over.append(f"{script}.py: its plumbing section has {plumbing} bytes, budget {budget}")
     assert not over, "\n".join(over)
+
+
+def flags_of(script):
+    """The script's flags (its `Args` fields) and the flags its `Run.FREE_FLAGS` names."""
+    tree = ast.parse((SCRIPTS / f"{script}.py").read_text())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    fields = {n.target.id for n in classes["Args"].body if isinstance(n, ast.AnnAssign)}
+    free = set()
+    for node in classes["Run"].body:
+        if isinstance(node, ast.Assign | ast.AugAssign) and "FREE_FLAGS" in ast.unparse(node):
+            free |= set(ast.literal_eval(node.value))
+    return fields, free
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_familys_free_flags_are_flags_of_its_scripts(name):
+    """`--resume` lets the flags of `Run.FREE_FLAGS` differ from the checkpoint's: each must be a
+    flag of some script of the family (the plumbing knows only its own family)."""
+    scripts = [script for script in ALL_SCRIPTS if family(script) == name]
+    fields, free = set(), set()
+    for script in scripts:
+        script_fields, script_free = flags_of(script)
+        fields |= script_fields
+        free |= script_free
+    assert free and free <= fields, f"{name}: not a flag of its scripts: {sorted(free - fields)}"
