@@ -716,7 +716,9 @@ class Run:
             assert isinstance(env.render(), np.ndarray), "no frame"
         except Exception as e:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
-        return os.path.join(self.dir, "videos")
+        videos = os.path.join(self.dir, "videos")
+        # a resumed run's recorder counts episodes from 0 again: a folder of its own keeps the first
+        return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
 
     def start_clock(self, global_step):
         self.measure_start, self.measure_step = time.time(), global_step

@@ -242,6 +242,19 @@ SHORT = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts
 SHORT += ("--batch-size", 32, "--buffer-size", 1000)
 
 
+def test_a_resumed_run_records_its_videos_beside_the_first(train, tmp_path):
+    """A video recorder cannot be saved, so the resumed run's counts episodes from 0 again: its
+    videos go to a folder of their own, and the stopped run's stay as they were."""
+    flags = (*DQN[0], "--capture-video", "--eval-episodes", 0, "--run-name", "job")
+    assert train("dqn", *flags, stop_at=150) == 143
+    videos = tmp_path / "runs" / "job" / "videos"
+    first = (videos / "train-episode-0.mp4").read_bytes()
+    assert train("dqn", *flags, "--resume", "auto") == 0
+    assert (videos / "train-episode-0.mp4").read_bytes() == first
+    assert (videos / "resumed-150" / "train-episode-0.mp4").stat().st_size > 1000
+    assert checkpoint(tmp_path / "runs" / "job")["resumes"] == [dict(step=150, fresh_episodes=True)]
+
+
 def assert_one_error_line(capsys, *words):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
