@@ -254,11 +254,11 @@ def make_learner(args, n_obs, n_act):
     q_network = QNetwork(n_obs, n_act)
     target_network = QNetwork(n_obs, n_act)
     target_network.load_state_dict(q_network.state_dict())
-    # the networks' own tensors, which Adam and update_target change in place
+    # the networks' tensors, which Adam and update_target change in place
     params = {name: param.data for name, param in q_network.named_parameters()}
     target_params = {name: param.data for name, param in target_network.named_parameters()}
     optimizer = Adam(params, lr=args.learning_rate)
-    # numpy views of the weights: the policy always acts with the current ones
+    # numpy views of the weights: the policy acts with the current ones
     layers = [
         (layer.weight.detach().numpy(), layer.bias.detach().numpy())
         for layer in q_network.network[::2]
@@ -286,15 +286,13 @@ def make_learner(args, n_obs, n_act):
         return F.mse_loss(td_target, old_val), old_val.mean()
 
     def td_grads(params, target_params, data):
-        """The TD loss's gradients, the loss and the mean Q of the actions taken."""
         target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
         td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
         return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
 
     def update(data):
-        """One TD step, a function of the parameters, so that `torch.compile(fullgraph=True)`
-        makes it one graph from the forward pass to Adam's step (`backward` and `torch.optim`
-        would split it)."""
+        """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it
+        one graph, forward pass to Adam's step (`backward` and `torch.optim` would split it)."""
         grads, (loss, q_mean) = td_grads(params, target_params, data)
         optimizer.step(grads)
         return loss, q_mean

@@ -330,13 +330,13 @@ def make_learner(args, n_obs, n_act, seeds, device):
         return F.mse_loss(td_target, old_val), old_val.mean()
 
     def td_grads(params, target_params, data):
-        """The TD loss's gradients, the loss and the mean Q of the actions taken."""
         target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
         td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
         return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
 
     # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
-    # Adam's step and update_target are elementwise: on stacked tensors each member takes its own
+    # Adam's step and update_target need no vmap: each op is elementwise, so on the stacked tensors
+    # each member takes its own step (the betas' powers, one for all, count the steps they share)
 
     def policy(obs):
         """`act` for every member, a coin each (vmap's `randomness="different"`): observations
@@ -349,9 +349,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
         return actions
 
     def update(data):
-        """One TD step, a function of the parameters, so that `torch.compile(fullgraph=True)`
-        makes it one graph from the forward pass to Adam's step (`backward` and `torch.optim`
-        would split it). Every tensor of `data` has a leading seeds axis."""
+        """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it
+        one graph, forward pass to Adam's step (`backward` and `torch.optim` would split it)."""
+        # each member's td_grads on its slice of the stacks and of the batch, [num_seeds, ...]
         grads, (loss, q_mean) = vmap(td_grads)(params, target_params, data)
         optimizer.step(grads)
         return loss, q_mean
