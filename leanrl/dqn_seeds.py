@@ -75,8 +75,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env, and of evaluation, to runs/<run_name>/videos/"""
     save_model: bool = False
     """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at
     the end"""
@@ -84,9 +83,10 @@ class Args:
     """after training, play this many episodes with each member's policy and report their mean
     returns (0: none)"""
     eval_model: str | None = None
-    """instead of training, play this saved .pt file as every member for --eval-episodes"""
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training, as every
+    member"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
     checkpoint_minutes: float = 10.0
     """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
     Ctrl-C or SIGTERM and at the end (0: only then)"""
@@ -110,7 +110,7 @@ class Args:
     tau: float = 1.0
     """the target network update rate (1: a hard copy)"""
     target_network_frequency: int = 500
-    """the frequency of updates for the target network, in iterations"""
+    """the frequency of updates for the target network, in iterations (vector steps)"""
     batch_size: int = 128
     """the batch size of sample from the replay memory"""
     start_e: float = 1.0
@@ -118,7 +118,7 @@ class Args:
     end_e: float = 0.05
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which epsilon goes from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which epsilon falls from `start_e` to `end_e`"""
     learning_starts: int = 10_000
     """environment steps before learning starts"""
     train_frequency: int = 10
@@ -248,7 +248,8 @@ class ReplayBuffer:
 
     def sample(self, batch_size):  # [num_seeds, batch_size, ...]
         idx = torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts
-        return {key: value[idx].to(self.device) for key, value in self.flat.items()}
+        batch = {key: value.index_select(0, idx.flatten()) for key, value in self.flat.items()}
+        return {key: value.unflatten(0, idx.shape).to(self.device) for key, value in batch.items()}
 
     def state_dict(self):  # the filled part (a copy: torch.save writes a view's whole storage)
         storage = {key: value[:, : self.size].clone() for key, value in self.storage.items()}
