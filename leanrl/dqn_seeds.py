@@ -9,8 +9,9 @@ per member).
     # on CUDA: acting and the update as CUDA graphs
     python leanrl/dqn_seeds.py --compile --cudagraphs
 
-Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one
-program. Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
+Grown from dqn_cpu.py, whose per-member functions it keeps as they are, then vmaps in one block of
+`make_learner`: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program.
+Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
 seeds) and has its own target network, Adam state, replay buffer and exploration; members share only
 the program and one random generator, which draws differently for each (vmap's
 `randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state
