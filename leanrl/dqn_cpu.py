@@ -254,10 +254,11 @@ def make_learner(args, n_obs, n_act):
     q_network = QNetwork(n_obs, n_act)
     target_network = QNetwork(n_obs, n_act)
     target_network.load_state_dict(q_network.state_dict())
-    # the network's own tensors, which Adam updates in place
+    # the networks' tensors, which Adam and update_target change in place
     params = {name: param.data for name, param in q_network.named_parameters()}
+    target_params = {name: param.data for name, param in target_network.named_parameters()}
     optimizer = Adam(params, lr=args.learning_rate)
-    # numpy views of the weights: the policy always acts with the current ones
+    # numpy views of the weights: the policy acts with the current ones
     layers = [
         (layer.weight.detach().numpy(), layer.bias.detach().numpy())
         for layer in q_network.network[::2]
@@ -284,21 +285,22 @@ def make_learner(args, n_obs, n_act):
         old_val = q_values.gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
         return F.mse_loss(td_target, old_val), old_val.mean()
 
+    def td_grads(params, target_params, data):
+        target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
+        td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+        return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
+
     def update(data):
-        """One TD step; returns the loss and the mean Q of the actions taken. A function of the
-        parameters, so that `torch.compile(fullgraph=True)` makes it one graph, from the forward
-        pass to Adam's step (`backward` and `torch.optim` would split it)."""
-        with torch.no_grad():
-            target_max, _ = target_network(data["next_obs"]).max(dim=1)
-            td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
-        grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
+        """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it
+        one graph, forward pass to Adam's step (`backward` and `torch.optim` would split it)."""
+        grads, (loss, q_mean) = td_grads(params, target_params, data)
         optimizer.step(grads)
         return loss, q_mean
 
     def update_target():
         """Moves the target a fraction `tau` of the way to the Q network (1: a copy)."""
-        for param, target_param in zip(q_network.parameters(), target_network.parameters()):
-            target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
+        for name, target_param in target_params.items():
+            target_param.copy_(args.tau * params[name] + (1 - args.tau) * target_param)
 
     return SimpleNamespace(
         policy=policy,

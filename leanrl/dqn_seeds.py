@@ -9,8 +9,9 @@ per member).
     # on CUDA: acting and the update as CUDA graphs
     python leanrl/dqn_seeds.py --compile --cudagraphs
 
-Grown from dqn_cpu.py: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one
-program. Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
+Grown from dqn_cpu.py, whose per-member functions it keeps as they are, then vmaps in one block of
+`make_learner`: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program.
+Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
 seeds) and has its own target network, Adam state, replay buffer and exploration; members share only
 the program and one random generator, which draws differently for each (vmap's
 `randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state
@@ -43,6 +44,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -74,8 +76,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of the first environment to runs/<run_name>/videos/ (and of every evaluation
-    episode)"""
+    """record videos of the first env, and of evaluation, to runs/<run_name>/videos/"""
     save_model: bool = False
     """save each member's weights, with its arguments, to runs/<run_name>/<script>_seed<seed>.pt at
     the end"""
@@ -83,9 +84,10 @@ class Args:
     """after training, play this many episodes with each member's policy and report their mean
     returns (0: none)"""
     eval_model: str | None = None
-    """instead of training, play this saved .pt file as every member for --eval-episodes"""
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training, as every
+    member"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
     checkpoint_minutes: float = 10.0
     """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
     Ctrl-C or SIGTERM and at the end (0: only then)"""
@@ -109,7 +111,7 @@ class Args:
     tau: float = 1.0
     """the target network update rate (1: a hard copy)"""
     target_network_frequency: int = 500
-    """the frequency of updates for the target network, in iterations"""
+    """the frequency of updates for the target network, in iterations (vector steps)"""
     batch_size: int = 128
     """the batch size of sample from the replay memory"""
     start_e: float = 1.0
@@ -117,7 +119,7 @@ class Args:
     end_e: float = 0.05
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which epsilon goes from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which epsilon falls from `start_e` to `end_e`"""
     learning_starts: int = 10_000
     """environment steps before learning starts"""
     train_frequency: int = 10
@@ -137,9 +139,8 @@ class Args:
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # gymnasium's schedule in training, the first `video_episodes` in evaluation
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -152,34 +153,21 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
     return thunk
 
 
-def member_env_seeds(seed, num_seeds, num_envs):
-    """Env i of member k has seed `seed + k * num_envs + i`, as env i of the single-seed script run
-    with `--seed seed + k * num_envs`: every env of every member has a seed of its own."""
-    return [seed + k * num_envs + i for k in range(num_seeds) for i in range(num_envs)]
-
-
 def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
-    """One vector env in same-step autoreset mode (an ended episode's true final obs in
-    `info["final_obs"]`): `num_envs` envs per member, member k's the k-th slice; with `video_dir`,
-    its first env records videos there (the first `video_episodes` episodes if given). One env loop
-    per step for all members, not one per member."""
+    """A vector env of `num_envs` envs per member, member k's the k-th slice (seeded as dqn_cpu.py's
+    envs with `--seed seed + k * num_envs`); its first env records videos to `video_dir`, if given.
+    """
+    num_envs *= num_seeds  # one env loop per step for all members, not one per member
     try:
-        videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
-        env_seeds = member_env_seeds(seed, num_seeds, num_envs)
-        thunks = [
-            make_env(env_id, env_seed, video, video_episodes)
-            for env_seed, video in zip(env_seeds, videos)
-        ]
+        videos = [video_dir] + [None] * (num_envs - 1)
+        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
+        # same-step autoreset: the true last obs of an episode is in info["final_obs"]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    # an unknown id, or a `module:EnvId` whose module is missing
-    except (gym.error.Error, ModuleNotFoundError) as e:
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(
-            f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box observations and Discrete "
-            "actions"
-        )
+        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions")
     return envs
 
 
@@ -233,9 +221,8 @@ def linear_schedule(start_e, end_e, duration, t):
 
 class ReplayBuffer:
     """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...], written
-    (all members at once) through numpy views of the tensors; `sample` draws uniformly with
-    replacement, each member from its own buffer, and moves the batch to `device`. The members
-    step together: one cursor serves them all."""
+    from numpy arrays through numpy views of the tensors (a numpy write costs a fraction of a torch
+    one), sampled uniformly, each member from its own buffer, onto `device`."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, device):
         self.storage = dict(
@@ -246,59 +233,47 @@ class ReplayBuffer:
             terminations=torch.zeros(num_seeds, buffer_size),
         )
         self.views = {key: column.numpy() for key, column in self.storage.items()}
-        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
-        # the members' buffers end to end, and where each one starts: one index_select per field
-        # samples them all
+        self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
+        # the members' buffers end to end, and where each one starts: one index samples them all
         self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
-        self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
+        self.starts, self.device = torch.arange(num_seeds).unsqueeze(1) * buffer_size, device
 
-    # the vector env's arrays: member k's envs are the k-th of num_seeds slices
-    def extend(self, transitions):
+    def extend(self, transitions):  # the vector env's arrays: member k's envs the k-th slice
         n = sum(len(t["obs"]) for t in transitions) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
-            columns = [
-                t[key].reshape(len(view), -1, *view.shape[2:]) for t in transitions
-            ]  # [num_seeds, num_envs, ...]
-            view[:, idx] = np.concatenate(columns, axis=1)  # numpy converts to the view's dtype
+            columns = [t[key].reshape(len(view), -1, *view.shape[2:]) for t in transitions]
+            view[:, idx] = np.concatenate(columns, axis=1)  # at its dtype
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
-    def sample(self, batch_size):
-        # [member, batch]
-        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()
-        shape = (len(self.starts), batch_size)
-        return {
-            key: col.index_select(0, idx).unflatten(0, shape).to(self.device)
-            for key, col in self.flat.items()
-        }
+    def sample(self, batch_size):  # [num_seeds, batch_size, ...]
+        idx = torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts
+        batch = {key: value.index_select(0, idx.flatten()) for key, value in self.flat.items()}
+        return {key: value.unflatten(0, idx.shape).to(self.device) for key, value in batch.items()}
 
-    def state_dict(self):  # each member's filled part (copies: a view saves all), for checkpoints
-        storage = {k: torch.from_numpy(v[:, : self.size].copy()) for k, v in self.views.items()}
+    def state_dict(self):  # the filled part (a copy: torch.save writes a view's whole storage)
+        storage = {key: value[:, : self.size].clone() for key, value in self.storage.items()}
         return dict(storage=storage, cursor=self.cursor, size=self.size)
 
     def load_state_dict(self, state):
         self.cursor, self.size = state["cursor"], state["size"]
         for key, value in state["storage"].items():
-            self.views[key][:, : self.size] = value.numpy()
+            self.storage[key][:, : self.size] = value
 
 
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
     place. Called inside a compiled update it becomes part of that update's graph;
-    `torch.optim.Adam.step` would break the graph. Every operation is elementwise, so on parameters
-    stacked over members it takes each member's own step."""
+    `torch.optim.Adam.step` would break the graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps. One product serves all members, which step together
-        self.beta1_power, self.beta2_power = (
-            next(iter(params.values())).new_ones(()) for _ in range(2)
-        )
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # would inline a power of a step count into the kernel, once per vector: a slow step
+        self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -312,85 +287,102 @@ class Adam:
             denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
-    def state_dict(self):  # the moments and beta**t, for checkpoints
-        betas = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | betas
+    def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
+        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
+        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | powers
 
-    def load_state_dict(self, state):  # in place: compiled steps and CUDA graphs read them
-        for name in self.params:
-            self.exp_avg[name].copy_(state["exp_avg"][name])
-            self.exp_avg_sq[name].copy_(state["exp_avg_sq"][name])
+    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
+        for moments in ("exp_avg", "exp_avg_sq"):
+            for name, value in state[moments].items():
+                getattr(self, moments)[name].copy_(value)
         self.beta1_power.copy_(state["beta1_power"])
         self.beta2_power.copy_(state["beta2_power"])
 
 
-def make_functional_updates(q_network, target_params, optimizer, args):
-    """The TD step of every member (returns each member's loss and mean Q of the taken actions) and
-    the target networks' update. The TD step of one member's parameters is vmapped over the
-    stacked `optimizer.params` (updated in place), `target_params` and batch (`q_network`: a
-    meta shell that `functional_call` fills). `torch.func` takes the gradients and Adam is
-    written out, so `torch.compile(fullgraph=True)` makes all members' step one graph."""
+def make_learner(args, n_obs, n_act, seeds, device):
+    """The Q networks of the members, their targets, the optimizer and the steps that use them,
+    stacked on a leading seeds axis. Member k starts from the weights dqn_cpu.py draws with
+    `--seed seeds[k]`."""
+    q_networks = []
+    for seed in seeds:
+        with torch.random.fork_rng():  # the global generator is left as it was
+            torch.manual_seed(seed)
+            q_networks.append(QNetwork(n_obs, n_act, device=device))
+    q_network = QNetwork(n_obs, n_act, device="meta")  # the shell that `functional_call` fills
+    # the members' tensors, stacked, which Adam and update_target change in place
+    params = {name: param.detach() for name, param in stack_module_state(q_networks)[0].items()}
+    target_params = {name: param.clone() for name, param in params.items()}
+    with torch.device(device):  # Adam's powers of the betas beside the parameters
+        optimizer = Adam(params, lr=args.learning_rate)
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+    # the env steps acted (by each member), which the policy advances in place (a checkpoint
+    # restores it there)
+    global_step = torch.zeros((), dtype=torch.long, device=device)
 
-    def td_target_fn(target_params, data):
-        target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
-        return data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+    def act(params, obs, epsilon):
+        """Epsilon-greedy with one coin for the member's envs, as CleanRL flips it."""
+        q_values = functional_call(q_network, params, (obs,))
+        explore = torch.rand((), device=obs.device) < epsilon
+        random_actions = torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
+        return torch.where(explore, random_actions, q_values.argmax(dim=1))
 
     def loss_fn(params, data, td_target):
         q_values = functional_call(q_network, params, (data["obs"],))
         old_val = q_values.gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
         return F.mse_loss(td_target, old_val), old_val.mean()
 
-    def update(data):  # every tensor with a leading seeds axis
-        with torch.no_grad():
-            td_target = vmap(td_target_fn)(target_params, data)
-        grads, (loss, q_mean) = vmap(grad_and_value(loss_fn, has_aux=True))(
-            optimizer.params, data, td_target
-        )
-        optimizer.step(grads)
-        return loss, q_mean
+    def td_grads(params, target_params, data):
+        target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
+        td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+        return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
 
-    def update_target():  # a fraction `tau` of the way to the online network (tau=1: a copy)
-        for name, target_param in target_params.items():
-            target_param.copy_(args.tau * optimizer.params[name] + (1 - args.tau) * target_param)
-
-    return update, update_target
-
-
-def make_policy(q_network, params, n_act, global_step, start_e, end_e, duration):
-    """CleanRL's epsilon-greedy for every member at once, a coin per member (vmap's
-    `randomness="different"`). `global_step`, a device tensor the policy advances in place (by a
-    member's envs), moves the schedule with no host sync and no recompile. Observations [num_seeds,
-    num_envs, n_obs] in, actions [num_seeds, num_envs] out."""
-
-    def act(params, obs, epsilon):  # one member
-        q_values = functional_call(q_network, params, (obs,))
-        explore = torch.rand((), device=obs.device) < epsilon
-        random_actions = torch.randint(0, n_act, (obs.shape[0],), device=obs.device)
-        return torch.where(explore, random_actions, q_values.argmax(dim=1))
+    # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
+    # Adam's step and update_target need no vmap: each op is elementwise, so on the stacked tensors
+    # each member takes its own step (the betas' powers, one for all, count the steps they share)
 
     def policy(obs):
-        epsilon = linear_schedule(start_e, end_e, duration, global_step)
+        """`act` for every member, a coin each (vmap's `randomness="different"`): observations
+        [num_seeds, num_envs, n_obs] in, actions [num_seeds, num_envs] out. `global_step` is a
+        device tensor: the schedule moves with no host sync and no recompile."""
+        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
         with torch.no_grad():
             actions = vmap(act, in_dims=(0, 0, None), randomness="different")(params, obs, epsilon)
         global_step.add_(obs.shape[1])
         return actions
 
-    return policy
+    def update(data):
+        """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it
+        one graph, forward pass to Adam's step (`backward` and `torch.optim` would split it)."""
+        # each member's td_grads on its slice of the stacks and of the batch, [num_seeds, ...]
+        grads, (loss, q_mean) = vmap(td_grads)(params, target_params, data)
+        optimizer.step(grads)
+        return loss, q_mean
+
+    def update_target():
+        """Moves the target a fraction `tau` of the way to the Q network (1: a copy)."""
+        for name, target_param in target_params.items():
+            target_param.copy_(args.tau * params[name] + (1 - args.tau) * target_param)
+
+    return SimpleNamespace(
+        policy=policy,
+        global_step=global_step,
+        params=params,
+        target_params=target_params,
+        optimizer=optimizer,
+        update=update,
+        update_target=update_target,
+    )
 
 
 def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
-    """`make_policy` on the host, for a CPU: a coin per member, and the Q networks in numpy, one
-    call for all members (matmul broadcasts over the seeds axis; a torch call, even compiled,
-    costs more to dispatch than to run here). The arrays are views of the stacked weights, which
-    Adam updates in place; it restates `QNetwork.forward`, and a test holds it to it. It advances
-    `global_step`, a CPU tensor, as `make_policy` does. CPU tensors in and out, as `make_policy`'s,
-    numpy views inside."""
+    """The learner's policy in numpy, for a CPU (a torch call, even compiled, costs more to dispatch
+    than its arithmetic here): a coin per member, and every member's Q network in one call (matmul
+    broadcasts over the seeds axis) on views of the stacked weights, which Adam updates in place.
+    It restates `QNetwork.forward`, and a test holds it to it. CPU tensors in and out."""
     layers = [
-        (params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy())
+        (params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy()[:, None])
         for i in (0, 2, 4)
     ]
-    # x @ W.T + b, per member
-    layers = [(weight.transpose(0, 2, 1), bias[:, None]) for weight, bias in layers]
 
     def policy(obs):
         epsilon = linear_schedule(start_e, end_e, duration, int(global_step))
@@ -399,165 +391,121 @@ def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
         random_actions = np.random.randint(n_act, size=obs.shape[:2])
         if explore.all():
             return torch.from_numpy(random_actions)
-        (w1, b1), (w2, b2), (w3, b3) = layers  # Linear, ReLU, Linear, ReLU, Linear
-        x = np.maximum(obs.numpy() @ w1 + b1, 0)
-        x = np.maximum(x @ w2 + b2, 0)
-        return torch.from_numpy(
-            np.where(explore[:, None], random_actions, (x @ w3 + b3).argmax(axis=2))
-        )
+        (w1, b1), (w2, b2), (w3, b3) = layers
+        x = np.maximum(obs.numpy() @ w1.mT + b1, 0)
+        x = np.maximum(x @ w2.mT + b2, 0)
+        greedy = (x @ w3.mT + b3).argmax(axis=2)
+        return torch.from_numpy(np.where(explore[:, None], random_actions, greedy))
 
     return policy
 
 
-def make_learner(args, n_obs, n_act, seeds, device):
-    """The members' stacked Q networks, `state` (what a checkpoint keeps: the stacks, the optimizer
-    and the policy's step) and functions (policy, update, update_target) on `device`, as `main`
-    runs them. Member k starts from the weights the single-seed script draws with `--seed
-    seeds[k]`."""
-    q_networks = []
-    for seed in seeds:
-        with torch.random.fork_rng():  # the global generator is left as it was
-            torch.manual_seed(seed)
-            q_networks.append(QNetwork(n_obs, n_act, device=device))
-    params = {name: param.detach() for name, param in stack_module_state(q_networks)[0].items()}
-    target_params = {name: param.clone() for name, param in params.items()}
-    q_network = QNetwork(n_obs, n_act, device="meta")  # the shell `functional_call` fills
-    optimizer = Adam(params, lr=args.learning_rate)
-    update, update_target = make_functional_updates(q_network, target_params, optimizer, args)
-    global_step = torch.zeros((), dtype=torch.long, device=device)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
-    policy = make_policy(
-        q_network, params, n_act, global_step, args.start_e, args.end_e, exploration_steps
-    )
-    state = dict(params=params, target_params=target_params, optimizer=optimizer)
-    state |= dict(global_step=global_step)
-    return params, state, (policy, update, update_target)
-
-
 def main(args):
     check_args(args)
-    # one env first: its id, spaces and sizes, before N members' envs
+    # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed, 1)
-    n_obs, n_act = (
-        int(np.prod(probe.single_observation_space.shape)),
-        int(probe.single_action_space.n),
-    )
+    n_obs = int(np.prod(probe.single_observation_space.shape))
+    n_act = int(probe.single_action_space.n)
     probe.close()
     # 2 observations, 3 scalars, 8 bytes
     check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
-    run = Run(args, "dqn_seeds")  # seeds, the run folder, wandb and Ctrl-C: see the end of the file
-    # with --eval-model nothing trains: no training video
-    train_videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, train_videos)
+    # seeds, run folder, wandb, signals: see the end of the file
+    run = Run(args, "dqn_seeds")
+    videos = None if args.eval_model else run.videos  # no training video
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_num_threads(args.threads)
-
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
-    params, learner_state, (policy, update, update_target) = learner
-    # --eval-model: the saved model, as every member
-    for name, saved in (run.saved_model or {}).items():
-        params[name].copy_(saved)
-    # one graph each; on a CPU, a C++ wrapper calls the update's kernels with fewer Python calls
-    if args.compile:
+    params = learner.params
+
+    def evaluate_greedy(member, episodes, videos):
+        q_network = QNetwork(n_obs, n_act, device=device)
+        q_network.load_state_dict(models[member])
+        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
+        greedy = lambda obs: q_network(obs).argmax(dim=1)  # noqa: E731
+        return evaluate(greedy, eval_envs, episodes, run.seeds[member], device)
+
+    if args.eval_model:  # the saved model as every member
+        envs.close()
+        models = [run.saved_model] * args.num_seeds
+        run.finish(device, models, evaluate_greedy)
+        return
+
+    policy, update = learner.policy, learner.update
+    if args.compile:  # one graph each; on a CPU, a C++ wrapper calls the update's kernels
         policy = torch.compile(policy, fullgraph=True)
-        update = torch.compile(
-            update, fullgraph=True, options={"cpp_wrapper": device.type == "cpu"}
-        )
+        options = {"cpp_wrapper": device.type == "cpu"}
+        update = torch.compile(update, fullgraph=True, options=options)
     if args.cudagraphs:
         # the first calls run as they are (compiling, with --compile), the next records the graph,
         # later ones replay it
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
-
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    # the members act in numpy, not with the torch policy: see make_host_policy
-    if device.type == "cpu":
-        policy = make_host_policy(
-            params, n_act, learner_state["global_step"], args.start_e, args.end_e, exploration_steps
-        )
+    if device.type == "cpu":  # the members act in numpy: see make_host_policy
+        schedule = (args.start_e, args.end_e, exploration_steps)
+        policy = make_host_policy(params, n_act, learner.global_step, *schedule)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, device)
-    obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
     transitions = []
+    obs, _ = envs.reset(seed=args.seed)  # env i: seed + i, as in make_envs
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        if transitions:  # written now rather than at the next update: the same buffer then
+        if transitions:  # written now, where the next write would put them: the same buffer
             rb.extend(transitions)
             transitions.clear()
-        return dict(learner=learner_state, rb=rb, envs=(envs, obs))
+        # the learner's fields as a dict, which the run walks
+        return dict(learner=vars(learner), rb=rb, envs=(envs, obs))
 
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
-    iterations = run.resume(training_state(), range(num_iterations))
+    iterations = run.resume(training_state(), range(args.total_timesteps // args.num_envs))
     learning_starts = args.learning_starts // args.num_envs
     qf_loss = q_mean = torch.zeros(args.num_seeds)
     pbar = tqdm.tqdm(iterations, mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
-            # sps counts from here, past compiling
-            run.measure_start, run.measure_step = time.time(), global_step
+            run.start_clock(global_step)  # compile and warm-up are behind
 
-        # ALGO LOGIC: put action logic here
-        member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(
-            args.num_seeds, args.num_envs, n_obs
-        )
-        # member k's envs are a contiguous slice
+        # act: member k's envs are the k-th slice
+        member_obs = torch.as_tensor(obs, device=device, dtype=torch.float)
+        member_obs = member_obs.view(args.num_seeds, args.num_envs, n_obs)
         actions = policy(member_obs).cpu().numpy().reshape(-1)
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
 
+        # store
         real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(
-            obs=obs,
-            next_obs=real_next_obs,
-            actions=actions,
-            rewards=rewards,
-            terminations=terminations,
-        )
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions)
+        transition |= dict(rewards=rewards, terminations=terminations)
         transitions.append(transition)  # numpy arrays until the next write
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update
         if iteration % args.train_frequency == 0:
             rb.extend(transitions)
             transitions.clear()
         if iteration > learning_starts:
             if iteration % args.train_frequency == 0:
-                data = rb.sample(args.batch_size)
-                qf_loss, q_mean = update(data)
-
+                qf_loss, q_mean = update(rb.sample(args.batch_size))
             if iteration % args.target_network_frequency == 0:
-                update_target()
+                learner.update_target()
 
+        # log
         if iteration % 100 == 0:
             epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-            run.log_progress(
-                pbar, global_step, dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
-            )
+            metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
+            run.log_progress(pbar, global_step, metrics)
 
         run.steps = global_step + args.num_envs
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
-    # each member's weights as a single-seed Q network's state dict (copies: a view would save the
-    # whole stack)
-    models = [
-        {name: param[k].clone() for name, param in params.items()} for k in range(args.num_seeds)
-    ]
-
-    def evaluate_greedy(member, episodes, videos):  # the greedy action of member `member`
-        q_network = QNetwork(n_obs, n_act, device=device)
-        q_network.load_state_dict(models[member])
-        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
-        return evaluate(
-            lambda obs: q_network(obs).argmax(dim=1), eval_envs, episodes, run.seeds[member], device
-        )
-
     envs.close()
+    # each member's weights as dqn_cpu.py's state dict (copies: a view would save the whole stack)
+    models = [{name: p[k].clone() for name, p in params.items()} for k in range(args.num_seeds)]
     run.finish(device, models, evaluate_greedy)
 
 

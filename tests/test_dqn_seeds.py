@@ -29,20 +29,14 @@ def stacked_batches(seed):
     return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0]}
 
 
-def build_seeds_update():
+def build_seeds_update(**flags):
     """The seeds script's update for the members SEEDS, from their initial weights, with target
     networks that differ from the online ones (the first layer 0.9x); returns it with the stacked
-    parameters and target parameters."""
+    parameters and target parameters (and the learner they are fields of)."""
     mod = load_script("dqn_seeds")
-    args = mod.Args(num_seeds=len(SEEDS))
-    params, _, _ = mod.make_learner(args, 4, 2, SEEDS, CPU)
-    target_params = {name: param.clone() for name, param in params.items()}
-    target_params["network.0.weight"].mul_(0.9)
-    optimizer = mod.Adam(params, lr=args.learning_rate)
-    update, _ = mod.make_functional_updates(
-        mod.QNetwork(4, 2, device="meta"), target_params, optimizer, args
-    )
-    return update, params, target_params
+    learner = mod.make_learner(mod.Args(num_seeds=len(SEEDS), **flags), 4, 2, SEEDS, CPU)
+    learner.target_params["network.0.weight"].mul_(0.9)
+    return learner.update, learner.params, learner.target_params, learner
 
 
 def build_cpu_update(params, target_params, member):
@@ -63,8 +57,10 @@ def test_each_member_starts_from_the_weights_of_the_single_seed_script_with_its_
     Run does), and building the members leaves the global generator as it was."""
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    params, _, _ = load_script("dqn_seeds").make_learner(
-        load_script("dqn_seeds").Args(), 4, 2, SEEDS, CPU
+    params = (
+        load_script("dqn_seeds")
+        .make_learner(load_script("dqn_seeds").Args(), 4, 2, SEEDS, CPU)
+        .params
     )
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
@@ -82,8 +78,8 @@ def test_each_members_update_is_the_single_seed_update_on_its_inputs_eager_and_c
     parameters within 1e-6 (absolute; an Adam step moves them by ~lr = 2.5e-4; the vmapped
     update multiplies in batched matmuls, whose sums round in another order). From the third
     call on, the compiled update compiles nothing new."""
-    seeds_update, params, target_params = build_seeds_update()
-    compiled_update, compiled_params, _ = build_seeds_update()
+    seeds_update, params, target_params, _ = build_seeds_update()
+    compiled_update, compiled_params, _, _ = build_seeds_update()
     compiled_update = torch.compile(compiled_update, fullgraph=True, options={"cpp_wrapper": True})
     singles = [build_cpu_update(params, target_params, member) for member in range(len(SEEDS))]
     start = {name: param.clone() for name, param in params.items()}
@@ -121,7 +117,7 @@ def test_a_members_update_depends_on_its_own_batch_alone():
     come out with exactly the same losses and parameters (bit for bit), member 0 with others."""
     outcomes = []
     for changed in (False, True):
-        update, params, _ = build_seeds_update()
+        update, params, _, _ = build_seeds_update()
         _, stacked = stacked_batches(0)
         if changed:
             stacked = {key: value.clone() for key, value in stacked.items()}
@@ -145,7 +141,8 @@ def test_host_policy_is_the_vmapped_torch_q_network_also_after_an_in_place_step(
     the vmapped torch policy, greedy, picks the same."""
     mod = load_script("dqn_seeds")
     args = mod.Args(start_e=0.0, end_e=0.0)
-    params, _, (policy, _, _) = mod.make_learner(args, 4, 3, SEEDS, CPU)
+    learner = mod.make_learner(args, 4, 3, SEEDS, CPU)
+    params, policy = learner.params, learner.policy
     host_policy = mod.make_host_policy(params, 3, torch.zeros((), dtype=torch.long), 0.0, 0.0, 1000)
     obs = torch.from_numpy(
         np.random.default_rng(0).standard_normal((len(SEEDS), 256, 4), dtype=np.float32)
@@ -173,7 +170,7 @@ def test_host_policy_flips_a_coin_per_member(monkeypatch):
     527); exploring draws are marked -1 here. At epsilon 1 every member explores and the network is
     not run."""
     mod = load_script("dqn_seeds")
-    params, _, _ = mod.make_learner(mod.Args(), 4, 2, SEEDS, CPU)
+    params = mod.make_learner(mod.Args(), 4, 2, SEEDS, CPU).params
     monkeypatch.setattr(mod.np.random, "random", lambda size: np.array([0.1, 0.9, 0.5]))
     monkeypatch.setattr(mod.np.random, "randint", lambda high, size: np.full(size, -1))
     policy = mod.make_host_policy(params, 2, torch.zeros((), dtype=torch.long), 1.0, 0.05, 1000)
@@ -226,7 +223,8 @@ def test_members_explore_on_their_own_draws_and_act_with_their_own_networks():
     with weights of their own act as their own Q networks: no member reads another's slice."""
     mod = load_script("dqn_seeds")
     obs = torch.randn(1, 64, 4).expand(len(SEEDS), 64, 4).contiguous()
-    params, _, (policy, _, _) = mod.make_learner(mod.Args(start_e=0.0, end_e=0.0), 4, 3, SEEDS, CPU)
+    learner = mod.make_learner(mod.Args(start_e=0.0, end_e=0.0), 4, 3, SEEDS, CPU)
+    params, policy = learner.params, learner.policy
     for member in range(len(SEEDS)):
         q_network = mod.QNetwork(4, 3)
         q_network.load_state_dict({name: param[member] for name, param in params.items()})
@@ -234,8 +232,11 @@ def test_members_explore_on_their_own_draws_and_act_with_their_own_networks():
             assert torch.equal(policy(obs)[member], q_network(obs[member]).argmax(dim=1)), member
     for param in params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
-    step, shell = torch.zeros((), dtype=torch.long), mod.QNetwork(4, 3, device="meta")
-    policy = mod.make_policy(shell, params, 3, step, 1.0, 1.0, 1000)
+    # the learner's torch policy at epsilon 1, on the same weights
+    exploring = mod.make_learner(mod.Args(start_e=1.0, end_e=1.0), 4, 3, SEEDS, CPU)
+    for name, param in exploring.params.items():
+        param.copy_(params[name])
+    policy = exploring.policy
     host_policy = mod.make_host_policy(params, 3, torch.zeros((), dtype=torch.long), 1.0, 1.0, 1000)
     rb = mod.ReplayBuffer(len(SEEDS), 1000, 4, CPU)
     rb.views["rewards"][:] = np.arange(1000)  # the same buffer for each member
@@ -252,17 +253,14 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     obs = torch.randn(len(SEEDS), 16, 4)
     outcomes = []
     for poisoned in (False, True):
-        update, params, _ = build_seeds_update()
+        update, params, _, learner = build_seeds_update(start_e=0.0, end_e=0.0)
         if poisoned:
             params["network.2.weight"][0, 5] = float("nan")
         losses = torch.stack([update(stacked_batches(step)[1])[0] for step in range(3)])
         host_actions = mod.make_host_policy(
             params, 2, torch.zeros((), dtype=torch.long), 0.0, 0.0, 1000
         )(obs)
-        global_step = torch.zeros((), dtype=torch.long)
-        shell = mod.QNetwork(4, 2, device="meta")
-        policy = mod.make_policy(shell, params, 2, global_step, 0.0, 0.0, 1000)
-        outcomes.append((losses, params, host_actions, policy(obs)))
+        outcomes.append((losses, params, host_actions, learner.policy(obs)))
     (losses, params, *actions), (losses_nan, params_nan, *actions_nan) = outcomes
     assert losses_nan[:, 0].isnan().all() and torch.equal(losses[:, 1:], losses_nan[:, 1:])
     assert all(torch.equal(params[name][1:], params_nan[name][1:]) for name in params)

@@ -364,7 +364,8 @@ def with_fake_func_grads(fn):
 
 
 def make_dqn_seeds(module, args):
-    policy, update, _ = module.make_learner(args, 4, 2, SEEDS, CUDA)[-1]
+    learner = module.make_learner(args, 4, 2, SEEDS, CUDA)
+    policy, update = learner.policy, learner.update
     data = batch((len(SEEDS), 64), **OFF_POLICY | dict(obs=(4,), next_obs=(4,), actions=DISCRETE))
     update = with_fake_func_grads(update)
     return {

@@ -106,7 +106,7 @@ def sac_or_td3_seeds(module, args, device):
 
 
 def dqn_seeds(module, args, device):
-    policy = module.make_learner(args, 4, 2, SEEDS, device)[-1][0]
+    policy = module.make_learner(args, 4, 2, SEEDS, device).policy
     return {"policy": (policy, (randn(len(SEEDS), ENVS, 4, device=device),))}
 
 

@@ -408,9 +408,8 @@ def dqn_proxy(module, members):
     import torch
 
     args = module.Args(num_seeds=members)
-    _, _, (policy, update, _) = module.make_learner(
-        args, 4, 2, list(range(1, members + 1)), torch.device("cpu")
-    )
+    learner = module.make_learner(args, 4, 2, list(range(1, members + 1)), torch.device("cpu"))
+    policy, update = learner.policy, learner.update
     batch = dict(
         obs=torch.randn(members, args.batch_size, 4),
         next_obs=torch.randn(members, args.batch_size, 4),
