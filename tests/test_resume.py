@@ -313,9 +313,11 @@ def test_the_slurm_batch_script_checkpoints_requeues_and_continues(tmp_path):
     again as the requeued job, it continues the run to its end."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # this interpreter (a script, not a link: a link to a virtual env's python loses the env)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
-    (bin_dir / "scontrol").chmod(0o755)
+    for tool in ("python", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
     (tmp_path / "leanrl").symlink_to(SCRIPTS)
     env = script_env() | dict(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
     env |= dict(SCONTROL_LOG=str(tmp_path / "scontrol.log"), RUN_NAME="job", OMP_NUM_THREADS="1")
