@@ -395,11 +395,12 @@ def make_learner(args, n_obs, n_act, seeds, device):
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
         # envpool's reset steps weigh 0 in every mean; a member with one valid row in a
-        # minibatch, or none, gets means and a std of 0
-        valid, count = mb["valid"], mb["valid"].sum()
+        # minibatch, or none, gets means and a std of 0. Of shape [1], not []: under vmap on a
+        # GPU, a number in arithmetic with a 0-d tensor makes a CPU tensor
+        valid, count = mb["valid"], mb["valid"].sum(0, keepdim=True)
 
         def mean(x):
-            return (x * valid).sum() / count.clamp(min=1)
+            return (x * valid).sum(0, keepdim=True) / count.clamp(min=1)
 
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
@@ -410,7 +411,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
         mb_advantages = mb["advantages"]
         if args.norm_adv:
             centered = mb_advantages - mean(mb_advantages)
-            std = ((centered**2 * valid).sum() / (count - 1).clamp(min=1)).sqrt()
+            std = ((centered**2 * valid).sum(0, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
             mb_advantages = centered / (std + 1e-8)
 
         # policy loss
@@ -433,13 +434,13 @@ def make_learner(args, n_obs, n_act, seeds, device):
         entropy_loss = mean(entropy)
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        return loss, torch.stack(stats).detach()
+        return loss.sum(), torch.cat(stats).detach()
 
     def ppo_grads(params, mb):
         """The gradients of a minibatch's loss, clipped, and its statistics."""
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
         # nn.utils.clip_grad_norm_, written out
-        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
+        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, True).sqrt()
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
