@@ -1,15 +1,18 @@
-"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, N seeds
-as one program, grown from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's
-(HalfCheetah-v4, 1M steps per member).
+"""PPO for continuous actions, N seeds as one program, grown from ppo_continuous_action_cpu.py.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per
+member).
 
     python leanrl/ppo_continuous_action_seeds.py  # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
         --total-timesteps 40960 --num-seeds 3
 
-Member k is the CPU script with `--seed seed+k*num_envs`. Parameters and Adam's state are
-stacked on a seeds axis, acting and the gradients vmapped over it. All envs are one envpool (the
-same MuJoCo tasks) stepped by C++ threads on every core, in next-step reset mode (the step after
-an episode's end only resets and weighs 0 in the loss), without frames.
+Member k is the CPU script with `--seed seed+k*num_envs`: the same functions of one member's
+parameters, then one block that vmaps them over a leading seeds axis. What changes:
+- parameters and Adam's state are stacked on that axis, acting and the gradients vmapped over it;
+- all envs are one envpool (the same MuJoCo tasks) stepped by C++ threads on every core, in
+  next-step reset mode (the step after an episode's end only resets and weighs 0 in the loss),
+  without frames.
 
 A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr
 says which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and
@@ -94,7 +97,7 @@ class Args:
     num_envs: int = 1
     """the number of parallel environments of each member"""
     num_steps: int = 2048
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -126,7 +129,7 @@ class Args:
     cudagraphs: bool = False
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
     threads: int | None = None
-    """torch's intra-op threads (default 1; with many members 2 can be faster: see `main`)"""
+    """torch's intra-op threads (default 1: every op here is tiny)"""
 
 
 # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
@@ -488,12 +491,12 @@ def main(args):
     probe.close()
     # 3 copies, float32
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")
-    # seeds, run folder, wandb, Ctrl-C: see the end of the file
+    # seeds, run folder, wandb, signals: see the end of the file
     run = Run(args, "ppo_continuous_action_seeds")
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one thread: at N=1 a second costs more than it saves; with more members --threads 2 can pay
-    # (docs/performance.md)
+    # every op is tiny: waking a second thread costs more than it saves (with many members,
+    # --threads 2 can pay: docs/performance.md)
     torch.set_num_threads(args.threads or 1)
 
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
@@ -503,60 +506,55 @@ def main(args):
         param.copy_(run.saved_model["agent"][name])
     policy, update = learner.policy, learner.update
     compute_gae = gae
-    if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
+    if args.compile:
+        # acting, GAE and the whole update, each one graph; a C++ wrapper makes fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
-        policy, compute_gae, update = (
-            torch.compile(f, fullgraph=True, options=options) for f in (policy, gae, update)
-        )
+        policy = torch.compile(policy, fullgraph=True, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True, options=options)
+        update = torch.compile(update, fullgraph=True, options=options)
     # the first calls run as they are (compiled: one call more), the next records, later replay
     if args.cudagraphs:
         policy, update = (
             CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (policy, update)
         )
 
-    # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
+    # the rollout, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    shapes, size = (
-        {key: () for key in scalars} | dict(obs=(n_obs,), actions=(n_act,)),
-        (args.num_steps, envs.num_envs),
-    )
-    rollout = TensorDict(
-        {key: torch.zeros(*size, *shape) for key, shape in shapes.items()}, batch_size=size
-    )
-    # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    rollout = {key: torch.zeros(args.num_steps, envs.num_envs) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, envs.num_envs, n_obs)
+    rollout["actions"] = torch.zeros(args.num_steps, envs.num_envs, n_act)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, envs.num_envs])
+    # numpy views of the rollout's tensors, which the policy's arrays are written to
     store = rollout.numpy()
 
     next_obs, _ = envs.reset()
-
-    # what a checkpoint keeps, beside the run's counters and generators: envpool's envs cannot be
-    # saved, their statistics can
-    def training_state():
-        state = dict(params=params, optimizer=optimizer)
-        return dict(learner=state, normalization=envs, envs=(envs, next_obs))
-
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+
+    def training_state():  # what a checkpoint keeps, beside the run's counters and generators
+        # envpool's envs cannot be saved, their statistics can
+        state = dict(params=params, optimizer=optimizer)
+        return dict(learner=state, normalization=envs, envs=(envs, next_obs))
+
     iterations = run.resume(training_state(), range(1, num_iterations + 1))
     # with a [num_seeds, k] index: member rows
     members = torch.arange(args.num_seeds, device=device).unsqueeze(1)
-    global_step = run.steps  # 0, or where the resumed run stopped
+    global_step = run.steps  # 0 unless resumed
     pbar = tqdm.tqdm(iterations)
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            # sps counts from here, past compiling
-            run.measure_start, run.measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             # in place: no recompile
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             store["obs"][step] = next_obs
             store["valid"][step] = ~envs.resetting
-
-            # ALGO LOGIC: action logic
             action, logprob, _, value = (
                 x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device))
             )
@@ -570,25 +568,23 @@ def main(args):
             store["terminations"][step] = terminations
             store["truncations"][step] = truncations
 
-        # bootstrap value if not done
+        # advantages
         next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
         # envpool's next-step reset: the true final obs of an episode is the obs stored at the step
         # after its end
         rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
-        inputs = {
-            key: rollout[key]
-            for key in ("rewards", "values", "final_values", "terminations", "truncations")
-        }
+        keys = ("rewards", "values", "final_values", "terminations", "truncations")
         advantages, returns = compute_gae(
-            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+            **{key: rollout[key] for key in keys},
+            next_value=next_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
         )
 
-        # flatten the batch: [num_seeds, num_steps * num_envs], each member its own rows
+        # update, on [num_seeds, num_steps * num_envs]: each member its own rows
         b = rollout.select("obs", "actions", "logprobs", "values", "valid")
         b["advantages"], b["returns"] = advantages, returns
         b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
-
-        # Optimizing the policy and value network
         # members stopped by --target-kl
         stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)
         # what a member past the target keeps: all but the lr (0-d), which the members share
@@ -607,11 +603,11 @@ def main(args):
                 if stopped.all():
                     break
 
+        # log
         explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(
-            pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var)
-        )
+        metrics = dict(zip(names, stats.T), explained_variance=explained_var)
+        run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
