@@ -343,7 +343,8 @@ def make_learner(args, n_obs, n_act, device):
         return loss, torch.stack(stats).detach()
 
     def ppo_grads(params, mb):
-        """The gradients of a minibatch's loss, clipped, and its statistics."""
+        """The gradients of a minibatch's loss, clipped, and its statistics. `torch.func` takes
+        them and the clip is written out: `backward` would split the compiled graph."""
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
         # nn.utils.clip_grad_norm_, written out
         total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
@@ -351,11 +352,7 @@ def make_learner(args, n_obs, n_act, device):
         return {name: grad * scale for name, grad in grads.items()}, stats
 
     def update(mb):
-        """One gradient step on a minibatch (a TensorDict); returns its statistics.
-
-        `torch.func` takes the gradients, and the clip and Adam are written out: `backward` or
-        `torch.optim.Adam.step` would split the compiled graph.
-        """
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
         grads, stats = ppo_grads(params, mb)
         optimizer.step(grads)
         return stats

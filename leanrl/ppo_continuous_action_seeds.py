@@ -344,8 +344,8 @@ class Adam:
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products of tensors: nothing recompiles, and Inductor
-        # would inline a power of a step count into the kernel of every parameter, slowly
-        # a pair per member: --target-kl stops the members after different numbers of steps
+        # would inline a power of a step count into the kernel of every parameter, slowly. A pair
+        # per member: --target-kl stops the members after different numbers of steps
         members = next(iter(params.values())).shape[:1]
         self.beta1_power = torch.ones(members, device=lr.device)
         self.beta2_power = torch.ones(members, device=lr.device)
@@ -440,16 +440,19 @@ def make_learner(args, n_obs, n_act, seeds, device):
         return loss.sum(), torch.cat(stats).detach()
 
     def ppo_grads(params, mb):
-        """The gradients of a minibatch's loss, clipped, and its statistics."""
+        """The gradients of a minibatch's loss, clipped, and its statistics. `torch.func` takes
+        them and the clip is written out: `backward` would split the compiled graph."""
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
         # nn.utils.clip_grad_norm_, written out
-        total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, True).sqrt()
+        squares = torch.stack([grad.pow(2).sum() for grad in grads.values()])
+        total_norm = squares.sum(0, keepdim=True).sqrt()  # of shape [1]: see loss_fn
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
     # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
     # Each name below stands for its member function lifted over the members: parameters and
-    # minibatches [num_seeds, ...]. Acting draws each member's own noise. Adam needs no vmap.
+    # minibatches [num_seeds, ...]. Acting draws each member's own noise. Adam's step needs no
+    # vmap: elementwise, it runs on the stacks as it is.
     ppo_grads = vmap(ppo_grads)
     get_action_and_value = vmap(
         lambda params, obs: functional_call(agent, params, (obs,)), randomness="different"
@@ -462,11 +465,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
     # ---- end of the N seeds block ----
 
     def update(mb):
-        """One gradient step on a minibatch (a TensorDict); returns its statistics.
-
-        `torch.func` takes the gradients, and the clip and Adam are written out: `backward` or
-        `torch.optim.Adam.step` would split the compiled graph.
-        """
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
         grads, stats = ppo_grads(params, mb)
         optimizer.step(grads)
         return stats
