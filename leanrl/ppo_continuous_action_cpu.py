@@ -342,17 +342,19 @@ def make_learner(args, n_obs, n_act, device):
         stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
         return loss, torch.stack(stats).detach()
 
-    def update(mb):
-        """One gradient step on a minibatch (a TensorDict); returns its statistics.
-
-        `torch.func` takes the gradients, and the clip and Adam are written out: `backward` or
-        `torch.optim.Adam.step` would split the compiled graph.
-        """
+    def ppo_grads(params, mb):
+        """The gradients of a minibatch's loss, clipped, and its statistics. `torch.func` takes
+        them and the clip is written out: `backward` would split the compiled graph."""
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
         # nn.utils.clip_grad_norm_, written out
         total_norm = torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum().sqrt()
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
-        optimizer.step({name: grad * scale for name, grad in grads.items()})
+        return {name: grad * scale for name, grad in grads.items()}, stats
+
+    def update(mb):
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
+        grads, stats = ppo_grads(params, mb)
+        optimizer.step(grads)
         return stats
 
     # acting in numpy: at batch 1, a torch call costs more to dispatch than its arithmetic.

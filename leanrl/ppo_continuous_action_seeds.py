@@ -1,15 +1,18 @@
-"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, N seeds
-as one program, grown from ppo_continuous_action_cpu.py (`diff` them). Defaults are CleanRL's
-(HalfCheetah-v4, 1M steps per member).
+"""PPO for continuous actions, N seeds as one program, grown from ppo_continuous_action_cpu.py.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per
+member).
 
     python leanrl/ppo_continuous_action_seeds.py  # 8 members, seeds 1..8
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
         --total-timesteps 40960 --num-seeds 3
 
-Member k is the CPU script with `--seed seed+k*num_envs`. Parameters and Adam's state are
-stacked on a seeds axis, acting and the gradients vmapped over it. All envs are one envpool (the
-same MuJoCo tasks) stepped by C++ threads on every core, in next-step reset mode (the step after
-an episode's end only resets and weighs 0 in the loss), without frames.
+Member k is the CPU script with `--seed seed+k*num_envs`: the same functions of one member's
+parameters, then one block that vmaps them over a leading seeds axis. What changes:
+- parameters and Adam's state are stacked on that axis, acting and the gradients vmapped over it;
+- all envs are one envpool (the same MuJoCo tasks) stepped by C++ threads on every core, in
+  next-step reset mode (the step after an episode's end only resets and weighs 0 in the loss),
+  without frames.
 
 A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr
 says which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and
@@ -32,6 +35,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import envpool
 import gymnasium as gym
@@ -42,7 +46,7 @@ import tqdm
 import tyro
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
-from torch.func import functional_call, grad_and_value, stack_module_state
+from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 
 @dataclass
@@ -93,7 +97,7 @@ class Args:
     num_envs: int = 1
     """the number of parallel environments of each member"""
     num_steps: int = 2048
-    """the number of vector steps of each rollout (env steps per iteration: num_steps * num_envs)"""
+    """the number of vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -125,7 +129,7 @@ class Args:
     cudagraphs: bool = False
     """record acting and the update as CUDA graphs (needs a CUDA device)"""
     threads: int | None = None
-    """torch's intra-op threads (default 1; with many members 2 can be faster: see `main`)"""
+    """torch's intra-op threads (default 1: every op here is tiny)"""
 
 
 # gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
@@ -302,21 +306,21 @@ def finished_episodes(infos, num_seeds):
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs] as every input
-    but `next_value` [num_envs] (of the obs after the last step). `terminations[t]` /
-    `truncations[t]` (0 or 1): the episode ended at step t, terminal / cut off; `final_values[t]`:
-    the value of a cut-off episode's true final obs (read only there)."""
+    """Generalized advantage estimation: (advantages, returns), shaped [num_steps, num_envs].
+
+    `next_value` [num_envs] is the value of the obs after the last step. `final_values[t]` is the
+    value of the true final obs of an episode truncated at step t (read only there).
+    """
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's value inside an episode; at an episode's
-    # end, the value of its true final observation if it was cut off and 0 if it terminated
+    # after an episode's last step: its final obs' value if it was cut off, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
-    # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling: after
-    # the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and coefs[t] is
-    # the product of their c's, so ceil(log2(num_steps)) vectorized rounds replace the loop
-    # (unrolled, it would take minutes to compile)
-    advantages, coefs, shift = deltas, gamma * gae_lambda * (1 - dones), 1
+    # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. A loop, unrolled, would take minutes to compile.
+    advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
+    shift = 1
     while shift < len(values):
         advantages = torch.cat(
             [advantages[:-shift] + coefs[:-shift] * advantages[shift:], advantages[-shift:]]
@@ -327,33 +331,30 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 
 class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
-    place: in a compiled update it is part of the update's graph, which `torch.optim.Adam.step`
-    would break. The lr is in `param_groups`."""
+    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place.
+
+    Written out so that a compiled update holds it in its graph, which `torch.optim.Adam.step`
+    would break. The learning rate is in `param_groups`. Every op is elementwise: on parameters
+    stacked over the members, each member takes its own step.
+    """
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.betas, self.eps, self.param_groups = params, betas, eps, [{"lr": lr}]
-        self.exp_avg, self.exp_avg_sq = (
-            {name: torch.zeros_like(p) for name, p in params.items()} for _ in range(2)
-        )
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
-        # a column per member
-        self.beta_powers = torch.ones(2, len(next(iter(params.values()))), device=lr.device)
-        self.state = [
-            *params.values(),
-            *self.exp_avg.values(),
-            *self.exp_avg_sq.values(),
-            self.beta_powers.T,
-        ]
+        self.params, self.betas, self.eps = params, betas, eps
+        self.param_groups = [{"lr": lr}]
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+        # beta1**t and beta2**t as running products of tensors: nothing recompiles, and Inductor
+        # would inline a power of a step count into the kernel of every parameter, slowly. A pair
+        # per member: --target-kl stops the members after different numbers of steps
+        members = next(iter(params.values())).shape[:1]
+        self.beta1_power = torch.ones(members, device=lr.device)
+        self.beta2_power = torch.ones(members, device=lr.device)
 
-    # elementwise: on parameters stacked over the members, each member's own step
     def step(self, grads):
         beta1, beta2 = self.betas
-        self.beta_powers[0].mul_(beta1)
-        self.beta_powers[1].mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta_powers
+        self.beta1_power.mul_(beta1)
+        self.beta2_power.mul_(beta2)
+        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
         for name, param in self.params.items():
             exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
             exp_avg.lerp_(grad, 1 - beta1)
@@ -361,51 +362,48 @@ class Adam:
             # each member's bias corrections, against its parameters
             members = (-1,) + (1,) * (param.dim() - 1)
             denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
-            param.sub_(
-                self.param_groups[0]["lr"] * (exp_avg / bias_correction1.view(members)) / denom
-            )
+            lr = self.param_groups[0]["lr"]
+            param.sub_(lr * (exp_avg / bias_correction1.view(members)) / denom)
 
-    def state_dict(self):  # the moments and beta**t, for checkpoints
-        moments = dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq)
-        return moments | dict(beta_powers=self.beta_powers)
+    def state_dict(self):  # the moments, beta1**t, beta2**t and the learning rate, for checkpoints
+        moments = {f"exp_avg.{name}": value for name, value in self.exp_avg.items()}
+        moments |= {f"exp_avg_sq.{name}": value for name, value in self.exp_avg_sq.items()}
+        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
+        return moments | powers | dict(lr=self.param_groups[0]["lr"])
 
-    def load_state_dict(self, state):  # in place: compiled steps and CUDA graphs read them
-        for name in self.params:
-            self.exp_avg[name].copy_(state["exp_avg"][name])
-            self.exp_avg_sq[name].copy_(state["exp_avg_sq"][name])
-        self.beta_powers.copy_(state["beta_powers"])
+    def load_state_dict(self, state):  # in place: the compiled update reads these tensors
+        for key, value in self.state_dict().items():
+            value.copy_(state[key])
 
 
 def make_learner(args, n_obs, n_act, seeds, device):
-    """PPO's members (member k as the single-seed script draws it with `--seed seeds[k]`) on
-    `device`: the shell `functional_call` fills, the written-out Adam (`params`: the members',
-    stacked), the functions (policy, update)."""
+    """PPO's members' agents, optimizer and steps on `device`, stacked on a leading seeds axis.
+    Member k starts from the weights ppo_continuous_action_cpu.py draws with `--seed seeds[k]`."""
     members = []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
             torch.manual_seed(seed)
             members.append(Agent(n_obs, n_act, device=device))
-    params = {name: param.detach() for name, param in stack_module_state(members)[0].items()}
-    agent = Agent(n_obs, n_act, device="meta")  # the shell `functional_call` fills
-    # the learning rate is a tensor annealed in place: the compiled update reads it, and nothing
-    # recompiles
-    optimizer = Adam(params, torch.tensor(args.learning_rate, device=device), eps=1e-5)
+    agent = Agent(n_obs, n_act, device="meta")  # the shell that `functional_call` fills
+    # a tensor annealed in place: the compiled update reads it, and nothing recompiles
+    lr = torch.tensor(args.learning_rate, device=device)
+    # the members' tensors, stacked, which Adam updates in place
+    params = {name: p.detach() for name, p in stack_module_state(members)[0].items()}
+    optimizer = Adam(params, lr, eps=1e-5)
 
     def loss_fn(params, mb):
-        _, newlogprob, entropy, newvalue = functional_call(
-            agent, params, (mb["obs"], mb["actions"])
-        )
+        """The clipped-surrogate loss of a minibatch, and its statistics."""
+        inputs = (mb["obs"], mb["actions"])
+        _, newlogprob, entropy, newvalue = functional_call(agent, params, inputs)
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
-        # envpool's reset steps weigh 0 in every mean
+        # envpool's reset steps weigh 0 in every mean; a member with one valid row in a
+        # minibatch, or none, gets means and a std of 0. Of shape [1], not []: under vmap on a
+        # GPU, a number in arithmetic with a 0-d tensor makes a CPU tensor
         valid, count = mb["valid"], mb["valid"].sum(0, keepdim=True)
-        # clamped: a member with one valid row in a minibatch, or none, gets means and a std of 0
-        mean_divisor, std_divisor = count.clamp(min=1), (count - 1).clamp(min=1)
 
-        # of shape [1], not []: vmap turns a number in arithmetic with a 0-d tensor into a CPU
-        # tensor
         def mean(x):
-            return (x * valid).sum(0, keepdim=True) / mean_divisor
+            return (x * valid).sum(0, keepdim=True) / count.clamp(min=1)
 
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
@@ -416,14 +414,15 @@ def make_learner(args, n_obs, n_act, seeds, device):
         mb_advantages = mb["advantages"]
         if args.norm_adv:
             centered = mb_advantages - mean(mb_advantages)
-            mb_advantages = centered / ((centered**2 * valid).sum() / std_divisor).sqrt().add(1e-8)
+            std = ((centered**2 * valid).sum(0, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+            mb_advantages = centered / (std + 1e-8)
 
-        # Policy loss
+        # policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = mean(torch.max(pg_loss1, pg_loss2))
 
-        # Value loss
+        # value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
@@ -437,39 +436,47 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
         entropy_loss = mean(entropy)
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        return loss.sum(), torch.cat(
-            [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
-        ).detach()
+        stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
+        return loss.sum(), torch.cat(stats).detach()
 
-    def member_grads(params, mb):
+    def ppo_grads(params, mb):
+        """The gradients of a minibatch's loss, clipped, and its statistics. `torch.func` takes
+        them and the clip is written out: `backward` would split the compiled graph."""
         grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
-        # nn.utils.clip_grad_norm_, written out: the gradients scaled down to a total norm of
-        # `max_grad_norm`
-        total_norm = (
-            torch.stack([grad.pow(2).sum() for grad in grads.values()]).sum(0, keepdim=True).sqrt()
-        )
+        # nn.utils.clip_grad_norm_, written out
+        squares = torch.stack([grad.pow(2).sum() for grad in grads.values()])
+        total_norm = squares.sum(0, keepdim=True).sqrt()  # of shape [1]: see loss_fn
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
-    def update(mb):
-        """One clipped-surrogate step of each member on its minibatch ([num_seeds, minibatch]) ->
-        statistics [num_seeds, 6]: vmapped `torch.func` gradients and an in-place Adam, one graph
-        for `torch.compile(fullgraph=True)`."""
-        grads, stats = torch.vmap(member_grads)(params, mb)
-        optimizer.step(grads)
-        return stats
-
-    member_policy = torch.vmap(
+    # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
+    # Each name below stands for its member function lifted over the members: parameters and
+    # minibatches [num_seeds, ...]. Acting draws each member's own noise. Adam's step needs no
+    # vmap: elementwise, it runs on the stacks as it is.
+    ppo_grads = vmap(ppo_grads)
+    get_action_and_value = vmap(
         lambda params, obs: functional_call(agent, params, (obs,)), randomness="different"
     )
 
-    # get_action_and_value sampling, each member its own noise; member k's envs: the k-th slice
-    def policy(obs):
-        return tuple(
-            x.flatten(0, 1) for x in member_policy(params, obs.unflatten(0, (len(seeds), -1)))
-        )
+    def policy(obs):  # every member's envs at once: [num_seeds * num_envs, n_obs]
+        obs = obs.unflatten(0, (len(seeds), -1))
+        return tuple(x.flatten(0, 1) for x in get_action_and_value(params, obs))
 
-    return agent, optimizer, (policy, update)
+    # ---- end of the N seeds block ----
+
+    def update(mb):
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
+        grads, stats = ppo_grads(params, mb)
+        optimizer.step(grads)
+        return stats
+
+    return SimpleNamespace(
+        agent=agent,
+        params=params,
+        optimizer=optimizer,
+        policy=policy,
+        update=update,
+    )
 
 
 def main(args):
@@ -483,73 +490,70 @@ def main(args):
     probe.close()
     # 3 copies, float32
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")
-    # seeds, run folder, wandb, Ctrl-C: see the end of the file
+    # seeds, run folder, wandb, signals: see the end of the file
     run = Run(args, "ppo_continuous_action_seeds")
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one thread: at N=1 a second costs more than it saves; with more members --threads 2 can pay
-    # (docs/performance.md)
+    # every op is tiny: waking a second thread costs more than it saves (with many members,
+    # --threads 2 can pay: docs/performance.md)
     torch.set_num_threads(args.threads or 1)
 
-    agent, optimizer, (policy, update) = make_learner(args, n_obs, n_act, run.seeds, device)
+    learner = make_learner(args, n_obs, n_act, run.seeds, device)
+    agent, params, optimizer = learner.agent, learner.params, learner.optimizer
     # --eval-model: as every member
-    for name, param in optimizer.params.items() if run.saved_model else ():
+    for name, param in params.items() if run.saved_model else ():
         param.copy_(run.saved_model["agent"][name])
+    policy, update = learner.policy, learner.update
     compute_gae = gae
-    if args.compile:  # one graph each, whose C++ wrapper calls its kernels with fewer Python calls
+    if args.compile:
+        # acting, GAE and the whole update, each one graph; a C++ wrapper makes fewer Python calls
         options = {"cpp_wrapper": device.type == "cpu"}
-        policy, compute_gae, update = (
-            torch.compile(f, fullgraph=True, options=options) for f in (policy, gae, update)
-        )
+        policy = torch.compile(policy, fullgraph=True, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True, options=options)
+        update = torch.compile(update, fullgraph=True, options=options)
     # the first calls run as they are (compiled: one call more), the next records, later replay
     if args.cudagraphs:
         policy, update = (
             CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (policy, update)
         )
 
-    # ALGO Logic: Storage setup, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
+    # the rollout, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
-    shapes, size = (
-        {key: () for key in scalars} | dict(obs=(n_obs,), actions=(n_act,)),
-        (args.num_steps, envs.num_envs),
-    )
-    rollout = TensorDict(
-        {key: torch.zeros(*size, *shape) for key, shape in shapes.items()}, batch_size=size
-    )
-    # numpy views of the rollout's tensors (same memory): the policy's arrays are written there
+    rollout = {key: torch.zeros(args.num_steps, envs.num_envs) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, envs.num_envs, n_obs)
+    rollout["actions"] = torch.zeros(args.num_steps, envs.num_envs, n_act)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, envs.num_envs])
+    # numpy views of the rollout's tensors, which the policy's arrays are written to
     store = rollout.numpy()
 
     next_obs, _ = envs.reset()
-
-    # what a checkpoint keeps, beside the run's counters and generators: envpool's envs cannot be
-    # saved, their statistics can
-    def training_state():
-        learner = dict(params=optimizer.params, optimizer=optimizer)
-        return dict(learner=learner, normalization=envs, envs=(envs, next_obs))
-
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+
+    def training_state():  # what a checkpoint keeps, beside the run's counters and generators
+        # envpool's envs cannot be saved, their statistics can
+        state = dict(params=params, optimizer=optimizer)
+        return dict(learner=state, normalization=envs, envs=(envs, next_obs))
+
     iterations = run.resume(training_state(), range(1, num_iterations + 1))
     # with a [num_seeds, k] index: member rows
     members = torch.arange(args.num_seeds, device=device).unsqueeze(1)
-    global_step = run.steps  # 0, or where the resumed run stopped
+    global_step = run.steps  # 0 unless resumed
     pbar = tqdm.tqdm(iterations)
     for iteration in pbar:
         if iteration == args.measure_burnin + 1:
-            # sps counts from here, past compiling
-            run.measure_start, run.measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             # in place: no recompile
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
+        # rollout
         for step in range(args.num_steps):
             global_step += args.num_envs
             store["obs"][step] = next_obs
             store["valid"][step] = ~envs.resetting
-
-            # ALGO LOGIC: action logic
             action, logprob, _, value = (
                 x.cpu().numpy() for x in policy(torch.as_tensor(next_obs, device=device))
             )
@@ -563,30 +567,28 @@ def main(args):
             store["terminations"][step] = terminations
             store["truncations"][step] = truncations
 
-        # bootstrap value if not done
+        # advantages
         next_value = policy(torch.as_tensor(next_obs, device=device))[3].flatten().cpu()
         # envpool's next-step reset: the true final obs of an episode is the obs stored at the step
         # after its end
         rollout["final_values"] = torch.cat([rollout["values"][1:], next_value.unsqueeze(0)])
-        inputs = {
-            key: rollout[key]
-            for key in ("rewards", "values", "final_values", "terminations", "truncations")
-        }
+        keys = ("rewards", "values", "final_values", "terminations", "truncations")
         advantages, returns = compute_gae(
-            **inputs, next_value=next_value, gamma=args.gamma, gae_lambda=args.gae_lambda
+            **{key: rollout[key] for key in keys},
+            next_value=next_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
         )
 
-        # flatten the batch: [num_seeds, num_steps * num_envs], each member its own rows
+        # update, on [num_seeds, num_steps * num_envs]: each member its own rows
         b = rollout.select("obs", "actions", "logprobs", "values", "valid")
         b["advantages"], b["returns"] = advantages, returns
         b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
-
-        # Optimizing the policy and value network
         # members stopped by --target-kl
         stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)
-        kept = [x.clone() for x in optimizer.state] + [
-            torch.zeros(args.num_seeds, 6, device=device)
-        ]
+        # what a member past the target keeps: all but the lr (0-d), which the members share
+        member_state = [x for x in (*params.values(), *optimizer.state_dict().values()) if x.dim()]
+        kept = [x.clone() for x in member_state] + [torch.zeros(args.num_seeds, 6, device=device)]
         for _epoch in range(args.update_epochs):
             # each member its own shuffle
             b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]
@@ -594,17 +596,17 @@ def main(args):
                 stats = update(mb)
             # host sync, once per epoch: a member past the target keeps this state
             if args.target_kl is not None:
-                for x, saved in zip([*optimizer.state, stats], kept):
+                for x, saved in zip([*member_state, stats], kept):
                     x[stopped], saved[~stopped] = saved[stopped], x[~stopped]
                 stopped |= stats[:, 4] > args.target_kl
                 if stopped.all():
                     break
 
+        # log
         explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
-        run.log_progress(
-            pbar, global_step, dict(zip(names, stats.T), explained_variance=explained_var)
-        )
+        metrics = dict(zip(names, stats.T), explained_variance=explained_var)
+        run.log_progress(pbar, global_step, metrics)
         run.steps = global_step
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
@@ -619,7 +621,7 @@ def main(args):
             "var": torch.tensor(var),
             "count": torch.tensor(envs.obs_rms[2]),
         }
-        member_agent = {name: param[k].cpu().clone() for name, param in optimizer.params.items()}
+        member_agent = {name: param[k].cpu().clone() for name, param in params.items()}
         models.append(
             {
                 "agent": member_agent,
@@ -632,9 +634,7 @@ def main(args):
         seed, prefix = run.seeds[member], "actor_mean."
         eval_envs = make_envs(args.env_id, 1, seed, 1, args.gamma, models[member]["obs_rms"])
         actor = {
-            name.removeprefix(prefix): p[member]
-            for name, p in optimizer.params.items()
-            if prefix in name
+            name.removeprefix(prefix): p[member] for name, p in params.items() if prefix in name
         }
         return evaluate(
             lambda obs: functional_call(agent.actor_mean, actor, obs),

@@ -387,7 +387,8 @@ def make_sac_or_td3_seeds(module, args):
 
 
 def make_ppo_seeds(module, args):
-    policy, update = module.make_learner(args, 3, 2, SEEDS, CUDA)[-1]
+    learner = module.make_learner(args, 3, 2, SEEDS, CUDA)
+    policy, update = learner.policy, learner.update
     # valid: 0 for envpool's reset steps
     minibatch = batch((len(SEEDS), 64), obs=(3,), actions=(2,), valid=(), **PPO)
     update = with_fake_func_grads(update)

@@ -111,7 +111,7 @@ def dqn_seeds(module, args, device):
 
 
 def ppo_seeds(module, args, device):
-    policy = module.make_learner(args, 3, 2, SEEDS, device)[-1][0]
+    policy = module.make_learner(args, 3, 2, SEEDS, device).policy
     return {"policy": (policy, (randn(len(SEEDS) * ENVS, 3, device=device),))}
 
 

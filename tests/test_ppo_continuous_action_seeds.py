@@ -50,8 +50,8 @@ def stacked_minibatches(step):
 def build_seeds_learner():
     """The seeds script's optimizer and update for the members SEEDS (3 observations, 2 actions)."""
     mod = load_script(SEEDS_SCRIPT)
-    _, optimizer, (_, update) = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
-    return optimizer, update
+    learner = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
+    return learner.optimizer, learner.update
 
 
 def build_cpu_update(params, member):
@@ -146,8 +146,8 @@ def test_members_draw_their_own_noise_and_act_with_their_own_parameters():
     differ (vmap's randomness="different"). The update draws nothing (vmap's default randomness
     refuses)."""
     mod = load_script(SEEDS_SCRIPT)
-    _, optimizer, (policy, _) = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
-    params, obs = optimizer.params, torch.randn(4, 3)
+    learner = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
+    policy, params, obs = learner.policy, learner.params, torch.randn(4, 3)
     params["actor_logstd"].fill_(-30.0)
     actions, _, _, values = policy(obs.repeat(len(SEEDS), 1))
     for member in range(len(SEEDS)):
@@ -195,9 +195,10 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     each member's own."""
     outcomes = []
     for poisoned in (False, True):
-        _, optimizer, (policy, update) = load_script(SEEDS_SCRIPT).make_learner(
+        learner = load_script(SEEDS_SCRIPT).make_learner(
             load_script(SEEDS_SCRIPT).Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU
         )
+        optimizer, policy, update = learner.optimizer, learner.policy, learner.update
         if poisoned:
             optimizer.params["actor_mean.2.weight"][0, 1, 3] = float("nan")
         stats = torch.stack([update(stacked_minibatches(step)[1]) for step in range(3)])
