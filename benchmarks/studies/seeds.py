@@ -461,9 +461,10 @@ def ppo_proxy(module, members):
 
     n_obs, n_act = 17, 6
     args = module.Args(num_seeds=members)
-    _, _, (policy, update) = module.make_learner(
+    learner = module.make_learner(
         args, n_obs, n_act, list(range(1, members + 1)), torch.device("cpu")
     )
+    policy, update = learner.policy, learner.update
     size = (members, args.num_steps * args.num_envs // args.num_minibatches)
     mb = {key: torch.randn(*size) for key in ("logprobs", "values", "advantages", "returns")}
     mb |= dict(
