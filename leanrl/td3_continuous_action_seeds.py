@@ -17,9 +17,10 @@ members share the program and one random generator, which draws differently for 
 `randomness="different"`: exploration and target policy noise). Parameters, Adam state and buffers
 are stacked on a leading seeds axis; a step is one call for all: one vector env of N x `--num-envs`
 envs (member k's a contiguous slice), one buffer write and sample, the torch policy and each
-update's gradients vmapped over the seeds axis, Adam on the stacks. `--compile` compiles acting and
-the updates, `--cudagraphs` records them. The SUMMARY has each member's returns, curve, file and
-evaluation, the aggregate `sps`, and `total_timesteps` per member.
+update's gradients vmapped over the seeds axis (`make_learner` writes one member's functions as that
+script does, then one block vmaps them), Adam's elementwise step on the stacks. `--compile` compiles
+acting and the updates, `--cudagraphs` records them. The SUMMARY has each member's returns, curve,
+file and evaluation, the aggregate `sps`, and `total_timesteps` per member.
 
 A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
 which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves

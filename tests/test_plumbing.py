@@ -152,7 +152,7 @@ SIZE_BUDGETS = {
     "sac_continuous_action_torchcompile": 40_100,
     "td3_continuous_action": 36_400,
     "td3_continuous_action_cpu": 41_300,
-    "td3_continuous_action_seeds": 48_700,
+    "td3_continuous_action_seeds": 48_800,
     "td3_continuous_action_torchcompile": 38_700,
 }
 PLUMBING_BUDGET = 22_000
