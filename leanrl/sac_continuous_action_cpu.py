@@ -276,7 +276,8 @@ class Adam:
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
         # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
         # would inline a power of a step count into the update kernel, once per vector
-        self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
+        first = next(iter(params.values()))
+        self.beta1_power, self.beta2_power = first.new_ones(()), first.new_ones(())
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -351,7 +352,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
         mean, log_std = functional_call(actor, actor_params, (obs,))
         return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
 
-    def update_critic(data):
+    # the gradients, functions of all they read (the seeds script vmaps them)
+    def critic_grads(q_params, actor_params, q_target, alpha, data):
         with torch.no_grad():
             next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
@@ -364,28 +366,36 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
             # the sum of both networks' mean squared errors, as in the eager twin
             return (qf_a_values - next_q_value).pow(2).mean(1).sum()
 
-        grads, qf_loss = grad_and_value(qf_loss_fn)(q_params)
-        q_optimizer.step(grads)
-        return qf_loss
+        return grad_and_value(qf_loss_fn)(q_params)
 
-    def update_actor(data):
+    def actor_grads(actor_params, q_params, alpha, data):
         def actor_loss_fn(actor_params):
             pi, log_pi, _ = get_action(actor_params, data["obs"])
             min_qf_pi = ensemble_qf(q_params, data["obs"], pi).min(0).values
             return ((alpha * log_pi) - min_qf_pi).mean()
 
-        grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params)
+        return grad_and_value(actor_loss_fn)(actor_params)
+
+    def alpha_grads(alpha_params, actor_params, data):
+        with torch.no_grad():
+            _, log_pi, _ = get_action(actor_params, data["obs"])
+
+        def alpha_loss_fn(alpha_params):
+            return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
+
+        return grad_and_value(alpha_loss_fn)(alpha_params)
+
+    def update_critic(data):
+        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
+        q_optimizer.step(grads)
+        return qf_loss
+
+    def update_actor(data):
+        grads, actor_loss = actor_grads(actor_params, q_params, alpha, data)
         actor_optimizer.step(grads)
-
-        alpha_loss = torch.zeros(())
+        alpha_loss = torch.zeros_like(alpha)
         if args.autotune:
-            with torch.no_grad():
-                _, log_pi, _ = get_action(actor_params, data["obs"])
-
-            def alpha_loss_fn(alpha_params):
-                return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
-
-            grads, alpha_loss = grad_and_value(alpha_loss_fn)(alpha_params)
+            grads, alpha_loss = alpha_grads(alpha_params, actor_params, data)
             alpha_optimizer.step(grads)
             alpha.copy_(log_alpha.exp())
         return actor_loss, alpha_loss

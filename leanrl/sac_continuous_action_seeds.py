@@ -9,11 +9,12 @@ steps per member.
         --total-timesteps 10000
 
 Grown from sac_continuous_action_cpu.py (`diff` them): member k is that script with `--seed
-seed+k*num_envs` (weights, env seeds) and its own targets, alpha, Adam state and buffer. Parameters,
-Adam state and buffers are stacked on a seeds axis: acting (in torch; numpy saved <1% of a step) and
-the updates' gradients are vmapped over it, each member drawing its own noise
-(`randomness="different"`); one vector env steps every member's envs. The SUMMARY reports each
-member.
+seed+k*num_envs` (weights, env seeds) and its own targets, alpha, Adam state and buffer.
+`make_learner` writes one member's functions as that script does, then one block vmaps them over a
+leading seeds axis of the stacked parameters, each member drawing its own noise
+(`randomness="different"`); Adam's step is elementwise, so on the stacks it is each member's own.
+Acting is vmapped too, in torch (numpy saved <1% of a step); one vector env steps every member's
+envs. The SUMMARY reports each member.
 
 A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
 which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves
@@ -35,6 +36,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -78,7 +80,7 @@ class Args:
     eval_model: str | None = None
     """instead of training, play this saved .pt file as every member for --eval-episodes"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (they compile and warm up)"""
     checkpoint_minutes: float = 10.0
     """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
     Ctrl-C or SIGTERM and at the end (0: only then)"""
@@ -108,12 +110,11 @@ class Args:
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): every `policy_frequency` steps,
-    `policy_frequency` updates"""
+    """every `policy_frequency` steps, `policy_frequency` policy updates (delayed, as CleanRL)"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
     alpha: float = 0.2
-    """the entropy coefficient when not autotuned (autotuning starts it at 1, as CleanRL)"""
+    """the entropy coefficient without autotune (autotune starts it at 1, as CleanRL)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
@@ -123,15 +124,14 @@ class Args:
     """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA
     device"""
     threads: int | None = None
-    """torch's intra-op threads (default 1; 2 pays on an idle machine), as the CPU script"""
+    """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training records gymnasium's schedule (episodes 0, 1, 8, 27, ...), evaluation all
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -239,11 +239,9 @@ class Actor(nn.Module):
 
 
 def sample_action(mean, log_std, action_scale, action_bias):
-    """A squashed Gaussian action, its log-probability and the squashed mean: `Actor.get_action` and
-    the updates'."""
+    """A squashed Gaussian action, its log-probability and the squashed mean."""
     std = log_std.exp()
-    # the Gaussian written out: torch.distributions.Normal validates its arguments, a host sync per
-    # call
+    # the Gaussian written out: torch.distributions.Normal checks its arguments, a host sync
     noise = torch.randn_like(mean)
     x_t = mean + std * noise  # reparameterization trick
     y_t = torch.tanh(x_t)
@@ -306,8 +304,7 @@ class ReplayBuffer:
 def make_ensemble_qf(n_obs, n_act):
     """`ensemble_qf(params, obs, actions)`: the Q-values [2, batch, 1] of the networks stacked in
     `params`, by vmap."""
-    # a weightless shell: `params` are swapped in at each call
-    qnet = SoftQNetwork(n_obs, n_act, device="meta")
+    qnet = SoftQNetwork(n_obs, n_act, device="meta")  # a shell: `params` are swapped in
 
     def qf(params, obs, actions):
         return functional_call(qnet, params, (obs, actions))
@@ -323,14 +320,11 @@ class Adam:
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
-        self.beta1_power, self.beta2_power = (
-            next(iter(params.values())).new_ones(()) for _ in range(2)
-        )
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # would inline a power of a step count into the update kernel, once per vector
+        first = next(iter(params.values()))
+        self.beta1_power, self.beta2_power = first.new_ones(()), first.new_ones(())
 
-    # elementwise: on parameters stacked over members, each member's own step
     def step(self, grads):
         beta1, beta2 = self.betas
         self.beta1_power.mul_(beta1)
@@ -343,208 +337,203 @@ class Adam:
             denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
-    def state_dict(self):  # the moments and beta**t, for checkpoints
-        betas = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | betas
+    def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
+        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
+        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | powers
 
-    def load_state_dict(self, state):  # in place: compiled steps and CUDA graphs read them
-        for name in self.params:
-            self.exp_avg[name].copy_(state["exp_avg"][name])
-            self.exp_avg_sq[name].copy_(state["exp_avg_sq"][name])
+    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
+        for moments in ("exp_avg", "exp_avg_sq"):
+            for name, value in state[moments].items():
+                getattr(self, moments)[name].copy_(value)
         self.beta1_power.copy_(state["beta1_power"])
         self.beta2_power.copy_(state["beta2_power"])
 
 
-def make_functional_updates(
-    actor, qnet_params, qnet_target, actor_params, log_alpha, alpha, args, target_entropy
-):
-    """SAC's policy, critic step, actor (and entropy) step and target update of every member, on
-    parameters stacked on a seeds axis, updated in place: each member's loss and gradients are
-    vmapped, Adam steps the stacks. `actor`: a shell whose buffers (the action bounds) serve every
-    member. Returns the functions and the optimizers."""
-    q_params = dict(qnet_params.flatten_keys(".").items())
-    q_target = dict(qnet_target.flatten_keys(".").items())
-    alpha_params = {"log_alpha": log_alpha}
-    optimizers = (
-        Adam(q_params, args.q_lr),
-        Adam(actor_params, args.policy_lr),
-        Adam(alpha_params, args.q_lr),
-    )
-    q_optimizer, actor_optimizer, a_optimizer = optimizers
-    ensemble_qf = make_ensemble_qf(actor.fc1.in_features, actor.fc_mean.out_features)
-
-    def get_action(actor_params, obs):  # one member's actor as a function of its parameters
-        mean, log_std = functional_call(actor, actor_params, (obs,))
-        return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
-
-    # every member's envs at once: [num_seeds, num_envs, n_obs] (no gradients: plain tensors)
-    def policy(obs):
-        return vmap(get_action, randomness="different")(actor_params, obs)
-
-    def qf_loss_fn(q_params, actor_params, q_target, alpha, data):  # one member's
-        with torch.no_grad():
-            next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
-            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
-            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
-        qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-        # the sum of both networks' mean squared errors, as in the eager twin
-        return (qf_a_values - next_q_value).pow(2).mean(1).sum()
-
-    def update_critic(data):  # every tensor with a leading seeds axis
-        critic_grads = vmap(grad_and_value(qf_loss_fn), randomness="different")
-        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
-        q_optimizer.step(grads)
-        return qf_loss
-
-    def actor_loss_fn(actor_params, q_params, alpha, obs):  # one member's
-        pi, log_pi, _ = get_action(actor_params, obs)
-        min_qf_pi = ensemble_qf(q_params, obs, pi).min(0).values
-        return ((alpha * log_pi) - min_qf_pi).mean()
-
-    def alpha_loss_fn(alpha_params, log_pi):  # one member's
-        return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
-
-    def update_actor(data):
-        actor_grads = vmap(grad_and_value(actor_loss_fn), randomness="different")
-        grads, actor_loss = actor_grads(actor_params, q_params, alpha, data["obs"])
-        actor_optimizer.step(grads)
-
-        alpha_loss = torch.zeros_like(alpha)
-        if args.autotune:
-            _, log_pi, _ = policy(data["obs"])  # with the actor's new parameters
-            grads, alpha_loss = vmap(grad_and_value(alpha_loss_fn))(alpha_params, log_pi)
-            a_optimizer.step(grads)
-            alpha.copy_(log_alpha.exp())
-        return actor_loss, alpha_loss
-
-    def update_targets():
-        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves at
-        # once
-        qnet_target.lerp_(qnet_params, args.tau)
-
-    return (policy, update_critic, update_actor, update_targets), optimizers
-
-
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
-    """SAC's networks, optimizers and steps for the members `seeds`, stacked on `device`, as `main`
-    runs them; member k starts from the weights the single-seed script draws with `--seed seeds[k]`.
-    `alpha`: one per member, in place. `state`: what a checkpoint keeps, the stacks (the Q networks'
-    and targets' flattened, as Adam steps them) and the optimizers."""
+    """SAC's networks, optimizers and update steps for the members `seeds`, stacked on a leading
+    seeds axis on `device`: member k starts from the weights sac_continuous_action_cpu.py draws with
+    `--seed seeds[k]`."""
     actors, qnets = [], []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
             torch.manual_seed(seed)
-            actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
-            qf1, qf2 = (
-                SoftQNetwork(n_obs, n_act, device=device),
-                SoftQNetwork(n_obs, n_act, device=device),
-            )
-            qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
-    actor_params = {name: param.detach() for name, param in stack_module_state(actors)[0].items()}
-    qnet_params = torch.stack(qnets).detach()  # [num_seeds, 2]: the seeds axis first
+            actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+            qf1 = SoftQNetwork(n_obs, n_act, device=device)
+            qf2 = SoftQNetwork(n_obs, n_act, device=device)
+        actors.append(actor)
+        # both networks' parameters, stacked leaf by leaf
+        qnets.append(from_modules(qf1, qf2))
+    # the members' parameters, stacked: [num_seeds, ...] and [num_seeds, 2, ...]
+    actor_params = {name: p.detach() for name, p in stack_module_state(actors)[0].items()}
+    qnet_params = torch.stack(qnets).detach()
+    qnet_target = qnet_params.data.clone()
+    ensemble_qf = make_ensemble_qf(n_obs, n_act)
+    q_params = dict(qnet_params.flatten_keys(".").items())
+    q_target = dict(qnet_target.flatten_keys(".").items())
+    q_optimizer = Adam(q_params, args.q_lr)
+    actor_optimizer = Adam(actor_params, args.policy_lr)
 
     # automatic entropy tuning starts at alpha = 1
+    target_entropy = -float(n_act)
     log_alpha = torch.full(
         (len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device
     )
-    alpha = log_alpha.exp()
-    qnet_target = qnet_params.clone()
-    # member 0's actor is the shell: its parameters are never read
-    functions, optimizers = make_functional_updates(
-        actors[0],
-        qnet_params,
-        qnet_target,
-        actor_params,
-        log_alpha,
-        alpha,
-        args,
-        target_entropy=-float(n_act),
+    alpha = log_alpha.exp()  # updated in place
+    alpha_params = {"log_alpha": log_alpha}
+    alpha_optimizer = Adam(alpha_params, args.q_lr)
+
+    # `actor`, the last member's, is a shell: its buffers (the action bounds) serve every member
+    def get_action(actor_params, obs):  # the actor as a function of its parameters
+        mean, log_std = functional_call(actor, actor_params, (obs,))
+        return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
+
+    # the gradients, functions of all they read (the seeds script vmaps them)
+    def critic_grads(q_params, actor_params, q_target, alpha, data):
+        with torch.no_grad():
+            next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
+            qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
+            min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
+
+        def qf_loss_fn(q_params):
+            qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+            # the sum of both networks' mean squared errors, as in the eager twin
+            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+
+        return grad_and_value(qf_loss_fn)(q_params)
+
+    def actor_grads(actor_params, q_params, alpha, data):
+        def actor_loss_fn(actor_params):
+            pi, log_pi, _ = get_action(actor_params, data["obs"])
+            min_qf_pi = ensemble_qf(q_params, data["obs"], pi).min(0).values
+            return ((alpha * log_pi) - min_qf_pi).mean()
+
+        return grad_and_value(actor_loss_fn)(actor_params)
+
+    def alpha_grads(alpha_params, actor_params, data):
+        with torch.no_grad():
+            _, log_pi, _ = get_action(actor_params, data["obs"])
+
+        def alpha_loss_fn(alpha_params):
+            return (-alpha_params["log_alpha"].exp() * (log_pi + target_entropy)).mean()
+
+        return grad_and_value(alpha_loss_fn)(alpha_params)
+
+    # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
+    # Each name below now stands for its member function lifted over the members, each member
+    # drawing its own noise. Adam's step is elementwise: on the stacks, each member's own step.
+    critic_grads = vmap(critic_grads, randomness="different")
+    actor_grads = vmap(actor_grads, randomness="different")
+    alpha_grads = vmap(alpha_grads, randomness="different")
+
+    def policy(obs):  # every member's envs at once: [num_seeds, num_envs, n_obs]
+        return vmap(get_action, randomness="different")(actor_params, obs)
+
+    # ---- end of the N seeds block ----
+
+    def update_critic(data):
+        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
+        q_optimizer.step(grads)
+        return qf_loss
+
+    def update_actor(data):
+        grads, actor_loss = actor_grads(actor_params, q_params, alpha, data)
+        actor_optimizer.step(grads)
+        alpha_loss = torch.zeros_like(alpha)
+        if args.autotune:
+            grads, alpha_loss = alpha_grads(alpha_params, actor_params, data)
+            alpha_optimizer.step(grads)
+            alpha.copy_(log_alpha.exp())
+        return actor_loss, alpha_loss
+
+    def update_targets():
+        # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves
+        qnet_target.lerp_(qnet_params.data, args.tau)
+
+    return SimpleNamespace(
+        policy=policy,
+        actor=actor,
+        actor_params=actor_params,
+        qnet_params=qnet_params,
+        qnet_target=qnet_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        alpha_optimizer=alpha_optimizer,
+        log_alpha=log_alpha,
+        alpha=alpha,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
     )
-    q_optimizer, actor_optimizer, alpha_optimizer = optimizers
-    state = dict(actor_params=actor_params, q_params=q_optimizer.params, log_alpha=log_alpha)
-    state |= dict(alpha=alpha, qnet_target=dict(qnet_target.flatten_keys(".").items()))
-    state |= dict(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
-    state |= dict(alpha_optimizer=alpha_optimizer)
-    return actors[0], actor_params, alpha, state, functions
 
 
 def main(args):
     check_args(args)
     # one env first: its id, spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed, 1)
-    n_obs, n_act = (
-        int(np.prod(space.shape))
-        for space in (probe.single_observation_space, probe.single_action_space)
-    )
-    action_low, action_high = probe.single_action_space.low, probe.single_action_space.high
+    n_obs = int(np.prod(probe.single_observation_space.shape))
+    space = probe.single_action_space
+    n_act = int(np.prod(space.shape))
     probe.close()
     # float32 columns
     check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
-    # seeds, run folder, wandb, signals: see the file's end
-    run = Run(args, "sac_continuous_action_seeds")
-    envs = make_envs(
-        args.env_id,
-        args.num_envs,
-        args.seed,
-        args.num_seeds,
-        None if args.eval_model else run.videos,
-    )
+    run = Run(args, "sac_continuous_action_seeds")  # seeds, run folder, wandb, signals: at the end
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle
-    # CPU, but a thread pool that loses a core to other work waits for it at every op
+    # a second thread speeds the updates' matmuls on an idle CPU, but a thread pool that loses a
+    # core to other work waits for it at every op
     torch.set_num_threads(args.threads or 1)
+    learner = make_learner(args, n_obs, n_act, space.low, space.high, run.seeds, device)
+    actor = learner.actor
 
-    learner = make_learner(args, n_obs, n_act, action_low, action_high, run.seeds, device)
-    actor, actor_params, alpha, learner_state, functions = learner
-    policy, update_critic, update_actor, update_targets = functions
     # --eval-model: the saved actor as every member
-    for name, param in actor_params.items() if run.saved_model else ():
+    for name, param in learner.actor_params.items() if run.saved_model else ():
         param.copy_(run.saved_model[name])
     if args.compile:
-        policy = torch.compile(policy, fullgraph=True)
-        update_critic = torch.compile(update_critic, fullgraph=True)
-        update_actor = torch.compile(update_actor, fullgraph=True)
-    # the first calls run as they are (compiled: one call more), the next records, later replay
+        learner.policy = torch.compile(learner.policy, fullgraph=True)
+        learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
+        learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
-        update_critic = CudaGraphModule(update_critic, warmup=3 if args.compile else 2)
-        update_actor = CudaGraphModule(update_actor, warmup=3 if args.compile else 2)
+        # the first calls run as they are (compiled: one call more), the next records, later replay
+        warmup = 3 if args.compile else 2
+        learner.policy = CudaGraphModule(learner.policy, warmup=warmup)
+        learner.update_critic = CudaGraphModule(learner.update_critic, warmup=warmup)
+        learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
     # as make_envs seeds them
     obs, _ = envs.reset(seed=[seed + i for seed in run.seeds for i in range(args.num_envs)])
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner_state, rb=rb, envs=(envs, obs))
+        return dict(learner=vars(learner), rb=rb, envs=(envs, obs))
 
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     iterations = run.resume(training_state(), range(num_iterations))
-    learning_starts = args.learning_starts // args.num_envs
-    # the latest of each, every member's; the actor's exist from its first (delayed) update
-    losses = {}
+    learning_starts = args.learning_starts // args.num_envs  # in vector steps
+    # logged before the first delayed policy update
+    actor_loss = alpha_loss = torch.zeros((), device=device)
     pbar = tqdm.tqdm(iterations, mininterval=1.0)
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            # sps counts from here, past compiling
-            run.measure_start, run.measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here, after compiling and warm-up
 
-        # ALGO LOGIC: put action logic here
+        # act
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(
-                args.num_seeds, args.num_envs, -1
-            )
+            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float)
             # member k's envs: the k-th slice
-            actions = policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)
+            member_obs = member_obs.view(args.num_seeds, args.num_envs, -1)
+            actions = learner.policy(member_obs)[0].cpu().numpy().reshape(-1, n_act)
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
 
+        # store
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(
             dict(
@@ -555,24 +544,22 @@ def main(args):
                 terminations=terminations,
             )
         )
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            losses["qf_loss"] = update_critic(data)
-
-            if iteration % args.policy_frequency == 0:  # TD 3 Delayed update support
+            qf_loss = learner.update_critic(data)
+            if iteration % args.policy_frequency == 0:  # delayed, as in TD3
                 for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
-                    losses["actor_loss"], losses["alpha_loss"] = update_actor(data)
-
+                    actor_loss, alpha_loss = learner.update_actor(data)
             if iteration % args.target_network_frequency == 0:
-                update_targets()
+                learner.update_targets()
 
+            # log
             if iteration % 100 == 0:
-                run.log_progress(pbar, global_step, losses | dict(alpha=alpha))
+                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
+                run.log_progress(pbar, global_step, losses | dict(alpha=learner.alpha))
 
         run.steps = global_step + args.num_envs
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
@@ -583,20 +570,17 @@ def main(args):
     # stack)
     buffers = dict(actor.named_buffers())
     models = [
-        {name: p[k].clone() for name, p in actor_params.items()} | buffers
+        {name: p[k].clone() for name, p in learner.actor_params.items()} | buffers
         for k in range(args.num_seeds)
     ]
 
     def evaluate_actor(member, episodes, videos):  # member `member`'s mean action, squashed
-        member_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+        member_actor = Actor(n_obs, n_act, space.low, space.high, device=device)
         member_actor.load_state_dict(models[member])
-        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
+        seed = run.seeds[member]
+        eval_envs = make_envs(args.env_id, 1, seed, 1, videos, episodes)
         return evaluate(
-            lambda obs: member_actor.get_action(obs)[2],
-            eval_envs,
-            episodes,
-            run.seeds[member],
-            device,
+            lambda obs: member_actor.get_action(obs)[2], eval_envs, episodes, seed, device
         )
 
     envs.close()
@@ -616,26 +600,17 @@ def fail(message):
 
 
 def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
     # nan passes every comparison below; past 1e30 float32 overflows
     for flag, value in vars(args).items():
+        name = flag.replace("_", "-")
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
         fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "target_network_frequency",
-    )
-    for flag in ("num_seeds", *sizes, "policy_lr", "q_lr", "threads"):
-        # --threads None: the default rule
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
+    for flag in ("num_seeds", *sizes, "target_network_frequency", "policy_lr", "q_lr"):
+        if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
@@ -643,6 +618,8 @@ def check_args(args):
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
     if not args.autotune and args.alpha <= 0:
         fail(f"--alpha must be positive, got {args.alpha}")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tqdm
 import tyro
-from tensordict import TensorDict, from_module, from_modules
+from tensordict import TensorDict, from_modules
 from torch.func import functional_call, grad_and_value
 
 
@@ -286,8 +286,9 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     actor_params = {name: p.data for name, p in actor.named_parameters()}
     actor_optimizer = Adam(actor_params, args.learning_rate)
     q_target = dict(qnet_target.flatten_keys(".").items())
-    actor_weights = from_module(actor).data
-    actor_target_weights = from_module(actor_target).data
+    actor_target_params = {name: p.data for name, p in actor_target.named_parameters()}
+    # the same tensors
+    actor_weights, actor_target_weights = TensorDict(actor_params), TensorDict(actor_target_params)
     # a weightless shell called on the parameters it is given, and vmapped over the stack
     qnet = QNetwork(n_obs, n_act, device="meta")
 
@@ -310,37 +311,42 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         actions += noise * action_scale * args.exploration_noise
         return np.clip(actions, action_bias - action_scale, action_bias + action_scale)
 
-    def qf_loss_fn(q_params, data, next_q_value):
-        qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-        # qf1's plus qf2's mean squared error
-        return (qf_a_values - next_q_value).pow(2).mean(1).sum()
-
-    def update_critic(data):
+    # the gradients, functions of all they read (the seeds script vmaps them)
+    def critic_grads(q_params, actor_target_params, q_target, data):
         with torch.no_grad():
-            # target policy smoothing: clipped noise on the target action
+            # target policy smoothing: clipped noise on the target action, in half action ranges
             noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
                 -args.noise_clip, args.noise_clip
             )
-            next_actions = actor_target.clip(
-                actor_target(data["next_obs"]) + noise * actor_target.action_scale
-            )
+            next_actions = functional_call(actor, actor_target_params, (data["next_obs"],))
+            next_actions = actor.clip(next_actions + noise * actor.action_scale)
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
-        grads, qf_loss = grad_and_value(qf_loss_fn)(q_params, data, next_q_value)
+        def qf_loss_fn(q_params):
+            qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+            # qf1's plus qf2's mean squared error
+            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+
+        return grad_and_value(qf_loss_fn)(q_params)
+
+    def actor_grads(actor_params, q_params, obs):
+        def actor_loss_fn(actor_params):
+            # the actor climbs the first Q-network only
+            qf1_params = {name: p[0] for name, p in q_params.items()}
+            return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
+
+        return grad_and_value(actor_loss_fn)(actor_params)
+
+    def update_critic(data):
+        grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data)
         q_optimizer.step(grads)
         return qf_loss
 
-    def actor_loss_fn(actor_params, obs):
-        # the actor climbs the first Q-network only
-        qf1_params = {name: p[0] for name, p in q_params.items()}
-        return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
-
     def update_actor(data):
-        grads, actor_loss = grad_and_value(actor_loss_fn)(actor_params, data["obs"])
+        grads, actor_loss = actor_grads(actor_params, q_params, data["obs"])
         actor_optimizer.step(grads)
         return actor_loss
 

@@ -17,9 +17,10 @@ members share the program and one random generator, which draws differently for 
 `randomness="different"`: exploration and target policy noise). Parameters, Adam state and buffers
 are stacked on a leading seeds axis; a step is one call for all: one vector env of N x `--num-envs`
 envs (member k's a contiguous slice), one buffer write and sample, the torch policy and each
-update's gradients vmapped over the seeds axis, Adam on the stacks. `--compile` compiles acting and
-the updates, `--cudagraphs` records them. The SUMMARY has each member's returns, curve, file and
-evaluation, the aggregate `sps`, and `total_timesteps` per member.
+update's gradients vmapped over the seeds axis (`make_learner` writes one member's functions as that
+script does, then one block vmaps them), Adam's elementwise step on the stacks. `--compile` compiles
+acting and the updates, `--cudagraphs` records them. The SUMMARY has each member's returns, curve,
+file and evaluation, the aggregate `sps`, and `total_timesteps` per member.
 
 A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
 which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves
@@ -40,6 +41,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -83,7 +85,7 @@ class Args:
     eval_model: str | None = None
     """instead of training, play this saved .pt file as every member for --eval-episodes"""
     measure_burnin: int = 3
-    """gradient steps after `learning_starts` excluded from `sps` (they compile and warm up)"""
+    """gradient steps after `learning_starts` left out of `sps` (compile, warm-up)"""
     checkpoint_minutes: float = 10.0
     """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
     Ctrl-C or SIGTERM and at the end (0: only then)"""
@@ -109,17 +111,15 @@ class Args:
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
     policy_noise: float = 0.2
-    """the std of the noise on the target policy's actions (target policy smoothing), in half action
-    ranges"""
+    """the std of the target policy's smoothing noise, in half action ranges"""
     exploration_noise: float = 0.1
-    """the std of the exploration noise on the acting policy's actions, in half action ranges"""
+    """the std of the acting policy's noise, in half action ranges"""
     learning_starts: int = 25_000
     """environment steps of random actions before learning starts"""
     policy_frequency: int = 2
-    """the frequency of training policy (delayed): one actor step and one target update every this
-    many critic steps"""
+    """one actor step and one target update every this many critic steps"""
     noise_clip: float = 0.5
-    """the target policy's noise is clipped to [-noise_clip, noise_clip], in half action ranges"""
+    """the target policy's noise is clipped to [-noise_clip, noise_clip]"""
 
     compile: bool = True
     """compile acting and each update as one graph; --no-compile runs the same functions eagerly"""
@@ -127,15 +127,14 @@ class Args:
     """wrap acting and the updates in CUDA graphs (tensordict's CudaGraphModule); needs a CUDA
     device"""
     threads: int | None = None
-    """torch's intra-op threads (default 1; 2 pays on an idle machine), as the CPU script"""
+    """torch's intra-op threads (default 1; 2 pays on an idle machine)"""
 
 
 def make_env(env_id, seed, video_dir=None, video_episodes=None):
     def thunk():
         env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # training: gymnasium's schedule (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)
         if video_dir is not None:
-            # evaluation
+            # training: gymnasium's schedule; evaluation: its first `video_episodes`
             record = None if video_episodes is None else lambda episode: episode < video_episodes
             prefix = "train" if video_episodes is None else "eval"
             env = gym.wrappers.RecordVideo(
@@ -288,22 +287,17 @@ class ReplayBuffer:
 
 class Adam:
     """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
-    place. Called inside a compiled update it becomes part of that update's graph;
-    `torch.optim.Adam.step` would break the graph. Elementwise: on parameters stacked over members,
-    which step together, it takes each member's own step."""
+    place, so that it compiles into the update's graph."""
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products (tensors: nothing recompiles). Inductor inlines
-        # a power of a step-count tensor into the CPU update kernel, once per vector of every
-        # parameter: 2-3x slower steps
+        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
+        # inlines a power of a step-count tensor into every vector of the CPU kernel
         device = next(iter(params.values())).device
-        self.beta1_power, self.beta2_power = (
-            torch.ones((), device=device),
-            torch.ones((), device=device),
-        )
+        self.beta1_power = torch.ones((), device=device)
+        self.beta2_power = torch.ones((), device=device)
 
     def step(self, grads):
         beta1, beta2 = self.betas
@@ -317,185 +311,170 @@ class Adam:
             denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
             param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
 
-    def state_dict(self):  # the moments and beta**t, for checkpoints
-        betas = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | betas
+    def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
+        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
+        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | powers
 
-    def load_state_dict(self, state):  # in place: compiled steps and CUDA graphs read them
-        for name in self.params:
-            self.exp_avg[name].copy_(state["exp_avg"][name])
-            self.exp_avg_sq[name].copy_(state["exp_avg_sq"][name])
+    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
+        for moments in ("exp_avg", "exp_avg_sq"):
+            for name, value in state[moments].items():
+                getattr(self, moments)[name].copy_(value)
         self.beta1_power.copy_(state["beta1_power"])
         self.beta2_power.copy_(state["beta2_power"])
 
 
-def make_policy(actor, actor_params, exploration_noise):
-    """Every member's acting policy in one call, obs [num_seeds, num_envs, n_obs]: member k's actor
-    (the shell `actor` on its parameters in the stack `actor_params`, which Adam updates in place)
-    plus Gaussian noise of std `exploration_noise` half action ranges, one draw per member, env and
-    action dimension, clipped to the bounds."""
-
-    def get_action(actor_params, obs):  # one member's
-        actions = functional_call(actor, actor_params, (obs,))
-        actions = actions + torch.randn_like(actions) * actor.action_scale * exploration_noise
-        return actor.clip(actions)
-
-    def policy(obs):  # no gradients: the stack holds plain tensors
-        return vmap(get_action, randomness="different")(actor_params, obs)
-
-    return policy
-
-
-def make_functional_updates(actor, target_actor_params, qnet_params, qnet_target, optimizers, args):
-    """TD3's critic step, (delayed) actor step and soft update of the three target networks of every
-    member, on parameters stacked on a leading seeds axis and updated in place; `optimizers`: q,
-    actor. Each member's loss and gradients are vmapped over that axis and Adam steps the stacks, so
-    that `torch.compile(fullgraph=True)` makes each step, from the forward pass to the parameters'
-    step, one graph (autograd's `backward` and an optimizer's `step` would split it). `actor` is a
-    shell whose buffers (the action bounds) serve every member."""
-    q_optimizer, actor_optimizer = optimizers
-    q_params, actor_params = q_optimizer.params, actor_optimizer.params  # the stacks
+def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
+    """TD3's networks, optimizers and steps for the members `seeds`, stacked on a leading seeds axis
+    on `device`, by name: member k starts from the weights td3_continuous_action_cpu.py draws with
+    `--seed seeds[k]`."""
+    actors, actor_targets, qnets = [], [], []
+    for seed in seeds:
+        with torch.random.fork_rng():  # the global generator is left as it was
+            torch.manual_seed(seed)
+            actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+            actor_target = Actor(n_obs, n_act, action_low, action_high, device=device)
+            actor_target.load_state_dict(actor.state_dict())
+            qf1 = QNetwork(n_obs, n_act, device=device)
+            qf2 = QNetwork(n_obs, n_act, device=device)
+        actors.append(actor)
+        actor_targets.append(actor_target)
+        # both Q-networks' parameters stacked in one TensorDict
+        qnets.append(from_modules(qf1, qf2))
+    # `actor`, the last member's, is a shell: its buffers (the action bounds) serve every member
+    # the members' parameters, stacked: [num_seeds, ...] and [num_seeds, 2, ...]
+    qnet_params = torch.stack(qnets).detach()
+    qnet_target = qnet_params.data.clone()
+    # Adam steps the stacks in place: the policy and the updates see each step
+    q_params = dict(qnet_params.flatten_keys(".").items())
+    q_optimizer = Adam(q_params, args.learning_rate)
+    actor_params = {name: p.detach() for name, p in stack_module_state(actors)[0].items()}
+    actor_optimizer = Adam(actor_params, args.learning_rate)
     q_target = dict(qnet_target.flatten_keys(".").items())
+    actor_target_params = stack_module_state(actor_targets)[0]
+    actor_target_params = {name: p.detach() for name, p in actor_target_params.items()}
     # the same tensors
-    actor_weights, target_actor_weights = TensorDict(actor_params), TensorDict(target_actor_params)
-    # one Q-network as a function of its parameters (a weightless shell, called on them), and that
-    # function mapped over the stack of both networks' parameters
-    qnet = QNetwork(actor.fc1.in_features, actor.fc_mu.out_features, device="meta")
+    actor_weights, actor_target_weights = TensorDict(actor_params), TensorDict(actor_target_params)
+    # a weightless shell called on the parameters it is given, and vmapped over the stack
+    qnet = QNetwork(n_obs, n_act, device="meta")
 
     def qf(params, obs, actions):
         return functional_call(qnet, params, (obs, actions))
 
     ensemble_qf = torch.vmap(qf, (0, None, None))
 
-    def qf_loss_fn(q_params, target_actor_params, q_target, data):  # one member's
+    # the gradients, functions of all they read (the seeds script vmaps them)
+    def critic_grads(q_params, actor_target_params, q_target, data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action, in half action ranges
             noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
                 -args.noise_clip, args.noise_clip
             )
-            next_actions = functional_call(actor, target_actor_params, (data["next_obs"],))
+            next_actions = functional_call(actor, actor_target_params, (data["next_obs"],))
             next_actions = actor.clip(next_actions + noise * actor.action_scale)
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
-        qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-        # qf1's plus qf2's mean squared error
-        return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
-    def actor_loss_fn(actor_params, q_params, obs):  # one member's
-        # the actor climbs the first Q-network only
-        qf1_params = {name: p[0] for name, p in q_params.items()}
-        return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
+        def qf_loss_fn(q_params):
+            qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
+            # qf1's plus qf2's mean squared error
+            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
 
-    def update_critic(data):  # every tensor with a leading seeds axis
-        critic_grads = vmap(grad_and_value(qf_loss_fn), randomness="different")
-        grads, qf_loss = critic_grads(q_params, target_actor_params, q_target, data)
+        return grad_and_value(qf_loss_fn)(q_params)
+
+    def actor_grads(actor_params, q_params, obs):
+        def actor_loss_fn(actor_params):
+            # the actor climbs the first Q-network only
+            qf1_params = {name: p[0] for name, p in q_params.items()}
+            return -qf(qf1_params, obs, functional_call(actor, actor_params, (obs,))).mean()
+
+        return grad_and_value(actor_loss_fn)(actor_params)
+
+    # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
+    # Each name below now stands for its member function lifted over the members, each member
+    # drawing its own noise. Adam's step is elementwise: on the stacks, each member's own step.
+    critic_grads = vmap(critic_grads, randomness="different")
+    actor_grads = vmap(actor_grads)
+
+    def get_action(actor_params, obs):  # one member's action plus Gaussian noise, clipped
+        actions = functional_call(actor, actor_params, (obs,))
+        actions = actions + torch.randn_like(actions) * actor.action_scale * args.exploration_noise
+        return actor.clip(actions)
+
+    def policy(obs):  # every member's envs at once: [num_seeds, num_envs, n_obs]
+        return vmap(get_action, randomness="different")(actor_params, obs)
+
+    # ---- end of the N seeds block ----
+
+    def update_critic(data):
+        grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data)
         q_optimizer.step(grads)
         return qf_loss
 
     def update_actor(data):
-        grads, actor_loss = vmap(grad_and_value(actor_loss_fn))(actor_params, q_params, data["obs"])
+        grads, actor_loss = actor_grads(actor_params, q_params, data["obs"])
         actor_optimizer.step(grads)
         return actor_loss
 
     def update_targets():
-        # soft update, one in-place lerp over all leaves of each TensorDict: target + tau * (params
-        # - target)
-        target_actor_weights.lerp_(actor_weights, args.tau)
-        qnet_target.lerp_(qnet_params, args.tau)
+        # soft update, one in-place lerp per TensorDict: target + tau * (params - target)
+        actor_target_weights.lerp_(actor_weights, args.tau)
+        qnet_target.lerp_(qnet_params.data, args.tau)
 
-    return update_critic, update_actor, update_targets
-
-
-def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
-    """TD3's networks, optimizers and steps for the members `seeds`, stacked on `device`; member k
-    starts from the weights the single-seed script draws with `--seed seeds[k]`. Returns the actor
-    (the shell), the actor stack, `state` (what a checkpoint keeps: the stacks, the Q networks' and
-    their targets' flattened as Adam steps them, and the optimizers) and the steps (policy,
-    update_critic, update_actor, update_targets)."""
-    actors, target_actors, qnets = [], [], []
-    for seed in seeds:
-        with torch.random.fork_rng():  # the global generator is left as it was
-            # then the CPU script's draws: actor, target actor (the actor's copy), Q networks
-            torch.manual_seed(seed)
-            actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
-            target_actors.append(Actor(n_obs, n_act, action_low, action_high, device=device))
-            target_actors[-1].load_state_dict(actors[-1].state_dict())
-            qf1, qf2 = QNetwork(n_obs, n_act, device=device), QNetwork(n_obs, n_act, device=device)
-            qnets.append(from_modules(qf1, qf2))  # both networks' parameters, stacked leaf by leaf
-    actor_params, target_actor_params = (
-        {name: param.detach() for name, param in stack_module_state(modules)[0].items()}
-        for modules in (actors, target_actors)
+    return SimpleNamespace(
+        policy=policy,
+        actor=actor,
+        actor_params=actor_params,
+        actor_target_params=actor_target_params,
+        qnet_params=qnet_params,
+        qnet_target=qnet_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
     )
-    qnet_params = torch.stack(qnets).detach()  # [num_seeds, 2]: the seeds axis first
-    qnet_target = qnet_params.clone()
-    # Adam steps the stacks in place: the policy and the updates see every step
-    q_optimizer = Adam(dict(qnet_params.flatten_keys(".").items()), args.learning_rate)
-    actor_optimizer = Adam(actor_params, args.learning_rate)
-
-    # member 0's actor is the shell: its parameters are never read
-    optimizers = (q_optimizer, actor_optimizer)
-    updates = make_functional_updates(
-        actors[0], target_actor_params, qnet_params, qnet_target, optimizers, args
-    )
-    policy = make_policy(actors[0], actor_params, args.exploration_noise)
-    state = dict(actor_params=actor_params, target_actor_params=target_actor_params)
-    state |= dict(q_params=q_optimizer.params, q_optimizer=q_optimizer)
-    state |= dict(qnet_target=dict(qnet_target.flatten_keys(".").items()))
-    state |= dict(actor_optimizer=actor_optimizer)
-    return actors[0], actor_params, state, (policy, *updates)
 
 
 def main(args):
     check_args(args)
     # one env first: its id, spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed, 1)
-    n_obs, n_act = (
-        int(np.prod(space.shape))
-        for space in (probe.single_observation_space, probe.single_action_space)
-    )
-    action_low, action_high = probe.single_action_space.low, probe.single_action_space.high
+    space = probe.single_action_space
+    n_obs = int(np.prod(probe.single_observation_space.shape))
+    n_act = int(np.prod(space.shape))
     probe.close()
     # float32 columns
     check_memory(args, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
-    # seeds, the run folder, wandb, signals: see the end of the file
-    run = Run(args, "td3_continuous_action_seeds")
-    envs = make_envs(
-        args.env_id,
-        args.num_envs,
-        args.seed,
-        args.num_seeds,
-        None if args.eval_model else run.videos,
-    )
+    run = Run(args, "td3_continuous_action_seeds")  # seeds, run folder, wandb, signals
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # one thread unless --threads says more: a second one speeds the updates' matmuls on an idle
-    # CPU, but a thread pool that loses a core to other work waits for it at every op
+    # one thread unless --threads says more: a thread pool that loses a core waits at every op
     torch.set_num_threads(args.threads or 1)
+    learner = make_learner(args, n_obs, n_act, space.low, space.high, run.seeds, device)
+    actor = learner.actor
 
-    learner = make_learner(args, n_obs, n_act, action_low, action_high, run.seeds, device)
-    actor, actor_params, learner_state, functions = learner
-    policy, update_critic, update_actor, update_targets = functions
     # --eval-model: the saved actor as every member
-    for name, param in actor_params.items() if run.saved_model else ():
+    for name, param in learner.actor_params.items() if run.saved_model else ():
         param.copy_(run.saved_model[name])
     if args.compile:  # acting, and each update as one graph, forward pass to Adam step
-        policy = torch.compile(policy, fullgraph=True)
-        update_critic = torch.compile(update_critic, fullgraph=True)
-        update_actor = torch.compile(update_actor, fullgraph=True)
+        learner.policy = torch.compile(learner.policy, fullgraph=True)
+        learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
+        learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
     if args.cudagraphs:
-        # the first calls run as they are (compiling, with --compile), the next records the graph,
-        # later ones replay it
-        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
-        update_critic = CudaGraphModule(update_critic, warmup=3 if args.compile else 2)
-        update_actor = CudaGraphModule(update_actor, warmup=3 if args.compile else 2)
+        # the first calls run as they are (compiled: one call more), the next records, later replay
+        warmup = 3 if args.compile else 2
+        learner.policy = CudaGraphModule(learner.policy, warmup=warmup)
+        learner.update_critic = CudaGraphModule(learner.update_critic, warmup=warmup)
+        learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner_state, rb=rb, envs=(envs, obs))
+        return dict(learner=vars(learner), rb=rb, envs=(envs, obs))
 
     num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
     iterations = run.resume(training_state(), range(num_iterations))
@@ -505,22 +484,22 @@ def main(args):
     for iteration in pbar:
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
-            # sps counts from here, past compiling
-            run.measure_start, run.measure_step = time.time(), global_step
+            run.start_clock(global_step)  # sps counts from here, after compile and warm-up
 
-        # ALGO LOGIC: put action logic here
+        # act
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float).view(
-                args.num_seeds, args.num_envs, -1
-            )
+            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float)
             # member k's envs: the k-th slice
-            actions = policy(member_obs).cpu().numpy().reshape(-1, n_act)
+            member_obs = member_obs.view(args.num_seeds, args.num_envs, -1)
+            actions = learner.policy(member_obs).cpu().numpy().reshape(-1, n_act)
 
+        # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
 
+        # store: a truncated episode bootstraps from its true final obs
         real_next_obs = true_next_obs(next_obs, infos)
         rb.add(
             dict(
@@ -531,20 +510,17 @@ def main(args):
                 terminations=terminations,
             )
         )
-
-        # CRUCIAL step easy to overlook
         obs = next_obs
 
-        # ALGO LOGIC: training.
+        # update: the actor and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = update_critic(data)
-
-            # delayed policy updates, on the critic's batch
+            qf_loss = learner.update_critic(data)
             if iteration % args.policy_frequency == 0:
-                actor_loss = update_actor(data)
-                update_targets()
+                actor_loss = learner.update_actor(data)
+                learner.update_targets()
 
+            # log
             if iteration % 100 == 0:
                 run.log_progress(pbar, global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
 
@@ -557,12 +533,12 @@ def main(args):
     # stack)
     buffers = dict(actor.named_buffers())
     models = [
-        {name: p[k].clone() for name, p in actor_params.items()} | buffers
+        {name: p[k].clone() for name, p in learner.actor_params.items()} | buffers
         for k in range(args.num_seeds)
     ]
 
     def evaluate_actor(member, episodes, videos):  # member `member`'s action, no noise
-        member_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+        member_actor = Actor(n_obs, n_act, space.low, space.high, device=device)
         member_actor.load_state_dict(models[member])
         eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
         return evaluate(member_actor, eval_envs, episodes, run.seeds[member], device)
@@ -584,34 +560,34 @@ def fail(message):
 
 
 def check_args(args):
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
+    flags = {f"--{flag.replace('_', '-')}": value for flag, value in vars(args).items()}
     # nan passes every comparison below; past 1e30 float32 overflows
-    for flag, value in vars(args).items():
+    for name, value in flags.items():
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
         fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "learning_rate",
-    )
-    for flag in ("num_seeds", *sizes, "threads"):
-        # --threads None: the default rule
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    for name in (
+        "--num-seeds",
+        "--total-timesteps",
+        "--num-envs",
+        "--buffer-size",
+        "--batch-size",
+        "--policy-frequency",
+        "--learning-rate",
+    ):
+        if flags[name] <= 0:
+            fail(f"{name} must be positive, got {flags[name]}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
-    for flag in ("learning_starts", "policy_noise", "exploration_noise", "noise_clip"):
-        if getattr(args, flag) < 0:
-            fail(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    for name in ("--learning-starts", "--policy-noise", "--exploration-noise", "--noise-clip"):
+        if flags[name] < 0:
+            fail(f"{name} must be >= 0, got {flags[name]}")
     if not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail(f"--tau must be in (0, 1] and --gamma in [0, 1]; got {args.tau} and {args.gamma}")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 

@@ -375,14 +375,12 @@ def make_dqn_seeds(module, args):
 
 
 def make_sac_or_td3_seeds(module, args):
-    policy, update_critic, update_actor, _ = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)[
-        -1
-    ]
+    learner = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, CUDA)
     data = dict(batch((len(SEEDS), 64), **OFF_POLICY).items())
     return {
-        "policy": (policy, (zeros(len(SEEDS), 1, 3),)),
-        "update_critic": (with_fake_func_grads(update_critic), (data,)),
-        "update_actor": (with_fake_func_grads(update_actor), (data,)),
+        "policy": (learner.policy, (zeros(len(SEEDS), 1, 3),)),
+        "update_critic": (with_fake_func_grads(learner.update_critic), (data,)),
+        "update_actor": (with_fake_func_grads(learner.update_actor), (data,)),
     }
 
 

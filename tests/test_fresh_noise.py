@@ -96,12 +96,11 @@ def ppo_mingru(module, args, device):
 
 def sac_or_td3_seeds(module, args, device):
     learner = module.make_learner(args, 3, 1, *BOUNDS, SEEDS, device)
-    policy, update_critic, update_actor, _ = learner[-1]
     data = members(sac_batch, device)
     return {
-        "policy": (policy, (randn(len(SEEDS), ENVS, 3, device=device),)),
-        "update_critic": (update_critic, (data,)),
-        "update_actor": (update_actor, (data,)),
+        "policy": (learner.policy, (randn(len(SEEDS), ENVS, 3, device=device),)),
+        "update_critic": (learner.update_critic, (data,)),
+        "update_actor": (learner.update_actor, (data,)),
     }
 
 

@@ -76,20 +76,24 @@ def build_seeds(autotune, seeds=SEEDS):
     returns them with the stacked state."""
     mod = load(SEEDS_SCRIPT)
     members = [member_state(seed) for seed in seeds]
-    actor = members[0][0]
-    actor_params = {
-        name: torch.stack([m[0].get_parameter(name).detach() for m in members])
-        for name, _ in actor.named_parameters()
-    }
-    qnet, qnet_target = torch.stack([m[1] for m in members]), torch.stack([m[2] for m in members])
-    log_alpha = torch.stack([m[3] for m in members])
-    alpha = log_alpha.exp()
     args = mod.Args(num_seeds=len(seeds), autotune=autotune)
-    (_, update_critic, update_actor, update_targets), _ = mod.make_functional_updates(
-        actor, qnet, qnet_target, actor_params, log_alpha, alpha, args, -float(N_ACT)
+    learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, seeds, CPU)
+    # the members' states, stacked into the tensors the learner's updates read and change in place
+    for name, p in learner.actor_params.items():
+        p.copy_(torch.stack([m[0].get_parameter(name).detach() for m in members]))
+    learner.qnet_params.update_(torch.stack([m[1] for m in members]))
+    learner.qnet_target.update_(torch.stack([m[2] for m in members]))
+    learner.log_alpha.copy_(torch.stack([m[3] for m in members]))
+    learner.alpha.copy_(learner.log_alpha.exp())
+    state = dict(
+        actor=learner.actor_params,
+        q=learner.qnet_params,
+        q_target=learner.qnet_target,
+        log_alpha=learner.log_alpha,
+        alpha=learner.alpha,
     )
-    state = dict(actor=actor_params, q=qnet, q_target=qnet_target, log_alpha=log_alpha, alpha=alpha)
-    return (update_critic, update_actor, update_targets), state
+    functions = (learner.update_critic, learner.update_actor, learner.update_targets)
+    return functions, state
 
 
 def flat(state, member=None):
@@ -186,12 +190,11 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    _, actor_params, alpha, state, _ = mod.make_learner(
-        mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
-    )
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    actor_params, alpha = learner.actor_params, learner.alpha
     assert torch.equal(torch.get_rng_state(), before) and torch.equal(alpha, torch.ones(len(SEEDS)))
-    q_params = state["q_params"]
-    assert all(torch.equal(state["qnet_target"][name], q_params[name]) for name in q_params)
+    q_params, q_target = learner.q_optimizer.params, learner.qnet_target.flatten_keys(".")
+    assert all(torch.equal(q_target[name], q_params[name]) for name in q_params)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         learner = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH)
@@ -210,9 +213,8 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
     both), also after the stacked weights change in place, as Adam changes them."""
     monkeypatch.setattr(torch, "randn_like", lambda mean: torch.sin(3 * mean))
     mod = load(SEEDS_SCRIPT)
-    _, actor_params, _, _, (policy, *_) = mod.make_learner(
-        mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
-    )
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    actor_params, policy = learner.actor_params, learner.policy
     obs = torch.randn(len(SEEDS), 16, N_OBS)
     for _ in range(2):
         got = policy(obs)
@@ -236,7 +238,7 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
     (the next actions' noise), actor losses and entropy losses differ."""
     mod = load(SEEDS_SCRIPT)
     learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
-    _, actor_params, _, _, (policy, *_) = learner
+    actor_params, policy = learner.actor_params, learner.policy
     obs = torch.randn(1, 16, N_OBS).expand(len(SEEDS), 16, N_OBS).contiguous()
     means = policy(obs)[2]
     for member in range(len(SEEDS)):

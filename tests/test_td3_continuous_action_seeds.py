@@ -56,31 +56,23 @@ def build_cpu(seed):
 
 
 def build_seeds(seeds=SEEDS):
-    """The seeds script's updates on the members `seeds`, their networks `build_cpu`'s, stacked;
-    returns them and the stacked state."""
+    """The seeds script's updates and policy on the members `seeds`, their networks `build_cpu`'s,
+    stacked into the tensors its learner's functions read and change in place; returns them and
+    the stacked state."""
     mod = load(SEEDS_SCRIPT)
     states = [build_cpu(seed)[1] for seed in seeds]
+    learner = mod.make_learner(mod.Args(num_seeds=len(seeds)), N_OBS, N_ACT, LOW, HIGH, seeds, CPU)
     state = {
-        key: {name: torch.stack([s[key][name] for s in states]) for name in states[0][key]}
-        for key in states[0]
+        "actor": learner.actor_params,
+        "target_actor": learner.actor_target_params,
+        "qnet": learner.q_optimizer.params,
+        "qnet_target": dict(learner.qnet_target.flatten_keys(".").items()),
     }
-    actor = mod.Actor(N_OBS, N_ACT, LOW, HIGH)  # the shell: its buffers
-    qnet, qnet_target = (
-        mod.TensorDict(state[key]).unflatten_keys(".") for key in ("qnet", "qnet_target")
-    )
-    args = mod.Args(num_seeds=len(seeds))
-    q_params = dict(qnet.flatten_keys(".").items())
-    optimizers = (
-        mod.Adam(q_params, args.learning_rate),
-        mod.Adam(state["actor"], args.learning_rate),
-    )
-    updates = mod.make_functional_updates(
-        actor, state["target_actor"], qnet, qnet_target, optimizers, args
-    )
-    return updates, state | {
-        "qnet": q_params,
-        "qnet_target": dict(qnet_target.flatten_keys(".").items()),
-    }
+    for key, params in state.items():
+        for name, p in params.items():
+            p.copy_(torch.stack([s[key][name] for s in states]))
+    functions = (learner.update_critic, learner.update_actor, learner.update_targets)
+    return functions, state, learner.policy
 
 
 def flat(state, member=None):
@@ -122,7 +114,7 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(monkeypatch
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
     try:
-        seeds_functions, seeds_state = build_seeds()
+        seeds_functions, seeds_state, _ = build_seeds()
         singles = [build_cpu(seed) for seed in SEEDS]
         start = flat(seeds_state)
         for step in range(4):
@@ -149,7 +141,7 @@ def test_a_members_update_depends_on_its_own_batch_alone():
     losses and parameters (bit for bit), member 0 with others."""
     outcomes = []
     for changed in (False, True):
-        functions, state = build_seeds()
+        functions, state, _ = build_seeds()
         _, stacked = stacked_batches(0)
         if changed:
             stacked = {key: value.clone() for key, value in stacked.items()}
@@ -173,18 +165,18 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
     mod, cpu = load(SEEDS_SCRIPT), load(CPU_SCRIPT)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    _, actor_params, state, _ = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    actor_params, q_params = learner.actor_params, learner.q_optimizer.params
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
-        learner = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH, CPU)
+        single = cpu.make_learner(cpu.Args(), N_OBS, N_ACT, LOW, HIGH, CPU)
         assert all(
             torch.equal(actor_params[name][member], p)
-            for name, p in learner.actor.named_parameters()
+            for name, p in single.actor.named_parameters()
         )
         assert all(
-            torch.equal(state["q_params"][name][member], p)
-            for name, p in learner.q_optimizer.params.items()
+            torch.equal(q_params[name][member], p) for name, p in single.q_optimizer.params.items()
         )
 
 
@@ -198,9 +190,8 @@ def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
     obs = torch.randn(len(SEEDS), 16, N_OBS)
     for exploration_noise in (0.1, 10.0):
         args = mod.Args(exploration_noise=exploration_noise)
-        _, actor_params, _, (policy, *_) = mod.make_learner(
-            args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU
-        )
+        learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+        actor_params, policy = learner.actor_params, learner.policy
         for _ in range(2):
             actions = policy(obs)
             for member in range(len(SEEDS)):
@@ -224,7 +215,8 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
     losses (the target policy's smoothing noise) differ."""
     mod = load(SEEDS_SCRIPT)
     args = mod.Args(exploration_noise=0.0)
-    _, actor_params, _, (policy, *_) = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
+    actor_params, policy = learner.actor_params, learner.policy
     obs = torch.randn(1, 16, N_OBS).expand(len(SEEDS), 16, N_OBS).contiguous()
     actions = policy(obs)
     for member in range(len(SEEDS)):
@@ -234,10 +226,10 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
         with torch.no_grad():
             torch.testing.assert_close(actions[member], member_actor(obs[member]))
     learner = mod.make_learner(mod.Args(), N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
-    _, actor_params, _, (policy, *_) = learner
+    actor_params, policy = learner.actor_params, learner.policy
     for param in actor_params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
-    (update_critic, _, _), _ = build_seeds(seeds=[1, 1, 1])
+    (update_critic, _, _), _, _ = build_seeds(seeds=[1, 1, 1])
     batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
     for values in (policy(obs), update_critic(batch)):
         assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
@@ -250,12 +242,10 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     obs = torch.randn(len(SEEDS), 16, N_OBS)
     outcomes = []
     for poisoned in (False, True):
-        functions, state = build_seeds()
+        functions, state, policy = build_seeds()
         if poisoned:
             state["actor"]["fc1.weight"][0, 3, 1] = float("nan")
             state["qnet"]["fc2.weight"][0, 1, 7, 7] = float("nan")
-        shell = load(SEEDS_SCRIPT).Actor(N_OBS, N_ACT, LOW, HIGH)
-        policy = load(SEEDS_SCRIPT).make_policy(shell, state["actor"], 0.1)
         _, stacked = stacked_batches(0)
         torch.manual_seed(0)
         losses = torch.stack([take_step(functions, stacked, step=0) for _ in range(2)])
