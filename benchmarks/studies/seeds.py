@@ -438,7 +438,11 @@ def actor_critic_proxy(module, members):
     learner = module.make_learner(
         args, n_obs, n_act, low, high, list(range(1, members + 1)), torch.device("cpu")
     )
-    policy, update_critic, update_actor = learner[-1][:3]
+    policy, update_critic, update_actor = (
+        learner.policy,
+        learner.update_critic,
+        learner.update_actor,
+    )
     columns = dict(obs=n_obs, next_obs=n_obs, actions=n_act, rewards=None, terminations=None)
     batch = {
         key: torch.rand(members, batch_size, *([n] if n else [])) for key, n in columns.items()
