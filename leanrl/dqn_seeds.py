@@ -1,37 +1,16 @@
-"""Deep Q-Network for discrete actions, `--num-seeds N` independent runs trained as one vmapped
-program.
-
-Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's (CartPole-v1, 500k steps
-per member).
-
-    python leanrl/dqn_seeds.py  # 8 members (seeds 1..8), the update compiled
+"""Deep Q-Network for discrete actions: dqn_cpu.py as `--num-seeds N` runs in one vmapped program.
+Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's, per member.
+    python leanrl/dqn_seeds.py                             # 8 members (seeds 1..8), compiled
     python leanrl/dqn_seeds.py --num-seeds 3 --no-compile  # 3 members, the same functions, eagerly
-    # on CUDA: acting and the update as CUDA graphs
-    python leanrl/dqn_seeds.py --compile --cudagraphs
-
-Grown from dqn_cpu.py, whose per-member functions it keeps as they are, then vmaps in one block of
-`make_learner`: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one program.
-Member k is dqn_cpu.py with `--seed seed+k*num_envs` (the same initial weights and env
-seeds) and has its own target network, Adam state, replay buffer and exploration; members share only
-the program and one random generator, which draws differently for each (vmap's
-`randomness="different"`: a member's coins and batches are not dqn_cpu.py's). Parameters, Adam state
-and buffers are stacked on a leading seeds axis; each step makes one call for all members: one
-vector env of N x `--num-envs` envs (member k's a contiguous slice), one policy, one buffer write,
-one sample and one update vmapped over the seeds axis. `--compile` compiles the policy and the
-update, `--cudagraphs` records them with `CudaGraphModule`; on a CPU the members act in numpy, as in
-dqn_cpu.py. The SUMMARY reports each member (`seeds`, `return_means`, `eval_return_means`; a curve
-each in summary.json), their mean, and the aggregate `sps` (all members' env steps per second);
-`total_timesteps` counts one member's. `--save-model` writes a file per member, which dqn.py,
-dqn_torchcompile.py and dqn_cpu.py load with `--eval-model`; `--eval-model FILE` here evaluates it
-as every member.
-
-A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
-which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves
-it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member diverged.
-
-`--resume` continues every member where its checkpoint left it, envs included: on the CPU, bit for
-bit as a run that went through (with --capture-video, whose recorder cannot be saved, episodes
-start fresh).
+    python leanrl/dqn_seeds.py --compile --cudagraphs      # on CUDA, as CUDA graphs
+Member k is dqn_cpu.py with `--seed seed + k * num_envs`: the same initial weights and env seeds,
+its own target network, Adam state, replay buffer and random draws. `make_learner` writes one
+member's functions as dqn_cpu.py does, then one block vmaps them over a leading seeds axis of the
+stacked parameters: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one
+program. Each step is one call for all members: one vector env of N x `--num-envs` envs (member k's
+the k-th slice), one buffer write and sample, one update; on a CPU the members act in numpy, as in
+dqn_cpu.py. A member whose loss or weights turn non-finite is left out, and the others go on. The
+SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds scripts".
 """
 
 import json
@@ -125,13 +104,11 @@ class Args:
     train_frequency: int = 10
     """one gradient step every `train_frequency` iterations"""
 
-    threads: int = 1
-    """torch's intra-op threads. 2 run N members' update ~1.7x faster (N=8, 2 idle cores), but on a
-    shared CPU whose cores are all busy a second thread stalls every matmul (a run 20x slower,
-    measured): one by default"""
     compile: bool = True
     """compile acting and the update, one graph each; --no-compile runs the same functions
     eagerly"""
+    threads: int | None = None
+    """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
     cudagraphs: bool = False
     """acting and the update as CUDA graphs (tensordict's CudaGraphModule); needs CUDA"""
 
@@ -414,7 +391,7 @@ def main(args):
     videos = None if args.eval_model else run.videos  # no training video
     envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or 1)
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
     params = learner.params
 
@@ -454,8 +431,7 @@ def main(args):
         if transitions:  # written now, where the next write would put them: the same buffer
             rb.extend(transitions)
             transitions.clear()
-        # the learner's fields as a dict, which the run walks
-        return dict(learner=vars(learner), rb=rb, envs=(envs, obs))
+        return dict(learner=learner, rb=rb, envs=(envs, obs))
 
     iterations = run.resume(training_state(), range(args.total_timesteps // args.num_envs))
     learning_starts = args.learning_starts // args.num_envs
@@ -522,62 +498,48 @@ def fail(message):
 
 
 def check_args(args):
-    # nan passes every comparison below; past 1e30 float32 overflows
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
     for flag, value in vars(args).items():
+        # nan fails every comparison below; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
+            name = flag.replace("_", "-")
+            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
     if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
         fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
-    sizes = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_network_frequency",
-    )
-    for flag in ("num_seeds", *sizes, "learning_rate", "threads"):
+    sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    for flag in ("num_seeds", *sizes, "target_network_frequency", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is smaller than --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs * args.train_frequency):
-        fail(
-            f"--buffer-size {args.buffer_size} is smaller than --batch-size or --num-envs x "
-            "--train-frequency"
-        )
+        buffer = f"--buffer-size {args.buffer_size}"
+        fail(f"{buffer} is smaller than --batch-size or --num-envs x --train-frequency")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
-    if (
-        not 0 < args.exploration_fraction <= 1
-        or not 0 <= args.start_e <= 1
-        or not 0 <= args.end_e <= 1
-    ):
+    epsilons = (args.start_e, args.end_e)
+    if not 0 < args.exploration_fraction <= 1 or not all(0 <= e <= 1 for e in epsilons):
         fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+    if args.threads is not None and args.threads <= 0:
+        fail(f"--threads must be positive, got {args.threads}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
 
-def check_memory(args, per_member, what):  # per_member: one member's bytes
-    need, memory = (
-        args.num_seeds * per_member / 2**30,
-        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30,
-    )
+def check_memory(args, per_member, what):
+    """Exit status 2 if the members' `what`, `per_member` bytes each, cannot fit in memory."""
+    need = args.num_seeds * per_member / 2**30
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
-        fail(
-            f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine "
-            f"has {memory:.1f} GiB"
-        )
+        members = f"--num-seeds {args.num_seeds}: the members' {what}"
+        fail(f"{members} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
 
 class Run:
-    """Everything around training, per member: seeds, `runs/<run_name>/`, wandb, signals,
-    checkpoints, the progress bar, the summary. Member k has seed `seeds[k]`, its last 20 returns
-    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where its loss or weights first
-    turned non-finite, and the others go on."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary, per member. A first Ctrl-C or SIGTERM sets `stop_signal`: the loop
+    stops after its step. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its
+    curve `curves[k]`; a non-finite loss or weight sets `diverged[k]`, and the others go on."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
     # flags that a resumed run may change: they do not change what is trained
@@ -596,7 +558,7 @@ class Run:
             fail(f"--run-name must name one folder under runs/, got {folder!r}")
         # member k is the single-seed script run with seed `seeds[k]`: no two share an env seed
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
-        self.args, self.script, self.diverged = args, script, {}
+        self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.name = (args.run_name or self.name).replace(":", "_")
@@ -619,10 +581,10 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns = [deque(maxlen=20) for _ in self.seeds]
+        self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
-        self.steps, self.stop_signal = 0, 0
+        self.steps, self.stop_signal, self.diverged = 0, 0, {}
         self.resumes = []
         self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
         self.envs_restored = False  # by `resume`, where the checkpoint holds them
@@ -689,9 +651,10 @@ class Run:
         torch.set_rng_state(cpu)
         if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
             torch.cuda.set_rng_state_all(cuda)
-        self.steps, self.curves, self.diverged = saved["step"], saved["curves"], saved["diverged"]
-        for returns, member_returns in zip(self.returns, saved["returns"]):
-            returns.extend(member_returns)
+        self.steps, self.curves = saved["step"], saved["curves"]
+        for returns, saved_returns in zip(self.returns, saved["returns"]):
+            returns.extend(saved_returns)
+        self.diverged = saved["diverged"]
         self.start_time = time.time() - saved["wall_s"]
         resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
         self.resumes = saved["resumes"] + [resumed]
@@ -709,7 +672,7 @@ class Run:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
         generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
         saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
-        returns = [list(member_returns) for member_returns in self.returns]
+        returns = [list(returns) for returns in self.returns]
         saved |= dict(step=self.steps, final=final, curves=self.curves, returns=returns)
         saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
         saved |= dict(diverged=self.diverged)
@@ -725,22 +688,23 @@ class Run:
         None where they cannot be (a video recorder, envpool)."""
         if hasattr(obj, "state_dict"):
             return obj.state_dict()
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
         if isinstance(obj, dict):  # what has a state: no functions
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
         if isinstance(obj, tuple):  # (envs, obs)
             # between the layers, and how to make them
             links = ("env", "envs", "env_fns", "_saved_kwargs")
-            try:  # a renderer's screen cannot be pickled, nor envpool's envs walked
-                envs = pickle.dumps(
-                    [
-                        {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
-                        for x in self.layers(obj)
-                    ]
-                )
-            except Exception:
+            try:
+                layers = [
+                    {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                    for x in self.layers(obj)
+                ]
+                envs = pickle.dumps(layers)
+            except Exception:  # a renderer's screen cannot be pickled, nor envpool's envs walked
                 envs = None
-            return envs, self.state_of(obj[1])
+            return (envs, *(self.state_of(x) for x in obj[1:]))
         return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
 
     def restore(self, obj, saved, seed):
@@ -748,8 +712,9 @@ class Run:
         `seed`."""
         if hasattr(obj, "load_state_dict"):
             obj.load_state_dict(saved)
-        elif isinstance(obj, dict):
-            for key, value in obj.items():
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
                 if key in saved:
                     self.restore(value, saved[key], seed)
         elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes
@@ -757,7 +722,8 @@ class Run:
         elif isinstance(obj, tuple):
             for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
                 vars(layer).update(attributes)
-            self.restore(obj[1], saved[1], seed)
+            for x, value in zip(obj[1:], saved[1:]):
+                self.restore(x, value, seed)
             self.envs_restored = True
         elif isinstance(obj, np.ndarray):
             obj[...] = saved
@@ -816,86 +782,85 @@ class Run:
     def log_progress(self, pbar, global_step, metrics):
         """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
         value or one per member) to wandb. A member whose loss is not finite diverges."""
-        n = len(self.seeds)
-        device = next(v.device for v in metrics.values() if torch.is_tensor(v))
-        rows = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
-        rows = torch.stack([r.expand(n) for r in rows]).tolist()  # host sync
-        values = dict(zip(metrics, rows))
-        for name, row in values.items():
-            for k, v in enumerate(row):
-                if name.endswith("loss") and not np.isfinite(v):
-                    self.diverge(k, global_step, name, v)
+        device = next(v.device for v in metrics.values() if isinstance(v, torch.Tensor))
+        values = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
+        values = torch.stack([v.expand(len(self.seeds)) for v in values]).tolist()  # host sync
+        metrics = dict(zip(metrics, values))  # a list per metric: a value per member
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
         return_mean = np.mean(means) if means else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             members = list(enumerate(self.seeds))
-            losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
+            losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for name, values in metrics.items():
+            for member, value in enumerate(values):
+                if name.endswith("loss") and not np.isfinite(value):
+                    self.diverge(member, global_step, name, value)
 
-    def diverge(self, member, step, what, value):
+    def diverge(self, member, step, metric, value):
         if member in self.diverged:
             return
-        seed, flags = self.seeds[member], vars(self.args)
-        rates = [f for f in flags if f.endswith("lr") or f == "learning_rate"]
-        rates = "/".join("--" + f.replace("_", "-") for f in rates if type(flags[f]) is float)
-        self.diverged[member] = dict(
-            seed=seed, member=member, step=step, loss=what, value=str(value)
-        )
-        line = f"error: member {member} (seed {seed}) diverged at step {step}: {what} is {value}"
-        tqdm.tqdm.write(f"{line}; the others go on; try a lower {rates}", file=sys.stderr)
+        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
+        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
+        seed = self.seeds[member]
+        line = f"error: member {member} (seed {seed}) diverged at step {step}: {metric} is {value}"
+        tqdm.tqdm.write(f"{line}; the others go on; maybe too large: {rates}", file=sys.stderr)
+        self.diverged[member] = dict(step=step, metric=metric, value=str(value), seed=seed)
 
     def finish(self, device, models, evaluate):
         """Save each member's model (--save-model), write summary.json, play --eval-episodes per
-        member with `evaluate(member, episodes, videos)` (not after a signal), print the SUMMARY
-        line. A diverged member has no model file, evaluation or return mean; exit 3 if every
-        member diverged, 130 or 143 after a signal."""
+        member with `evaluate(member, episodes, videos)`, print the SUMMARY line. A diverged member
+        has no model file, evaluation or return mean; a run whose every member diverged exits 3, a
+        stopped one evaluates nothing and exits as a shell reports a signal (130 or 143)."""
         args, end_time, seeds = self.args, time.time(), self.seeds
-        for k, model in enumerate(models):  # weights that turned non-finite since the last log
-            parts = [part.values() if isinstance(part, dict) else [part] for part in model.values()]
-            weights = torch.cat([t.flatten().cpu() for part in parts for t in part])
-            if not weights.isfinite().all():
-                self.diverge(k, self.steps, "a weight", weights[~weights.isfinite()][0].item())
-        kept = [k not in self.diverged for k in range(len(seeds))]
-        paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
-        model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
-        for seed, model, path in zip(seeds, models, model_files):
-            if path:  # torch.load(path, weights_only=True)
-                saved = {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}
-                torch.save(saved, path + ".tmp")
-                os.replace(path + ".tmp", path)
+        for member, model in enumerate(models):
+            parts = [v.values() if isinstance(v, dict) else [v] for v in model.values()]
+            weight_sum = float(sum(w.double().sum() for part in parts for w in part))  # host sync
+            if not np.isfinite(weight_sum):
+                self.diverge(member, self.steps, "weight_sum", weight_sum)
+        kept = [member not in self.diverged for member in range(len(seeds))]
+        model_files = [None] * len(seeds)
+        for member, model in enumerate(models):
+            if args.save_model and kept[member]:  # torch.load(model_file, weights_only=True)
+                model_file = os.path.abspath(f"{self.dir}/{self.script}_seed{seeds[member]}.pt")
+                flags = vars(args) | {"seed": seeds[member]}  # as a single-seed run's
+                saved = {"script": self.script, "args": flags, "model": model}
+                torch.save(saved, model_file + ".tmp")
+                os.replace(model_file + ".tmp", model_file)
+                model_files[member] = model_file
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
         kept_means = [m for m, ok in zip(means, kept) if ok]
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
         wall_s = end_time - self.start_time
         summary = dict(
+            script=self.script,
             env_id=args.env_id,
             seed=args.seed,
+            device=str(device),
             compile=args.compile,
             cudagraphs=args.cudagraphs,
             num_envs=args.num_envs,
-            script=self.script,
-            device=str(device),
-            num_seeds=len(seeds),
-            seeds=seeds,
-            wall_s=wall_s,
             total_timesteps=self.steps,
-            torch_version=torch.__version__,
-            threads=torch.get_num_threads(),
             sps=self.sps(self.steps, end_time),
             sps_wall=len(seeds) * self.steps / wall_s,
+            wall_s=wall_s,
+            torch_version=torch.__version__,
             episodes=sum(map(len, self.curves)),
-            return_means=means,
+            return_mean=return_mean,
             interrupted=self.stop_signal > 0,
             resumes=self.resumes,
-            return_mean=return_mean,
-            diverged=[self.diverged[k] for k in sorted(self.diverged)],
             model_file=next(filter(None, model_files), None),
-            model_files=model_files,
             eval_returns=[],
-            eval_return_means=[],
             eval_return_mean=None,
+            threads=torch.get_num_threads(),
+            num_seeds=len(seeds),
+            seeds=seeds,
+            return_means=means,
+            model_files=model_files if args.save_model else [],
+            diverged=[self.diverged[k] | dict(member=k) for k in sorted(self.diverged)],
+            eval_return_means=[],
         )
         if args.eval_episodes and not self.stop_signal:
             self.write_summary(summary)  # kept if a second signal kills the evaluation
@@ -908,10 +873,8 @@ class Run:
         print("SUMMARY " + json.dumps(summary | self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if not any(kept):
-            sys.exit(3)
-        if self.stop_signal:
-            sys.exit(128 + self.stop_signal)
+        if not any(kept) or self.stop_signal:
+            sys.exit(3 if not any(kept) else 128 + self.stop_signal)
 
     def write_summary(self, summary):
         """summary.json, written atomically; returns its path for the SUMMARY line."""

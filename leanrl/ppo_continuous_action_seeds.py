@@ -1,27 +1,20 @@
-"""PPO for continuous actions, N seeds as one program, grown from ppo_continuous_action_cpu.py.
-
-Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps per
-member).
-
-    python leanrl/ppo_continuous_action_seeds.py  # 8 members, seeds 1..8
+"""PPO for continuous actions: ppo_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
+program.
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps), per
+member.
+    python leanrl/ppo_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
         --total-timesteps 40960 --num-seeds 3
-
-Member k is the CPU script with `--seed seed+k*num_envs`: the same functions of one member's
-parameters, then one block that vmaps them over a leading seeds axis. What changes:
-- parameters and Adam's state are stacked on that axis, acting and the gradients vmapped over it;
-- all envs are one envpool (the same MuJoCo tasks) stepped by C++ threads on every core, in
-  next-step reset mode (the step after an episode's end only resets and weighs 0 in the loss),
-  without frames.
-
-A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr
-says which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and
-leaves it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member
-diverged.
-
-`--resume` brings back every member's learner and normalization statistics, but envpool's envs
-cannot be saved: a resumed run's episodes start fresh, seeded from its step (`resumes` in the
-SUMMARY says `fresh_episodes`).
+    python leanrl/ppo_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and seed
+numbers for its envs, its own Adam state, normalization statistics and random draws. `make_learner`
+writes one member's functions as the CPU script does, then one block vmaps them over a leading seeds
+axis of the stacked parameters (`diff` the two files). What else changes: every member's envs are
+one envpool, stepped by C++ threads on every core, in next-step reset mode (the step after an
+episode's end only resets, and weighs 0 in the loss), without frames; envpool's envs cannot be
+saved, so a resumed run's episodes start fresh. A member whose loss or weights turn non-finite is
+left out, and the others go on. The SUMMARY, model files and `--resume`, per member: docs/usage.md,
+"The seeds scripts".
 """
 
 import json
@@ -132,14 +125,12 @@ class Args:
     """torch's intra-op threads (default 1: every op here is tiny)"""
 
 
-# gymnasium's RunningMeanStd.update, one sample per env: rms = (mean, var, count), per env
 def update_rms(rms, x):
-    (mean, var, count), delta = rms, x - rms[0]
-    return (
-        mean + delta / (count + 1),
-        (var + delta**2 / (count + 1)) * count / (count + 1),
-        count + 1,
-    )
+    """gymnasium's RunningMeanStd.update with one sample per env: rms = (mean, var, count)."""
+    mean, var, count = rms
+    delta = x - mean
+    var = (var + delta**2 / (count + 1)) * count / (count + 1)
+    return mean + delta / (count + 1), var, count + 1
 
 
 class EnvpoolWrappers:
@@ -148,44 +139,29 @@ class EnvpoolWrappers:
     which the statistics skip. `make(seed)`: a new pool, env i seeded `seed + i`."""
 
     def __init__(self, envs, num_envs, gamma, obs_rms=None, make=None):
-        self.envs, self.num_envs, self.single_action_space, self.gamma = (
-            envs,
-            num_envs,
-            envs.action_space,
-            gamma,
-        )
-        n, shape, dtype = (
-            num_envs,
-            (num_envs, *envs.observation_space.shape),
-            envs.observation_space.dtype,
-        )
+        self.envs, self.num_envs, self.gamma, self.make = envs, num_envs, gamma, make
+        self.single_action_space = envs.action_space
+        shape, dtype = (num_envs, *envs.observation_space.shape), envs.observation_space.dtype
         # as gymnasium's; one count for all envs
         self.obs_rms = (np.zeros(shape, dtype), np.ones(shape, dtype), 1e-4)
         # a trained policy acts on observations normalized as in its training
         self.frozen = obs_rms is not None
         if self.frozen:
-            self.obs_rms = (
-                obs_rms["mean"].numpy(),
-                obs_rms["var"].numpy(),
-                float(obs_rms["count"]),
-            )
-        self.return_rms = (np.zeros(n), np.ones(n), np.full(n, 1e-4))
-        self.discounted_reward, self.episode_return, self.resetting = (
-            np.zeros(n),
-            np.zeros(n),
-            np.zeros(n, bool),
-        )
-        self.make = make
+            mean, var, count = obs_rms["mean"], obs_rms["var"], obs_rms["count"]
+            self.obs_rms = (mean.numpy(), var.numpy(), float(count))
+        self.return_rms = (np.zeros(num_envs), np.ones(num_envs), np.full(num_envs, 1e-4))
+        self.discounted_reward = np.zeros(num_envs)
+        self.episode_return = np.zeros(num_envs)
+        self.resetting = np.zeros(num_envs, bool)
 
     def close(self):
         self.envs.close()
 
-    # NormalizeObservation, then the clip to [-10, 10]; float32 once, here
     def normalize(self, obs):
+        """NormalizeObservation, then the clip to [-10, 10]; float32 once, here."""
         self.obs_rms = self.obs_rms if self.frozen else update_rms(self.obs_rms, obs)
-        return np.clip((obs - self.obs_rms[0]) / np.sqrt(self.obs_rms[1] + 1e-8), -10, 10).astype(
-            np.float32
-        )
+        mean, var, _ = self.obs_rms
+        return np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10).astype(np.float32)
 
     def reset(self, seed=None):  # envpool's seeds are fixed when it is made: a seed makes anew
         if seed is not None:
@@ -208,14 +184,11 @@ class EnvpoolWrappers:
         self.episode_return = np.where(stepped, self.episode_return, 0.0) + reward
         self.resetting = terminations | truncations
         infos = {"final_info": {"episode": {"r": self.episode_return}, "_episode": self.resetting}}
-        # NormalizeReward (its discounted return restarts at a termination only), then the clip to
-        # [-10, 10]
+        # NormalizeReward (its discounted return restarts at a termination only), then the clip
         discounted_reward = self.discounted_reward * self.gamma * (1 - terminations) + reward
         self.discounted_reward = np.where(stepped, discounted_reward, self.discounted_reward)
         rms = update_rms(self.return_rms, self.discounted_reward)
-        self.return_rms = tuple(
-            np.where(stepped, new, old) for new, old in zip(rms, self.return_rms)
-        )
+        self.return_rms = tuple(np.where(stepped, x, old) for x, old in zip(rms, self.return_rms))
         reward = np.clip(reward / np.sqrt(self.return_rms[1] + 1e-8), -10, 10)
         return self.normalize(obs), reward, terminations, truncations, infos
 
@@ -225,10 +198,7 @@ def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
     seeded seed + k*num_envs + i as the single-seed script with `--seed seed + k*num_envs` seeds it;
     `obs_rms` (a saved model's) normalizes, frozen. A bad id or action space exit 2."""
     if env_id not in envpool.list_all_envs():
-        fail(
-            f"--env-id {env_id!r} is not one of envpool's tasks, which this script steps "
-            "(envpool.list_all_envs())"
-        )
+        fail(f"--env-id {env_id!r} is not one of envpool's tasks (envpool.list_all_envs())")
     n = num_seeds * num_envs
     threads = min(len(os.sched_getaffinity(0)), n)
 
@@ -238,10 +208,8 @@ def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
 
     envs = make(seed)
     if not isinstance(envs.action_space, gym.spaces.Box):
-        fail(
-            f"--env-id {env_id!r} has a {type(envs.action_space).__name__} action space; PPO here "
-            "needs a Box"
-        )
+        space = type(envs.action_space).__name__
+        fail(f"--env-id {env_id!r} has a {space} action space; PPO here needs a Box")
     return EnvpoolWrappers(envs, n, gamma, obs_rms, make)
 
 
@@ -483,10 +451,8 @@ def main(args):
     check_args(args)
     # one env first: its id and sizes, before N members'
     probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)
-    n_obs, n_act = (
-        int(np.prod(space.shape))
-        for space in (probe.envs.observation_space, probe.single_action_space)
-    )
+    n_obs = int(np.prod(probe.envs.observation_space.shape))
+    n_act = int(np.prod(probe.single_action_space.shape))
     probe.close()
     # 3 copies, float32
     check_memory(args, 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4, "rollouts")
@@ -499,10 +465,19 @@ def main(args):
     torch.set_num_threads(args.threads or 1)
 
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
-    agent, params, optimizer = learner.agent, learner.params, learner.optimizer
-    # --eval-model: as every member
-    for name, param in params.items() if run.saved_model else ():
-        param.copy_(run.saved_model["agent"][name])
+    params, optimizer = learner.params, learner.optimizer
+
+    def evaluate_agent(member, episodes, videos):  # the Gaussian's mean; `models` is bound below
+        model, seed = models[member], run.seeds[member]
+        agent = Agent(n_obs, n_act, device=device)
+        agent.load_state_dict(model["agent"])
+        eval_envs = make_envs(args.env_id, 1, seed, 1, args.gamma, model["obs_rms"])
+        return evaluate(agent.actor_mean, eval_envs, episodes, seed, device)
+
+    if args.eval_model:  # the saved model as every member
+        models = [run.saved_model] * args.num_seeds
+        envs.close()
+        return run.finish(device, models, evaluate_agent)
     policy, update = learner.policy, learner.update
     compute_gae = gae
     if args.compile:
@@ -511,11 +486,11 @@ def main(args):
         policy = torch.compile(policy, fullgraph=True, options=options)
         compute_gae = torch.compile(gae, fullgraph=True, options=options)
         update = torch.compile(update, fullgraph=True, options=options)
-    # the first calls run as they are (compiled: one call more), the next records, later replay
     if args.cudagraphs:
-        policy, update = (
-            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (policy, update)
-        )
+        # the first calls run as they are (compiling, with --compile), the next records the graph,
+        # later ones replay it
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     # the rollout, [num_steps, num_seeds * num_envs, ...] on the host, one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "valid")
@@ -529,7 +504,7 @@ def main(args):
     next_obs, _ = envs.reset()
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = 0 if args.eval_model else args.total_timesteps // batch_size
+    num_iterations = args.total_timesteps // batch_size
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         # envpool's envs cannot be saved, their statistics can
@@ -612,38 +587,14 @@ def main(args):
         if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
             break
 
-    # each member's observation normalization (its first env's) is part of its policy: saved and
-    # evaluated with it
+    # each member's observation normalization (its first env's) is part of its policy, saved with it
+    mean, var, count = envs.obs_rms
     models = []
-    for k, (mean, var) in enumerate(zip(*(x[:: args.num_envs] for x in envs.obs_rms[:2]))):
-        obs_rms = {
-            "mean": torch.tensor(mean),
-            "var": torch.tensor(var),
-            "count": torch.tensor(envs.obs_rms[2]),
-        }
-        member_agent = {name: param[k].cpu().clone() for name, param in params.items()}
-        models.append(
-            {
-                "agent": member_agent,
-                "obs_rms": run.saved_model["obs_rms"] if args.eval_model else obs_rms,
-            }
-        )
-
-    # the Gaussian's mean, on a fresh env seeded with the member's seed
-    def evaluate_agent(member, episodes, videos):
-        seed, prefix = run.seeds[member], "actor_mean."
-        eval_envs = make_envs(args.env_id, 1, seed, 1, args.gamma, models[member]["obs_rms"])
-        actor = {
-            name.removeprefix(prefix): p[member] for name, p in params.items() if prefix in name
-        }
-        return evaluate(
-            lambda obs: functional_call(agent.actor_mean, actor, obs),
-            eval_envs,
-            episodes,
-            seed,
-            device,
-        )
-
+    for k in range(args.num_seeds):
+        rms = (mean[k * args.num_envs], var[k * args.num_envs], count)
+        obs_rms = {key: torch.tensor(x) for key, x in zip(("mean", "var", "count"), rms)}
+        agent = {name: param[k].cpu().clone() for name, param in params.items()}
+        models.append({"agent": agent, "obs_rms": obs_rms})
     envs.close()
     run.finish(device, models, evaluate_agent)
 
@@ -661,66 +612,52 @@ def fail(message):
 
 
 def check_args(args):
-    # nan passes every comparison below; past 1e30 float32 overflows
+    """Flag values that make no sense: one line naming the flag and exit status 2."""
     for flag, value in vars(args).items():
+        # nan fails every comparison; past 1e30 float32 overflows
         if isinstance(value, float) and not abs(value) <= 1e30:
-            fail(
-                f"--{flag.replace('_', '-')} must be a finite number, at most 1e30 in size, got "
-                f"{value}"
-            )
-    positive = (
-        "num_seeds",
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-    )
-    for flag in positive + ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "threads"):
-        # --target-kl None: off, --threads None: 1
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs or args.measure_burnin < 0:
-        fail("--seed must be in [0, 2**31 - num_seeds*num_envs] and --measure-burnin >= 0")
+            name = "--" + flag.replace("_", "-")
+            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
+        fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
+    if args.measure_burnin < 0:
+        fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "num_seeds", "threads")
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value <= 0:  # --target-kl None: off, --threads None: 1
+            fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs
     if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps x "
-            "--num-envs)"
-        )
+        rollout = "one rollout (--num-steps x --num-envs)"
+        fail(f"--total-timesteps {args.total_timesteps} is less than {rollout}")
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-minibatches must split --num-steps x --num-envs ({batch_size}) into equal "
-            "parts of 2 or more"
-        )
+        rollout = f"--num-steps x --num-envs ({batch_size})"
+        fail(f"--num-minibatches must split {rollout} into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
     if args.capture_video:
-        fail(
-            "--capture-video: envpool renders no frames; record a saved member with the "
-            "single-seed script"
-        )
+        single = "record a saved member with the single-seed script"
+        fail(f"--capture-video: envpool renders no frames; {single}")
 
 
-def check_memory(args, per_member, what):  # per_member: one member's bytes
-    need, memory = (
-        args.num_seeds * per_member / 2**30,
-        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30,
-    )
+def check_memory(args, per_member, what):
+    """Exit status 2 if the members' `what`, `per_member` bytes each, cannot fit in memory."""
+    need = args.num_seeds * per_member / 2**30
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
-        fail(
-            f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine "
-            f"has {memory:.1f} GiB"
-        )
+        members = f"--num-seeds {args.num_seeds}: the members' {what}"
+        fail(f"{members} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
 
 class Run:
-    """Everything around training, per member: seeds, `runs/<run_name>/`, wandb, signals,
-    checkpoints, the progress bar, the summary. Member k has seed `seeds[k]`, its last 20 returns
-    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where its loss or weights first
-    turned non-finite, and the others go on."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary, per member. A first Ctrl-C or SIGTERM sets `stop_signal`: the loop
+    stops after its step. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its
+    curve `curves[k]`; a non-finite loss or weight sets `diverged[k]`, and the others go on."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
     # flags that a resumed run may change: they do not change what is trained
@@ -739,7 +676,7 @@ class Run:
             fail(f"--run-name must name one folder under runs/, got {folder!r}")
         # member k is the single-seed script run with seed `seeds[k]`: no two share an env seed
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
-        self.args, self.script, self.diverged = args, script, {}
+        self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.name = (args.run_name or self.name).replace(":", "_")
@@ -762,10 +699,10 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns = [deque(maxlen=20) for _ in self.seeds]
+        self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
-        self.steps, self.stop_signal = 0, 0
+        self.steps, self.stop_signal, self.diverged = 0, 0, {}
         self.resumes = []
         self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
         self.envs_restored = False  # by `resume`, where the checkpoint holds them
@@ -832,9 +769,10 @@ class Run:
         torch.set_rng_state(cpu)
         if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
             torch.cuda.set_rng_state_all(cuda)
-        self.steps, self.curves, self.diverged = saved["step"], saved["curves"], saved["diverged"]
-        for returns, member_returns in zip(self.returns, saved["returns"]):
-            returns.extend(member_returns)
+        self.steps, self.curves = saved["step"], saved["curves"]
+        for returns, saved_returns in zip(self.returns, saved["returns"]):
+            returns.extend(saved_returns)
+        self.diverged = saved["diverged"]
         self.start_time = time.time() - saved["wall_s"]
         resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
         self.resumes = saved["resumes"] + [resumed]
@@ -852,7 +790,7 @@ class Run:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
         generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
         saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
-        returns = [list(member_returns) for member_returns in self.returns]
+        returns = [list(returns) for returns in self.returns]
         saved |= dict(step=self.steps, final=final, curves=self.curves, returns=returns)
         saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
         saved |= dict(diverged=self.diverged)
@@ -868,22 +806,23 @@ class Run:
         None where they cannot be (a video recorder, envpool)."""
         if hasattr(obj, "state_dict"):
             return obj.state_dict()
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
         if isinstance(obj, dict):  # what has a state: no functions
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
         if isinstance(obj, tuple):  # (envs, obs)
             # between the layers, and how to make them
             links = ("env", "envs", "env_fns", "_saved_kwargs")
-            try:  # a renderer's screen cannot be pickled, nor envpool's envs walked
-                envs = pickle.dumps(
-                    [
-                        {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
-                        for x in self.layers(obj)
-                    ]
-                )
-            except Exception:
+            try:
+                layers = [
+                    {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                    for x in self.layers(obj)
+                ]
+                envs = pickle.dumps(layers)
+            except Exception:  # a renderer's screen cannot be pickled, nor envpool's envs walked
                 envs = None
-            return envs, self.state_of(obj[1])
+            return (envs, *(self.state_of(x) for x in obj[1:]))
         return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
 
     def restore(self, obj, saved, seed):
@@ -891,8 +830,9 @@ class Run:
         `seed`."""
         if hasattr(obj, "load_state_dict"):
             obj.load_state_dict(saved)
-        elif isinstance(obj, dict):
-            for key, value in obj.items():
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
                 if key in saved:
                     self.restore(value, saved[key], seed)
         elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes
@@ -900,7 +840,8 @@ class Run:
         elif isinstance(obj, tuple):
             for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
                 vars(layer).update(attributes)
-            self.restore(obj[1], saved[1], seed)
+            for x, value in zip(obj[1:], saved[1:]):
+                self.restore(x, value, seed)
             self.envs_restored = True
         elif isinstance(obj, np.ndarray):
             obj[...] = saved
@@ -959,86 +900,85 @@ class Run:
     def log_progress(self, pbar, global_step, metrics):
         """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
         value or one per member) to wandb. A member whose loss is not finite diverges."""
-        n = len(self.seeds)
-        device = next(v.device for v in metrics.values() if torch.is_tensor(v))
-        rows = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
-        rows = torch.stack([r.expand(n) for r in rows]).tolist()  # host sync
-        values = dict(zip(metrics, rows))
-        for name, row in values.items():
-            for k, v in enumerate(row):
-                if name.endswith("loss") and not np.isfinite(v):
-                    self.diverge(k, global_step, name, v)
+        device = next(v.device for v in metrics.values() if isinstance(v, torch.Tensor))
+        values = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
+        values = torch.stack([v.expand(len(self.seeds)) for v in values]).tolist()  # host sync
+        metrics = dict(zip(metrics, values))  # a list per metric: a value per member
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
         return_mean = np.mean(means) if means else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             members = list(enumerate(self.seeds))
-            losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
+            losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for name, values in metrics.items():
+            for member, value in enumerate(values):
+                if name.endswith("loss") and not np.isfinite(value):
+                    self.diverge(member, global_step, name, value)
 
-    def diverge(self, member, step, what, value):
+    def diverge(self, member, step, metric, value):
         if member in self.diverged:
             return
-        seed, flags = self.seeds[member], vars(self.args)
-        rates = [f for f in flags if f.endswith("lr") or f == "learning_rate"]
-        rates = "/".join("--" + f.replace("_", "-") for f in rates if type(flags[f]) is float)
-        self.diverged[member] = dict(
-            seed=seed, member=member, step=step, loss=what, value=str(value)
-        )
-        line = f"error: member {member} (seed {seed}) diverged at step {step}: {what} is {value}"
-        tqdm.tqdm.write(f"{line}; the others go on; try a lower {rates}", file=sys.stderr)
+        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
+        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
+        seed = self.seeds[member]
+        line = f"error: member {member} (seed {seed}) diverged at step {step}: {metric} is {value}"
+        tqdm.tqdm.write(f"{line}; the others go on; maybe too large: {rates}", file=sys.stderr)
+        self.diverged[member] = dict(step=step, metric=metric, value=str(value), seed=seed)
 
     def finish(self, device, models, evaluate):
         """Save each member's model (--save-model), write summary.json, play --eval-episodes per
-        member with `evaluate(member, episodes, videos)` (not after a signal), print the SUMMARY
-        line. A diverged member has no model file, evaluation or return mean; exit 3 if every
-        member diverged, 130 or 143 after a signal."""
+        member with `evaluate(member, episodes, videos)`, print the SUMMARY line. A diverged member
+        has no model file, evaluation or return mean; a run whose every member diverged exits 3, a
+        stopped one evaluates nothing and exits as a shell reports a signal (130 or 143)."""
         args, end_time, seeds = self.args, time.time(), self.seeds
-        for k, model in enumerate(models):  # weights that turned non-finite since the last log
-            parts = [part.values() if isinstance(part, dict) else [part] for part in model.values()]
-            weights = torch.cat([t.flatten().cpu() for part in parts for t in part])
-            if not weights.isfinite().all():
-                self.diverge(k, self.steps, "a weight", weights[~weights.isfinite()][0].item())
-        kept = [k not in self.diverged for k in range(len(seeds))]
-        paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
-        model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
-        for seed, model, path in zip(seeds, models, model_files):
-            if path:  # torch.load(path, weights_only=True)
-                saved = {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}
-                torch.save(saved, path + ".tmp")
-                os.replace(path + ".tmp", path)
+        for member, model in enumerate(models):
+            parts = [v.values() if isinstance(v, dict) else [v] for v in model.values()]
+            weight_sum = float(sum(w.double().sum() for part in parts for w in part))  # host sync
+            if not np.isfinite(weight_sum):
+                self.diverge(member, self.steps, "weight_sum", weight_sum)
+        kept = [member not in self.diverged for member in range(len(seeds))]
+        model_files = [None] * len(seeds)
+        for member, model in enumerate(models):
+            if args.save_model and kept[member]:  # torch.load(model_file, weights_only=True)
+                model_file = os.path.abspath(f"{self.dir}/{self.script}_seed{seeds[member]}.pt")
+                flags = vars(args) | {"seed": seeds[member]}  # as a single-seed run's
+                saved = {"script": self.script, "args": flags, "model": model}
+                torch.save(saved, model_file + ".tmp")
+                os.replace(model_file + ".tmp", model_file)
+                model_files[member] = model_file
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
         kept_means = [m for m, ok in zip(means, kept) if ok]
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
         wall_s = end_time - self.start_time
         summary = dict(
+            script=self.script,
             env_id=args.env_id,
             seed=args.seed,
+            device=str(device),
             compile=args.compile,
             cudagraphs=args.cudagraphs,
             num_envs=args.num_envs,
-            script=self.script,
-            device=str(device),
-            num_seeds=len(seeds),
-            seeds=seeds,
-            wall_s=wall_s,
             total_timesteps=self.steps,
-            torch_version=torch.__version__,
-            threads=torch.get_num_threads(),
             sps=self.sps(self.steps, end_time),
             sps_wall=len(seeds) * self.steps / wall_s,
+            wall_s=wall_s,
+            torch_version=torch.__version__,
             episodes=sum(map(len, self.curves)),
-            return_means=means,
+            return_mean=return_mean,
             interrupted=self.stop_signal > 0,
             resumes=self.resumes,
-            return_mean=return_mean,
-            diverged=[self.diverged[k] for k in sorted(self.diverged)],
             model_file=next(filter(None, model_files), None),
-            model_files=model_files,
             eval_returns=[],
-            eval_return_means=[],
             eval_return_mean=None,
+            threads=torch.get_num_threads(),
+            num_seeds=len(seeds),
+            seeds=seeds,
+            return_means=means,
+            model_files=model_files if args.save_model else [],
+            diverged=[self.diverged[k] | dict(member=k) for k in sorted(self.diverged)],
+            eval_return_means=[],
         )
         if args.eval_episodes and not self.stop_signal:
             self.write_summary(summary)  # kept if a second signal kills the evaluation
@@ -1051,10 +991,8 @@ class Run:
         print("SUMMARY " + json.dumps(summary | self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if not any(kept):
-            sys.exit(3)
-        if self.stop_signal:
-            sys.exit(128 + self.stop_signal)
+        if not any(kept) or self.stop_signal:
+            sys.exit(3 if not any(kept) else 128 + self.stop_signal)
 
     def write_summary(self, summary):
         """summary.json, written atomically; returns its path for the SUMMARY line."""

@@ -1,34 +1,19 @@
-r"""Twin Delayed DDPG (TD3) for continuous actions, `--num-seeds N` independent runs trained as one
-vmapped program.
-
-Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's (1M steps per member, 25k
-random steps); the default env is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to
-Hopper-v4).
-
+"""Twin Delayed DDPG (TD3): td3_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
+program.
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's, per member. The default env
+is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
     python leanrl/td3_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/td3_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
         --total-timesteps 10000 --learning-starts 1000
-    # on CUDA: acting and the updates
-    python leanrl/td3_continuous_action_seeds.py --compile --cudagraphs
-
-Grown from td3_continuous_action_cpu.py (`diff` them): member k is that script with `--seed
-seed+k*num_envs` (weights, env seeds), its own target networks, Adam state and replay buffer;
-members share the program and one random generator, which draws differently for each (vmap's
-`randomness="different"`: exploration and target policy noise). Parameters, Adam state and buffers
-are stacked on a leading seeds axis; a step is one call for all: one vector env of N x `--num-envs`
-envs (member k's a contiguous slice), one buffer write and sample, the torch policy and each
-update's gradients vmapped over the seeds axis (`make_learner` writes one member's functions as that
-script does, then one block vmaps them), Adam's elementwise step on the stacks. `--compile` compiles
-acting and the updates, `--cudagraphs` records them. The SUMMARY has each member's returns, curve,
-file and evaluation, the aggregate `sps`, and `total_timesteps` per member.
-
-A member whose logged loss (or final weights) turns non-finite has diverged: one line on stderr says
-which member, seed, step and loss; the others go on. The SUMMARY lists it in `diverged` and leaves
-it out (no return mean, evaluation or model file). Exit status 0, or 3 if every member diverged.
-
-`--resume` continues every member where its checkpoint left it, envs included: on the CPU, bit for
-bit as a run that went through (with --capture-video, whose recorder cannot be saved, episodes
-start fresh).
+    python leanrl/td3_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
+seeds, its own target networks, Adam state, replay buffer and random draws (exploration and target
+policy noise). `make_learner` writes one member's functions as the CPU script does, then one block
+vmaps them over a leading seeds axis of the stacked parameters (`diff` the two files). Each step is
+one call for all members: one vector env of N x `--num-envs` envs (member k's the k-th slice), one
+buffer write and sample, the policy and each update vmapped. A member whose loss or weights turn
+non-finite is left out, and the others go on. The SUMMARY, model files and `--resume`, per member:
+docs/usage.md, "The seeds scripts".
 """
 
 import json
@@ -147,23 +132,14 @@ def make_env(env_id, seed, video_dir=None, video_episodes=None):
     return thunk
 
 
-def member_env_seeds(seed, num_seeds, num_envs):
-    """Env i of member k has seed `seed + k * num_envs + i`, as env i of the single-seed script run
-    with `--seed seed + k * num_envs`: every env of every member has a seed of its own."""
-    return [seed + k * num_envs + i for k in range(num_seeds) for i in range(num_envs)]
-
-
 def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
-    """One vector env in same-step autoreset mode, `num_envs` envs per member (member k's the k-th
-    slice); the first records videos to `video_dir`, if given. A bad id, or actions not in a bounded
-    Box, exit 2."""
+    """Vector env with same-step autoreset, `num_envs` envs per member, member k's the k-th slice
+    (seeded as the CPU script's envs with `--seed seed + k * num_envs`); the first env records
+    videos to `video_dir`. A bad id, or actions not in a bounded Box, exit 2."""
+    num_envs *= num_seeds  # one env loop per step for all members, not one per member
     try:
-        videos = [video_dir] + [None] * (num_seeds * num_envs - 1)  # the first env alone records
-        env_seeds = member_env_seeds(seed, num_seeds, num_envs)
-        thunks = [
-            make_env(env_id, env_seed, video, video_episodes)
-            for env_seed, video in zip(env_seeds, videos)
-        ]
+        videos = [video_dir] + [None] * (num_envs - 1)
+        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     # an unknown id, or a `module:EnvId` whose module is missing
     except (gym.error.Error, ModuleNotFoundError) as e:
@@ -266,14 +242,10 @@ class ReplayBuffer:
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
-    def sample(self, batch_size):
-        # [member, batch]
-        idx = (torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts).flatten()
-        shape = (len(self.starts), batch_size)
-        return {
-            key: col.index_select(0, idx).unflatten(0, shape).to(self.device)
-            for key, col in self.flat.items()
-        }
+    def sample(self, batch_size):  # [num_seeds, batch_size, ...]
+        idx = torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts
+        batch = {key: value.index_select(0, idx.flatten()) for key, value in self.flat.items()}
+        return {key: value.unflatten(0, idx.shape).to(self.device) for key, value in batch.items()}
 
     def state_dict(self):  # each member's filled part (copies: a view saves all), for checkpoints
         storage = {k: torch.from_numpy(v[:, : self.size].copy()) for k, v in self.views.items()}
@@ -456,9 +428,18 @@ def main(args):
     learner = make_learner(args, n_obs, n_act, space.low, space.high, run.seeds, device)
     actor = learner.actor
 
-    # --eval-model: the saved actor as every member
-    for name, param in learner.actor_params.items() if run.saved_model else ():
-        param.copy_(run.saved_model[name])
+    def evaluate_actor(member, episodes, videos):  # the member's action, no noise
+        member_actor = Actor(n_obs, n_act, space.low, space.high, device=device)
+        member_actor.load_state_dict(models[member])
+        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
+        return evaluate(member_actor, eval_envs, episodes, run.seeds[member], device)
+
+    if args.eval_model:  # the saved actor as every member
+        models = [run.saved_model] * args.num_seeds
+        envs.close()
+        run.finish(device, models, evaluate_actor)
+        return
+
     if args.compile:  # acting, and each update as one graph, forward pass to Adam step
         learner.policy = torch.compile(learner.policy, fullgraph=True)
         learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
@@ -471,13 +452,12 @@ def main(args):
         learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
 
     rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
-    obs, _ = envs.reset(seed=member_env_seeds(args.seed, args.num_seeds, args.num_envs))
+    obs, _ = envs.reset(seed=args.seed)  # env i: seed + i, as in make_envs
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=vars(learner), rb=rb, envs=(envs, obs))
+        return dict(learner=learner, rb=rb, envs=(envs, obs))
 
-    num_iterations = 0 if args.eval_model else args.total_timesteps // args.num_envs
-    iterations = run.resume(training_state(), range(num_iterations))
+    iterations = run.resume(training_state(), range(args.total_timesteps // args.num_envs))
     learning_starts = args.learning_starts // args.num_envs
     actor_loss = torch.zeros((), device=device)
     pbar = tqdm.tqdm(iterations, mininterval=1.0)
@@ -536,13 +516,6 @@ def main(args):
         {name: p[k].clone() for name, p in learner.actor_params.items()} | buffers
         for k in range(args.num_seeds)
     ]
-
-    def evaluate_actor(member, episodes, videos):  # member `member`'s action, no noise
-        member_actor = Actor(n_obs, n_act, space.low, space.high, device=device)
-        member_actor.load_state_dict(models[member])
-        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
-        return evaluate(member_actor, eval_envs, episodes, run.seeds[member], device)
-
     envs.close()
     run.finish(device, models, evaluate_actor)
 
@@ -592,23 +565,20 @@ def check_args(args):
         fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
 
 
-def check_memory(args, per_member, what):  # per_member: one member's bytes
-    need, memory = (
-        args.num_seeds * per_member / 2**30,
-        os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30,
-    )
+def check_memory(args, per_member, what):
+    """Exit status 2 if the members' `what`, `per_member` bytes each, cannot fit in memory."""
+    need = args.num_seeds * per_member / 2**30
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
-        fail(
-            f"--num-seeds {args.num_seeds}: the members' {what} need {need:.1f} GiB, the machine "
-            f"has {memory:.1f} GiB"
-        )
+        members = f"--num-seeds {args.num_seeds}: the members' {what}"
+        fail(f"{members} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
 
 class Run:
-    """Everything around training, per member: seeds, `runs/<run_name>/`, wandb, signals,
-    checkpoints, the progress bar, the summary. Member k has seed `seeds[k]`, its last 20 returns
-    `returns[k]` and its curve `curves[k]`; `diverged[k]` records where its loss or weights first
-    turned non-finite, and the others go on."""
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary, per member. A first Ctrl-C or SIGTERM sets `stop_signal`: the loop
+    stops after its step. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its
+    curve `curves[k]`; a non-finite loss or weight sets `diverged[k]`, and the others go on."""
 
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
     # flags that a resumed run may change: they do not change what is trained
@@ -627,7 +597,7 @@ class Run:
             fail(f"--run-name must name one folder under runs/, got {folder!r}")
         # member k is the single-seed script run with seed `seeds[k]`: no two share an env seed
         self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
-        self.args, self.script, self.diverged = args, script, {}
+        self.args, self.script = args, script
         self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
         self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.name = (args.run_name or self.name).replace(":", "_")
@@ -650,10 +620,10 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns = [deque(maxlen=20) for _ in self.seeds]
+        self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
-        self.steps, self.stop_signal = 0, 0
+        self.steps, self.stop_signal, self.diverged = 0, 0, {}
         self.resumes = []
         self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
         self.envs_restored = False  # by `resume`, where the checkpoint holds them
@@ -720,9 +690,10 @@ class Run:
         torch.set_rng_state(cpu)
         if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
             torch.cuda.set_rng_state_all(cuda)
-        self.steps, self.curves, self.diverged = saved["step"], saved["curves"], saved["diverged"]
-        for returns, member_returns in zip(self.returns, saved["returns"]):
-            returns.extend(member_returns)
+        self.steps, self.curves = saved["step"], saved["curves"]
+        for returns, saved_returns in zip(self.returns, saved["returns"]):
+            returns.extend(saved_returns)
+        self.diverged = saved["diverged"]
         self.start_time = time.time() - saved["wall_s"]
         resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
         self.resumes = saved["resumes"] + [resumed]
@@ -740,7 +711,7 @@ class Run:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
         generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
         saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
-        returns = [list(member_returns) for member_returns in self.returns]
+        returns = [list(returns) for returns in self.returns]
         saved |= dict(step=self.steps, final=final, curves=self.curves, returns=returns)
         saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
         saved |= dict(diverged=self.diverged)
@@ -756,22 +727,23 @@ class Run:
         None where they cannot be (a video recorder, envpool)."""
         if hasattr(obj, "state_dict"):
             return obj.state_dict()
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
         if isinstance(obj, dict):  # what has a state: no functions
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
         if isinstance(obj, tuple):  # (envs, obs)
             # between the layers, and how to make them
             links = ("env", "envs", "env_fns", "_saved_kwargs")
-            try:  # a renderer's screen cannot be pickled, nor envpool's envs walked
-                envs = pickle.dumps(
-                    [
-                        {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
-                        for x in self.layers(obj)
-                    ]
-                )
-            except Exception:
+            try:
+                layers = [
+                    {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                    for x in self.layers(obj)
+                ]
+                envs = pickle.dumps(layers)
+            except Exception:  # a renderer's screen cannot be pickled, nor envpool's envs walked
                 envs = None
-            return envs, self.state_of(obj[1])
+            return (envs, *(self.state_of(x) for x in obj[1:]))
         return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
 
     def restore(self, obj, saved, seed):
@@ -779,8 +751,9 @@ class Run:
         `seed`."""
         if hasattr(obj, "load_state_dict"):
             obj.load_state_dict(saved)
-        elif isinstance(obj, dict):
-            for key, value in obj.items():
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
                 if key in saved:
                     self.restore(value, saved[key], seed)
         elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes
@@ -788,7 +761,8 @@ class Run:
         elif isinstance(obj, tuple):
             for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
                 vars(layer).update(attributes)
-            self.restore(obj[1], saved[1], seed)
+            for x, value in zip(obj[1:], saved[1:]):
+                self.restore(x, value, seed)
             self.envs_restored = True
         elif isinstance(obj, np.ndarray):
             obj[...] = saved
@@ -847,86 +821,85 @@ class Run:
     def log_progress(self, pbar, global_step, metrics):
         """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
         value or one per member) to wandb. A member whose loss is not finite diverges."""
-        n = len(self.seeds)
-        device = next(v.device for v in metrics.values() if torch.is_tensor(v))
-        rows = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
-        rows = torch.stack([r.expand(n) for r in rows]).tolist()  # host sync
-        values = dict(zip(metrics, rows))
-        for name, row in values.items():
-            for k, v in enumerate(row):
-                if name.endswith("loss") and not np.isfinite(v):
-                    self.diverge(k, global_step, name, v)
+        device = next(v.device for v in metrics.values() if isinstance(v, torch.Tensor))
+        values = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
+        values = torch.stack([v.expand(len(self.seeds)) for v in values]).tolist()  # host sync
+        metrics = dict(zip(metrics, values))  # a list per metric: a value per member
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
         return_mean = np.mean(means) if means else float("nan")
         pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             members = list(enumerate(self.seeds))
-            losses = {f"losses/{k}_seed{s}": v[m] for k, v in values.items() for m, s in members}
+            losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for name, values in metrics.items():
+            for member, value in enumerate(values):
+                if name.endswith("loss") and not np.isfinite(value):
+                    self.diverge(member, global_step, name, value)
 
-    def diverge(self, member, step, what, value):
+    def diverge(self, member, step, metric, value):
         if member in self.diverged:
             return
-        seed, flags = self.seeds[member], vars(self.args)
-        rates = [f for f in flags if f.endswith("lr") or f == "learning_rate"]
-        rates = "/".join("--" + f.replace("_", "-") for f in rates if type(flags[f]) is float)
-        self.diverged[member] = dict(
-            seed=seed, member=member, step=step, loss=what, value=str(value)
-        )
-        line = f"error: member {member} (seed {seed}) diverged at step {step}: {what} is {value}"
-        tqdm.tqdm.write(f"{line}; the others go on; try a lower {rates}", file=sys.stderr)
+        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
+        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
+        seed = self.seeds[member]
+        line = f"error: member {member} (seed {seed}) diverged at step {step}: {metric} is {value}"
+        tqdm.tqdm.write(f"{line}; the others go on; maybe too large: {rates}", file=sys.stderr)
+        self.diverged[member] = dict(step=step, metric=metric, value=str(value), seed=seed)
 
     def finish(self, device, models, evaluate):
         """Save each member's model (--save-model), write summary.json, play --eval-episodes per
-        member with `evaluate(member, episodes, videos)` (not after a signal), print the SUMMARY
-        line. A diverged member has no model file, evaluation or return mean; exit 3 if every
-        member diverged, 130 or 143 after a signal."""
+        member with `evaluate(member, episodes, videos)`, print the SUMMARY line. A diverged member
+        has no model file, evaluation or return mean; a run whose every member diverged exits 3, a
+        stopped one evaluates nothing and exits as a shell reports a signal (130 or 143)."""
         args, end_time, seeds = self.args, time.time(), self.seeds
-        for k, model in enumerate(models):  # weights that turned non-finite since the last log
-            parts = [part.values() if isinstance(part, dict) else [part] for part in model.values()]
-            weights = torch.cat([t.flatten().cpu() for part in parts for t in part])
-            if not weights.isfinite().all():
-                self.diverge(k, self.steps, "a weight", weights[~weights.isfinite()][0].item())
-        kept = [k not in self.diverged for k in range(len(seeds))]
-        paths = [os.path.abspath(f"{self.dir}/{self.script}_seed{seed}.pt") for seed in seeds]
-        model_files = [p if ok else None for p, ok in zip(paths, kept)] if args.save_model else []
-        for seed, model, path in zip(seeds, models, model_files):
-            if path:  # torch.load(path, weights_only=True)
-                saved = {"script": self.script, "args": vars(args) | {"seed": seed}, "model": model}
-                torch.save(saved, path + ".tmp")
-                os.replace(path + ".tmp", path)
+        for member, model in enumerate(models):
+            parts = [v.values() if isinstance(v, dict) else [v] for v in model.values()]
+            weight_sum = float(sum(w.double().sum() for part in parts for w in part))  # host sync
+            if not np.isfinite(weight_sum):
+                self.diverge(member, self.steps, "weight_sum", weight_sum)
+        kept = [member not in self.diverged for member in range(len(seeds))]
+        model_files = [None] * len(seeds)
+        for member, model in enumerate(models):
+            if args.save_model and kept[member]:  # torch.load(model_file, weights_only=True)
+                model_file = os.path.abspath(f"{self.dir}/{self.script}_seed{seeds[member]}.pt")
+                flags = vars(args) | {"seed": seeds[member]}  # as a single-seed run's
+                saved = {"script": self.script, "args": flags, "model": model}
+                torch.save(saved, model_file + ".tmp")
+                os.replace(model_file + ".tmp", model_file)
+                model_files[member] = model_file
         means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
         kept_means = [m for m, ok in zip(means, kept) if ok]
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
         wall_s = end_time - self.start_time
         summary = dict(
+            script=self.script,
             env_id=args.env_id,
             seed=args.seed,
+            device=str(device),
             compile=args.compile,
             cudagraphs=args.cudagraphs,
             num_envs=args.num_envs,
-            script=self.script,
-            device=str(device),
-            num_seeds=len(seeds),
-            seeds=seeds,
-            wall_s=wall_s,
             total_timesteps=self.steps,
-            torch_version=torch.__version__,
-            threads=torch.get_num_threads(),
             sps=self.sps(self.steps, end_time),
             sps_wall=len(seeds) * self.steps / wall_s,
+            wall_s=wall_s,
+            torch_version=torch.__version__,
             episodes=sum(map(len, self.curves)),
-            return_means=means,
+            return_mean=return_mean,
             interrupted=self.stop_signal > 0,
             resumes=self.resumes,
-            return_mean=return_mean,
-            diverged=[self.diverged[k] for k in sorted(self.diverged)],
             model_file=next(filter(None, model_files), None),
-            model_files=model_files,
             eval_returns=[],
-            eval_return_means=[],
             eval_return_mean=None,
+            threads=torch.get_num_threads(),
+            num_seeds=len(seeds),
+            seeds=seeds,
+            return_means=means,
+            model_files=model_files if args.save_model else [],
+            diverged=[self.diverged[k] | dict(member=k) for k in sorted(self.diverged)],
+            eval_return_means=[],
         )
         if args.eval_episodes and not self.stop_signal:
             self.write_summary(summary)  # kept if a second signal kills the evaluation
@@ -939,10 +912,8 @@ class Run:
         print("SUMMARY " + json.dumps(summary | self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
-        if not any(kept):
-            sys.exit(3)
-        if self.stop_signal:
-            sys.exit(128 + self.stop_signal)
+        if not any(kept) or self.stop_signal:
+            sys.exit(3 if not any(kept) else 128 + self.stop_signal)
 
     def write_summary(self, summary):
         """summary.json, written atomically; returns its path for the SUMMARY line."""

@@ -128,11 +128,13 @@ def test_shared_parts_are_byte_identical_within_their_family(part):
 # The Atari scripts' grew by their video recorder, every script's by checkpoints and resume (and a
 # resumed run's video folder). The seeds scripts became their CPU scripts' functions plus one vmap
 # block: DQN's, SAC's and TD3's shrank, PPO's grew; the SAC and TD3 CPU scripts grew by their
-# gradient functions (critic_grads, actor_grads), which the seeds scripts share.
+# gradient functions (critic_grads, actor_grads), which the seeds scripts share. The seeds plumbing
+# grew by ~350 bytes when its text was brought to the single-process scripts' where they mean the
+# same (state_of and restore walk a SimpleNamespace learner; one `diverged` entry per member).
 SIZE_BUDGETS = {
     "dqn": 34_700,
     "dqn_cpu": 38_900,
-    "dqn_seeds": 48_200,
+    "dqn_seeds": 48_600,
     "dqn_torchcompile": 36_600,
     "ppo_atari_envpool": 35_900,
     "ppo_atari_envpool_async": 44_200,
@@ -141,7 +143,7 @@ SIZE_BUDGETS = {
     "ppo_continuous_action_cpu": 45_000,
     "ppo_continuous_action_distributed": 50_800,
     "ppo_continuous_action_ray": 54_200,
-    "ppo_continuous_action_seeds": 53_200,
+    "ppo_continuous_action_seeds": 53_800,
     "ppo_continuous_action_torchcompile": 41_900,
     "ppo_lstm": 43_000,
     "ppo_lstm_torchcompile": 45_900,
@@ -149,15 +151,15 @@ SIZE_BUDGETS = {
     "ppo_mingru_torchcompile": 48_400,
     "sac_continuous_action": 37_700,
     "sac_continuous_action_cpu": 43_400,
-    "sac_continuous_action_seeds": 49_600,
+    "sac_continuous_action_seeds": 50_100,
     "sac_continuous_action_torchcompile": 40_200,
     "td3_continuous_action": 36_500,
     "td3_continuous_action_cpu": 41_400,
-    "td3_continuous_action_seeds": 48_900,
+    "td3_continuous_action_seeds": 49_300,
     "td3_continuous_action_torchcompile": 38_800,
 }
 PLUMBING_BUDGET = 22_200
-SEEDS_PLUMBING_BUDGET = 23_000
+SEEDS_PLUMBING_BUDGET = 23_600
 
 
 def test_every_script_has_a_size_budget():

@@ -16,7 +16,9 @@ from conftest import load_script, run_script, summary
 
 SCRIPTS = ["dqn_seeds", "ppo_continuous_action_seeds", "sac_continuous_action_seeds"]
 SCRIPTS += ["td3_continuous_action_seeds"]
-RATES = {"sac_continuous_action_seeds": "--policy-lr/--q-lr"}  # the others': --learning-rate
+# the learning-rate flags at their defaults, which a diverged member's line names
+RATES = {"dqn_seeds": "--learning-rate 0.00025"}  # the others': --learning-rate 0.0003
+RATES["sac_continuous_action_seeds"] = "--policy-lr 0.0003 --q-lr 0.001"
 NAN, INF = float("nan"), float("inf")
 CPU = torch.device("cpu")
 load = functools.cache(load_script)
@@ -72,7 +74,7 @@ def test_a_diverged_member_is_recorded_once_and_left_out(script, make_run, capsy
     for step, bad in ((100, NAN), (200, INF)):
         losses, explained = torch.tensor([0.5, bad, 0.5, 0.5]), torch.tensor([NAN, 0.0, 0.0, 0.0])
         run.log_progress(Bar(), step, dict(qf_loss=losses, alpha=1.0, explained_variance=explained))
-    tail = f"; the others go on; try a lower {RATES.get(script, '--learning-rate')}"
+    tail = f"; the others go on; maybe too large: {RATES.get(script, '--learning-rate 0.0003')}"
     message = "error: member 1 (seed 11) diverged at step 100: qf_loss is nan" + tail
     assert capsys.readouterr().err.strip().splitlines() == [message]
     run.steps = 300
@@ -88,11 +90,11 @@ def test_a_diverged_member_is_recorded_once_and_left_out(script, make_run, capsy
 
     run.finish(CPU, models, evaluate)  # exit status 0: no SystemExit
     out, err = capsys.readouterr()
-    assert err.strip() == "error: member 2 (seed 12) diverged at step 300: a weight is nan" + tail
+    assert err.strip() == "error: member 2 (seed 12) diverged at step 300: weight_sum is nan" + tail
     s = strict_json(Path(summary_line(out)["summary_file"]).read_text())
     assert s["diverged"] == [
-        dict(seed=11, member=1, step=100, loss="qf_loss", value="nan"),
-        dict(seed=12, member=2, step=300, loss="a weight", value="nan"),
+        dict(seed=11, member=1, step=100, metric="qf_loss", value="nan"),
+        dict(seed=12, member=2, step=300, metric="weight_sum", value="nan"),
     ]
     assert s["return_means"] == [1.0, None, None, 5.0] and s["return_mean"] == 3.0
     assert s["curves"][1][0][2] == "nan" and s["episodes"] == 4
@@ -147,6 +149,7 @@ def test_a_run_in_which_every_member_diverges_stops_and_exits_3():
     proc = run_script("dqn_seeds", *flags)
     s = summary(proc, returncode=3)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 2 and all("try a lower --learning-rate" in line for line in lines), lines
+    rates = "maybe too large: --learning-rate 1e+30"
+    assert len(lines) == 2 and all(rates in line for line in lines), lines
     assert [d["seed"] for d in s["diverged"]] == [1, 2] and s["model_files"] == [None, None]
     assert s["total_timesteps"] < 3000 and s["return_mean"] is None
