@@ -257,20 +257,25 @@ class Agent(nn.Module):
     forward = get_action_and_value  # what `functional_call` runs
 
 
+def per_member(x, num_seeds):
+    """The vector env's rows [num_seeds * num_envs, ...] as [num_seeds, num_envs, ...]: member k's
+    envs are the k-th slice."""
+    return x.reshape(num_seeds, -1, *x.shape[1:])
+
+
+def flat(x):
+    """[num_seeds, num_envs, ...] as the vector env's rows [num_seeds * num_envs, ...]."""
+    return x.reshape(-1, *x.shape[2:])
+
+
 def finished_episodes(infos, num_seeds):
-    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that
-    ended on this step."""
+    """Per member, the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
-    returns, ended = (
-        final_info["episode"]["r"].reshape(num_seeds, -1),
-        final_info["_episode"].reshape(num_seeds, -1),
-    )
-    return [
-        member_returns[member_ended].tolist()
-        for member_returns, member_ended in zip(returns, ended)
-    ]
+    returns = per_member(final_info["episode"]["r"], num_seeds)
+    ended = per_member(final_info["_episode"], num_seeds)
+    return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
@@ -427,8 +432,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
     )
 
     def policy(obs):  # every member's envs at once: [num_seeds * num_envs, n_obs]
-        obs = obs.unflatten(0, (len(seeds), -1))
-        return tuple(x.flatten(0, 1) for x in get_action_and_value(params, obs))
+        return tuple(flat(x) for x in get_action_and_value(params, per_member(obs, len(seeds))))
 
     # ---- end of the N seeds block ----
 

@@ -151,20 +151,25 @@ def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=
     return envs
 
 
+def per_member(x, num_seeds):
+    """The vector env's rows [num_seeds * num_envs, ...] as [num_seeds, num_envs, ...]: member k's
+    envs are the k-th slice."""
+    return x.reshape(num_seeds, -1, *x.shape[1:])
+
+
+def flat(x):
+    """[num_seeds, num_envs, ...] as the vector env's rows [num_seeds * num_envs, ...]."""
+    return x.reshape(-1, *x.shape[2:])
+
+
 def finished_episodes(infos, num_seeds):
-    """Per member k (its envs: the k-th of `num_seeds` slices), the returns of every episode that
-    ended on this step."""
+    """Per member, the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
-    returns, ended = (
-        final_info["episode"]["r"].reshape(num_seeds, -1),
-        final_info["_episode"].reshape(num_seeds, -1),
-    )
-    return [
-        member_returns[member_ended].tolist()
-        for member_returns, member_ended in zip(returns, ended)
-    ]
+    returns = per_member(final_info["episode"]["r"], num_seeds)
+    ended = per_member(final_info["_episode"], num_seeds)
+    return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
 
 
 def true_next_obs(next_obs, infos):
@@ -238,7 +243,7 @@ class ReplayBuffer:
         n = len(transition["obs"]) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
         for key, view in self.views.items():
-            view[:, idx] = transition[key].reshape(len(view), n, *view.shape[2:])
+            view[:, idx] = per_member(transition[key], len(view))
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
@@ -470,10 +475,8 @@ def main(args):
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = torch.as_tensor(obs, device=device, dtype=torch.float)
-            # member k's envs: the k-th slice
-            member_obs = member_obs.view(args.num_seeds, args.num_envs, -1)
-            actions = learner.policy(member_obs).cpu().numpy().reshape(-1, n_act)
+            member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), args.num_seeds)
+            actions = flat(learner.policy(member_obs.to(device)).cpu().numpy())
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)

@@ -38,6 +38,8 @@ SHARED = {
     "finished_episodes": [("standard", "distributed", "recurrent"), ("seeds",)],
     "episode_starts": [("recurrent",)],
     "check_memory": [("seeds",)],
+    "per_member": [("seeds",)],
+    "flat": [("seeds",)],
     "VideoRecorder": [("atari",)],
 }
 # written by each script for itself: its flag checks
