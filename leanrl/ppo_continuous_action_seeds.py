@@ -597,8 +597,8 @@ def main(args):
     for k in range(args.num_seeds):
         rms = (mean[k * args.num_envs], var[k * args.num_envs], count)
         obs_rms = {key: torch.tensor(x) for key, x in zip(("mean", "var", "count"), rms)}
-        agent = {name: param[k].cpu().clone() for name, param in params.items()}
-        models.append({"agent": agent, "obs_rms": obs_rms})
+        weights = {name: param[k].cpu().clone() for name, param in params.items()}
+        models.append({"agent": weights, "obs_rms": obs_rms})
     envs.close()
     run.finish(device, models, evaluate_agent)
 
@@ -916,8 +916,8 @@ class Run:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, values in metrics.items():
-            for member, value in enumerate(values):
+        for name, member_values in metrics.items():
+            for member, value in enumerate(member_values):
                 if name.endswith("loss") and not np.isfinite(value):
                     self.diverge(member, global_step, name, value)
 

@@ -836,8 +836,8 @@ class Run:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, values in metrics.items():
-            for member, value in enumerate(values):
+        for name, member_values in metrics.items():
+            for member, value in enumerate(member_values):
                 if name.endswith("loss") and not np.isfinite(value):
                     self.diverge(member, global_step, name, value)
 
