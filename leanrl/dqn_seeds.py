@@ -1,8 +1,11 @@
 """Deep Q-Network for discrete actions: dqn_cpu.py as `--num-seeds N` runs in one vmapped program.
+
 Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's, per member.
+
     python leanrl/dqn_seeds.py                             # 8 members (seeds 1..8), compiled
     python leanrl/dqn_seeds.py --num-seeds 3 --no-compile  # 3 members, the same functions, eagerly
     python leanrl/dqn_seeds.py --compile --cudagraphs      # on CUDA, as CUDA graphs
+
 Member k is dqn_cpu.py with `--seed seed + k * num_envs`: the same initial weights and env seeds,
 its own target network, Adam state, replay buffer and random draws. `make_learner` writes one
 member's functions as dqn_cpu.py does, then one block vmaps them over a leading seeds axis of the

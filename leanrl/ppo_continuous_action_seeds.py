@@ -1,11 +1,14 @@
 """PPO for continuous actions: ppo_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps), per
 member.
+
     python leanrl/ppo_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
         --total-timesteps 40960 --num-seeds 3
     python leanrl/ppo_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+
 Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and seed
 numbers for its envs, its own Adam state, normalization statistics and random draws. `make_learner`
 writes one member's functions as the CPU script does, then one block vmaps them over a leading seeds

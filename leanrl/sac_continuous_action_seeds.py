@@ -1,10 +1,13 @@
 """Soft Actor-Critic: sac_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped program.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the CPU script, per
 member.
+
     python leanrl/sac_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
         --total-timesteps 10000
     python leanrl/sac_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+
 Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
 seeds, its own targets, alpha, Adam state, replay buffer and random draws. `make_learner` writes one
 member's functions as the CPU script does, then one block vmaps them over a leading seeds axis of

@@ -1,11 +1,14 @@
 """Twin Delayed DDPG (TD3): td3_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
+
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's, per member. The default env
 is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
+
     python leanrl/td3_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/td3_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
         --total-timesteps 10000 --learning-starts 1000
     python leanrl/td3_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+
 Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
 seeds, its own target networks, Adam state, replay buffer and random draws (exploration and target
 policy noise). `make_learner` writes one member's functions as the CPU script does, then one block
