@@ -19,7 +19,7 @@ from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import breakdown, scaling, seeds, threads
+from benchmarks.studies import breakdown, replay_sampling, scaling, seeds, threads
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -875,3 +875,18 @@ def test_threads_rows_are_medians_and_their_ratio():
         "| idle | x_cpu | 110 | 170 | 1.55x |" in md
         and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md
     )
+
+
+def test_replay_sampling_draws_the_scripts_batches_both_ways():
+    """benchmarks.studies.replay_sampling on a tiny buffer: the seeds script's `sample` and the
+    TensorDict's `storage[members, idx]` give equal batches from the same draw, and the table has a
+    row per way with its rounds and its ratio to index_select's median."""
+    result = replay_sampling.measure(num_seeds=3, buffer_size=50, batch_size=4, samples=5, rounds=2)
+    assert result["same_batches"] is True
+    assert {way: len(times) for way, times in result["us_per_sample"].items()} == {
+        "index_select": 2,
+        "tensordict": 2,
+    }
+    result["us_per_sample"] = dict(index_select=[100.0, 300.0], tensordict=[500.0, 700.0])
+    lines = replay_sampling.markdown(result).splitlines()
+    assert lines[2:] == ["| index_select | 100, 300 | 1.00x |", "| tensordict | 500, 700 | 3.00x |"]

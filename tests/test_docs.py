@@ -6,7 +6,7 @@ file, by GitHub's slug rules), and every command in a fenced code block names sc
 the results that produced them: the README's speed tables and docs/performance.md's quick tables
 from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from the
 report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the seeds
-tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
+and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
 docs/notes/td3-hopper.md from theirs. No page refers to the project's issues. The checker itself is
 tested on made-up pages, so that each check is shown able to fail. Nothing here runs a script."""
 
@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.learning import short_markdown
-from benchmarks.studies import seeds, threads
+from benchmarks.studies import replay_sampling, seeds, threads
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
@@ -36,6 +36,7 @@ SEEDS_RESULTS = {
     "seeds_cpu_dqn_idle_f25.json": (seeds.markdown, SEEDS_NOTE),
     "seeds_gpu_proxy.json": (seeds.proxy_markdown, SEEDS_NOTE),
     "threads_cpu.json": (threads.markdown, PERFORMANCE),
+    "replay_sampling_cpu.json": (replay_sampling.markdown, SEEDS_NOTE),
 }
 # CleanRL's TD3 run here beside ours, in the notes
 TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
