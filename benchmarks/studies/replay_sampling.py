@@ -8,11 +8,10 @@ index beside the transition index, `storage[members, idx]`.
 
 Both ways draw the same indices from the same generator state, so their batches must be equal
 (`same_batches`). One intra-op thread, the ways alternated for `rounds` rounds; µs per sample.
-Writes benchmarks/results/replay-sampling-<time>.json (or to --out-dir) and prints a table.
+Writes benchmarks/results/replay-sampling-<time>.json and .md (or to --out-dir), prints the table.
 """
 
 import argparse
-import json
 import statistics
 import time
 from datetime import datetime
@@ -22,6 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from benchmarks.machine import machine_info
+from benchmarks.report import write_result
 from common.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,11 +103,10 @@ def main(argv=None):
     else:
         result = measure(num_seeds=8, buffer_size=200_000, batch_size=256, samples=2000, rounds=2)
     result = dict(machine=machine_info(), **result)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"replay-sampling-{datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(result, indent=1))
+    stem = f"replay-sampling-{datetime.now():%Y%m%d-%H%M%S}"
+    paths = write_result(result, args.out_dir, stem, markdown)
     print(markdown(result))
-    print(path)
+    print(*paths, sep="\n")
     return result
 
 
