@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.scripts import load_script, script_envs
+from benchmarks.scripts import load_script, script_envs
 
 ACTION_BATCHES = 64  # distinct random action batches, cycled through while timing
 WARMUP_STEPS = 10  # vector steps before the clock starts

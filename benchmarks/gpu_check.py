@@ -46,8 +46,8 @@ from benchmarks import registry
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, optional
 from benchmarks.run import BenchmarkError, parse_summary
+from benchmarks.scripts import SCRIPTS
 from benchmarks.studies import seeds
-from common.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("tests", "smoke", "learning", "sps", "seeds")

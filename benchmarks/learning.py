@@ -57,8 +57,8 @@ from matplotlib.figure import Figure
 
 from benchmarks import plots
 from benchmarks.machine import cpu_model, machine_info
+from benchmarks.processes import kill_tree
 from benchmarks.report import machine_line, optional
-from common.processes import kill_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 CURVE_POINTS = 500  # at most this many points per stored curve

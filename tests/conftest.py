@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common.scripts import SCRIPTS, load_script  # noqa: F401 (test modules import it from here)
+from benchmarks.scripts import ALL_SCRIPTS, SCRIPTS, load_script  # noqa: F401 (tests import them here)
 
 ROOT = Path(__file__).resolve().parents[1]
 # where script runs make their runs/ folders: one temporary folder per test session, not the

@@ -15,7 +15,7 @@ import tyro
 from conftest import SCRIPTS as SCRIPTS_DIR
 from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
 
-from common.scripts import script_envs
+from benchmarks.scripts import script_envs
 
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
 FAMILIES = {algo: [algo, f"{algo}_torchcompile", f"{algo}_cpu"] for algo in ALGOS}

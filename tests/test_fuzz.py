@@ -49,7 +49,7 @@ import warnings
 import pytest
 import torch
 import tyro
-from conftest import SCRIPTS, assert_user_error, load_script, run_script, summary
+from conftest import ALL_SCRIPTS, assert_user_error, load_script, run_script, summary
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_ppo_continuous_action_distributed import distributed_env, standalone, torchrun_command
@@ -57,7 +57,6 @@ from test_ppo_continuous_action_distributed import distributed_env, standalone, 
 LONG_RUN = "LEANRL_FUZZ_EXAMPLES" in os.environ
 FUZZ_EXAMPLES = int(os.environ.get("LEANRL_FUZZ_EXAMPLES", 8))
 SUBPROCESS_EXAMPLES = max(1, FUZZ_EXAMPLES // 10)
-ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py"))
 RAY, DISTRIBUTED = "ppo_continuous_action_ray", "ppo_continuous_action_distributed"
 IN_PROCESS = [name for name in ALL_SCRIPTS if name != RAY]
 # a cold compile costs more than the fuzz of a whole script: the suite draws `--compile` rarely

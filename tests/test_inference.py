@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies import inference
 from benchmarks.studies.policies import SPECS
-from common.scripts import SCRIPTS, load_script
 
 TINY = ["--rounds", "2", "--block-ms", "1"]
 

@@ -1,4 +1,4 @@
-"""The stand-in env pool (common/standin.py) keeps envpool's contract: every env's frames in
+"""The stand-in env pool (benchmarks/standin.py) keeps envpool's contract: every env's frames in
 order, episodes that end by life, by game and by truncation with envpool's next-step reset,
 outputs that depend on the actions alone, an async recv that returns the first envs done while
 the others step in threads; and `python -m benchmarks.studies.overlap --quick` writes its table,
@@ -16,8 +16,8 @@ import torch
 from conftest import ROOT, SCRIPTS, script_env
 from tensordict import TensorDict
 
+from benchmarks.standin import StandInEnvs, decode, life_length
 from benchmarks.studies import overlap
-from common.standin import StandInEnvs, decode, life_length
 
 
 def play(envs, actions):

@@ -10,7 +10,7 @@ from collections import Counter
 from fnmatch import fnmatch
 
 import pytest
-from conftest import SCRIPTS
+from conftest import ALL_SCRIPTS, SCRIPTS
 
 # A script's family: the first whose patterns its file name matches. Each family's plumbing knows
 # only what its scripts need: the `_seeds` scripts (N runs as one vmapped program) report each of
@@ -50,7 +50,6 @@ BELOW_THE_BANNER = ["fail", "check_args", "Run", "evaluate"]
 BELOW_THE_SEEDS_BANNER = ["fail", "check_args", "check_memory", "Run", "evaluate"]
 MAIN_GUARD = 'if __name__ == "__main__":\n    main(tyro.cli(Args))'
 RULE = "# " + "=" * 98
-ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py"))
 
 
 def family(script):

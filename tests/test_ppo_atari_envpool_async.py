@@ -1,5 +1,5 @@
 """PPO on Atari with envpool's async mode (leanrl/ppo_atari_envpool_async.py). Driven by the
-stand-in env pool of common/standin.py (frames that say which env, episode and step they
+stand-in env pool of benchmarks/standin.py (frames that say which env, episode and step they
 are, a deterministic policy of them), `collect_rollout` stores what the twin's synchronous loop
 stores for the same env steps, each env's steps in order, and counts every finished game once,
 whatever order the envs come back in. The script trains (compiled), its model loads in the twin,
@@ -15,7 +15,7 @@ from conftest import assert_user_error, load_script, requires_cuda, run_script, 
 from tensordict import TensorDict
 from test_ppo_atari_envpool import SMOKE, TWIN
 
-from common.standin import StandInEnvs, decode
+from benchmarks.standin import StandInEnvs, decode
 
 ASYNC = "ppo_atari_envpool_async"
 # 8 stand-in envs, 16-step rollouts, 4 of them: games of 2 lives of 8-24 steps, cut off at 32 steps,

@@ -37,7 +37,7 @@ from conftest import (
 )
 from helpers import distributed_update
 
-from common.processes import kill_tree
+from benchmarks.processes import kill_tree
 
 SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torchcompile"
 # Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs; on the

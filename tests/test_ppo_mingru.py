@@ -22,7 +22,7 @@ from test_ppo_lstm import (
 )
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 
-from common.scripts import script_envs
+from benchmarks.scripts import script_envs
 
 EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 

@@ -42,7 +42,7 @@ import tyro
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS
 from benchmarks.registry import VARIANTS as ALL_VARIANTS
-from common.scripts import SCRIPTS, load_script
+from benchmarks.scripts import SCRIPTS, load_script
 
 # what each algorithm's `make_learner` returns last, where it returns a tuple: its step functions
 FUNCTIONS = {

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from benchmarks.machine import machine_info
-from common.scripts import load_script
+from benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "sac_continuous_action"

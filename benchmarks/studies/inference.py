@@ -45,8 +45,8 @@ from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
 from benchmarks.report import write_result
+from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.policies import SPECS
-from common.scripts import SCRIPTS, load_script
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")

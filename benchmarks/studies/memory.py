@@ -71,6 +71,7 @@ from torch._higher_order_ops.associative_scan import associative_scan
 
 from benchmarks.machine import machine_info
 from benchmarks.report import optional, write_result
+from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.inference import (
     Variant,
     calls_per_block,
@@ -81,7 +82,6 @@ from benchmarks.studies.inference import (
     time_block,
     warm_up,
 )
-from common.scripts import SCRIPTS, load_script
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}

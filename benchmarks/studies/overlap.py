@@ -31,7 +31,7 @@ they overlap. Each rollout's sps is reported as a ratio to its design's bound. T
 - on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for
   the envs and A with the policy alone, so neither bound counts what one takes from the other.
 
-(a) Stand-in envs (common/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
+(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
 outside the GIL, one thread per env in every design (the envs can all step at once in each); the
 policy is a fixed matmul, per frame a chain of [64, 64] products calibrated so that acting on all
 envs costs about `--policy-ms` (its cost grows with the batch, as a network's). Each of `--rounds`
@@ -79,9 +79,9 @@ from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, parse_summary
+from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.standin import StandInEnvs
 from benchmarks.studies.inference import note, pick_device, positive_float, positive_int, time_block
-from common.scripts import SCRIPTS, load_script
-from common.standin import StandInEnvs
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"

@@ -60,9 +60,9 @@ import torch.nn as nn
 
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, write_result
+from benchmarks.scripts import load_script
 from benchmarks.studies.inference import RESULTS, note, positive_float, positive_int
 from benchmarks.studies.rpc_inference import OneLineParser, values_of
-from common.scripts import load_script
 
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")

@@ -22,7 +22,7 @@ from tensordict import TensorDict
 
 from benchmarks.machine import machine_info
 from benchmarks.report import write_result
-from common.scripts import load_script
+from benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "sac_continuous_action_seeds"

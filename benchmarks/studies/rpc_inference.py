@@ -72,6 +72,7 @@ import torch.distributed.rpc as rpc
 
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, write_result
+from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.inference import (
     COMPILE_WARMUP,
     RESULTS,
@@ -83,7 +84,6 @@ from benchmarks.studies.inference import (
     positive_int,
 )
 from benchmarks.studies.policies import SPECS
-from common.scripts import SCRIPTS, load_script
 
 ENVS = {  # policy -> (the environment its observers step, the answer they step it with)
     "ppo_continuous": ("HalfCheetah-v4", "action"),

@@ -40,10 +40,10 @@ from matplotlib.figure import Figure
 
 from benchmarks.machine import machine_info
 from benchmarks.plots import save, smooth
+from benchmarks.processes import kill_tree
 from benchmarks.report import machine_line, optional
 from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
-from common.processes import kill_tree
-from common.scripts import SCRIPTS
+from benchmarks.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = SCRIPTS / "ppo_continuous_action_distributed.py"

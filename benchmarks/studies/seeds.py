@@ -63,7 +63,7 @@ from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
-from common.scripts import SCRIPTS, load_script, script_envs
+from benchmarks.scripts import SCRIPTS, load_script, script_envs
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to its cores

@@ -31,7 +31,7 @@ from tensordict import TensorDict
 # the repository root: run as a file by torchrun
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from common.scripts import load_script  # noqa: E402
+from benchmarks.scripts import load_script  # noqa: E402
 
 SCRIPT = "ppo_continuous_action_distributed"
 N_OBS, N_ACT, BATCH, NUM_MINIBATCHES = 3, 2, 512, 4

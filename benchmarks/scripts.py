@@ -1,5 +1,6 @@
-"""Where the training scripts are, and how the benchmarks and the tests import one (scripts import
-nothing from the project, so they are loaded by path)."""
+"""Where the training scripts are, and how the benchmarks and the tests import one: by path, with
+`leanrl/` on `sys.path` as `python leanrl/<script>.py` has it, so that a script's `from runs import
+...` finds the run module beside it."""
 
 import importlib.util
 import inspect
@@ -9,11 +10,15 @@ from pathlib import Path
 import tyro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
+RUN_MODULE = "runs"  # leanrl/runs.py, the run plumbing: not a script
+ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem != RUN_MODULE)
 
 
 def load_script(name, directory=SCRIPTS):
     """Import `<directory>/<name>.py` (by default a script of `leanrl/`) as a module; importing
     starts nothing."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.append(str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(f"leanrl_{name}", Path(directory) / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name

@@ -1,0 +1,1051 @@
+"""The run plumbing of the scripts beside this file: everything a training script does around its
+algorithm, written once. A script imports what it uses, as CleanRL's scripts import
+`cleanrl_utils`:
+
+    from runs import Run, RunFlags, evaluate, fail, finished_episodes, make_envs
+
+- flags: `RunFlags` (every script's run flags), `CudaFlags` (adds `--cuda`), `ThreadFlags` (adds
+  `--threads`); a script's `Args` extends them with its algorithm's flags;
+- envs: `make_envs` (gymnasium's vector env, videos, episode statistics), `finished_episodes`,
+  `true_next_obs`, `evaluate`;
+- `Run`: the run folder `runs/<run_name>/`, seeds, wandb, Ctrl-C and SIGTERM, divergence,
+  checkpoints and resume, the progress bar, `--save-model`, `--eval-model`, the SUMMARY line;
+- the families extend `Run` by what they add: `SeedsRun` (N members in one program), `AtariRun`
+  (envpool's games), `RankRun` (torchrun's ranks).
+
+To copy one script without this module, export it: the copy has the parts of this module it uses
+inlined and imports nothing from the project.
+
+    python leanrl/runs.py export leanrl/sac_continuous_action.py my_sac.py
+"""
+
+import ast
+import json
+import os
+import pickle
+import random
+import re
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tqdm
+
+
+@dataclass
+class RunFlags:
+    exp_name: str | None = None
+    """the name of this experiment (default: the script's name)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    track: bool = False
+    """log to Weights and Biases (the only way wandb is touched)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of the first env and of every evaluation episode to runs/<run_name>/videos/"""
+    save_model: bool = False
+    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
+    eval_episodes: int = 0
+    """after training, play this many episodes with the trained policy (0: none)"""
+    eval_model: str | None = None
+    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
+    measure_burnin: int = 3
+    """updates (off-policy: after the random steps) or iterations left out of `sps`: they compile
+    and warm up"""
+    checkpoint_minutes: float = 10.0
+    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
+    Ctrl-C or SIGTERM and at the end (0: only then)"""
+    resume: str | None = None
+    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
+    run_name: str | None = None
+    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
+
+
+@dataclass
+class CudaFlags(RunFlags):
+    cuda: bool = True
+    """use a CUDA device when there is one, else the CPU"""
+
+
+@dataclass
+class ThreadFlags(RunFlags):
+    threads: int | None = None
+    """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
+
+
+def fail(message):
+    """A user error: one line on stderr and exit status 2, before any training."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def make_envs(env_id, num_envs, seed, videos=None, video_episodes=None, wrap=None):
+    """gymnasium's vector env with same-step autoreset (the true last observation of an episode is
+    in `infos`), each env counting its episodes' returns, then `wrap(env)`, the script's own
+    wrappers; its first env records videos to the folder `videos`: gymnasium's schedule in
+    training, the first `video_episodes` in an evaluation."""
+
+    def make_env(seed, video_dir):
+        def thunk():
+            # no render_mode without video: some envs (POPGym's) take none
+            render = {} if video_dir is None else dict(render_mode="rgb_array")
+            env = gym.make(env_id, **render)
+            if video_dir is not None:
+                record = None if video_episodes is None else lambda e: e < video_episodes
+                prefix = "train" if video_episodes is None else "eval"
+                env = gym.wrappers.RecordVideo(
+                    env, video_dir, record, name_prefix=prefix, disable_logger=True
+                )
+            env = gym.wrappers.RecordEpisodeStatistics(env)
+            env = wrap(env) if wrap else env
+            env.action_space.seed(seed)
+            return env
+
+        return thunk
+
+    try:
+        dirs = [videos] + [None] * (num_envs - 1)
+        thunks = [make_env(seed + i, dirs[i]) for i in range(num_envs)]
+        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    envs.action_space.seed(seed)  # random actions, where an algorithm takes them
+    return envs
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can end on one step)."""
+    final_info = infos.get("final_info", {})
+    if "episode" not in final_info:
+        return []
+    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from where it was cut."""
+    real_next_obs = next_obs.copy()
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with
+    `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+class Run:
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
+    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
+    sets `diverged`: `stopped` tells the loop to end after its step.
+
+    `free_flags`: the script's flags that a resumed run may change (they do not change what is
+    trained); `policy_flags`: the flags a saved policy must share to be evaluated (what it acts on).
+    """
+
+    VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
+    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
+    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads")
+    main_process = True  # the process that keeps the folder, wandb and the messages
+
+    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
+        self.args, self.script, self.free_flags = args, script, self.FREE_FLAGS + free_flags
+        self.check(args)
+        args.exp_name = args.exp_name or script
+        self.saved_model = (
+            self.load_model(args.eval_model, policy_flags) if args.eval_model else None
+        )
+        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.name = (args.run_name or self.name).replace(":", "_")
+        self.dir = os.path.join("runs", self.name)
+        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
+        self.videos = self.video_folder() if args.capture_video and self.main_process else None
+        self.wandb = None
+        if self.main_process:
+            os.makedirs(self.dir, exist_ok=True)
+        if args.track and self.main_process:
+            self.wandb = __import__("wandb")  # only with --track
+            self.wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=self.name,
+                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
+                resume="allow",
+            )
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if hasattr(args, "threads"):
+            # a second thread speeds the updates' matmuls on an idle CPU, but a thread pool that
+            # loses a core to other work waits for it at every op
+            torch.set_num_threads(args.threads or 1)
+        self.returns = deque(maxlen=20)  # the last 20 episodic returns
+        self.curve = []  # [step, seconds, return] of every episode
+        self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
+        self.steps, self.stop_signal, self.diverged = 0, 0, None
+        self.resumes, self.last_iteration, self.pbar = [], None, None
+        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
+        self.envs_restored = False  # by `resume`, where the checkpoint holds them
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def check(self, args):
+        """The run flags, and every number: one line naming the flag and exit status 2."""
+        # nan fails every comparison; past 1e30 float32 overflows
+        for flag, value in vars(args).items():
+            if isinstance(value, float) and not abs(value) <= 1e30:
+                name = flag.replace("_", "-")
+                fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
+        self.check_seed(args)
+        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
+            n = args.eval_episodes
+            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
+        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
+            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        if args.measure_burnin < 0:
+            fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
+        if getattr(args, "threads", None) is not None and args.threads <= 0:
+            fail(f"--threads must be positive, got {args.threads}")
+        folder = args.run_name
+        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
+            fail(f"--run-name must name one folder under runs/, got {folder!r}")
+
+    def check_seed(self, args):
+        if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
+            fail(f"--seed must be in [0, 2**31), got {args.seed}")
+
+    def on_signal(self, signum, frame):
+        self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
+            signal.signal(signum, signal.SIG_DFL)
+
+    @property
+    def stopped(self):
+        """A first Ctrl-C or SIGTERM, or divergence: the loop ends after this step."""
+        return bool(self.stop_signal or self.diverged)
+
+    def load_model(self, path, policy_flags):
+        algorithm = re.sub(self.VARIANTS, "", self.script)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved_by, trained = saved["script"], dict(saved["args"])
+        except Exception as e:
+            fail(f"--eval-model {path} is not a model saved by these scripts ({e!r})")
+        if re.sub(self.VARIANTS, "", saved_by) != algorithm:
+            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
+        for flag in policy_flags:
+            if trained.get(flag) != getattr(self.args, flag):
+                value = trained.get(flag)
+                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {value}")
+        return saved["model"]
+
+    def load_checkpoint(self):
+        """The checkpoint that --resume names (a file or a run folder), checked against the
+        flags."""
+        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
+        if args.resume is None and args.run_name and os.path.exists(own):
+            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
+        if args.resume == "auto" and not args.run_name:
+            fail("--resume auto needs --run-name, the folder under runs/ to continue")
+        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
+            return None
+        path = own if args.resume == "auto" else args.resume
+        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved_by, trained = saved["script"], saved["args"]
+        except Exception as e:
+            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
+        if saved_by != self.script:
+            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
+        self.check_resumed(path, saved)
+        for flag, value in self.trained_flags().items():
+            if flag not in self.free_flags and trained.get(flag) != value:
+                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
+        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
+            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
+            sys.exit(0)
+        self.dir = os.path.dirname(os.path.abspath(path))
+        self.name = os.path.basename(self.dir)
+        return saved
+
+    def check_resumed(self, path, saved):
+        """What a family checks of a checkpoint beyond the flags."""
+
+    def trained_flags(self):
+        """The flags as a checkpoint of this run would hold them."""
+        return vars(self.args)
+
+    def resume(self, state):
+        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
+        generators into the run; returns the iteration to start from (0 in a fresh run)."""
+        saved, self.saved = self.saved, None  # the buffer once
+        if saved is None:
+            return 0
+        self.restore(state, saved["state"] | self.own_state(saved), self.args.seed + saved["step"])
+        python, numpy, cpu, cuda = self.own_generators(saved)
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
+            torch.cuda.set_rng_state_all(cuda)
+        self.steps = saved["step"]
+        self.restore_results(saved)
+        self.start_time = time.time() - saved["wall_s"]
+        resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
+        self.resumes = saved["resumes"] + [resumed]
+        self.start_clock(self.steps)
+        return saved["iteration"]
+
+    def own_state(self, saved):
+        """What this process restores beside the saved training state (a rank: its envs)."""
+        return {}
+
+    def own_generators(self, saved):
+        return saved["generators"]
+
+    def restore_results(self, saved):
+        self.curve = saved["curve"]
+        self.returns.extend(saved["returns"])
+
+    def results(self):
+        """The episodes so far, as a checkpoint keeps them."""
+        return dict(curve=self.curve, returns=list(self.returns))
+
+    def progress(self, iterations):
+        """`iterations` (a range) under a progress bar; the last one ends the run."""
+        self.last_iteration = iterations.stop - 1
+        self.pbar = tqdm.tqdm(iterations, mininterval=1.0, disable=not self.main_process)
+        return self.pbar
+
+    def checkpoint(self, iteration, state):
+        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
+        and the generators to checkpoint.pt, written to a temporary file and renamed."""
+        final = iteration == self.last_iteration
+        if self.all_diverged() or not (final or self.stop_signal or self.due()):
+            return
+        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+        state = self.state_of(state())
+        extra = self.gather(generators, state)
+        if not self.main_process:
+            return
+        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
+        saved |= dict(step=self.steps, final=final, **self.results())
+        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
+        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, **extra)
+        path = os.path.join(self.dir, "checkpoint.pt")
+        torch.save(saved | dict(state=state), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def all_diverged(self):
+        return bool(self.diverged)
+
+    def due(self):
+        return time.time() > self.next_checkpoint
+
+    def gather(self, generators, state):
+        """What the checkpoint keeps beside the training state (every rank's, under torchrun)."""
+        return dict(generators=generators)
+
+    def state_of(self, obj):
+        """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs, ...) the
+        envs' wrappers and envs pickled but their functions, which the same flags make again
+        (observation transforms), or None where they cannot be (a video recorder, envpool)."""
+        if hasattr(obj, "state_dict"):
+            return obj.state_dict()
+        if isinstance(obj, np.random.Generator):
+            return obj.bit_generator.state
+        if isinstance(obj, SimpleNamespace):
+            obj = vars(obj)
+        if isinstance(obj, dict):  # what has a state: no functions
+            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
+            return {k: self.state_of(v) for k, v in kept.items()}
+        if isinstance(obj, tuple):  # (envs, obs, ...)
+            # between the layers, and how to make them
+            links = ("env", "envs", "env_fns", "_saved_kwargs")
+            try:
+                layers = [
+                    {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
+                    for x in self.layers(obj)
+                ]
+                envs = pickle.dumps(layers)
+            except Exception:  # a renderer's screen cannot be pickled, nor envpool's envs walked
+                envs = None
+            return (envs, *(self.state_of(x) for x in obj[1:]))
+        if isinstance(obj, np.ndarray):
+            return obj.copy()
+        return obj.to("cpu", copy=True)
+
+    def restore(self, obj, saved, seed):
+        """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
+        `seed`."""
+        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
+            rates = [group["lr"] for group in obj.param_groups]
+            obj.load_state_dict(saved)
+            for group, rate in zip(obj.param_groups, rates):
+                if isinstance(rate, torch.Tensor):
+                    group["lr"] = rate.copy_(group["lr"])
+        elif hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(saved)
+        elif isinstance(obj, np.random.Generator):
+            obj.bit_generator.state = saved
+        elif isinstance(obj, (dict, SimpleNamespace)):
+            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
+            for key, value in items:
+                if key in saved:
+                    self.restore(value, saved[key], seed)
+        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes: no dones, no memory
+            self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
+            for carried in obj[2:]:
+                carried.zero_()
+        elif isinstance(obj, tuple):
+            for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
+                vars(layer).update(attributes)
+            for x, value in zip(obj[1:], saved[1:]):
+                self.restore(x, value, seed)
+            self.envs_restored = True
+        elif isinstance(obj, np.ndarray):
+            obj[...] = saved
+        else:
+            with torch.no_grad():
+                obj.copy_(torch.as_tensor(saved))
+
+    @staticmethod
+    def layers(envs_obs):
+        """The vector env, then each env's wrappers and the env itself, outermost first."""
+        layers = [envs_obs[0]]
+        for env in envs_obs[0].envs:
+            layers.append(env)
+            while hasattr(env, "env"):
+                env = env.env
+                layers.append(env)
+        return layers
+
+    def video_folder(self):
+        """runs/<run_name>/videos, once we know that this machine can record the env."""
+        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
+        # torch's compiler loads triton's LLVM (CUDA builds); after Mesa's EGL has loaded its own,
+        # that crashes the process, so it comes first
+        __import__("torch._dynamo")
+        try:
+            self.check_video()
+        except Exception as e:
+            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
+        videos = os.path.join(self.dir, "videos")
+        # a resumed run's recorder counts episodes from 0 again: a folder of its own keeps the first
+        return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
+
+    def check_video(self):
+        """Raises if the env cannot draw a frame here."""
+        __import__("moviepy")  # RecordVideo's writer
+        env = gym.make(self.args.env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        assert isinstance(env.render(), np.ndarray), "no frame"
+
+    def start_clock(self, global_step):
+        self.measure_start, self.measure_step = time.time(), global_step
+
+    def sps(self, global_step, now=None):
+        if self.measure_start:  # None before the clock starts
+            seconds = (now or time.time()) - self.measure_start
+            return (global_step - self.measure_step) / seconds
+
+    def log_episodes(self, global_step, returns):
+        for episodic_return in returns:
+            self.returns.append(episodic_return)
+            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
+            if self.wandb:
+                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+
+    def log_progress(self, global_step, metrics):
+        """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
+        finite diverges the run."""
+        tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
+        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync
+        metrics = metrics | dict(zip(tensors, values))
+        sps = self.sps(global_step) or 0.0
+        return_mean = np.mean(self.returns) if self.returns else float("nan")
+        self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for name, value in metrics.items():
+            if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
+                self.diverge(global_step, name, value)
+
+    def diverge(self, step, metric, value):
+        if self.diverged:
+            return
+        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
+        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
+        line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
+        if self.main_process:
+            tqdm.tqdm.write(line, file=sys.stderr)
+        self.diverged = dict(step=step, metric=metric, value=str(value))
+
+    def finish(self, device, model, evaluate, **extra):
+        """Save `model` (--save-model), write summary.json, play --eval-episodes with
+        `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
+        nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
+        args, end_time = self.args, time.time()
+        weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
+        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once
+        if not np.isfinite(weight_sum):
+            self.diverge(self.steps, "weight_sum", weight_sum)
+        if self.returns and not np.isfinite(np.mean(self.returns)):
+            self.diverge(self.steps, "return_mean", np.mean(self.returns))
+        model_file = None
+        if args.save_model and not self.diverged:  # torch.load(model_file, weights_only=True)
+            model_file = self.save_model(model, f"{self.script}.pt", vars(args))
+        wall_s = end_time - self.start_time
+        summary = self.summary(device, end_time) | dict(
+            episodes=len(self.curve),
+            return_mean=float(np.mean(self.returns)) if self.returns else None,
+            model_file=model_file,
+            eval_returns=[],
+            eval_return_mean=None,
+            diverged=self.diverged,
+        )
+        summary["sps_wall"], summary["wall_s"] = self.steps / wall_s, wall_s
+        summary |= extra  # a script's own fields, which may override the ones above
+        if args.eval_episodes and not self.diverged:
+            self.write_summary(summary)  # kept if a second signal kills the evaluation
+            returns = evaluate(args.eval_episodes, self.videos)
+            summary |= dict(eval_returns=returns, eval_return_mean=float(np.mean(returns)))
+        self.end(summary, 3 if self.diverged else 0)
+
+    def summary(self, device, end_time):
+        """The SUMMARY's fields that every script has."""
+        args = self.args
+        summary = dict(
+            script=self.script,
+            env_id=args.env_id,
+            seed=args.seed,
+            device=str(device),
+            compile=getattr(args, "compile", False),
+            cudagraphs=getattr(args, "cudagraphs", False),
+            num_envs=args.num_envs,
+            total_timesteps=self.steps,
+            sps=self.sps(self.steps, end_time),
+            torch_version=torch.__version__,
+            interrupted=self.stop_signal > 0,
+            resumes=self.resumes,
+        )
+        if hasattr(args, "threads"):
+            summary["threads"] = torch.get_num_threads()
+        return summary
+
+    def save_model(self, model, name, flags):
+        """`model` and the run's `flags` to runs/<run_name>/`name`, atomically; returns its path."""
+        path = os.path.abspath(os.path.join(self.dir, name))
+        torch.save({"script": self.script, "args": flags, "model": model}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        return path
+
+    def end(self, summary, status):
+        """Print the SUMMARY line, close wandb and exit with `status` (a signal's, if stopped)."""
+        print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
+        if self.wandb:
+            self.wandb.finish()
+        if status or self.stop_signal:
+            sys.exit(status or 128 + self.stop_signal)
+
+    def curve_fields(self):
+        """The learning curve, which summary.json holds and the SUMMARY line leaves out."""
+        return {"curve": self.curve}
+
+    def write_summary(self, summary):
+        """summary.json, written atomically, non-finite numbers as strings; returns what the SUMMARY
+        line prints."""
+        curves = self.curve_fields()
+        text = json.dumps(summary | curves)
+        summary = json.loads(text, parse_constant=lambda c: str(float(c)))
+        curves = {k: summary.pop(k) for k in curves}
+        path = os.path.join(self.dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(summary | curves, f)
+        os.replace(path + ".tmp", path)
+        return summary | {"summary_file": os.path.abspath(path)}
+
+
+# ==================================================================================================
+# The seeds scripts: N independent runs (members) in one program. Member k is the single-seed
+# script run with seed `seeds[k]`; the vector env holds every member's envs, member k's the k-th
+# slice of its rows.
+
+
+def per_member(x, num_seeds):
+    """The vector env's rows [num_seeds * num_envs, ...] as [num_seeds, num_envs, ...]."""
+    return x.reshape(num_seeds, -1, *x.shape[1:])
+
+
+def flat(x):
+    """[num_seeds, num_envs, ...] as the vector env's rows [num_seeds * num_envs, ...]."""
+    return x.reshape(-1, *x.shape[2:])
+
+
+def finished_member_episodes(infos, num_seeds):
+    """Per member, the returns of every episode that ended on this step."""
+    final_info = infos.get("final_info", {})
+    if "episode" not in final_info:
+        return [[]] * num_seeds
+    returns = per_member(final_info["episode"]["r"], num_seeds)
+    ended = per_member(final_info["_episode"], num_seeds)
+    return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
+
+
+def check_memory(num_seeds, per_member, what):
+    """Exit status 2 if the members' `what`, `per_member` bytes each, cannot fit in memory."""
+    need = num_seeds * per_member / 2**30
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
+    if need > memory:
+        members = f"--num-seeds {num_seeds}: the members' {what}"
+        fail(f"{members} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+
+
+class SeedsRun(Run):
+    """The run of N members. Member k has seed `seeds[k]`, its last 20 returns `returns[k]` and its
+    curve `curves[k]`; a non-finite loss or weight sets `diverged[k]`, and the others go on; the run
+    stops once every member has diverged."""
+
+    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
+        # no two members share an env seed
+        self.seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
+        super().__init__(args, script, free_flags, policy_flags)
+        self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
+        self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
+        self.diverged = {}
+
+    def check_seed(self, args):
+        if args.num_seeds <= 0:
+            fail(f"--num-seeds must be positive, got {args.num_seeds}")
+        if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
+            fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
+
+    @property
+    def stopped(self):
+        """A first Ctrl-C or SIGTERM, or every member diverged."""
+        return bool(self.stop_signal) or self.all_diverged()
+
+    def all_diverged(self):
+        return len(self.diverged) == len(self.seeds)
+
+    def restore_results(self, saved):
+        self.curves, self.diverged = saved["curves"], saved["diverged"]
+        for returns, saved_returns in zip(self.returns, saved["returns"]):
+            returns.extend(saved_returns)
+
+    def results(self):
+        returns = [list(returns) for returns in self.returns]
+        return dict(curves=self.curves, returns=returns, diverged=self.diverged)
+
+    def curve_fields(self):
+        return {"curves": self.curves}
+
+    def sps(self, global_step, now=None):
+        """Every member's env steps per second (`global_step` counts one member's)."""
+        sps = super().sps(global_step, now)
+        return sps and len(self.seeds) * sps
+
+    def log_episodes(self, global_step, member_returns):
+        """`member_returns[k]`: the returns of member k's episodes that ended on this step."""
+        members = zip(self.seeds, self.returns, self.curves, member_returns)
+        for seed, returns, curve, episode_returns in members:
+            for r in episode_returns:  # a diverged policy's nan goes to its curve, as a string
+                returns.extend([r] if np.isfinite(r) else [])
+                value = r if np.isfinite(r) else str(r)
+                curve.append([global_step, time.time() - self.start_time, value])
+                if self.wandb:
+                    self.wandb.log({f"charts/episodic_return_seed{seed}": r}, step=global_step)
+
+    def log_progress(self, global_step, metrics):
+        """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
+        value or one per member) to wandb. A member whose loss is not finite diverges."""
+        device = next(v.device for v in metrics.values() if isinstance(v, torch.Tensor))
+        values = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
+        values = torch.stack([v.expand(len(self.seeds)) for v in values]).tolist()  # host sync
+        metrics = dict(zip(metrics, values))  # a list per metric: a value per member
+        sps = self.sps(global_step) or 0.0
+        means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
+        return_mean = np.mean(means) if means else float("nan")
+        self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.wandb:
+            members = list(enumerate(self.seeds))
+            losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}
+            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for name, member_values in metrics.items():
+            for member, value in enumerate(member_values):
+                if name.endswith("loss") and not np.isfinite(value):
+                    self.diverge(member, global_step, name, value)
+
+    def diverge(self, member, step, metric, value):
+        if member in self.diverged:
+            return
+        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
+        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
+        seed = self.seeds[member]
+        line = f"error: member {member} (seed {seed}) diverged at step {step}: {metric} is {value}"
+        tqdm.tqdm.write(f"{line}; the others go on; maybe too large: {rates}", file=sys.stderr)
+        self.diverged[member] = dict(step=step, metric=metric, value=str(value), seed=seed)
+
+    def finish(self, device, models, evaluate):
+        """Save each member's model (--save-model), write summary.json, play --eval-episodes per
+        member with `evaluate(member, episodes, videos)`, print the SUMMARY line. A diverged member
+        has no model file, evaluation or return mean; a run whose every member diverged exits 3, a
+        stopped one evaluates nothing and exits as a shell reports a signal (130 or 143)."""
+        args, end_time, seeds = self.args, time.time(), self.seeds
+        for member, model in enumerate(models):
+            parts = [v.values() if isinstance(v, dict) else [v] for v in model.values()]
+            weight_sum = float(sum(w.double().sum() for part in parts for w in part))  # host sync
+            if not np.isfinite(weight_sum):
+                self.diverge(member, self.steps, "weight_sum", weight_sum)
+        kept = [member not in self.diverged for member in range(len(seeds))]
+        model_files = [None] * len(seeds)
+        for member, model in enumerate(models):
+            if args.save_model and kept[member]:  # torch.load(model_file, weights_only=True)
+                flags = vars(args) | {"seed": seeds[member]}  # as a single-seed run's
+                name = f"{self.script}_seed{seeds[member]}.pt"
+                model_files[member] = self.save_model(model, name, flags)
+        means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
+        kept_means = [m for m, ok in zip(means, kept) if ok]
+        return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
+        wall_s = end_time - self.start_time
+        summary = self.summary(device, end_time) | dict(
+            episodes=sum(map(len, self.curves)),
+            return_mean=return_mean,
+            model_file=next(filter(None, model_files), None),
+            eval_returns=[],
+            eval_return_mean=None,
+            num_seeds=len(seeds),
+            seeds=seeds,
+            return_means=means,
+            model_files=model_files if args.save_model else [],
+            diverged=[self.diverged[k] | dict(member=k) for k in sorted(self.diverged)],
+            eval_return_means=[],
+        )
+        summary["sps_wall"], summary["wall_s"] = len(seeds) * self.steps / wall_s, wall_s
+        if args.eval_episodes and not self.stop_signal:
+            self.write_summary(summary)  # kept if a second signal kills the evaluation
+            videos = [self.videos and f"{self.videos}/seed{seed}" for seed in seeds]
+            episodes, members = args.eval_episodes, range(len(seeds))
+            returns = [evaluate(k, episodes, videos[k]) if kept[k] else None for k in members]
+            means = [None if r is None else float(np.mean(r)) for r in returns]
+            mean = float(np.mean([m for m in means if m is not None])) if any(kept) else None
+            summary |= dict(eval_returns=returns, eval_return_means=means, eval_return_mean=mean)
+        self.end(summary, 0 if any(kept) else 3)
+
+
+# ==================================================================================================
+# The Atari scripts: envpool's games, which cannot be saved (a resumed run's games start fresh,
+# seeded by its step), scored over whole games, and recorded from envpool's `render()`.
+
+
+class AtariRun(Run):
+    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
+        super().__init__(args, script, free_flags, policy_flags)
+        # envpool's seeds are below 2**31
+        self.env_seed = (args.seed + (self.saved["step"] if self.saved else 0)) % 2**31
+
+    def check_video(self):
+        __import__("gymnasium.utils.save_video")  # the writer, moviepy's
+        envs = __import__("envpool").make_gymnasium(
+            self.args.env_id, num_envs=1, render_mode="rgb_array"
+        )
+        envs.reset()
+        assert isinstance(envs.render(env_ids=[0]), np.ndarray), "no frame"
+        envs.close()
+
+
+def finished_games(game_returns, infos, truncations):
+    """The scores of the games that ended on this step, over all their lives. envpool's info
+    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
+    game_returns += infos["reward"]
+    game_over = infos["terminated"].astype(bool) | truncations
+    scores = game_returns[game_over].tolist()
+    game_returns[game_over] = 0.0
+    return scores
+
+
+def evaluate_games(act, envs, games, device):
+    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) ->
+    actions`."""
+    obs, _ = envs.reset()
+    game_returns, scores = np.zeros(1), []
+    while len(scores) < games:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device))
+        obs, _, _, truncations, infos = envs.step(actions.cpu().numpy())
+        scores += finished_games(game_returns, infos, truncations)
+    envs.close()
+    return scores[:games]
+
+
+class VideoRecorder:
+    """envpool's `envs`, recording the games of env 0 from `render()` to
+    `<folder>/<prefix>-episode-<game>.mp4`: every game for "eval", gymnasium's schedule (games 0, 1,
+    8, 27, ...) for "train". A game is a whole game, all its lives; `close()` saves one unfinished.
+    The envs must be made with `render_mode="rgb_array"`."""
+
+    def __init__(self, envs, folder, prefix):
+        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
+
+        self.envs, self.folder, self.prefix, self.save_video = envs, folder, prefix, save_video
+        self.schedule = capped_cubic_video_schedule if prefix == "train" else lambda game: True
+        self.fps = 60 / envs.spec.config.frame_skip  # the console draws 60 frames a second
+        self.game, self.frames = 0, []
+
+    def __getattr__(self, name):  # the rest is envpool's
+        return getattr(self.envs, name)
+
+    def reset(self):
+        obs, infos = self.envs.reset()
+        self.record(infos, np.zeros(len(obs), dtype=bool))  # no game ends at a reset
+        return obs, infos
+
+    def step(self, actions):
+        outcome = self.envs.step(actions)
+        self.record(outcome[4], outcome[3])
+        return outcome
+
+    def recv(self):
+        outcome = self.envs.recv()
+        self.record(outcome[4], outcome[3])
+        return outcome
+
+    def record(self, infos, truncations):
+        """env 0's frame, if it is in this batch; its video when its game ends."""
+        for i in np.flatnonzero(infos["env_id"] == 0):  # async: env 0 is in some batches only
+            if self.schedule(self.game):
+                self.frames.append(self.envs.render(env_ids=[0])[0])
+            if infos["terminated"][i] or truncations[i]:
+                self.save()
+                self.game += 1
+
+    def save(self):
+        if self.frames:
+            self.save_video(
+                self.frames,
+                self.folder,
+                episode_trigger=lambda game: True,  # self.frames holds only scheduled games
+                name_prefix=self.prefix,
+                episode_index=self.game,
+                fps=self.fps,
+            )
+        self.frames = []
+
+    def close(self):
+        self.save()
+        self.envs.close()
+
+
+# ==================================================================================================
+# The recurrent scripts: a policy with a state, carried from step to step.
+
+
+def episode_starts(terminations, truncations, memory):
+    """1 where an episode ended; 1 everywhere without `memory`."""
+    dones = np.logical_or(terminations, truncations)
+    return dones if memory else np.ones_like(dones)
+
+
+def evaluate_recurrent(agent, envs, episodes, seed, state, memory, device):
+    """The returns of `episodes` episodes on `envs` (one env, closed after) by `agent`'s most likely
+    action, its state (`state`: zeros) carried from step to step and zeroed when an episode starts
+    (at every step without `memory`)."""
+    obs, _ = envs.reset(seed=seed)
+    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            obs = torch.as_tensor(obs, device=device, dtype=torch.float)
+            hidden, state = agent.get_states(obs[None], state, done)
+            actions = agent.actor(hidden[0]).argmax(-1)
+        obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
+        starts = episode_starts(terminations, truncations, memory)
+        done = torch.as_tensor(starts, device=device, dtype=torch.float)[None]
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+# ==================================================================================================
+# The torchrun script: one run in `world_size` processes (ranks). Rank 0 alone keeps the folder,
+# wandb and the messages; the checkpoint holds every rank's generators and envs.
+
+
+def collective(function, tensor, **kwargs):
+    """`function(tensor, **kwargs)`, a collective in place. Under gloo, a lost or late rank ends
+    this one with exit status 1 and one line (nccl's watchdog aborts the process instead)."""
+    try:
+        function(tensor, **kwargs)
+    except RuntimeError as e:
+        # without gloo's "[source file:line] " prefix
+        cause = str(e).strip().splitlines()[0].split("] ")[-1]
+        what = f"rank {torch.distributed.get_rank()}: {function.__name__} failed"
+        sys.exit(f"error: {what}, another rank died or hung past --dist-timeout ({cause})")
+
+
+class RankRun(Run):
+    """The run of one rank. `checkpoint` is called by every rank after each iteration, with the
+    signal the ranks agreed on; the learner, the same on every rank, is rank 0's."""
+
+    def __init__(self, args, script, rank, world_size, free_flags=()):
+        self.rank, self.world_size, self.main_process = rank, world_size, rank == 0
+        super().__init__(args, script, free_flags)
+
+    def check_resumed(self, path, saved):
+        if len(saved["ranks"]) != self.world_size:
+            fail(
+                f"--resume {path} was trained by {len(saved['ranks'])} ranks, not {self.world_size}"
+            )
+
+    def trained_flags(self):
+        """Rank 0's flags, the ones the checkpoint keeps (each rank's seed is its own)."""
+        return vars(self.args) | dict(seed=self.args.seed - self.rank * self.args.num_envs)
+
+    def own_state(self, saved):
+        return dict(envs=saved["ranks"][self.rank][1])
+
+    def own_generators(self, saved):
+        return saved["ranks"][self.rank][0]
+
+    def due(self):
+        due = [super().due()]
+        if self.world_size > 1:  # each rank has its own clock: rank 0's decides
+            collective(torch.distributed.broadcast_object_list, due, src=0)
+        return due[0]
+
+    def gather(self, generators, state):
+        own = (generators, state.pop("envs"))
+        ranks = [own]
+        if self.world_size > 1:  # every rank's, on rank 0
+            ranks = [None] * self.world_size if self.rank == 0 else None
+            collective(torch.distributed.gather_object, own, object_gather_list=ranks, dst=0)
+        return dict(ranks=ranks)
+
+
+# ==================================================================================================
+# One file for people who copy one file: `python leanrl/runs.py export SCRIPT [OUT]`.
+
+
+def top_level(source):
+    """This module's definitions and import bindings: name -> (source text, the names it uses)."""
+    lines, defs, imports = source.splitlines(), {}, {}
+    for node in ast.parse(source).body:
+        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        text = "\n".join(lines[first - 1 : node.end_lineno])
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                imports[(alias.asname or alias.name).split(".")[0]] = text
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defs[node.name] = (text, used)
+    return defs, imports
+
+
+def import_time_names(tree):
+    """The names a script's top level uses as it is imported: base classes, decorators, defaults,
+    module-level statements (not what its functions use when called)."""
+    parts = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            parts += node.bases + node.decorator_list
+            parts += [n for n in node.body if not isinstance(n, ast.FunctionDef)]
+        elif isinstance(node, ast.FunctionDef):
+            parts += node.decorator_list + node.args.defaults
+        elif not isinstance(node, ast.Import | ast.ImportFrom | ast.If | ast.Expr):
+            parts.append(node)
+    return {n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)}
+
+
+def export(script_source, module_source, module_name="runs"):
+    """`script_source` as one file: the definitions of this module it imports, and those they use,
+    inlined (the ones its top level needs before its own, the rest after `main`)."""
+    defs, imports = top_level(module_source)
+    tree = ast.parse(script_source)
+    wanted = [
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == module_name
+        for alias in node.names
+    ]
+
+    def closure(names):
+        found, todo = set(), list(names)
+        while todo:
+            name = todo.pop()
+            if name in defs and name not in found:
+                found.add(name)
+                todo += defs[name][1]
+        return found
+
+    needed, early = closure(wanted), closure(set(wanted) & import_time_names(tree))
+    used = set().union(*(defs[name][1] for name in needed))
+    lines = script_source.splitlines()
+    own_imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    kept_imports = [
+        "\n".join(lines[n.lineno - 1 : n.end_lineno])
+        for n in own_imports
+        if not (isinstance(n, ast.ImportFrom) and n.module == module_name)
+    ]
+    for name in sorted(used & set(imports)):
+        if imports[name] not in kept_imports:
+            kept_imports.append(imports[name])
+    first_def = next(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))
+    first_def = min([d.lineno for d in first_def.decorator_list] + [first_def.lineno])
+    guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
+    start = own_imports[0].lineno
+    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/{module_name}.py"
+    in_order = [name for name in defs if name in needed]
+    before = [defs[name][0] for name in in_order if name in early]
+    after = [defs[name][0] for name in in_order if name not in early]
+    parts = [
+        "\n".join(lines[: start - 1]).rstrip(),
+        "\n".join(dict.fromkeys(kept_imports)),
+        "\n\n\n".join(before),
+        "\n".join(lines[first_def - 1 : guard - 1]).rstrip(),
+        banner + "\n\n\n" + "\n\n\n".join(after) if after else "",
+        "\n".join(lines[guard - 1 :]),
+    ]
+    return "\n\n\n".join(part for part in parts if part) + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4) or sys.argv[1] != "export":
+        fail("usage: python leanrl/runs.py export SCRIPT [OUT] (OUT: standard output)")
+    try:
+        script_source = open(sys.argv[2]).read()
+    except OSError as e:
+        fail(f"cannot read {sys.argv[2]}: {e.strerror}")
+    text = export(script_source, open(__file__).read())
+    if len(sys.argv) == 3:
+        sys.stdout.write(text)
+    else:
+        with open(sys.argv[3], "w") as f:
+            f.write(text)
