@@ -183,8 +183,6 @@ class Run:
         self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
         self.videos = self.video_folder() if args.capture_video and self.main_process else None
         self.wandb = None
-        if self.main_process:
-            os.makedirs(self.dir, exist_ok=True)
         if args.track and self.main_process:
             self.wandb = __import__("wandb")  # only with --track
             self.wandb.init(
@@ -293,6 +291,12 @@ class Run:
         self.name = os.path.basename(self.dir)
         return saved
 
+    def path(self, name):
+        """runs/<run_name>/`name`; the folder is made when a run first writes to it, so that a run
+        refused before training leaves none."""
+        os.makedirs(self.dir, exist_ok=True)
+        return os.path.join(self.dir, name)
+
     def check_resumed(self, path, saved):
         """What a family checks of a checkpoint beyond the flags."""
 
@@ -359,7 +363,7 @@ class Run:
         saved |= dict(step=self.steps, final=final, **self.results())
         saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
         saved |= dict(wandb_id=self.wandb and self.wandb.run.id, **extra)
-        path = os.path.join(self.dir, "checkpoint.pt")
+        path = self.path("checkpoint.pt")
         torch.save(saved | dict(state=state), path + ".tmp")
         os.replace(path + ".tmp", path)
 
@@ -491,7 +495,8 @@ class Run:
         metrics = metrics | dict(zip(tensors, values))
         sps = self.sps(global_step) or 0.0
         return_mean = np.mean(self.returns) if self.returns else float("nan")
-        self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.pbar:  # none before `progress`
+            self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
@@ -563,7 +568,7 @@ class Run:
 
     def save_model(self, model, name, flags):
         """`model` and the run's `flags` to runs/<run_name>/`name`, atomically; returns its path."""
-        path = os.path.abspath(os.path.join(self.dir, name))
+        path = os.path.abspath(self.path(name))
         torch.save({"script": self.script, "args": flags, "model": model}, path + ".tmp")
         os.replace(path + ".tmp", path)
         return path
@@ -587,7 +592,7 @@ class Run:
         text = json.dumps(summary | curves)
         summary = json.loads(text, parse_constant=lambda c: str(float(c)))
         curves = {k: summary.pop(k) for k in curves}
-        path = os.path.join(self.dir, "summary.json")
+        path = self.path("summary.json")
         with open(path + ".tmp", "w") as f:
             json.dump(summary | curves, f)
         os.replace(path + ".tmp", path)
@@ -643,8 +648,6 @@ class SeedsRun(Run):
         self.diverged = {}
 
     def check_seed(self, args):
-        if args.num_seeds <= 0:
-            fail(f"--num-seeds must be positive, got {args.num_seeds}")
         if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
             fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
 
@@ -694,7 +697,8 @@ class SeedsRun(Run):
         sps = self.sps(global_step) or 0.0
         means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
         return_mean = np.mean(means) if means else float("nan")
-        self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        if self.pbar:  # none before `progress`
+            self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
         if self.wandb:
             members = list(enumerate(self.seeds))
             losses = {f"losses/{k}_seed{s}": v[m] for k, v in metrics.items() for m, s in members}

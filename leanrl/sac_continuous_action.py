@@ -228,7 +228,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "sac_continuous_action")  # seeds, run folder, wandb, signals: runs.py
+    run = Run(args, "sac_continuous_action")  # runs.py: folder, seeds, signals, ...
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():

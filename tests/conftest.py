@@ -373,6 +373,13 @@ def assert_no_host_sync(fn, inputs, compiled, calls=3):
     return out
 
 
+def run_class(module):
+    """The class of the run module that a script's runs are (`Run`, or its family's)."""
+    runs = sys.modules["runs"]
+    classes = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, runs.Run)]
+    return max(classes, key=lambda cls: len(cls.__mro__))
+
+
 @pytest.fixture
 def make_run(tmp_path, monkeypatch):
     """`make_run(script, **flags)`: the script's `Run` for its `Args` with `flags`, its run folder
@@ -382,7 +389,7 @@ def make_run(tmp_path, monkeypatch):
 
     def make(script, **flags):
         module = load_script(script)
-        return module.Run(module.Args(**flags), script)
+        return run_class(module)(module.Args(**flags), script)
 
     return make
 

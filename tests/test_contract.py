@@ -170,14 +170,11 @@ def test_a_cpu_script_has_no_cuda_flags(script, capsys):
 
 
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
-def test_a_cpu_script_refuses_threads_below_one(script, capsys):
+def test_a_cpu_script_refuses_threads_below_one(script, train, capsys):
     """`--threads` (by default the script's rule, in its docstring) must be positive: 0 or -1 exits
     2 in one line."""
-    module = load_script(script)
     for value in ("0", "-1"):
-        with pytest.raises(SystemExit) as stop:
-            module.check_args(tyro.cli(module.Args, args=["--threads", value]))
-        assert stop.value.code == 2
+        assert train(script, "--threads", value) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and "--threads" in lines[0] and value in lines[0], lines
 
@@ -200,15 +197,11 @@ BAD_FLAGS = [
 
 
 @pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
-def test_off_policy_bad_input_exits_2(script, capsys):
-    """Each bad value is refused by the script's own checks, in process; one of them through a whole
-    run too, which shows `main` checks before it trains or makes a run folder."""
-    module = load_script(script)
+def test_off_policy_bad_input_exits_2(script, train, capsys):
+    """Each bad value is refused by the script's own checks, in process, before training; one of
+    them through a whole run too, which shows `main` checks before it makes a run folder."""
     for flags, words in BAD_FLAGS:
-        with pytest.raises(SystemExit) as stop:
-            args, _ = script_envs(module, flags)
-            module.check_args(args)
-        assert stop.value.code == 2, flags
+        assert train(script, *flags) == 2, flags
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and all(word in lines[0] for word in words), (flags, lines)
     assert_user_error(run_script(script, *BAD_FLAGS[2][0], timeout=120), *BAD_FLAGS[2][1])

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import tqdm
 from conftest import run_script, summary
 
 NAN, INF = float("nan"), float("inf")
-OFF = tqdm.tqdm(disable=True)  # a progress bar that draws nothing
 
 
 def not_called(episodes, videos):
@@ -52,11 +50,11 @@ def test_a_loss_not_finite_stops_the_run_with_exit_3(script, make_run, capsys):
     run = make_run(script, save_model=True, eval_episodes=1)
     # explained_variance is nan where the returns all tie: a diagnostic, not a divergence
     tie = torch.tensor(NAN)
-    run.log_progress(OFF, 100, dict(policy_loss=torch.tensor(1.0), explained_variance=tie))
+    run.log_progress(100, dict(policy_loss=torch.tensor(1.0), explained_variance=tie))
     assert run.diverged is None and capsys.readouterr().err == ""
     losses = dict(policy_loss=torch.tensor(1.0), value_loss=torch.tensor(INF))
-    run.log_progress(OFF, 1200, losses | dict(explained_variance=tie, learning_rate=2.5e-4))
-    run.log_progress(OFF, 1300, dict(policy_loss=torch.tensor(NAN)))  # the first one is kept
+    run.log_progress(1200, losses | dict(explained_variance=tie, learning_rate=2.5e-4))
+    run.log_progress(1300, dict(policy_loss=torch.tensor(NAN)))  # the first one is kept
     assert run.diverged == {"step": 1200, "metric": "value_loss", "value": "inf"}
     rate = f"--learning-rate {run.args.learning_rate}"  # the only rate: --anneal-lr is a switch
     line = f"error: diverged at step 1200: value_loss is inf; maybe too large: {rate}"
@@ -74,9 +72,9 @@ def test_a_loss_not_finite_stops_the_run_with_exit_3(script, make_run, capsys):
 
 def test_the_weight_norm_is_checked_and_the_line_names_every_rate(make_run, capsys):
     run = make_run("sac_continuous_action")
-    run.log_progress(OFF, 300, dict(qf_loss=torch.tensor(2.0), alpha=torch.tensor(NAN)))
+    run.log_progress(300, dict(qf_loss=torch.tensor(2.0), alpha=torch.tensor(NAN)))
     assert run.diverged is None
-    run.log_progress(OFF, 400, dict(qf_loss=torch.tensor(2.0), weight_norm=torch.tensor(NAN)))
+    run.log_progress(400, dict(qf_loss=torch.tensor(2.0), weight_norm=torch.tensor(NAN)))
     assert run.diverged == {"step": 400, "metric": "weight_norm", "value": "nan"}
     rates = "--policy-lr 0.0003 --q-lr 0.001"
     line = f"error: diverged at step 400: weight_norm is nan; maybe too large: {rates}"
@@ -87,7 +85,7 @@ def test_weights_not_finite_at_the_end_diverge_the_run(make_run, capsys):
     """A weight that diverged after the last check: the end of the run finds it (the sum of the
     weights is not finite), and saves and evaluates nothing."""
     run = make_run("td3_continuous_action", save_model=True, eval_episodes=1)
-    run.log_progress(OFF, 500, dict(qf_loss=torch.tensor(1.0), actor_loss=torch.tensor(-1.0)))
+    run.log_progress(500, dict(qf_loss=torch.tensor(1.0), actor_loss=torch.tensor(-1.0)))
     run.steps = 600
     model = {"fc1.weight": torch.tensor([[1.0, INF]]), "obs_rms": {"mean": torch.tensor([-INF])}}
     status, printed, _, files, errors = finish(run, model, capsys)
@@ -99,7 +97,7 @@ def test_weights_not_finite_at_the_end_diverge_the_run(make_run, capsys):
 
 def test_a_run_that_does_not_diverge_says_null_and_saves(make_run, capsys):
     run = make_run("dqn_cpu", save_model=True)
-    run.log_progress(OFF, 100, dict(td_loss=torch.tensor(0.5), epsilon=0.9))
+    run.log_progress(100, dict(td_loss=torch.tensor(0.5), epsilon=0.9))
     run.steps = 100
     status, printed, _, files, errors = finish(run, {"w": torch.ones(3)}, capsys)
     assert status is None and printed["diverged"] is None and errors == []

@@ -12,7 +12,7 @@ once) and the learning check. The rest run in a few seconds each.
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, assert_user_error, load_script, run_script, summary
+from conftest import assert_user_error, load_script, run_script, summary
 from test_dqn import make_batch
 
 SEEDS = [1, 2, 3]
@@ -348,11 +348,6 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run, script):
     """A single-seed script loads member 2's file and, given its seed, replays that member's greedy
     evaluation."""
-    if "|seeds)" not in (SCRIPTS / f"{script}.py").read_text():
-        pytest.skip(
-            f"{script}.py's Run.load_model does not take the seeds scripts' files yet (its regex "
-            "lacks seeds)"
-        )
     flags = ("--seed", 2, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 2)
     assert summary(run_script(script, *flags))["eval_returns"] == smoke_run["eval_returns"][1]
 

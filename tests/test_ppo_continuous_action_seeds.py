@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from conftest import SCRIPTS, load_script, run_script, summary
+from conftest import load_script, run_script, summary
 from test_ppo_continuous_action import make_minibatch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "ppo_continuous_action_seeds", "ppo_continuous_action_cpu"
@@ -377,11 +377,6 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
 def test_a_single_seed_script_evaluates_a_member_file(smoke_run, script="ppo_continuous_action"):
     """The eager script loads member 2's file and plays it (on gymnasium's env; the member played
     envpool's)."""
-    if "|seeds)" not in (SCRIPTS / f"{script}.py").read_text():
-        pytest.skip(
-            f"{script}.py's Run.load_model does not take the seeds scripts' files yet (its regex "
-            "lacks seeds)"
-        )
     s = summary(
         run_script(
             script,

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
-    SCRIPTS,
     actor_critic_seeds_smoke_run,
     assert_seeds_smoke_summary,
     load_script,
@@ -320,10 +319,6 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run):
     """sac_continuous_action.py loads member 2's file and, given its seed, replays that member's
     evaluation."""
-    if "|seeds)" not in (SCRIPTS / "sac_continuous_action.py").read_text():
-        pytest.skip(
-            "sac_continuous_action.py's Run.load_model does not take the seeds scripts' files yet"
-        )
     flags = (
         "--env-id",
         "Pendulum-v1",

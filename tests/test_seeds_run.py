@@ -24,13 +24,6 @@ CPU = torch.device("cpu")
 load = functools.cache(load_script)
 
 
-class Bar:
-    """tqdm's `set_description`, all that `Run.log_progress` asks of its bar."""
-
-    def set_description(self, text, refresh=True):
-        self.text = text
-
-
 def strict_json(text):
     """JSON as the standard has it: no NaN or Infinity (Python's json writes and reads them)."""
     return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
@@ -73,7 +66,7 @@ def test_a_diverged_member_is_recorded_once_and_left_out(script, make_run, capsy
     run.log_episodes(50, [[1.0], [NAN], [3.0], [5.0]])  # a diverged policy's return
     for step, bad in ((100, NAN), (200, INF)):
         losses, explained = torch.tensor([0.5, bad, 0.5, 0.5]), torch.tensor([NAN, 0.0, 0.0, 0.0])
-        run.log_progress(Bar(), step, dict(qf_loss=losses, alpha=1.0, explained_variance=explained))
+        run.log_progress(step, dict(qf_loss=losses, alpha=1.0, explained_variance=explained))
     tail = f"; the others go on; maybe too large: {RATES.get(script, '--learning-rate 0.0003')}"
     message = "error: member 1 (seed 11) diverged at step 100: qf_loss is nan" + tail
     assert capsys.readouterr().err.strip().splitlines() == [message]
@@ -112,8 +105,8 @@ def never_evaluate(member, episodes, videos):
 
 def test_a_run_whose_every_member_diverged_exits_3_without_files_or_evaluation(make_run, capsys):
     run = make_run("dqn_seeds", num_seeds=2, save_model=True, eval_episodes=1)
-    run.log_progress(Bar(), 100, dict(td_loss=torch.tensor([NAN, 1.0]), q_values=torch.zeros(2)))
-    run.log_progress(Bar(), 200, dict(td_loss=torch.tensor([NAN, -INF]), q_values=torch.zeros(2)))
+    run.log_progress(100, dict(td_loss=torch.tensor([NAN, 1.0]), q_values=torch.zeros(2)))
+    run.log_progress(200, dict(td_loss=torch.tensor([NAN, -INF]), q_values=torch.zeros(2)))
     assert len(run.diverged) == 2  # what the training loops stop on
     with pytest.raises(SystemExit) as stop:
         run.finish(CPU, [{"w": torch.ones(1)}] * 2, never_evaluate)
