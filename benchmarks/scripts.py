@@ -19,7 +19,11 @@ def load_script(name, directory=SCRIPTS):
     starts nothing."""
     if str(SCRIPTS) not in sys.path:
         sys.path.append(str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(f"leanrl_{name}", Path(directory) / f"{name}.py")
+    # a copy elsewhere (an exported script) under a name of its own
+    prefix = "leanrl" if Path(directory) == SCRIPTS else f"leanrl_{Path(directory).name}"
+    spec = importlib.util.spec_from_file_location(
+        f"{prefix}_{name}", Path(directory) / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
     spec.loader.exec_module(module)
@@ -37,3 +41,14 @@ def script_envs(module, flags):
     parameters = inspect.signature(module.make_envs).parameters.values()
     required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
     return args, module.make_envs(**{name: getattr(args, name) for name in required})
+
+
+def export_scripts(names, directory):
+    """`leanrl/runs.py export` of each script of `names` into `directory`: one file each, with the
+    parts of the run module it uses inlined."""
+    runs = load_script(RUN_MODULE)
+    module_source = (SCRIPTS / f"{RUN_MODULE}.py").read_text()
+    for name in names:
+        source = (SCRIPTS / f"{name}.py").read_text()
+        (Path(directory) / f"{name}.py").write_text(runs.export(source, module_source))
+    return Path(directory)

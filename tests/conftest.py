@@ -15,7 +15,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.scripts import ALL_SCRIPTS, SCRIPTS, load_script  # noqa: F401 (tests import them here)
+from benchmarks.scripts import (  # noqa: F401 (test modules import them from here)
+    ALL_SCRIPTS,
+    SCRIPTS,
+    export_scripts,
+    load_script,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # where script runs make their runs/ folders: one temporary folder per test session, not the
@@ -394,13 +399,20 @@ def make_run(tmp_path, monkeypatch):
     return make
 
 
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """A folder of every script exported as one file (`python leanrl/runs.py export`)."""
+    return export_scripts(ALL_SCRIPTS, tmp_path_factory.mktemp("exported"))
+
+
 @pytest.fixture
 def train(tmp_path, monkeypatch):
-    """`train(script, *flags, stop_at=k, counted=(owner, name))`: the script's `main` in this
-    process, in a temporary working folder; with `stop_at`, a SIGTERM arrives during its k-th vector
-    step (counted from 1 in this call): its k-th call of the method `owner.name`, `owner` a class
-    or the name of one of the script's (by default gymnasium's `SyncVectorEnv.step`). Returns the
-    exit status (0 when `main` returns)."""
+    """`train(script, *flags, stop_at=k, counted=(owner, name), directory=d)`: the script's `main`
+    (of `d/<script>.py`, by default leanrl/'s) in this process, in a temporary working folder;
+    with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1 in this call):
+    its k-th call of the method `owner.name`, `owner` a class or the name of one of the script's
+    (by default gymnasium's `SyncVectorEnv.step`). Returns the exit status (0 when `main`
+    returns)."""
     import gymnasium as gym
     import tyro
 
@@ -408,8 +420,8 @@ def train(tmp_path, monkeypatch):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     originals = {}  # the methods before this fixture counted their calls
 
-    def run(script, *flags, stop_at=None, counted=None):
-        module = load_script(script)
+    def run(script, *flags, stop_at=None, counted=None, directory=SCRIPTS):
+        module = load_script(script, directory)
         owner, name = counted or (gym.vector.SyncVectorEnv, "step")
         owner = getattr(module, owner) if isinstance(owner, str) else owner
         step = originals.setdefault((owner, name), getattr(owner, name))

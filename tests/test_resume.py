@@ -109,15 +109,27 @@ def same_runs(a, b):
     ]
 
 
-@pytest.mark.parametrize("script", EXACT)
-def test_a_resumed_run_ends_as_one_that_went_through(script, train, tmp_path):
+# one script of each family as `python leanrl/runs.py export` writes it: the copy resumes as well
+EXPORTED = ("sac_continuous_action", "td3_continuous_action_cpu", "dqn_seeds", "ppo_lstm")
+EXPORTED += ("ppo_continuous_action_distributed",)
+
+
+@pytest.mark.parametrize(
+    "script, copy",
+    [(script, False) for script in EXACT] + [(script, True) for script in EXPORTED],
+    ids=[*EXACT, *(f"{script}-exported" for script in EXPORTED)],
+)
+def test_a_resumed_run_ends_as_one_that_went_through(script, copy, train, tmp_path, request):
     *flags, stop_at = EXACT[script]
     flags = [flag for group in flags for flag in group]
-    assert train(script, *flags, "--run-name", "through") == 0
-    assert train(script, *flags, "--run-name", "stopped", stop_at=stop_at) == 143
+    directory = request.getfixturevalue("exported") if copy else SCRIPTS
+    assert train(script, *flags, "--run-name", "through", directory=directory) == 0
+    stop = dict(stop_at=stop_at, directory=directory)
+    assert train(script, *flags, "--run-name", "stopped", **stop) == 143
     stopped = checkpoint(tmp_path / "runs" / "stopped")
     assert not stopped["final"] and stopped["step"] == stop_at * 1
-    assert train(script, *flags, "--resume", tmp_path / "runs" / "stopped") == 0
+    resume = ("--resume", tmp_path / "runs" / "stopped")
+    assert train(script, *flags, *resume, directory=directory) == 0
     resumed = checkpoint(tmp_path / "runs" / "stopped")
     assert resumed["resumes"] == [dict(step=stop_at, fresh_episodes=False)]
     same_runs(checkpoint(tmp_path / "runs" / "through"), resumed)
