@@ -197,10 +197,14 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
+        self.threads = None  # the thread choice, where it is the run's to make
         if hasattr(args, "threads"):
             # a second thread speeds the updates' matmuls on an idle CPU, but a thread pool that
-            # loses a core to other work waits for it at every op
+            # loses a core to other work waits for it at every op: without --threads, the run
+            # starts on one and measures
             torch.set_num_threads(args.threads or 1)
+            if args.threads is None and len(os.sched_getaffinity(0)) > 1:
+                self.threads = ThreadChoice(len(os.sched_getaffinity(0)))
         self.returns = deque(maxlen=20)  # the last 20 episodic returns
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
@@ -344,7 +348,17 @@ class Run:
         """`iterations` (a range) under a progress bar; the last one ends the run."""
         self.last_iteration = iterations.stop - 1
         self.pbar = tqdm.tqdm(iterations, mininterval=1.0, disable=not self.main_process)
-        return self.pbar
+        return self.timed(self.pbar) if self.threads else self.pbar
+
+    def timed(self, iterations):
+        """`iterations`, each timed for the thread choice; a trial that ends restarts the clock."""
+        for iteration in iterations:
+            yield iteration
+            line = self.threads.tick(time.perf_counter(), self.steps)
+            if line:
+                tqdm.tqdm.write(line, file=sys.stderr)
+                if len(self.threads.trials) == 1:  # sps counts from the first choice
+                    self.measure_start, self.measure_step = time.time(), self.steps
 
     def checkpoint(self, iteration, state):
         """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
@@ -473,7 +487,11 @@ class Run:
         assert isinstance(env.render(), np.ndarray), "no frame"
 
     def start_clock(self, global_step):
+        """sps counts from here: compile and warm-up are behind. Where threads are the run's to
+        choose, their first trial starts here, and the clock starts again when it ends."""
         self.measure_start, self.measure_step = time.time(), global_step
+        if self.threads and not self.threads.trials:
+            self.threads.start(time.perf_counter())
 
     def sps(self, global_step, now=None):
         if self.measure_start:  # None before the clock starts
@@ -564,6 +582,7 @@ class Run:
         )
         if hasattr(args, "threads"):
             summary["threads"] = torch.get_num_threads()
+            summary["thread_trials"] = self.threads.trials if self.threads else []
         return summary
 
     def save_model(self, model, name, flags):
@@ -597,6 +616,69 @@ class Run:
             json.dump(summary | curves, f)
         os.replace(path + ".tmp", path)
         return summary | {"summary_file": os.path.abspath(path)}
+
+
+class ThreadChoice:
+    """torch's intra-op threads, chosen by measurement where `--threads` does not fix them. A trial
+    times the run's own iterations at one thread and at every core the process may use, in turns
+    of `turn_seconds` (after one untimed iteration at each, which may compile), and keeps the
+    faster. After it, each `window_seconds` the time of an iteration is checked against the
+    trial's: `band` times longer or shorter (the machine got busy, or idle) starts a new trial."""
+
+    def __init__(self, cores, turn_seconds=0.5, window_seconds=5.0, band=1.5):
+        self.counts, self.turn_seconds = (1, cores), turn_seconds
+        self.window_seconds, self.band = window_seconds, band
+        self.turns, self.trials, self.chosen = [], [], None
+        self.mark = self.seconds = None
+
+    def start(self, now):
+        """A trial: an untimed iteration at each count, then timed turns 1, N, 1, N."""
+        self.turns = [(self.counts[1], False), (1, False)] + [(n, True) for n in self.counts * 2]
+        self.seconds = {n: [0.0, 0] for n in self.counts}
+        self.next_turn(now)
+
+    def next_turn(self, now):
+        self.count, self.timed = self.turns.pop(0)
+        torch.set_num_threads(self.count)
+        self.mark = (now, 0)
+
+    def tick(self, now, step):
+        """After an iteration: on to the next turn, the choice or a new trial; returns a line to
+        print when a trial ends."""
+        if self.mark is None:
+            return None
+        start, iterations = self.mark[0], self.mark[1] + 1
+        self.mark = (start, iterations)
+        if self.turns or self.chosen is None:  # in a trial
+            if self.timed and now - start < self.turn_seconds:
+                return None
+            if self.timed:
+                self.seconds[self.count][0] += now - start
+                self.seconds[self.count][1] += iterations
+            if self.turns:
+                self.next_turn(now)
+                return None
+            return self.choose(now, step)
+        if now - start >= self.window_seconds:  # a window of the chosen count
+            per_iteration = (now - start) / iterations
+            if not 1 / self.band < per_iteration / self.chosen[1] < self.band:
+                self.start(now)
+                self.chosen = None
+            else:
+                self.mark = (now, 0)
+        return None
+
+    def choose(self, now, step):
+        ms = {n: 1e3 * seconds / max(1, count) for n, (seconds, count) in self.seconds.items()}
+        threads = min(ms, key=ms.get)
+        self.chosen = (threads, ms[threads] / 1e3)
+        torch.set_num_threads(threads)
+        self.trials.append(dict(step=step, threads=threads, ms=ms))
+        self.mark = (now, 0)
+        times = ", ".join(f"{n}: {t:.2f} ms" for n, t in ms.items())
+        return (
+            f"threads: {threads}, faster at step {step} (an iteration: {times}); --threads fixes it"
+        )
 
 
 # ==================================================================================================
