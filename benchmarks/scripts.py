@@ -2,6 +2,7 @@
 `leanrl/` on `sys.path` as `python leanrl/<script>.py` has it, so that a script's `from runs import
 ...` finds the run module beside it."""
 
+import importlib
 import importlib.util
 import inspect
 import sys
@@ -19,6 +20,8 @@ def load_script(name, directory=SCRIPTS):
     starts nothing."""
     if str(SCRIPTS) not in sys.path:
         sys.path.append(str(SCRIPTS))
+    if name == RUN_MODULE and Path(directory) == SCRIPTS:  # the one the scripts import
+        return importlib.import_module(RUN_MODULE)
     # a copy elsewhere (an exported script) under a name of its own
     prefix = "leanrl" if Path(directory) == SCRIPTS else f"leanrl_{Path(directory).name}"
     spec = importlib.util.spec_from_file_location(

@@ -1,0 +1,71 @@
+"""Threads chosen by measurement (runs.ThreadChoice), driven by a made-up clock: a trial times the
+run's own iterations at one thread and at every core, keeps the faster, says so in one line, and
+tries again only when an iteration's time leaves the band around the trial's; `--threads` fixes the
+count and no trial runs. The iteration times here are made up, so nothing is timed for real."""
+
+import pytest
+import torch
+from conftest import load_script
+
+runs = load_script("runs")
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def drive(choice, cost, seconds, now=0.0, step=0):
+    """Iterations for `seconds` of the made-up clock, each costing `cost(threads)`; returns the
+    clock, the step and the lines printed."""
+    lines, end = [], now + seconds
+    while now < end:
+        now += cost(torch.get_num_threads())
+        step += 1
+        line = choice.tick(now, step)
+        lines += [line] if line else []
+    return now, step, lines
+
+
+def test_a_trial_keeps_the_faster_count_and_says_so():
+    choice = runs.ThreadChoice(2)
+    choice.start(0.0)
+    now, step, lines = drive(choice, {1: 0.004, 2: 0.002}.get, 3.0)
+    assert torch.get_num_threads() == 2 and len(choice.trials) == 1
+    trial = choice.trials[0]
+    assert trial["threads"] == 2 and trial["ms"] == pytest.approx({1: 4.0, 2: 2.0})
+    assert lines == [
+        f"threads: 2, faster at step {trial['step']} (an iteration: 1: 4.00 ms, 2: "
+        "2.00 ms); --threads fixes it"
+    ]
+
+
+def test_a_busy_core_makes_one_thread_the_choice_and_a_slow_turn_is_one_iteration():
+    """Two threads beside a busy core: 30x slower; a turn lasts one iteration past its time."""
+    choice = runs.ThreadChoice(2)
+    choice.start(0.0)
+    drive(choice, {1: 0.004, 2: 0.12}.get, 5.0)
+    assert torch.get_num_threads() == 1 and choice.trials[0]["threads"] == 1
+
+
+def test_only_a_change_beyond_the_band_starts_a_new_trial():
+    choice = runs.ThreadChoice(2)
+    choice.start(0.0)
+    now, step, _ = drive(choice, {1: 0.004, 2: 0.002}.get, 3.0)
+    now, step, lines = drive(choice, {1: 0.004, 2: 0.0026}.get, 20.0, now, step)  # within 1.5x
+    assert lines == [] and len(choice.trials) == 1
+    # the machine got busy: two threads now cost 10x, one thread is still 4 ms
+    now, step, lines = drive(choice, {1: 0.004, 2: 0.02}.get, 30.0, now, step)
+    assert len(choice.trials) == 2 and choice.trials[1]["threads"] == 1 and len(lines) == 1
+    assert torch.get_num_threads() == 1
+
+
+def test_threads_fixed_by_the_flag_are_not_measured(make_run):
+    assert make_run("sac_continuous_action_cpu", threads=2).threads is None
+    assert torch.get_num_threads() == 2
+    default = make_run("sac_continuous_action_cpu")
+    assert torch.get_num_threads() == 1
+    assert isinstance(default.threads, runs.ThreadChoice) or len(runs.os.sched_getaffinity(0)) == 1
+    assert make_run("sac_continuous_action").threads is None  # no --threads, not the run's to set
