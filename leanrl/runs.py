@@ -5,7 +5,8 @@ algorithm, written once. A script imports what it uses, as CleanRL's scripts imp
     from runs import Run, RunFlags, evaluate, fail, finished_episodes, make_envs
 
 - flags: `RunFlags` (every script's run flags), `CudaFlags` (adds `--cuda`), `ThreadFlags` (adds
-  `--threads`); a script's `Args` extends them with its algorithm's flags;
+  `--threads`), `CPUFlags` (adds `--bf16`); a script's `Args` extends them with its algorithm's
+  flags;
 - envs: `make_envs` (gymnasium's vector env, videos, episode statistics), `finished_episodes`,
   `true_next_obs`, `evaluate`;
 - `Run`: the run folder `runs/<run_name>/`, seeds, wandb, Ctrl-C and SIGTERM, divergence,
@@ -82,6 +83,22 @@ class CudaFlags(RunFlags):
 class ThreadFlags(RunFlags):
     threads: int | None = None
     """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
+
+
+@dataclass
+class CPUFlags(ThreadFlags):
+    bf16: bool = False
+    """compute the compiled updates in bfloat16, the weights and the optimizer's state in float32
+    (needs a CPU with AMX or AVX-512 BF16)"""
+
+
+def bf16_native():
+    """Whether this CPU computes bfloat16 natively: AMX or AVX-512 BF16 (Linux's cpuinfo flags)."""
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def fail(message):
@@ -232,6 +249,8 @@ class Run:
             fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
         if getattr(args, "threads", None) is not None and args.threads <= 0:
             fail(f"--threads must be positive, got {args.threads}")
+        if getattr(args, "bf16", False) and not bf16_native():
+            fail("--bf16 needs a CPU with AMX or AVX-512 BF16, and this one has neither")
         folder = args.run_name
         if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
             fail(f"--run-name must name one folder under runs/, got {folder!r}")

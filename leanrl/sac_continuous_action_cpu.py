@@ -25,13 +25,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import Run, ThreadFlags, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from tensordict import TensorDict, from_modules
 from torch.func import functional_call, grad_and_value
 
 
 @dataclass
-class Args(ThreadFlags):
+class Args(CPUFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -290,17 +290,23 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
         return grad_and_value(alpha_loss_fn)(alpha_params)
 
+    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+
     def update_critic(data):
-        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
+        with autocast:
+            grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
         q_optimizer.step(grads)
         return qf_loss
 
     def update_actor(data):
-        grads, actor_loss = actor_grads(actor_params, q_params, alpha, data)
+        with autocast:
+            grads, actor_loss = actor_grads(actor_params, q_params, alpha, data)
         actor_optimizer.step(grads)
         alpha_loss = torch.zeros_like(alpha)
         if args.autotune:
-            grads, alpha_loss = alpha_grads(alpha_params, actor_params, data)
+            with autocast:
+                grads, alpha_loss = alpha_grads(alpha_params, actor_params, data)
             alpha_optimizer.step(grads)
             alpha.copy_(log_alpha.exp())
         return actor_loss, alpha_loss
