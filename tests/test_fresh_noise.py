@@ -151,25 +151,29 @@ def build(script, device, compile=False, cudagraphs=False):
     return {name: functions[name] for name in names}
 
 
-def draws(fn, inputs, calls, policy):
-    """Every output of `calls` calls of `fn(*inputs)` after 4 calls of warm-up (a graph's recording
-    among them), flattened into one row per call, float64 on the host: [calls, outputs]."""
+def draws(fn, inputs, calls, policy, **kwargs):
+    """Every output of `calls` calls of `fn(*inputs, **kwargs)` after 4 calls of warm-up (a graph's
+    recording among them), flattened into one row per call, float64 on the host: [calls,
+    outputs]."""
     rows = []
     with torch.no_grad() if policy else torch.enable_grad():
         for call in range(4 + calls):
-            out = fn(*inputs)
+            out = fn(*inputs, **kwargs)
             if call >= 4:
                 rows.append(torch.cat([x.double() for x in flat_tensors(out)]))
     return torch.stack(rows).cpu()
 
 
-def assert_fresh_noise_like(samples, reference, name):
+def assert_fresh_noise_like(samples, reference, name, spread=None):
     """`samples` and `reference`: [calls, outputs] of a function and of its eager self. The outputs
     noise reaches (a std above 0 in `reference`) differ between any two consecutive calls. Their
     means agree within 6 standard errors of the difference. Their stds agree on average: the mean
     log ratio of the two stds stays under 0.05 plus 4 x sqrt(2 / draws), draws being calls x
     outputs (about 6 standard errors for Gaussian outputs, 3 for heavy-tailed ones such as
-    log-densities). The outputs no noise reaches agree as values."""
+    log-densities). The outputs no noise reaches agree as values, each within 1e-5 + 1e-4 x its
+    size (float32 summed in another order) plus 8 x `spread`, its own shift between full float32
+    and TF32 (`precision_spread`): what a GPU's compiled convolutions and matmuls may take. On a
+    CPU the spread is 0."""
     mean, std = samples.mean(0), samples.std(0)
     ref_mean, ref_std = reference.mean(0), reference.std(0)
     noisy = ref_std > 0
@@ -183,7 +187,28 @@ def assert_fresh_noise_like(samples, reference, name):
     log_ratio = (std[noisy] / ref_std[noisy]).log().mean()
     bound = 0.05 + 4 * (2 / (len(samples) * int(noisy.sum()))) ** 0.5
     assert log_ratio.abs() < bound, f"{name}: stds {log_ratio.exp():.2f}x the eager function's"
-    torch.testing.assert_close(mean[~noisy], ref_mean[~noisy], rtol=1e-4, atol=1e-5, msg=name)
+    spread = torch.zeros_like(ref_mean) if spread is None else spread
+    tolerance = 1e-5 + 1e-4 * ref_mean.abs() + 8 * spread
+    off = ((mean - ref_mean).abs() - tolerance)[~noisy]
+    assert not (off > 0).any(), f"{name}: a noiseless output {off.max():.2e} past its tolerance"
+
+
+def precision_spread(fn, inputs, policy):
+    """Per output of `fn(*inputs)`, how far it moves between full float32 and TF32 convolutions and
+    matmuls (one call each, averaged over the calls of `draws`' shape: its noiseless outputs are
+    the same at every call)."""
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    saved = [flag.allow_tf32 for flag in flags]
+    try:
+        rows = []
+        for tf32 in (False, True):
+            for flag in flags:
+                flag.allow_tf32 = tf32
+            rows.append(draws(fn, inputs, 2, policy).mean(0))
+    finally:
+        for flag, value in zip(flags, saved):
+            flag.allow_tf32 = value
+    return (rows[1] - rows[0]).abs()
 
 
 def assert_samples_like_eager(script, device, compile, cudagraphs, calls=REPLAYS):
@@ -194,7 +219,8 @@ def assert_samples_like_eager(script, device, compile, cudagraphs, calls=REPLAYS
         policy = name == "policy"
         samples = draws(fn, inputs, calls, policy)
         reference = draws(reference_fn, reference_inputs, calls, policy)
-        assert_fresh_noise_like(samples, reference, f"{script}.{name}")
+        spread = precision_spread(reference_fn, reference_inputs, policy)
+        assert_fresh_noise_like(samples, reference, f"{script}.{name}", spread)
 
 
 @requires_cuda
@@ -329,3 +355,32 @@ def test_the_check_refuses_frozen_noise_and_the_wrong_scale():
     for name, fn in faults.items():
         with pytest.raises(AssertionError):
             assert_fresh_noise_like(draws(fn, (), 256, policy=True), reference, name)
+
+
+def test_the_check_refuses_a_wrong_weight_or_swapped_outputs():
+    """The noiseless outputs' tolerance is tight: a function whose value head has one weight off by
+    0.01, or whose two noiseless outputs are swapped, fails against the right one; the right one,
+    compiled on this CPU, passes, and so does a shift within 8 x its precision spread (a GPU's)
+    while 20 x it fails."""
+    torch.manual_seed(0)
+    weights = torch.randn(2, 8)
+    obs = torch.randn(8)
+
+    def policy(weights=weights, swap=False, shift=0.0):
+        values = weights @ obs + shift
+        values = values.flip(0) if swap else values
+        return (values, torch.randn(3))  # two noiseless outputs, then the noise
+
+    reference = draws(policy, (), 64, policy=True)
+    right = draws(torch.compile(policy), (), 64, policy=True)
+    assert_fresh_noise_like(right, reference, "compiled")
+    wrong = weights.clone()
+    wrong[0, 3] += 0.01
+    for name, fault in {"weight": dict(weights=wrong), "swap": dict(swap=True)}.items():
+        with pytest.raises(AssertionError, match="noiseless output"):
+            assert_fresh_noise_like(draws(policy, (), 64, True, **fault), reference, name)
+    spread = torch.full_like(reference[0], 1e-3)
+    near, far = (draws(policy, (), 64, True, shift=k * 1e-3) for k in (3, 20))
+    assert_fresh_noise_like(near, reference, "within the spread", spread)
+    with pytest.raises(AssertionError, match="noiseless output"):
+        assert_fresh_noise_like(far, reference, "past the spread", spread)
