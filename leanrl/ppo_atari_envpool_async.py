@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
+from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
@@ -91,6 +91,17 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0, videos=None, pr
         env_id, num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **pool
     )
     return VideoRecorder(envs, videos, prefix) if videos else envs
+
+
+def finished_games(game_returns, infos, truncations):
+    """The scores of the games that ended in this batch, over all their lives; `game_returns`
+    (one per env) adds up `info["reward"]` by `info["env_id"]`, in place."""
+    env_id = infos["env_id"]
+    game_returns[env_id] += infos["reward"]
+    game_over = env_id[infos["terminated"].astype(bool) | truncations]
+    scores = game_returns[game_over].tolist()
+    game_returns[game_over] = 0.0
+    return scores
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -455,11 +466,9 @@ def check_args(args):
         )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.async_batch_size <= 0 or args.num_envs % args.async_batch_size != 0:
-        fail(
-            f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must "
-            "divide --num-envs"
-        )
+    n = args.async_batch_size
+    if n <= 0 or args.num_envs % n != 0:
+        fail(f"--async-batch-size ({n}; default: half of --num-envs) must divide --num-envs")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and there is none (or --no-cuda was given)")
 
