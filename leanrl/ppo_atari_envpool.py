@@ -213,7 +213,8 @@ def main(args):
     shape = (args.num_steps, args.num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     rollout = {key: torch.zeros(shape, device=device) for key in keys}
-    rollout["obs"] = torch.zeros(*shape, *envs.single_observation_space.shape, device=device)
+    obs_shape = envs.single_observation_space.shape
+    rollout["obs"] = torch.zeros(*shape, *obs_shape, device=device)
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
 
     next_obs, _ = envs.reset()

@@ -93,7 +93,7 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0, videos=None, pr
     return VideoRecorder(envs, videos, prefix) if videos else envs
 
 
-def finished_games(game_returns, infos, truncations):
+def finished_batch_games(game_returns, infos, truncations):
     """The scores of the games that ended in this batch, over all their lives; `game_returns`
     (one per env) adds up `info["reward"]` by `info["env_id"]`, in place."""
     env_id = infos["env_id"]
@@ -331,7 +331,8 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
         outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
         for key, array in outcome.items():
             rollout[key][index] = torch.as_tensor(array, device=device, dtype=torch.float)
-        log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
+        scores = finished_batch_games(state.game_returns, infos, truncations)
+        log_episodes(state.global_step, scores)
         obs = torch.from_numpy(obs).to(device)  # on a CPU, a view of envpool's array
         in_flight = dispatch([(obs, env_id)], in_flight)
 
