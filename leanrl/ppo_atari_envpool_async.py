@@ -18,14 +18,7 @@ counters, generators, curve), but envpool's envs cannot be saved: its games star
 with --seed plus the step it resumes from (`fresh_episodes: true` in the summary's `resumes`).
 """
 
-import json
 import os
-import random
-import re
-import signal
-import sys
-import time
-from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -33,46 +26,14 @@ import envpool
 import numpy as np
 import torch
 import torch.nn as nn
-import tqdm
 import tyro
+from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
 
 @dataclass
-class Args:
-    exp_name: str = "ppo_atari_envpool_async"
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use a CUDA device when there is one, else the CPU"""
-    track: bool = False
-    """log to Weights and Biases"""
-    wandb_project_name: str = "leanrl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """record videos of the first env and of every evaluation episode to runs/<run_name>/videos/"""
-    save_model: bool = False
-    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
-    eval_episodes: int = 0
-    """after training, play this many games with the trained policy (0: none)"""
-    eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes games instead of training"""
-    measure_burnin: int = 3
-    """the first iterations, which compile and warm up, left out of `sps`"""
-    checkpoint_minutes: float = 10.0
-    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
-    Ctrl-C or SIGTERM and at the end (0: only then)"""
-    resume: str | None = None
-    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
-    run_name: str | None = None
-    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
-
+class Args(CudaFlags):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari task"""
     total_timesteps: int = 10_000_000
@@ -132,73 +93,15 @@ def make_envs(env_id, num_envs, batch_size, seed, num_threads=0, videos=None, pr
     return VideoRecorder(envs, videos, prefix) if videos else envs
 
 
-def finished_games(game_returns, infos, truncations):
-    """The scores of the games that ended on this step, over all their lives. envpool's info
-    has no episode statistics, so `game_returns` (one per env) adds up `info["reward"]` in place."""
+def finished_batch_games(game_returns, infos, truncations):
+    """The scores of the games that ended in this batch, over all their lives; `game_returns`
+    (one per env) adds up `info["reward"]` by `info["env_id"]`, in place."""
     env_id = infos["env_id"]
     game_returns[env_id] += infos["reward"]
     game_over = env_id[infos["terminated"].astype(bool) | truncations]
     scores = game_returns[game_over].tolist()
     game_returns[game_over] = 0.0
     return scores
-
-
-class VideoRecorder:
-    """envpool's `envs`, recording the games of env 0 from `render()` to
-    `<folder>/<prefix>-episode-<game>.mp4`: every game for "eval", gymnasium's schedule (games 0, 1,
-    8, 27, ...) for "train". A game is a whole game, all its lives; `close()` saves one unfinished.
-    The envs must be made with `render_mode="rgb_array"`."""
-
-    def __init__(self, envs, folder, prefix):
-        from gymnasium.utils.save_video import capped_cubic_video_schedule, save_video
-
-        self.envs, self.folder, self.prefix, self.save_video = envs, folder, prefix, save_video
-        self.schedule = capped_cubic_video_schedule if prefix == "train" else lambda game: True
-        self.fps = 60 / envs.spec.config.frame_skip  # the console draws 60 frames a second
-        self.game, self.frames = 0, []
-
-    def __getattr__(self, name):  # the rest is envpool's
-        return getattr(self.envs, name)
-
-    def reset(self):
-        obs, infos = self.envs.reset()
-        self.record(infos, np.zeros(len(obs), dtype=bool))  # no game ends at a reset
-        return obs, infos
-
-    def step(self, actions):
-        outcome = self.envs.step(actions)
-        self.record(outcome[4], outcome[3])
-        return outcome
-
-    def recv(self):
-        outcome = self.envs.recv()
-        self.record(outcome[4], outcome[3])
-        return outcome
-
-    def record(self, infos, truncations):
-        """env 0's frame, if it is in this batch; its video when its game ends."""
-        for i in np.flatnonzero(infos["env_id"] == 0):  # async: env 0 is in some batches only
-            if self.schedule(self.game):
-                self.frames.append(self.envs.render(env_ids=[0])[0])
-            if infos["terminated"][i] or truncations[i]:
-                self.save()
-                self.game += 1
-
-    def save(self):
-        if self.frames:
-            self.save_video(
-                self.frames,
-                self.folder,
-                episode_trigger=lambda game: True,  # self.frames holds only scheduled games
-                name_prefix=self.prefix,
-                episode_index=self.game,
-                fps=self.fps,
-            )
-        self.frames = []
-
-    def close(self):
-        self.save()
-        self.envs.close()
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -253,8 +156,7 @@ def gae(rewards, values, next_value, terminations, truncations, gamma, gae_lambd
     deltas = rewards + gamma * next_values - values
     # A_t = delta_t + c_t * A_{t+1}, c_t = gamma * lambda * (1 - done_t), solved by doubling:
     # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
-    # coefs[t] is the product of their c's. log2(num_steps) rounds of vector ops replace the
-    # loop over the steps, and the compiled graph stays small.
+    # coefs[t] is the product of their c's: log2(num_steps) rounds, a small compiled graph.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -429,7 +331,8 @@ def collect_rollout(envs, policy, get_value, rollout, state, num_steps, log_epis
         outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
         for key, array in outcome.items():
             rollout[key][index] = torch.as_tensor(array, device=device, dtype=torch.float)
-        log_episodes(state.global_step, finished_games(state.game_returns, infos, truncations))
+        scores = finished_batch_games(state.game_returns, infos, truncations)
+        log_episodes(state.global_step, scores)
         obs = torch.from_numpy(obs).to(device)  # on a CPU, a view of envpool's array
         in_flight = dispatch([(obs, env_id)], in_flight)
 
@@ -442,7 +345,8 @@ def main(args):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         args.env_threads = max(1, cores - 1)
     check_args(args)
-    run = Run(args, "ppo_atari_envpool_async")  # seeds, run folder, wandb, signals
+    # runs.py: folder, seeds, signals, ...; --env-threads may change on resume
+    run = AtariRun(args, "ppo_atari_envpool_async", free_flags=("env_threads",))
     videos = None if args.eval_model else run.videos
     envs = make_envs(  # fresh games on resume
         args.env_id, args.num_envs, args.async_batch_size, run.env_seed, args.env_threads, videos
@@ -456,7 +360,8 @@ def main(args):
     # actions sampled, as CleanRL evaluates: a greedy agent can stall a game
     def evaluate_agent(episodes, videos):
         eval_envs = make_envs(args.env_id, 1, 1, args.seed, 0, videos, "eval")
-        return evaluate(lambda obs: agent.get_action_and_value(obs)[0], eval_envs, episodes, device)
+        play = agent.get_action_and_value
+        return evaluate_games(lambda obs: play(obs)[0], eval_envs, episodes, device)
 
     extra = dict(async_batch_size=args.async_batch_size, env_threads=args.env_threads)
     if args.eval_model:
@@ -483,15 +388,14 @@ def main(args):
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         return dict(learner=learner)
 
-    iterations = run.resume(training_state(), range(1, num_iterations + 1))
+    start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     state.global_step = run.steps
     envs.async_reset()  # every env resets in envpool's threads; recv returns them by batches
-    pbar = tqdm.tqdm(iterations)
-    for iteration in pbar:
-        if iteration == args.measure_burnin + 1:
+    for iteration in run.progress(range(start, num_iterations)):
+        if iteration == args.measure_burnin:
             run.start_clock(state.global_step)  # sps counts from here, past compile and warm-up
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
+            frac = 1.0 - iteration / num_iterations
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)  # no recompile
 
         # rollout
@@ -525,43 +429,25 @@ def main(args):
         metrics = dict(zip(names, stats), learning_rate=optimizer.param_groups[0]["lr"])
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         metrics["explained_variance"] = explained_var
-        run.log_progress(pbar, state.global_step, metrics)
+        run.log_progress(state.global_step, metrics)
         run.steps = state.global_step
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
-        if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
+        if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
     envs.close()
     run.finish(device, agent.state_dict(), evaluate_agent, **extra)
 
 
-# ==================================================================================================
-# Run plumbing, the same in every Atari script: flag errors, the run folder and summary,
-# wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args` is this
-# script's own.
-
-
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print("error: " + " ".join(str(message).split()), file=sys.stderr)
-    sys.exit(2)
-
-
 def check_args(args):
-    """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for flag, value in vars(args).items():
-        # nan fails every comparison; past 1e30 float32 overflows
-        if isinstance(value, float) and not abs(value) <= 1e30:
-            name = "--" + flag.replace("_", "-")
-            fail(f"{name} must be a finite number, at most 1e30 in size, got {value}")
+    """This script's flags: a value that makes no sense ends the run before training, with one line
+    that names the flag (exit status 2); the run flags are the Run's to check."""
     env_id = args.env_id
     if (
         env_id not in envpool.list_all_envs()
         or type(envpool.make_spec(env_id)).__name__ != "AtariEnvSpec"
     ):
         fail(f"--env-id {env_id!r} is not one of envpool's Atari games (e.g. Breakout-v5)")
-    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
-        fail(f"--seed must be in [0, 2**31), got {args.seed}")
     flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     flags += ("learning_rate", "env_threads", "clip_coef", "max_grad_norm", "target_kl")
     for flag in flags:
@@ -581,316 +467,11 @@ def check_args(args):
         )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.async_batch_size <= 0 or args.num_envs % args.async_batch_size != 0:
-        fail(
-            f"--async-batch-size ({args.async_batch_size}; default: half of --num-envs) must "
-            "divide --num-envs"
-        )
+    n = args.async_batch_size
+    if n <= 0 or args.num_envs % n != 0:
+        fail(f"--async-batch-size ({n}; default: half of --num-envs) must divide --num-envs")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail(
-            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
-            "--compile)"
-        )
-
-
-class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
-    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
-    sets `diverged`: the loop stops after its step."""
-
-    VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
-    # flags that a resumed run may change: they do not change what is trained
-    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
-    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
-    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "env_threads")
-
-    def __init__(self, args, script):
-        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            n = args.eval_episodes
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
-        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
-            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
-        folder = args.run_name
-        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
-            fail(f"--run-name must name one folder under runs/, got {folder!r}")
-        self.args, self.script = args, script
-        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = (args.run_name or self.name).replace(":", "_")
-        self.dir = os.path.join("runs", self.name)
-        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
-        # envpool's envs cannot be saved: a resumed run's games start fresh, seeded by its step
-        # (envpool's seeds are below 2**31)
-        self.env_seed = (args.seed + (self.saved["step"] if self.saved else 0)) % 2**31
-        self.videos = self.video_folder() if args.capture_video else None
-        os.makedirs(self.dir, exist_ok=True)
-        self.wandb = None
-        if args.track:
-            self.wandb = __import__("wandb")  # only with --track
-            self.wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                config=vars(args),
-                name=self.name,
-                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
-                resume="allow",
-            )
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns = deque(maxlen=20)  # the last 20 episodic returns
-        self.curve = []  # [step, seconds, return] of every episode
-        self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
-        self.steps, self.stop_signal, self.diverged = 0, 0, None
-        self.resumes = []
-        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self.on_signal)
-
-    def on_signal(self, signum, frame):
-        self.stop_signal = signum
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
-            signal.signal(signum, signal.SIG_DFL)
-
-    def load_model(self, path):
-        algorithm = re.sub(self.VARIANTS, "", self.script)
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, trained = saved["script"], dict(saved["args"])
-        except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({e!r})")
-        if re.sub(self.VARIANTS, "", saved_by) != algorithm:
-            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if trained.get("env_id") != self.args.env_id:
-            fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
-        return saved["model"]
-
-    def load_checkpoint(self):
-        """The checkpoint that --resume names (a file or a run folder), checked against the
-        flags."""
-        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
-        if args.resume is None and args.run_name and os.path.exists(own):
-            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
-        if args.resume == "auto" and not args.run_name:
-            fail("--resume auto needs --run-name, the folder under runs/ to continue")
-        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
-            return None
-        path = own if args.resume == "auto" else args.resume
-        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-            saved_by, trained = saved["script"], saved["args"]
-        except Exception as e:
-            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
-        if saved_by != self.script:
-            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
-        for flag, value in vars(args).items():
-            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
-                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
-        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
-            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
-            sys.exit(0)
-        self.dir = os.path.dirname(os.path.abspath(path))
-        self.name = os.path.basename(self.dir)
-        return saved
-
-    def resume(self, state, iterations):
-        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
-        generators into the run; returns the part of `iterations` left to run."""
-        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
-        if saved is None:
-            return iterations
-        self.restore(state, saved["state"])
-        python, numpy, cpu, cuda = saved["generators"]
-        random.setstate(python)
-        np.random.set_state(numpy)
-        torch.set_rng_state(cpu)
-        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
-            torch.cuda.set_rng_state_all(cuda)
-        self.steps, self.curve = saved["step"], saved["curve"]
-        self.returns.extend(saved["returns"])
-        self.start_time = time.time() - saved["wall_s"]
-        self.resumes = saved["resumes"] + [dict(step=self.steps, fresh_episodes=True)]
-        self.start_clock(self.steps)
-        return range(saved["iteration"], iterations.stop)
-
-    def checkpoint(self, iteration, state):
-        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
-        and the generators to checkpoint.pt, written to a temporary file and renamed."""
-        final = iteration + 1 == self.iterations.stop
-        if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
-            return
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
-        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
-        saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
-        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
-        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, generators=generators)
-        path = os.path.join(self.dir, "checkpoint.pt")
-        torch.save(saved | dict(state=self.state_of(state())), path + ".tmp")
-        os.replace(path + ".tmp", path)
-        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
-
-    def state_of(self, obj):
-        """What `restore` puts back: state dicts and tensors (not the envs, which envpool cannot
-        save)."""
-        if hasattr(obj, "state_dict"):
-            return obj.state_dict()
-        if isinstance(obj, SimpleNamespace):
-            obj = vars(obj)
-        if isinstance(obj, dict):  # what has a state: no functions
-            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
-            return {k: self.state_of(v) for k, v in kept.items()}
-        return obj.clone()
-
-    def restore(self, obj, saved):
-        """`saved` into `obj`, in place."""
-        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
-            rates = [group["lr"] for group in obj.param_groups]
-            obj.load_state_dict(saved)
-            for group, rate in zip(obj.param_groups, rates):
-                if isinstance(rate, torch.Tensor):
-                    group["lr"] = rate.copy_(group["lr"])
-        elif hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(saved)
-        elif isinstance(obj, (dict, SimpleNamespace)):
-            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
-            for key, value in items:
-                if key in saved:
-                    self.restore(value, saved[key])
-        else:
-            with torch.no_grad():
-                obj.copy_(torch.as_tensor(saved))
-
-    def video_folder(self):
-        """runs/<run_name>/videos, once we know that this machine can record envpool's frames."""
-        try:
-            __import__("gymnasium.utils.save_video")  # the writer, moviepy's
-            envs = envpool.make_gymnasium(self.args.env_id, num_envs=1, render_mode="rgb_array")
-            envs.reset()
-            assert isinstance(envs.render(env_ids=[0]), np.ndarray), "no frame"
-            envs.close()
-        except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
-        videos = os.path.join(self.dir, "videos")
-        # a resumed run's recorder counts episodes from 0 again: a folder of its own keeps the first
-        return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
-
-    def start_clock(self, global_step):
-        self.measure_start, self.measure_step = time.time(), global_step
-
-    def sps(self, global_step, now=None):
-        if self.measure_start:  # None before the clock starts
-            seconds = (now or time.time()) - self.measure_start
-            return (global_step - self.measure_step) / seconds
-
-    def log_episodes(self, global_step, returns):
-        for episodic_return in returns:
-            self.returns.append(episodic_return)
-            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
-            if self.wandb:
-                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
-
-    def log_progress(self, pbar, global_step, metrics):
-        """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
-        finite diverges the run."""
-        tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
-        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync
-        metrics = metrics | dict(zip(tensors, values))
-        sps = self.sps(global_step) or 0.0
-        return_mean = np.mean(self.returns) if self.returns else float("nan")
-        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if self.wandb:
-            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
-            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, value in metrics.items():
-            if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
-                self.diverge(global_step, name, value)
-
-    def diverge(self, step, metric, value):
-        if self.diverged:
-            return
-        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
-        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
-        line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
-        tqdm.tqdm.write(line, file=sys.stderr)
-        self.diverged = dict(step=step, metric=metric, value=str(value))
-
-    def finish(self, device, model, evaluate, **extra):
-        """Save `model` (--save-model), write summary.json, play --eval-episodes with
-        `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
-        nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
-        args, end_time = self.args, time.time()
-        weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
-        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once
-        if not np.isfinite(weight_sum):
-            self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):
-            self.diverge(self.steps, "return_mean", np.mean(self.returns))
-        model_file = None
-        if args.save_model and not self.diverged:  # torch.load(model_file, weights_only=True)
-            model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt"))
-            saved = {"script": self.script, "args": vars(args), "model": model}
-            torch.save(saved, model_file + ".tmp")
-            os.replace(model_file + ".tmp", model_file)
-        wall_s = end_time - self.start_time
-        summary = dict(
-            script=self.script,
-            env_id=args.env_id,
-            seed=args.seed,
-            device=str(device),
-            compile=getattr(args, "compile", False),
-            cudagraphs=getattr(args, "cudagraphs", False),
-            num_envs=args.num_envs,
-            total_timesteps=self.steps,
-            sps=self.sps(self.steps, end_time),
-            sps_wall=self.steps / wall_s,
-            wall_s=wall_s,
-            torch_version=torch.__version__,
-            episodes=len(self.curve),
-            return_mean=float(np.mean(self.returns)) if self.returns else None,
-            interrupted=self.stop_signal > 0,
-            resumes=self.resumes,
-            model_file=model_file,
-            eval_returns=[],
-            eval_return_mean=None,
-        )
-        summary |= extra  # a script's own fields, which may override the ones above
-        if args.eval_episodes and not self.diverged:
-            self.write_summary(summary)  # kept if a second signal kills the evaluation
-            returns = evaluate(args.eval_episodes, self.videos)
-            summary |= dict(eval_returns=returns, eval_return_mean=float(np.mean(returns)))
-        print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
-        if self.wandb:
-            self.wandb.finish()
-        if self.diverged or self.stop_signal:
-            sys.exit(3 if self.diverged else 128 + self.stop_signal)
-
-    def write_summary(self, summary):
-        """summary.json, written atomically, non-finite numbers as strings; returns what the SUMMARY
-        line prints."""
-        text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
-        summary = json.loads(text, parse_constant=lambda c: str(float(c)))
-        curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(summary | {"curve": curve}, f)
-        os.replace(path + ".tmp", path)
-        return summary | {"summary_file": os.path.abspath(path)}
-
-
-def evaluate(act, envs, games, device):
-    """The scores of `games` whole games played on `envs` (one env, closed after) with `act(obs) ->
-    actions`."""
-    obs, _ = envs.reset()
-    game_returns, scores = np.zeros(1), []
-    while len(scores) < games:
-        with torch.no_grad():
-            actions = act(torch.as_tensor(obs, device=device))
-        obs, _, _, truncations, infos = envs.step(actions.cpu().numpy())
-        scores += finished_games(game_returns, infos, truncations)
-    envs.close()
-    return scores[:games]
+        fail("--cudagraphs needs a CUDA device, and there is none (or --no-cuda was given)")
 
 
 if __name__ == "__main__":

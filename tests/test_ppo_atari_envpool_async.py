@@ -234,9 +234,9 @@ def test_every_finished_game_is_counted_once():
 
 
 def test_a_batch_adds_to_its_own_envs_games():
-    """`finished_games` on a batch of envs 5 and 2 (envpool's async order) adds to their own scores
-    only."""
-    finished_games = load_script(ASYNC).finished_games
+    """`finished_batch_games` on a batch of envs 5 and 2 (envpool's async order) adds to their own
+    scores only."""
+    finished_games = load_script(ASYNC).finished_batch_games
     game_returns = np.zeros(8)
     infos = {
         "env_id": np.array([5, 2], dtype=np.int32),
