@@ -9,15 +9,14 @@ member.
         --total-timesteps 40960 --num-seeds 3
     python leanrl/ppo_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
 
-Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and seed
-numbers for its envs, its own Adam state, normalization statistics and random draws. `make_learner`
-writes one member's functions as the CPU script does, then one block vmaps them over a leading seeds
-axis of the stacked parameters (`diff` the two files). What else changes: every member's envs are
-one envpool, stepped by C++ threads on every core, in next-step reset mode (the step after an
-episode's end only resets, and weighs 0 in the loss), without frames; envpool's envs cannot be
-saved, so a resumed run's episodes start fresh. A member whose loss or weights turn non-finite is
-left out, and the others go on. The SUMMARY, model files and `--resume`, per member: docs/usage.md,
-"The seeds scripts".
+Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
+seeds, its own Adam state, normalization statistics and random draws. `make_learner` writes one
+member's functions as the CPU script does, then one block vmaps them over a leading seeds axis of
+the stacked parameters (`diff` the two files). Every member's envs are one envpool, stepped by C++
+threads, in next-step reset mode (the step after an episode's end only resets, and weighs 0 in the
+loss); it renders no frames and cannot be saved, so a resumed run's episodes start fresh. A member
+whose loss or weights turn non-finite is left out, and the others go on. The SUMMARY, model files
+and `--resume`, per member: docs/usage.md, "The seeds scripts".
 """
 
 import math
