@@ -163,7 +163,7 @@ class EnvpoolWrappers:
 def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
     """All members' envs as one envpool in EnvpoolWrappers, member k's a slice, env i of member k
     seeded seed + k*num_envs + i as the single-seed script with `--seed seed + k*num_envs` seeds it;
-    `obs_rms` (a saved model's) normalizes, frozen. A bad id or action space exit 2."""
+    `obs_rms` (a saved model's) normalizes, frozen. An id that is not envpool's exits 2."""
     if env_id not in envpool.list_all_envs():
         fail(f"--env-id {env_id!r} is not one of envpool's tasks (envpool.list_all_envs())")
     n = num_seeds * num_envs
@@ -173,11 +173,7 @@ def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
         env_seeds = [(seed + j) % 2**31 for j in range(n)]
         return envpool.make_gymnasium(env_id, num_envs=n, env_seed=env_seeds, num_threads=threads)
 
-    envs = make(seed)
-    if not isinstance(envs.action_space, gym.spaces.Box):
-        space = type(envs.action_space).__name__
-        fail(f"--env-id {env_id!r} has a {space} action space; PPO here needs a Box")
-    return EnvpoolWrappers(envs, n, gamma, obs_rms, make)
+    return EnvpoolWrappers(make(seed), n, gamma, obs_rms, make)
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -402,8 +398,11 @@ def main(args):
     run = SeedsRun(args, "ppo_continuous_action_seeds")  # runs.py: folder, seeds, threads, ...
     # one env first: its id and sizes, before N members'
     probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)
+    space = probe.single_action_space
+    if not isinstance(space, gym.spaces.Box):
+        fail(f"--env-id {args.env_id!r} has a {space} action space; PPO needs a Box")
     n_obs = int(np.prod(probe.envs.observation_space.shape))
-    n_act = int(np.prod(probe.single_action_space.shape))
+    n_act = int(np.prod(space.shape))
     probe.close()
     # 3 copies, float32
     rollout_bytes = 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4
