@@ -2,6 +2,7 @@
 `leanrl/` on `sys.path` as `python leanrl/<script>.py` has it, so that a script's `from runs import
 ...` finds the run module beside it."""
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -36,14 +37,23 @@ def load_script(name, directory=SCRIPTS):
 def script_envs(module, flags):
     """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its
     `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
-    `Args`; the optional ones, such as video recording, keep their defaults)."""
+    `Args`; the optional ones, such as video recording, keep their defaults). A script with its own
+    wrappers, `wrap(env, ...)` for runs.make_envs, has them too, with its flags."""
     args = tyro.cli(module.Args, args=list(flags))
     # the memory scripts resolve their default in main, as here
     if hasattr(module, "observed_indices"):
         args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
-    parameters = inspect.signature(module.make_envs).parameters.values()
-    required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
-    return args, module.make_envs(**{name: getattr(args, name) for name in required})
+    kwargs = {name: getattr(args, name) for name in required_parameters(module.make_envs)}
+    if hasattr(module, "wrap"):
+        wrap_flags = {name: getattr(args, name) for name in required_parameters(module.wrap)[1:]}
+        kwargs["wrap"] = functools.partial(module.wrap, **wrap_flags)
+    return args, module.make_envs(**kwargs)
+
+
+def required_parameters(function):
+    """The names of `function`'s parameters without a default."""
+    parameters = inspect.signature(function).parameters.values()
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty]
 
 
 def export_scripts(names, directory):

@@ -9,11 +9,12 @@ single-seed scripts evaluate, and bad inputs.
 Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test and the learning
 check."""
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import tyro
 from conftest import load_script, run_script, summary
 from test_ppo_continuous_action import make_minibatch
 
@@ -254,11 +255,12 @@ def replay(env, obs, reward=None, terminated=False, truncated=False):
 
 
 def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
-    """EnvpoolWrappers (two members of one env) against the CPU script's make_env wrappers
-    (gymnasium's, one stack per env) on the same raw steps: env 0 terminates at step 3, env 1
-    truncates at step 5, each then taking envpool's reset step, which gymnasium's vector env does as
-    a reset in the same step. Observations and rewards agree to 1e-6 (float64 statistics, float32
-    outputs), finished returns (read from gymnasium's `final_info`) exactly."""
+    """EnvpoolWrappers (two members of one env) against the CPU script's `wrap` of an env of
+    runs.make_envs (gymnasium's wrappers, one stack per env) on the same raw steps: env 0
+    terminates at step 3, env 1 truncates at step 5, each then taking envpool's reset step, which
+    gymnasium's vector env does as a reset in the same step. Observations and rewards agree to
+    1e-6 (float64 statistics, float32 outputs), finished returns (read from gymnasium's
+    `final_info`) exactly."""
     mod = load_script(SEEDS_SCRIPT)
     rng = np.random.default_rng(0)
     # as envpool's
@@ -266,14 +268,16 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
     terminations, truncations = np.zeros((9, 2), dtype=bool), np.zeros((9, 2), dtype=bool)
     terminations[3, 0], truncations[5, 1] = True, True
     wrappers = mod.EnvpoolWrappers(ScriptedPool(obs, rewards, terminations, truncations), 2, 0.99)
-    envs = [load_script(CPU_SCRIPT).make_env("Pendulum-v1", 0, 0.99)() for _ in range(2)]
+    cpu = load_script(CPU_SCRIPT)
+    wrap = functools.partial(cpu.wrap, gamma=0.99)
+    envs = [cpu.make_envs("Pendulum-v1", 1, 0, wrap=wrap).envs[0] for _ in range(2)]
     outputs = [wrappers.reset()[0], np.zeros(2), [[], []]]
     expected = [replay(env, obs[0, e]) for e, env in enumerate(envs)]
     for t in range(9):
         if t:
             next_obs, rewards_out, _, _, infos = wrappers.step(np.zeros((2, 1), dtype=np.float32))
             # two members of one env
-            outputs = (next_obs, rewards_out, mod.finished_episodes(infos, 2))
+            outputs = (next_obs, rewards_out, mod.finished_member_episodes(infos, 2))
             # envpool's reset step; gymnasium's reset
             resetting = terminations[t - 1] | truncations[t - 1]
             raw = [
@@ -406,8 +410,11 @@ def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
 # the other flag checks are the CPU script's (test_ppo_continuous_action.py)
 BAD_INPUTS = [
     (("--num-seeds", 0), ("--num-seeds",)),
-    # ~37 TiB
-    (("--num-seeds", 10**6, "--num-steps", 10**5, "--num-minibatches", 1), ("--num-seeds", "GiB")),
+    # ~34 TiB of rollouts
+    (
+        ("--num-seeds", 1000, "--num-steps", 10**8, "--total-timesteps", 10**8),
+        ("--num-seeds", "GiB"),
+    ),
     (("--cudagraphs",), ("--cudagraphs",)),
     (("--capture-video",), ("--capture-video",)),
     (("--env-id", "gymnasium.envs.classic_control:Pendulum-v1"), ("--env-id", "envpool")),
@@ -416,13 +423,9 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("flags,words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
-def test_bad_inputs_exit_2(flags, words, capsys):
-    """`main` checks its flags and the env before it makes anything (run folder, envs, a Ctrl-C
-    handler), so this runs in the test's process: exit status 2 and one line on stderr naming the
-    flag."""
-    module = load_script(SEEDS_SCRIPT)
-    with pytest.raises(SystemExit) as stopped:
-        module.main(tyro.cli(module.Args, args=list(map(str, flags))))
-    assert stopped.value.code == 2
+def test_bad_inputs_exit_2(flags, words, train, capsys):
+    """`main` checks its flags and the env before it makes a run folder or the members' envs, so
+    this runs in the test's process: exit status 2 and one line on stderr naming the flag."""
+    assert train(SEEDS_SCRIPT, *flags) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(word in lines[0] for word in words), lines
