@@ -315,8 +315,8 @@ class Run:
         return saved
 
     def path(self, name):
-        """runs/<run_name>/`name`; the folder is made when a run first writes to it, so that a run
-        refused before training leaves none."""
+        """runs/<run_name>/`name`; the folder is made when training starts or a run first writes to
+        it, so that a run refused before training leaves none."""
         os.makedirs(self.dir, exist_ok=True)
         return os.path.join(self.dir, name)
 
@@ -364,7 +364,10 @@ class Run:
         return dict(curve=self.curve, returns=list(self.returns))
 
     def progress(self, iterations):
-        """`iterations` (a range) under a progress bar; the last one ends the run."""
+        """`iterations` (a range) under a progress bar; the last one ends the run. Training starts:
+        the run folder is made."""
+        if self.main_process:
+            os.makedirs(self.dir, exist_ok=True)
         self.last_iteration = iterations.stop - 1
         self.pbar = tqdm.tqdm(iterations, mininterval=1.0, disable=not self.main_process)
         return self.timed(self.pbar) if self.threads else self.pbar

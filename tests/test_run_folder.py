@@ -212,8 +212,9 @@ def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flag
 
 
 def start_training(script, tmp_path, *flags):
-    """`script` started on a budget too large to end by itself, once its run folder exists (the
-    signal handlers are installed just after) and it has trained a few seconds; the Popen."""
+    """`script` started on a budget too large to end by itself, once its run folder exists (made
+    as training starts, after the signal handlers are installed) and it has trained a few
+    seconds; the Popen."""
     small_iterations = ("--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "2")
     budget = {"ppo_continuous_action": (*PENDULUM, *small_iterations)}.get(script, ())
     cmd = [
