@@ -96,9 +96,7 @@ class ReplayBuffer:
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        self.storage = {
-            key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()
-        }
+        self.storage = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
@@ -148,18 +146,15 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     def update_critic(data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
-                -args.noise_clip, args.noise_clip
-            )
-            next_actions = actor_target.clip(
-                actor_target(data["next_obs"]) + noise * actor_target.action_scale
-            )
+            noise = torch.randn_like(data["actions"]) * args.policy_noise
+            noise = noise.clamp(-args.noise_clip, args.noise_clip)
+            next_actions = actor_target(data["next_obs"])
+            next_actions = actor_target.clip(next_actions + noise * actor_target.action_scale)
             qf1_next_target = qf1_target(data["next_obs"], next_actions)
             qf2_next_target = qf2_target(data["next_obs"], next_actions)
             min_qf_next_target = torch.min(qf1_next_target, qf2_next_target)
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
         qf1_a_values = qf1(data["obs"], data["actions"]).view(-1)
         qf2_a_values = qf2(data["obs"], data["actions"]).view(-1)

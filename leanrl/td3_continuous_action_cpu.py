@@ -106,9 +106,7 @@ class ReplayBuffer:
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {
-            key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()
-        }
+        storage = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
         self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
         self.views = self.storage.numpy()
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
@@ -219,9 +217,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     def critic_grads(q_params, actor_target_params, q_target, data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action, in half action ranges
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
-                -args.noise_clip, args.noise_clip
-            )
+            noise = torch.randn_like(data["actions"]) * args.policy_noise
+            noise = noise.clamp(-args.noise_clip, args.noise_clip)
             next_actions = functional_call(actor, actor_target_params, (data["next_obs"],))
             next_actions = actor.clip(next_actions + noise * actor.action_scale)
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)

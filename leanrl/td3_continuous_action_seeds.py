@@ -1,8 +1,8 @@
 """Twin Delayed DDPG (TD3): td3_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
 
-Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's, per member. The default env
-is LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
+Paper: https://arxiv.org/abs/1802.09477. Hyperparameters, env and budget as in the CPU script, per
+member.
 
     python leanrl/td3_continuous_action_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/td3_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
@@ -130,13 +130,9 @@ class ReplayBuffer:
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
         # the members' buffers end to end, and where each one starts: one index_select per field
         # samples them all
-        self.flat = {
-            key: torch.zeros(num_seeds * buffer_size, *shape) for key, shape in shapes.items()
-        }
+        self.flat = {k: torch.zeros(num_seeds * buffer_size, *s) for k, s in shapes.items()}
         self.starts = torch.arange(num_seeds).unsqueeze(1) * buffer_size
-        self.views = {
-            key: column.unflatten(0, (num_seeds, -1)).numpy() for key, column in self.flat.items()
-        }
+        self.views = {k: v.unflatten(0, (num_seeds, -1)).numpy() for k, v in self.flat.items()}
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
     def add(self, transition):
@@ -245,9 +241,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     def critic_grads(q_params, actor_target_params, q_target, data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action, in half action ranges
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
-                -args.noise_clip, args.noise_clip
-            )
+            noise = torch.randn_like(data["actions"]) * args.policy_noise
+            noise = noise.clamp(-args.noise_clip, args.noise_clip)
             next_actions = functional_call(actor, actor_target_params, (data["next_obs"],))
             next_actions = actor.clip(next_actions + noise * actor.action_scale)
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)

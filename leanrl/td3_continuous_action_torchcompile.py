@@ -107,9 +107,7 @@ class ReplayBuffer:
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {
-            key: torch.zeros(buffer_size, *shape, device=device) for key, shape in shapes.items()
-        }
+        storage = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
         self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
         self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
 
@@ -179,17 +177,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     def update_critic(data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action
-            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(
-                -args.noise_clip, args.noise_clip
-            )
-            next_actions = actor_target.clip(
-                actor_target(data["next_obs"]) + noise * actor_target.action_scale
-            )
+            noise = torch.randn_like(data["actions"]) * args.policy_noise
+            noise = noise.clamp(-args.noise_clip, args.noise_clip)
+            next_actions = actor_target(data["next_obs"])
+            next_actions = actor_target.clip(next_actions + noise * actor_target.action_scale)
             qf_next_target = ensemble_qf_target(qnet_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values
-            next_q_value = data["rewards"] + (
-                1 - data["terminations"]
-            ) * args.gamma * min_qf_next_target.view(-1)
+            not_done = 1 - data["terminations"]
+            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
         qf_a_values = ensemble_qf(qnet_params, data["obs"], data["actions"]).view(2, -1)
         # qf1's plus qf2's mean squared error
