@@ -159,9 +159,7 @@ def main(args):
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(
-            f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions"
-        )
+        fail(f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs, Discrete actions")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(spaces[0].shape))
     n_act = int(spaces[1].n)

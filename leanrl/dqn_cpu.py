@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from runs import Run, ThreadFlags, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from torch.func import functional_call, grad_and_value
 
 
@@ -58,39 +59,6 @@ class Args(ThreadFlags):
 
     compile: bool = True
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
-
-
-def make_env(env_id, seed, video_dir=None, video_episodes=None):
-    def thunk():
-        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:
-            # gymnasium's schedule in training, the first `video_episodes` in evaluation
-            record = None if video_episodes is None else lambda episode: episode < video_episodes
-            prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(
-                env, video_dir, record, name_prefix=prefix, disable_logger=True
-            )
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        env.action_space.seed(seed)
-        return env
-
-    return thunk
-
-
-def make_envs(env_id, num_envs, seed, video_dir=None, video_episodes=None):
-    """A vector env; its first env records videos to `video_dir`, if given."""
-    try:
-        videos = [video_dir] + [None] * (num_envs - 1)
-        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
-        # same-step autoreset: the true last obs of an episode is in info["final_obs"]
-        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
-        fail(f"--env-id {env_id!r} cannot be made: {e}")
-    spaces = envs.single_observation_space, envs.single_action_space
-    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions")
-    envs.action_space.seed(seed)  # exploration's random actions
-    return envs
 
 
 class QNetwork(nn.Module):
@@ -253,15 +221,14 @@ def make_learner(args, n_obs, n_act):
 
 def main(args):
     check_args(args)
-    # seeds, run folder, wandb, signals: see the end of the file
-    run = Run(args, "dqn_cpu")
-    videos = None if args.eval_model else run.videos  # no training video
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos)
+    run = Run(args, "dqn_cpu")  # runs.py: folder, seeds, threads, ...
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
+    spaces = envs.single_observation_space, envs.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs, Discrete actions")
     device = torch.device("cpu")
-    # every op is tiny: waking a second thread costs more than it saves
-    torch.set_num_threads(args.threads or 1)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(envs.single_action_space.n)
+    n_obs = int(np.prod(spaces[0].shape))
+    n_act = int(spaces[1].n)
     learner = make_learner(args, n_obs, n_act)
     q_network = learner.q_network
 
@@ -271,10 +238,8 @@ def main(args):
         return evaluate(greedy, eval_envs, episodes, args.seed, device)
 
     if args.eval_model:
-        envs.close()
         q_network.load_state_dict(run.saved_model)
-        run.finish(device, q_network.state_dict(), evaluate_greedy, threads=torch.get_num_threads())
-        return
+        return run.finish(device, q_network.state_dict(), evaluate_greedy)
 
     policy, update = learner.policy, learner.update
     if args.compile:  # one graph, whose C++ wrapper calls its kernels with fewer Python calls
@@ -306,7 +271,7 @@ def main(args):
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         run.log_episodes(global_step, finished_episodes(infos))
 
-        # store
+        # store: a truncated episode bootstraps from its true last observation
         real_next_obs = true_next_obs(next_obs, infos)
         transition = dict(obs=obs, next_obs=real_next_obs, actions=actions)
         transition |= dict(rewards=rewards, terminations=terminations)
@@ -331,11 +296,11 @@ def main(args):
 
         run.steps = global_step + args.num_envs
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
-        if run.stop_signal or run.diverged:
+        if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
     envs.close()
-    run.finish(device, q_network.state_dict(), evaluate_greedy, threads=torch.get_num_threads())
+    run.finish(device, q_network.state_dict(), evaluate_greedy)
 
 
 def check_args(args):

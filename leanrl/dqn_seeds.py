@@ -25,6 +25,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from runs import (
+    CudaFlags,
+    SeedsRun,
+    ThreadFlags,
+    check_memory,
+    evaluate,
+    fail,
+    finished_member_episodes,
+    flat,
+    make_envs,
+    per_member,
+    true_next_obs,
+)
 from tensordict.nn import CudaGraphModule
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
@@ -67,62 +80,6 @@ class Args(CudaFlags, ThreadFlags):
     eagerly"""
     cudagraphs: bool = False
     """acting and the update as CUDA graphs (tensordict's CudaGraphModule); needs CUDA"""
-
-
-def make_env(env_id, seed, video_dir=None, video_episodes=None):
-    def thunk():
-        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        if video_dir is not None:
-            # gymnasium's schedule in training, the first `video_episodes` in evaluation
-            record = None if video_episodes is None else lambda episode: episode < video_episodes
-            prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(
-                env, video_dir, record, name_prefix=prefix, disable_logger=True
-            )
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        env.action_space.seed(seed)
-        return env
-
-    return thunk
-
-
-def make_envs(env_id, num_envs, seed, num_seeds, video_dir=None, video_episodes=None):
-    """A vector env of `num_envs` envs per member, member k's the k-th slice (seeded as dqn_cpu.py's
-    envs with `--seed seed + k * num_envs`); its first env records videos to `video_dir`, if given.
-    """
-    num_envs *= num_seeds  # one env loop per step for all members, not one per member
-    try:
-        videos = [video_dir] + [None] * (num_envs - 1)
-        thunks = [make_env(env_id, seed + i, videos[i], video_episodes) for i in range(num_envs)]
-        # same-step autoreset: the true last obs of an episode is in info["final_obs"]
-        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
-        fail(f"--env-id {env_id!r} cannot be made: {e}")
-    spaces = envs.single_observation_space, envs.single_action_space
-    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(f"--env-id {env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions")
-    return envs
-
-
-def per_member(x, num_seeds):
-    """The vector env's rows [num_seeds * num_envs, ...] as [num_seeds, num_envs, ...]: member k's
-    envs are the k-th slice."""
-    return x.reshape(num_seeds, -1, *x.shape[1:])
-
-
-def flat(x):
-    """[num_seeds, num_envs, ...] as the vector env's rows [num_seeds * num_envs, ...]."""
-    return x.reshape(-1, *x.shape[2:])
-
-
-def finished_episodes(infos, num_seeds):
-    """Per member, the returns of every episode that ended on this step."""
-    final_info = infos.get("final_info", {})
-    if "episode" not in final_info:
-        return [[]] * num_seeds
-    returns = per_member(final_info["episode"]["r"], num_seeds)
-    ended = per_member(final_info["_episode"], num_seeds)
-    return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
 
 
 class QNetwork(nn.Module):
@@ -330,34 +287,35 @@ def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
 
 def main(args):
     check_args(args)
+    run = SeedsRun(args, "dqn_seeds")  # runs.py: folder, seeds, threads, ...
     # one env first: its spaces and sizes, before N members' envs
-    probe = make_envs(args.env_id, 1, args.seed, 1)
-    n_obs = int(np.prod(probe.single_observation_space.shape))
-    n_act = int(probe.single_action_space.n)
+    probe = make_envs(args.env_id, 1, args.seed)
+    spaces = probe.single_observation_space, probe.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs, Discrete actions")
+    n_obs = int(np.prod(spaces[0].shape))
+    n_act = int(spaces[1].n)
     probe.close()
     # 2 observations, 3 scalars, 8 bytes
-    check_memory(args, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
-    # seeds, run folder, wandb, signals: see the end of the file
-    run = Run(args, "dqn_seeds")
-    videos = None if args.eval_model else run.videos  # no training video
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, videos)
+    check_memory(args.num_seeds, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
+    videos = None if args.eval_model else run.videos
+    # member k's envs are the k-th slice, seeded as dqn_cpu.py's with `--seed seeds[k]`
+    envs = make_envs(args.env_id, args.num_envs * args.num_seeds, args.seed, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_num_threads(args.threads or 1)
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
     params = learner.params
 
     def evaluate_greedy(member, episodes, videos):
         q_network = QNetwork(n_obs, n_act, device=device)
         q_network.load_state_dict(models[member])
-        eval_envs = make_envs(args.env_id, 1, run.seeds[member], 1, videos, episodes)
+        eval_envs = make_envs(args.env_id, 1, run.seeds[member], videos, episodes)
         greedy = lambda obs: q_network(obs).argmax(dim=1)  # noqa: E731
         return evaluate(greedy, eval_envs, episodes, run.seeds[member], device)
 
     if args.eval_model:  # the saved model as every member
         envs.close()
         models = [run.saved_model] * args.num_seeds
-        run.finish(device, models, evaluate_greedy)
-        return
+        return run.finish(device, models, evaluate_greedy)
 
     policy, update = learner.policy, learner.update
     if args.compile:  # one graph each; on a CPU, a C++ wrapper calls the update's kernels
@@ -398,9 +356,9 @@ def main(args):
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_episodes(infos, args.num_seeds))
+        run.log_episodes(global_step, finished_member_episodes(infos, args.num_seeds))
 
-        # store
+        # store: a truncated episode bootstraps from its true last observation
         real_next_obs = true_next_obs(next_obs, infos)
         transition = dict(obs=obs, next_obs=real_next_obs, actions=actions)
         transition |= dict(rewards=rewards, terminations=terminations)
@@ -425,7 +383,7 @@ def main(args):
 
         run.steps = global_step + args.num_envs
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
-        if run.stop_signal or len(run.diverged) == args.num_seeds:  # a signal, or no member left
+        if run.stopped:  # a first Ctrl-C or SIGTERM, or no member left
             break
 
     envs.close()
@@ -437,8 +395,6 @@ def main(args):
 def check_args(args):
     """This script's flags: a value that makes no sense ends the run before training, with one line
     that names the flag (exit status 2); the run flags are the Run's to check."""
-    if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
-        fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
     for flag in ("num_seeds", *sizes, "target_network_frequency", "learning_rate"):
         if getattr(args, flag) <= 0:

@@ -6,8 +6,8 @@ Paper: https://www.nature.com/articles/nature14236
     python leanrl/dqn_torchcompile.py --compile  # acting and the update compiled
     python leanrl/dqn_torchcompile.py --compile --cudagraphs  # and replayed as CUDA graphs
 
-What changes from dqn.py: acting on the device, with no host sync; transitions written to a
-TensorDict buffer every `train_frequency` iterations; a fused Adam; the target update as one
+What changes from dqn.py: acting runs on the device without a host sync, transitions go to a
+TensorDict buffer every `train_frequency` iterations, Adam is fused and the target moves by one
 `lerp_`. On a CPU, dqn_cpu.py is faster.
 """
 
@@ -181,9 +181,7 @@ def main(args):
     envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
-        fail(
-            f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs and Discrete actions"
-        )
+        fail(f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs, Discrete actions")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(spaces[0].shape))
     n_act = int(spaces[1].n)
