@@ -1,19 +1,19 @@
 """Deep Q-Network for discrete actions: dqn_cpu.py as `--num-seeds N` runs in one vmapped program.
 
-Paper: https://www.nature.com/articles/nature14236. Defaults are CleanRL's, per member.
+Paper: https://www.nature.com/articles/nature14236. Defaults as in dqn_cpu.py, per member.
 
-    python leanrl/dqn_seeds.py                             # 8 members (seeds 1..8), compiled
-    python leanrl/dqn_seeds.py --num-seeds 3 --no-compile  # 3 members, the same functions, eagerly
-    python leanrl/dqn_seeds.py --compile --cudagraphs      # on CUDA, as CUDA graphs
+    python leanrl/dqn_seeds.py  # 8 members (seeds 1..8), compiled
+    python leanrl/dqn_seeds.py --num-seeds 3 --no-compile  # the same functions, eagerly
+    python leanrl/dqn_seeds.py --compile --cudagraphs  # on CUDA
 
 Member k is dqn_cpu.py with `--seed seed + k * num_envs`: the same initial weights and env seeds,
 its own target network, Adam state, replay buffer and random draws. `make_learner` writes one
-member's functions as dqn_cpu.py does, then one block vmaps them over a leading seeds axis of the
-stacked parameters: `diff leanrl/dqn_cpu.py leanrl/dqn_seeds.py` shows how N runs become one
-program. Each step is one call for all members: one vector env of N x `--num-envs` envs (member k's
-the k-th slice), one buffer write and sample, one update; on a CPU the members act in numpy, as in
-dqn_cpu.py. A member whose loss or weights turn non-finite is left out, and the others go on. The
-SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds scripts".
+member's functions as dqn_cpu.py does, then vmaps them over a leading seeds axis of the stacked
+parameters (`diff` the two files). Each step is one call for all members: one vector env of N x
+`--num-envs` envs (member k's the k-th slice), one buffer write and sample, one update. On a CPU
+the members act in numpy. A member whose loss or weights turn non-finite is left out, and the
+others go on. The SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds
+scripts".
 """
 
 from dataclasses import dataclass
@@ -76,8 +76,7 @@ class Args(CudaFlags, ThreadFlags):
     """one gradient step every `train_frequency` iterations"""
 
     compile: bool = True
-    """compile acting and the update, one graph each; --no-compile runs the same functions
-    eagerly"""
+    """compile acting and the update, one graph each; --no-compile runs them eagerly"""
     cudagraphs: bool = False
     """acting and the update as CUDA graphs (tensordict's CudaGraphModule); needs CUDA"""
 
@@ -98,16 +97,14 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t` (a number or a tensor): from `start_e` at 0 down to `end_e` at
-    `duration`, then flat."""
+    """Epsilon at env step `t` (a number or a tensor): from `start_e` down to `end_e`, then flat."""
     epsilon = start_e + (end_e - start_e) * t / duration
     return epsilon.clamp_min(end_e) if isinstance(epsilon, torch.Tensor) else max(epsilon, end_e)
 
 
 class ReplayBuffer:
-    """A circular buffer per member, stacked in CPU tensors [num_seeds, buffer_size, ...], written
-    from numpy arrays through numpy views of the tensors (a numpy write costs a fraction of a torch
-    one), sampled uniformly, each member from its own buffer, onto `device`."""
+    """dqn_cpu.py's buffer per member, stacked [num_seeds, buffer_size, ...]; each member samples
+    its own, onto `device`."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, device):
         self.storage = dict(
@@ -185,9 +182,8 @@ class Adam:
 
 
 def make_learner(args, n_obs, n_act, seeds, device):
-    """The Q networks of the members, their targets, the optimizer and the steps that use them,
-    stacked on a leading seeds axis. Member k starts from the weights dqn_cpu.py draws with
-    `--seed seeds[k]`."""
+    """dqn_cpu.py's learner for every member, stacked on a leading seeds axis. Member k starts from
+    the weights dqn_cpu.py draws with `--seed seeds[k]`."""
     q_networks = []
     for seed in seeds:
         with torch.random.fork_rng():  # the global generator is left as it was
@@ -200,8 +196,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
     with torch.device(device):  # Adam's powers of the betas beside the parameters
         optimizer = Adam(params, lr=args.learning_rate)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    # the env steps acted (by each member), which the policy advances in place (a checkpoint
-    # restores it there)
+    # the env steps acted (by each member), which the policy advances in place
     global_step = torch.zeros((), dtype=torch.long, device=device)
 
     def act(params, obs, epsilon):
@@ -226,9 +221,8 @@ def make_learner(args, n_obs, n_act, seeds, device):
     # each member takes its own step (the betas' powers, one for all, count the steps they share)
 
     def policy(obs):
-        """`act` for every member, a coin each (vmap's `randomness="different"`): observations
-        [num_seeds, num_envs, n_obs] in, actions [num_seeds, num_envs] out. `global_step` is a
-        device tensor: the schedule moves with no host sync and no recompile."""
+        """`act` for every member, a coin each: [num_seeds, num_envs, n_obs] in, [num_seeds,
+        num_envs] out. A device tensor `global_step`: no host sync, no recompile."""
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
         with torch.no_grad():
             actions = vmap(act, in_dims=(0, 0, None), randomness="different")(params, obs, epsilon)
@@ -260,10 +254,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
 
 def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
-    """The learner's policy in numpy, for a CPU (a torch call, even compiled, costs more to dispatch
-    than its arithmetic here): a coin per member, and every member's Q network in one call (matmul
-    broadcasts over the seeds axis) on views of the stacked weights, which Adam updates in place.
-    It restates `QNetwork.forward`, and a test holds it to it. CPU tensors in and out."""
+    """The learner's policy in numpy on a CPU, as dqn_cpu.py's: a coin per member, and every
+    member's Q network in one call (matmul broadcasts over the seeds axis) on views of the stacked
+    weights. It restates `QNetwork.forward`, and a test holds it to it. CPU tensors in and out."""
     layers = [
         (params[f"network.{i}.weight"].numpy(), params[f"network.{i}.bias"].numpy()[:, None])
         for i in (0, 2, 4)
@@ -323,8 +316,7 @@ def main(args):
         options = {"cpp_wrapper": device.type == "cpu"}
         update = torch.compile(update, fullgraph=True, options=options)
     if args.cudagraphs:
-        # the first calls run as they are (compiling, with --compile), the next records the graph,
-        # later ones replay it
+        # warm-up calls (compile compiles), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
     exploration_steps = args.exploration_fraction * args.total_timesteps

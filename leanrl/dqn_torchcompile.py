@@ -2,7 +2,6 @@
 
 Paper: https://www.nature.com/articles/nature14236
 
-    python leanrl/dqn_torchcompile.py  # the benchmark run, eager
     python leanrl/dqn_torchcompile.py --compile  # acting and the update compiled
     python leanrl/dqn_torchcompile.py --compile --cudagraphs  # and replayed as CUDA graphs
 
