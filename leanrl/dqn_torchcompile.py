@@ -77,8 +77,9 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t`, a tensor: from `start_e` at 0 down to `end_e` at `duration`."""
-    return (start_e + (end_e - start_e) * t / duration).clamp_min(end_e)
+    """Epsilon at env step `t` (a number or a tensor): from `start_e` down to `end_e`, then flat."""
+    epsilon = start_e + (end_e - start_e) * t / duration
+    return epsilon.clamp_min(end_e) if isinstance(epsilon, torch.Tensor) else max(epsilon, end_e)
 
 
 class ReplayBuffer:
@@ -250,8 +251,7 @@ def main(args):
 
         # log
         if iteration % 100 == 0:
-            step = torch.tensor(global_step)
-            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, step).to(device)
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
             metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
             run.log_progress(global_step, metrics)
 
