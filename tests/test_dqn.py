@@ -8,7 +8,6 @@ compiled policy and its compiled update, the CPU script's compiled update and it
 The rest run in a few seconds each.
 """
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -238,13 +237,11 @@ def make_batch(n_obs=4, n_act=2, batch_size=128, seed=1):
 
 
 def make_learner(script, args):
-    """`script`'s learner for 4 observations and 2 actions on the CPU (the eager script's with the
-    action space of one env)."""
+    """`script`'s learner for 4 observations and 2 actions on the CPU."""
     mod = load_script(script)
     if script == "dqn_cpu":
         return mod.make_learner(args, 4, 2)
-    space = [gym.spaces.MultiDiscrete([2])] if script == "dqn" else []
-    return mod.make_learner(args, 4, 2, *space, torch.device("cpu"))
+    return mod.make_learner(args, 4, 2, torch.device("cpu"))
 
 
 def build_update(script):

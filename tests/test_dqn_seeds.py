@@ -277,9 +277,9 @@ def test_finished_episodes_are_counted_per_member():
             "_episode": np.array([False, True, True, True, False, False]),
         }
     }
-    finished_episodes = load_script("dqn_seeds").finished_episodes
-    assert finished_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
-    assert finished_episodes({}, 3) == [[], [], []]
+    finished_member_episodes = load_script("dqn_seeds").finished_member_episodes  # runs.py's
+    assert finished_member_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
+    assert finished_member_episodes({}, 3) == [[], [], []]
 
 
 @pytest.mark.learning
