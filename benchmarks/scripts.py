@@ -31,9 +31,11 @@ def script_envs(module, flags):
     `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
     `Args`; the optional ones, such as video recording, keep their defaults)."""
     args = tyro.cli(module.Args, args=list(flags))
-    # the memory scripts resolve their default in main, as here
-    if hasattr(module, "observed_indices"):
-        args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
     parameters = inspect.signature(module.make_envs).parameters.values()
     required = [p.name for p in parameters if p.default is inspect.Parameter.empty]
-    return args, module.make_envs(**{name: getattr(args, name) for name in required})
+    kwargs = {name: getattr(args, name) for name in required}
+    # the memory scripts resolve their default in main, as here, and wrap their envs
+    if hasattr(module, "observed_indices"):
+        args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
+        kwargs["wrap"] = module.make_wrap(args.obs_indices)
+    return args, module.make_envs(**kwargs)
