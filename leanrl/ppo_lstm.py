@@ -83,9 +83,8 @@ class Args(CudaFlags):
 
 
 def make_wrap(obs_indices, obs_rms=None):
-    """The agent's view of an env (runs.make_envs' `wrap`): its observation flattened, cut to the
-    entries `obs_indices` (all if empty), normalized and clipped; normalized by `obs_rms`, frozen,
-    where given (a trained agent's)."""
+    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
+    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen."""
 
     def wrap(env):
         env = gym.wrappers.FlattenObservation(env)
@@ -262,9 +261,8 @@ def main(args):
     run = Run(args, "ppo_lstm", policy_flags=("env_id", "obs_indices", "memory"))
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
-    envs = make_envs(
-        args.env_id, args.num_envs, args.seed, videos, wrap=make_wrap(args.obs_indices)
-    )
+    wrap = make_wrap(args.obs_indices)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         space = type(envs.single_action_space).__name__
         fail(f"--env-id {args.env_id!r} has a {space} action space; this PPO needs a Discrete one")

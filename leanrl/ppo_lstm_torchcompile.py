@@ -1,13 +1,16 @@
 """Recurrent PPO with an LSTM policy for discrete actions, optimized: the twin of ppo_lstm.py.
 
-Paper: https://arxiv.org/abs/1707.06347. Same algorithm, defaults and loop as
-ppo_lstm.py (read its docstring first); what changes is the data flow.
+Paper: https://arxiv.org/abs/1707.06347. The agent and update are CleanRL's
+ppo_atari_lstm.py on vector observations. By default it plays CartPole-v1 with both
+velocities hidden: only an agent that remembers past positions balances it well.
 
     python leanrl/ppo_lstm_torchcompile.py --compile  # on a CPU
     python leanrl/ppo_lstm_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
     # POPGym's recall task
     python leanrl/ppo_lstm_torchcompile.py --compile --env-id popgym:popgym-RepeatFirstEasy-v0
 
+Same algorithm, defaults and loop as ppo_lstm.py (read its docstring); what changes
+is the data flow:
 - The rollout is one TensorDict on the device; a minibatch is one index.
 - Acting uses a copy of the agent sharing its weights, without autograd.
 - The LSTM cell is written out: the input's share of the gates is one
@@ -16,7 +19,11 @@ ppo_lstm.py (read its docstring first); what changes is the data flow.
   a host sync), and GAE is solved by doubling.
 - Adam is fused, capturable under `--cudagraphs`, its learning rate a tensor.
 - `--compile` compiles acting, GAE and the sequence loss; `--cudagraphs`
-  records acting and the update as CUDA graphs (it needs a CUDA device).
+  records acting and the update as CUDA graphs (CUDA only).
+
+An episode start zeroes the state inside the time loop, with no padding. A minibatch
+is the whole sequences of some envs, replayed from the state the rollout started
+with. A truncated episode bootstraps from the value of its true final observation.
 """
 
 from dataclasses import dataclass
@@ -90,9 +97,8 @@ class Args(CudaFlags):
 
 
 def make_wrap(obs_indices, obs_rms=None):
-    """The agent's view of an env (runs.make_envs' `wrap`): its observation flattened, cut to the
-    entries `obs_indices` (all if empty), normalized and clipped; normalized by `obs_rms`, frozen,
-    where given (a trained agent's)."""
+    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
+    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen."""
 
     def wrap(env):
         env = gym.wrappers.FlattenObservation(env)
@@ -301,9 +307,8 @@ def main(args):
     run = Run(args, "ppo_lstm_torchcompile", policy_flags=("env_id", "obs_indices", "memory"))
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
-    envs = make_envs(
-        args.env_id, args.num_envs, args.seed, videos, wrap=make_wrap(args.obs_indices)
-    )
+    wrap = make_wrap(args.obs_indices)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         space = type(envs.single_action_space).__name__
         fail(f"--env-id {args.env_id!r} has a {space} action space; this PPO needs a Discrete one")
@@ -345,14 +350,13 @@ def main(args):
     def as_tensor(x):
         return torch.as_tensor(x, device=device, dtype=torch.float)
 
-    # the rollout, [num_steps, num_envs, ...], one TensorDict
+    # the rollout, [num_steps, num_envs, ...]
     shape = (args.num_steps, args.num_envs)
     keys = ("logprobs", "values", "rewards", "dones", "terminations", "truncations", "final_values")
-    rollout = TensorDict(
-        {key: torch.zeros(shape, device=device) for key in keys}, batch_size=shape, device=device
-    )
+    rollout = {key: torch.zeros(shape, device=device) for key in keys}
     rollout["obs"] = torch.zeros(*shape, n_obs, device=device)
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
+    rollout = TensorDict(rollout, batch_size=shape, device=device)  # one TensorDict
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = as_tensor(next_obs)
@@ -468,10 +472,7 @@ def check_args(args):
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail(
-            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
-            "--compile)"
-        )
+        fail("--cudagraphs needs a CUDA device, and there is none (or --no-cuda was given)")
 
 
 if __name__ == "__main__":
