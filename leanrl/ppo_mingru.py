@@ -14,15 +14,6 @@ Plain PyTorch, in the shape of ppo_mingru_torchcompile.py; the recurrence is a P
 loop over time. On a small or shared CPU, run it with `OMP_NUM_THREADS=1`.
 """
 
-import json
-import os
-import pickle
-import random
-import re
-import signal
-import sys
-import time
-from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -30,45 +21,22 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tqdm
 import tyro
+from runs import (
+    CudaFlags,
+    Run,
+    episode_starts,
+    evaluate_recurrent,
+    fail,
+    finished_episodes,
+    make_envs,
+    true_next_obs,
+)
 from torch.distributions.categorical import Categorical
 
 
 @dataclass
-class Args:
-    exp_name: str = "ppo_mingru"
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use a CUDA device when there is one, else the CPU"""
-    track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
-    wandb_project_name: str = "leanrl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """record videos of the first env and of evaluation episodes"""
-    save_model: bool = False
-    """save the weights and the arguments to runs/<run_name>/<script>.pt"""
-    eval_episodes: int = 0
-    """after training, play this many episodes with the trained policy (0: none)"""
-    eval_model: str | None = None
-    """evaluate this saved .pt file instead of training"""
-    measure_burnin: int = 3
-    """iterations excluded from `sps` (they compile and warm up)"""
-    checkpoint_minutes: float = 10.0
-    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
-    Ctrl-C or SIGTERM and at the end (0: only then)"""
-    resume: str | None = None
-    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
-    run_name: str | None = None
-    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
-
+class Args(CudaFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     obs_indices: tuple[int, ...] | None = None
@@ -110,37 +78,28 @@ class Args:
     """stop an update's epochs once the approximate KL exceeds this"""
 
 
-def make_env(env_id, seed, obs_indices, video_dir=None, video_episodes=None):
-    def thunk():
-        # no render_mode without video: POPGym's envs take none
-        env = gym.make(env_id) if video_dir is None else gym.make(env_id, render_mode="rgb_array")
-        if video_dir is not None:
-            # training: gymnasium's schedule; evaluation: its first episodes
-            record = None if video_episodes is None else lambda episode: episode < video_episodes
-            prefix = "train" if video_episodes is None else "eval"
-            env = gym.wrappers.RecordVideo(
-                env, video_dir, record, name_prefix=prefix, disable_logger=True
-            )
+def make_wrap(obs_indices, obs_rms=None):
+    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
+    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen."""
+
+    def wrap(env):
         env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.RecordEpisodeStatistics(env)
         if obs_indices:
             space, keep = env.observation_space, list(obs_indices)
             if not all(-space.shape[0] <= i < space.shape[0] for i in keep):
-                fail(
-                    f"--obs-indices {' '.join(map(str, keep))}: the observation has "
-                    f"{space.shape[0]} entries"
-                )
+                indices, entries = " ".join(map(str, keep)), space.shape[0]
+                fail(f"--obs-indices {indices}: the observation has {entries} entries")
             visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
         # the hidden task's inputs are small: unnormalized, it learned nothing
         env = gym.wrappers.NormalizeObservation(env)
-        env = gym.wrappers.TransformObservation(
-            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
-        )
-        env.action_space.seed(seed)
-        return env
+        if obs_rms is not None:
+            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
+            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
+        clip = lambda obs: np.clip(obs, -10, 10)  # noqa: E731
+        return gym.wrappers.TransformObservation(env, clip, env.observation_space)
 
-    return thunk
+    return wrap
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -231,25 +190,6 @@ def observed_indices(env_id, obs_indices):
     return (0, 2) if env_id == "CartPole-v1" else ()
 
 
-def make_envs(env_id, num_envs, seed, obs_indices, video_dir=None, video_episodes=None):
-    """A vector env in same-step autoreset mode, the first env recording video.
-    A bad id or index, or a non-Discrete action space, exits with status 2."""
-    try:
-        videos = [video_dir] + [None] * (num_envs - 1)
-        thunks = [
-            make_env(env_id, seed + i, obs_indices, videos[i], video_episodes)
-            for i in range(num_envs)
-        ]
-        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    # an unknown id, or a `module:EnvId` whose module is missing
-    except (gym.error.Error, ModuleNotFoundError) as e:
-        fail(f"--env-id {env_id!r} cannot be made: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        space = type(envs.single_action_space).__name__
-        fail(f"--env-id {env_id!r} has a {space} action space; this PPO needs a Discrete one")
-    return envs
-
-
 def obs_rms_of(envs):
     """The first env's normalization statistics, saved with the model."""
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
@@ -258,43 +198,6 @@ def obs_rms_of(envs):
         "var": torch.tensor(rms.var),
         "count": torch.tensor(float(rms.count)),
     }
-
-
-def freeze_obs_rms(envs, stats):
-    """Every env normalizes with `stats`, which no longer move."""
-    for env in envs.envs:
-        rms = env.get_wrapper_attr("obs_rms")
-        rms.mean = stats["mean"].numpy().copy()
-        rms.var = stats["var"].numpy().copy()
-        rms.count = float(stats["count"])
-        env.set_wrapper_attr("update_running_mean", False)
-
-
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same
-    step)."""
-    final_info = infos.get("final_info", {})
-    return (
-        final_info["episode"]["r"][final_info["_episode"]].tolist()
-        if "episode" in final_info
-        else []
-    )
-
-
-def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where
-    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
-    was cut."""
-    real_next_obs = next_obs.copy()
-    for idx in np.flatnonzero(infos.get("_final_obs", [])):
-        real_next_obs[idx] = infos["final_obs"][idx]
-    return real_next_obs
-
-
-def episode_starts(terminations, truncations, memory):
-    """1 where an episode ended; 1 everywhere without `memory`."""
-    dones = np.logical_or(terminations, truncations)
-    return dones if memory else np.ones_like(dones)
 
 
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
@@ -381,10 +284,14 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)
-    run = Run(args, "ppo_mingru")  # seeds, run folder, wandb, signals
+    run = Run(args, "ppo_mingru", policy_flags=("env_id", "obs_indices", "memory"))
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.obs_indices, videos)
+    wrap = make_wrap(args.obs_indices)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap)
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        space = type(envs.single_action_space).__name__
+        fail(f"--env-id {args.env_id!r} has a {space} action space; this PPO needs a Discrete one")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(envs.single_observation_space.shape))
     learner = make_learner(args, n_obs, int(envs.single_action_space.n), device)
@@ -392,10 +299,12 @@ def main(args):
 
     def finish(obs_rms):
         def evaluate_agent(episodes, videos):  # the most likely action
-            eval_envs = make_envs(args.env_id, 1, args.seed, args.obs_indices, videos, episodes)
-            freeze_obs_rms(eval_envs, obs_rms)
+            wrap = make_wrap(args.obs_indices, obs_rms)
+            eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes, wrap)
             zeros = agent.zero_state(1, device)
-            return evaluate(agent, eval_envs, episodes, args.seed, zeros, args.memory, device)
+            return evaluate_recurrent(
+                agent, eval_envs, episodes, args.seed, zeros, args.memory, device
+            )
 
         model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
         run.finish(device, model, evaluate_agent, obs_indices=list(args.obs_indices))
@@ -428,16 +337,15 @@ def main(args):
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         return dict(learner=learner, envs=(envs, next_obs, next_done, next_state))
 
-    iterations = run.resume(training_state(), range(1, num_iterations + 1))
+    start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step = run.steps  # 0, or where the resumed run stopped
-    pbar = tqdm.tqdm(iterations, mininterval=1.0)
-    for iteration in pbar:
-        if iteration == args.measure_burnin + 1:
+    for iteration in run.progress(range(start, num_iterations)):
+        if iteration == args.measure_burnin:
             run.start_clock(global_step)  # compile and warm-up are behind
         # the update replays each env's sequence from this state
         initial_state = next_state.clone()
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
+            frac = 1.0 - iteration / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         # rollout
@@ -499,10 +407,10 @@ def main(args):
         metrics = dict(zip(names, stats), explained_variance=explained_var, learning_rate=lr)
         # checked like a loss: Categorical.sample raises on nan probabilities
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
-        run.log_progress(pbar, global_step, metrics)
+        run.log_progress(global_step, metrics)
         run.steps = global_step
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
-        if run.stop_signal or run.diverged:  # Ctrl-C, SIGTERM or divergence
+        if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
     # the normalization the agent was trained with
@@ -511,27 +419,9 @@ def main(args):
     finish(obs_rms)
 
 
-# ==================================================================================================
-# Run plumbing, the same in every recurrent script: flag errors, the run folder and summary,
-# wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args` is this
-# script's own.
-
-
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print("error: " + " ".join(str(message).split()), file=sys.stderr)
-    sys.exit(2)
-
-
 def check_args(args):
-    """Flag values that make no sense: one line naming the flag and exit status 2."""
-    for name, value in vars(args).items():
-        # nan fails every comparison below; past 1e30 float32 overflows
-        if isinstance(value, float) and not abs(value) <= 1e30:
-            flag = "--" + name.replace("_", "-")
-            fail(f"{flag} must be a finite number, at most 1e30 in size, got {value}")
-    if not 0 <= args.seed < 2**31:  # numpy's seeds are below 2**32, envpool's below 2**31
-        fail(f"--seed must be in [0, 2**31), got {args.seed}")
+    """This script's flags: a value that makes no sense ends the run before training, with one line
+    that names the flag (exit status 2); the run flags are the Run's to check."""
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"]
     for name in positive + ["learning_rate", "clip_coef", "max_grad_norm", "target_kl"]:
         value = getattr(args, name)
@@ -549,357 +439,6 @@ def check_args(args):
         )
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-
-
-class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
-    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
-    sets `diverged`: the loop stops after its step."""
-
-    VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
-    # flags that a resumed run may change: they do not change what is trained
-    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
-    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
-    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name")
-
-    def __init__(self, args, script):
-        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            n = args.eval_episodes
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
-        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
-            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
-        folder = args.run_name
-        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
-            fail(f"--run-name must name one folder under runs/, got {folder!r}")
-        self.args, self.script = args, script
-        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = (args.run_name or self.name).replace(":", "_")
-        self.dir = os.path.join("runs", self.name)
-        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
-        self.videos = self.video_folder() if args.capture_video else None
-        os.makedirs(self.dir, exist_ok=True)
-        self.wandb = None
-        if args.track:
-            self.wandb = __import__("wandb")  # only with --track
-            self.wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                config=vars(args),
-                name=self.name,
-                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
-                resume="allow",
-            )
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns = deque(maxlen=20)  # the last 20 episodic returns
-        self.curve = []  # [step, seconds, return] of every episode
-        self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
-        self.steps, self.stop_signal, self.diverged = 0, 0, None
-        self.resumes = []
-        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
-        self.envs_restored = False  # by `resume`, where the checkpoint holds them
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self.on_signal)
-
-    def on_signal(self, signum, frame):
-        self.stop_signal = signum
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
-            signal.signal(signum, signal.SIG_DFL)
-
-    def load_model(self, path):
-        algorithm = re.sub(self.VARIANTS, "", self.script)
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, trained = saved["script"], dict(saved["args"])
-        except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({e!r})")
-        if re.sub(self.VARIANTS, "", saved_by) != algorithm:
-            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        for flag in ("env_id", "obs_indices", "memory"):  # what the policy acts on
-            if trained.get(flag) != getattr(self.args, flag):
-                value = trained.get(flag)
-                fail(f"--eval-model {path} was trained with --{flag.replace('_', '-')} {value}")
-        return saved["model"]
-
-    def load_checkpoint(self):
-        """The checkpoint that --resume names (a file or a run folder), checked against the
-        flags."""
-        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
-        if args.resume is None and args.run_name and os.path.exists(own):
-            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
-        if args.resume == "auto" and not args.run_name:
-            fail("--resume auto needs --run-name, the folder under runs/ to continue")
-        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
-            return None
-        path = own if args.resume == "auto" else args.resume
-        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-            saved_by, trained = saved["script"], saved["args"]
-        except Exception as e:
-            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
-        if saved_by != self.script:
-            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
-        for flag, value in vars(args).items():
-            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
-                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
-        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
-            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
-            sys.exit(0)
-        self.dir = os.path.dirname(os.path.abspath(path))
-        self.name = os.path.basename(self.dir)
-        return saved
-
-    def resume(self, state, iterations):
-        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
-        generators into the run; returns the part of `iterations` left to run."""
-        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
-        if saved is None:
-            return iterations
-        self.restore(state, saved["state"], self.args.seed + saved["step"])
-        python, numpy, cpu, cuda = saved["generators"]
-        random.setstate(python)
-        np.random.set_state(numpy)
-        torch.set_rng_state(cpu)
-        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
-            torch.cuda.set_rng_state_all(cuda)
-        self.steps, self.curve = saved["step"], saved["curve"]
-        self.returns.extend(saved["returns"])
-        self.start_time = time.time() - saved["wall_s"]
-        resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
-        self.resumes = saved["resumes"] + [resumed]
-        self.start_clock(self.steps)
-        return range(saved["iteration"], iterations.stop)
-
-    def checkpoint(self, iteration, state):
-        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
-        and the generators to checkpoint.pt, written to a temporary file and renamed."""
-        final = iteration + 1 == self.iterations.stop
-        if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
-            return
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
-        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
-        saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
-        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
-        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, generators=generators)
-        path = os.path.join(self.dir, "checkpoint.pt")
-        torch.save(saved | dict(state=self.state_of(state())), path + ".tmp")
-        os.replace(path + ".tmp", path)
-        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
-
-    def state_of(self, obj):
-        """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs, ...) the
-        envs' wrappers and envs pickled but their functions, which the same flags make again
-        (observation transforms), or None where they cannot be (a video recorder)."""
-        if hasattr(obj, "state_dict"):
-            return obj.state_dict()
-        if isinstance(obj, np.random.Generator):
-            return obj.bit_generator.state
-        if isinstance(obj, SimpleNamespace):
-            obj = vars(obj)
-        if isinstance(obj, dict):  # what has a state: no functions
-            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
-            return {k: self.state_of(v) for k, v in kept.items()}
-        if isinstance(obj, tuple):  # (envs, obs, ...)
-            # between the layers, and how to make them
-            links = ("env", "envs", "env_fns", "_saved_kwargs")
-            layers = [
-                {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
-                for x in self.layers(obj)
-            ]
-            try:
-                envs = pickle.dumps(layers)
-            except Exception:  # an env that renders for a video recorder holds its screen
-                envs = None
-            return (envs, *(self.state_of(x) for x in obj[1:]))
-        return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
-
-    def restore(self, obj, saved, seed):
-        """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
-        `seed`."""
-        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
-            rates = [group["lr"] for group in obj.param_groups]
-            obj.load_state_dict(saved)
-            for group, rate in zip(obj.param_groups, rates):
-                if isinstance(rate, torch.Tensor):
-                    group["lr"] = rate.copy_(group["lr"])
-        elif hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(saved)
-        elif isinstance(obj, np.random.Generator):
-            obj.bit_generator.state = saved
-        elif isinstance(obj, (dict, SimpleNamespace)):
-            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
-            for key, value in items:
-                if key in saved:
-                    self.restore(value, saved[key], seed)
-        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes: no dones, no memory
-            self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
-            for carried in obj[2:]:
-                carried.zero_()
-        elif isinstance(obj, tuple):
-            for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
-                vars(layer).update(attributes)
-            for x, value in zip(obj[1:], saved[1:]):
-                self.restore(x, value, seed)
-            self.envs_restored = True
-        elif isinstance(obj, np.ndarray):
-            obj[...] = saved
-        else:
-            with torch.no_grad():
-                obj.copy_(torch.as_tensor(saved))
-
-    @staticmethod
-    def layers(envs_obs):
-        """The vector env, then each env's wrappers and the env itself, outermost first."""
-        layers = [envs_obs[0]]
-        for env in envs_obs[0].envs:
-            layers.append(env)
-            while hasattr(env, "env"):
-                env = env.env
-                layers.append(env)
-        return layers
-
-    def video_folder(self):
-        """runs/<run_name>/videos, once we know that this machine can record the env."""
-        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
-        # torch's compiler loads triton's LLVM (CUDA builds); after Mesa's EGL has loaded its own,
-        # that crashes the process, so it comes first
-        __import__("torch._dynamo")
-        try:
-            __import__("moviepy")  # RecordVideo's writer
-            env = gym.make(self.args.env_id, render_mode="rgb_array")
-            env.reset(seed=0)
-            assert isinstance(env.render(), np.ndarray), "no frame"
-        except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
-        videos = os.path.join(self.dir, "videos")
-        # a resumed run's recorder counts episodes from 0 again: a folder of its own keeps the first
-        return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
-
-    def start_clock(self, global_step):
-        self.measure_start, self.measure_step = time.time(), global_step
-
-    def sps(self, global_step, now=None):
-        if self.measure_start:  # None before the clock starts
-            seconds = (now or time.time()) - self.measure_start
-            return (global_step - self.measure_step) / seconds
-
-    def log_episodes(self, global_step, returns):
-        for episodic_return in returns:
-            self.returns.append(episodic_return)
-            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
-            if self.wandb:
-                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
-
-    def log_progress(self, pbar, global_step, metrics):
-        """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
-        finite diverges the run."""
-        tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
-        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync
-        metrics = metrics | dict(zip(tensors, values))
-        sps = self.sps(global_step) or 0.0
-        return_mean = np.mean(self.returns) if self.returns else float("nan")
-        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if self.wandb:
-            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
-            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, value in metrics.items():
-            if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
-                self.diverge(global_step, name, value)
-
-    def diverge(self, step, metric, value):
-        if self.diverged:
-            return
-        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
-        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
-        line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
-        tqdm.tqdm.write(line, file=sys.stderr)
-        self.diverged = dict(step=step, metric=metric, value=str(value))
-
-    def finish(self, device, model, evaluate, **extra):
-        """Save `model` (--save-model), write summary.json, play --eval-episodes with
-        `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
-        nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
-        args, end_time = self.args, time.time()
-        weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
-        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once
-        if not np.isfinite(weight_sum):
-            self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):
-            self.diverge(self.steps, "return_mean", np.mean(self.returns))
-        model_file = None
-        if args.save_model and not self.diverged:  # torch.load(model_file, weights_only=True)
-            model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt"))
-            saved = {"script": self.script, "args": vars(args), "model": model}
-            torch.save(saved, model_file + ".tmp")
-            os.replace(model_file + ".tmp", model_file)
-        wall_s = end_time - self.start_time
-        summary = dict(
-            script=self.script,
-            env_id=args.env_id,
-            seed=args.seed,
-            device=str(device),
-            compile=getattr(args, "compile", False),
-            cudagraphs=getattr(args, "cudagraphs", False),
-            num_envs=args.num_envs,
-            total_timesteps=self.steps,
-            sps=self.sps(self.steps, end_time),
-            sps_wall=self.steps / wall_s,
-            wall_s=wall_s,
-            torch_version=torch.__version__,
-            episodes=len(self.curve),
-            return_mean=float(np.mean(self.returns)) if self.returns else None,
-            interrupted=self.stop_signal > 0,
-            resumes=self.resumes,
-            model_file=model_file,
-            eval_returns=[],
-            eval_return_mean=None,
-        )
-        summary |= extra  # a script's own fields, which may override the ones above
-        if args.eval_episodes and not self.diverged:
-            self.write_summary(summary)  # kept if a second signal kills the evaluation
-            returns = evaluate(args.eval_episodes, self.videos)
-            summary |= dict(eval_returns=returns, eval_return_mean=float(np.mean(returns)))
-        print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
-        if self.wandb:
-            self.wandb.finish()
-        if self.diverged or self.stop_signal:
-            sys.exit(3 if self.diverged else 128 + self.stop_signal)
-
-    def write_summary(self, summary):
-        """summary.json, written atomically, non-finite numbers as strings; returns what the SUMMARY
-        line prints."""
-        text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
-        summary = json.loads(text, parse_constant=lambda c: str(float(c)))
-        curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(summary | {"curve": curve}, f)
-        os.replace(path + ".tmp", path)
-        return summary | {"summary_file": os.path.abspath(path)}
-
-
-def evaluate(agent, envs, episodes, seed, state, memory, device):
-    """The returns of `episodes` episodes on `envs` (one env, closed after) by `agent`'s most likely
-    action, its state (`state`: zeros) carried from step to step and zeroed when an episode starts
-    (at every step without `memory`)."""
-    obs, _ = envs.reset(seed=seed)
-    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
-    returns = []
-    while len(returns) < episodes:
-        with torch.no_grad():
-            obs = torch.as_tensor(obs, device=device, dtype=torch.float)
-            hidden, state = agent.get_states(obs[None], state, done)
-            actions = agent.actor(hidden[0]).argmax(-1)
-        obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
-        starts = episode_starts(terminations, truncations, memory)
-        done = torch.as_tensor(starts, device=device, dtype=torch.float)[None]
-        returns += finished_episodes(infos)
-    envs.close()
-    return returns[:episodes]
 
 
 if __name__ == "__main__":

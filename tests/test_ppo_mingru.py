@@ -22,8 +22,6 @@ from test_ppo_lstm import (
 )
 from test_ppo_lstm import make_minibatch as lstm_minibatch
 
-from benchmarks.scripts import script_envs
-
 EAGER, TWIN = "ppo_mingru", "ppo_mingru_torchcompile"
 
 
@@ -217,24 +215,20 @@ BAD_FLAGS = [
 ]
 
 
-def assert_refused(module, flags, words, capsys):
-    """`flags` parsed by the script's `Args`, its envs made and its flags checked: exit 2 with one
-    line on stderr."""
-    with pytest.raises(SystemExit) as stop:
-        args, _ = script_envs(module, flags)
-        module.check_args(args)
-    assert stop.value.code == 2, flags
+def assert_refused(train, script, flags, words, capsys):
+    """`flags` given to the script's `main`, in process: refused before training (its envs made and
+    its flags checked), exit 2 with one line on stderr."""
+    assert train(script, *flags) == 2, flags
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(word in lines[0] for word in words), (flags, lines)
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
-def test_bad_input_exits_2(script, capsys):
+def test_bad_input_exits_2(script, train, capsys):
     """Each bad value is refused by the script's own checks, in process; a missing --eval-model
     through a whole run, which shows that `main` checks before it trains."""
-    module = load_script(script)
     for flags, words in BAD_FLAGS:
-        assert_refused(module, flags, words, capsys)
+        assert_refused(train, script, flags, words, capsys)
     missing = run_script(script, "--eval-model", "no-such.pt", "--eval-episodes", "1", timeout=120)
     assert_user_error(missing, "--eval-model", "no-such.pt", "FileNotFoundError")
 
@@ -242,8 +236,8 @@ def test_bad_input_exits_2(script, capsys):
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="this machine has CUDA: --cudagraphs is valid here"
 )
-def test_cudagraphs_without_cuda_exits_2(capsys):
-    assert_refused(load_script(TWIN), ("--cudagraphs",), ("--cudagraphs", "CUDA"), capsys)
+def test_cudagraphs_without_cuda_exits_2(train, capsys):
+    assert_refused(train, TWIN, ("--cudagraphs",), ("--cudagraphs", "CUDA"), capsys)
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
