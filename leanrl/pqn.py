@@ -1,0 +1,287 @@
+"""Parallel Q-Network (PQN), the eager reference: CleanRL's pqn.py in plain PyTorch.
+
+Paper: https://arxiv.org/abs/2407.04811. Q-learning from many envs at once, with no replay buffer
+and no target network: a LayerNorm Q network, epsilon-greedy rollouts and Q(lambda) returns, then
+minibatch epochs over each rollout, as PPO does. Defaults are CleanRL's: CartPole-v1, 500k steps,
+4 envs x 128 steps, RAdam.
+
+    python leanrl/pqn.py  # the benchmark run: CartPole-v1, 500k steps
+    python leanrl/pqn.py --env-id Acrobot-v1
+
+Written in the shape of pqn_torchcompile.py, so that their diff shows only what buys speed. Unlike
+CleanRL, a truncated episode bootstraps from the value of its true final observation, a terminated
+one from 0. A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose recorder
+cannot be saved: then its episodes start afresh.
+"""
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+
+
+@dataclass
+class Args(CudaFlags):
+    env_id: str = "CartPole-v1"
+    """the id of the environment"""
+    total_timesteps: int = 500_000
+    """total environment steps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 4
+    """the number of parallel environments"""
+    num_steps: int = 128
+    """the number of vector steps of each rollout"""
+    num_minibatches: int = 4
+    """the number of minibatches each epoch splits the rollout into"""
+    update_epochs: int = 4
+    """the number of epochs (passes over the rollout) of each update"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the iterations"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.05
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.5
+    """the fraction of `total_timesteps` over which epsilon falls from `start_e` to `end_e`"""
+    max_grad_norm: float = 10.0
+    """the maximum norm for the gradient clipping"""
+    q_lambda: float = 0.65
+    """the lambda of the Q(lambda) returns"""
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class QNetwork(nn.Module):
+    """An MLP whose hidden layers are normalized (LayerNorm): what lets PQN drop the target
+    network."""
+
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 120, device=device)),
+            nn.LayerNorm(120, device=device),
+            nn.ReLU(),
+            layer_init(nn.Linear(120, 84, device=device)),
+            nn.LayerNorm(84, device=device),
+            nn.ReLU(),
+            layer_init(nn.Linear(84, n_act, device=device)),
+        )
+
+    def forward(self, x):
+        return self.network(x)
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    """Epsilon at env step `t`: from `start_e` at 0 down to `end_e` at `duration`, then flat."""
+    return max(start_e + (end_e - start_e) * t / duration, end_e)
+
+
+def epsilon_greedy(q_values, epsilon):
+    """Per env, the greedy action or, with probability `epsilon` (a coin per env, as CleanRL flips
+    them), a uniform one; and the greedy action's value, max_a Q."""
+    values, greedy = q_values.max(dim=1)
+    random_actions = torch.randint_like(greedy, q_values.shape[1])
+    explore = torch.rand_like(values) < epsilon
+    return torch.where(explore, random_actions, greedy), values
+
+
+def q_lambda_returns(
+    rewards, values, next_value, final_values, terminations, truncations, gamma, q_lambda
+):
+    """The Q(lambda) returns, shaped [num_steps, num_envs]. `values[t]` is max_a Q of the obs at
+    step t, `next_value` [num_envs] that of the obs after the last step, `final_values[t]` that of
+    the true final obs of an episode truncated at step t (read only there)."""
+    dones = torch.maximum(terminations, truncations)
+    # after an episode's last step: its final obs' value if it was cut off, 0 if it terminated
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
+    # R_t = r_t + gamma * ((1 - lambda) * V_{t+1} + lambda * R_{t+1}), where R_{t+1} is V_{t+1}
+    # after an episode's last step and after the rollout's
+    returns = torch.zeros_like(values)
+    next_return = next_values[-1]
+    for t in reversed(range(len(values))):
+        next_return = torch.where(dones[t].bool(), next_values[t], next_return)
+        mixed = (1 - q_lambda) * next_values[t] + q_lambda * next_return
+        returns[t] = next_return = rewards[t] + gamma * mixed
+    return returns
+
+
+def make_learner(args, n_obs, n_act, device):
+    """The Q network, its optimizer and the steps that use them."""
+    q_network = QNetwork(n_obs, n_act, device=device)
+    optimizer = torch.optim.RAdam(q_network.parameters(), lr=args.learning_rate)
+
+    def policy(obs, epsilon):
+        """Epsilon-greedy actions and the greedy actions' values, on the device."""
+        return epsilon_greedy(q_network(obs), epsilon)
+
+    def get_value(obs):
+        """max_a Q(obs, a): what a return bootstraps from."""
+        return q_network(obs).max(dim=1).values
+
+    def loss_fn(mb):
+        old_val = q_network(mb["obs"]).gather(1, mb["actions"].unsqueeze(-1)).squeeze(-1)
+        return F.mse_loss(mb["returns"], old_val), old_val.mean().detach()
+
+    def update(mb):
+        """One gradient step on a minibatch; returns its loss and mean Q of the actions taken."""
+        optimizer.zero_grad()
+        loss, q_mean = loss_fn(mb)
+        loss.backward()
+        nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return loss.detach(), q_mean
+
+    return SimpleNamespace(
+        q_network=q_network,
+        optimizer=optimizer,
+        policy=policy,
+        get_value=get_value,
+        update=update,
+    )
+
+
+def main(args):
+    check_args(args)
+    run = Run(args, "pqn")  # runs.py: folder, seeds, signals, ...
+    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
+    spaces = envs.single_observation_space, envs.single_action_space
+    if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
+        fail(f"--env-id {args.env_id!r} has spaces {spaces}; PQN needs Box obs, Discrete actions")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    n_obs = int(np.prod(spaces[0].shape))
+    n_act = int(spaces[1].n)
+    learner = make_learner(args, n_obs, n_act, device)
+    q_network, optimizer = learner.q_network, learner.optimizer
+
+    def evaluate_greedy(episodes, videos):
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes)
+        greedy = lambda obs: q_network(obs).argmax(dim=1)  # noqa: E731
+        return evaluate(greedy, eval_envs, episodes, args.seed, device)
+
+    if args.eval_model:
+        q_network.load_state_dict(run.saved_model)
+        envs.close()
+        return run.finish(device, q_network.state_dict(), evaluate_greedy)
+
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
+    compute_returns = q_lambda_returns
+
+    def to_tensor(x):  # the envs' numpy arrays, as float32 on the device
+        return torch.as_tensor(x, device=device, dtype=torch.float)
+
+    # the rollout, [num_steps, num_envs, ...]
+    scalars = ("values", "rewards", "terminations", "truncations", "final_values")
+    rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
+    rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device)
+
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = to_tensor(next_obs)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    exploration_steps = args.exploration_fraction * args.total_timesteps
+
+    def training_state():  # what a checkpoint keeps, beside the run's counters and generators
+        return dict(learner=learner, envs=(envs, next_obs))
+
+    start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
+    global_step = run.steps  # 0 unless resumed
+    for iteration in run.progress(range(start, num_iterations)):
+        if iteration == args.measure_burnin:
+            run.start_clock(global_step)  # sps counts from here
+        if args.anneal_lr:
+            frac = 1.0 - iteration / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # rollout
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            rollout["obs"][step] = next_obs
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+            with torch.no_grad():
+                action, value = policy(next_obs, epsilon)
+            rollout["actions"][step] = action
+            rollout["values"][step] = value
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            run.log_episodes(global_step, finished_episodes(infos))
+            rollout["rewards"][step] = to_tensor(reward)
+            rollout["terminations"][step] = to_tensor(terminations)
+            rollout["truncations"][step] = to_tensor(truncations)
+            if truncations.any():
+                # the value where each truncated episode was cut (the returns read it only there)
+                final_obs = to_tensor(true_next_obs(next_obs, infos))
+                with torch.no_grad():
+                    rollout["final_values"][step] = get_value(final_obs)
+            next_obs = to_tensor(next_obs)
+
+        # returns
+        with torch.no_grad():
+            next_value = get_value(next_obs)
+            keys = ("rewards", "values", "final_values", "terminations", "truncations")
+            returns = compute_returns(
+                **{key: rollout[key] for key in keys},
+                next_value=next_value,
+                gamma=args.gamma,
+                q_lambda=args.q_lambda,
+            )
+
+        # update
+        b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions")}
+        b["returns"] = returns.flatten()
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                td_loss, q_mean = update({key: value[mb_inds] for key, value in b.items()})
+
+        # log
+        metrics = dict(td_loss=td_loss, q_values=q_mean, epsilon=epsilon)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
+        run.log_progress(global_step, metrics)
+        run.steps = global_step
+        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
+            break
+
+    envs.close()
+    run.finish(device, q_network.state_dict(), evaluate_greedy)
+
+
+def check_args(args):
+    """This script's flags: a value that makes no sense ends the run before training, with one line
+    that names the flag (exit status 2); the run flags are the Run's to check."""
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    for flag in (*flags, "learning_rate", "max_grad_norm"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    batch_size = args.num_steps * args.num_envs
+    if args.total_timesteps < batch_size:
+        rollout = "one rollout (--num-steps x --num-envs)"
+        fail(f"--total-timesteps {args.total_timesteps} is less than {rollout}")
+    if batch_size % args.num_minibatches:
+        rollout = f"--num-steps x --num-envs ({batch_size})"
+        fail(f"--num-minibatches must split {rollout} into equal parts")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.q_lambda <= 1:
+        fail("--gamma and --q-lambda must be in [0, 1]")
+    epsilons = (args.start_e, args.end_e)
+    if not 0 < args.exploration_fraction <= 1 or not all(0 <= e <= 1 for e in epsilons):
+        fail("--exploration-fraction must be in (0, 1], --start-e and --end-e in [0, 1]")
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
