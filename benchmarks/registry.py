@@ -128,4 +128,18 @@ ALGOS = (
         quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),
         full=("--total-timesteps", "204800"),
     ),
+    Algo(
+        "pqn",
+        "pqn",
+        # 40 iterations of 4 envs x 128 steps, CartPole-v1
+        quick=("--total-timesteps", "20480", "--measure-burnin", "4"),
+        full=("--total-timesteps", "102400"),
+    ),
+    Algo(
+        "pqn_atari_envpool",
+        "pqn_atari_envpool",
+        # 6 iterations
+        quick=("--env-id", "Breakout-v5", "--total-timesteps", "6144", "--measure-burnin", "2"),
+        full=("--total-timesteps", "204800"),
+    ),
 )

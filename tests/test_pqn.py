@@ -1,0 +1,355 @@
+"""PQN's twins on classic control: smoke runs, epsilon-greedy acting with a coin per env on the
+epsilon schedule, the Q(lambda) returns (bootstrapping through truncation, not termination; the
+twin's doubling = the eager loop), the twin's update (compiled or not) = the eager twin's on the
+same minibatch (loss, gradients, parameters), no recompilation, no host sync in what a CUDA graph
+records, models that load across the twins, divergence, learning, bad inputs.
+
+Compiling tests (a cold torch.compile costs 15-40 s here): the twin's `--compile` smoke run, its
+compiled policy, returns and update. The rest run in a few seconds each.
+"""
+
+import pytest
+import torch
+from conftest import (
+    assert_no_host_sync,
+    assert_user_error,
+    load_script,
+    requires_cuda,
+    run_script,
+    summary,
+)
+from tensordict import TensorDict
+from test_divergence import assert_diverged
+
+EAGER, TWIN = "pqn", "pqn_torchcompile"
+# 4 iterations of 4 envs x 128 steps, 16 minibatch updates each
+SMOKE = ("--total-timesteps", 2048, "--measure-burnin", 1)
+
+
+@pytest.fixture(scope="module")
+def eager_run(tmp_path_factory):
+    """The eager twin's smoke run, which saves its model and evaluates it for 2 episodes."""
+    flags = (*SMOKE, "--save-model", "--eval-episodes", 2)
+    return summary(run_script(EAGER, *flags, cwd=tmp_path_factory.mktemp(EAGER)))
+
+
+@pytest.mark.parametrize(
+    "script, flags",
+    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",))],
+    ids=["eager", "twin", "twin-compile"],
+)
+def test_smoke(script, flags, request):
+    s = (
+        request.getfixturevalue("eager_run")
+        if script == EAGER
+        else summary(run_script(script, *SMOKE, *flags))
+    )
+    assert (s["script"], s["env_id"], s["device"]) == (script, "CartPole-v1", "cpu")
+    assert s["compile"] is ("--compile" in flags) and s["cudagraphs"] is False
+    assert (s["num_envs"], s["total_timesteps"]) == (4, 2048)
+    # epsilon starts at 1 (random CartPole episodes last ~20 steps, at least 8) and reaches 0.05
+    # at half the run
+    assert s["episodes"] > 10 and s["return_mean"] >= 8
+    assert s["sps"] > 0 and s["sps_wall"] > 0
+
+
+def test_a_model_saved_by_one_twin_evaluates_alike_in_the_other(eager_run, tmp_path):
+    """The eager twin's model, evaluated greedily by the twin on the same seed, plays the same
+    episodes; the Q networks have the same keys and shapes."""
+    assert len(eager_run["eval_returns"]) == 2
+    flags = ("--eval-model", eager_run["model_file"], "--eval-episodes", 2)
+    replayed = summary(run_script(TWIN, *flags, cwd=tmp_path))
+    assert replayed["eval_returns"] == eager_run["eval_returns"]
+    shapes = [
+        {k: v.shape for k, v in load_script(name).QNetwork(4, 2).state_dict().items()}
+        for name in (EAGER, TWIN)
+    ]
+    assert shapes[0] == shapes[1]
+
+
+# --- acting
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_linear_schedule(script):
+    """1 -> 0.05 over 1000 steps: start, middle, end of exploration, and flat after it."""
+    linear_schedule = load_script(script).linear_schedule
+    for t, expected in ((0, 1.0), (500, 0.525), (1000, 0.05), (5000, 0.05)):
+        value = linear_schedule(1.0, 0.05, 1000, torch.tensor(t) if script == TWIN else t)
+        assert float(value) == pytest.approx(expected, abs=1e-6), t
+
+
+def prefer_action_0(q_network):
+    """A Q network whose every state has Q = [1, 0]."""
+    with torch.no_grad():
+        q_network.network[-1].weight.zero_()
+        q_network.network[-1].bias.copy_(torch.tensor([1.0, 0.0]))
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+def test_acting_flips_a_coin_per_env_on_the_schedule(script):
+    """With Q = [1, 0] everywhere, an env plays action 1 with probability epsilon / 2, and all 8
+    envs of a call play 0 with probability (1 - epsilon / 2)^8; one coin for all envs (DQN's)
+    would give 1 - epsilon + epsilon / 256 (0.09 against 0.48 at epsilon 0.525). The values are
+    max Q = 1. The eager twin gets epsilon from the loop; the twin's compiled policy draws it from
+    the step it advances on the device, and compiles nothing new across the schedule. 2,000 calls
+    per point: standard errors below 0.004 and 0.012, tolerances 0.02 and 0.04."""
+    mod = load_script(script)
+    torch.manual_seed(0)
+    args = mod.Args(start_e=1.0, end_e=0.05, exploration_fraction=1.0, total_timesteps=100_000)
+    learner = mod.make_learner(args, 4, 2, torch.device("cpu"))
+    prefer_action_0(learner.q_network)
+    obs = torch.randn(8, 4)
+    if script == TWIN:
+        policy = torch.compile(learner.policy, fullgraph=True)
+        policy(obs)  # warm-up: compiles
+        assert int(learner.global_step) == 8, "the policy advances the step by the number of envs"
+    with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
+        for step, epsilon in ((0, 1.0), (50_000, 0.525), (100_000, 0.05), (400_000, 0.05)):
+            calls = []
+            for _ in range(2000):
+                if script == TWIN:
+                    learner.global_step.fill_(step - 8)  # the policy adds the call's 8 envs
+                    calls.append(policy(obs))
+                else:
+                    calls.append(learner.policy(obs, epsilon))
+            actions = torch.stack([a for a, _ in calls])
+            assert actions.dtype == torch.long and actions.shape == (2000, 8)
+            assert torch.equal(torch.stack([v for _, v in calls]), torch.ones(2000, 8))
+            share = actions.float().mean().item()
+            all_greedy = (actions == 0).all(dim=1).float().mean().item()
+            assert share == pytest.approx(epsilon / 2, abs=0.02), step
+            assert all_greedy == pytest.approx((1 - epsilon / 2) ** 8, abs=0.04), step
+
+
+# --- the Q(lambda) returns
+# ------------------------------------------------------------------------------------------
+
+
+def returns_functions(eager=EAGER, twin=TWIN):
+    """The eager twin's loop, the twin's doubling, and the doubling compiled as `--compile` does."""
+    twin_returns = load_script(twin).q_lambda_returns
+    return {
+        "eager": load_script(eager).q_lambda_returns,
+        "twin": twin_returns,
+        "twin-compiled": torch.compile(twin_returns, fullgraph=True),
+    }
+
+
+@pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled"])
+def test_returns_bootstrap_truncation_from_the_final_obs_and_not_termination(name):
+    """One env, 4 steps: step 1 is truncated (its final obs' value 10), step 2 terminates (its
+    final value, 55, is never read); the rollout ends after step 3 (value 7 after it)."""
+    rewards = torch.tensor([[1.0], [2.0], [0.0], [3.0]])
+    values = torch.tensor([[0.5], [1.0], [4.0], [99.0]])
+    final_values = torch.tensor([[-1.0], [10.0], [55.0], [-1.0]])
+    terminations = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
+    truncations = torch.tensor([[0.0], [1.0], [0.0], [0.0]])
+    gamma, lam = 0.9, 0.5
+    returns = returns_functions()[name](
+        rewards, values, torch.tensor([7.0]), final_values, terminations, truncations, gamma, lam
+    )
+    # by hand: R_3 = 3 + 0.9 * 7 = 9.3 (the rollout's end); R_2 = 0 (terminal); R_1 = 2 + 0.9 * 10
+    # = 11 (the truncated episode's final obs); R_0 = 1 + 0.9 * (0.5 * 1 + 0.5 * 11) = 6.4
+    torch.testing.assert_close(returns, torch.tensor([[6.4], [11.0], [0.0], [9.3]]))
+
+
+def recursive_returns(rewards, next_values, dones, gamma, q_lambda):
+    """The paper's Q(lambda) recursion, one step at a time, in float64: R_t = r_t + gamma *
+    ((1 - lambda) * V_{t+1} + lambda * R_{t+1}), with R_{t+1} = V_{t+1} at an episode's end and
+    after the last step; `next_values` is V_{t+1}, 0 after a termination."""
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(len(rewards))):
+        for e in range(rewards.shape[1]):
+            last = t == len(rewards) - 1 or bool(dones[t, e])
+            later = next_values[t, e] if last else returns[t + 1, e]
+            mixed = (1 - q_lambda) * next_values[t, e] + q_lambda * later
+            returns[t, e] = rewards[t, e] + gamma * mixed
+    return returns
+
+
+def test_returns_are_the_recursion_and_doubling_equals_the_loop():
+    """128 steps x 4 envs with terminations and truncations: the eager loop, the doubling and the
+    doubling compiled against the recursion written out in float64, to 1e-5 (float32 summed in
+    another order)."""
+    g = torch.Generator().manual_seed(0)
+    n, e = 128, 4
+    terminations = (torch.rand(n, e, generator=g) < 0.03).float()
+    truncations = (torch.rand(n, e, generator=g) < 0.02).float() * (1 - terminations)
+    rewards, values = torch.randn(n, e, generator=g), torch.randn(n, e, generator=g)
+    next_value, final_values = torch.randn(e, generator=g), torch.randn(n, e, generator=g)
+    dones = torch.maximum(terminations, truncations)
+    next_values = torch.cat([values[1:], next_value[None]])
+    next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
+    expected = recursive_returns(rewards.double(), next_values.double(), dones, 0.99, 0.65)
+    data = (rewards, values, next_value, final_values, terminations, truncations, 0.99, 0.65)
+    for name, function in returns_functions().items():
+        torch.testing.assert_close(function(*data), expected.float(), rtol=1e-5, atol=1e-5)
+
+
+# --- the update: twin (compiled or not) == eager
+# ---------------------------------------------------------------------------------
+
+
+def make_minibatch(seed, size=128, n_obs=4, n_act=2):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        obs=torch.randn(size, n_obs, generator=g),
+        actions=torch.randint(0, n_act, (size,), generator=g),
+        returns=torch.randn(size, generator=g) * 10,
+        batch_size=[size],
+    )
+
+
+def build_update(script, seed=0, compile=False):
+    """`script`'s update from the same starting parameters (seeded), as `main` builds it: the twin's
+    RAdam with a tensor learning rate, its update compiled whole under `--compile`."""
+    module = load_script(script)
+    torch.manual_seed(seed)
+    learner = module.make_learner(module.Args(), 4, 2, torch.device("cpu"))
+    update = torch.compile(learner.update) if compile else learner.update
+    return update, learner.q_network
+
+
+def test_twin_update_compiled_or_not_takes_the_eager_twins_steps():
+    """Three steps on fresh minibatches (RAdam's moments carry over): losses and mean Qs within 1e-5
+    relative, the gradients of each step within 1e-5 relative and 1e-6 absolute, the parameters
+    after each step within 1e-6 (one step moves them by ~lr = 2.5e-4). The eager twin's update
+    takes a dict of tensors, the twin's a TensorDict."""
+    updates = {
+        "eager": build_update(EAGER),
+        "twin": build_update(TWIN),
+        "twin-compiled": build_update(TWIN, compile=True),
+    }
+    start = [p.detach().clone() for p in updates["eager"][1].parameters()]
+    for step in range(3):
+        batch = make_minibatch(step)
+        expected = updates["eager"][0](dict(batch.items()))
+        reference = list(updates["eager"][1].parameters())
+        for name in ("twin", "twin-compiled"):
+            update, q_network = updates[name]
+            for value, want in zip(update(batch.clone()), expected):
+                torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-7, msg=name)
+            for param, want in zip(q_network.parameters(), reference):
+                torch.testing.assert_close(param.grad, want.grad, rtol=1e-5, atol=1e-6, msg=name)
+                torch.testing.assert_close(param, want, rtol=0, atol=1e-6, msg=name)
+    moved = [not torch.equal(p, p0) for p, p0 in zip(updates["eager"][1].parameters(), start)]
+    assert all(moved), "every parameter moved"
+
+
+def test_no_recompilation_after_warmup():
+    """The compiled policy, returns and update as one iteration calls them, the learning rate
+    annealed in place between iterations: after two iterations nothing compiles again."""
+    module = load_script(TWIN)
+    torch.manual_seed(0)
+    learner = module.make_learner(module.Args(), 4, 2, torch.device("cpu"))
+    policy = torch.compile(learner.policy, fullgraph=True)
+    returns_fn = torch.compile(module.q_lambda_returns, fullgraph=True)
+    update = torch.compile(learner.update)
+    zeros = torch.zeros(8, 4)
+
+    def iteration(seed):
+        with torch.no_grad():
+            for _ in range(3):
+                action, value = policy(torch.randn(4, 4))
+            data = (torch.randn(8, 4), torch.randn(8, 4), value, torch.randn(8, 4), zeros, zeros)
+            returns = returns_fn(*data, 0.99, 0.65)
+        update(make_minibatch(seed))
+        return action, returns
+
+    for seed in range(2):
+        iteration(seed)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for seed in range(2, 5):
+            learner.optimizer.param_groups[0]["lr"].copy_(1e-4 * seed)
+            action, returns = iteration(seed)
+    assert action.shape == (4,) and returns.shape == (8, 4)
+    assert int(learner.global_step) == 5 * 3 * 4
+
+
+# --- the CUDA path, checked on the CPU
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_what_a_cuda_graph_records_never_syncs_with_the_host(compile):
+    """Under `--cudagraphs` the twin records acting, the returns and the update: each runs without a
+    host sync (conftest's guard), with RAdam capturable. Eagerly, RAdam's capturable step refuses
+    the CPU, so the update is checked compiled only (where torch skips that check); on a GPU the
+    CUDA tests record it."""
+    module = load_script(TWIN)
+    torch.manual_seed(0)
+    args = module.Args(cudagraphs=True, compile=compile)
+    learner = module.make_learner(args, 4, 2, torch.device("cpu"))
+    assert learner.optimizer.defaults["capturable"]
+    zeros = torch.zeros(16, 4)
+    rollout = (torch.randn(16, 4), torch.randn(16, 4), torch.randn(4), torch.randn(16, 4))
+    functions = {
+        "policy": (learner.policy, lambda: (torch.randn(4, 4),)),
+        "returns": (module.q_lambda_returns, lambda: (*rollout, zeros, zeros, 0.99, 0.65)),
+    }
+    if compile:
+        functions["update"] = (learner.update, lambda: (make_minibatch(0),))
+    for name, (fn, inputs) in functions.items():
+        fn = torch.compile(fn) if compile else fn
+        with torch.no_grad() if name != "update" else torch.enable_grad():
+            out = assert_no_host_sync(fn, inputs, compiled=compile)
+        leaves = out if isinstance(out, tuple) else (out,)
+        assert all(torch.isfinite(x).all() for x in leaves), f"{name}: {out}"
+
+
+# --- divergence and learning
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_learning_rate_far_too_large_diverges_with_exit_3():
+    """RAdam's first steps move each weight by about the learning rate: at 1e30 the Q values
+    overflow and the TD loss logged after the first iteration is not finite."""
+    flags = ("--total-timesteps", 2048, "--learning-rate", 1e30, "--save-model")
+    result = summary(run_script(EAGER, *flags), returncode=3)
+    step, metric = result["diverged"]["step"], result["diverged"]["metric"]
+    line = f"error: diverged at step {step}: {metric} is {result['diverged']['value']}; "
+    line += "maybe too large: --learning-rate 1e+30"
+    assert metric == "td_loss" and step == 512
+    assert_diverged(run_script(EAGER, *flags), line, result["diverged"])
+
+
+@pytest.mark.learning
+def test_learns_cartpole():
+    """The eager twin as a CPU user runs it, seed 1, LEARNING_STEPS steps with CleanRL's other
+    defaults (epsilon reaches 0.05 at half the run): the mean return of the last 20 episodes must
+    exceed LEARNING_BAR. See LEARNING_BAR for the measured spread."""
+    s = summary(run_script(EAGER, "--seed", 1, "--total-timesteps", LEARNING_STEPS))
+    assert s["return_mean"] > LEARNING_BAR, s
+
+
+# --- bad inputs
+# ---------------------------------------------------------------------------------------------
+
+# an unknown `--env-id` and a `module:EnvId` whose module is missing, and `--cudagraphs` without
+# CUDA: test_contract.py, for every script
+BAD_INPUTS = [
+    (("--env-id", "Pendulum-v1"), ("--env-id", "Box", "Discrete")),
+    (("--num-envs", 0), ("--num-envs", "positive")),
+    (("--num-steps", -1), ("--num-steps", "positive")),
+    (("--max-grad-norm", 0), ("--max-grad-norm", "positive")),
+    (("--num-minibatches", 3), ("--num-minibatches", "equal parts")),
+    (("--total-timesteps", 511), ("--total-timesteps", "one rollout")),
+    (("--q-lambda", 1.5), ("--q-lambda",)),
+    (("--exploration-fraction", 0), ("--exploration-fraction",)),
+]
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN])
+@pytest.mark.parametrize("flags, words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
+def test_bad_input_exits_2(script, flags, words):
+    assert_user_error(run_script(script, *flags), *words)
+
+
+@requires_cuda
+@pytest.mark.parametrize("flags", [("--cudagraphs",), ("--compile", "--cudagraphs")])
+def test_cudagraphs(flags):
+    s = summary(run_script(TWIN, *SMOKE, *flags))
+    assert s["device"].startswith("cuda") and s["cudagraphs"] is True
+    assert s["episodes"] > 10 and s["return_mean"] >= 8
