@@ -65,6 +65,8 @@ CUDA_TEST_FILES = (
     "test_ppo_atari_envpool_async.py",
     "test_ppo_lstm.py",
     "test_ppo_mingru.py",
+    "test_pqn.py",
+    "test_pqn_atari_envpool.py",
     "test_resume.py",
 )
 # scripts beyond the twins that record functions, with the registry algorithm whose budget they run

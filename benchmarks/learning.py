@@ -7,6 +7,7 @@ beside the one CleanRL publishes for the same algorithm and env.
     # rebuild the table, plots and JSON from the summaries present
     python -m benchmarks.learning --report
     python -m benchmarks.learning --set atari  # PPO Atari (async) on Breakout, when time is left
+    python -m benchmarks.learning --set pqn --jobs 2  # PQN on CartPole-v1, 500k steps, 5 seeds
 
 A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps N --seed S
 --eval-episodes 10` (a `_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in
@@ -149,6 +150,12 @@ REFERENCES = {
     ("ppo_atari_envpool", "Breakout-v5"): Reference(
         211.24, 151.84, 10_000_000, BENCHMARK + "ppo_atari_envpool.md"
     ),
+    ("pqn", "CartPole-v1"): Reference(
+        495.13,
+        6.89,
+        500_000,
+        CLEANRL + "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/docs/rl-algorithms/pqn.md",
+    ),
 }
 
 
@@ -171,6 +178,8 @@ def learning_set(name):
         return runs("dqn_cpu", "CartPole-v1", 1000, (1, 2))
     if name == "atari":
         return runs("ppo_atari_envpool_async", "Breakout-v5", 1_000_000, (1,))
+    if name == "pqn":  # the eager twin: the fastest PQN on a CPU
+        return runs("pqn", "CartPole-v1", 500_000, (1, 2, 3, 4, 5))
     dqn, ppo, td3, sac = (
         "dqn",
         "ppo_continuous_action",
@@ -191,7 +200,7 @@ def learning_set(name):
     ]
 
 
-SETS = ("default", "atari", "smoke")
+SETS = ("default", "atari", "pqn", "smoke")
 
 
 # Running

@@ -19,6 +19,8 @@ from benchmarks.scripts import script_envs
 
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
 FAMILIES = {algo: [algo, f"{algo}_torchcompile", f"{algo}_cpu"] for algo in ALGOS}
+# the algorithms without a CPU script: their twins
+FAMILIES |= {algo: [algo, f"{algo}_torchcompile"] for algo in ("pqn",)}
 # the scripts that scale a twin out keep its contract: plainly run, they are one process of it
 SCALED_OUT = ["ppo_continuous_action_distributed", "ppo_continuous_action_ray"]
 SCRIPTS = [name for family in FAMILIES.values() for name in family] + SCALED_OUT
@@ -30,6 +32,7 @@ GYMNASIUM = SCRIPTS + ["ppo_lstm", "ppo_lstm_torchcompile", "ppo_mingru", "ppo_m
 # a classic-control env each script can train on, named in gymnasium's `module:EnvId` form
 MODULE_ENV_IDS = {
     "dqn": "gymnasium.envs.classic_control:CartPole-v1",
+    "pqn": "gymnasium.envs.classic_control:CartPole-v1",
     "ppo_lstm": "gymnasium.envs.classic_control:CartPole-v1",
     "ppo_mingru": "gymnasium.envs.classic_control:CartPole-v1",
 }
@@ -182,7 +185,9 @@ def test_a_cpu_script_refuses_threads_below_one(script, train, capsys):
 # a launched script sees no GPU (conftest.script_env), so this holds on a GPU machine too
 @pytest.mark.parametrize(
     "script",
-    [f"{algo}_torchcompile" for algo in ALGOS] + SCALED_OUT + ["ppo_atari_envpool_torchcompile"],
+    [f"{algo}_torchcompile" for algo in FAMILIES]
+    + SCALED_OUT
+    + ["ppo_atari_envpool_torchcompile", "pqn_atari_envpool_torchcompile"],
 )
 def test_cudagraphs_without_cuda_exits_2(script):
     assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")

@@ -25,6 +25,7 @@ import torch
 from conftest import load_script, requires_cuda
 from tensordict.nn import CudaGraphModule
 from test_dqn import make_batch as dqn_batch
+from test_pqn import make_minibatch as pqn_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
 from test_td3_continuous_action import HIGH as TD3_HIGH
@@ -129,6 +130,9 @@ SAMPLING = {
     "td3_continuous_action_seeds": (sac_or_td3_seeds, ("policy", "update_critic")),
     "dqn_seeds": (dqn_seeds, ("policy",)),
     "ppo_continuous_action_seeds": (ppo_seeds, ("policy",)),
+    # DQN's and PPO Atari's shapes: 4 observations or 4 frames, 2 or 4 actions
+    "pqn_torchcompile": (dqn, ("policy",)),
+    "pqn_atari_envpool_torchcompile": (ppo_atari, ("policy",)),
 }
 LEARNING_RATES = ("learning_rate", "q_lr", "policy_lr")
 
@@ -257,6 +261,11 @@ def dqn_updates(module, args, device):
     return [learner.optimizer], [(learner.update, lambda k: on(device, dqn_batch(seed=k)))]
 
 
+def pqn_updates(module, args, device):
+    learner = module.make_learner(args, 4, 2, device)
+    return [learner.optimizer], [(learner.update, lambda k: pqn_minibatch(k).to(device))]
+
+
 def ppo_updates(module, args, device):
     learner = module.make_learner(args, 3, 2, device)
     return [learner.optimizer], [(learner.update, lambda k: ppo_minibatch(k).to(device))]
@@ -269,6 +278,7 @@ UPDATES = {
     "td3_continuous_action_torchcompile": (td3_updates, True),
     "dqn_torchcompile": (dqn_updates, True),
     "ppo_continuous_action_torchcompile": (ppo_updates, False),
+    "pqn_torchcompile": (pqn_updates, True),
 }
 
 
@@ -332,12 +342,14 @@ def test_graphed_updates_take_the_eager_steps(script, monkeypatch):
     [
         "sac_continuous_action_torchcompile",
         "dqn_torchcompile",
+        "pqn_torchcompile",
     ],
 )
 def test_compiled_acting_draws_fresh_noise_distributed_as_eager(script):
     """On this CPU, the acting function compiled as `--compile` compiles it: inductor's wrapper
     draws new seeds on each call (`aten.randint.low_out`, as on a GPU), so consecutive calls differ
-    and 128 calls match eager ones. SAC's noise is Gaussian, DQN's a coin and uniform actions."""
+    and 128 calls match eager ones. SAC's noise is Gaussian, DQN's a coin and uniform actions,
+    PQN's a coin per env."""
     functions = build(script, CPU, compile=True)
     eager = build(script, CPU)
     samples = draws(*functions["policy"], calls=128, policy=True)

@@ -97,6 +97,9 @@ ENV_IDS = {
     "ppo_mingru": RECURRENT,
     # envpool's ids: two games; a game that does not exist, and an envpool env that is not Atari
     "ppo_atari": mostly(GAMES, ["NoSuchGame-v5", "CartPole-v1"]),
+    # before "pqn": a script's ids are those of the first name it starts with
+    "pqn_atari": mostly(GAMES, ["NoSuchGame-v5", "CartPole-v1"]),
+    "pqn": mostly(DISCRETE, BOX[:1] + UNKNOWN),
 }
 
 
@@ -208,6 +211,7 @@ FIELDS = {
     "q_lr": learning_rate(),
     "gamma": fraction(),
     "gae_lambda": fraction(),
+    "q_lambda": fraction(),
     "tau": fraction(closed_low=False),
     "exploration_fraction": fraction(closed_low=False),
     "start_e": fraction(),

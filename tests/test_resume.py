@@ -90,6 +90,12 @@ EXACT = {
     "dqn": (*DQN, 355),
     "dqn_torchcompile": (*DQN, 355),
     "dqn_cpu": (*DQN, ("--no-compile",), 355),
+    # 4 iterations of 64 steps, stopped at the end of the second, in the middle of an episode
+    "pqn": (
+        ("--total-timesteps", 256, "--num-envs", 1, "--num-steps", 64),
+        ("--num-minibatches", 2, "--update-epochs", 2),
+        128,
+    ),
 }
 
 
@@ -174,6 +180,7 @@ PPO += ("--num-minibatches", 2, "--update-epochs", 1)
 ATARI = ("--num-envs", 2, "--num-steps", 16, "--total-timesteps", 96, "--num-minibatches", 2)
 ATARI += ("--update-epochs", 1)
 RECURRENT = ("--total-timesteps", 96, "--num-envs", 2, "--num-steps", 8)
+PQN = ("--total-timesteps", 160, "--num-steps", 8, "--num-minibatches", 2, "--update-epochs", 1)
 RECURRENT += ("--num-minibatches", 1, "--update-epochs", 1)
 SMOKE = {
     "sac_continuous_action_torchcompile": PENDULUM,
@@ -198,6 +205,10 @@ SMOKE = {
     "ppo_atari_envpool": ATARI,
     "ppo_atari_envpool_torchcompile": ATARI,
     "ppo_atari_envpool_async": ATARI,
+    "pqn": PQN,
+    "pqn_torchcompile": PQN,
+    "pqn_atari_envpool": ATARI,
+    "pqn_atari_envpool_torchcompile": ATARI,
 }
 # what the `train` fixture counts where a vector step is not gymnasium's SyncVectorEnv.step (a
 # class of the script by its name, or envpool's step, or the async script's recv of a batch), and
@@ -207,6 +218,8 @@ COUNTED = {
     "ppo_atari_envpool": (EnvPoolMixin, "step"),
     "ppo_atari_envpool_torchcompile": (EnvPoolMixin, "step"),
     "ppo_atari_envpool_async": (EnvPoolMixin, "recv"),
+    "pqn_atari_envpool": (EnvPoolMixin, "step"),
+    "pqn_atari_envpool_torchcompile": (EnvPoolMixin, "step"),
 }
 FRESH_EPISODES = ("ppo_continuous_action_seeds", *(s for s in COUNTED if "atari" in s))
 
