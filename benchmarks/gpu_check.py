@@ -86,6 +86,7 @@ LEARNING = {
         500,
     ),
     "dqn": (("--env-id", "CartPole-v1", "--total-timesteps", "60000"), 80),
+    "pqn": (("--env-id", "CartPole-v1", "--total-timesteps", "122880"), 50),
 }
 SEEDS_MEMBERS = (1, 8, 64)
 COMPILE_CUDAGRAPHS = ("--compile", "--cudagraphs")
