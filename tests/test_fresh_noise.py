@@ -25,8 +25,8 @@ import torch
 from conftest import load_script, requires_cuda
 from tensordict.nn import CudaGraphModule
 from test_dqn import make_batch as dqn_batch
-from test_pqn import make_minibatch as pqn_minibatch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
+from test_pqn import make_minibatch as pqn_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
 from test_td3_continuous_action import HIGH as TD3_HIGH
 from test_td3_continuous_action import LOW as TD3_LOW
