@@ -1092,10 +1092,10 @@ def import_time_names(tree):
     return {n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)}
 
 
-def export(script_source, module_source, module_name="runs"):
-    """`script_source` as one file: the definitions of this module it imports, and those they use,
-    inlined (the ones its top level needs before its own, the rest after `main`)."""
-    defs, imports = top_level(module_source)
+def inlined(script_source, module_source, module_name="runs"):
+    """The names of this module that an export of `script_source` inlines: those it imports and
+    those they use; and of them, the ones its top level needs as it is imported."""
+    defs, _ = top_level(module_source)
     tree = ast.parse(script_source)
     wanted = [
         alias.name
@@ -1113,7 +1113,15 @@ def export(script_source, module_source, module_name="runs"):
                 todo += defs[name][1]
         return found
 
-    needed, early = closure(wanted), closure(set(wanted) & import_time_names(tree))
+    return closure(wanted), closure(set(wanted) & import_time_names(tree))
+
+
+def export(script_source, module_source, module_name="runs"):
+    """`script_source` as one file: the definitions of this module it imports, and those they use,
+    inlined (the ones its top level needs before its own, the rest after `main`)."""
+    defs, imports = top_level(module_source)
+    tree = ast.parse(script_source)
+    needed, early = inlined(script_source, module_source, module_name)
     used = set().union(*(defs[name][1] for name in needed))
     lines = script_source.splitlines()
     own_imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
