@@ -643,25 +643,26 @@ class Run:
 class ThreadChoice:
     """torch's intra-op threads, chosen by measurement where `--threads` does not fix them. A trial
     times the run's own iterations at one thread and at every core the process may use, in turns
-    of `turn_seconds` (after one untimed iteration at each, which may compile), and keeps the
-    faster. After it, each `window_seconds` the time of an iteration is checked against the
-    trial's: `band` times longer or shorter (the machine got busy, or idle) starts a new trial."""
+    of at least `turn_seconds` and one iteration, alternately, until each count has run
+    `trial_seconds`, and keeps the faster; a count's first iteration is not timed (compiled code
+    compiles again for it). After the trial, each `window_seconds` the time of an iteration is
+    checked against the trial's: `band` times longer or shorter (the machine got busy, or idle)
+    starts a new trial."""
 
-    def __init__(self, cores, turn_seconds=0.5, window_seconds=5.0, band=1.5):
-        self.counts, self.turn_seconds = (1, cores), turn_seconds
+    def __init__(self, cores, turn_seconds=0.25, trial_seconds=1.0, window_seconds=5.0, band=1.5):
+        self.counts, self.turn_seconds, self.trial_seconds = (1, cores), turn_seconds, trial_seconds
         self.window_seconds, self.band = window_seconds, band
-        self.turns, self.trials, self.chosen = [], [], None
-        self.mark = self.seconds = None
+        self.warm = {1}  # the counts that have run an iteration (the run starts on one thread)
+        self.trials, self.chosen, self.mark = [], None, None
 
     def start(self, now):
-        """A trial: an untimed iteration at each count, then timed turns 1, N, 1, N."""
-        self.turns = [(self.counts[1], False), (1, False)] + [(n, True) for n in self.counts * 2]
         self.seconds = {n: [0.0, 0] for n in self.counts}
-        self.next_turn(now)
+        self.chosen = None
+        self.turn(now, self.counts[1])
 
-    def next_turn(self, now):
-        self.count, self.timed = self.turns.pop(0)
-        torch.set_num_threads(self.count)
+    def turn(self, now, count):
+        self.count, self.timed = count, count in self.warm
+        torch.set_num_threads(count)
         self.mark = (now, 0)
 
     def tick(self, now, step):
@@ -671,23 +672,22 @@ class ThreadChoice:
             return None
         start, iterations = self.mark[0], self.mark[1] + 1
         self.mark = (start, iterations)
-        if self.turns or self.chosen is None:  # in a trial
+        if self.chosen is None:  # in a trial
             if self.timed and now - start < self.turn_seconds:
                 return None
             if self.timed:
                 self.seconds[self.count][0] += now - start
                 self.seconds[self.count][1] += iterations
-            if self.turns:
-                self.next_turn(now)
-                return None
-            return self.choose(now, step)
-        if now - start >= self.window_seconds:  # a window of the chosen count
+            self.warm.add(self.count)
+            if all(seconds >= self.trial_seconds for seconds, _ in self.seconds.values()):
+                return self.choose(now, step)
+            self.turn(now, self.counts[self.count == self.counts[0]])  # the other count
+        elif now - start >= self.window_seconds:  # a window of the chosen count
             per_iteration = (now - start) / iterations
-            if not 1 / self.band < per_iteration / self.chosen[1] < self.band:
-                self.start(now)
-                self.chosen = None
-            else:
+            if 1 / self.band < per_iteration / self.chosen[1] < self.band:
                 self.mark = (now, 0)
+            else:
+                self.start(now)
         return None
 
     def choose(self, now, step):
