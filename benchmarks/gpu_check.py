@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("tests", "smoke", "learning", "sps", "seeds")
 PARALLEL_PARTS = ("tests", "smoke", "learning")
 # each part's share of --minutes; the parallel parts run within the sum of theirs
-SHARES = {"tests": 0.2, "smoke": 0.2, "learning": 0.1, "sps": 0.3, "seeds": 0.2}
+SHARES = {"tests": 0.25, "smoke": 0.2, "learning": 0.1, "sps": 0.25, "seeds": 0.2}
 MIN_START_S = 10  # a check starts only with this much of its part's time left
 ENV_SECONDS = 2.0  # how long each env-only check steps its env, after a warm-up
 ENV_ONLY = "env only"
@@ -252,7 +252,7 @@ def judge(check, proc):
         if check.variant == ENV_ONLY:
             limit = result_line(check.cmd, proc, "ENV_ONLY")
             check.status, check.value = "passed", limit["sps"]
-            check.detail = f"{limit['num_envs']} envs of {limit['env_id']}"
+            check.detail = f"{limit['num_envs']} x {limit['env_id']}"
             return
         read = seeds.read_summary if check.members else parse_summary
         summary = read(check.cmd, proc)
@@ -375,8 +375,8 @@ def parts_rows(checks, minutes):
 
 def unfinished(parts):
     """One line naming each part with checks that did not run to their end for lack of time."""
-    short = [(r["part"], r["stopped"] + r["not run"], r["checks"]) for r in parts]
-    short = [f"{part} {count} of {checks}" for part, count, checks in short if count]
+    counts = [(r["part"], r["stopped"] + r["not run"], r["checks"]) for r in parts]
+    short = [f"{part} {count} of {checks}" for part, count, checks in counts if count]
     if not short:
         return "Every check ran to its end."
     return f"Stopped or not run for lack of time: {', '.join(short)} checks."
@@ -398,7 +398,8 @@ def markdown(result):
     """The report: the machine and settings, each part's time and outcome, each check's, the speed
     table and the seeds table, each timed row beside its env alone."""
     settings = result["settings"]
-    algos = ", ".join(settings["algos"] or ["all"])
+    selection = f"parts: {', '.join(settings['parts'])}; algorithms: "
+    selection += ", ".join(settings["algos"] or ["all"])
     parts = [
         [r["part"], f"{r['share']:.0%}", f"{r['ends_s']:.0f}", str(r["checks"])]
         + [str(r[s]) for s in STATUSES]
@@ -426,7 +427,7 @@ def markdown(result):
         f"# GPU check, {result['started']}",
         "",
         machine_line(result["machine"]),
-        f"`--minutes {settings['minutes']:g} --jobs {settings['jobs']}`; algorithms: {algos}.",
+        f"`--minutes {settings['minutes']:g} --jobs {settings['jobs']}`; {selection}.",
         f"Total: {result['seconds']:.0f} s; {result['passed']} of {len(result['checks'])} passed.",
         unfinished(result["parts"]),
         "",
