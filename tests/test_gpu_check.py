@@ -163,6 +163,54 @@ def test_a_part_past_its_share_is_stopped_and_the_next_part_still_runs(tmp_path,
     assert gpu_check.execute(capped, float("inf"), tmp_path).status == "failed"
 
 
+def planned(name):
+    (check,) = [c for c in gpu_check.plan(PARTS) if c.name == name]
+    return check
+
+
+@pytest.mark.parametrize(
+    "name, device, graphed, value, status",
+    [
+        ("sac > -400", "cuda", True, -150.0, "passed"),
+        ("sac > -400", "cuda", True, -500.0, "failed"),
+        ("sac > -400", "cpu", True, -150.0, "failed"),
+        ("sac compile+cudagraphs", "cuda:0", True, 800.0, "passed"),
+        ("sac compile+cudagraphs", "cuda:0", False, 800.0, "failed"),
+        ("sac eager", "cuda:0", False, 100.0, "passed"),
+        ("dqn N=64", "cuda", True, 50000.0, "passed"),
+        ("dqn N=64", "cpu", True, 50000.0, "failed"),
+    ],
+)
+def test_a_run_passes_on_cuda_under_its_flags_and_above_its_bar(
+    name, device, graphed, value, status, tmp_path
+):
+    """The judgement of a finished run from its summary: on CUDA, `cudagraphs` as its flags ask, and
+    a learning run's return above its test's bar; its value is the return or the sps."""
+    check = planned(name)
+    learning = check.part == "learning"
+    summary = {"device": device, "cudagraphs": graphed, "curve": []}
+    summary |= (
+        {"return_mean": value, "sps": 1.0} if learning else {"return_mean": 0.0, "sps": value}
+    )
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    stdout = "SUMMARY " + json.dumps({"summary_file": str(path)})
+    gpu_check.judge(check, subprocess.CompletedProcess(check.cmd, 0, stdout, ""))
+    assert (check.status, check.value) == (status, value)
+
+
+def test_an_env_only_check_reads_its_line_and_a_failed_one_keeps_its_error():
+    check = planned("ppo_lstm env only")
+    line = {"sps": 5000.0, "num_envs": 8, "env_id": "CartPole-v1", "env_steps": 1, "seconds": 1}
+    proc = subprocess.CompletedProcess(check.cmd, 0, "ENV_ONLY " + json.dumps(line), "")
+    gpu_check.judge(check, proc)
+    assert (check.status, check.value, check.detail) == ("passed", 5000.0, "8 x CartPole-v1")
+    check = planned("ppo_atari_envpool env only")
+    error = "ModuleNotFoundError: No module named 'envpool'"
+    gpu_check.judge(check, subprocess.CompletedProcess(check.cmd, 1, "", error))
+    assert (check.status, check.value) == ("failed", None) and error in check.detail
+
+
 def synthetic_checks():
     """A passed, a failed, a stopped and a not-run check of each kind, with the values a GPU would
     fill in (the Atari figures of docs/cuda.md's H200 run)."""
