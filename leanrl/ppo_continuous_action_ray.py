@@ -1,7 +1,7 @@
-"""Proximal Policy Optimization (https://arxiv.org/abs/1707.06347) for continuous actions, with
-rollouts sampled by Ray actors. Grown from the optimized twin ppo_continuous_action_torchcompile.py:
-`diff` against it shows what sampling on Ray changes. Defaults are CleanRL's (HalfCheetah-v4, 1M
-steps, 2048 steps per iteration).
+"""PPO for continuous actions with rollouts sampled by Ray actors: grown from the optimized twin
+ppo_continuous_action_torchcompile.py, so `diff` against it shows what sampling on Ray changes.
+
+Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     # 2 runners x 4 envs
     python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer
@@ -13,21 +13,17 @@ fragments of `--num-steps` steps. The learner normalizes observations and update
 `--double-buffer` samples during the update with weights one update old, under Hilton et al.'s
 decoupled objective (arxiv.org/abs/2110.00641). Runners restart when they die and end with the
 run; a silent one ends it after `--ray-timeout` (docs/scaling-ray.md). A resumed run continues
-the learner and the observation statistics exactly, while its runners start fresh episodes,
-seeded from the step (the summary's `resumes` say `fresh_episodes: true`).
+the learner and the observation statistics exactly; its runners start fresh episodes, seeded
+from the step.
 """
 
-import json
+import functools
 import math
 import os
-import pickle
-import random
-import re
 import signal
 import socket
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -35,47 +31,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tqdm
 import tyro
 from gymnasium.wrappers.utils import RunningMeanStd
+from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 
 
 @dataclass
-class Args:
-    exp_name: str = "ppo_continuous_action_ray"
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """use a CUDA device for the learner when there is one, else the CPU (runners use theirs)"""
-    track: bool = False
-    """log to Weights and Biases (the only way wandb is touched)"""
-    wandb_project_name: str = "leanrl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """record videos of the evaluation episodes to runs/<run_name>/videos/ (runners record none)"""
-    save_model: bool = False
-    """save the policy's weights and the run's arguments to runs/<run_name>/<script>.pt"""
-    eval_episodes: int = 0
-    """after training, play this many episodes with the policy and report their mean return"""
-    eval_model: str | None = None
-    """evaluate this saved .pt file for --eval-episodes episodes instead of training"""
-    measure_burnin: int = 3
-    """iterations (rollout + update) excluded from `sps`: runners start, functions compile"""
-    checkpoint_minutes: float = 10.0
-    """save the training state to runs/<run_name>/checkpoint.pt this often, and always on a first
-    Ctrl-C or SIGTERM and at the end (0: only then)"""
-    resume: str | None = None
-    """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
-    run_name: str | None = None
-    """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
-
+class Args(CudaFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -111,7 +75,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """stop an update's epochs once the approximate KL exceeds this (default: off)"""
+    """stop an update's epochs once the approximate KL exceeds this (off by default)"""
 
     double_buffer: bool = False
     """sample each runner's next fragment during the update, with weights one update old"""
@@ -123,58 +87,33 @@ class Args:
     """how many times Ray restarts each runner that dies before the run gives up"""
 
     compile: bool = False
-    """compile GAE and the update's loss with `torch.compile` (runners act eagerly)"""
+    """compile GAE and the update's loss (runners act eagerly)"""
     cudagraphs: bool = False
     """record the update as a CUDA graph (needs a CUDA device)"""
 
 
-def make_env(env_id, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    def thunk():
-        env = gym.make(env_id, render_mode=None if video_dir is None else "rgb_array")
-        # evaluation (runners record nothing): its first `video_episodes` episodes
-        if video_dir is not None:
-            record = lambda episode: episode < video_episodes  # noqa: E731
-            env = gym.wrappers.RecordVideo(
-                env, video_dir, record, name_prefix="eval", disable_logger=True
-            )
-        if not isinstance(env.action_space, gym.spaces.Box):
-            fail(
-                f"--env-id {env_id!r} has a {type(env.action_space).__name__} action space; PPO "
-                "here needs a Box"
-            )
-        env = gym.wrappers.FlattenObservation(env)
-        # before the normalization: it records the raw returns
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = gym.wrappers.ClipAction(env)
-        # evaluation: the learner's statistics, frozen (runners use `normalize`)
-        if obs_rms is not None:
-            env = gym.wrappers.NormalizeObservation(env)
-            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
-            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
-            env = gym.wrappers.TransformObservation(
-                env, lambda obs: np.clip(obs, -10, 10), env.observation_space
-            )
-        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
-        env.action_space.seed(seed)
-        return env
-
-    return thunk
-
-
-def make_envs(env_id, num_envs, seed, gamma, video_dir=None, video_episodes=None, obs_rms=None):
-    """Vector env, same-step autoreset; the first env records `video_episodes` to `video_dir`, if
-    given; `obs_rms` normalizes observations, frozen (else raw). A bad id or action space exit 2."""
-    try:
-        videos = [video_dir] + [None] * (num_envs - 1)  # the first env alone records
-        thunks = [
-            make_env(env_id, seed + i, gamma, videos[i], video_episodes, obs_rms)
-            for i in range(num_envs)
-        ]
-        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    # an unknown id, or a `module:EnvId` whose module is missing
-    except (gym.error.Error, ModuleNotFoundError) as e:
-        fail(f"--env-id {env_id!r} cannot be made: {e}")
+def wrap(env, gamma, obs_rms=None):
+    """CleanRL's wrappers of one env, after its episode statistics (raw returns): flattened
+    observations, clipped actions, rewards normalized and clipped. A runner's observations stay raw
+    (`normalize` applies the learner's statistics); an evaluation's are normalized with `obs_rms`,
+    a trained policy's statistics, frozen."""
+    if not isinstance(env.action_space, gym.spaces.Box):
+        return env  # refused in main
+    space = env.observation_space
+    flatten = functools.partial(gym.spaces.flatten, space)
+    env = gym.wrappers.TransformObservation(env, flatten, gym.spaces.flatten_space(space))
+    space = env.action_space
+    clip_action = functools.partial(np.clip, a_min=space.low, a_max=space.high)
+    unbounded = gym.spaces.Box(-np.inf, np.inf, space.shape, space.dtype)
+    env = gym.wrappers.TransformAction(env, clip_action, unbounded)
+    clip = functools.partial(np.clip, a_min=-10, a_max=10)
+    if obs_rms is not None:
+        env = gym.wrappers.NormalizeObservation(env)
+        env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
+        env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
+        env = gym.wrappers.TransformObservation(env, clip, env.observation_space)
+    env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+    return gym.wrappers.TransformReward(env, clip)
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -242,41 +181,20 @@ def normalize(obs, obs_rms):
     return np.clip(obs, -10, 10).astype(np.float32)
 
 
-def finished_episodes(infos):
-    """The returns of every episode that ended on this step (several envs can finish on the same
-    step)."""
-    final_info = infos.get("final_info", {})
-    return (
-        final_info["episode"]["r"][final_info["_episode"]].tolist()
-        if "episode" in final_info
-        else []
-    )
-
-
-def true_next_obs(next_obs, infos):
-    """`next_obs` with the true final observation of each episode that ended on this step, where
-    same-step autoreset put the reset one: a truncated episode bootstraps from the state where it
-    was cut."""
-    real_next_obs = next_obs.copy()
-    for idx in np.flatnonzero(infos.get("_final_obs", [])):
-        real_next_obs[idx] = infos["final_obs"][idx]
-    return real_next_obs
-
-
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
-    """Generalized advantage estimation: (advantages, returns), both [num_steps, num_envs] like
-    every input but `next_value` [num_envs], the value of the obs after the last step.
-    `final_values[t]` is the value of the true final obs of an episode truncated at step t (read
-    only there)."""
+    """Generalized advantage estimation: (advantages, returns), shaped [num_steps, num_envs].
+
+    `next_value` [num_envs] is the value of the obs after the last step. `final_values[t]` is the
+    value of the true final obs of an episode truncated at step t (read only there).
+    """
     dones = torch.maximum(terminations, truncations)
-    # the value of the state after step t: the next step's inside an episode; at its end, the true
-    # final observation's if it was cut off, 0 if it terminated
+    # after an episode's last step: its final obs' value if it was cut off, 0 if it terminated
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     deltas = rewards + gamma * next_values - values
     # A_t = delta_t + c_t * A_{t+1} with c_t = gamma * lambda * (1 - done_t), solved by doubling:
-    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 and coefs[t] is the
-    # product of their c's. A Python loop over the steps would take minutes to compile.
+    # after the round with shift s, advantages[t] sums the terms t .. t + 2s - 1 of A_t and
+    # coefs[t] is the product of their c's. A loop, unrolled, would take minutes to compile.
     advantages, coefs = deltas, gamma * gae_lambda * (1 - dones)
     shift = 1
     while shift < len(values):
@@ -289,19 +207,19 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
 
 
 def make_learner(args, n_obs, n_act, device):
-    """PPO's agent, optimizer and step functions on `device`."""
+    """PPO's agent, optimizer and steps on `device`."""
     agent = Agent(n_obs, n_act, device=device)
     # a tensor annealed in place: a captured graph reads its memory, and nothing recompiles
     lr = torch.tensor(args.learning_rate, device=device)
-    # fused: one kernel for all parameters; capturable: the only Adam torch records in a graph
+    # fused: one kernel for all parameters; capturable: the Adam a CUDA graph can record
     optimizer = torch.optim.Adam(
         agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=args.cudagraphs
     )
 
     def loss_fn(mb):
-        """The clipped-surrogate loss of a minibatch (a TensorDict) and its statistics. The ratio
-        is taken against `logprobs`, the proximal policy's; `behaviour_weights` correct for the
-        policy that sampled."""
+        """The clipped-surrogate loss of a minibatch, and its statistics. The ratio is taken
+        against `logprobs`, the proximal policy's; `behaviour_weights` correct for the policy that
+        sampled."""
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
@@ -316,13 +234,13 @@ def make_learner(args, n_obs, n_act, device):
         if args.norm_adv:
             mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-        # Policy loss
+        # policy loss
         pg_loss1 = -mb_advantages * ratio
         pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         # the decoupled objective: weighted by pi_prox / pi_behaviour (1 without --double-buffer)
         pg_loss = (torch.max(pg_loss1, pg_loss2) * mb["behaviour_weights"]).mean()
 
-        # Value loss
+        # value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
@@ -339,12 +257,11 @@ def make_learner(args, n_obs, n_act, device):
         stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
         return loss, torch.stack(stats).detach()
 
-    if args.compile:
-        # the forward and backward; the clip and Adam's step stay eager
+    if args.compile:  # the forward and backward; the clip and the Adam step stay eager
         loss_fn = torch.compile(loss_fn, fullgraph=True)
 
     def update(mb):
-        """One gradient step on a minibatch; its statistics."""
+        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
         optimizer.zero_grad()
         loss, stats = loss_fn(mb)
         loss.backward()
@@ -352,7 +269,7 @@ def make_learner(args, n_obs, n_act, device):
         optimizer.step()
         return stats
 
-    # the learner's values read the weights through a copy that shares their memory, without
+    # the learner's values read the weights through a copy that shares their memory, with no
     # autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
@@ -373,7 +290,7 @@ class EnvRunner:
     def __init__(self, env_id, num_envs, seed, gamma):
         # one core per runner: acting on a batch of `num_envs` gains nothing from more threads
         torch.set_num_threads(1)
-        self.envs = make_envs(env_id, num_envs, seed, gamma)
+        self.envs = make_envs(env_id, num_envs, seed, wrap=functools.partial(wrap, gamma=gamma))
         n_obs = int(np.prod(self.envs.single_observation_space.shape))
         # weights come with each call
         self.agent = Agent(n_obs, int(np.prod(self.envs.single_action_space.shape)))
@@ -447,6 +364,9 @@ def connect_ray(address):
     # ray.init replaces it by an exit at once: `Run`'s again after
     on_sigterm = signal.getsignal(signal.SIGTERM)
     quiet = dict(logging_level="ERROR", log_to_driver=False)
+    # a runner imports the run module by name, and Ray puts only this file's folder on its path,
+    # which another machine may lack: the module travels with the job
+    quiet |= dict(runtime_env=dict(py_modules=[sys.modules[make_envs.__module__]]))
     if address is None:
         ray.init(
             num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **quiet
@@ -528,52 +448,54 @@ def main(args):
     check_args(args)
     if args.ray_address and not args.eval_model:
         check_address(args.ray_address)
-    # seeds, run folder, wandb, signals: see the end of the file
-    run = Run(args, "ppo_continuous_action_ray")
-    # here, before Ray starts: a bad --env-id exits 2 at once
-    envs = make_envs(args.env_id, 1, args.seed, args.gamma)
+    free_flags = ("ray_address", "ray_timeout", "runner_restarts")
+    run = Run(args, "ppo_continuous_action_ray", free_flags)  # runs.py: folder, seeds, signals, ...
+    # here, before Ray starts: a bad --env-id exits 2 at once; the runners step the envs
+    envs = make_envs(args.env_id, 1, args.seed, wrap=functools.partial(wrap, gamma=args.gamma))
+    envs.close()
+    space = envs.single_action_space
+    if not isinstance(space, gym.spaces.Box):
+        fail(f"--env-id {args.env_id!r} has a {space} action space; PPO needs a Box")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
     n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    envs.close()  # the runners step the envs
+    n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, device)
-    agent, get_value, update = learner.agent, learner.get_value, learner.update
+    agent, optimizer = learner.agent, learner.optimizer
     # every env of every runner: the columns of the rollout
     num_envs = args.num_runners * args.num_envs
     scaling = dict(num_runners=args.num_runners, double_buffer=args.double_buffer)
 
-    def evaluate_agent(episodes, videos):  # the Gaussian's mean
-        obs_rms = model["obs_rms"]
-        eval_envs = make_envs(args.env_id, 1, args.seed, args.gamma, videos, episodes, obs_rms)
+    def evaluate_agent(episodes, videos):  # the Gaussian's mean; `obs_rms` is bound below
+        eval_wrappers = functools.partial(wrap, gamma=args.gamma, obs_rms=obs_rms)
+        eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes, eval_wrappers)
         return evaluate(agent.actor_mean, eval_envs, episodes, args.seed, device)
 
     if args.eval_model:
-        model = run.saved_model
-        agent.load_state_dict(model["agent"])
+        agent.load_state_dict(run.saved_model["agent"])
+        obs_rms = run.saved_model["obs_rms"]
         scaling |= dict(runner_restarts=0, runner_memory_mib=None, num_envs=num_envs)
-        run.finish(device, model, evaluate_agent, **scaling)
-        return
+        return run.finish(device, run.saved_model, evaluate_agent, **scaling)
 
+    get_value, update = learner.get_value, learner.update
     compute_gae = gae
     if args.compile:
-        # GAE is one small graph per rollout (runners act eagerly)
+        # GAE is one small graph; make_learner compiled the loss
         compute_gae = torch.compile(gae, fullgraph=True)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (Adam creates its state; a compiled function
-        # compiles once more for it), the next records a CUDA graph, later calls replay it
+        # the first `warmup - 1` calls run as they are (Adam makes its state, compile compiles once
+        # more), the next records a CUDA graph, later calls replay it
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     batch_size = num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     # one normalization for every env of every runner
-    obs_rms = ObservationStatistics(shape=(n_obs,))
+    rms = ObservationStatistics(shape=(n_obs,))
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, obs_rms=obs_rms)  # the runners' envs: fresh on resume
+        return dict(learner=learner, obs_rms=rms)  # the runners' envs: fresh on resume
 
-    iterations = run.resume(training_state(), range(1, num_iterations + 1))
+    start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step, restarts = run.steps, 0  # run.steps: 0 unless resumed
     runner_processes = [None] * args.num_runners  # host:pid of each runner
     ray = connect_ray(args.ray_address)
@@ -585,17 +507,16 @@ def main(args):
             return [runner.sample.remote(weights, args.num_steps) for runner in runners], weights
 
         # the weights go to Ray's object store once per iteration; every runner reads them there
-        weights = ray.put(policy_state(agent, obs_rms))
+        weights = ray.put(policy_state(agent, rms))
         calls, calls_weights = sample(weights)
-        pbar = tqdm.tqdm(iterations)
-        for iteration in pbar:
-            if iteration == args.measure_burnin + 1:
-                # sps counts from here: the runners' start and compile are behind
-                run.start_clock(global_step)
+        for iteration in run.progress(range(start, num_iterations)):
+            if iteration == args.measure_burnin:
+                run.start_clock(global_step)  # sps counts from here: the runners have started
             if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
+                frac = 1.0 - iteration / num_iterations
                 # in place: no recompile
-                learner.optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+                optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+            more = iteration + 1 < num_iterations  # another iteration's fragments to sample
 
             # rollout: the runners' fragments, side by side
             fragments = gather(ray, runners, calls, calls_weights, args)
@@ -603,11 +524,11 @@ def main(args):
             processes = [f["runner"] for f in fragments]
             restarts += sum(old not in (None, new) for old, new in zip(runner_processes, processes))
             runner_processes = processes
-            if args.double_buffer and iteration < num_iterations:
+            if args.double_buffer and more:
                 # the next fragments are sampled during this update, with the weights from before it
                 calls, calls_weights = sample(weights)
             rollout, next_obs = side_by_side(fragments, device)
-            obs_rms.update(rollout["raw_obs"].flatten(0, 1).cpu().numpy())  # for the next fragments
+            rms.update(rollout["raw_obs"].flatten(0, 1).cpu().numpy())  # for what comes next
             episodes = sorted((step, r) for f in fragments for step, r in f["episodes"])
             for step, episodic_return in episodes:
                 run.log_episodes(global_step + (step + 1) * num_envs, [episodic_return])
@@ -621,7 +542,7 @@ def main(args):
                 next_value = get_value(next_obs).flatten()
             keys = ("rewards", "values", "final_values", "terminations", "truncations")
             advantages, returns = compute_gae(
-                **rollout.select(*keys),
+                **{key: rollout[key] for key in keys},
                 next_value=next_value,
                 gamma=args.gamma,
                 gae_lambda=args.gae_lambda,
@@ -636,29 +557,37 @@ def main(args):
                 behaviour_logprobs = rollout["logprobs"]
                 rollout["logprobs"] = logprobs.view_as(behaviour_logprobs)
                 rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
+
+            # update
             keys = ("obs", "actions", "logprobs", "values", "behaviour_weights")
             b = rollout.select(*keys).flatten(0, 1)
             b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
-
-            # update
             for _epoch in range(args.update_epochs):
-                for mb_inds in torch.randperm(batch_size, device=device).split(minibatch_size):
+                b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+                for mb_inds in b_inds:
                     stats = update(b[mb_inds])
                 # host sync, once per epoch
                 if args.target_kl is not None and stats[4] > args.target_kl:
                     break
-            weights = ray.put(policy_state(agent, obs_rms))
-            if not args.double_buffer and iteration < num_iterations:
+            weights = ray.put(policy_state(agent, rms))
+            if not args.double_buffer and more:
                 calls, calls_weights = sample(weights)
 
             # log
             explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-            names = "policy_loss value_loss entropy old_approx_kl approx_kl clipfrac".split()
+            names = (
+                "policy_loss",
+                "value_loss",
+                "entropy",
+                "old_approx_kl",
+                "approx_kl",
+                "clipfrac",
+            )
             metrics = dict(zip(names, stats), explained_variance=explained_var)
-            run.log_progress(pbar, global_step, metrics)
+            run.log_progress(global_step, metrics)
             run.steps = global_step
             run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
-            if run.stop_signal or run.diverged:  # a first Ctrl-C or SIGTERM, or divergence
+            if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
                 break
         memory = [runner.resident_memory_mib.remote() for runner in runners]
         memory = ray.get(memory, timeout=args.ray_timeout)
@@ -666,416 +595,42 @@ def main(args):
     finally:
         ray.shutdown()  # ends the runners, and a local Ray instance with them
 
-    # the observation normalization is part of the policy: saved and evaluated with it
-    obs_rms = {key: torch.as_tensor(getattr(obs_rms, key)) for key in ("mean", "var", "count")}
-    model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
+    # the observation normalization is part of the policy, saved with it
+    obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
     memory_mib = max(memory) if None not in memory else None
     scaling |= dict(runner_restarts=restarts, runner_memory_mib=memory_mib, num_envs=num_envs)
+    model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
     run.finish(device, model, evaluate_agent, **scaling)
 
 
-# ==================================================================================================
-# Run plumbing, the same in every single-process script: flag errors, the run folder and summary,
-# wandb, Ctrl-C and SIGTERM, divergence, checkpoints, save, load, evaluation. `check_args` is this
-# script's own.
-
-
-def fail(message):
-    """A user error: one line on stderr and exit status 2, before any training."""
-    print("error: " + " ".join(str(message).split()), file=sys.stderr)
-    sys.exit(2)
-
-
 def check_args(args):
-    """Flag values that make no sense: one line naming the flag and exit status 2."""
-    # nan passes every comparison below; past 1e30 float32 overflows
-    for flag, value in vars(args).items():
-        if isinstance(value, float) and not abs(value) <= 1e30:
-            name = flag.replace("_", "-")
-            fail(f"--{name} must be a finite number, at most 1e30 in size, got {value}")
-    # numpy's seeds are below 2**32, envpool's below 2**31
-    if not 0 <= args.seed < 2**31 or args.measure_burnin < 0:
-        fail(
-            f"--seed must be in [0, 2**31) and --measure-burnin >= 0; got {args.seed} and "
-            f"{args.measure_burnin}"
-        )
-    positive = "total_timesteps num_runners num_envs num_steps num_minibatches update_epochs"
-    for flag in positive.split() + [
-        "learning_rate",
-        "ray_timeout",
-        "clip_coef",
-        "max_grad_norm",
-        "target_kl",
-    ]:
+    """This script's flags: a value that makes no sense ends the run before training, with one line
+    that names the flag (exit status 2); the run flags are the Run's to check."""
+    flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    flags += ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    flags += ("num_runners", "ray_timeout")
+    for flag in flags:
         value = getattr(args, flag)
         if value is not None and value <= 0:  # --target-kl None: off
             fail(f"--{flag.replace('_', '-')} must be positive, got {value}")
     batch_size = args.num_steps * args.num_envs * args.num_runners
     if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps} is less than one iteration ({batch_size} "
-            "steps of all runners)"
-        )
+        rollout = "one iteration (--num-steps x --num-envs x --num-runners)"
+        fail(f"--total-timesteps {args.total_timesteps} is less than {rollout}")
     if batch_size % args.num_minibatches or batch_size < 2 * args.num_minibatches:
-        fail(
-            f"--num-minibatches must split one iteration's {batch_size} steps into equal parts of "
-            "2 or more"
-        )
+        rollout = f"--num-steps x --num-envs x --num-runners ({batch_size})"
+        fail(f"--num-minibatches must split {rollout} into equal parts of 2 or more")
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
-    if args.runner_restarts < 0:
-        fail(f"--runner-restarts must be >= 0, got {args.runner_restarts}")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail(
             "--cudagraphs needs a CUDA device and none is available (run without it, or with "
             "--compile)"
         )
+    if args.runner_restarts < 0:
+        fail(f"--runner-restarts must be >= 0, got {args.runner_restarts}")
     if args.capture_video and args.eval_episodes == 0:
         fail("--capture-video records the evaluation episodes here: add --eval-episodes N")
-
-
-class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
-    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
-    sets `diverged`: the loop stops after its step."""
-
-    VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
-    # flags that a resumed run may change: they do not change what is trained
-    FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
-    FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
-    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name")
-    FREE_FLAGS += ("threads", "ray_address", "ray_timeout", "runner_restarts")
-
-    def __init__(self, args, script):
-        if args.eval_episodes < 0 or (args.eval_model and args.eval_episodes == 0):
-            n = args.eval_episodes
-            fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
-        if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
-            fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
-        folder = args.run_name
-        if folder is not None and (os.sep in folder or folder in ("", ".", "..")):
-            fail(f"--run-name must name one folder under runs/, got {folder!r}")
-        self.args, self.script = args, script
-        self.saved_model = self.load_model(args.eval_model) if args.eval_model else None
-        self.name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = (args.run_name or self.name).replace(":", "_")
-        self.dir = os.path.join("runs", self.name)
-        self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
-        self.videos = self.video_folder() if args.capture_video else None
-        os.makedirs(self.dir, exist_ok=True)
-        self.wandb = None
-        if args.track:
-            self.wandb = __import__("wandb")  # only with --track
-            self.wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                config=vars(args),
-                name=self.name,
-                id=self.saved and self.saved["wandb_id"],  # a resumed run logs to the same run
-                resume="allow",
-            )
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        self.returns = deque(maxlen=20)  # the last 20 episodic returns
-        self.curve = []  # [step, seconds, return] of every episode
-        self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
-        self.steps, self.stop_signal, self.diverged = 0, 0, None
-        self.resumes = []
-        self.next_checkpoint = time.time() + 60 * (args.checkpoint_minutes or float("inf"))
-        self.envs_restored = False  # by `resume`, where the checkpoint holds them
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self.on_signal)
-
-    def on_signal(self, signum, frame):
-        self.stop_signal = signum
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
-            signal.signal(signum, signal.SIG_DFL)
-
-    def load_model(self, path):
-        algorithm = re.sub(self.VARIANTS, "", self.script)
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            saved_by, trained = saved["script"], dict(saved["args"])
-        except Exception as e:
-            fail(f"--eval-model {path} is not a model saved by these scripts ({e!r})")
-        if re.sub(self.VARIANTS, "", saved_by) != algorithm:
-            fail(f"--eval-model {path} was saved by {saved_by}, not by a script of {algorithm}")
-        if trained.get("env_id") != self.args.env_id:
-            fail(f"--eval-model {path} was trained with --env-id {trained.get('env_id')}")
-        return saved["model"]
-
-    def load_checkpoint(self):
-        """The checkpoint that --resume names (a file or a run folder), checked against the
-        flags."""
-        args, own = self.args, os.path.join(self.dir, "checkpoint.pt")
-        if args.resume is None and args.run_name and os.path.exists(own):
-            fail(f"{own} exists: --resume auto continues that run, or choose another --run-name")
-        if args.resume == "auto" and not args.run_name:
-            fail("--resume auto needs --run-name, the folder under runs/ to continue")
-        if args.resume is None or (args.resume == "auto" and not os.path.exists(own)):
-            return None
-        path = own if args.resume == "auto" else args.resume
-        path = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-            saved_by, trained = saved["script"], saved["args"]
-        except Exception as e:
-            fail(f"--resume {path} is not a checkpoint of these scripts ({e!r})")
-        if saved_by != self.script:
-            fail(f"--resume {path} was written by {saved_by}, not {self.script}")
-        for flag, value in vars(args).items():
-            if flag not in self.FREE_FLAGS and trained.get(flag) != value:
-                fail(f"--resume {path} trained with --{flag.replace('_', '-')} {trained.get(flag)}")
-        if saved["final"] and args.total_timesteps <= trained["total_timesteps"]:
-            print(f"{path}: the run finished at step {saved['step']}; nothing to resume")
-            sys.exit(0)
-        self.dir = os.path.dirname(os.path.abspath(path))
-        self.name = os.path.basename(self.dir)
-        return saved
-
-    def resume(self, state, iterations):
-        """Copy the checkpoint's training state into `state` (in place) and its counters, curve and
-        generators into the run; returns the part of `iterations` left to run."""
-        saved, self.saved, self.iterations = self.saved, None, iterations  # the buffer once
-        if saved is None:
-            return iterations
-        self.restore(state, saved["state"], self.args.seed + saved["step"])
-        python, numpy, cpu, cuda = saved["generators"]
-        random.setstate(python)
-        np.random.set_state(numpy)
-        torch.set_rng_state(cpu)
-        if len(cuda) == torch.cuda.device_count() > 0:  # on as many GPUs
-            torch.cuda.set_rng_state_all(cuda)
-        self.steps, self.curve = saved["step"], saved["curve"]
-        self.returns.extend(saved["returns"])
-        self.start_time = time.time() - saved["wall_s"]
-        resumed = dict(step=self.steps, fresh_episodes=not self.envs_restored)
-        self.resumes = saved["resumes"] + [resumed]
-        self.start_clock(self.steps)
-        return range(saved["iteration"], iterations.stop)
-
-    def checkpoint(self, iteration, state):
-        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
-        and the generators to checkpoint.pt, written to a temporary file and renamed."""
-        final = iteration + 1 == self.iterations.stop
-        if self.diverged or not (final or self.stop_signal or time.time() > self.next_checkpoint):
-            return
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        generators = (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
-        saved = dict(script=self.script, args=vars(self.args), iteration=iteration + 1)
-        saved |= dict(step=self.steps, final=final, curve=self.curve, returns=list(self.returns))
-        saved |= dict(wall_s=time.time() - self.start_time, resumes=self.resumes)
-        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, generators=generators)
-        path = os.path.join(self.dir, "checkpoint.pt")
-        torch.save(saved | dict(state=self.state_of(state())), path + ".tmp")
-        os.replace(path + ".tmp", path)
-        self.next_checkpoint = time.time() + 60 * (self.args.checkpoint_minutes or float("inf"))
-
-    def state_of(self, obj):
-        """What `restore` puts back: state dicts, tensors, arrays, and for (envs, obs, ...) the
-        envs' wrappers and envs pickled but their functions, which the same flags make again
-        (observation transforms), or None where they cannot be (a video recorder)."""
-        if hasattr(obj, "state_dict"):
-            return obj.state_dict()
-        if isinstance(obj, np.random.Generator):
-            return obj.bit_generator.state
-        if isinstance(obj, SimpleNamespace):
-            obj = vars(obj)
-        if isinstance(obj, dict):  # what has a state: no functions
-            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
-            return {k: self.state_of(v) for k, v in kept.items()}
-        if isinstance(obj, tuple):  # (envs, obs, ...)
-            # between the layers, and how to make them
-            links = ("env", "envs", "env_fns", "_saved_kwargs")
-            layers = [
-                {k: v for k, v in vars(x).items() if k not in links and not callable(v)}
-                for x in self.layers(obj)
-            ]
-            try:
-                envs = pickle.dumps(layers)
-            except Exception:  # an env that renders for a video recorder holds its screen
-                envs = None
-            return (envs, *(self.state_of(x) for x in obj[1:]))
-        return obj.copy() if isinstance(obj, np.ndarray) else obj.clone()
-
-    def restore(self, obj, saved, seed):
-        """`saved` into `obj`, in place; envs that were not saved start fresh episodes, seeded with
-        `seed`."""
-        if isinstance(obj, torch.optim.Optimizer):  # a tensor lr in place: a CUDA graph reads it
-            rates = [group["lr"] for group in obj.param_groups]
-            obj.load_state_dict(saved)
-            for group, rate in zip(obj.param_groups, rates):
-                if isinstance(rate, torch.Tensor):
-                    group["lr"] = rate.copy_(group["lr"])
-        elif hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(saved)
-        elif isinstance(obj, np.random.Generator):
-            obj.bit_generator.state = saved
-        elif isinstance(obj, (dict, SimpleNamespace)):
-            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
-            for key, value in items:
-                if key in saved:
-                    self.restore(value, saved[key], seed)
-        elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes: no dones, no memory
-            self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
-            for carried in obj[2:]:
-                carried.zero_()
-        elif isinstance(obj, tuple):
-            for layer, attributes in zip(self.layers(obj), pickle.loads(saved[0])):
-                vars(layer).update(attributes)
-            for x, value in zip(obj[1:], saved[1:]):
-                self.restore(x, value, seed)
-            self.envs_restored = True
-        elif isinstance(obj, np.ndarray):
-            obj[...] = saved
-        else:
-            with torch.no_grad():
-                obj.copy_(torch.as_tensor(saved))
-
-    @staticmethod
-    def layers(envs_obs):
-        """The vector env, then each env's wrappers and the env itself, outermost first."""
-        layers = [envs_obs[0]]
-        for env in envs_obs[0].envs:
-            layers.append(env)
-            while hasattr(env, "env"):
-                env = env.env
-                layers.append(env)
-        return layers
-
-    def video_folder(self):
-        """runs/<run_name>/videos, once we know that this machine can record the env."""
-        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
-        # torch's compiler loads triton's LLVM (CUDA builds); after Mesa's EGL has loaded its own,
-        # that crashes the process, so it comes first
-        __import__("torch._dynamo")
-        try:
-            __import__("moviepy")  # RecordVideo's writer
-            env = gym.make(self.args.env_id, render_mode="rgb_array")
-            env.reset(seed=0)
-            assert isinstance(env.render(), np.ndarray), "no frame"
-        except Exception as e:
-            fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
-        videos = os.path.join(self.dir, "videos")
-        # a resumed run's recorder counts episodes from 0 again: a folder of its own keeps the first
-        return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
-
-    def start_clock(self, global_step):
-        self.measure_start, self.measure_step = time.time(), global_step
-
-    def sps(self, global_step, now=None):
-        if self.measure_start:  # None before the clock starts
-            seconds = (now or time.time()) - self.measure_start
-            return (global_step - self.measure_step) / seconds
-
-    def log_episodes(self, global_step, returns):
-        for episodic_return in returns:
-            self.returns.append(episodic_return)
-            self.curve.append([global_step, time.time() - self.start_time, episodic_return])
-            if self.wandb:
-                self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
-
-    def log_progress(self, pbar, global_step, metrics):
-        """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
-        finite diverges the run."""
-        tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
-        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync
-        metrics = metrics | dict(zip(tensors, values))
-        sps = self.sps(global_step) or 0.0
-        return_mean = np.mean(self.returns) if self.returns else float("nan")
-        pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if self.wandb:
-            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
-            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for name, value in metrics.items():
-            if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
-                self.diverge(global_step, name, value)
-
-    def diverge(self, step, metric, value):
-        if self.diverged:
-            return
-        rates = [(k, v) for k, v in vars(self.args).items() if k.endswith(("lr", "learning_rate"))]
-        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
-        line = f"error: diverged at step {step}: {metric} is {value}; maybe too large: {rates}"
-        tqdm.tqdm.write(line, file=sys.stderr)
-        self.diverged = dict(step=step, metric=metric, value=str(value))
-
-    def finish(self, device, model, evaluate, **extra):
-        """Save `model` (--save-model), write summary.json, play --eval-episodes with
-        `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
-        nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
-        args, end_time = self.args, time.time()
-        weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
-        weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once
-        if not np.isfinite(weight_sum):
-            self.diverge(self.steps, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):
-            self.diverge(self.steps, "return_mean", np.mean(self.returns))
-        model_file = None
-        if args.save_model and not self.diverged:  # torch.load(model_file, weights_only=True)
-            model_file = os.path.abspath(os.path.join(self.dir, f"{self.script}.pt"))
-            saved = {"script": self.script, "args": vars(args), "model": model}
-            torch.save(saved, model_file + ".tmp")
-            os.replace(model_file + ".tmp", model_file)
-        wall_s = end_time - self.start_time
-        summary = dict(
-            script=self.script,
-            env_id=args.env_id,
-            seed=args.seed,
-            device=str(device),
-            compile=getattr(args, "compile", False),
-            cudagraphs=getattr(args, "cudagraphs", False),
-            num_envs=args.num_envs,
-            total_timesteps=self.steps,
-            sps=self.sps(self.steps, end_time),
-            sps_wall=self.steps / wall_s,
-            wall_s=wall_s,
-            torch_version=torch.__version__,
-            episodes=len(self.curve),
-            return_mean=float(np.mean(self.returns)) if self.returns else None,
-            interrupted=self.stop_signal > 0,
-            resumes=self.resumes,
-            model_file=model_file,
-            eval_returns=[],
-            eval_return_mean=None,
-        )
-        summary |= extra  # a script's own fields, which may override the ones above
-        if args.eval_episodes and not self.diverged:
-            self.write_summary(summary)  # kept if a second signal kills the evaluation
-            returns = evaluate(args.eval_episodes, self.videos)
-            summary |= dict(eval_returns=returns, eval_return_mean=float(np.mean(returns)))
-        print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
-        if self.wandb:
-            self.wandb.finish()
-        if self.diverged or self.stop_signal:
-            sys.exit(3 if self.diverged else 128 + self.stop_signal)
-
-    def write_summary(self, summary):
-        """summary.json, written atomically, non-finite numbers as strings; returns what the SUMMARY
-        line prints."""
-        text = json.dumps(summary | {"diverged": self.diverged, "curve": self.curve})
-        summary = json.loads(text, parse_constant=lambda c: str(float(c)))
-        curve, path = summary.pop("curve"), os.path.join(self.dir, "summary.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(summary | {"curve": curve}, f)
-        os.replace(path + ".tmp", path)
-        return summary | {"summary_file": os.path.abspath(path)}
-
-
-def evaluate(act, envs, episodes, seed, device):
-    """The returns of `episodes` episodes played on `envs` (one env, closed after) with `act(obs) ->
-    actions`."""
-    obs, _ = envs.reset(seed=seed)
-    returns = []
-    while len(returns) < episodes:
-        with torch.no_grad():
-            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
-        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        returns += finished_episodes(infos)
-    envs.close()
-    return returns[:episodes]
 
 
 if __name__ == "__main__":

@@ -923,6 +923,9 @@ class RankRun(Run):
         self.rank, self.world_size, self.main_process = rank, world_size, rank == 0
         super().__init__(args, script, free_flags)
 
+    def check_seed(self, args):  # the seed given: rank r's is seed + r * num_envs
+        super().check_seed(SimpleNamespace(seed=args.seed - self.rank * args.num_envs))
+
     def check_resumed(self, path, saved):
         if len(saved["ranks"]) != self.world_size:
             fail(
