@@ -525,10 +525,7 @@ def check_args(args, world_size):
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail(
-            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
-            "--compile)"
-        )
+        fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
     if world_size > 1 and (args.cudagraphs or args.eval_model):
         fail(f"--cudagraphs and --eval-model run in one process, not in {world_size} ranks")
 

@@ -1,20 +1,17 @@
-"""PPO for continuous actions with rollouts sampled by Ray actors: grown from the optimized twin
+"""PPO for continuous actions, its rollouts sampled by Ray actors: grown from the optimized twin
 ppo_continuous_action_torchcompile.py, so `diff` against it shows what sampling on Ray changes.
 
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
-    # 2 runners x 4 envs
     python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer
-    # join a running cluster (`ray start`)
+    # join a cluster (`ray start`)
     python leanrl/ppo_continuous_action_ray.py --ray-address 10.0.0.1:6379
 
-Each runner is a Ray actor with `--num-envs` envs and a CPU copy of the policy; it returns
-fragments of `--num-steps` steps. The learner normalizes observations and updates as the twin.
-`--double-buffer` samples during the update with weights one update old, under Hilton et al.'s
-decoupled objective (arxiv.org/abs/2110.00641). Runners restart when they die and end with the
-run; a silent one ends it after `--ray-timeout` (docs/scaling-ray.md). A resumed run continues
-the learner and the observation statistics exactly; its runners start fresh episodes, seeded
-from the step.
+Each runner, a Ray actor, steps `--num-envs` envs with a CPU copy of the policy and returns
+fragments of `--num-steps` steps; the learner normalizes observations and updates as the twin.
+`--double-buffer` samples during the update with weights one update old, under the decoupled
+objective of Hilton et al. (arxiv.org/abs/2110.00641). A runner that dies restarts, a silent one
+ends the run (docs/scaling-ray.md). A resumed run's runners start fresh episodes.
 """
 
 import functools
@@ -47,11 +44,11 @@ class Args(CudaFlags):
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_runners: int = 2
-    """the number of env runners (Ray actors, one CPU each)"""
+    """the number of env runners (Ray actors, a CPU each)"""
     num_envs: int = 1
-    """the number of environments of each runner, stepped in turn in a vector env"""
+    """the number of environments of each runner"""
     num_steps: int = 1024
-    """the number of vector steps of each fragment (of each runner, each iteration)"""
+    """the number of vector steps of each runner's fragment"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
     gamma: float = 0.99
@@ -78,13 +75,13 @@ class Args(CudaFlags):
     """stop an update's epochs once the approximate KL exceeds this (off by default)"""
 
     double_buffer: bool = False
-    """sample each runner's next fragment during the update, with weights one update old"""
+    """sample the next fragments during the update, with weights one update old"""
     ray_address: str | None = None
-    """join the Ray cluster at this host:port (default: a local instance on loopback)"""
+    """join the Ray cluster at host:port (default: a local one, on loopback)"""
     ray_timeout: float = 120.0
-    """seconds a runner may take to start or to return a fragment, else the run ends"""
+    """seconds a runner may take to start or to return a fragment"""
     runner_restarts: int = 3
-    """how many times Ray restarts each runner that dies before the run gives up"""
+    """how often Ray restarts a runner that dies before the run gives up"""
 
     compile: bool = False
     """compile GAE and the update's loss (runners act eagerly)"""
@@ -93,10 +90,8 @@ class Args(CudaFlags):
 
 
 def wrap(env, gamma, obs_rms=None):
-    """CleanRL's wrappers of one env, after its episode statistics (raw returns): flattened
-    observations, clipped actions, rewards normalized and clipped. A runner's observations stay raw
-    (`normalize` applies the learner's statistics); an evaluation's are normalized with `obs_rms`,
-    a trained policy's statistics, frozen."""
+    """CleanRL's wrappers, but a runner's observations stay raw (`normalize` applies the learner's
+    statistics); an evaluation normalizes them with `obs_rms`, a trained policy's, frozen."""
     if not isinstance(env.action_space, gym.spaces.Box):
         return env  # refused in main
     space = env.observation_space
@@ -145,8 +140,7 @@ class Agent(nn.Module):
         return self.critic(x)
 
     def get_action(self, x, action=None):
-        """An action (sampled unless given), its log-probability and the policy's entropy: what a
-        runner needs."""
+        """Without the value: what a runner needs."""
         action_mean = self.actor_mean(x)
         action_logstd = self.actor_logstd.expand_as(action_mean)
         action_std = torch.exp(action_logstd)
@@ -217,9 +211,7 @@ def make_learner(args, n_obs, n_act, device):
     )
 
     def loss_fn(mb):
-        """The clipped-surrogate loss of a minibatch, and its statistics. The ratio is taken
-        against `logprobs`, the proximal policy's; `behaviour_weights` correct for the policy that
-        sampled."""
+        """The clipped-surrogate loss of a minibatch, and its statistics."""
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb["obs"], mb["actions"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
@@ -269,8 +261,7 @@ def make_learner(args, n_obs, n_act, device):
         optimizer.step()
         return stats
 
-    # the learner's values read the weights through a copy that shares their memory, with no
-    # autograd state
+    # values read the weights through a copy that shares their memory, with no autograd state
     agent_inference = Agent(n_obs, n_act, device=device)
     from_module(agent).data.to_module(agent_inference)
     return SimpleNamespace(
@@ -282,50 +273,41 @@ def make_learner(args, n_obs, n_act, device):
     )
 
 
+# a fragment's columns, [num_steps, num_envs, ...]
+FRAGMENT = "obs raw_obs final_obs actions logprobs rewards terminations truncations".split()
+
+
 class EnvRunner:
-    """An env runner, run as a Ray actor: `num_envs` environments seeded `seed`, `seed + 1`, ...
-    and a CPU copy of the policy. A restarted runner starts again here: fresh environments, the
-    same seeds."""
+    """A Ray actor: `num_envs` envs seeded `seed`, `seed + 1`, ... and a CPU copy of the policy.
+    A restarted runner starts again here: fresh envs, the same seeds."""
 
     def __init__(self, env_id, num_envs, seed, gamma):
-        # one core per runner: acting on a batch of `num_envs` gains nothing from more threads
+        # acting on `num_envs` observations gains nothing from more threads
         torch.set_num_threads(1)
         self.envs = make_envs(env_id, num_envs, seed, wrap=functools.partial(wrap, gamma=gamma))
         n_obs = int(np.prod(self.envs.single_observation_space.shape))
         # weights come with each call
         self.agent = Agent(n_obs, int(np.prod(self.envs.single_action_space.shape)))
-        self.next_obs, _ = self.envs.reset(seed=seed)  # raw: each call normalizes with its stats
+        self.next_obs, _ = self.envs.reset(seed=seed)  # raw
         torch.manual_seed(seed)  # the action noise
 
     def sample(self, policy, num_steps):
-        """`num_steps` vector steps acting with `policy` ({"agent", "obs_rms"}): tensors
-        [num_steps, num_envs, ...] (`obs` normalized, `raw_obs` for the learner's statistics,
-        `final_obs` the true next obs, normalized), `next_obs` for the bootstrap, `episodes`
-        [(step, return)] that ended, and `runner`, this process."""
+        """`num_steps` vector steps by `policy` ({"agent", "obs_rms"}): tensors [num_steps,
+        num_envs, ...] (`final_obs` the true next obs, `raw_obs` for the learner's statistics),
+        `next_obs`, the `episodes` that ended [(step, return)] and `runner`, this process."""
         self.agent.load_state_dict(policy["agent"])
-        n_envs, n_obs = self.next_obs.shape
-        shapes = dict(obs=(n_obs,), raw_obs=(n_obs,), final_obs=(n_obs,))
-        shapes |= dict(actions=self.envs.single_action_space.shape, logprobs=(), rewards=())
-        shapes |= dict(terminations=(), truncations=())
-        fragment = {k: np.zeros((num_steps, n_envs, *s), np.float32) for k, s in shapes.items()}
-        episodes = []
+        steps, episodes = [], []
         for step in range(num_steps):
-            fragment["raw_obs"][step] = self.next_obs
-            obs = fragment["obs"][step] = normalize(self.next_obs, policy["obs_rms"])
+            raw_obs, obs = self.next_obs, normalize(self.next_obs, policy["obs_rms"])
             with torch.no_grad():
                 action, logprob, _ = self.agent.get_action(torch.from_numpy(obs))
-            fragment["actions"][step], fragment["logprobs"][step] = action.numpy(), logprob.numpy()
-            self.next_obs, reward, terminations, truncations, infos = self.envs.step(
-                fragment["actions"][step]
-            )
-            fragment["rewards"][step] = reward
-            fragment["terminations"][step] = terminations
-            fragment["truncations"][step] = truncations
-            final_obs = true_next_obs(self.next_obs, infos)
-            fragment["final_obs"][step] = normalize(final_obs, policy["obs_rms"])
-            episodes += [(step, episodic_return) for episodic_return in finished_episodes(infos)]
+            self.next_obs, *outcome, infos = self.envs.step(action.numpy())
+            final_obs = normalize(true_next_obs(self.next_obs, infos), policy["obs_rms"])
+            steps.append((obs, raw_obs, final_obs, action.numpy(), logprob.numpy(), *outcome))
+            episodes += [(step, r) for r in finished_episodes(infos)]
+        fragment = {k: np.stack(column) for k, column in zip(FRAGMENT, zip(*steps))}
         fragment["next_obs"] = normalize(self.next_obs, policy["obs_rms"])
-        fragment = {key: torch.from_numpy(value) for key, value in fragment.items()}
+        fragment = {k: torch.as_tensor(v, dtype=torch.float) for k, v in fragment.items()}
         return fragment | {"episodes": episodes, "runner": f"{socket.gethostname()}:{os.getpid()}"}
 
     def resident_memory_mib(self):
@@ -337,7 +319,7 @@ class EnvRunner:
             return None
 
 
-# What scaling out adds: a Ray cluster, runners on it, and calls that give up after a timeout
+# A Ray cluster, runners on it, and calls that give up after a timeout
 
 
 def check_address(address):
@@ -353,47 +335,38 @@ def check_address(address):
 
 
 def connect_ray(address):
-    """The `ray` module, joined to the cluster whose head is at `address` (host:port), or to a
-    local instance sized to this machine, on 127.0.0.1 only and without a dashboard."""
+    """The `ray` module, joined to the cluster at `address` (host:port), or to a local instance
+    sized to this machine, on 127.0.0.1 only and without a dashboard."""
     if address is None or address.rpartition(":")[0] in ("127.0.0.1", "localhost"):
-        # on Linux Ray replaces 127.0.0.1 by the machine's network address unless told that it
-        # runs on one machine
+        # else Ray replaces 127.0.0.1 by the machine's network address
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray  # after the line above: Ray reads that variable when it is imported
+    import ray  # after the line above: Ray reads it on import
 
-    # ray.init replaces it by an exit at once: `Run`'s again after
-    on_sigterm = signal.getsignal(signal.SIGTERM)
-    quiet = dict(logging_level="ERROR", log_to_driver=False)
+    on_sigterm = signal.getsignal(signal.SIGTERM)  # ray.init puts an exit at once in its place
     # a runner imports the run module by name, and Ray puts only this file's folder on its path,
     # which another machine may lack: the module travels with the job
-    quiet |= dict(runtime_env=dict(py_modules=[sys.modules[make_envs.__module__]]))
+    ship = dict(py_modules=[sys.modules[make_envs.__module__]])
+    options = dict(logging_level="ERROR", log_to_driver=False, runtime_env=ship)
     if address is None:
-        ray.init(
-            num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **quiet
-        )
+        local = dict(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1")
+        ray.init(include_dashboard=False, **local, **options)
     else:
         try:
-            ray.init(address=address, **quiet)
-        # e.g. a head that wants a token: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN
-        except ConnectionError as e:
-            fail(
-                f"--ray-address {address}: Ray did not let this process join "
-                f"({str(e).splitlines()[0]}); with token authentication set RAY_AUTH_MODE=token "
-                "and the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
-            )
+            ray.init(address=address, **options)
+        except ConnectionError as e:  # e.g. a head that wants a token
+            cause = str(e).splitlines()[0]
+            token = "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or ~/.ray/auth_token)"
+            fail(f"--ray-address {address}: Ray did not let this process in ({cause}); set {token}")
     signal.signal(signal.SIGTERM, on_sigterm)
     return ray
 
 
 def start_runners(ray, args, seed):
-    """`args.num_runners` env runners, one CPU each, restarted by Ray when they die. Runner i
-    steps the envs seeded `seed + i * num_envs`, ..., as one vector env of all would."""
+    """`args.num_runners` env runners, a CPU each, restarted by Ray when they die. Runner i steps
+    the envs seeded `seed + i * num_envs`, ..., as one vector env of all would."""
     cpus = ray.cluster_resources().get("CPU", 0)
     if cpus < args.num_runners:
-        fail(
-            f"--num-runners {args.num_runners} needs {args.num_runners} CPUs; the Ray cluster "
-            f"has {cpus:g}"
-        )
+        fail(f"--num-runners {args.num_runners} needs as many CPUs; the Ray cluster has {cpus:g}")
     runner = ray.remote(num_cpus=1, max_restarts=args.runner_restarts)(EnvRunner)
     seeds = [seed + i * args.num_envs for i in range(args.num_runners)]
     return [runner.remote(args.env_id, args.num_envs, seed, args.gamma) for seed in seeds]
@@ -411,17 +384,14 @@ def gather(ray, runners, calls, weights, args):
                 fragments.append(ray.get(call, timeout=args.ray_timeout))
                 break
             except ray.exceptions.GetTimeoutError:
-                sys.exit(
-                    f"error: runner {i} sent nothing within --ray-timeout {args.ray_timeout:g} s"
-                )
+                sys.exit(f"error: runner {i} sent nothing in --ray-timeout {args.ray_timeout:g} s")
             except ray.exceptions.RayActorError as e:
                 failures += 1
                 if failures > args.runner_restarts + 1:
                     sys.exit(
-                        f"error: runner {i} is gone and Ray restarts it no more "
-                        f"({type(e).__name__})"
+                        f"error: runner {i} died; Ray restarts it no more ({type(e).__name__})"
                     )
-                time.sleep(1.0)  # Ray restarts it meanwhile: a fresh process, fresh environments
+                time.sleep(1.0)  # Ray restarts it meanwhile: a fresh process, fresh envs
                 call = runners[i].sample.remote(weights, args.num_steps)
             except ray.exceptions.RayTaskError as e:
                 cause = str(e.cause).splitlines()[0] if e.cause else type(e).__name__
@@ -438,8 +408,7 @@ def policy_state(agent, obs_rms):
 def side_by_side(fragments, device):
     """The runners' fragments as one rollout, a TensorDict [num_steps, num_runners * num_envs] on
     `device`, and the observations after it, [num_runners * num_envs, n_obs]."""
-    keys = "obs raw_obs actions logprobs rewards terminations truncations final_obs".split()
-    rollout = {key: torch.cat([f[key] for f in fragments], dim=1) for key in keys}
+    rollout = {key: torch.cat([f[key] for f in fragments], dim=1) for key in FRAGMENT}
     rollout = TensorDict(rollout, batch_size=rollout["rewards"].shape, device=device)
     return rollout, torch.cat([f["next_obs"] for f in fragments]).to(device)
 
@@ -450,7 +419,7 @@ def main(args):
         check_address(args.ray_address)
     free_flags = ("ray_address", "ray_timeout", "runner_restarts")
     run = Run(args, "ppo_continuous_action_ray", free_flags)  # runs.py: folder, seeds, signals, ...
-    # here, before Ray starts: a bad --env-id exits 2 at once; the runners step the envs
+    # before Ray starts, a bad --env-id exits 2 at once; the runners step the envs
     envs = make_envs(args.env_id, 1, args.seed, wrap=functools.partial(wrap, gamma=args.gamma))
     envs.close()
     space = envs.single_action_space
@@ -461,8 +430,7 @@ def main(args):
     n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, device)
     agent, optimizer = learner.agent, learner.optimizer
-    # every env of every runner: the columns of the rollout
-    num_envs = args.num_runners * args.num_envs
+    num_envs = args.num_runners * args.num_envs  # the rollout's columns
     scaling = dict(num_runners=args.num_runners, double_buffer=args.double_buffer)
 
     def evaluate_agent(episodes, videos):  # the Gaussian's mean; `obs_rms` is bound below
@@ -489,111 +457,96 @@ def main(args):
     batch_size = num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    # one normalization for every env of every runner
-    rms = ObservationStatistics(shape=(n_obs,))
+    rms = ObservationStatistics(shape=(n_obs,))  # of every runner's envs
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         return dict(learner=learner, obs_rms=rms)  # the runners' envs: fresh on resume
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step, restarts = run.steps, 0  # run.steps: 0 unless resumed
-    runner_processes = [None] * args.num_runners  # host:pid of each runner
-    ray = connect_ray(args.ray_address)
-    try:
-        # a resumed run's runners: fresh episodes, seeded from the step
-        runners = start_runners(ray, args, args.seed + run.steps)
+    processes = [None] * args.num_runners  # host:pid of each runner
+    ray = connect_ray(args.ray_address)  # it shuts down at exit, also after a failure
+    runners = start_runners(ray, args, args.seed + run.steps)  # resumed: fresh episodes
 
-        def sample(weights):  # the runners' next fragments, and the weights they act with
-            return [runner.sample.remote(weights, args.num_steps) for runner in runners], weights
+    def sample(weights):  # the runners' next fragments, and the weights they act with
+        return [runner.sample.remote(weights, args.num_steps) for runner in runners], weights
 
-        # the weights go to Ray's object store once per iteration; every runner reads them there
-        weights = ray.put(policy_state(agent, rms))
-        calls, calls_weights = sample(weights)
-        for iteration in run.progress(range(start, num_iterations)):
-            if iteration == args.measure_burnin:
-                run.start_clock(global_step)  # sps counts from here: the runners have started
-            if args.anneal_lr:
-                frac = 1.0 - iteration / num_iterations
-                # in place: no recompile
-                optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
-            more = iteration + 1 < num_iterations  # another iteration's fragments to sample
+    # the weights go to Ray's object store once per iteration; every runner reads them there
+    weights = ray.put(policy_state(agent, rms))
+    calls, calls_weights = sample(weights)
+    for iteration in run.progress(range(start, num_iterations)):
+        if iteration == args.measure_burnin:
+            run.start_clock(global_step)  # sps counts from here: the runners have started
+        if args.anneal_lr:
+            frac = 1.0 - iteration / num_iterations
+            # in place: no recompile
+            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
-            # rollout: the runners' fragments, side by side
-            fragments = gather(ray, runners, calls, calls_weights, args)
-            # a runner that answers from another process was restarted (also between two calls)
-            processes = [f["runner"] for f in fragments]
-            restarts += sum(old not in (None, new) for old, new in zip(runner_processes, processes))
-            runner_processes = processes
-            if args.double_buffer and more:
-                # the next fragments are sampled during this update, with the weights from before it
-                calls, calls_weights = sample(weights)
-            rollout, next_obs = side_by_side(fragments, device)
-            rms.update(rollout["raw_obs"].flatten(0, 1).cpu().numpy())  # for what comes next
-            episodes = sorted((step, r) for f in fragments for step, r in f["episodes"])
-            for step, episodic_return in episodes:
-                run.log_episodes(global_step + (step + 1) * num_envs, [episodic_return])
-            global_step += batch_size
+        # rollout: the runners' fragments, side by side
+        fragments = gather(ray, runners, calls, calls_weights, args)
+        # a runner that answers from another process was restarted (also between two calls)
+        answered = [f["runner"] for f in fragments]
+        restarts += sum(old not in (None, new) for old, new in zip(processes, answered))
+        processes = answered
+        if args.double_buffer and iteration < num_iterations - 1:
+            # the next fragments are sampled during this update, with the weights from before it
+            calls, calls_weights = sample(weights)
+        rollout, next_obs = side_by_side(fragments, device)
+        rms.update(rollout["raw_obs"].flatten(0, 1).cpu().numpy())
+        episodes = sorted((step, r) for f in fragments for step, r in f["episodes"])
+        for step, episodic_return in episodes:
+            run.log_episodes(global_step + (step + 1) * num_envs, [episodic_return])
+        global_step += batch_size
 
-            # advantages, from the values of the pre-update critic, in one pass each
+        # advantages, from the values of the pre-update critic, in one pass each
+        with torch.no_grad():
+            rollout["values"] = get_value(rollout["obs"]).squeeze(-1)
+            rollout["final_values"] = get_value(rollout["final_obs"]).squeeze(-1)
+            next_value = get_value(next_obs).flatten()
+        keys = ("rewards", "values", "final_values", "terminations", "truncations")
+        advantages, returns = compute_gae(
+            **{key: rollout[key] for key in keys},
+            next_value=next_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+        )
+        rollout["behaviour_weights"] = torch.ones_like(rollout["logprobs"])
+        if args.double_buffer:
+            # the sampling policy is one update behind: clip around the learner's (proximal)
+            # policy, weight each sample by pi_prox / pi_behaviour (Hilton et al. 2021)
+            obs, actions = rollout["obs"].flatten(0, 1), rollout["actions"].flatten(0, 1)
             with torch.no_grad():
-                rollout["values"] = get_value(rollout["obs"]).squeeze(-1)
-                # gae reads them where truncated
-                rollout["final_values"] = get_value(rollout["final_obs"]).squeeze(-1)
-                next_value = get_value(next_obs).flatten()
-            keys = ("rewards", "values", "final_values", "terminations", "truncations")
-            advantages, returns = compute_gae(
-                **{key: rollout[key] for key in keys},
-                next_value=next_value,
-                gamma=args.gamma,
-                gae_lambda=args.gae_lambda,
-            )
-            rollout["behaviour_weights"] = torch.ones_like(rollout["logprobs"])
-            if args.double_buffer:
-                # the sampling policy is one update behind: clip around the learner's (proximal)
-                # policy, weight each sample by pi_prox / pi_behaviour (Hilton et al. 2021)
-                obs, actions = rollout["obs"].flatten(0, 1), rollout["actions"].flatten(0, 1)
-                with torch.no_grad():
-                    _, logprobs, _ = learner.get_action(obs, actions)
-                behaviour_logprobs = rollout["logprobs"]
-                rollout["logprobs"] = logprobs.view_as(behaviour_logprobs)
-                rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
+                _, logprobs, _ = learner.get_action(obs, actions)
+            behaviour_logprobs = rollout["logprobs"]
+            rollout["logprobs"] = logprobs.view_as(behaviour_logprobs)
+            rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
 
-            # update
-            keys = ("obs", "actions", "logprobs", "values", "behaviour_weights")
-            b = rollout.select(*keys).flatten(0, 1)
-            b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
-            for _epoch in range(args.update_epochs):
-                b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
-                for mb_inds in b_inds:
-                    stats = update(b[mb_inds])
-                # host sync, once per epoch
-                if args.target_kl is not None and stats[4] > args.target_kl:
-                    break
-            weights = ray.put(policy_state(agent, rms))
-            if not args.double_buffer and more:
-                calls, calls_weights = sample(weights)
-
-            # log
-            explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
-            names = (
-                "policy_loss",
-                "value_loss",
-                "entropy",
-                "old_approx_kl",
-                "approx_kl",
-                "clipfrac",
-            )
-            metrics = dict(zip(names, stats), explained_variance=explained_var)
-            run.log_progress(global_step, metrics)
-            run.steps = global_step
-            run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
-            if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
+        # update
+        keys = ("obs", "actions", "logprobs", "values", "behaviour_weights")
+        b = rollout.select(*keys).flatten(0, 1)
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
+            for mb_inds in b_inds:
+                stats = update(b[mb_inds])
+            # host sync, once per epoch
+            if args.target_kl is not None and stats[4] > args.target_kl:
                 break
-        memory = [runner.resident_memory_mib.remote() for runner in runners]
-        memory = ray.get(memory, timeout=args.ray_timeout)
-    # also on a failure; a second signal kills the driver, and Ray its runners
-    finally:
-        ray.shutdown()  # ends the runners, and a local Ray instance with them
+        weights = ray.put(policy_state(agent, rms))
+        if not args.double_buffer and iteration < num_iterations - 1:
+            calls, calls_weights = sample(weights)
+
+        # log
+        explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
+        names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+        metrics = dict(zip(names, stats), explained_variance=explained_var)
+        run.log_progress(global_step, metrics)
+        run.steps = global_step
+        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
+            break
+    memory = ray.get([r.resident_memory_mib.remote() for r in runners], timeout=args.ray_timeout)
+    ray.shutdown()  # ends the runners, and a local Ray instance with them
 
     # the observation normalization is part of the policy, saved with it
     obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
@@ -623,10 +576,7 @@ def check_args(args):
     if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail("--gamma and --gae-lambda must be in [0, 1]")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail(
-            "--cudagraphs needs a CUDA device and none is available (run without it, or with "
-            "--compile)"
-        )
+        fail("--cudagraphs needs a CUDA device and there is none (or --no-cuda was given)")
     if args.runner_restarts < 0:
         fail(f"--runner-restarts must be >= 0, got {args.runner_restarts}")
     if args.capture_video and args.eval_episodes == 0:
