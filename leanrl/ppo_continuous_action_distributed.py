@@ -487,8 +487,7 @@ def main(args):
         run.steps = global_step
         # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: all stop here
         # (a signal that comes after this all-reduce waits for the next iteration's)
-        signum = max_over_ranks(run.stop_signal, world_size, device)  # on every rank, signal or not
-        run.stop_signal = run.stop_signal or signum
+        run.stop_signal = max_over_ranks(run.signal, world_size, device)
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
         # a divergence is on every rank at once: the losses it checks are all-reduced, the same
         if run.stopped:

@@ -510,21 +510,18 @@ def main(args):
             gamma=args.gamma,
             gae_lambda=args.gae_lambda,
         )
-        rollout["behaviour_weights"] = torch.ones_like(rollout["logprobs"])
+
+        # update
+        b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
+        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+        b["behaviour_weights"] = torch.ones_like(b["logprobs"])
         if args.double_buffer:
             # the sampling policy is one update behind: clip around the learner's (proximal)
             # policy, weight each sample by pi_prox / pi_behaviour (Hilton et al. 2021)
-            obs, actions = rollout["obs"].flatten(0, 1), rollout["actions"].flatten(0, 1)
             with torch.no_grad():
-                _, logprobs, _ = learner.get_action(obs, actions)
-            behaviour_logprobs = rollout["logprobs"]
-            rollout["logprobs"] = logprobs.view_as(behaviour_logprobs)
-            rollout["behaviour_weights"] = (rollout["logprobs"] - behaviour_logprobs).exp()
-
-        # update
-        keys = ("obs", "actions", "logprobs", "values", "behaviour_weights")
-        b = rollout.select(*keys).flatten(0, 1)
-        b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
+                _, logprobs, _ = learner.get_action(b["obs"], b["actions"])
+            b["behaviour_weights"] = (logprobs - b["logprobs"]).exp()
+            b["logprobs"] = logprobs
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
