@@ -170,7 +170,7 @@ class ObservationStatistics(RunningMeanStd):
 
 
 def normalize(obs, obs_rms):
-    """Raw `obs` normalized with `obs_rms` as NormalizeObservation does, clipped to [-10, 10]."""
+    """`obs` normalized by `obs_rms` as NormalizeObservation does, then clipped."""
     obs = (obs - obs_rms["mean"]) / np.sqrt(obs_rms["var"] + 1e-8)
     return np.clip(obs, -10, 10).astype(np.float32)
 
@@ -273,13 +273,13 @@ def make_learner(args, n_obs, n_act, device):
     )
 
 
-# a fragment's columns, [num_steps, num_envs, ...]
+# a fragment's columns, [num_steps, num_envs, ...]; final_obs: the true next obs
 FRAGMENT = "obs raw_obs final_obs actions logprobs rewards terminations truncations".split()
 
 
 class EnvRunner:
-    """A Ray actor: `num_envs` envs seeded `seed`, `seed + 1`, ... and a CPU copy of the policy.
-    A restarted runner starts again here: fresh envs, the same seeds."""
+    """A Ray actor: envs seeded `seed`, `seed + 1`, ... and a CPU copy of the policy. Restarted,
+    it starts here again: fresh envs, the same seeds."""
 
     def __init__(self, env_id, num_envs, seed, gamma):
         # acting on `num_envs` observations gains nothing from more threads
@@ -292,8 +292,7 @@ class EnvRunner:
         torch.manual_seed(seed)  # the action noise
 
     def sample(self, policy, num_steps):
-        """`num_steps` vector steps by `policy` ({"agent", "obs_rms"}): tensors [num_steps,
-        num_envs, ...] (`final_obs` the true next obs, `raw_obs` for the learner's statistics),
+        """`num_steps` vector steps by `policy` ({"agent", "obs_rms"}): the FRAGMENT columns,
         `next_obs`, the `episodes` that ended [(step, return)] and `runner`, this process."""
         self.agent.load_state_dict(policy["agent"])
         steps, episodes = [], []
@@ -311,7 +310,7 @@ class EnvRunner:
         return fragment | {"episodes": episodes, "runner": f"{socket.gethostname()}:{os.getpid()}"}
 
     def resident_memory_mib(self):
-        """This process' resident memory (VmRSS) in MiB, or None where /proc does not say."""
+        """This process' resident memory in MiB (None without /proc)."""
         try:
             with open("/proc/self/status") as f:
                 return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
@@ -323,8 +322,8 @@ class EnvRunner:
 
 
 def check_address(address):
-    """`--ray-address` must be host:port where something answers, else exit status 2 within 5
-    seconds (Ray itself would retry for minutes)."""
+    """Exit status 2 unless a head answers at `--ray-address` within 5 s (Ray would retry for
+    minutes)."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         fail(f"--ray-address {address!r} is not host:port")
@@ -335,8 +334,7 @@ def check_address(address):
 
 
 def connect_ray(address):
-    """The `ray` module, joined to the cluster at `address` (host:port), or to a local instance
-    sized to this machine, on 127.0.0.1 only and without a dashboard."""
+    """`ray`, joined to the head at `address`, or to a local instance on 127.0.0.1 only."""
     if address is None or address.rpartition(":")[0] in ("127.0.0.1", "localhost"):
         # else Ray replaces 127.0.0.1 by the machine's network address
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -400,14 +398,14 @@ def gather(ray, runners, calls, weights, args):
 
 
 def policy_state(agent, obs_rms):
-    """What the runners act with: the agent's weights on the CPU and the observation statistics."""
+    """What the runners act with: the weights on the CPU and the observation statistics."""
     weights = {name: value.detach().cpu() for name, value in agent.state_dict().items()}
     return {"agent": weights, "obs_rms": {"mean": obs_rms.mean, "var": obs_rms.var}}
 
 
 def side_by_side(fragments, device):
-    """The runners' fragments as one rollout, a TensorDict [num_steps, num_runners * num_envs] on
-    `device`, and the observations after it, [num_runners * num_envs, n_obs]."""
+    """The fragments side by side: a rollout [num_steps, all envs] on `device`, and the
+    observations after it."""
     rollout = {key: torch.cat([f[key] for f in fragments], dim=1) for key in FRAGMENT}
     rollout = TensorDict(rollout, batch_size=rollout["rewards"].shape, device=device)
     return rollout, torch.cat([f["next_obs"] for f in fragments]).to(device)
@@ -471,7 +469,7 @@ def main(args):
     def sample(weights):  # the runners' next fragments, and the weights they act with
         return [runner.sample.remote(weights, args.num_steps) for runner in runners], weights
 
-    # the weights go to Ray's object store once per iteration; every runner reads them there
+    # the weights go to Ray's object store once an iteration, where every runner reads them
     weights = ray.put(policy_state(agent, rms))
     calls, calls_weights = sample(weights)
     for iteration in run.progress(range(start, num_iterations)):
