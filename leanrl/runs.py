@@ -1025,7 +1025,23 @@ class RankRun(Run):
 
     def __init__(self, args, script, rank, world_size, free_flags=()):
         self.rank, self.world_size, self.main_process = rank, world_size, rank == 0
+        self.signal = 0  # this rank's own first Ctrl-C or SIGTERM
         super().__init__(args, script, free_flags)
+
+    def on_signal(self, signum, frame):
+        """Only `signal`: `stop_signal`, which stops the loop, is the one the ranks agreed on, which
+        the script sets on every rank alike after each iteration (an all-reduce of `signal`), so
+        that a rank that gets its signal after that waits for the next iteration as the others."""
+        self.signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
+            signal.signal(signum, signal.SIG_DFL)
+
+    def end(self, summary, status):
+        self.stop_signal = self.stop_signal or self.signal  # a signal after the last iteration
+        super().end(summary, status)
+
+    def check_seed(self, args):  # the seed given: rank r's is seed + r * num_envs
+        super().check_seed(SimpleNamespace(seed=args.seed - self.rank * args.num_envs))
 
     def check_resumed(self, path, saved):
         if len(saved["ranks"]) != self.world_size:
