@@ -1085,9 +1085,13 @@ def top_level(source):
         first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
         text = "\n".join(lines[first - 1 : node.end_lineno])
         used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        if isinstance(node, ast.Import | ast.ImportFrom):
+        if isinstance(node, ast.Import | ast.ImportFrom):  # one statement for each name
             for alias in node.names:
-                imports[(alias.asname or alias.name).split(".")[0]] = text
+                head = (
+                    f"from {node.module} import" if isinstance(node, ast.ImportFrom) else "import"
+                )
+                name = alias.name + (f" as {alias.asname}" if alias.asname else "")
+                imports[(alias.asname or alias.name).split(".")[0]] = f"{head} {name}"
         elif isinstance(node, ast.FunctionDef | ast.ClassDef):
             defs[node.name] = (text, used)
     return defs, imports
@@ -1146,9 +1150,10 @@ def export(script_source, module_source, module_name="runs"):
         for n in own_imports
         if not (isinstance(n, ast.ImportFrom) and n.module == module_name)
     ]
-    for name in sorted(used & set(imports)):
-        if imports[name] not in kept_imports:
-            kept_imports.append(imports[name])
+    bound = {
+        (alias.asname or alias.name).split(".")[0] for node in own_imports for alias in node.names
+    }
+    kept_imports += [imports[name] for name in sorted(used & set(imports) - bound)]
     first_def = next(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))
     first_def = min([d.lineno for d in first_def.decorator_list] + [first_def.lineno])
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
