@@ -11,7 +11,8 @@ mean there) and its `make_envs` builds the env with the wrapper chain the script
 Random actions are drawn before the clock starts, so the figure is the env's throughput alone:
 no policy, no replay buffer, no update. A script that trains near this figure is bound by its
 environment; far below it, by its network and its Python. Prints one line, `ENV_ONLY {json}`,
-with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs`.
+with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs` (a seeds
+script's `--num-seeds` members' envs together, as its `main` builds them).
 """
 
 import argparse
@@ -51,16 +52,17 @@ def measure(script, flags, seconds):
     `seconds`, `env_id` and `num_envs`."""
     module = load_script(script.stem, script.parent)
     args, envs = script_envs(module, flags)
+    num_envs = envs.num_envs  # a seeds script's: every member's
     try:
         envs.reset()  # make_envs seeded the env (envpool takes its seeds only there)
-        actions = random_actions(envs.single_action_space, args.num_envs, args.seed)
+        actions = random_actions(envs.single_action_space, num_envs, args.seed)
         steps, elapsed = step_for(envs, actions, seconds)
     finally:
         envs.close()
-    env_steps = steps * args.num_envs
+    env_steps = steps * num_envs
     return {
         "env_id": args.env_id,
-        "num_envs": args.num_envs,
+        "num_envs": num_envs,
         "env_steps": env_steps,
         "seconds": elapsed,
         "sps": env_steps / elapsed,

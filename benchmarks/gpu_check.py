@@ -1,7 +1,9 @@
-"""The whole GPU path in one command: every graphed function, every graphed script, the speed-ups.
+"""The whole GPU path in one command: every graphed function, every graphed script, the speed-ups,
+each beside the speed of its env alone on the same machine.
 
-    python -m benchmarks.gpu_check                        # everything, within 8 minutes
+    python -m benchmarks.gpu_check                        # everything that fits 8 minutes
     python -m benchmarks.gpu_check --only tests smoke     # some parts
+    python -m benchmarks.gpu_check --algos ppo_lstm ppo_atari_envpool  # some algorithms' checks
     python -m benchmarks.gpu_check --minutes 5 --jobs 4
 
 Parts, in the order they run:
@@ -14,18 +16,21 @@ Parts, in the order they run:
   find their kernels compiled on disk (inductor's caches).
 - `learning`: one run per algorithm of the twin with `--compile --cudagraphs` at the budget, seed
   and bar of that algorithm's learning test.
-- `sps`: each algorithm's eager script, twin with `--compile` and twin with `--compile
-  --cudagraphs` at the quick budget of `benchmarks.run`, one run at a time, LeanRL's published H100
-  ratios beside.
-- `seeds`: each seeds script's aggregate sps at N = 1, 8 and 64 members with `--cudagraphs` (and
-  `--compile`, the seeds scripts' default), one run at a time.
+- `sps`: per algorithm, its env alone (`benchmarks.env_limit`: the eager script's env at the quick
+  budget, stepped with random actions), then its eager script, twin with `--compile` and twin with
+  `--compile --cudagraphs` at the quick budget of `benchmarks.run`, one run at a time, LeanRL's
+  published H100 ratios beside.
+- `seeds`: per seeds script and N = 1, 8 and 64 members, its env of N members alone, then its
+  aggregate sps with `--compile --cudagraphs`, one run at a time.
 
-The first three parts run `--jobs` processes at a time (the learning runs first, the longest), each
-with its share of the cores, and must end within 55% of `--minutes`; the timed parts then run
-alone. A check that cannot start or finish in its time is reported as not run
-or failed, so that the command ends within `--minutes`. It writes gpu_check.md and gpu_check.json
-to a new folder under `--out-dir` and prints the folder. Exit status 0 when every check passed, 1
-otherwise, 2 without a CUDA device.
+Each part has a share of `--minutes` (SHARES, over the parts that have checks); a part ends by the
+sum of its share and those of the parts before it, so a part that ends early leaves its time to
+the next and none takes a later part's. The first three parts run together, `--jobs` processes at
+a time (the learning runs first, the longest), each with its share of the cores; the timed parts
+then run alone. A check that cannot start in its part's time is reported as not run, one that its
+part's end cuts short as stopped, so that the command ends within `--minutes`; the report counts
+both per part. It writes gpu_check.md and gpu_check.json to a new folder under `--out-dir` and
+prints the folder. Exit status 0 when every check passed, 1 otherwise, 2 without a CUDA device.
 """
 
 import argparse
@@ -45,17 +50,23 @@ import torch
 from benchmarks import registry
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, optional
-from benchmarks.run import BenchmarkError, parse_summary
+from benchmarks.run import BenchmarkError, env_limit_command, parse_summary, result_line
 from benchmarks.scripts import SCRIPTS
 from benchmarks.studies import seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("tests", "smoke", "learning", "sps", "seeds")
 PARALLEL_PARTS = ("tests", "smoke", "learning")
-PARALLEL_SHARE = 0.55
+# each part's share of --minutes; the parallel parts run within the sum of theirs
+SHARES = {"tests": 0.25, "smoke": 0.2, "learning": 0.1, "sps": 0.25, "seeds": 0.2}
+MIN_START_S = 10  # a check starts only with this much of its part's time left
+ENV_SECONDS = 2.0  # how long each env-only check steps its env, after a warm-up
+ENV_ONLY = "env only"
+STATUSES = ("passed", "failed", "stopped", "not run")
+TIMED = ("eager", "compile", "compile+cudagraphs")
 # LeanRL's published H100 speed-ups of `--compile --cudagraphs` over its eager scripts
 LEANRL_H100 = {"ppo_atari_envpool": 6.8, "ppo_continuous_action": 2.7, "sac": 5.7, "td3": 3.4}
-# scripts whose CUDA tests live in one pytest run each (test_fresh_noise.py is split by script)
+# test files whose CUDA tests run in one pytest each (test_fresh_noise.py is split by script)
 CUDA_TEST_FILES = (
     "test_contract.py",
     "test_cuda_path.py",
@@ -94,13 +105,18 @@ COMPILE_CUDAGRAPHS = ("--compile", "--cudagraphs")
 
 @dataclass
 class Check:
-    """One command and what it found: `status` is passed, failed or not run; `value` the measured
-    sps or return where the check has one."""
+    """One command and what it found: `status` is passed, failed, stopped (its part's time ended
+    first) or not run; `value` the measured sps or return where the check has one. `algo` is the
+    registry algorithm whose script it runs (None for a test file of several), `variant` a timed
+    check's column (`TIMED` or `ENV_ONLY`), `members` a seeds check's N."""
 
     part: str
     name: str
     cmd: list
     cap_s: float
+    algo: str | None = None
+    variant: str | None = None
+    members: int | None = None
     status: str = "not run"
     seconds: float = 0.0
     detail: str = ""
@@ -116,6 +132,13 @@ def algo(name):
     return next(a for a in registry.ALGOS if a.name == name)
 
 
+def owner(stem):
+    """The registry algorithm whose scripts include `stem` (its eager script's stem starts it), or
+    None."""
+    mine = [a for a in registry.ALGOS if stem.startswith(a.eager)]
+    return max(mine, key=lambda a: len(a.eager)).name if mine else None
+
+
 def graphed_runs():
     """Each script that records functions and the budget flags of its short run: the twins and the
     scripts grown from them at `benchmarks.run`'s quick budget, the seeds scripts at
@@ -129,45 +152,92 @@ def seeds_cmd(seeds_algo, members):
     return seeds.seeds_command(seeds_algo, SCRIPTS, members, True, COMPILE_CUDAGRAPHS)
 
 
-def plan(parts):
-    """The checks of `parts`, in the order they start."""
-    checks = []
+def seeds_env_cmd(seeds_algo, members):
+    """The command that times the env of a seeds script's `members` members alone."""
+    env_limit = [sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(ENV_SECONDS)]
+    script = str(SCRIPTS / f"{seeds_algo.script}.py")
+    return [*env_limit, script, *seeds_algo.quick, "--num-seeds", str(members)]
+
+
+def cuda_test_checks():
     pytest = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
-    if "tests" in parts:
-        fresh = str(ROOT / "tests" / "test_fresh_noise.py")
-        for stem in graphed_runs():
-            cmd = [*pytest, fresh, "-k", f"graphed_functions and {stem}"]
-            checks.append(Check("tests", f"fresh noise: {stem}", cmd, 300))
-        cmd = [*pytest, fresh, "-k", "graphed_updates"]
-        checks.append(Check("tests", "graphed updates = eager updates", cmd, 300))
-        for name in CUDA_TEST_FILES:
-            checks.append(Check("tests", name, [*pytest, str(ROOT / "tests" / name)], 300))
-    if "smoke" in parts:
-        seeds_scripts = {a.script: a for a in seeds.ALGOS}
-        for stem, flags in graphed_runs().items():
-            if stem in seeds_scripts:  # each N of the `seeds` part: its kernels compiled beforehand
-                for members in SEEDS_MEMBERS:
-                    cmd = seeds_cmd(seeds_scripts[stem], members)
-                    checks.append(Check("smoke", f"{stem} N={members}", cmd, 240))
-            else:
-                cmd = script_cmd(stem, *flags, *COMPILE_CUDAGRAPHS)
-                checks.append(Check("smoke", stem, cmd, 240))
-    if "learning" in parts:
-        for name, (flags, bar) in LEARNING.items():
-            cmd = script_cmd(algo(name).twin, *flags, "--seed", "1", *COMPILE_CUDAGRAPHS)
-            checks.append(Check("learning", f"{name} > {bar}", cmd, 300))
-    if "sps" in parts:
-        timed = ("eager", "compile", "compile+cudagraphs")
-        variants = [v for v in registry.VARIANTS if v.name in timed]
-        for a in registry.ALGOS:
-            for v in variants:
-                cmd = script_cmd(a.script(v), *a.quick, "--seed", "1", *v.flags)
-                checks.append(Check("sps", f"{a.name} {v.name}", cmd, 120))
-    if "seeds" in parts:
-        for a in seeds.ALGOS:
-            for members in SEEDS_MEMBERS:
-                checks.append(Check("seeds", f"{a.name} N={members}", seeds_cmd(a, members), 120))
-    return checks
+    fresh = str(ROOT / "tests" / "test_fresh_noise.py")
+    for stem in graphed_runs():
+        cmd = [*pytest, fresh, "-k", f"graphed_functions and {stem}"]
+        yield Check("tests", f"fresh noise: {stem}", cmd, 300, owner(stem))
+    yield Check(
+        "tests", "graphed updates = eager updates", [*pytest, fresh, "-k", "graphed_updates"], 300
+    )
+    for name in CUDA_TEST_FILES:
+        cmd = [*pytest, str(ROOT / "tests" / name)]
+        yield Check("tests", name, cmd, 300, owner(name.removeprefix("test_")))
+
+
+def smoke_checks():
+    seeds_scripts = {a.script: a for a in seeds.ALGOS}
+    for stem, flags in graphed_runs().items():
+        if stem in seeds_scripts:  # each N of the `seeds` part: its kernels compiled beforehand
+            for n in SEEDS_MEMBERS:
+                cmd = seeds_cmd(seeds_scripts[stem], n)
+                yield Check("smoke", f"{stem} N={n}", cmd, 240, owner(stem), members=n)
+        else:
+            cmd = script_cmd(stem, *flags, *COMPILE_CUDAGRAPHS)
+            yield Check("smoke", stem, cmd, 240, owner(stem))
+
+
+def learning_checks():
+    for name, (flags, bar) in LEARNING.items():
+        cmd = script_cmd(algo(name).twin, *flags, "--seed", "1", *COMPILE_CUDAGRAPHS)
+        yield Check("learning", f"{name} > {bar}", cmd, 300, name)
+
+
+def sps_checks():
+    """Per algorithm: its env alone, then each timed variant."""
+    variants = [v for v in registry.VARIANTS if v.name in TIMED]
+    for a in registry.ALGOS:
+        cmd = env_limit_command(a, SCRIPTS, True, 1, ENV_SECONDS)
+        yield Check("sps", f"{a.name} {ENV_ONLY}", cmd, 60, a.name, ENV_ONLY)
+        for v in variants:
+            cmd = script_cmd(a.script(v), *a.quick, "--seed", "1", *v.flags)
+            yield Check("sps", f"{a.name} {v.name}", cmd, 120, a.name, v.name)
+
+
+def seeds_checks():
+    """Per seeds script and N: its env of N members alone, then the script."""
+    for a in seeds.ALGOS:
+        for n in SEEDS_MEMBERS:
+            env = seeds_env_cmd(a, n)
+            yield Check("seeds", f"{a.name} N={n} {ENV_ONLY}", env, 60, a.name, ENV_ONLY, n)
+            cmd = seeds_cmd(a, n)
+            yield Check("seeds", f"{a.name} N={n}", cmd, 120, a.name, TIMED[-1], n)
+
+
+PLANS = {
+    "tests": cuda_test_checks,
+    "smoke": smoke_checks,
+    "learning": learning_checks,
+    "sps": sps_checks,
+    "seeds": seeds_checks,
+}
+
+
+def plan(parts, algos=None):
+    """The checks of `parts`, in the order they start; with `algos`, only those of the scripts of
+    these registry algorithms."""
+    checks = [check for part in PARTS if part in parts for check in PLANS[part]()]
+    return [c for c in checks if algos is None or c.algo in algos]
+
+
+def deadlines(parts, minutes):
+    """Seconds from the start by which each of `parts` ends: the shares of `parts`, scaled to
+    `minutes`, added up in order; the parallel parts end together."""
+    total = sum(SHARES[p] for p in parts)
+    ends, spent = {}, 0.0
+    for phase in (PARALLEL_PARTS, ("sps",), ("seeds",)):
+        mine = [p for p in phase if p in parts]
+        spent += 60 * minutes * sum(SHARES[p] for p in mine) / total
+        ends |= dict.fromkeys(mine, spent)
+    return ends
 
 
 def judge(check, proc):
@@ -182,8 +252,13 @@ def judge(check, proc):
         check.detail = f"exit status {proc.returncode}: {' / '.join(tail[-3:])}"
         return
     try:
-        many = "--num-seeds" in check.cmd
-        summary = (seeds.read_summary if many else parse_summary)(check.cmd, proc)
+        if check.variant == ENV_ONLY:
+            limit = result_line(check.cmd, proc, "ENV_ONLY")
+            check.status, check.value = "passed", limit["sps"]
+            check.detail = f"{limit['num_envs']} x {limit['env_id']}"
+            return
+        read = seeds.read_summary if check.members else parse_summary
+        summary = read(check.cmd, proc)
     except BenchmarkError as error:
         check.status, check.detail = "failed", str(error).splitlines()[0]
         return
@@ -192,29 +267,31 @@ def judge(check, proc):
     device = str(summary.get("device"))
     on_cuda = device.startswith("cuda") and summary.get("cudagraphs") == graphed
     check.value = summary["return_mean"] if check.part == "learning" else summary["sps"]
-    bar = LEARNING[check.name.split(" >")[0]][1] if check.part == "learning" else None
+    bar = LEARNING[check.algo][1] if check.part == "learning" else None
     learned = bar is None or (check.value is not None and check.value > bar)
     check.status = "passed" if on_cuda and learned else "failed"
     check.detail = f"device {device}, return {optional(summary.get('return_mean'), '.1f')}"
 
 
 def execute(check, deadline, cwd, env=None):
-    """Run `check` in `cwd` (pytest in the repository) unless `deadline` (time.monotonic) has
-    passed, `env` added to its environment; it may run until the sooner of its cap and the
-    deadline."""
+    """Run `check` unless its part's `deadline` (time.monotonic) is less than MIN_START_S away,
+    `env` added to its environment: the scripts in `cwd`, pytest and the env-only checks in the
+    repository. It may run until the sooner of its cap and the deadline."""
     left = deadline - time.monotonic()
-    if left < 10:
-        check.detail = "no time left"
+    if left < MIN_START_S:
+        check.detail = "no time left in its part's share"
         return check
     timeout = min(check.cap_s, left)
     started = time.monotonic()
     try:
-        where = ROOT if check.part == "tests" else cwd
+        in_repo = check.part == "tests" or check.variant == ENV_ONLY
         env = os.environ | (env or {})
-        options = dict(capture_output=True, text=True, timeout=timeout, cwd=where, env=env)
-        proc = subprocess.run(check.cmd, **options)
+        options = dict(capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(check.cmd, cwd=ROOT if in_repo else cwd, **options)
     except subprocess.TimeoutExpired:
-        check.status, check.detail = "failed", f"ran past {timeout:.0f} s"
+        check.status = "failed" if timeout == check.cap_s else "stopped"
+        why = "its cap" if check.status == "failed" else "its part's share ended"
+        check.detail = f"ran past {timeout:.0f} s: {why}"
     else:
         judge(check, proc)
     check.seconds = time.monotonic() - started
@@ -224,98 +301,173 @@ def execute(check, deadline, cwd, env=None):
 
 
 def run_checks(checks, minutes, jobs, cwd):
-    """The parallel parts with `jobs` processes until PARALLEL_SHARE of `minutes`, then the timed
-    ones alone until `minutes`."""
+    """The parallel parts with `jobs` processes until their share of `minutes` ends, then the
+    timed ones alone, each until its own (`deadlines`)."""
     start = time.monotonic()
+    ends = deadlines({c.part for c in checks}, minutes)
     # the learning runs are the longest: they start first, beside the first tests
     parallel = [c for c in checks if c.part in PARALLEL_PARTS]
     parallel.sort(key=lambda c: c.part != "learning")
     # each process its share of the cores
     threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
-    deadline = start + PARALLEL_SHARE * 60 * minutes
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda c: execute(c, deadline, cwd, threads), parallel))
+        list(pool.map(lambda c: execute(c, start + ends[c.part], cwd, threads), parallel))
     for check in checks:
         if check.part not in PARALLEL_PARTS:
-            execute(check, start + 60 * minutes, cwd)
+            execute(check, start + ends[check.part], cwd)
     return checks
 
 
-def speed_rows(checks):
-    """Per algorithm: the sps of each variant, the ratios to eager, LeanRL's H100 ratio."""
-    sps = {}
+def cells(checks, part):
+    """Per row of the timed `part` (an algorithm, or an algorithm and N): each column's value
+    (None unless passed) and status."""
+    rows = {}
     for c in checks:
-        if c.part == "sps" and c.status == "passed":
-            name, variant = c.name.rsplit(" ", 1)
-            sps.setdefault(name, {})[variant] = c.value
+        if c.part == part:
+            key = (c.algo, c.members)
+            row = rows.setdefault(
+                key, {"algo": c.algo, "members": c.members, "sps": {}, "status": {}}
+            )
+            row["sps"][c.variant] = c.value if c.status == "passed" else None
+            row["status"][c.variant] = c.status
+    return list(rows.values())
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def speed_rows(checks):
+    """Per algorithm: its env-only sps, the sps of each variant, their ratios to eager and of the
+    graphed twin to the env alone, LeanRL's H100 ratio."""
     rows = []
-    for name, by_variant in sps.items():
-        eager = by_variant.get("eager")
-        ratio = {v: sps_v / eager if eager else None for v, sps_v in by_variant.items()}
-        rows.append(
-            {
-                "algo": name,
-                "sps": by_variant,
-                "compile_vs_eager": ratio.get("compile"),
-                "graphs_vs_eager": ratio.get("compile+cudagraphs"),
-                "leanrl_h100": LEANRL_H100.get(name),
-            }
-        )
+    for row in cells(checks, "sps"):
+        sps, env = row["sps"], row["sps"].pop(ENV_ONLY, None)
+        del row["members"]
+        row["env_only_sps"] = env
+        row["compile_vs_eager"] = ratio(sps.get("compile"), sps.get("eager"))
+        row["graphs_vs_eager"] = ratio(sps.get("compile+cudagraphs"), sps.get("eager"))
+        row["graphs_vs_env_only"] = ratio(sps.get("compile+cudagraphs"), env)
+        row["leanrl_h100"] = LEANRL_H100.get(row["algo"])
+        rows.append(row)
     return rows
 
 
 def seeds_rows(checks):
-    """Per seeds script: its aggregate sps at each number of members."""
-    rows = {}
-    for c in checks:
-        if c.part == "seeds" and c.status == "passed":
-            name, members = c.name.split(" N=")
-            rows.setdefault(name, {})[int(members)] = c.value
-    return [{"algo": name, "sps": by_members} for name, by_members in rows.items()]
+    """Per seeds script and N: its aggregate sps, its env's alone, the ratio."""
+    rows = []
+    for row in cells(checks, "seeds"):
+        sps, env = row["sps"].get(TIMED[-1]), row["sps"].get(ENV_ONLY)
+        row |= {"sps": sps, "env_only_sps": env, "vs_env_only": ratio(sps, env)}
+        rows.append(row)
+    return rows
+
+
+def parts_rows(checks, minutes):
+    """Per part that has checks: its share of `minutes`, when it had to end, and how many of its
+    checks passed, failed, were stopped or did not run."""
+    ends = deadlines({c.part for c in checks}, minutes)
+    total = sum(SHARES[p] for p in ends)
+    rows = []
+    for part in (p for p in PARTS if p in ends):
+        mine = [c.status for c in checks if c.part == part]
+        row = {"part": part, "share": SHARES[part] / total, "ends_s": ends[part]}
+        rows.append(row | {"checks": len(mine)} | {s: mine.count(s) for s in STATUSES})
+    return rows
+
+
+def unfinished(parts):
+    """One line naming each part with checks that did not run to their end for lack of time."""
+    counts = [(r["part"], r["stopped"] + r["not run"], r["checks"]) for r in parts]
+    short = [f"{part} {count} of {checks}" for part, count, checks in counts if count]
+    if not short:
+        return "Every check ran to its end."
+    return f"Stopped or not run for lack of time: {', '.join(short)} checks."
+
+
+def measured(value, status):
+    """A timed cell: the sps, or why there is none (n/a: not in the plan)."""
+    return f"{value:.0f}" if value is not None else status or "n/a"
+
+
+def table(header, rows, align):
+    """A markdown table: `header`, then `rows`, each a list of cells; `align` has an l (left) or r
+    (right) per column."""
+    lines = [header, ["---:" if side == "r" else "---" for side in align], *rows]
+    return [f"| {' | '.join(cells)} |" for cells in lines]
 
 
 def markdown(result):
-    """The report: the machine, each check's outcome, the speed table and the seeds table."""
+    """The report: the machine and settings, each part's time and outcome, each check's, the speed
+    table and the seeds table, each timed row beside its env alone."""
+    settings = result["settings"]
+    selection = f"parts: {', '.join(settings['parts'])}; algorithms: "
+    selection += ", ".join(settings["algos"] or ["all"])
+    parts = [
+        [r["part"], f"{r['share']:.0%}", f"{r['ends_s']:.0f}", str(r["checks"])]
+        + [str(r[s]) for s in STATUSES]
+        for r in result["parts"]
+    ]
+    checks = [
+        [c["part"], c["name"], c["status"], f"{c['seconds']:.0f}", c["detail"].replace("|", "/")]
+        for c in result["checks"]
+    ]
+    speed = []
+    for r in result["speed"]:
+        status = r["status"].get
+        cells = [r["algo"], measured(r["env_only_sps"], status(ENV_ONLY))]
+        cells += [measured(r["sps"].get(v), status(v)) for v in TIMED]
+        ratios = ("compile_vs_eager", "graphs_vs_eager", "graphs_vs_env_only")
+        cells += [optional(r[key], ".2f", "x") for key in ratios]
+        speed.append(cells + [optional(r["leanrl_h100"], ".1f", "x")])
+    seeds_table = [
+        [r["algo"], str(r["members"]), measured(r["sps"], r["status"].get(TIMED[-1]))]
+        + [measured(r["env_only_sps"], r["status"].get(ENV_ONLY))]
+        + [optional(r["vs_env_only"], ".2f", "x")]
+        for r in result["seeds"]
+    ]
     lines = [
         f"# GPU check, {result['started']}",
         "",
         machine_line(result["machine"]),
+        f"`--minutes {settings['minutes']:g} --jobs {settings['jobs']}`; {selection}.",
         f"Total: {result['seconds']:.0f} s; {result['passed']} of {len(result['checks'])} passed.",
+        unfinished(result["parts"]),
         "",
-        "| part | check | result | seconds | detail |",
-        "|---|---|---|---:|---|",
-    ]
-    for c in result["checks"]:
-        detail = c["detail"].replace("|", "/")
-        cells = [c["part"], c["name"], c["status"], f"{c['seconds']:.0f}", detail]
-        lines.append(f"| {' | '.join(cells)} |")
-    lines += [
+        *table(["part", "share", "ends at (s)", "checks", *STATUSES], parts, "lrrrrrrr"),
         "",
-        "| algo | eager sps | compile sps | compile+cudagraphs sps | compile / eager "
-        "| compile+cudagraphs / eager | LeanRL H100 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *table(["part", "check", "result", "seconds", "detail"], checks, "lllrl"),
+        "",
+        "Env only: the script's env at the same budget, stepped with random actions on this",
+        "machine's CPU. A twin near its env-only sps is bound by its env, not by its policy.",
+        "",
+        *table(
+            ["algo", "env-only sps", *(f"{v} sps" for v in TIMED), "compile / eager"]
+            + ["compile+cudagraphs / eager", "compile+cudagraphs / env only", "LeanRL H100"],
+            speed,
+            "l" + "r" * 8,
+        ),
+        "",
+        *table(
+            ["seeds script, `--compile --cudagraphs`", "N", "sps", "env-only sps"]
+            + ["sps / env only"],
+            seeds_table,
+            "lrrrr",
+        ),
     ]
-    for r in result["speed"]:
-        sps = [optional(r["sps"].get(v), ".0f") for v in ("eager", "compile", "compile+cudagraphs")]
-        ratios = [optional(r[key], ".2f", "x") for key in ("compile_vs_eager", "graphs_vs_eager")]
-        leanrl = optional(r["leanrl_h100"], ".1f", "x")
-        lines.append(f"| {r['algo']} | {' | '.join(sps + ratios)} | {leanrl} |")
-    header = " | ".join(f"N={n} sps" for n in SEEDS_MEMBERS)
-    rule = "|---|" + "---:|" * len(SEEDS_MEMBERS)
-    lines += ["", f"| seeds script, `--compile --cudagraphs` | {header} |", rule]
-    for r in result["seeds"]:
-        cells = " | ".join(optional(r["sps"].get(n), ".0f") for n in SEEDS_MEMBERS)
-        lines.append(f"| {r['algo']} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
-def report(checks, machine, started, seconds):
-    """The JSON document of a check: its checks, the speed and seeds tables, the machine."""
+def report(checks, machine, started, seconds, settings):
+    """The JSON document of a check: its settings (`minutes`, `jobs`, `parts`, `algos`), each part's
+    time and outcome, its checks, the speed and seeds tables, the machine."""
     return {
         "started": started,
         "seconds": seconds,
         "machine": machine,
+        "settings": settings,
         "passed": sum(c.status == "passed" for c in checks),
+        "parts": parts_rows(checks, settings["minutes"]),
         "checks": [asdict(c) for c in checks],
         "speed": speed_rows(checks),
         "seeds": seeds_rows(checks),
@@ -334,6 +486,10 @@ def parse_args(argv):
     description = __doc__.split("\n")[0]
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=description)
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts")
+    names = [a.name for a in registry.ALGOS]
+    parser.add_argument(
+        "--algos", nargs="+", choices=names, help="only these algorithms' scripts (default: all)"
+    )
     parser.add_argument("--minutes", type=float, default=8.0, help="the check ends within this")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -347,9 +503,12 @@ def main(argv=None):
         return 2
     started, start = datetime.now(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu-check-runs-") as cwd:  # the scripts' runs/ folders
-        checks = run_checks(plan(args.only), args.minutes, args.jobs, cwd)
+        checks = run_checks(plan(args.only, args.algos), args.minutes, args.jobs, cwd)
     seconds = time.monotonic() - start
-    result = report(checks, machine_info(), started.isoformat(timespec="seconds"), seconds)
+    settings = {"minutes": args.minutes, "jobs": args.jobs, "parts": args.only, "algos": args.algos}
+    result = report(
+        checks, machine_info(), started.isoformat(timespec="seconds"), seconds, settings
+    )
     folder = write(result, args.out_dir / f"gpu_check-{started:%Y%m%d-%H%M%S}")
     print(folder)
     return 0 if result["passed"] == len(checks) else 1

@@ -643,25 +643,26 @@ class Run:
 class ThreadChoice:
     """torch's intra-op threads, chosen by measurement where `--threads` does not fix them. A trial
     times the run's own iterations at one thread and at every core the process may use, in turns
-    of `turn_seconds` (after one untimed iteration at each, which may compile), and keeps the
-    faster. After it, each `window_seconds` the time of an iteration is checked against the
-    trial's: `band` times longer or shorter (the machine got busy, or idle) starts a new trial."""
+    of at least `turn_seconds` and one iteration, alternately, until each count has run
+    `trial_seconds`, and keeps the faster; a count's first iteration is not timed (compiled code
+    compiles again for it). After the trial, each `window_seconds` the time of an iteration is
+    checked against the trial's: `band` times longer or shorter (the machine got busy, or idle)
+    starts a new trial."""
 
-    def __init__(self, cores, turn_seconds=0.5, window_seconds=5.0, band=1.5):
-        self.counts, self.turn_seconds = (1, cores), turn_seconds
+    def __init__(self, cores, turn_seconds=0.25, trial_seconds=1.0, window_seconds=5.0, band=1.5):
+        self.counts, self.turn_seconds, self.trial_seconds = (1, cores), turn_seconds, trial_seconds
         self.window_seconds, self.band = window_seconds, band
-        self.turns, self.trials, self.chosen = [], [], None
-        self.mark = self.seconds = None
+        self.warm = {1}  # the counts that have run an iteration (the run starts on one thread)
+        self.trials, self.chosen, self.mark = [], None, None
 
     def start(self, now):
-        """A trial: an untimed iteration at each count, then timed turns 1, N, 1, N."""
-        self.turns = [(self.counts[1], False), (1, False)] + [(n, True) for n in self.counts * 2]
         self.seconds = {n: [0.0, 0] for n in self.counts}
-        self.next_turn(now)
+        self.chosen = None
+        self.turn(now, self.counts[1])
 
-    def next_turn(self, now):
-        self.count, self.timed = self.turns.pop(0)
-        torch.set_num_threads(self.count)
+    def turn(self, now, count):
+        self.count, self.timed = count, count in self.warm
+        torch.set_num_threads(count)
         self.mark = (now, 0)
 
     def tick(self, now, step):
@@ -671,23 +672,22 @@ class ThreadChoice:
             return None
         start, iterations = self.mark[0], self.mark[1] + 1
         self.mark = (start, iterations)
-        if self.turns or self.chosen is None:  # in a trial
+        if self.chosen is None:  # in a trial
             if self.timed and now - start < self.turn_seconds:
                 return None
             if self.timed:
                 self.seconds[self.count][0] += now - start
                 self.seconds[self.count][1] += iterations
-            if self.turns:
-                self.next_turn(now)
-                return None
-            return self.choose(now, step)
-        if now - start >= self.window_seconds:  # a window of the chosen count
+            self.warm.add(self.count)
+            if all(seconds >= self.trial_seconds for seconds, _ in self.seconds.values()):
+                return self.choose(now, step)
+            self.turn(now, self.counts[self.count == self.counts[0]])  # the other count
+        elif now - start >= self.window_seconds:  # a window of the chosen count
             per_iteration = (now - start) / iterations
-            if not 1 / self.band < per_iteration / self.chosen[1] < self.band:
-                self.start(now)
-                self.chosen = None
-            else:
+            if 1 / self.band < per_iteration / self.chosen[1] < self.band:
                 self.mark = (now, 0)
+            else:
+                self.start(now)
         return None
 
     def choose(self, now, step):
@@ -1025,7 +1025,23 @@ class RankRun(Run):
 
     def __init__(self, args, script, rank, world_size, free_flags=()):
         self.rank, self.world_size, self.main_process = rank, world_size, rank == 0
+        self.signal = 0  # this rank's own first Ctrl-C or SIGTERM
         super().__init__(args, script, free_flags)
+
+    def on_signal(self, signum, frame):
+        """Only `signal`: `stop_signal`, which stops the loop, is the one the ranks agreed on, which
+        the script sets on every rank alike after each iteration (an all-reduce of `signal`), so
+        that a rank that gets its signal after that waits for the next iteration as the others."""
+        self.signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second signal stops at once
+            signal.signal(signum, signal.SIG_DFL)
+
+    def end(self, summary, status):
+        self.stop_signal = self.stop_signal or self.signal  # a signal after the last iteration
+        super().end(summary, status)
+
+    def check_seed(self, args):  # the seed given: rank r's is seed + r * num_envs
+        super().check_seed(SimpleNamespace(seed=args.seed - self.rank * args.num_envs))
 
     def check_resumed(self, path, saved):
         if len(saved["ranks"]) != self.world_size:
@@ -1069,9 +1085,13 @@ def top_level(source):
         first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
         text = "\n".join(lines[first - 1 : node.end_lineno])
         used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        if isinstance(node, ast.Import | ast.ImportFrom):
+        if isinstance(node, ast.Import | ast.ImportFrom):  # one statement for each name
             for alias in node.names:
-                imports[(alias.asname or alias.name).split(".")[0]] = text
+                head = (
+                    f"from {node.module} import" if isinstance(node, ast.ImportFrom) else "import"
+                )
+                name = alias.name + (f" as {alias.asname}" if alias.asname else "")
+                imports[(alias.asname or alias.name).split(".")[0]] = f"{head} {name}"
         elif isinstance(node, ast.FunctionDef | ast.ClassDef):
             defs[node.name] = (text, used)
     return defs, imports
@@ -1092,10 +1112,10 @@ def import_time_names(tree):
     return {n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)}
 
 
-def export(script_source, module_source, module_name="runs"):
-    """`script_source` as one file: the definitions of this module it imports, and those they use,
-    inlined (the ones its top level needs before its own, the rest after `main`)."""
-    defs, imports = top_level(module_source)
+def inlined(script_source, module_source, module_name="runs"):
+    """The names of this module that an export of `script_source` inlines: those it imports and
+    those they use; and of them, the ones its top level needs as it is imported."""
+    defs, _ = top_level(module_source)
     tree = ast.parse(script_source)
     wanted = [
         alias.name
@@ -1113,7 +1133,15 @@ def export(script_source, module_source, module_name="runs"):
                 todo += defs[name][1]
         return found
 
-    needed, early = closure(wanted), closure(set(wanted) & import_time_names(tree))
+    return closure(wanted), closure(set(wanted) & import_time_names(tree))
+
+
+def export(script_source, module_source, module_name="runs"):
+    """`script_source` as one file: the definitions of this module it imports, and those they use,
+    inlined (the ones its top level needs before its own, the rest after `main`)."""
+    defs, imports = top_level(module_source)
+    tree = ast.parse(script_source)
+    needed, early = inlined(script_source, module_source, module_name)
     used = set().union(*(defs[name][1] for name in needed))
     lines = script_source.splitlines()
     own_imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
@@ -1122,9 +1150,10 @@ def export(script_source, module_source, module_name="runs"):
         for n in own_imports
         if not (isinstance(n, ast.ImportFrom) and n.module == module_name)
     ]
-    for name in sorted(used & set(imports)):
-        if imports[name] not in kept_imports:
-            kept_imports.append(imports[name])
+    bound = {
+        (alias.asname or alias.name).split(".")[0] for node in own_imports for alias in node.names
+    }
+    kept_imports += [imports[name] for name in sorted(used & set(imports) - bound)]
     first_def = next(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))
     first_def = min([d.lineno for d in first_def.decorator_list] + [first_def.lineno])
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))

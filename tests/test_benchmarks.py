@@ -19,7 +19,7 @@ from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import breakdown, replay_sampling, scaling, seeds, threads
+from benchmarks.studies import before_after, breakdown, replay_sampling, scaling, seeds, threads
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -391,7 +391,9 @@ def test_an_env_that_cannot_be_built_stops_with_the_env_limit_command_and_its_er
     lines = str(error.value).splitlines()
     command = "-m benchmarks.env_limit --seconds 0.01 fake.py --budget quick --seed 3"
     assert lines[0] == command + " exited with status 1"
-    assert lines[-1] == "AttributeError: module 'leanrl_fake' has no attribute 'Args'"
+    # a script outside leanrl/ loads under a name with its folder's
+    module = f"leanrl_{tmp_path.name}_fake"
+    assert lines[-1] == f"AttributeError: module '{module}' has no attribute 'Args'"
 
 
 def test_command_line_failure_exits_1_and_writes_nothing(tmp_path):
@@ -890,3 +892,27 @@ def test_replay_sampling_draws_the_scripts_batches_both_ways():
     result["us_per_sample"] = dict(index_select=[100.0, 300.0], tensordict=[500.0, 700.0])
     lines = replay_sampling.markdown(result).splitlines()
     assert lines[2:] == ["| index_select | 100, 300 | 1.00x |", "| tensordict | 500, 700 | 3.00x |"]
+
+
+def test_before_after_runs_each_variant_from_both_folders_and_gives_the_ratios(tmp_path):
+    """SAC's four timed variants, two rounds each, from a folder before and one after: medians of
+    each side and their ratio (the eager script after runs at twice the sps)."""
+    before, after, out = (tmp_path / name for name in ("before", "after", "out"))
+    for folder in (before, after):
+        folder.mkdir()
+    fake_scripts(before, SAC)
+    faster = {"": [(2 * sps, ret) for sps, ret in EAGER[""]]}
+    write_scripts(after, SAC, FAKE_SCRIPT.format(schedule=faster), FAKE_TWIN)
+    flags = ["--before", str(before), "--after", str(after), "--algos", "sac", "--rounds", "2"]
+    before_after.main([*flags, "--out-dir", str(out)])
+    (json_path,) = out.glob("before_after-*.json")
+    rows = {r["variant"]: r for r in json.loads(json_path.read_text())["rows"]}
+    assert list(rows) == ["eager", "torchcompile", "compile", "cpu"]
+    assert (rows["eager"]["before"], rows["eager"]["after"], rows["eager"]["ratio"]) == (
+        110,
+        220,
+        2,
+    )
+    assert rows["compile"]["before"] == rows["compile"]["after"] == 400
+    assert len(calls(before)) == len(calls(after)) == 8
+    assert "| sac | eager | 110 | 220 | 2.00x |" in json_path.with_suffix(".md").read_text()

@@ -395,6 +395,25 @@ def test_ctrl_c_or_sigterm_stops_every_rank_after_the_same_iteration(launches, s
     )
 
 
+def test_a_signal_to_one_rank_alone_stops_every_rank_after_the_same_iteration(launches):
+    """SIGTERM to rank 1 only, not through torchrun: every rank takes part in each iteration's
+    all-reduce of the stop signal, signalled or not, so rank 0 learns of it there and reports a
+    whole number of iterations, still in lockstep. A rank that skipped that all-reduce because it
+    had the signal would meet the other in a different collective."""
+    run = launches(
+        torchrun_command(
+            *standalone(2), *TINY, *GLOO, "--total-timesteps", "10000000", "--dist-timeout", "30"
+        )
+    )
+    assert run.wait_for(r"sps +\d+", timeout=LAUNCH_TIMEOUT), run.output[-3000:]
+    os.kill(run.ranks()[1][1], signal.SIGTERM)
+    run.finish(timeout=90)
+    result = summary(Finished(0, run.output))
+    assert result["interrupted"] is True and result["parameter_spread"] == 0.0
+    assert result["total_timesteps"] > 0 and result["total_timesteps"] % (2 * 64) == 0
+    assert not re.search(r"\[rank\d\]: Traceback", run.output), run.output[-3000:]
+
+
 @pytest.mark.parametrize(
     "flags, env, words",
     [

@@ -12,6 +12,7 @@ own process group, killed as a group at the end of the module. Scripts join it w
 --no-cuda; the joined-cluster runs keep --cuda and check the learner's device (cuda where there
 is one), so a GPU machine runs them too."""
 
+import functools
 import json
 import os
 import secrets
@@ -27,6 +28,7 @@ import pytest
 import torch
 from conftest import (
     ROOT,
+    SCRIPTS,
     assert_user_error,
     checkpoint,
     load_script,
@@ -156,15 +158,13 @@ def ray_head():
 
 @pytest.fixture(scope="module")
 def ray_here(ray_head):
-    """This process joined to the session's head; the script's module, whose runner Ray ships by
-    value."""
+    """This process joined to the session's head as the script joins it (`connect_ray`, which
+    ships the run module to the workers); the script's module, whose runner Ray ships by value."""
     saved = {key: os.environ.get(key) for key in CLUSTER}
     os.environ.update(CLUSTER)
-    import ray
-
     module = load_script(SCRIPT)
+    ray = module.connect_ray(ray_head)
     ray.cloudpickle.register_pickle_by_value(module)  # the workers cannot import it by name
-    ray.init(address=ray_head, logging_level="ERROR", log_to_driver=False)
     yield ray, module
     ray.shutdown()
     for key, value in saved.items():
@@ -181,6 +181,15 @@ def policy(module, n_obs, n_act, seed=0):
     agent = module.Agent(n_obs, n_act)
     obs_rms = {"mean": np.linspace(-0.5, 0.5, n_obs), "var": np.linspace(0.5, 2.0, n_obs)}
     return agent, {"agent": agent.state_dict(), "obs_rms": obs_rms}
+
+
+def test_runners_import_the_run_module_that_the_job_ships(ray_here):
+    """A runner imports `runs` by name. Ray puts the driver's folder on its workers' paths, which
+    another machine may not have, and this driver's is not leanrl/: the module the workers find
+    is the copy that `connect_ray` ships with the job."""
+    ray, _ = ray_here
+    where = ray.get(ray.remote(lambda: __import__("runs").__file__).remote(), timeout=120)
+    assert os.path.basename(where) == "runs.py" and os.path.dirname(where) != str(SCRIPTS), where
 
 
 def test_fragment_shapes_and_true_final_observations(ray_here):
@@ -235,7 +244,7 @@ def test_runner_yields_the_transitions_of_the_same_envs_stepped_here(ray_here):
     }
 
     torch.manual_seed(5)
-    envs = module.make_envs("Pendulum-v1", 2, 5, 0.99)
+    envs = module.make_envs("Pendulum-v1", 2, 5, wrap=functools.partial(module.wrap, gamma=0.99))
     next_obs, _ = envs.reset(seed=5)
     local = {key: [] for key in remote}
     episodes = []

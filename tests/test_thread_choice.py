@@ -69,3 +69,17 @@ def test_threads_fixed_by_the_flag_are_not_measured(make_run):
     assert torch.get_num_threads() == 1
     assert isinstance(default.threads, runs.ThreadChoice) or len(runs.os.sched_getaffinity(0)) == 1
     assert make_run("sac_continuous_action").threads is None  # no --threads, not the run's to set
+
+
+def test_long_iterations_end_a_trial_in_three_and_a_new_count_is_timed_after_its_first():
+    """PPO's iterations take seconds: one untimed iteration at the new count (it may compile: 60 s
+    here), then one timed iteration at each count ends the trial."""
+    choice = runs.ThreadChoice(2)
+    choice.start(0.0)
+    costs = iter([60.0, 1.5, 1.0])  # 2 threads, compiling; 1 thread; 2 threads
+    now, step, lines = 0.0, 0, []
+    for cost in costs:
+        now, step = now + cost, step + 1
+        lines += [choice.tick(now, step)]
+    assert lines[:2] == [None, None] and lines[2] is not None
+    assert choice.trials == [dict(step=3, threads=2, ms={1: 1500.0, 2: 1000.0})]

@@ -58,12 +58,12 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks.env_limit import random_actions, step_for
+from benchmarks import env_limit
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
-from benchmarks.scripts import SCRIPTS, load_script, script_envs
+from benchmarks.scripts import SCRIPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to its cores
@@ -234,22 +234,9 @@ def waves_sps(summaries, at_once):
 
 def env_only(algo, scripts_dir, members, quick, seconds):
     """The env-only sps of the seeds script's vector env for `members` members, stepped with random
-    actions."""
-    module = load_script(algo.script, scripts_dir)
-    args, envs = script_envs(module, [*budget(algo, quick), "--num-seeds", str(members)])
-    try:
-        envs.reset()
-        steps, elapsed = step_for(
-            envs, random_actions(envs.single_action_space, envs.num_envs, args.seed), seconds
-        )
-    finally:
-        envs.close()
-    return {
-        "num_envs": envs.num_envs,
-        "env_steps": steps * envs.num_envs,
-        "seconds": elapsed,
-        "sps": steps * envs.num_envs / elapsed,
-    }
+    actions (`benchmarks.env_limit`)."""
+    flags = [*budget(algo, quick), "--num-seeds", str(members)]
+    return env_limit.measure(scripts_dir / f"{algo.script}.py", flags, seconds)
 
 
 def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_seconds, timeout, cwd):
