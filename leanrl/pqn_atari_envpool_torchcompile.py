@@ -254,6 +254,9 @@ def main(args):
     obs_shape = envs.single_observation_space.shape
     rollout["obs"] = torch.zeros(*shape, *obs_shape, dtype=torch.uint8, device=device)
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
+    # the games' rewards and ends stay in numpy until the rollout ends: one copy each to the device
+    # per rollout, not one per step
+    outcomes = {key: np.zeros(shape, np.float32) for key in keys[1:]}
 
     next_obs, _ = envs.reset()
     next_obs = torch.from_numpy(next_obs)
@@ -285,11 +288,13 @@ def main(args):
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             outcome = dict(rewards=reward, terminations=terminations, truncations=truncations)
             for key, array in outcome.items():
-                rollout[key][step] = torch.as_tensor(array, device=device, dtype=torch.float)
+                outcomes[key][step] = array
             next_obs = torch.from_numpy(next_obs)  # a view of envpool's array, no copy
             run.log_episodes(global_step, finished_games(game_returns, infos, truncations))
 
         # returns
+        for key, array in outcomes.items():
+            rollout[key].copy_(torch.from_numpy(array))
         with torch.no_grad():
             next_value = get_value(next_obs.to(device))
             returns = compute_returns(

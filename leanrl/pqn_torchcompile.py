@@ -230,6 +230,9 @@ def main(args):
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
+    # the envs' rewards and ends stay in numpy until the rollout ends: one copy each to the device
+    # per rollout, not one per step
+    outcomes = {key: np.zeros((args.num_steps, args.num_envs), np.float32) for key in scalars[1:4]}
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = to_tensor(next_obs)
@@ -262,9 +265,9 @@ def main(args):
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             run.log_episodes(global_step, finished_episodes(infos))
-            rollout["rewards"][step] = to_tensor(reward)
-            rollout["terminations"][step] = to_tensor(terminations)
-            rollout["truncations"][step] = to_tensor(truncations)
+            outcomes["rewards"][step] = reward
+            outcomes["terminations"][step] = terminations
+            outcomes["truncations"][step] = truncations
             if truncations.any():
                 # the value where each truncated episode was cut (the returns read it only there)
                 final_obs = to_tensor(true_next_obs(next_obs, infos))
@@ -273,6 +276,8 @@ def main(args):
             next_obs = to_tensor(next_obs)
 
         # returns
+        for key, array in outcomes.items():
+            rollout[key].copy_(torch.from_numpy(array))
         with torch.no_grad():
             next_value = get_value(next_obs)
             keys = ("rewards", "values", "final_values", "terminations", "truncations")
