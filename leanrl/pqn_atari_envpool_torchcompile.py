@@ -11,6 +11,7 @@ returns, then minibatch epochs over each rollout. Defaults are CleanRL's: Breako
 The eager twin's algorithm and loop, with the data flow rewritten for speed:
 - frames stay uint8 from envpool to the network, copied once, into their slot of the rollout;
 - the rollout is one TensorDict on the device, flattened and cut into minibatches in one call;
+- the envs' rewards and episode ends are gathered in numpy, copied to the device once a rollout;
 - acting reads the weights through a copy of the Q network that has no autograd state, and draws
   epsilon from a step counter on the device that it advances in place: no host sync;
 - the Q(lambda) returns are solved by doubling instead of a loop over the steps;

@@ -10,6 +10,7 @@ minibatch epochs over each rollout, as PPO does. Defaults are CleanRL's: CartPol
 
 Same algorithm, defaults and loop as pqn.py. What changes for speed:
 - the rollout is one TensorDict on the device;
+- the envs' rewards and episode ends are gathered in numpy, copied to the device once a rollout;
 - acting reads the weights through a copy of the Q network that has no autograd state, and draws
   epsilon from a step counter on the device that it advances in place: no host sync;
 - the Q(lambda) returns are solved by doubling instead of a loop over the steps;
