@@ -82,7 +82,7 @@ class CudaFlags(RunFlags):
 @dataclass
 class ThreadFlags(RunFlags):
     threads: int | None = None
-    """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
+    """torch's intra-op threads (default: 1 or every core, whichever the run measures faster)"""
 
 
 @dataclass
