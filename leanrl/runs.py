@@ -82,7 +82,7 @@ class CudaFlags(RunFlags):
 @dataclass
 class ThreadFlags(RunFlags):
     threads: int | None = None
-    """torch's intra-op threads (default 1; 2 pay on an idle machine)"""
+    """torch's intra-op threads (default: 1 or every core, whichever the run measures faster)"""
 
 
 @dataclass
@@ -220,8 +220,11 @@ class Run:
             # loses a core to other work waits for it at every op: without --threads, the run
             # starts on one and measures
             torch.set_num_threads(args.threads or 1)
-            if args.threads is None and len(os.sched_getaffinity(0)) > 1:
-                self.threads = ThreadChoice(len(os.sched_getaffinity(0)))
+            cores = len(os.sched_getaffinity(0))  # the cores it may use, at most OMP_NUM_THREADS
+            limit = os.environ.get("OMP_NUM_THREADS", "")
+            cores = min(cores, int(limit)) if limit.isdigit() and int(limit) > 0 else cores
+            if args.threads is None and cores > 1:
+                self.threads = ThreadChoice(cores)
         self.returns = deque(maxlen=20)  # the last 20 episodic returns
         self.curve = []  # [step, seconds, return] of every episode
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
@@ -679,7 +682,7 @@ class ThreadChoice:
                 self.seconds[self.count][0] += now - start
                 self.seconds[self.count][1] += iterations
             self.warm.add(self.count)
-            if all(seconds >= self.trial_seconds for seconds, _ in self.seconds.values()):
+            if all(t >= self.trial_seconds and n for t, n in self.seconds.values()):
                 return self.choose(now, step)
             self.turn(now, self.counts[self.count == self.counts[0]])  # the other count
         elif now - start >= self.window_seconds:  # a window of the chosen count

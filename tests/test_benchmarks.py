@@ -694,8 +694,8 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
 # ---------------------------
 
 # A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a
-# seeds run (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs
-# builds N x num_envs fake envs
+# seeds run (`--num-seeds N --threads T`; without `--threads` it "measures" and takes 2) and 600 for
+# a single-seed run; imported, its make_envs builds N x num_envs fake envs
 FAKE_SEEDS_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
@@ -742,8 +742,9 @@ def make_envs(env_id, num_envs, seed, num_seeds):
 if __name__ == "__main__":
     argv = sys.argv[1:]
     members = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
-    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 1
+    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 2
     summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
+    summary["threads"] = threads
     path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
     path.write_text(json.dumps(summary))
     print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
@@ -877,6 +878,32 @@ def test_threads_rows_are_medians_and_their_ratio():
         "| idle | x_cpu | 110 | 170 | 1.55x |" in md
         and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md
     )
+
+
+def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch):
+    """benchmarks.studies.threads with fake DQN scripts (the seeds one at 1000 x 2 members x
+    threads, its default "measuring" 2): in each condition, every script runs at its default and
+    with --threads 1 and 2; a row's default / best fixed and the counts the default ended on."""
+    (tmp_path / "leanrl").mkdir()
+    for name in ("dqn_cpu", "dqn_seeds"):
+        (tmp_path / "leanrl" / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
+    monkeypatch.setattr(threads, "ROOT", tmp_path)
+    assert threads.command("dqn_cpu", ["--x", "1"], "default")[2:] == ["--x", "1"]
+    results, chosen = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path)
+    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000], 2: [4000]}
+    assert results["idle"]["dqn_cpu"] == {"default": [600], 1: [600], 2: [600]}
+    assert chosen["idle"] == {"dqn_cpu": [2], "dqn_seeds": [2]}
+    results["idle"]["dqn_seeds"]["default"] = [3000.0]
+    table = threads.rows(results, chosen)
+    assert [(r["condition"], r["script"], r["vs_best"]) for r in table] == [
+        ("idle", "dqn_cpu", 1.0),
+        ("idle", "dqn_seeds", 0.75),
+        ("one core busy", "dqn_cpu", 1.0),
+        ("one core busy", "dqn_seeds", 1.0),
+    ]
+    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
+    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=table))
+    assert "| idle | dqn_seeds | 2000 | 4000 | 2.00x | 3000 | 0.75x | 2 |" in md
 
 
 def test_replay_sampling_draws_the_scripts_batches_both_ways():

@@ -47,7 +47,8 @@ DQN = (
     ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
     ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
 )
-# script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
+# script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM; a
+# script with `--threads` fixes them: threads chosen by timing may differ between two runs
 EXACT = {
     "sac_continuous_action": (
         ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
@@ -65,6 +66,7 @@ EXACT = {
     "dqn_seeds": (
         ("--total-timesteps", 500, "--learning-starts", 200, "--num-seeds", 2, "--no-compile"),
         ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+        ("--threads", 1),
         355,
     ),
     # 4 iterations of 64 steps, stopped at the end of the second, in the first episode
@@ -82,14 +84,14 @@ EXACT = {
     ),
     "td3_continuous_action_cpu": (
         ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
-        ("--batch-size", 32, "--buffer-size", 1000, "--no-compile"),
+        ("--batch-size", 32, "--buffer-size", 1000, "--no-compile", "--threads", 1),
         350,
     ),
     # what each hides: the pending buffer writes (one per 10 steps, 4 due at the stop) of the twin
     # and the CPU script, the random actions' generator of the eager script, the CPU script's step
     "dqn": (*DQN, 355),
     "dqn_torchcompile": (*DQN, 355),
-    "dqn_cpu": (*DQN, ("--no-compile",), 355),
+    "dqn_cpu": (*DQN, ("--no-compile", "--threads", 1), 355),
 }
 
 
