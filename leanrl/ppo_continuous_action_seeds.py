@@ -49,7 +49,8 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 @dataclass
 class Args(CudaFlags, ThreadFlags):
     num_seeds: int = 8
-    """the number of independent runs (members) trained as one program"""
+    """the number of independent runs (members) trained as one program; in a sweep, of each
+    setting"""
     env_id: str = "HalfCheetah-v4"
     """the id of the environment (one of envpool's tasks)"""
     total_timesteps: int = 1_000_000

@@ -49,7 +49,7 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 @dataclass
 class Args(CudaFlags, ThreadFlags):
     num_seeds: int = 8
-    """the number of independent runs (members) trained together"""
+    """the number of independent runs (members) trained together; in a sweep, of each setting"""
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
