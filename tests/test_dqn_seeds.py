@@ -9,6 +9,8 @@ Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test (t
 once) and the learning check. The rest run in a few seconds each.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -410,6 +412,32 @@ def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
         and len(s["eval_returns"]) == 3
         and s["eval_returns"][1] == smoke_run["eval_returns"][1]
     )
+
+
+def test_a_sweep_reports_its_settings_and_saves_each_members_file(tmp_path):
+    """Two learning rates x one seed from the command line, eagerly: the summary gives each
+    member's flags and each setting's row, the run folder its table (sweep.md) and plot
+    (sweep.png), and each member's file, named by its setting, holds a single run's flags with its
+    own learning rate: dqn_cpu.py, given the member's seed, replays its evaluation."""
+    flags = ("--num-seeds", 1, *SMOKE, "--no-compile", "--save-model", "--eval-episodes", 1)
+    proc = run_script("dqn_seeds", *flags, "--learning-rate", 1e-3, 2.5e-4, cwd=tmp_path)
+    s = summary(proc)
+    assert s["seeds"] == [1, 1] and [h["learning_rate"] for h in s["hyperparameters"]] == [
+        1e-3,
+        2.5e-4,
+    ]
+    assert [(row["learning_rate"], row["members"]) for row in s["settings"]] == [
+        (1e-3, [0]),
+        (2.5e-4, [1]),
+    ]
+    folder = tmp_path / "runs" / Path(s["summary_file"]).parent.name
+    assert (folder / "sweep.md").read_text() in proc.stdout and (folder / "sweep.png").exists()
+    names = [Path(path).name for path in s["model_files"]]
+    assert names == ["dqn_seeds_setting0_seed1.pt", "dqn_seeds_setting1_seed1.pt"]
+    saved = torch.load(s["model_files"][1], weights_only=True)["args"]
+    assert (saved["learning_rate"], saved["seed"]) == (2.5e-4, 1)
+    flags = ("--seed", 1, "--eval-model", s["model_files"][1], "--eval-episodes", 1)
+    assert summary(run_script("dqn_cpu", *flags))["eval_returns"] == s["eval_returns"][1]
 
 
 # the other flag checks are dqn_cpu.py's (test_dqn.py)
