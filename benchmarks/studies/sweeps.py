@@ -4,7 +4,7 @@ processes at a time. It measures the wall time of each, whether the sweep ranks 
 the runs do (the same best setting; Spearman's correlation of the settings' mean final returns),
 and a sweep's cost per member against a seeds run of as many members in one setting.
 
-    # the issue's target: 4 learning rates x 2 seeds of DQN on CartPole-v1, 8 runs 2 at a time
+    # 4 learning rates x 2 seeds of DQN on CartPole-v1 against its 8 runs, 2 at a time
     python -m benchmarks.studies.sweeps --total-timesteps 100000
     python -m benchmarks.studies.sweeps --algo td3 --flag tau --values 0.005 0.05 --seeds 3
     python -m benchmarks.studies.sweeps --quick  # tiny budgets: a smoke test of the harness
