@@ -390,9 +390,12 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
     # ---- end of the N seeds block ----
 
+    # each member's hyperparameters of shape [1], not [] (see loss_fn)
+    member_hp = {name: value.unsqueeze(1) for name, value in hp.items()}
+
     def update(mb):
         """One gradient step on a minibatch (a TensorDict); returns its statistics."""
-        grads, stats = ppo_grads(params, mb, hp)
+        grads, stats = ppo_grads(params, mb, member_hp)
         optimizer.step(grads)
         return stats
 
