@@ -756,8 +756,7 @@ def sweep_argv(Args, argv=None):
         name = token[2:].replace("-", "_")
         if not token.startswith("--") or name not in fields or token in swept:
             continue
-        values = itertools.takewhile(lambda t: not t.startswith("--"), argv[i + 1 :])
-        count = len(list(values))
+        count = len(list(itertools.takewhile(lambda t: not t.startswith("--"), argv[i + 1 :])))
         if count > 1:
             shared = "every member shares it (it sets a tensor's shape or when a step runs)"
             fail(
@@ -786,12 +785,13 @@ def finished_member_episodes(infos, num_seeds):
     return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
 
 
-def check_memory(num_seeds, per_member, what):
-    """Exit status 2 if the members' `what`, `per_member` bytes each, cannot fit in memory."""
-    need = num_seeds * per_member / 2**30
+def check_memory(members, per_member, what):
+    """Exit status 2 if the `members` members' `what`, `per_member` bytes each, cannot fit in
+    memory."""
+    need = members * per_member / 2**30
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
     if need > memory:
-        members = f"--num-seeds {num_seeds}: the members' {what}"
+        members = f"--num-seeds: {members} members' {what} (a sweep's: of every setting)"
         fail(f"{members} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
 
 
