@@ -101,10 +101,10 @@ def summary(proc, returncode=0):
 def assert_curve(result):
     """The SUMMARY's `curve` has one [global_step, seconds, return] per counted episode, in the
     order of both steps and seconds, within the run's steps and wall time. A seeds script's
-    `curves` hold one such curve per member (its `num_seeds` members), together one point per
-    counted episode."""
+    `curves` hold one such curve per member (its `seeds`: `num_seeds` of each setting of a sweep),
+    together one point per counted episode."""
     curves = result["curves"] if "num_seeds" in result else [result["curve"]]
-    assert len(curves) == result.get("num_seeds", 1)
+    assert len(curves) == len(result.get("seeds", [result["seed"]]))
     points = sum(map(len, curves))
     assert points == result["episodes"], f"{points} curve points for {result['episodes']} episodes"
     for curve in curves:

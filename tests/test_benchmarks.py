@@ -19,7 +19,15 @@ from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import before_after, breakdown, replay_sampling, scaling, seeds, threads
+from benchmarks.studies import (
+    before_after,
+    breakdown,
+    replay_sampling,
+    scaling,
+    seeds,
+    sweeps,
+    threads,
+)
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -943,3 +951,62 @@ def test_before_after_runs_each_variant_from_both_folders_and_gives_the_ratios(t
     assert rows["compile"]["before"] == rows["compile"]["after"] == 400
     assert len(calls(before)) == len(calls(after)) == 8
     assert "| sac | eager | 110 | 220 | 2.00x |" in json_path.with_suffix(".md").read_text()
+
+
+# --- benchmarks.studies.sweeps: a sweep in one process against its settings' single runs
+# ---------------------------
+
+# A fake seeds or single-seed script: its final return is 1000 x the learning rate (+ the seed in a
+# single run, which the ranking averages away), its sps 1000 a member
+FAKE_SWEEP_SCRIPT = """
+import itertools, json, sys
+from pathlib import Path
+
+argv = sys.argv[1:]
+start = argv.index("--learning-rate") + 1 if "--learning-rate" in argv else len(argv)
+rates = [float(v) for v in itertools.takewhile(lambda v: v[0] != "-", argv[start:])] or [2.5e-4]
+seeds = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
+seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 1
+name = argv[argv.index("--exp-name") + 1]
+summary = dict(sps=1000.0 * (seeds or 1) * len(rates), return_mean=1000 * rates[0] + seed)
+summary["settings"] = [dict(learning_rate=r, return_mean=1000 * r) for r in rates]
+path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{name}-{seed}.json")
+path.write_text(json.dumps(summary | dict(argv=argv)))
+print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
+"""
+
+
+def test_sweeps_study_compares_a_sweep_with_its_runs_and_writes_its_results(tmp_path, capsys):
+    """With fake scripts: a sweep of 3 learning rates x 2 seeds in one process, a seeds run of its
+    6 members unswept, and the 6 single runs 2 at a time, each under the quick budget with its
+    own experiment name; the settings ranked alike (Spearman 1, the same best), the table, its
+    JSON and plot."""
+    dqn = seeds.ALGOS[0]
+    for name in (dqn.script, dqn.single):
+        (tmp_path / f"{name}.py").write_text(FAKE_SWEEP_SCRIPT)
+    out = tmp_path / "out"
+    argv = ["--quick", "--values", "3e-4", "1e-3", "1e-4", "--scripts-dir", str(tmp_path)]
+    assert sweeps.main([*argv, "--out-dir", str(out), "--no-compile"]) == 0
+    (json_path,) = out.glob("sweeps-*.json")
+    table = json.loads(json_path.read_text())["table"]
+    assert table["sweep_means"] == pytest.approx([0.3, 1.0, 0.1])
+    assert table["run_means"] == pytest.approx([1.8, 2.5, 1.6])  # + seeds 1 and 2, averaged
+    assert table["spearman"] == pytest.approx(1.0) and table["same_best"] is True
+    assert table["sweep_vs_seeds"] == 1.0
+    sweep, runs = table["summaries"]["sweep"], table["summaries"]["runs"]
+    budget = [*dqn.quick, "--no-compile"]
+    rates = ["--learning-rate", "0.0003", "0.001", "0.0001"]
+    assert sweep["argv"] == [*budget, "--exp-name", "sweep", "--num-seeds", "2", *rates]
+    assert [run["argv"][len(budget) :] for run in runs[:2]] == [
+        ["--seed", str(seed), "--learning-rate", "0.0003", "--exp-name", "0.0003"]
+        for seed in (1, 2)
+    ]
+    assert len(runs) == 6 and "| 0.001 | 1.0 | 2.5 |" in capsys.readouterr().out
+    assert (out / json_path.name.replace(".json", ".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweeps_rank_correlation_is_spearmans():
+    assert sweeps.ranks([3.0, 1.0, 2.0, 1.0]) == [4.0, 1.5, 3.0, 1.5]
+    assert sweeps.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
+    assert sweeps.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert sweeps.spearman([1, 1, 1], [1, 2, 3]) is None

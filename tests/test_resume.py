@@ -93,6 +93,8 @@ EXACT = {
     "dqn_torchcompile": (*DQN, 355),
     "dqn_cpu": (*DQN, ("--no-compile", "--threads", 1), 355),
 }
+# a sweep: 2 learning rates x 2 seeds (a key: the script, then a name of the case)
+EXACT["dqn_seeds sweep"] = (*EXACT["dqn_seeds"][:2], ("--learning-rate", 1e-3, 2.5e-4), 355)
 
 
 def same_runs(a, b):
@@ -123,6 +125,7 @@ EXPORTED += ("ppo_continuous_action_distributed",)
 )
 def test_a_resumed_run_ends_as_one_that_went_through(script, copy, train, tmp_path, request):
     *flags, stop_at = EXACT[script]
+    script = script.split()[0]
     flags = [flag for group in flags for flag in group]
     directory = request.getfixturevalue("exported") if copy else SCRIPTS
     assert train(script, *flags, "--run-name", "through", directory=directory) == 0
