@@ -9,7 +9,8 @@ Paper: https://www.nature.com/articles/nature14236
 Every call here is small and costs more in Python and dispatch than in arithmetic. So the update
 is a function of the parameters (`torch.func` gradients, Adam written out) compiled as one graph;
 acting runs the Q network in numpy, on views of the weights; transitions are written once per
-`train_frequency` iterations; torch runs one thread. On a GPU, run dqn_torchcompile.py.
+`train_frequency` iterations. Threads: runs.py measures (`--threads` fixes them); `--bf16`: the
+update in bfloat16 where the CPU has it. On a GPU, run dqn_torchcompile.py.
 """
 
 import random
@@ -22,12 +23,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import Run, ThreadFlags, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from torch.func import functional_call, grad_and_value
 
 
 @dataclass
-class Args(ThreadFlags):
+class Args(CPUFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     total_timesteps: int = 500_000
@@ -196,10 +197,14 @@ def make_learner(args, n_obs, n_act):
         td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
         return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
 
+    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+
     def update(data):
         """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it
         one graph, forward pass to Adam's step (`backward` and `torch.optim` would split it)."""
-        grads, (loss, q_mean) = td_grads(params, target_params, data)
+        with autocast:
+            grads, (loss, q_mean) = td_grads(params, target_params, data)
         optimizer.step(grads)
         return loss, q_mean
 

@@ -5,15 +5,19 @@ Paper: https://www.nature.com/articles/nature14236. Defaults as in dqn_cpu.py, p
     python leanrl/dqn_seeds.py  # 8 members (seeds 1..8), compiled
     python leanrl/dqn_seeds.py --num-seeds 3 --no-compile  # the same functions, eagerly
     python leanrl/dqn_seeds.py --compile --cudagraphs  # on CUDA
+    python leanrl/dqn_seeds.py --num-seeds 2 --learning-rate 1e-4 3e-4 1e-3 3e-3  # a sweep
 
 Member k is dqn_cpu.py with `--seed seed + k * num_envs`: the same initial weights and env seeds,
-its own target network, Adam state, replay buffer and random draws. `make_learner` writes one
-member's functions as dqn_cpu.py does, then vmaps them over a leading seeds axis of the stacked
-parameters (`diff` the two files). Each step is one call for all members: one vector env of N x
-`--num-envs` envs (member k's the k-th slice), one buffer write and sample, one update. On a CPU
-the members act in numpy. A member whose loss or weights turn non-finite is left out, and the
-others go on. The SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds
-scripts".
+its own target network, Adam state, replay buffer and random draws. A flag that takes several
+values (`--learning-rate`, `--gamma`, `--tau`, `--start-e`, `--end-e`, `--exploration-fraction`)
+makes a sweep: each setting of their grid is trained by `--num-seeds` members, with the same
+seeds, and the run ends with a table of the settings, best first (docs/usage.md, "Sweeps").
+`make_learner` writes one member's functions as dqn_cpu.py does, then vmaps them over a leading
+seeds axis of the stacked parameters (`diff` the two files). Each step is one call for all
+members: one vector env of N x `--num-envs` envs (member k's the k-th slice), one buffer write and
+sample, one update. On a CPU the members act in numpy. A member whose loss or weights turn
+non-finite is left out, and the others go on. The SUMMARY, model files and `--resume`, per
+member: docs/usage.md, "The seeds scripts".
 """
 
 from dataclasses import dataclass
@@ -35,7 +39,11 @@ from runs import (
     finished_member_episodes,
     flat,
     make_envs,
+    member_values,
+    member_view,
     per_member,
+    settings,
+    sweep_argv,
     true_next_obs,
 )
 from tensordict.nn import CudaGraphModule
@@ -45,30 +53,30 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 @dataclass
 class Args(CudaFlags, ThreadFlags):
     num_seeds: int = 8
-    """the number of independent runs (members) trained together"""
+    """the number of independent runs (members) trained together; in a sweep, of each setting"""
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     total_timesteps: int = 500_000
     """environment steps of each member"""
-    learning_rate: float = 2.5e-4
+    learning_rate: tuple[float, ...] = (2.5e-4,)
     """the learning rate of the optimizer"""
     num_envs: int = 1
     """the number of parallel environments of each member"""
     buffer_size: int = 10_000
     """the replay memory buffer size of each member, in transitions"""
-    gamma: float = 0.99
+    gamma: tuple[float, ...] = (0.99,)
     """the discount factor gamma"""
-    tau: float = 1.0
+    tau: tuple[float, ...] = (1.0,)
     """the target network update rate (1: a hard copy)"""
     target_network_frequency: int = 500
     """the frequency of updates for the target network, in iterations (vector steps)"""
     batch_size: int = 128
     """the batch size of sample from the replay memory"""
-    start_e: float = 1.0
+    start_e: tuple[float, ...] = (1.0,)
     """the starting epsilon for exploration"""
-    end_e: float = 0.05
+    end_e: tuple[float, ...] = (0.05,)
     """the ending epsilon for exploration"""
-    exploration_fraction: float = 0.5
+    exploration_fraction: tuple[float, ...] = (0.5,)
     """the fraction of `total_timesteps` over which epsilon falls from `start_e` to `end_e`"""
     learning_starts: int = 10_000
     """environment steps before learning starts"""
@@ -97,9 +105,11 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at env step `t` (a number or a tensor): from `start_e` down to `end_e`, then flat."""
+    """Epsilon at env step `t` (numbers, arrays or tensors): from `start_e` down to `end_e`, then
+    flat."""
     epsilon = start_e + (end_e - start_e) * t / duration
-    return epsilon.clamp_min(end_e) if isinstance(epsilon, torch.Tensor) else max(epsilon, end_e)
+    maximum = torch.maximum if isinstance(epsilon, torch.Tensor) else np.maximum
+    return maximum(epsilon, end_e)
 
 
 class ReplayBuffer:
@@ -167,7 +177,7 @@ class Adam:
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+            param.sub_(member_view(self.lr, param) * (exp_avg / bias_correction1) / denom)
 
     def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
         powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
@@ -193,9 +203,11 @@ def make_learner(args, n_obs, n_act, seeds, device):
     # the members' tensors, stacked, which Adam and update_target change in place
     params = {name: param.detach() for name, param in stack_module_state(q_networks)[0].items()}
     target_params = {name: param.clone() for name, param in params.items()}
+    # each member's hyperparameters, [num_members] (a sweep's settings, each `--num-seeds` times)
+    hp = member_values(args, len(seeds), device)
     with torch.device(device):  # Adam's powers of the betas beside the parameters
-        optimizer = Adam(params, lr=args.learning_rate)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
+        optimizer = Adam(params, lr=hp["learning_rate"])
+    exploration_steps = hp["exploration_fraction"] * args.total_timesteps
     # the env steps acted (by each member), which the policy advances in place
     global_step = torch.zeros((), dtype=torch.long, device=device)
 
@@ -211,9 +223,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
         old_val = q_values.gather(1, data["actions"].unsqueeze(-1)).squeeze(-1)
         return F.mse_loss(td_target, old_val), old_val.mean()
 
-    def td_grads(params, target_params, data):
+    def td_grads(params, target_params, data, gamma):
         target_max, _ = functional_call(q_network, target_params, (data["next_obs"],)).max(dim=1)
-        td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
+        td_target = data["rewards"] + gamma * target_max * (1 - data["terminations"])
         return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
 
     # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
@@ -223,9 +235,9 @@ def make_learner(args, n_obs, n_act, seeds, device):
     def policy(obs):
         """`act` for every member, a coin each: [num_seeds, num_envs, n_obs] in, [num_seeds,
         num_envs] out. A device tensor `global_step`: no host sync, no recompile."""
-        epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+        epsilon = linear_schedule(hp["start_e"], hp["end_e"], exploration_steps, global_step)
         with torch.no_grad():
-            actions = vmap(act, in_dims=(0, 0, None), randomness="different")(params, obs, epsilon)
+            actions = vmap(act, randomness="different")(params, obs, epsilon)
         global_step.add_(obs.shape[1])
         return actions
 
@@ -233,18 +245,20 @@ def make_learner(args, n_obs, n_act, seeds, device):
         """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it
         one graph, forward pass to Adam's step (`backward` and `torch.optim` would split it)."""
         # each member's td_grads on its slice of the stacks and of the batch, [num_seeds, ...]
-        grads, (loss, q_mean) = vmap(td_grads)(params, target_params, data)
+        grads, (loss, q_mean) = vmap(td_grads)(params, target_params, data, hp["gamma"])
         optimizer.step(grads)
         return loss, q_mean
 
     def update_target():
         """Moves the target a fraction `tau` of the way to the Q network (1: a copy)."""
         for name, target_param in target_params.items():
-            target_param.copy_(args.tau * params[name] + (1 - args.tau) * target_param)
+            tau = member_view(hp["tau"], target_param)
+            target_param.copy_(tau * params[name] + (1 - tau) * target_param)
 
     return SimpleNamespace(
         policy=policy,
         global_step=global_step,
+        hp=hp,
         params=params,
         target_params=target_params,
         optimizer=optimizer,
@@ -279,8 +293,10 @@ def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
 
 
 def main(args):
-    check_args(args)
-    run = SeedsRun(args, "dqn_seeds")  # runs.py: folder, seeds, threads, ...
+    for setting in settings(args):  # each point of a sweep, as a single run's flags
+        check_args(setting)
+    run = SeedsRun(args, "dqn_seeds")  # runs.py: folder, seeds, sweep, threads, ...
+    members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)
     spaces = probe.single_observation_space, probe.single_action_space
@@ -290,10 +306,10 @@ def main(args):
     n_act = int(spaces[1].n)
     probe.close()
     # 2 observations, 3 scalars, 8 bytes
-    check_memory(args.num_seeds, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
+    check_memory(members, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
     videos = None if args.eval_model else run.videos
-    # member k's envs are the k-th slice, seeded as dqn_cpu.py's with `--seed seeds[k]`
-    envs = make_envs(args.env_id, args.num_envs * args.num_seeds, args.seed, videos)
+    # member k's envs are the k-th slice
+    envs = make_envs(args.env_id, args.num_envs * members, args.seed, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
     params = learner.params
@@ -307,7 +323,7 @@ def main(args):
 
     if args.eval_model:  # the saved model as every member
         envs.close()
-        models = [run.saved_model] * args.num_seeds
+        models = [run.saved_model] * members
         return run.finish(device, models, evaluate_greedy)
 
     policy, update = learner.policy, learner.update
@@ -319,14 +335,16 @@ def main(args):
         # warm-up calls (compile compiles), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
-    exploration_steps = args.exploration_fraction * args.total_timesteps
+    hp = {key: value.cpu().numpy() for key, value in learner.hp.items()}
+    exploration_steps = hp["exploration_fraction"] * args.total_timesteps
     if device.type == "cpu":  # the members act in numpy: see make_host_policy
-        schedule = (args.start_e, args.end_e, exploration_steps)
+        schedule = (hp["start_e"], hp["end_e"], exploration_steps)
         policy = make_host_policy(params, n_act, learner.global_step, *schedule)
 
-    rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, device)
+    rb = ReplayBuffer(members, args.buffer_size, n_obs, device)
     transitions = []
-    obs, _ = envs.reset(seed=args.seed)  # env i: seed + i, as in make_envs
+    # member k's env i seeded as dqn_cpu.py's with `--seed seeds[k]`: seeds[k] + i
+    obs, _ = envs.reset(seed=run.env_seeds)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         if transitions:  # written now, where the next write would put them: the same buffer
@@ -336,19 +354,19 @@ def main(args):
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs
-    qf_loss = q_mean = torch.zeros(args.num_seeds)
+    qf_loss = q_mean = torch.zeros(members)
     for iteration in run.progress(range(start, args.total_timesteps // args.num_envs)):
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin * args.train_frequency + 1:
             run.start_clock(global_step)  # compile and warm-up are behind
 
         # act
-        member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), args.num_seeds)
+        member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), members)
         actions = flat(policy(member_obs.to(device)).cpu().numpy())
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_member_episodes(infos, args.num_seeds))
+        run.log_episodes(global_step, finished_member_episodes(infos, members))
 
         # store: a truncated episode bootstraps from its true last observation
         real_next_obs = true_next_obs(next_obs, infos)
@@ -369,7 +387,7 @@ def main(args):
 
         # log
         if iteration % 100 == 0:
-            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
+            epsilon = linear_schedule(hp["start_e"], hp["end_e"], exploration_steps, global_step)
             metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
             run.log_progress(global_step, metrics)
 
@@ -380,7 +398,7 @@ def main(args):
 
     envs.close()
     # each member's weights as dqn_cpu.py's state dict (copies: a view would save the whole stack)
-    models = [{name: p[k].clone() for name, p in params.items()} for k in range(args.num_seeds)]
+    models = [{name: p[k].clone() for name, p in params.items()} for k in range(members)]
     run.finish(device, models, evaluate_greedy)
 
 
@@ -406,4 +424,4 @@ def check_args(args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, args=sweep_argv(Args)))

@@ -10,7 +10,8 @@ and loop. What changes for speed on a CPU:
 - the update is a function of the parameters, with the clip and Adam written out, so that it
   compiles whole into one graph, as GAE does (`--no-compile`: eager);
 - acting runs in numpy on views of the agent's weights;
-- one intra-op thread unless `--threads` says otherwise: every op here is tiny.
+- the intra-op threads chosen by measurement unless `--threads` fixes them: every op is tiny;
+- `--bf16`: the update in bfloat16 on a CPU that has it.
 
 A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose recorder cannot be
 saved: then its episodes and its observation and reward normalization start afresh.
@@ -26,13 +27,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import Run, ThreadFlags, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from tensordict import TensorDict
 from torch.func import functional_call, grad_and_value
 
 
 @dataclass
-class Args(ThreadFlags):
+class Args(CPUFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -259,9 +260,13 @@ def make_learner(args, n_obs, n_act, device):
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
+    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+
     def update(mb):
         """One gradient step on a minibatch (a TensorDict); returns its statistics."""
-        grads, stats = ppo_grads(params, mb)
+        with autocast:
+            grads, stats = ppo_grads(params, mb)
         optimizer.step(grads)
         return stats
 

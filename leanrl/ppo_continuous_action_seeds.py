@@ -8,15 +8,20 @@ member.
     python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
         --total-timesteps 40960 --num-seeds 3
     python leanrl/ppo_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+    python leanrl/ppo_continuous_action_seeds.py --env-id InvertedPendulum-v4 \
+        --total-timesteps 40960 --num-seeds 2 --ent-coef 0 0.01 --clip-coef 0.1 0.2  # a sweep
 
 Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
-seeds, its own Adam state, normalization statistics and random draws. `make_learner` writes one
-member's functions as the CPU script does, then one block vmaps them over a leading seeds axis of
-the stacked parameters (`diff` the two files). Every member's envs are one envpool, stepped by C++
-threads, in next-step reset mode (the step after an episode's end only resets, and weighs 0 in the
-loss); it renders no frames and cannot be saved, so a resumed run's episodes start fresh. A member
-whose loss or weights turn non-finite is left out, and the others go on. The SUMMARY, model files
-and `--resume`, per member: docs/usage.md, "The seeds scripts".
+seeds, its own Adam state, normalization statistics and random draws. A flag that takes several
+values (`--learning-rate`, `--gamma`, `--gae-lambda`, `--clip-coef`, `--ent-coef`, `--vf-coef`,
+`--max-grad-norm`) makes a sweep: each setting of their grid is trained by `--num-seeds` members,
+with the same seeds, and the run ends with a table of the settings, best first (docs/usage.md,
+"Sweeps"). `make_learner` writes one member's functions as the CPU script does, then one block vmaps
+them over a leading seeds axis of the stacked parameters (`diff` the two files). Every member's envs
+are one envpool, stepped by C++ threads, in next-step reset mode (the step after an episode's end
+only resets, and weighs 0 in the loss); it renders no frames and cannot be saved, so a resumed run's
+episodes start fresh. A member whose loss or weights turn non-finite is left out, and the others go
+on. The SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds scripts".
 """
 
 import math
@@ -39,7 +44,10 @@ from runs import (
     fail,
     finished_member_episodes,
     flat,
+    member_values,
     per_member,
+    settings,
+    sweep_argv,
 )
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
@@ -49,12 +57,13 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 @dataclass
 class Args(CudaFlags, ThreadFlags):
     num_seeds: int = 8
-    """the number of independent runs (members) trained as one program"""
+    """the number of independent runs (members) trained as one program; in a sweep, of each
+    setting"""
     env_id: str = "HalfCheetah-v4"
     """the id of the environment (one of envpool's tasks)"""
     total_timesteps: int = 1_000_000
     """total environment steps of each member"""
-    learning_rate: float = 3e-4
+    learning_rate: tuple[float, ...] = (3e-4,)
     """the learning rate of the optimizer"""
     num_envs: int = 1
     """the number of parallel environments of each member"""
@@ -62,9 +71,9 @@ class Args(CudaFlags, ThreadFlags):
     """the number of vector steps of each rollout"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
-    gamma: float = 0.99
+    gamma: tuple[float, ...] = (0.99,)
     """the discount factor gamma"""
-    gae_lambda: float = 0.95
+    gae_lambda: tuple[float, ...] = (0.95,)
     """the lambda of the general advantage estimation"""
     num_minibatches: int = 32
     """the number of minibatches each epoch splits the rollout into"""
@@ -72,15 +81,15 @@ class Args(CudaFlags, ThreadFlags):
     """the number of epochs (passes over the rollout) of each update"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
-    clip_coef: float = 0.2
+    clip_coef: tuple[float, ...] = (0.2,)
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
     """use a clipped loss for the value function, as in the paper"""
-    ent_coef: float = 0.0
+    ent_coef: tuple[float, ...] = (0.0,)
     """coefficient of the entropy bonus"""
-    vf_coef: float = 0.5
+    vf_coef: tuple[float, ...] = (0.5,)
     """coefficient of the value function loss"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: tuple[float, ...] = (0.5,)
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop a member's epochs early once its approximate KL exceeds this (off by default)"""
@@ -161,16 +170,17 @@ class EnvpoolWrappers:
 
 
 def make_envs(env_id, num_envs, seed, num_seeds, gamma, obs_rms=None):
-    """All members' envs as one envpool in EnvpoolWrappers, member k's a slice, env i of member k
-    seeded seed + k*num_envs + i as the single-seed script with `--seed seed + k*num_envs` seeds it;
-    `obs_rms` (a saved model's) normalizes, frozen. An id that is not envpool's exits 2."""
+    """All members' envs as one envpool in EnvpoolWrappers, member k's a slice, env j seeded
+    `seed + j` or `seed[j]` (a list; member k's env i, as the single-seed script with `--seed
+    seeds[k]` seeds it: seeds[k] + i); `gamma`, a number or one per env; `obs_rms` (a saved
+    model's) normalizes, frozen. An id that is not envpool's exits 2."""
     if env_id not in envpool.list_all_envs():
         fail(f"--env-id {env_id!r} is not one of envpool's tasks (envpool.list_all_envs())")
     n = num_seeds * num_envs
     threads = min(len(os.sched_getaffinity(0)), n)
 
-    def make(seed):  # env j (env j % num_envs of member j // num_envs) seeded `seed + j`
-        env_seeds = [(seed + j) % 2**31 for j in range(n)]
+    def make(seed):  # env j (env j % num_envs of member j // num_envs)
+        env_seeds = seed if isinstance(seed, list) else [(seed + j) % 2**31 for j in range(n)]
         return envpool.make_gymnasium(env_id, num_envs=n, env_seed=env_seeds, num_threads=threads)
 
     return EnvpoolWrappers(make(seed), n, gamma, obs_rms, make)
@@ -277,7 +287,7 @@ class Adam:
             # each member's bias corrections, against its parameters
             members = (-1,) + (1,) * (param.dim() - 1)
             denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
-            lr = self.param_groups[0]["lr"]
+            lr = self.param_groups[0]["lr"].view(members)
             param.sub_(lr * (exp_avg / bias_correction1.view(members)) / denom)
 
     def state_dict(self):  # the moments, beta1**t, beta2**t and the learning rate, for checkpoints
@@ -300,13 +310,15 @@ def make_learner(args, n_obs, n_act, seeds, device):
             torch.manual_seed(seed)
             members.append(Agent(n_obs, n_act, device=device))
     agent = Agent(n_obs, n_act, device="meta")  # the shell that `functional_call` fills
+    # each member's hyperparameters, [num_members] (a sweep's settings, each `--num-seeds` times)
+    hp = member_values(args, len(seeds), device)
     # a tensor annealed in place: the compiled update reads it, and nothing recompiles
-    lr = torch.tensor(args.learning_rate, device=device)
+    lr = hp["learning_rate"].clone()
     # the members' tensors, stacked, which Adam updates in place
     params = {name: p.detach() for name, p in stack_module_state(members)[0].items()}
     optimizer = Adam(params, lr, eps=1e-5)
 
-    def loss_fn(params, mb):
+    def loss_fn(params, mb, hp):
         """The clipped-surrogate loss of a minibatch, and its statistics."""
         inputs = (mb["obs"], mb["actions"])
         _, newlogprob, entropy, newvalue = functional_call(agent, params, inputs)
@@ -324,7 +336,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
             old_approx_kl = mean(-logratio)
             approx_kl = mean((ratio - 1) - logratio)
-            clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
+            clipfrac = mean(((ratio - 1.0).abs() > hp["clip_coef"]).float())
 
         mb_advantages = mb["advantages"]
         if args.norm_adv:
@@ -334,7 +346,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
         # policy loss
         pg_loss1 = -mb_advantages * ratio
-        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - hp["clip_coef"], 1 + hp["clip_coef"])
         pg_loss = mean(torch.max(pg_loss1, pg_loss2))
 
         # value loss
@@ -342,7 +354,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - mb["returns"]) ** 2
             v_clipped = mb["values"] + torch.clamp(
-                newvalue - mb["values"], -args.clip_coef, args.clip_coef
+                newvalue - mb["values"], -hp["clip_coef"], hp["clip_coef"]
             )
             v_loss_clipped = (v_clipped - mb["returns"]) ** 2
             v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
@@ -350,18 +362,18 @@ def make_learner(args, n_obs, n_act, seeds, device):
             v_loss = 0.5 * mean((newvalue - mb["returns"]) ** 2)
 
         entropy_loss = mean(entropy)
-        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        loss = pg_loss - hp["ent_coef"] * entropy_loss + v_loss * hp["vf_coef"]
         stats = [pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]
         return loss.sum(), torch.cat(stats).detach()
 
-    def ppo_grads(params, mb):
+    def ppo_grads(params, mb, hp):
         """The gradients of a minibatch's loss, clipped, and its statistics. `torch.func` takes
         them and the clip is written out: `backward` would split the compiled graph."""
-        grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb)
+        grads, (loss, stats) = grad_and_value(loss_fn, has_aux=True)(params, mb, hp)
         # nn.utils.clip_grad_norm_, written out
         squares = torch.stack([grad.pow(2).sum() for grad in grads.values()])
         total_norm = squares.sum(0, keepdim=True).sqrt()  # of shape [1]: see loss_fn
-        scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
+        scale = (hp["max_grad_norm"] / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
     # ---- N seeds: the member functions above, vmapped over the leading seeds axis ----
@@ -378,9 +390,12 @@ def make_learner(args, n_obs, n_act, seeds, device):
 
     # ---- end of the N seeds block ----
 
+    # each member's hyperparameters of shape [1], not [] (see loss_fn)
+    member_hp = {name: value.unsqueeze(1) for name, value in hp.items()}
+
     def update(mb):
         """One gradient step on a minibatch (a TensorDict); returns its statistics."""
-        grads, stats = ppo_grads(params, mb)
+        grads, stats = ppo_grads(params, mb, member_hp)
         optimizer.step(grads)
         return stats
 
@@ -388,14 +403,17 @@ def make_learner(args, n_obs, n_act, seeds, device):
         agent=agent,
         params=params,
         optimizer=optimizer,
+        hp=hp,
         policy=policy,
         update=update,
     )
 
 
 def main(args):
-    check_args(args)
-    run = SeedsRun(args, "ppo_continuous_action_seeds")  # runs.py: folder, seeds, threads, ...
+    for setting in settings(args):  # each point of a sweep, as a single run's flags
+        check_args(setting)
+    run = SeedsRun(args, "ppo_continuous_action_seeds")  # runs.py: folder, seeds, sweep, ...
+    members = len(run.seeds)  # settings x seeds
     # one env first: its id and sizes, before N members'
     probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)
     space = probe.single_action_space
@@ -406,22 +424,25 @@ def main(args):
     probe.close()
     # 3 copies, float32
     rollout_bytes = 3 * args.num_steps * args.num_envs * (n_obs + n_act + 8) * 4
-    check_memory(args.num_seeds, rollout_bytes, "rollouts")
-    envs = make_envs(args.env_id, args.num_envs, args.seed, args.num_seeds, args.gamma)
+    check_memory(members, rollout_bytes, "rollouts")
+    # each env's gamma, its member's
+    gamma = np.repeat([setting.gamma for setting in run.member_settings], args.num_envs)
+    envs = make_envs(args.env_id, args.num_envs, run.env_seeds, members, gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
-    params, optimizer = learner.params, learner.optimizer
+    params, optimizer, hp = learner.params, learner.optimizer, learner.hp
 
     def evaluate_agent(member, episodes, videos):  # the Gaussian's mean; `models` is bound below
         model, seed = models[member], run.seeds[member]
         agent = Agent(n_obs, n_act, device=device)
         agent.load_state_dict(model["agent"])
-        eval_envs = make_envs(args.env_id, 1, seed, 1, args.gamma, model["obs_rms"])
+        gamma = run.member_settings[member].gamma
+        eval_envs = make_envs(args.env_id, 1, seed, 1, gamma, model["obs_rms"])
         return evaluate(agent.actor_mean, eval_envs, episodes, seed, device)
 
     if args.eval_model:  # the saved model as every member
-        models = [run.saved_model] * args.num_seeds
+        models = [run.saved_model] * members
         envs.close()
         return run.finish(device, models, evaluate_agent)
     policy, update = learner.policy, learner.update
@@ -459,7 +480,7 @@ def main(args):
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     # with a [num_seeds, k] index: member rows
-    members = torch.arange(args.num_seeds, device=device).unsqueeze(1)
+    member_rows = torch.arange(members, device=device).unsqueeze(1)
     global_step = run.steps  # 0 unless resumed
     for iteration in run.progress(range(start, num_iterations)):
         if iteration == args.measure_burnin:
@@ -467,7 +488,7 @@ def main(args):
         if args.anneal_lr:
             frac = 1.0 - iteration / num_iterations
             # in place: no recompile
-            optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
+            optimizer.param_groups[0]["lr"].copy_(frac * hp["learning_rate"])
 
         # rollout
         for step in range(args.num_steps):
@@ -482,7 +503,7 @@ def main(args):
             store["logprobs"][step] = logprob
 
             next_obs, reward, terminations, truncations, infos = envs.step(action)
-            run.log_episodes(global_step, finished_member_episodes(infos, args.num_seeds))
+            run.log_episodes(global_step, finished_member_episodes(infos, members))
             store["rewards"][step] = reward
             store["terminations"][step] = terminations
             store["truncations"][step] = truncations
@@ -496,22 +517,23 @@ def main(args):
         advantages, returns = compute_gae(
             **{key: rollout[key] for key in keys},
             next_value=next_value,
-            gamma=args.gamma,
-            gae_lambda=args.gae_lambda,
+            # each env's, its member's
+            gamma=hp["gamma"].repeat_interleave(args.num_envs).cpu(),
+            gae_lambda=hp["gae_lambda"].repeat_interleave(args.num_envs).cpu(),
         )
 
         # update, on [num_seeds, num_steps * num_envs]: each member its own rows
         b = rollout.select("obs", "actions", "logprobs", "values", "valid")
         b["advantages"], b["returns"] = advantages, returns
-        b = b.unflatten(1, (args.num_seeds, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
+        b = b.unflatten(1, (members, args.num_envs)).transpose(0, 1).flatten(1, 2).to(device)
         # members stopped by --target-kl
-        stopped = torch.zeros(args.num_seeds, dtype=torch.bool, device=device)
-        # what a member past the target keeps: all but the lr (0-d), which the members share
+        stopped = torch.zeros(members, dtype=torch.bool, device=device)
+        # what a member past the target keeps
         member_state = [x for x in (*params.values(), *optimizer.state_dict().values()) if x.dim()]
-        kept = [x.clone() for x in member_state] + [torch.zeros(args.num_seeds, 6, device=device)]
+        kept = [x.clone() for x in member_state] + [torch.zeros(members, 6, device=device)]
         for _epoch in range(args.update_epochs):
             # each member its own shuffle
-            b_shuffled = b[members, torch.rand(b.shape, device=device).argsort(dim=1)]
+            b_shuffled = b[member_rows, torch.rand(b.shape, device=device).argsort(dim=1)]
             for mb in b_shuffled.split(minibatch_size, dim=1):
                 stats = update(mb)
             # host sync, once per epoch: a member past the target keeps this state
@@ -535,7 +557,7 @@ def main(args):
     # each member's observation normalization (its first env's) is part of its policy, saved with it
     mean, var, count = envs.obs_rms
     models = []
-    for k in range(args.num_seeds):
+    for k in range(members):
         rms = (mean[k * args.num_envs], var[k * args.num_envs], count)
         obs_rms = {key: torch.tensor(x) for key, x in zip(("mean", "var", "count"), rms)}
         weights = {name: param[k].cpu().clone() for name, param in params.items()}
@@ -570,4 +592,4 @@ def check_args(args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, args=sweep_argv(Args)))

@@ -6,7 +6,8 @@ Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in t
     python leanrl/sac_continuous_action_cpu.py  # the benchmark run
     python leanrl/sac_continuous_action_cpu.py --env-id Pendulum-v1 --total-timesteps 10000
 
-It trains on the CPU, on one intra-op thread unless `--threads` says more (docs/performance.md).
+It trains on the CPU, on the intra-op threads it measures fastest unless `--threads` fixes them
+(docs/performance.md); `--bf16` computes the updates in bfloat16 on a CPU that has it.
 What changes from the twin:
 - each update is a function of the parameters (`torch.func.grad_and_value`, Adam written out),
   compiled whole: autograd's `backward` and an optimizer's `step` would split the graph;

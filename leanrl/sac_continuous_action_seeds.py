@@ -7,14 +7,19 @@ member.
     python leanrl/sac_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
         --total-timesteps 10000
     python leanrl/sac_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+    python leanrl/sac_continuous_action_seeds.py --env-id Pendulum-v1 --total-timesteps 10000 \
+        --num-seeds 2 --q-lr 3e-4 1e-3 --autotune True False  # a sweep: 4 settings x 2 seeds
 
 Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
-seeds, its own targets, alpha, Adam state, replay buffer and random draws. `make_learner` writes one
+seeds, its own targets, alpha, Adam state, replay buffer and random draws. A flag that takes several
+values (`--gamma`, `--tau`, `--policy-lr`, `--q-lr`, `--alpha`, `--autotune`) makes a sweep: each
+setting of their grid is trained by `--num-seeds` members, with the same seeds, and the run ends
+with a table of the settings, best first (docs/usage.md, "Sweeps"). `make_learner` writes one
 member's functions as the CPU script does, then one block vmaps them over a leading seeds axis of
-the stacked parameters (`diff` the two files). Each step is one call for all members: one vector
-env of N x `--num-envs` envs (member k's the k-th slice), one buffer write and sample, the policy
-and each update vmapped. A member whose loss or weights turn non-finite is left out, and the others
-go on. The SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds scripts".
+the stacked parameters (`diff` the two files). Each step is one call for all members: one vector env
+of N x `--num-envs` envs (member k's the k-th slice), one buffer write and sample, the policy and
+each update vmapped. A member whose loss or weights turn non-finite is left out, and the others go
+on. The SUMMARY, model files and `--resume`, per member: docs/usage.md, "The seeds scripts".
 """
 
 import math
@@ -37,7 +42,11 @@ from runs import (
     finished_member_episodes,
     flat,
     make_envs,
+    member_values,
+    member_view,
     per_member,
+    settings,
+    sweep_argv,
     true_next_obs,
 )
 from tensordict import from_modules
@@ -48,7 +57,7 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 @dataclass
 class Args(CudaFlags, ThreadFlags):
     num_seeds: int = 8
-    """the number of independent runs (members) trained together"""
+    """the number of independent runs (members) trained together; in a sweep, of each setting"""
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -57,25 +66,25 @@ class Args(CudaFlags, ThreadFlags):
     """the number of parallel environments of each member"""
     buffer_size: int = 1_000_000
     """the replay memory buffer size of each member, in transitions"""
-    gamma: float = 0.99
+    gamma: tuple[float, ...] = (0.99,)
     """the discount factor gamma"""
-    tau: float = 0.005
+    tau: tuple[float, ...] = (0.005,)
     """target smoothing coefficient"""
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
     learning_starts: int = 5_000
     """environment steps of random actions before learning starts"""
-    policy_lr: float = 3e-4
+    policy_lr: tuple[float, ...] = (3e-4,)
     """the learning rate of the policy network optimizer"""
-    q_lr: float = 1e-3
+    q_lr: tuple[float, ...] = (1e-3,)
     """the learning rate of the Q network optimizer"""
     policy_frequency: int = 2
     """every `policy_frequency` steps, `policy_frequency` policy updates (delayed, as CleanRL)"""
     target_network_frequency: int = 1
     """the frequency of updates for the target networks, in gradient steps"""
-    alpha: float = 0.2
+    alpha: tuple[float, ...] = (0.2,)
     """the entropy coefficient without autotune (autotune starts it at 1, as CleanRL)"""
-    autotune: bool = True
+    autotune: tuple[bool, ...] = (True,)
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = True
@@ -223,7 +232,7 @@ class Adam:
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+            param.sub_(member_view(self.lr, param) * (exp_avg / bias_correction1) / denom)
 
     def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
         powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
@@ -258,17 +267,17 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     ensemble_qf = make_ensemble_qf(n_obs, n_act)
     q_params = dict(qnet_params.flatten_keys(".").items())
     q_target = dict(qnet_target.flatten_keys(".").items())
-    q_optimizer = Adam(q_params, args.q_lr)
-    actor_optimizer = Adam(actor_params, args.policy_lr)
+    # each member's hyperparameters, [num_members] (a sweep's settings, each `--num-seeds` times)
+    hp = member_values(args, len(seeds), device)
+    q_optimizer = Adam(q_params, hp["q_lr"])
+    actor_optimizer = Adam(actor_params, hp["policy_lr"])
 
     # automatic entropy tuning starts at alpha = 1
     target_entropy = -float(n_act)
-    log_alpha = torch.full(
-        (len(seeds),), 0.0 if args.autotune else math.log(args.alpha), device=device
-    )
+    log_alpha = torch.where(hp["autotune"], 0.0, hp["alpha"].log())
     alpha = log_alpha.exp()  # updated in place
     alpha_params = {"log_alpha": log_alpha}
-    alpha_optimizer = Adam(alpha_params, args.q_lr)
+    alpha_optimizer = Adam(alpha_params, hp["q_lr"])
 
     # `actor`, the last member's, is a shell: its buffers (the action bounds) serve every member
     def get_action(actor_params, obs):  # the actor as a function of its parameters
@@ -276,13 +285,13 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
         return sample_action(mean, log_std, actor.action_scale, actor.action_bias)
 
     # the gradients, functions of all they read (the seeds script vmaps them)
-    def critic_grads(q_params, actor_params, q_target, alpha, data):
+    def critic_grads(q_params, actor_params, q_target, alpha, data, gamma):
         with torch.no_grad():
             next_actions, next_log_pi, _ = get_action(actor_params, data["next_obs"])
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values - alpha * next_log_pi
             not_done = 1 - data["terminations"]
-            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
+            next_q_value = data["rewards"] + not_done * gamma * min_qf_next_target.view(-1)
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
@@ -321,7 +330,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     # ---- end of the N seeds block ----
 
     def update_critic(data):
-        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
+        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data, hp["gamma"])
         q_optimizer.step(grads)
         return qf_loss
 
@@ -329,15 +338,19 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
         grads, actor_loss = actor_grads(actor_params, q_params, alpha, data)
         actor_optimizer.step(grads)
         alpha_loss = torch.zeros_like(alpha)
-        if args.autotune:
+        if any(setting.autotune for setting in settings(args)):
             grads, alpha_loss = alpha_grads(alpha_params, actor_params, data)
+            # a member with a fixed alpha: no gradient, so Adam's step leaves its log alpha
+            grads = {"log_alpha": grads["log_alpha"] * hp["autotune"]}
+            alpha_loss = alpha_loss * hp["autotune"]
             alpha_optimizer.step(grads)
             alpha.copy_(log_alpha.exp())
         return actor_loss, alpha_loss
 
     def update_targets():
         # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves
-        qnet_target.lerp_(qnet_params.data, args.tau)
+        for name, target in q_target.items():
+            target.lerp_(q_params[name], member_view(hp["tau"], target))
 
     return SimpleNamespace(
         policy=policy,
@@ -350,6 +363,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
         alpha_optimizer=alpha_optimizer,
         log_alpha=log_alpha,
         alpha=alpha,
+        hp=hp,
         update_critic=update_critic,
         update_actor=update_actor,
         update_targets=update_targets,
@@ -357,8 +371,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
 
 
 def main(args):
-    check_args(args)
-    run = SeedsRun(args, "sac_continuous_action_seeds")  # runs.py: folder, seeds, threads, ...
+    for setting in settings(args):  # each point of a sweep, as a single run's flags
+        check_args(setting)
+    run = SeedsRun(args, "sac_continuous_action_seeds")  # runs.py: folder, seeds, sweep, ...
+    members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)
     n_obs = int(np.prod(probe.single_observation_space.shape))
@@ -368,10 +384,10 @@ def main(args):
     n_act = int(np.prod(space.shape))
     probe.close()
     # float32 columns
-    check_memory(args.num_seeds, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
+    check_memory(members, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
     videos = None if args.eval_model else run.videos
-    # member k's envs are the k-th slice, seeded as the CPU script's with `--seed seeds[k]`
-    envs = make_envs(args.env_id, args.num_envs * args.num_seeds, args.seed, videos)
+    # member k's envs are the k-th slice
+    envs = make_envs(args.env_id, args.num_envs * members, args.seed, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, n_obs, n_act, space.low, space.high, run.seeds, device)
     actor = learner.actor
@@ -387,7 +403,7 @@ def main(args):
 
     if args.eval_model:  # the saved actor as every member
         envs.close()
-        models = [run.saved_model] * args.num_seeds
+        models = [run.saved_model] * members
         return run.finish(device, models, evaluate_actor)
     if args.compile:
         learner.policy = torch.compile(learner.policy, fullgraph=True)
@@ -400,8 +416,9 @@ def main(args):
         learner.update_critic = CudaGraphModule(learner.update_critic, warmup=warmup)
         learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
 
-    rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
-    obs, _ = envs.reset(seed=args.seed)  # env i: seed + i, as in make_envs
+    rb = ReplayBuffer(members, args.buffer_size, n_obs, n_act, device)
+    # member k's env i seeded as the CPU script's with `--seed seeds[k]`: seeds[k] + i
+    obs, _ = envs.reset(seed=run.env_seeds)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         return dict(learner=learner, rb=rb, envs=(envs, obs))
@@ -419,12 +436,12 @@ def main(args):
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), args.num_seeds)
+            member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), members)
             actions = flat(learner.policy(member_obs.to(device))[0].cpu().numpy())
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_member_episodes(infos, args.num_seeds))
+        run.log_episodes(global_step, finished_member_episodes(infos, members))
 
         # store: a truncated episode bootstraps from its true last observation
         real_next_obs = true_next_obs(next_obs, infos)
@@ -457,7 +474,7 @@ def main(args):
     buffers = dict(actor.named_buffers())
     models = [
         {name: p[k].clone() for name, p in learner.actor_params.items()} | buffers
-        for k in range(args.num_seeds)
+        for k in range(members)
     ]
     envs.close()
     run.finish(device, models, evaluate_actor)
@@ -481,4 +498,4 @@ def check_args(args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, args=sweep_argv(Args)))

@@ -13,7 +13,8 @@ on. Each update compiles as one graph, from the forward pass to the Adam step: i
 of the parameters, with `torch.func` gradients and Adam written out, since `backward` and an
 optimizer's `step` would split the graph. Acting runs in numpy on views of the actor's weights,
 and the replay buffer is written through numpy views: at batch 1, numpy dispatches faster than
-torch. One intra-op thread by default (docs/performance.md).
+torch. The intra-op threads are chosen by measurement unless `--threads` fixes them
+(docs/performance.md); `--bf16` computes the updates in bfloat16 on a CPU that has it.
 """
 
 from dataclasses import dataclass
@@ -25,13 +26,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import Run, ThreadFlags, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from tensordict import TensorDict, from_modules
 from torch.func import functional_call, grad_and_value
 
 
 @dataclass
-class Args(ThreadFlags):
+class Args(CPUFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -241,13 +242,18 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
         return grad_and_value(actor_loss_fn)(actor_params)
 
+    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+
     def update_critic(data):
-        grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data)
+        with autocast:
+            grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data)
         q_optimizer.step(grads)
         return qf_loss
 
     def update_actor(data):
-        grads, actor_loss = actor_grads(actor_params, q_params, data["obs"])
+        with autocast:
+            grads, actor_loss = actor_grads(actor_params, q_params, data["obs"])
         actor_optimizer.step(grads)
         return actor_loss
 

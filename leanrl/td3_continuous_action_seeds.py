@@ -8,15 +8,20 @@ member.
     python leanrl/td3_continuous_action_seeds.py --num-seeds 3 --env-id Pendulum-v1 \
         --total-timesteps 10000 --learning-starts 1000
     python leanrl/td3_continuous_action_seeds.py --compile --cudagraphs  # on CUDA
+    python leanrl/td3_continuous_action_seeds.py --env-id Pendulum-v1 --total-timesteps 10000 \
+        --learning-starts 1000 --num-seeds 2 --learning-rate 3e-4 1e-3  # a sweep: 2 x 2 seeds
 
 Member k is the CPU script with `--seed seed + k * num_envs`: the same initial weights and env
 seeds, its own target networks, Adam state, replay buffer and random draws (exploration and target
-policy noise). `make_learner` writes one member's functions as the CPU script does, then one block
-vmaps them over a leading seeds axis of the stacked parameters (`diff` the two files). Each step is
-one call for all members: one vector env of N x `--num-envs` envs (member k's the k-th slice), one
-buffer write and sample, the policy and each update vmapped. A member whose loss or weights turn
-non-finite is left out, and the others go on. The SUMMARY, model files and `--resume`, per member:
-docs/usage.md, "The seeds scripts".
+policy noise). A flag that takes several values (`--learning-rate`, `--gamma`, `--tau`,
+`--policy-noise`, `--exploration-noise`, `--noise-clip`) makes a sweep: each setting of their grid
+is trained by `--num-seeds` members, with the same seeds, and the run ends with a table of the
+settings, best first (docs/usage.md, "Sweeps"). `make_learner` writes one member's functions as the
+CPU script does, then one block vmaps them over a leading seeds axis of the stacked parameters
+(`diff` the two files). Each step is one call for all members: one vector env of N x `--num-envs`
+envs (member k's the k-th slice), one buffer write and sample, the policy and each update vmapped. A
+member whose loss or weights turn non-finite is left out, and the others go on. The SUMMARY, model
+files and `--resume`, per member: docs/usage.md, "The seeds scripts".
 """
 
 from dataclasses import dataclass
@@ -38,10 +43,14 @@ from runs import (
     finished_member_episodes,
     flat,
     make_envs,
+    member_values,
+    member_view,
     per_member,
+    settings,
+    sweep_argv,
     true_next_obs,
 )
-from tensordict import TensorDict, from_modules
+from tensordict import from_modules
 from tensordict.nn import CudaGraphModule
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
@@ -49,32 +58,32 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 @dataclass
 class Args(CudaFlags, ThreadFlags):
     num_seeds: int = 8
-    """the number of independent runs (members) trained together"""
+    """the number of independent runs (members) trained together; in a sweep, of each setting"""
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
     """environment steps of each member"""
     num_envs: int = 1
     """the number of parallel environments of each member"""
-    learning_rate: float = 3e-4
+    learning_rate: tuple[float, ...] = (3e-4,)
     """the learning rate of both optimizers"""
     buffer_size: int = 1_000_000
     """the replay memory buffer size of each member, in transitions"""
-    gamma: float = 0.99
+    gamma: tuple[float, ...] = (0.99,)
     """the discount factor gamma"""
-    tau: float = 0.005
+    tau: tuple[float, ...] = (0.005,)
     """target smoothing coefficient"""
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
-    policy_noise: float = 0.2
+    policy_noise: tuple[float, ...] = (0.2,)
     """the std of the target policy's smoothing noise, in half action ranges"""
-    exploration_noise: float = 0.1
+    exploration_noise: tuple[float, ...] = (0.1,)
     """the std of the acting policy's noise, in half action ranges"""
     learning_starts: int = 25_000
     """environment steps of random actions before learning starts"""
     policy_frequency: int = 2
     """one actor step and one target update every this many critic steps"""
-    noise_clip: float = 0.5
+    noise_clip: tuple[float, ...] = (0.5,)
     """the target policy's noise is clipped to [-noise_clip, noise_clip]"""
 
     compile: bool = True
@@ -184,7 +193,7 @@ class Adam:
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
+            param.sub_(member_view(self.lr, param) * (exp_avg / bias_correction1) / denom)
 
     def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
         powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
@@ -221,14 +230,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     qnet_target = qnet_params.data.clone()
     # Adam steps the stacks in place: the policy and the updates see each step
     q_params = dict(qnet_params.flatten_keys(".").items())
-    q_optimizer = Adam(q_params, args.learning_rate)
+    # each member's hyperparameters, [num_members] (a sweep's settings, each `--num-seeds` times)
+    hp = member_values(args, len(seeds), device)
+    q_optimizer = Adam(q_params, hp["learning_rate"])
     actor_params = {name: p.detach() for name, p in stack_module_state(actors)[0].items()}
-    actor_optimizer = Adam(actor_params, args.learning_rate)
+    actor_optimizer = Adam(actor_params, hp["learning_rate"])
     q_target = dict(qnet_target.flatten_keys(".").items())
     actor_target_params = stack_module_state(actor_targets)[0]
     actor_target_params = {name: p.detach() for name, p in actor_target_params.items()}
-    # the same tensors
-    actor_weights, actor_target_weights = TensorDict(actor_params), TensorDict(actor_target_params)
     # a weightless shell called on the parameters it is given, and vmapped over the stack
     qnet = QNetwork(n_obs, n_act, device="meta")
 
@@ -238,17 +247,17 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     ensemble_qf = torch.vmap(qf, (0, None, None))
 
     # the gradients, functions of all they read (the seeds script vmaps them)
-    def critic_grads(q_params, actor_target_params, q_target, data):
+    def critic_grads(q_params, actor_target_params, q_target, data, hp):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action, in half action ranges
-            noise = torch.randn_like(data["actions"]) * args.policy_noise
-            noise = noise.clamp(-args.noise_clip, args.noise_clip)
+            noise = torch.randn_like(data["actions"]) * hp["policy_noise"]
+            noise = noise.clamp(-hp["noise_clip"], hp["noise_clip"])
             next_actions = functional_call(actor, actor_target_params, (data["next_obs"],))
             next_actions = actor.clip(next_actions + noise * actor.action_scale)
             qf_next_target = ensemble_qf(q_target, data["next_obs"], next_actions)
             min_qf_next_target = qf_next_target.min(0).values
             not_done = 1 - data["terminations"]
-            next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
+            next_q_value = data["rewards"] + not_done * hp["gamma"] * min_qf_next_target.view(-1)
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
@@ -271,18 +280,19 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     critic_grads = vmap(critic_grads, randomness="different")
     actor_grads = vmap(actor_grads)
 
-    def get_action(actor_params, obs):  # one member's action plus Gaussian noise, clipped
+    def get_action(actor_params, obs, noise_std):  # one member's action plus noise, clipped
         actions = functional_call(actor, actor_params, (obs,))
-        actions = actions + torch.randn_like(actions) * actor.action_scale * args.exploration_noise
+        actions = actions + torch.randn_like(actions) * actor.action_scale * noise_std
         return actor.clip(actions)
 
     def policy(obs):  # every member's envs at once: [num_seeds, num_envs, n_obs]
-        return vmap(get_action, randomness="different")(actor_params, obs)
+        noise_std = hp["exploration_noise"]
+        return vmap(get_action, randomness="different")(actor_params, obs, noise_std)
 
     # ---- end of the N seeds block ----
 
     def update_critic(data):
-        grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data)
+        grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data, hp)
         q_optimizer.step(grads)
         return qf_loss
 
@@ -292,9 +302,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
         return actor_loss
 
     def update_targets():
-        # soft update, one in-place lerp per TensorDict: target + tau * (params - target)
-        actor_target_weights.lerp_(actor_weights, args.tau)
-        qnet_target.lerp_(qnet_params.data, args.tau)
+        # soft update, in place: target + tau * (params - target), each member its own tau
+        for targets, params in ((actor_target_params, actor_params), (q_target, q_params)):
+            for name, target in targets.items():
+                target.lerp_(params[name], member_view(hp["tau"], target))
 
     return SimpleNamespace(
         policy=policy,
@@ -305,6 +316,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
         qnet_target=qnet_target,
         q_optimizer=q_optimizer,
         actor_optimizer=actor_optimizer,
+        hp=hp,
         update_critic=update_critic,
         update_actor=update_actor,
         update_targets=update_targets,
@@ -312,8 +324,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
 
 
 def main(args):
-    check_args(args)
-    run = SeedsRun(args, "td3_continuous_action_seeds")  # runs.py: folder, seeds, threads, ...
+    for setting in settings(args):  # each point of a sweep, as a single run's flags
+        check_args(setting)
+    run = SeedsRun(args, "td3_continuous_action_seeds")  # runs.py: folder, seeds, sweep, ...
+    members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)
     n_obs = int(np.prod(probe.single_observation_space.shape))
@@ -323,10 +337,10 @@ def main(args):
     n_act = int(np.prod(space.shape))
     probe.close()
     # float32 columns
-    check_memory(args.num_seeds, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
+    check_memory(members, args.buffer_size * (2 * n_obs + n_act + 2) * 4, "replay buffers")
     videos = None if args.eval_model else run.videos
-    # member k's envs are the k-th slice, seeded as the CPU script's with `--seed seeds[k]`
-    envs = make_envs(args.env_id, args.num_envs * args.num_seeds, args.seed, videos)
+    # member k's envs are the k-th slice
+    envs = make_envs(args.env_id, args.num_envs * members, args.seed, videos)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, n_obs, n_act, space.low, space.high, run.seeds, device)
     actor = learner.actor
@@ -339,7 +353,7 @@ def main(args):
 
     if args.eval_model:  # the saved actor as every member
         envs.close()
-        models = [run.saved_model] * args.num_seeds
+        models = [run.saved_model] * members
         return run.finish(device, models, evaluate_actor)
 
     if args.compile:  # acting, and each update as one graph, forward pass to Adam step
@@ -353,8 +367,9 @@ def main(args):
         learner.update_critic = CudaGraphModule(learner.update_critic, warmup=warmup)
         learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
 
-    rb = ReplayBuffer(args.num_seeds, args.buffer_size, n_obs, n_act, device)
-    obs, _ = envs.reset(seed=args.seed)  # env i: seed + i, as in make_envs
+    rb = ReplayBuffer(members, args.buffer_size, n_obs, n_act, device)
+    # member k's env i seeded as the CPU script's with `--seed seeds[k]`: seeds[k] + i
+    obs, _ = envs.reset(seed=run.env_seeds)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
         return dict(learner=learner, rb=rb, envs=(envs, obs))
@@ -371,12 +386,12 @@ def main(args):
         if iteration < learning_starts:
             actions = envs.action_space.sample()
         else:
-            member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), args.num_seeds)
+            member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), members)
             actions = flat(learner.policy(member_obs.to(device)).cpu().numpy())
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_member_episodes(infos, args.num_seeds))
+        run.log_episodes(global_step, finished_member_episodes(infos, members))
 
         # store: a truncated episode bootstraps from its true last observation
         real_next_obs = true_next_obs(next_obs, infos)
@@ -406,7 +421,7 @@ def main(args):
     buffers = dict(actor.named_buffers())
     models = [
         {name: p[k].clone() for name, p in learner.actor_params.items()} | buffers
-        for k in range(args.num_seeds)
+        for k in range(members)
     ]
     envs.close()
     run.finish(device, models, evaluate_actor)
@@ -431,4 +446,4 @@ def check_args(args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(tyro.cli(Args, args=sweep_argv(Args)))

@@ -101,10 +101,10 @@ def summary(proc, returncode=0):
 def assert_curve(result):
     """The SUMMARY's `curve` has one [global_step, seconds, return] per counted episode, in the
     order of both steps and seconds, within the run's steps and wall time. A seeds script's
-    `curves` hold one such curve per member (its `num_seeds` members), together one point per
-    counted episode."""
+    `curves` hold one such curve per member (its `seeds`: `num_seeds` of each setting of a sweep),
+    together one point per counted episode."""
     curves = result["curves"] if "num_seeds" in result else [result["curve"]]
-    assert len(curves) == result.get("num_seeds", 1)
+    assert len(curves) == len(result.get("seeds", [result["seed"]]))
     points = sum(map(len, curves))
     assert points == result["episodes"], f"{points} curve points for {result['episodes']} episodes"
     for curve in curves:
@@ -144,9 +144,8 @@ def assert_seeds_smoke_summary(s, script, actor):
         [1, 2],
         420,
     )
-    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu") and s[
-        "threads"
-    ] in (1, 2)
+    assert (s["compile"], s["cudagraphs"], s["device"]) == (False, False, "cpu")
+    assert_measured_threads(s)
     assert s["sps_wall"] == pytest.approx(2 * 420 / s["wall_s"], rel=0.01) and s["sps"] > 0
     assert s["episodes"] == 4 and [len(curve) for curve in s["curves"]] == [2, 2]
     assert all(-2000 < mean < 0 for mean in s["return_means"])
@@ -160,6 +159,17 @@ def assert_seeds_smoke_summary(s, script, actor):
     assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (script, 2, 2)
     expected = {name: value.shape for name, value in actor.state_dict().items()}
     assert {name: value.shape for name, value in saved["model"].items()} == expected
+
+
+def assert_measured_threads(s):
+    """The SUMMARY of a run that left its threads to measurement (no `--threads`): it ended on one
+    thread or on every core it may use (a trial's turn, or a trial's choice), and each trial chose
+    one of the two from the times it measured."""
+    counts = {1, len(os.sched_getaffinity(0))}
+    assert s["threads"] in counts, s["threads"]
+    for trial in s["thread_trials"]:
+        assert {int(n) for n in trial["ms"]} == counts
+        assert trial["threads"] == int(min(trial["ms"], key=trial["ms"].get))
 
 
 def assert_user_error(proc, *words):
@@ -418,6 +428,7 @@ def train(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    threads = torch.get_num_threads()  # a run sets its own (runs.Run); the next test gets these
     originals = {}  # the methods before this fixture counted their calls
 
     def run(script, *flags, stop_at=None, counted=None, directory=SCRIPTS):
@@ -442,6 +453,7 @@ def train(tmp_path, monkeypatch):
         finally:
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
+            torch.set_num_threads(threads)
 
     return run
 

@@ -19,7 +19,15 @@ from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import before_after, breakdown, replay_sampling, scaling, seeds, threads
+from benchmarks.studies import (
+    before_after,
+    breakdown,
+    replay_sampling,
+    scaling,
+    seeds,
+    sweeps,
+    threads,
+)
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -694,8 +702,8 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
 # ---------------------------
 
 # A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a
-# seeds run (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs
-# builds N x num_envs fake envs
+# seeds run (`--num-seeds N --threads T`; without `--threads` it "measures" and takes 2) and 600 for
+# a single-seed run; imported, its make_envs builds N x num_envs fake envs
 FAKE_SEEDS_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
@@ -742,8 +750,9 @@ def make_envs(env_id, num_envs, seed, num_seeds):
 if __name__ == "__main__":
     argv = sys.argv[1:]
     members = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
-    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 1
+    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 2
     summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
+    summary["threads"] = threads
     path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
     path.write_text(json.dumps(summary))
     print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
@@ -879,6 +888,32 @@ def test_threads_rows_are_medians_and_their_ratio():
     )
 
 
+def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch):
+    """benchmarks.studies.threads with fake DQN scripts (the seeds one at 1000 x 2 members x
+    threads, its default "measuring" 2): in each condition, every script runs at its default and
+    with --threads 1 and 2; a row's default / best fixed and the counts the default ended on."""
+    (tmp_path / "leanrl").mkdir()
+    for name in ("dqn_cpu", "dqn_seeds"):
+        (tmp_path / "leanrl" / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
+    monkeypatch.setattr(threads, "ROOT", tmp_path)
+    assert threads.command("dqn_cpu", ["--x", "1"], "default")[2:] == ["--x", "1"]
+    results, chosen = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path)
+    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000], 2: [4000]}
+    assert results["idle"]["dqn_cpu"] == {"default": [600], 1: [600], 2: [600]}
+    assert chosen["idle"] == {"dqn_cpu": [2], "dqn_seeds": [2]}
+    results["idle"]["dqn_seeds"]["default"] = [3000.0]
+    table = threads.rows(results, chosen)
+    assert [(r["condition"], r["script"], r["vs_best"]) for r in table] == [
+        ("idle", "dqn_cpu", 1.0),
+        ("idle", "dqn_seeds", 0.75),
+        ("one core busy", "dqn_cpu", 1.0),
+        ("one core busy", "dqn_seeds", 1.0),
+    ]
+    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
+    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=table))
+    assert "| idle | dqn_seeds | 2000 | 4000 | 2.00x | 3000 | 0.75x | 2 |" in md
+
+
 def test_replay_sampling_draws_the_scripts_batches_both_ways():
     """benchmarks.studies.replay_sampling on a tiny buffer: the seeds script's `sample` and the
     TensorDict's `storage[members, idx]` give equal batches from the same draw, and the table has a
@@ -916,3 +951,62 @@ def test_before_after_runs_each_variant_from_both_folders_and_gives_the_ratios(t
     assert rows["compile"]["before"] == rows["compile"]["after"] == 400
     assert len(calls(before)) == len(calls(after)) == 8
     assert "| sac | eager | 110 | 220 | 2.00x |" in json_path.with_suffix(".md").read_text()
+
+
+# --- benchmarks.studies.sweeps: a sweep in one process against its settings' single runs
+# ---------------------------
+
+# A fake seeds or single-seed script: its final return is 1000 x the learning rate (+ the seed in a
+# single run, which the ranking averages away), its sps 1000 a member
+FAKE_SWEEP_SCRIPT = """
+import itertools, json, sys
+from pathlib import Path
+
+argv = sys.argv[1:]
+start = argv.index("--learning-rate") + 1 if "--learning-rate" in argv else len(argv)
+rates = [float(v) for v in itertools.takewhile(lambda v: v[0] != "-", argv[start:])] or [2.5e-4]
+seeds = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
+seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 1
+name = argv[argv.index("--exp-name") + 1]
+summary = dict(sps=1000.0 * (seeds or 1) * len(rates), return_mean=1000 * rates[0] + seed)
+summary["settings"] = [dict(learning_rate=r, return_mean=1000 * r) for r in rates]
+path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{name}-{seed}.json")
+path.write_text(json.dumps(summary | dict(argv=argv)))
+print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
+"""
+
+
+def test_sweeps_study_compares_a_sweep_with_its_runs_and_writes_its_results(tmp_path, capsys):
+    """With fake scripts: a sweep of 3 learning rates x 2 seeds in one process, a seeds run of its
+    6 members unswept, and the 6 single runs 2 at a time, each under the quick budget with its
+    own experiment name; the settings ranked alike (Spearman 1, the same best), the table, its
+    JSON and plot."""
+    dqn = seeds.ALGOS[0]
+    for name in (dqn.script, dqn.single):
+        (tmp_path / f"{name}.py").write_text(FAKE_SWEEP_SCRIPT)
+    out = tmp_path / "out"
+    argv = ["--quick", "--values", "3e-4", "1e-3", "1e-4", "--scripts-dir", str(tmp_path)]
+    assert sweeps.main([*argv, "--out-dir", str(out), "--no-compile"]) == 0
+    (json_path,) = out.glob("sweeps-*.json")
+    table = json.loads(json_path.read_text())["table"]
+    assert table["sweep_means"] == pytest.approx([0.3, 1.0, 0.1])
+    assert table["run_means"] == pytest.approx([1.8, 2.5, 1.6])  # + seeds 1 and 2, averaged
+    assert table["spearman"] == pytest.approx(1.0) and table["same_best"] is True
+    assert table["sweep_vs_seeds"] == 1.0
+    sweep, runs = table["summaries"]["sweep"], table["summaries"]["runs"]
+    budget = [*dqn.quick, "--no-compile"]
+    rates = ["--learning-rate", "0.0003", "0.001", "0.0001"]
+    assert sweep["argv"] == [*budget, "--exp-name", "sweep", "--num-seeds", "2", *rates]
+    assert [run["argv"][len(budget) :] for run in runs[:2]] == [
+        ["--seed", str(seed), "--learning-rate", "0.0003", "--exp-name", "0.0003"]
+        for seed in (1, 2)
+    ]
+    assert len(runs) == 6 and "| 0.001 | 1.0 | 2.5 |" in capsys.readouterr().out
+    assert (out / json_path.name.replace(".json", ".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweeps_rank_correlation_is_spearmans():
+    assert sweeps.ranks([3.0, 1.0, 2.0, 1.0]) == [4.0, 1.5, 3.0, 1.5]
+    assert sweeps.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
+    assert sweeps.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert sweeps.spearman([1, 1, 1], [1, 2, 3]) is None

@@ -9,6 +9,8 @@ Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test (t
 once) and the learning check. The rest run in a few seconds each.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -22,34 +24,39 @@ CPU = torch.device("cpu")
 SMOKE = ("--total-timesteps", 3000, "--learning-starts", 1000, "--target-network-frequency", 500)
 
 
-def stacked_batches(seed):
+def stacked_batches(seed, members=3):
     """A batch per member (test_dqn's batches, a different one for each) and the same batches
     stacked on a seeds axis, as the seeds update takes them."""
-    batches = [make_batch(seed=10 * seed + k) for k in range(len(SEEDS))]
+    batches = [make_batch(seed=10 * seed + k) for k in range(members)]
     return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0]}
 
 
-def build_seeds_update(**flags):
-    """The seeds script's update for the members SEEDS, from their initial weights, with target
+# a sweep of every flag of the update, two values each: 8 settings, a member each
+SWEEP = dict(learning_rate=(2.5e-4, 3e-3), gamma=(0.99, 0.5), tau=(1.0, 0.3))
+SWEEP_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def build_seeds_update(seeds=SEEDS, **flags):
+    """The seeds script's update for the members `seeds`, from their initial weights, with target
     networks that differ from the online ones (the first layer 0.9x); returns it with the stacked
     parameters and target parameters (and the learner they are fields of)."""
     mod = load_script("dqn_seeds")
-    learner = mod.make_learner(mod.Args(num_seeds=len(SEEDS), **flags), 4, 2, SEEDS, CPU)
+    learner = mod.make_learner(mod.Args(num_seeds=1, **flags), 4, 2, seeds, CPU)
     learner.target_params["network.0.weight"].mul_(0.9)
     return learner.update, learner.params, learner.target_params, learner
 
 
-def build_cpu_update(params, target_params, member):
-    """dqn_cpu.py's update on copies of member `member`'s parameters and target parameters (a fresh
-    Adam, as the seeds update's)."""
+def build_cpu_update(params, target_params, member, setting):
+    """dqn_cpu.py's update and target update with the flags of `setting`, on copies of member
+    `member`'s parameters and target parameters (a fresh Adam, as the seeds update's)."""
     mod = load_script("dqn_cpu")
-    learner = mod.make_learner(mod.Args(), 4, 2)
+    learner = mod.make_learner(mod.Args(**{flag: getattr(setting, flag) for flag in SWEEP}), 4, 2)
     # in place: Adam's parameters are the network's tensors
     learner.q_network.load_state_dict({name: param[member] for name, param in params.items()})
     learner.target_network.load_state_dict(
         {name: param[member] for name, param in target_params.items()}
     )
-    return learner.update, learner.q_network
+    return learner.update, learner.q_network, learner.update_target, learner.target_network
 
 
 def test_each_member_starts_from_the_weights_of_the_single_seed_script_with_its_seed():
@@ -72,44 +79,53 @@ def test_each_member_starts_from_the_weights_of_the_single_seed_script_with_its_
 
 
 def test_each_members_update_is_the_single_seed_update_on_its_inputs_eager_and_compiled():
-    """Four steps on fresh batches: the seeds update (N=3), eagerly and compiled as main compiles
-    it on a CPU, against dqn_cpu.py's update on each member's own parameters, target network,
-    Adam state and batch. Member k's losses and mean Qs agree within 1e-5 (relative) and its
-    parameters within 1e-6 (absolute; an Adam step moves them by ~lr = 2.5e-4; the vmapped
-    update multiplies in batched matmuls, whose sums round in another order). From the third
-    call on, the compiled update compiles nothing new."""
-    seeds_update, params, target_params, _ = build_seeds_update()
-    compiled_update, compiled_params, _, _ = build_seeds_update()
-    compiled_update = torch.compile(compiled_update, fullgraph=True, options={"cpp_wrapper": True})
-    singles = [build_cpu_update(params, target_params, member) for member in range(len(SEEDS))]
+    """Four steps on fresh batches, each followed by a target update: the seeds update of a sweep
+    (SWEEP: 8 settings of the learning rate, gamma and tau, a member each), eagerly and compiled as
+    main compiles it on a CPU, against dqn_cpu.py's update with each member's flags on its own
+    parameters, target network, Adam state and batch. Member k's losses and mean Qs agree within
+    1e-5 (relative) and its parameters and targets within 1e-6 (absolute; an Adam step moves them
+    by ~lr, 2.5e-4 or 3e-3; the vmapped update multiplies in batched matmuls, whose sums round in
+    another order). From the third call on, the compiled update compiles nothing new."""
+    seeds = [build_seeds_update(SWEEP_SEEDS, **SWEEP) for _ in range(2)]
+    (_, params, target_params, learner), compiled = seeds
+    options = {"cpp_wrapper": True}
+    seeds[1] = (torch.compile(compiled[0], fullgraph=True, options=options), *compiled[1:])
+    settings = load_script("dqn_seeds").settings(load_script("dqn_seeds").Args(**SWEEP))
+    singles = [build_cpu_update(params, target_params, k, s) for k, s in enumerate(settings)]
     start = {name: param.clone() for name, param in params.items()}
     for step in range(4):
         if step == 2:
             torch.compiler.set_stance("fail_on_recompile")
         try:
-            batches, stacked = stacked_batches(step)
-            expected = [single_update(batch) for (single_update, _), batch in zip(singles, batches)]
-            for update, stack in ((seeds_update, params), (compiled_update, compiled_params)):
+            batches, stacked = stacked_batches(step, len(SWEEP_SEEDS))
+            expected = []
+            for (single_update, _, update_target, _), batch in zip(singles, batches):
+                expected.append(single_update(batch))
+                update_target()
+            for update, stack, targets, seeds_learner in seeds:
                 losses, q_means = update(stacked)
-                assert losses.shape == q_means.shape == (len(SEEDS),)
-                for member, (_, q_network) in enumerate(singles):
+                seeds_learner.update_target()
+                assert losses.shape == q_means.shape == (len(SWEEP_SEEDS),)
+                for member, (_, q_network, _, target_network) in enumerate(singles):
                     for value, reference in zip(
                         (losses[member], q_means[member]), expected[member]
                     ):
                         torch.testing.assert_close(
                             value, reference, rtol=1e-5, atol=1e-7, msg=f"step {step}"
                         )
-                    for name, reference in q_network.state_dict().items():
-                        torch.testing.assert_close(
-                            stack[name][member], reference, rtol=0, atol=1e-6, msg=name
-                        )
+                    for stacked_params, network in ((stack, q_network), (targets, target_network)):
+                        for name, reference in network.state_dict().items():
+                            torch.testing.assert_close(
+                                stacked_params[name][member], reference, rtol=0, atol=1e-6
+                            )
         finally:
             torch.compiler.set_stance("default")
     assert all(
         not torch.equal(params[name][k], start[name][k])
         for name in params
-        for k in range(len(SEEDS))
+        for k in range(len(SWEEP_SEEDS))
     )
+    assert learner.hp["learning_rate"].tolist() == pytest.approx([2.5e-4] * 4 + [3e-3] * 4)
 
 
 def test_a_members_update_depends_on_its_own_batch_alone():
@@ -181,6 +197,40 @@ def test_host_policy_flips_a_coin_per_member(monkeypatch):
     epsilon = np.maximum(1.0 - 0.95 * steps / 1000, 0.05)
     np.testing.assert_array_equal(explored, epsilon[:, None] > np.array([0.1, 0.9, 0.5]))
     assert explored[:, 1].sum() == 14 and explored[:, 2].sum() == 66 and explored[:, 0].sum() == 119
+
+
+def test_a_sweeps_members_explore_on_their_own_schedules(monkeypatch):
+    """A sweep of the exploration schedule (2 values each of --start-e, --end-e and
+    --exploration-fraction: 8 members), every coin 0.5, 8 envs a call: the numpy policy explores
+    exactly while dqn_cpu.py's epsilon of the member's setting exceeds 0.5, and the torch policy's
+    epsilons (the schedule on the learner's tensors) exceed it then."""
+    mod, cpu = load_script("dqn_seeds"), load_script("dqn_cpu")
+    sweep = dict(start_e=(1.0, 0.8), end_e=(0.05, 0.6), exploration_fraction=(0.2, 1.0))
+    args = mod.Args(num_seeds=1, total_timesteps=1000, **sweep)
+    learner = mod.make_learner(args, 4, 2, list(range(8)), CPU)
+    hp = {key: value.numpy() for key, value in learner.hp.items()}
+    duration = hp["exploration_fraction"] * 1000
+    policy = mod.make_host_policy(
+        learner.params, 2, torch.zeros((), dtype=torch.long), hp["start_e"], hp["end_e"], duration
+    )
+    monkeypatch.setattr(mod.np.random, "random", lambda size: np.full(size, 0.5))
+    monkeypatch.setattr(mod.np.random, "randint", lambda high, size: np.full(size, -1))
+    obs = torch.zeros(8, 8, 4)
+    explored = np.array([(policy(obs).numpy() == -1).all(axis=1) for _ in range(150)])
+    expected = [
+        [
+            cpu.linear_schedule(s.start_e, s.end_e, s.exploration_fraction * 1000, t) > 0.5
+            for s in mod.settings(args)
+        ]
+        for t in 8 * np.arange(150)
+    ]
+    np.testing.assert_array_equal(explored, expected)
+    # end_e 0.6 never falls below the coin: 4 members explore throughout, the others each apart
+    assert len({tuple(column) for column in explored.T}) == 5
+    start_e, end_e, fraction = (learner.hp[k] for k in ("start_e", "end_e", "exploration_fraction"))
+    steps = 8 * torch.arange(150)
+    epsilons = [mod.linear_schedule(start_e, end_e, fraction * 1000, t) for t in steps]
+    assert np.array_equal(torch.stack(epsilons).numpy() > 0.5, expected)
 
 
 def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
@@ -364,6 +414,32 @@ def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
     )
 
 
+def test_a_sweep_reports_its_settings_and_saves_each_members_file(tmp_path):
+    """Two learning rates x one seed from the command line, eagerly: the summary gives each
+    member's flags and each setting's row, the run folder its table (sweep.md) and plot
+    (sweep.png), and each member's file, named by its setting, holds a single run's flags with its
+    own learning rate: dqn_cpu.py, given the member's seed, replays its evaluation."""
+    flags = ("--num-seeds", 1, *SMOKE, "--no-compile", "--save-model", "--eval-episodes", 1)
+    proc = run_script("dqn_seeds", *flags, "--learning-rate", 1e-3, 2.5e-4, cwd=tmp_path)
+    s = summary(proc)
+    assert s["seeds"] == [1, 1] and [h["learning_rate"] for h in s["hyperparameters"]] == [
+        1e-3,
+        2.5e-4,
+    ]
+    assert [(row["learning_rate"], row["members"]) for row in s["settings"]] == [
+        (1e-3, [0]),
+        (2.5e-4, [1]),
+    ]
+    folder = tmp_path / "runs" / Path(s["summary_file"]).parent.name
+    assert (folder / "sweep.md").read_text() in proc.stdout and (folder / "sweep.png").exists()
+    names = [Path(path).name for path in s["model_files"]]
+    assert names == ["dqn_seeds_setting0_seed1.pt", "dqn_seeds_setting1_seed1.pt"]
+    saved = torch.load(s["model_files"][1], weights_only=True)["args"]
+    assert (saved["learning_rate"], saved["seed"]) == (2.5e-4, 1)
+    flags = ("--seed", 1, "--eval-model", s["model_files"][1], "--eval-episodes", 1)
+    assert summary(run_script("dqn_cpu", *flags))["eval_returns"] == s["eval_returns"][1]
+
+
 # the other flag checks are dqn_cpu.py's (test_dqn.py)
 BAD_INPUTS = [
     (("--num-seeds", 0), ("--num-seeds",)),
@@ -371,6 +447,11 @@ BAD_INPUTS = [
     (("--num-seeds", 100_000, "--buffer-size", 1_000_000), ("--num-seeds", "GiB")),
     (("--cudagraphs",), ("--cudagraphs",)),
     (("--env-id", "Pendulum-v1"), ("--env-id", "Box")),
+    # a sweep: a flag that sizes tensors or times steps takes one value; a swept flag one or more
+    (("--batch-size", 32, 64), ("--batch-size takes one value", "shape", "--learning-rate")),
+    (("--train-frequency", 1, 2), ("--train-frequency takes one value",)),
+    (("--learning-rate",), ("--learning-rate needs a value",)),
+    (("--gamma", 0.9, 1.5), ("--gamma",)),
 ]
 
 

@@ -272,7 +272,18 @@ def field_strategies(module):
     generic = {
         name: GENERIC[type(value)] for name, value in defaults.items() if type(value) in GENERIC
     }
-    return known | {name: generic[name] for name in generic if name not in known}
+    fields = known | {name: generic[name] for name in generic if name not in known}
+    swept = [name for name in fields if isinstance(defaults[name], tuple)]  # a seeds script's
+    return fields | {name: tuple(map(sweep_values, fields[name])) for name in swept}
+
+
+def sweep_values(strategy):
+    """A sweep's flag (a seeds script's): one value of `strategy`, or two in 1 draw of 8."""
+    if strategy is None:
+        return None
+    if callable(strategy):  # a function of the values drawn before
+        return lambda values: sweep_values(strategy(values))
+    return rarely(strategy.map(lambda value: (value,)), st.tuples(strategy, strategy), 8)
 
 
 @st.composite
@@ -415,7 +426,7 @@ FOUND = {
     # one member diverged, the other went on: the summary's `diverged` holds the nan, as it should
     "sac_continuous_action_seeds": [
         "--env-id Pendulum-v1 --num-envs 2 --learning-starts 0 --total-timesteps 4 --batch-size 2 "
-        "--buffer-size 2 --policy-lr 1e12 --gamma 0 --tau 1 --policy-frequency 1 --no-autotune "
+        "--buffer-size 2 --policy-lr 1e12 --gamma 0 --tau 1 --policy-frequency 1 --autotune False "
         "--num-seeds 2 --no-compile",
     ],
     "ppo_continuous": [

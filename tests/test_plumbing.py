@@ -110,3 +110,41 @@ def test_the_flags_a_resumed_run_may_change_are_flags():
     assert free <= every_script | run_flags | fields(MODULE, "RunFlags")[0]
     for script in ALL_SCRIPTS:
         assert free_flags_of(script) <= flags_of(script), script
+
+
+def eager_of(script):
+    """The eager script a script's size is held to: its algorithm's (the recurrent and scaled-out
+    PPO scripts grow from PPO continuous's twin or sit beside it, so theirs is its eager one)."""
+    stem = script
+    for suffix in ("_torchcompile", "_cpu", "_seeds", "_distributed", "_ray", "_async"):
+        stem = stem.removesuffix(suffix)
+    return stem
+
+
+# The eager scripts' own caps, CleanRL's size x about 1.25 (CleanRL's SAC 12.9 KB, DQN 9.5 KB, PPO
+# continuous 13.6 KB), and the scripts held to a budget of their own above the rule of
+# `test_every_script_is_within_its_size_budget`, each with what it adds to its `_cpu` script or
+# twin: the seeds scripts their vmap block, GPU path and sweeps; Ray its runners and their cluster.
+EAGER_CAPS = {"sac_continuous_action": 16_000, "dqn": 12_000, "ppo_continuous_action": 17_000}
+OWN_BUDGETS = {
+    "dqn_seeds": 21_800,
+    "sac_continuous_action_seeds": 24_400,
+    "td3_continuous_action_seeds": 22_600,
+    "ppo_continuous_action_seeds": 30_400,
+    "ppo_continuous_action_ray": 29_000,
+}
+
+
+def test_every_script_is_within_its_size_budget():
+    """A `_torchcompile` twin at most its eager script + 20%, every other script + 60%."""
+    size = {script: len((SCRIPTS / f"{script}.py").read_bytes()) for script in ALL_SCRIPTS}
+    over = [f"{s}: {size[s]} bytes, cap {cap}" for s, cap in EAGER_CAPS.items() if size[s] > cap]
+    for script in ALL_SCRIPTS:
+        eager = eager_of(script)
+        if script == eager:
+            continue
+        factor = 1.2 if script.endswith("_torchcompile") else 1.6
+        budget = OWN_BUDGETS.get(script, factor * size[eager])
+        if size[script] > budget:
+            over.append(f"{script}: {size[script]} bytes, budget {budget:.0f} ({eager} x {factor})")
+    assert not over, "\n".join(over)

@@ -35,12 +35,12 @@ SMOKE = (
 )
 
 
-def stacked_minibatches(step):
+def stacked_minibatches(step, members=3):
     """A minibatch per member (test_ppo_continuous_action's, a different one each) and the same
     stacked on a seeds axis with `valid` (1: a step; 0: an envpool reset step), as the seeds
     update takes them. Member 1's first 8 rows are reset steps: the single-seed update gets its
     other 56 rows."""
-    minibatches = [make_minibatch(10 * step + k) for k in range(len(SEEDS))]
+    minibatches = [make_minibatch(10 * step + k) for k in range(members)]
     stacked = torch.stack(minibatches)
     stacked["valid"] = torch.ones(stacked.shape)
     stacked["valid"][1, :8] = 0
@@ -48,18 +48,25 @@ def stacked_minibatches(step):
     return minibatches, stacked
 
 
-def build_seeds_learner():
-    """The seeds script's optimizer and update for the members SEEDS (3 observations, 2 actions)."""
+def build_seeds_learner(seeds=SEEDS, **flags):
+    """The seeds script's optimizer and update with `flags` for the members `seeds` (3
+    observations, 2 actions)."""
     mod = load_script(SEEDS_SCRIPT)
-    learner = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
+    learner = mod.make_learner(mod.Args(num_seeds=1, **flags), 3, 2, seeds, CPU)
     return learner.optimizer, learner.update
 
 
-def build_cpu_update(params, member):
-    """ppo_continuous_action_cpu.py's functional update on a copy of member `member`'s parameters (a
-    fresh Adam, as the seeds update's); returns it, its Adam and its agent."""
+# a sweep of two values of the learning rate and of the loss's coefficients (16 settings, a member
+# each), with a norm that clips every gradient
+SWEEP = dict(learning_rate=(3e-4, 3e-3), clip_coef=(0.2, 0.05), ent_coef=(0.0, 0.05))
+SWEEP |= dict(vf_coef=(0.5, 2.0), max_grad_norm=0.1)
+
+
+def build_cpu_update(params, member, **flags):
+    """ppo_continuous_action_cpu.py's functional update with `flags` on a copy of member `member`'s
+    parameters (a fresh Adam, as the seeds update's); returns it, its Adam and its agent."""
     mod = load_script(CPU_SCRIPT)
-    learner = mod.make_learner(mod.Args(), 3, 2, CPU)
+    learner = mod.make_learner(mod.Args(**flags), 3, 2, CPU)
     learner.agent.load_state_dict({name: param[member] for name, param in params.items()})
     return learner.update, learner.optimizer, learner.agent
 
@@ -80,30 +87,38 @@ def test_each_member_starts_from_the_weights_of_the_cpu_script_with_its_seed():
 
 
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_compiled():
-    """Four steps on fresh minibatches, the learning rate annealed in place before each: the seeds
-    update (N=3), eagerly and compiled as main compiles it on a CPU, against the CPU script's
-    functional update on each member's own parameters, Adam state and minibatch, member 1's without
-    its 8 reset steps. Each member's statistics agree within 1e-5 relative (float32; masked means
-    and the CPU script's means sum in another order), its parameters within 1e-6 absolute (an Adam
-    step moves them by ~lr = 3e-4). From the third call on, the compiled update compiles nothing
-    new."""
+    """Four steps on fresh minibatches, each member's learning rate annealed in place before each:
+    the seeds update of a sweep (SWEEP: 16 settings of the learning rate and the loss's
+    coefficients, a member each), eagerly and compiled as main compiles it on a CPU, against the
+    CPU script's functional update with each member's flags on its own parameters, Adam state and
+    minibatch, member 1's without its 8 reset steps. Each member's statistics agree within 1e-5
+    relative (float32; masked means and the CPU script's means sum in another order), its
+    parameters within 1e-6 absolute (an Adam step moves them by ~lr, 3e-4 or 3e-3). From the third
+    call on, the compiled update compiles nothing new."""
+    seeds = list(range(16))
     (optimizer, update), (compiled_optimizer, compiled_update) = (
-        build_seeds_learner(),
-        build_seeds_learner(),
+        build_seeds_learner(seeds, **SWEEP),
+        build_seeds_learner(seeds, **SWEEP),
     )
     compiled_update = torch.compile(compiled_update, fullgraph=True, options={"cpp_wrapper": True})
-    singles = [build_cpu_update(optimizer.params, member) for member in range(len(SEEDS))]
+    settings = load_script(SEEDS_SCRIPT).settings(load_script(SEEDS_SCRIPT).Args(**SWEEP))
+    singles = [
+        build_cpu_update(optimizer.params, member, **{k: getattr(setting, k) for k in SWEEP})
+        for member, setting in enumerate(settings)
+    ]
+    rates = torch.tensor([setting.learning_rate for setting in settings])
     start = {name: param.clone() for name, param in optimizer.params.items()}
     for step in range(4):
-        lr = 3e-4 * (1 - step / 8)
-        for adam in (optimizer, compiled_optimizer, *(single[1] for single in singles)):
-            adam.param_groups[0]["lr"].copy_(lr)
-        minibatches, stacked = stacked_minibatches(step)
+        for adam in (optimizer, compiled_optimizer):
+            adam.param_groups[0]["lr"].copy_(rates * (1 - step / 8))
+        for rate, (_, adam, _) in zip(rates.tolist(), singles):
+            adam.param_groups[0]["lr"].copy_(rate * (1 - step / 8))
+        minibatches, stacked = stacked_minibatches(step, len(seeds))
         expected = [single_update(mb) for (single_update, _, _), mb in zip(singles, minibatches)]
         with torch.compiler.set_stance("fail_on_recompile" if step >= 2 else "default"):
             results = [(update(stacked), optimizer), (compiled_update(stacked), compiled_optimizer)]
         for stats, adam in results:
-            assert stats.shape == (len(SEEDS), 6)
+            assert stats.shape == (len(seeds), 6)
             for member, (_, _, agent) in enumerate(singles):
                 torch.testing.assert_close(
                     stats[member], expected[member], rtol=1e-5, atol=1e-6, msg=f"step {step}"
@@ -115,7 +130,7 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_c
     assert all(
         not torch.equal(optimizer.params[name][k], start[name][k])
         for name in start
-        for k in range(3)
+        for k in range(len(seeds))
     )
 
 
@@ -212,6 +227,33 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     assert all(torch.equal(params[name][1:], params_nan[name][1:]) for name in params)
 
 
+def test_gae_with_each_envs_gamma_and_lambda_is_the_cpu_scripts_per_env():
+    """A sweep's GAE: 300 random steps of 4 envs with episode ends, each env with a gamma and a
+    lambda of its own (tensors [envs]), against the CPU script's GAE of each env alone with its
+    numbers: the same within float32 rounding (1e-5)."""
+    g = torch.Generator().manual_seed(0)
+    n, e = 300, 4
+    terminations = (torch.rand(n, e, generator=g) < 0.02).float()
+    truncations = (torch.rand(n, e, generator=g) < 0.02).float() * (1 - terminations)
+    data = dict(
+        rewards=torch.randn(n, e, generator=g),
+        values=torch.randn(n, e, generator=g),
+        next_value=torch.randn(e, generator=g),
+        final_values=torch.randn(n, e, generator=g),
+        terminations=terminations,
+        truncations=truncations,
+    )
+    gammas, lambdas = [0.99, 0.9, 0.99, 0.5], [0.95, 0.95, 0.5, 1.0]
+    got = load_script(SEEDS_SCRIPT).gae(
+        **data, gamma=torch.tensor(gammas), gae_lambda=torch.tensor(lambdas)
+    )
+    for env, (gamma, lam) in enumerate(zip(gammas, lambdas)):
+        own = {key: value[..., env : env + 1] for key, value in data.items()}
+        want = load_script(CPU_SCRIPT).gae(**own, gamma=gamma, gae_lambda=lam)
+        for x, y in zip(got, want):
+            torch.testing.assert_close(x[:, env : env + 1], y, rtol=1e-5, atol=1e-5)
+
+
 class ScriptedPool:
     """envpool's interface for two envs replaying raw steps (observations, rewards, ends) in
     next-step autoreset: the step after an episode's end returns the next episode's first
@@ -260,17 +302,18 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
     terminates at step 3, env 1 truncates at step 5, each then taking envpool's reset step, which
     gymnasium's vector env does as a reset in the same step. Observations and rewards agree to
     1e-6 (float64 statistics, float32 outputs), finished returns (read from gymnasium's
-    `final_info`) exactly."""
+    `final_info`) exactly. Each env has a gamma of its own, as the envs of a sweep's members."""
     mod = load_script(SEEDS_SCRIPT)
     rng = np.random.default_rng(0)
     # as envpool's
     obs, rewards = rng.uniform(-1, 1, (9, 2, 3)).astype(np.float32), rng.standard_normal((9, 2)) * 3
     terminations, truncations = np.zeros((9, 2), dtype=bool), np.zeros((9, 2), dtype=bool)
     terminations[3, 0], truncations[5, 1] = True, True
-    wrappers = mod.EnvpoolWrappers(ScriptedPool(obs, rewards, terminations, truncations), 2, 0.99)
+    pool = ScriptedPool(obs, rewards, terminations, truncations)
+    wrappers = mod.EnvpoolWrappers(pool, 2, np.array([0.99, 0.8]))
     cpu = load_script(CPU_SCRIPT)
-    wrap = functools.partial(cpu.wrap, gamma=0.99)
-    envs = [cpu.make_envs("Pendulum-v1", 1, 0, wrap=wrap).envs[0] for _ in range(2)]
+    wraps = [functools.partial(cpu.wrap, gamma=gamma) for gamma in (0.99, 0.8)]
+    envs = [cpu.make_envs("Pendulum-v1", 1, 0, wrap=wrap).envs[0] for wrap in wraps]
     outputs = [wrappers.reset()[0], np.zeros(2), [[], []]]
     expected = [replay(env, obs[0, e]) for e, env in enumerate(envs)]
     for t in range(9):

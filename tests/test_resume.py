@@ -47,7 +47,8 @@ DQN = (
     ("--env-id", "CartPole-v1", "--total-timesteps", 500, "--learning-starts", 200),
     ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
 )
-# script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM
+# script -> a short run's flags and the vector step at which the stopped run gets its SIGTERM; a
+# script with `--threads` fixes them: threads chosen by timing may differ between two runs
 EXACT = {
     "sac_continuous_action": (
         ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
@@ -65,6 +66,7 @@ EXACT = {
     "dqn_seeds": (
         ("--total-timesteps", 500, "--learning-starts", 200, "--num-seeds", 2, "--no-compile"),
         ("--batch-size", 32, "--buffer-size", 1000, "--target-network-frequency", 50),
+        ("--threads", 1),
         355,
     ),
     # 4 iterations of 64 steps, stopped at the end of the second, in the first episode
@@ -82,14 +84,14 @@ EXACT = {
     ),
     "td3_continuous_action_cpu": (
         ("--env-id", "Pendulum-v1", "--total-timesteps", 500, "--learning-starts", 200),
-        ("--batch-size", 32, "--buffer-size", 1000, "--no-compile"),
+        ("--batch-size", 32, "--buffer-size", 1000, "--no-compile", "--threads", 1),
         350,
     ),
     # what each hides: the pending buffer writes (one per 10 steps, 4 due at the stop) of the twin
     # and the CPU script, the random actions' generator of the eager script, the CPU script's step
     "dqn": (*DQN, 355),
     "dqn_torchcompile": (*DQN, 355),
-    "dqn_cpu": (*DQN, ("--no-compile",), 355),
+    "dqn_cpu": (*DQN, ("--no-compile", "--threads", 1), 355),
     # 4 iterations of 64 steps, stopped at the end of the second, in the middle of an episode
     "pqn": (
         ("--total-timesteps", 256, "--num-envs", 1, "--num-steps", 64),
@@ -97,6 +99,8 @@ EXACT = {
         128,
     ),
 }
+# a sweep: 2 learning rates x 2 seeds (a key: the script, then a name of the case)
+EXACT["dqn_seeds sweep"] = (*EXACT["dqn_seeds"][:2], ("--learning-rate", 1e-3, 2.5e-4), 355)
 
 
 def same_runs(a, b):
@@ -127,6 +131,7 @@ EXPORTED += ("ppo_continuous_action_distributed",)
 )
 def test_a_resumed_run_ends_as_one_that_went_through(script, copy, train, tmp_path, request):
     *flags, stop_at = EXACT[script]
+    script = script.split()[0]
     flags = [flag for group in flags for flag in group]
     directory = request.getfixturevalue("exported") if copy else SCRIPTS
     assert train(script, *flags, "--run-name", "through", directory=directory) == 0

@@ -47,11 +47,12 @@ def member_state(seed):
     return actor, qnet, qnet_target, log_alpha
 
 
-def build_cpu(seed, autotune):
-    """The CPU script's update functions on member `seed`'s state; returns them with that state."""
+def build_cpu(seed, **flags):
+    """The CPU script's update functions with `flags` on member `seed`'s state; returns them with
+    that state."""
     mod = load(CPU_SCRIPT)
     actor, qnet, qnet_target, log_alpha = member_state(seed)
-    learner = mod.make_learner(mod.Args(autotune=autotune), N_OBS, N_ACT, LOW, HIGH)
+    learner = mod.make_learner(mod.Args(**flags), N_OBS, N_ACT, LOW, HIGH)
     # the member's state, copied into the tensors the learner's updates read and change in place
     for name, p in learner.actor_params.items():
         p.copy_(actor.get_parameter(name))
@@ -70,12 +71,12 @@ def build_cpu(seed, autotune):
     return functions, state
 
 
-def build_seeds(autotune, seeds=SEEDS):
-    """The seeds script's update functions on the members `seeds`, stacked from `member_state`;
-    returns them with the stacked state."""
+def build_seeds(autotune, seeds=SEEDS, **flags):
+    """The seeds script's update functions with `flags` on the members `seeds`, stacked from
+    `member_state`; returns them with the stacked state."""
     mod = load(SEEDS_SCRIPT)
     members = [member_state(seed) for seed in seeds]
-    args = mod.Args(num_seeds=len(seeds), autotune=autotune)
+    args = mod.Args(num_seeds=1, autotune=autotune, **flags)
     learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, seeds, CPU)
     # the members' states, stacked into the tensors the learner's updates read and change in place
     for name, p in learner.actor_params.items():
@@ -118,32 +119,47 @@ def take_step(functions, batch):
     return torch.stack([qf_loss, actor_loss, alpha_loss], -1)
 
 
-def stacked_batches(step):
+def stacked_batches(step, members=3):
     """A batch per member (test_sac_continuous_action's, a different one each) and the same stacked
     on a seeds axis."""
-    batches = [make_batch(100 * step + k) for k in range(len(SEEDS))]
+    batches = [make_batch(100 * step + k) for k in range(members)]
     return batches, {
         key: torch.stack([batch[key] for batch in batches]) for key in batches[0].keys()
     }
 
 
-@pytest.mark.parametrize("autotune", [True, False], ids=["autotune", "fixed-alpha"])
-def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(autotune, monkeypatch):
+# a sweep: autotune on and off, two values of the critic's learning rate, gamma and tau (16
+# settings, a member each), with an actor's learning rate and an alpha of their own
+SWEEP = dict(autotune=(True, False), q_lr=(1e-3, 3e-3), gamma=(0.99, 0.8), tau=(0.005, 0.5))
+SWEEP |= dict(policy_lr=1e-3, alpha=0.5)
+UPDATES = [(dict(autotune=True), SEEDS), (dict(autotune=False), SEEDS), (SWEEP, list(range(16)))]
+
+
+@pytest.mark.parametrize("flags, seeds", UPDATES, ids=["autotune", "fixed-alpha", "sweep"])
+def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(flags, seeds, monkeypatch):
     """Three iterations on fresh batches: member k's losses and parameters (actor, Q networks,
-    targets, log alpha) after each are the CPU script's on member k's own state and batch, the
-    actor's noise a function of its input in both. In float64: the members' batched matmuls sum
-    in another order than the CPU script's, ~1e-13 apart here (in float32 Adam's first step, lr
-    * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
+    targets, log alpha) after each are the CPU script's with member k's flags on its own state
+    and batch, the actor's noise a function of its input in both; also in a sweep (SWEEP), whose
+    members with a fixed alpha keep it while the others tune theirs. In float64: the members'
+    batched matmuls sum in another order than the CPU script's, ~1e-13 apart here (in float32
+    Adam's first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into
+    1e-4)."""
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
+    mod = load(SEEDS_SCRIPT)
+    points = mod.settings(mod.Args(**flags))  # each setting's members together
+    settings = [points[k * len(points) // len(seeds)] for k in range(len(seeds))]
     try:
-        seeds_functions, seeds_state = build_seeds(autotune)
-        singles = [build_cpu(seed, autotune) for seed in SEEDS]
+        seeds_functions, seeds_state = build_seeds(seeds=seeds, **flags)
+        singles = [
+            build_cpu(seed, **{k: getattr(s, k) for k in (*SWEEP, "autotune")})
+            for seed, s in zip(seeds, settings)
+        ]
         start = flat(seeds_state)
         for step in range(3):
-            batches, stacked = stacked_batches(step)
+            batches, stacked = stacked_batches(step, len(seeds))
             losses = take_step(seeds_functions, stacked)
-            assert losses.shape == (len(SEEDS), 3) and losses.dtype == torch.float64
+            assert losses.shape == (len(seeds), 3) and losses.dtype == torch.float64
             for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
                 torch.testing.assert_close(
                     losses[member], take_step(functions, batch), rtol=1e-10, atol=1e-10
@@ -155,7 +171,10 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(autotune, m
     finally:
         torch.set_default_dtype(torch.float32)
     changed = {key: not torch.equal(value, start[key]) for key, value in flat(seeds_state).items()}
-    assert changed == {"actor": True, "q": True, "q_target": True, "log_alpha": autotune}
+    tuned = [s.autotune for s in settings]
+    assert changed == {"actor": True, "q": True, "q_target": True, "log_alpha": any(tuned)}
+    kept = seeds_state["log_alpha"] == start["log_alpha"]
+    assert kept.tolist() == [not t for t in tuned]
 
 
 def test_a_members_update_depends_on_its_own_batch_alone():

@@ -8,6 +8,7 @@ training, except in one short dqn_seeds run in which every member diverges. Abou
 import functools
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,101 @@ def test_a_run_in_which_every_member_diverges_stops_and_exits_3():
     assert len(lines) == 2 and all(rates in line for line in lines), lines
     assert [d["seed"] for d in s["diverged"]] == [1, 2] and s["model_files"] == [None, None]
     assert s["total_timesteps"] < 3000 and s["return_mean"] is None
+
+
+def test_a_sweep_trains_each_setting_with_the_same_seeds(make_run):
+    """Two learning rates x two discounts, 2 seeds of 2 envs each: 8 members, setting by setting,
+    the last flag fastest; each setting's members have the seeds of a run without a sweep, and
+    their envs its env seeds. Each member's flags are a single run's (one value each)."""
+    run = make_run("dqn_seeds", seed=5, num_seeds=2, num_envs=2, learning_rate=(1e-3, 3e-4))
+    assert run.seeds == [5, 7, 5, 7] and run.env_seeds == [5, 6, 7, 8] * 2
+    run = make_run("dqn_seeds", num_seeds=2, learning_rate=(1e-3, 3e-4), gamma=(0.9, 0.99))
+    assert run.seeds == [1, 2] * 4
+    flags = [(s.learning_rate, s.gamma, s.tau) for s in run.member_settings]
+    assert flags == [(lr, g, 1.0) for lr in (1e-3, 3e-4) for g in (0.9, 0.9, 0.99, 0.99)]
+    assert run.labels[:3] == ["setting0_seed1", "setting0_seed2", "setting1_seed1"]
+    values = load("dqn_seeds").member_values(run.args, 8, CPU)
+    assert values["gamma"].tolist() == pytest.approx([0.9, 0.9, 0.99, 0.99] * 2)
+    assert values["tau"].tolist() == [1.0] * 8
+
+
+def sweep_run(make_run, capsys):
+    """A finished sweep of SAC (autotune on and off x two q learning rates, 2 seeds) driven by hand:
+    member 5 diverges, members 6 and 7 (a whole setting) too; its summary (strict JSON) and the
+    table it printed."""
+    flags = dict(num_seeds=2, q_lr=(1e-3, 1e-2), autotune=(True, False), save_model=True)
+    run = make_run("sac_continuous_action_seeds", **flags)
+    run.log_episodes(10, [[float(k)] for k in range(8)])
+    run.log_progress(100, dict(qf_loss=torch.tensor([0.0] * 5 + [NAN] * 3)))
+    run.finish(CPU, [{"w": torch.ones(1)}] * 8, never_evaluate)
+    out, err = capsys.readouterr()
+    return (
+        run,
+        strict_json(Path(summary_line(out.splitlines()[-1])["summary_file"]).read_text()),
+        out,
+        err,
+    )
+
+
+def test_a_sweep_reports_each_members_flags_and_a_table_of_the_settings(make_run, capsys):
+    """The summary gives each member's flags beside its return, and per setting (in grid order)
+    the flags swept, its members, their final returns, mean and spread; the diverged are left
+    out, a setting whose every member diverged has no mean. The table, printed and in sweep.md,
+    ranks the settings best first; sweep.png plots them. A diverged member's line names its own
+    learning rates; model files are named by setting and hold a single run's flags."""
+    run, s, out, err = sweep_run(make_run, capsys)
+    assert s["hyperparameters"][5] == dict(
+        gamma=0.99, tau=0.005, policy_lr=3e-4, q_lr=1e-2, alpha=0.2, autotune=True
+    )
+    assert s["return_means"] == [0.0, 1.0, 2.0, 3.0, 4.0, None, None, None]
+    rows = s["settings"]
+    assert [(r["q_lr"], r["autotune"], r["members"]) for r in rows] == [
+        (1e-3, True, [0, 1]),
+        (1e-3, False, [2, 3]),
+        (1e-2, True, [4, 5]),
+        (1e-2, False, [6, 7]),
+    ]
+    assert (rows[1]["return_mean"], rows[1]["return_std"]) == (2.5, 0.5)
+    assert (rows[2]["return_mean"], rows[2]["return_min"], rows[2]["return_max"]) == (4.0, 4, 4)
+    assert rows[3]["return_mean"] is None and rows[3]["return_means"] == [None, None]
+    table = (Path(run.dir) / "sweep.md").read_text()
+    assert table in out and "4 settings x 2 seeds" in table
+    lines = [line for line in table.splitlines() if line.startswith("| 0.")]
+    assert lines == [
+        "| 0.01 | True | 4.0 | 0.0 | 4.0 | 4.0 | 1/2 |",
+        "| 0.001 | False | 2.5 | 0.5 | 2.0 | 3.0 | 2/2 |",
+        "| 0.001 | True | 0.5 | 0.5 | 0.0 | 1.0 | 2/2 |",
+        "| 0.01 | False | - | - | - | - | 0/2 |",
+    ]
+    assert (Path(run.dir) / "sweep.png").stat().st_size > 1000
+    assert (
+        "member 5 (seed 2) diverged at step 100" in err and "--policy-lr 0.0003 --q-lr 0.01" in err
+    )
+    assert Path(s["model_files"][2]).name == "sac_continuous_action_seeds_setting1_seed1.pt"
+    saved = torch.load(s["model_files"][2], weights_only=True)["args"]
+    assert (saved["q_lr"], saved["autotune"], saved["seed"]) == (1e-3, False, 1)
+
+
+def test_a_sweep_without_matplotlib_writes_its_table_and_skips_the_plot(
+    make_run, capsys, monkeypatch
+):
+    for module in ("matplotlib", "matplotlib.figure"):  # importing them raises ImportError
+        monkeypatch.setitem(sys.modules, module, None)
+    run, s, out, err = sweep_run(make_run, capsys)
+    assert (Path(run.dir) / "sweep.md").exists() and not (Path(run.dir) / "sweep.png").exists()
+    assert "sweep.png skipped: matplotlib is not installed" in err
+
+
+def test_a_flag_of_every_member_given_several_values_exits_2_with_the_reason(capsys):
+    """On the command line, before tyro: a flag that sizes tensors or times steps, given several
+    values, exits 2 in one line saying why and which flags sweep; a swept flag, a flag with one
+    value and negative numbers pass."""
+    sweep_argv = load("td3_continuous_action_seeds").sweep_argv
+    Args = load("td3_continuous_action_seeds").Args
+    argv = ["--learning-rate", "1e-3", "3e-4", "--seed", "-1", "--no-compile", "--noise-clip", "1"]
+    assert sweep_argv(Args, argv) == argv
+    with pytest.raises(SystemExit) as stop:
+        sweep_argv(Args, ["--gamma", "0.9", "--buffer-size", "1000", "-2000", "--compile"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and line.startswith("error: --buffer-size takes one value, got 2")
+    assert "shape" in line and "--learning-rate --gamma --tau --policy-noise" in line

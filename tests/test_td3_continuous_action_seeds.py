@@ -18,7 +18,15 @@ from conftest import (
     run_script,
     summary,
 )
-from test_td3_continuous_action import HIGH, LOW, N_ACT, N_OBS, build_cpu_updates, make_batch
+from test_td3_continuous_action import (
+    HIGH,
+    LOW,
+    N_ACT,
+    N_OBS,
+    build_learner,
+    make_batch,
+    stacked_state,
+)
 
 SEEDS_SCRIPT, CPU_SCRIPT = "td3_continuous_action_seeds", "td3_continuous_action_cpu"
 SEEDS = [1, 2, 3]
@@ -32,15 +40,19 @@ def fixed_noise(actions):
     return torch.sin(1e3 * actions.detach())
 
 
-def build_cpu(seed):
-    """The CPU script's functional updates on the networks drawn with `seed`
-    (test_td3_continuous_action's build_cpu_updates, in the order its make_learner draws them), with
-    targets that differ from the online networks: the target actor's last layer 30x (most of its
-    actions at the bounds, where the clip acts on the smoothing noise), the target Q networks' first
-    0.9x. Returns them and that state, each network a dict of its tensors."""
-    update_critic, update_actor, update_targets, state = build_cpu_updates(
-        load(CPU_SCRIPT), False, seed
+def build_cpu(seed, **flags):
+    """The CPU script's functional updates with `flags` on the networks drawn with `seed` (in the
+    order its make_learner draws them), with targets that differ from the online networks: the
+    target actor's last layer 30x (most of its actions at the bounds, where the clip acts on the
+    smoothing noise), the target Q networks' first 0.9x. Returns them and that state, each network
+    a dict of its tensors."""
+    learner = build_learner(load(CPU_SCRIPT), seed, **flags)
+    update_critic, update_actor, update_targets = (
+        learner.update_critic,
+        learner.update_actor,
+        learner.update_targets,
     )
+    state = stacked_state(learner)
     with torch.no_grad():
         state["target_actor"].fc_mu.weight.mul_(30.0)
         state["qnet_target"]["fc1", "weight"].mul_(0.9)
@@ -54,13 +66,14 @@ def build_cpu(seed):
     return (update_critic, update_actor, update_targets), actors | qnets
 
 
-def build_seeds(seeds=SEEDS):
-    """The seeds script's updates and policy on the members `seeds`, their networks `build_cpu`'s,
-    stacked into the tensors its learner's functions read and change in place; returns them and
-    the stacked state."""
+def build_seeds(seeds=SEEDS, **flags):
+    """The seeds script's updates and policy with `flags` on the members `seeds`, their networks
+    `build_cpu`'s, stacked into the tensors its learner's functions read and change in place;
+    returns them and the stacked state."""
     mod = load(SEEDS_SCRIPT)
     states = [build_cpu(seed)[1] for seed in seeds]
-    learner = mod.make_learner(mod.Args(num_seeds=len(seeds)), N_OBS, N_ACT, LOW, HIGH, seeds, CPU)
+    args = mod.Args(num_seeds=1, **flags)
+    learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, seeds, CPU)
     state = {
         "actor": learner.actor_params,
         "target_actor": learner.actor_target_params,
@@ -96,30 +109,42 @@ def take_step(functions, batch, step):
     return torch.stack([qf_loss, actor_loss], -1)
 
 
-def stacked_batches(step):
+def stacked_batches(step, members=3):
     """A batch per member (test_td3_continuous_action's, a different one each) and the same stacked
     on a seeds axis."""
-    batches = [make_batch(100 * step + k).to_dict() for k in range(len(SEEDS))]
+    batches = [make_batch(100 * step + k).to_dict() for k in range(members)]
     return batches, {key: torch.stack([batch[key] for batch in batches]) for key in batches[0]}
 
 
-def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(monkeypatch):
+# a sweep of two values of the learning rate, gamma, tau and the noise clip (16 settings, a member
+# each), with a target policy noise of its own
+SWEEP = dict(learning_rate=(3e-4, 3e-3), gamma=(0.99, 0.8), tau=(0.005, 0.5))
+SWEEP |= dict(noise_clip=(0.5, 0.1), policy_noise=0.6)
+
+
+@pytest.mark.parametrize("flags, seeds", [({}, SEEDS), (SWEEP, list(range(16)))], ids=["", "sweep"])
+def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(flags, seeds, monkeypatch):
     """Four iterations on fresh batches (two critic steps alone, two with the actor's step and the
     soft update of the three targets): member k's losses and parameters (actor, target actor, Q
-    networks, their targets) after each are the CPU script's on member k's own state and batch,
-    the target policy noise a function of its input in both. In float64: the members' batched
-    matmuls sum in another order than the CPU script's, ~1e-13 apart here (in float32 Adam's
-    first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into 1e-4)."""
+    networks, their targets) after each are the CPU script's with member k's flags on its own
+    state and batch, also in a sweep (SWEEP), the target policy noise a function of its input in
+    both. In float64: the members' batched matmuls sum in another order than the CPU script's,
+    ~1e-13 apart here (in float32 Adam's first step, lr * g / (|g| + eps), turns last-bit
+    differences of a g near eps into 1e-4)."""
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
+    points = load(SEEDS_SCRIPT).settings(load(SEEDS_SCRIPT).Args(**flags))
+    settings = [points[k * len(points) // len(seeds)] for k in range(len(seeds))]
     try:
-        seeds_functions, seeds_state, _ = build_seeds()
-        singles = [build_cpu(seed) for seed in SEEDS]
+        seeds_functions, seeds_state, _ = build_seeds(seeds, **flags)
+        singles = [
+            build_cpu(seed, **{k: getattr(s, k) for k in SWEEP}) for seed, s in zip(seeds, settings)
+        ]
         start = flat(seeds_state)
         for step in range(4):
-            batches, stacked = stacked_batches(step)
+            batches, stacked = stacked_batches(step, len(seeds))
             losses = take_step(seeds_functions, stacked, step)
-            assert losses.shape == (len(SEEDS), 2) and losses.dtype == torch.float64
+            assert losses.shape == (len(seeds), 2) and losses.dtype == torch.float64
             for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
                 want = take_step(functions, batch, step)
                 torch.testing.assert_close(
@@ -180,31 +205,31 @@ def test_each_member_starts_from_the_cpu_scripts_weights_with_its_seed():
 
 
 def test_the_vmapped_policy_is_each_members_actor(monkeypatch):
-    """The policy, one call for all members, gives the eager script's policy with each
-    member's actor on that member's observations (the noise a smooth function of the action in both;
-    a small noise, and a wide one that the bounds clip), also after the stacked weights change in
-    place, as Adam changes them."""
+    """The policy, one call for all members, gives the eager script's policy with each member's
+    actor and exploration noise on that member's observations (the noise a smooth function of the
+    action in both; a sweep of a small noise and a wide one that the bounds clip), also after the
+    stacked weights change in place, as Adam changes them."""
     monkeypatch.setattr(torch, "randn_like", lambda actions: torch.sin(3 * actions))
     mod, eager = load(SEEDS_SCRIPT), load("td3_continuous_action")
-    obs = torch.randn(len(SEEDS), 16, N_OBS)
-    for exploration_noise in (0.1, 10.0):
-        args = mod.Args(exploration_noise=exploration_noise)
-        learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS, CPU)
-        actor_params, policy = learner.actor_params, learner.policy
-        for _ in range(2):
-            actions = policy(obs)
-            for member in range(len(SEEDS)):
-                eager_args = eager.Args(exploration_noise=exploration_noise)
-                reference = eager.make_learner(eager_args, N_OBS, N_ACT, LOW, HIGH, CPU)
-                reference.actor.load_state_dict(
-                    {name: p[member] for name, p in actor_params.items()}, strict=False
-                )
-                with torch.no_grad():
-                    expected = reference.policy(obs[member])
-                torch.testing.assert_close(actions[member], expected, rtol=1e-5, atol=1e-6)
-            assert not torch.allclose(actions[0], actions[1])
-            actor_params["fc_mu.bias"].add_(torch.tensor([[0.3], [-0.2], [0.1]]))
-    assert actions.min() == -2 and actions.max() == 2  # the wide noise, clipped
+    obs = torch.randn(2 * len(SEEDS), 16, N_OBS)
+    # a sweep: members 0-2 with the small noise, 3-5 with the wide one
+    args = mod.Args(num_seeds=len(SEEDS), exploration_noise=(0.1, 10.0))
+    learner = mod.make_learner(args, N_OBS, N_ACT, LOW, HIGH, SEEDS * 2, CPU)
+    actor_params, policy = learner.actor_params, learner.policy
+    for _ in range(2):
+        actions = policy(obs)
+        for member in range(2 * len(SEEDS)):
+            eager_args = eager.Args(exploration_noise=0.1 if member < len(SEEDS) else 10.0)
+            reference = eager.make_learner(eager_args, N_OBS, N_ACT, LOW, HIGH, CPU)
+            reference.actor.load_state_dict(
+                {name: p[member] for name, p in actor_params.items()}, strict=False
+            )
+            with torch.no_grad():
+                expected = reference.policy(obs[member])
+            torch.testing.assert_close(actions[member], expected, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(actions[0], actions[1])
+        actor_params["fc_mu.bias"].add_(torch.tensor([0.3, -0.2, 0.1] * 2)[:, None])
+    assert actions[3:].min() == -2 and actions[3:].max() == 2  # the wide noise, clipped
 
 
 def test_members_draw_their_own_noise_and_act_with_their_own_actors():

@@ -3,9 +3,14 @@ run's own iterations at one thread and at every core, keeps the faster, says so 
 tries again only when an iteration's time leaves the band around the trial's; `--threads` fixes the
 count and no trial runs. The iteration times here are made up, so nothing is timed for real."""
 
+import functools
+import json
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import load_script
+from conftest import ALL_SCRIPTS, assert_measured_threads, load_script
+from test_resume import COUNTED, SMOKE
 
 runs = load_script("runs")
 
@@ -62,12 +67,17 @@ def test_only_a_change_beyond_the_band_starts_a_new_trial():
     assert torch.get_num_threads() == 1
 
 
-def test_threads_fixed_by_the_flag_are_not_measured(make_run):
+def test_threads_fixed_by_the_flag_or_by_omp_num_threads_are_not_measured(make_run, monkeypatch):
+    """Two cores: the default measures 1 against 2; `--threads 2` fixes them, and so does
+    OMP_NUM_THREADS=1 (the cores the run may use); a script without --threads leaves them."""
+    monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert make_run("sac_continuous_action_cpu", threads=2).threads is None
     assert torch.get_num_threads() == 2
     default = make_run("sac_continuous_action_cpu")
-    assert torch.get_num_threads() == 1
-    assert isinstance(default.threads, runs.ThreadChoice) or len(runs.os.sched_getaffinity(0)) == 1
+    assert torch.get_num_threads() == 1 and default.threads.counts == (1, 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert make_run("sac_continuous_action_cpu").threads is None
     assert make_run("sac_continuous_action").threads is None  # no --threads, not the run's to set
 
 
@@ -83,3 +93,32 @@ def test_long_iterations_end_a_trial_in_three_and_a_new_count_is_timed_after_its
         lines += [choice.tick(now, step)]
     assert lines[:2] == [None, None] and lines[2] is not None
     assert choice.trials == [dict(step=3, threads=2, ms={1: 1500.0, 2: 1000.0})]
+
+
+# every script with `--threads`: a tiny run of it (test_resume's), long enough for a trial whose
+# turns last one iteration each (the PPO scripts: 8 iterations)
+THREAD_SCRIPTS = [name for name in ALL_SCRIPTS if name.endswith(("_cpu", "_seeds"))]
+LONGER = {"ppo_continuous_action_cpu": 512, "ppo_continuous_action_seeds": 128}
+
+
+@pytest.mark.parametrize("script", THREAD_SCRIPTS)
+def test_every_script_with_threads_chooses_them_in_its_loop(script, train, monkeypatch):
+    """Without `--threads`, on two cores, the run's own loop holds a trial after its burn-in (turns
+    of one iteration, no second trial), and the SUMMARY reports the trial and ends on its choice;
+    `--threads 1` fixes the count and no trial runs."""
+    monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    quick = functools.partial(
+        runs.ThreadChoice, turn_seconds=0.0, trial_seconds=0.0, window_seconds=1e9
+    )
+    monkeypatch.setattr(runs, "ThreadChoice", quick)
+    flags = (*SMOKE[script], "--measure-burnin", 0)
+    flags += ("--total-timesteps", LONGER[script]) if script in LONGER else ()
+    counted = COUNTED.get(script)
+    assert train(script, *flags, "--run-name", "measured", counted=counted) == 0
+    s = json.loads(Path("runs/measured/summary.json").read_text())
+    assert len(s["thread_trials"]) == 1 and s["threads"] == s["thread_trials"][0]["threads"]
+    assert_measured_threads(s)
+    assert train(script, *flags, "--threads", 1, "--run-name", "fixed", counted=counted) == 0
+    s = json.loads(Path("runs/fixed/summary.json").read_text())
+    assert (s["threads"], s["thread_trials"]) == (1, [])

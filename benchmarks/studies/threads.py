@@ -1,13 +1,15 @@
-"""One intra-op thread against two: the `_cpu` and `_seeds` scripts' sps with `--threads 1` and
-`--threads 2`, on an idle machine and beside one other process that keeps a core busy (a second
-user, a data loader, another run).
+"""Threads chosen by measurement against fixed ones: the `_cpu` and `_seeds` scripts' sps at their
+default (no `--threads`: the run measures), with `--threads 1` and with `--threads 2`, on an idle
+machine and beside one other process that keeps a core busy (a second user, a data loader, another
+run).
 
     python -m benchmarks.studies.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
     python -m benchmarks.studies.threads --algos sac --rounds 3
 
-Each algorithm's runs alternate (threads 1, threads 2, per script), `--rounds` times in each
-condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with `--num-seeds 2`). A
-row gives the median sps and the ratio of two threads to one. Writes
+Each algorithm's runs alternate (default, threads 1, threads 2, per script), `--rounds` times in
+each condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with
+`--num-seeds 2`). A row gives the median sps of each, the ratio of two threads to one, the default's
+ratio to the better fixed count, and the counts the default runs ended on. Writes
 benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
 """
 
@@ -27,16 +29,12 @@ from benchmarks.studies.seeds import ALGOS, budget, read_summary
 ROOT = Path(__file__).resolve().parents[2]
 CONDITIONS = ("idle", "one core busy")
 BUSY_LOOP = "while True: pass"
+WAYS = ("default", 1, 2)  # no --threads (measured), --threads 1, --threads 2
 
 
 def command(script, flags, threads):
-    return [
-        sys.executable,
-        str(ROOT / "leanrl" / f"{script}.py"),
-        *flags,
-        "--threads",
-        str(threads),
-    ]
+    fixed = [] if threads == "default" else ["--threads", str(threads)]
+    return [sys.executable, str(ROOT / "leanrl" / f"{script}.py"), *flags, *fixed]
 
 
 def runs_of(algo, quick):
@@ -47,58 +45,75 @@ def runs_of(algo, quick):
 
 
 def measure(algos, rounds, quick, timeout, cwd):
-    """{condition: {script: {threads: [sps, ...]}}}, the busy process started before a condition's
-    runs and stopped after them."""
-    results = {}
+    """{condition: {script: {way: [sps, ...]}}} for each way of WAYS, and {condition: {script:
+    [threads, ...]}}, the counts the default runs ended on; the busy process started before a
+    condition's runs and stopped after them."""
+    results, chosen = {}, {}
     for condition in CONDITIONS:
         busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) if condition != "idle" else None
         try:
-            results[condition] = {}
+            results[condition], chosen[condition] = {}, {}
             for algo in algos:
                 for _ in range(rounds):
                     for script, flags in runs_of(algo, quick):
-                        for threads in (1, 2):
+                        for threads in WAYS:
                             cmd = command(script, flags, threads)
                             proc = subprocess.run(
                                 cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd
                             )
-                            sps = read_summary(cmd, proc)["sps"]
-                            note(f"{condition}: {script} --threads {threads}: {sps:.0f} sps")
-                            results[condition].setdefault(script, {}).setdefault(
-                                threads, []
-                            ).append(sps)
+                            summary = read_summary(cmd, proc)
+                            note(
+                                f"{condition}: {script} threads {threads}: {summary['sps']:.0f} sps"
+                            )
+                            ways = results[condition].setdefault(script, {})
+                            ways.setdefault(threads, []).append(summary["sps"])
+                            if threads == "default":
+                                chosen[condition].setdefault(script, []).append(summary["threads"])
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait(timeout=10)
-    return results
+    return results, chosen
 
 
-def rows(results):
-    """One row per condition and script: median sps with one and two threads, and their ratio."""
+def rows(results, chosen=None):
+    """One row per condition and script: median sps with one and two threads, and their ratio;
+    where the default ran (`chosen` holds its counts), its median sps, its ratio to the better of
+    the two, and the counts it ended on."""
     table = []
     for condition, scripts in results.items():
         for script, by_threads in scripts.items():
             one, two = (statistics.median(by_threads[t]) for t in (1, 2))
-            table.append(
-                dict(condition=condition, script=script, one=one, two=two, ratio=two / one)
-            )
+            row = dict(condition=condition, script=script, one=one, two=two, ratio=two / one)
+            if "default" in by_threads:
+                row["default"] = statistics.median(by_threads["default"])
+                row["vs_best"] = row["default"] / max(one, two)
+                row["chosen"] = sorted(set(chosen[condition][script]))
+            table.append(row)
     return table
 
 
 def markdown(result):
+    """The table; results without the default (before threads were measured) in their own form."""
+    default = all("default" in r for r in result["rows"])
+    head = "| condition | script | sps, 1 thread | sps, 2 threads | 2 / 1 |"
+    extra = " sps, default | default / best | default ended on |" if default else ""
     lines = [
         f"{report.machine_line(result['machine'])}; {result['settings']['rounds']} round(s), "
         "medians.",
         "",
-        "| condition | script | sps, 1 thread | sps, 2 threads | 2 / 1 |",
-        "|---|---|---:|---:|---:|",
+        head + extra,
+        "|---|---|---:|---:|---:|" + ("---:|---:|---|" if default else ""),
     ]
     for r in result["rows"]:
-        lines.append(
+        line = (
             f"| {r['condition']} | {r['script']} | {r['one']:.0f} | {r['two']:.0f} | "
             f"{r['ratio']:.2f}x |"
         )
+        if default:
+            ended = " ".join(map(str, r["chosen"]))
+            line += f" {r['default']:.0f} | {r['vs_best']:.2f}x | {ended} |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -123,11 +138,12 @@ def main(argv=None):
     algos = [algo for algo in ALGOS if algo.name in args.algos]
     started = datetime.now()
     with tempfile.TemporaryDirectory(prefix="threads-") as cwd:
-        results = measure(algos, args.rounds, not args.full, args.timeout, cwd)
+        results, chosen = measure(algos, args.rounds, not args.full, args.timeout, cwd)
     settings = dict(
         rounds=args.rounds, budget="full" if args.full else "quick", started=started.isoformat()
     )
-    result = dict(machine=machine_info(), settings=settings, results=results, rows=rows(results))
+    result = dict(machine=machine_info(), settings=settings, results=results, chosen=chosen)
+    result["rows"] = rows(results, chosen)
     stem = f"threads-{started:%Y%m%d-%H%M%S}"
     paths = report.write_result(result, args.out_dir, stem, markdown)
     print(markdown(result))

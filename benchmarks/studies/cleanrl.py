@@ -1,0 +1,357 @@
+"""Ours beside CleanRL's own scripts, each at its defaults, on a shared budget: learning-phase sps
+and their ratios, in one run, rounds alternating, on this machine.
+
+    python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl  # a checkout of CleanRL (fe8d8a0)
+    python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos sac td3 --rounds 3
+    python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --quick  # tiny budgets, a smoke test
+
+Budgets: SAC and TD3 on HalfCheetah-v4, 3,000 updates after learning starts (5,000 and 25,000 random
+steps, their defaults); PPO on HalfCheetah-v4, 20,480 steps (10 iterations); DQN on CartPole-v1,
+30,000 steps. The variants: CleanRL's script, our eager script, our `_cpu` script, and with `--bf16`
+where this CPU computes bfloat16 natively (SAC and TD3); `--variants` adds `_cpu --threads 1` and
+`--threads 2`. Every run hides the GPUs: this is a CPU study.
+
+Learning-phase sps. Ours: the SUMMARY's `sps` (after learning starts and the burn-in). CleanRL's
+scripts print `SPS: int(step / elapsed)` every 100 steps after learning starts (SAC, TD3, DQN) or
+after each iteration (PPO), at steps known from the budget: elapsed(step) = step / (SPS + 0.5)
+(the print truncates; the half makes it within 0.5 / SPS of the truth), and the phase's sps is the
+steps between two prints over the time between them, from the first print after learning starts
+(PPO: after the third iteration, as our burn-in) to the last. Whole runs: our `sps_wall` against
+CleanRL's last print (its clock starts after building its envs and networks, ours before). Each
+run's environment lacks OMP_NUM_THREADS and MKL_NUM_THREADS: CleanRL uses torch's default threads.
+
+CleanRL fe8d8a0 was written for gymnasium 0.29. Its four scripts run here from a temporary copy,
+changed by these text substitutions, none in the algorithm (each must match exactly once):
+- `from torch.utils.tensorboard import SummaryWriter` becomes a writer that does nothing
+  (tensorboard left out), beside `final_infos`, which reads gymnasium 1.x's vector info;
+- `gym.vector.SyncVectorEnv(` gets `autoreset_mode=SAME_STEP`, the autoreset they were written for;
+- `for info in infos["final_info"]:` reads `final_infos(infos)`: one info per env, as 0.29 gave;
+- SAC, TD3, DQN: `infos["final_observation"]` becomes `infos["final_obs"]`;
+- PPO: `TransformObservation(env, lambda obs: np.clip(obs, -10, 10))` is given the observation
+  space.
+
+Writes benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir). A failed run stops the
+study with status 1.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.machine import machine_info
+from benchmarks.report import machine_line, write_result
+from benchmarks.run import BenchmarkError, failure, note
+from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.studies.seeds import read_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+CLEANRL_COMMIT = "fe8d8a0"
+
+
+@dataclass(frozen=True)
+class Algo:
+    """An algorithm: our script, CleanRL's file, the budget (flag: value) and a quick one."""
+
+    name: str
+    script: str
+    cleanrl: str
+    full: dict
+    quick: dict
+
+
+def actor_critic(name, script, learning_starts):
+    full = dict(env_id="HalfCheetah-v4", total_timesteps=learning_starts + 3000)
+    quick = dict(env_id="HalfCheetah-v4", total_timesteps=1300, learning_starts=1000)
+    return Algo(name, script, script, full | dict(learning_starts=learning_starts), quick)
+
+
+ALGOS = (
+    actor_critic("sac", "sac_continuous_action", 5000),
+    actor_critic("td3", "td3_continuous_action", 25000),
+    Algo(
+        "ppo",
+        "ppo_continuous_action",
+        "ppo_continuous_action",
+        dict(env_id="HalfCheetah-v4", total_timesteps=20480, num_steps=2048),
+        dict(env_id="HalfCheetah-v4", total_timesteps=2048, num_steps=256),
+    ),
+    Algo(
+        "dqn",
+        "dqn",
+        "dqn",
+        dict(env_id="CartPole-v1", total_timesteps=30000, learning_starts=10000),
+        dict(env_id="CartPole-v1", total_timesteps=1500, learning_starts=1000),
+    ),
+)
+# variant -> (our script's suffix, its flags); "cleanrl" is CleanRL's script
+VARIANTS = {
+    "cleanrl": None,
+    "eager": ("", ()),
+    "cpu": ("_cpu", ()),
+    "cpu --bf16": ("_cpu", ("--bf16",)),
+    "cpu --threads 1": ("_cpu", ("--threads", "1")),
+    "cpu --threads 2": ("_cpu", ("--threads", "2")),
+}
+DEFAULT_VARIANTS = ("cleanrl", "eager", "cpu", "cpu --bf16")
+BF16_ALGOS = ("sac", "td3")
+# left out of every run's environment: each script runs on its own default threads
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)  # PPO's and DQN's networks are too small for bfloat16 to pay
+
+COMPAT = """
+class SummaryWriter:  # tensorboard left out: every call does nothing
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def final_infos(infos):  # gymnasium 1.x's vector info as one info per env (None: no episode)
+    final = infos["final_info"]
+    ended = final.get("_episode", [])
+    episode = final.get("episode", {})
+    return [
+        {"episode": {k: v[i] for k, v in episode.items()}} if e else None
+        for i, e in enumerate(ended)
+    ]
+"""
+OFF_POLICY = ("sac_continuous_action", "td3_continuous_action", "dqn")
+# (CleanRL's files, text, its replacement)
+PATCHES = (
+    (None, "from torch.utils.tensorboard import SummaryWriter\n", COMPAT),
+    (
+        None,
+        "gym.vector.SyncVectorEnv(",
+        "gym.vector.SyncVectorEnv(autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, env_fns=",
+    ),
+    (None, 'for info in infos["final_info"]:', "for info in final_infos(infos):"),
+    (OFF_POLICY, 'infos["final_observation"]', 'infos["final_obs"]'),
+    (
+        ("ppo_continuous_action",),
+        "lambda obs: np.clip(obs, -10, 10))",
+        "lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+    ),
+)
+
+
+def patched(name, source):
+    """CleanRL's `name`.py `source` with PATCHES applied; a BenchmarkError where one does not match
+    exactly once (a checkout other than fe8d8a0)."""
+    for files, old, new in PATCHES:
+        if files is not None and name not in files:
+            continue
+        if source.count(old) != 1:
+            raise BenchmarkError(
+                f"CleanRL's {name}.py has {source.count(old)} of {old.strip()!r}, expected one: "
+                f"is the checkout at {CLEANRL_COMMIT}?"
+            )
+        source = source.replace(old, new)
+    return source
+
+
+def cleanrl_copy(checkout, names, into):
+    """CleanRL's scripts `names`, patched, and its `cleanrl_utils` in folder `into`."""
+    shutil.copytree(Path(checkout) / "cleanrl_utils", Path(into) / "cleanrl_utils")
+    (Path(into) / "cleanrl").mkdir()
+    for name in names:
+        source = (Path(checkout) / "cleanrl" / f"{name}.py").read_text()
+        (Path(into) / "cleanrl" / f"{name}.py").write_text(patched(name, source))
+
+
+def flags(budget):
+    return [
+        word for key, value in budget.items() for word in (f"--{key.replace('_', '-')}", str(value))
+    ]
+
+
+def print_steps(budget):
+    """The steps at which CleanRL's script prints `SPS:`: after each iteration (PPO), or every 100
+    steps once learning has started."""
+    if "num_steps" in budget:
+        return range(budget["num_steps"], budget["total_timesteps"] + 1, budget["num_steps"])
+    first = (budget["learning_starts"] // 100 + 1) * 100
+    return range(first, budget["total_timesteps"], 100)
+
+
+def cleanrl_sps(stdout, budget, burnin=3):
+    """CleanRL's learning-phase sps from its printed `SPS:` lines (module docstring), from the first
+    print after learning starts (PPO: after `burnin` iterations) to the last, and its whole run's
+    (the last print's). None where the prints are not those of the budget."""
+    printed = [int(sps) for sps in re.findall(r"^SPS: (\d+)$", stdout, re.MULTILINE)]
+    steps = print_steps(budget)
+    if len(printed) != len(steps) or min(printed, default=0) <= 0:
+        return None
+    first = burnin - 1 if "num_steps" in budget else 0
+    if first >= len(steps) - 1:
+        return None
+    (s0, sps0), (s1, sps1) = (steps[first], printed[first]), (steps[-1], printed[-1])
+    return (s1 - s0) / (s1 / (sps1 + 0.5) - s0 / (sps0 + 0.5)), sps1 + 0.5
+
+
+def command(algo, variant, budget, cleanrl_dir):
+    if variant == "cleanrl":
+        script = Path(cleanrl_dir) / "cleanrl" / f"{algo.cleanrl}.py"
+        return [sys.executable, str(script), *flags(budget)]
+    suffix, extra = VARIANTS[variant]
+    return [sys.executable, str(SCRIPTS / f"{algo.script}{suffix}.py"), *flags(budget), *extra]
+
+
+def measure_one(algo, variant, budget, cleanrl_dir, timeout, cwd):
+    """One run's learning-phase sps, its whole run's, and the threads our script ended on (None:
+    CleanRL's)."""
+    cmd = command(algo, variant, budget, cleanrl_dir)
+    # CleanRL's imports find cleanrl_utils; no GPU for anyone; each script's own threads
+    env = dict(os.environ, PYTHONPATH=str(cleanrl_dir), CUDA_VISIBLE_DEVICES="")
+    for name in THREAD_VARIABLES:
+        env.pop(name, None)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+        )
+    except subprocess.TimeoutExpired:
+        raise failure(cmd, f"ran past the {timeout} s timeout") from None
+    if proc.returncode != 0:
+        raise failure(cmd, f"exited with status {proc.returncode}", proc.stderr)
+    if variant != "cleanrl":
+        summary = read_summary(cmd, proc)
+        return dict(sps=summary["sps"], sps_run=summary["sps_wall"], threads=summary["threads"])
+    sps = cleanrl_sps(proc.stdout, budget)
+    if sps is None:
+        raise failure(cmd, f"printed other SPS lines than {list(print_steps(budget))}'s")
+    return dict(sps=sps[0], sps_run=sps[1], threads=None)
+
+
+def plan(algos, variants):
+    """(algo, variant) of one round, in order; `--bf16` only for SAC and TD3, and only where this
+    CPU computes bfloat16 natively (a note otherwise)."""
+    bf16 = load_script("runs").bf16_native()
+    if "cpu --bf16" in variants and not bf16:
+        note("skipping cpu --bf16: this CPU computes no bfloat16 natively")
+    runs = []
+    for algo in algos:
+        for variant in variants:
+            if variant != "cpu --bf16" or (bf16 and algo.name in BF16_ALGOS):
+                runs.append((algo, variant))
+    return runs
+
+
+def measure(algos, variants, rounds, quick, checkout, timeout):
+    """{algo: {variant: [run, ...]}} (`measure_one`'s): every round runs each (algo, variant)."""
+    results = {}
+    runs = plan(algos, variants)
+    with tempfile.TemporaryDirectory(prefix="cleanrl-") as tmp:
+        cleanrl_dir = Path(tmp) / "checkout"
+        cleanrl_copy(checkout, sorted({algo.cleanrl for algo in algos}), cleanrl_dir)
+        for round_ in range(rounds):
+            for algo, variant in runs:
+                budget = algo.quick if quick else algo.full
+                run = measure_one(algo, variant, budget, cleanrl_dir, timeout, tmp)
+                note(f"round {round_ + 1}: {algo.name} {variant}: {run['sps']:.0f} sps")
+                results.setdefault(algo.name, {}).setdefault(variant, []).append(run)
+    return results
+
+
+def rows(results):
+    """One row per algorithm and variant: the median learning-phase sps, its range and its ratio to
+    CleanRL's; the same ratio of the whole runs' medians; the threads our runs ended on."""
+    table = []
+    for algo, variants in results.items():
+        medians = {
+            variant: {
+                key: statistics.median(run[key] for run in runs) for key in ("sps", "sps_run")
+            }
+            for variant, runs in variants.items()
+        }
+        cleanrl = medians["cleanrl"]
+        for variant, runs in variants.items():
+            sps = [run["sps"] for run in runs]
+            row = dict(algo=algo, variant=variant, sps=medians[variant]["sps"])
+            row |= dict(min=min(sps), max=max(sps), vs_cleanrl=row["sps"] / cleanrl["sps"])
+            row["run_vs_cleanrl"] = medians[variant]["sps_run"] / cleanrl["sps_run"]
+            row["threads"] = sorted({run["threads"] for run in runs if run["threads"]})
+            table.append(row)
+    return table
+
+
+def markdown(result):
+    settings = result["settings"]
+    lines = [
+        f"{machine_line(result['machine'])}; CleanRL {settings['cleanrl_commit']}; "
+        f"{settings['rounds']} alternating round(s), {settings['budget']} budgets, medians of "
+        "learning-phase sps.",
+        "",
+        "| algo | variant | sps | min-max | vs CleanRL | whole run vs CleanRL | threads |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        threads = " ".join(map(str, r["threads"])) or "torch's default"
+        lines.append(
+            f"| {r['algo']} | {r['variant']} | {r['sps']:.0f} | {r['min']:.0f}-{r['max']:.0f} | "
+            f"{r['vs_cleanrl']:.2f}x | {r['run_vs_cleanrl']:.2f}x | {threads} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def checkout_commit(checkout):
+    """The commit of a CleanRL git checkout, or None (a plain copy)."""
+    proc = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return proc.stdout.strip() or None
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cleanrl", type=Path, required=True, help="a checkout of CleanRL")
+    parser.add_argument("--algos", nargs="+", default=[algo.name for algo in ALGOS])
+    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for one run")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    names = [algo.name for algo in ALGOS]
+    variants = set(args.variants)
+    if set(args.algos) - set(names) or variants - set(VARIANTS) or "cleanrl" not in variants:
+        print(f"error: --algos must name {names}, --variants {list(VARIANTS)}", file=sys.stderr)
+        sys.exit(2)
+    if args.rounds < 1 or not (args.cleanrl / "cleanrl").is_dir():
+        print("error: --cleanrl must be a CleanRL checkout, --rounds >= 1", file=sys.stderr)
+        sys.exit(2)
+    algos = [algo for algo in ALGOS if algo.name in args.algos]
+    started = datetime.now()
+    try:
+        results = measure(algos, args.variants, args.rounds, args.quick, args.cleanrl, args.timeout)
+    except BenchmarkError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    settings = dict(
+        rounds=args.rounds,
+        budget="quick" if args.quick else "full",
+        budgets={algo.name: algo.quick if args.quick else algo.full for algo in algos},
+        cleanrl_commit=checkout_commit(args.cleanrl) or "unknown",
+        started=started.isoformat(),
+    )
+    result = dict(machine=machine_info(), settings=settings, results=results, rows=rows(results))
+    paths = write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown)
+    print(markdown(result))
+    note("wrote " + ", ".join(map(str, paths)))
+
+
+if __name__ == "__main__":
+    main()
