@@ -45,6 +45,9 @@ def test_cleanrl_sps_is_read_from_its_prints():
     seconds = lambda step: min(step, 6144) / 400 + max(step - 6144, 0) / 2000  # noqa: E731
     # the last elapsed (22.5 s, at 909 sps) within 0.5 / 909 of itself, the phase 7.2 s of it
     assert cleanrl.cleanrl_sps(printed(PPO, seconds), PPO)[0] == pytest.approx(2000, rel=2e-3)
+    # PQN prints after each iteration of 4 envs x 128 steps
+    pqn = next(algo for algo in cleanrl.ALGOS if algo.name == "pqn").full
+    assert list(cleanrl.print_steps(pqn)) == [512 * k for k in range(1, 101)]
     one_less = printed(SAC, seconds).replace("SPS: ", "sps: ", 1)
     assert cleanrl.cleanrl_sps(one_less, SAC) is None
     assert cleanrl.cleanrl_sps("SPS: 0\n" * 29, SAC) is None
@@ -133,7 +136,8 @@ def test_the_study_runs_every_algorithm_beside_cleanrl(tmp_path):
     cleanrl.main([*argv, "--out-dir", str(tmp_path)])
     result = json.loads(next(Path(tmp_path).glob("cleanrl-*.json")).read_text())
     table = {(r["algo"], r["variant"]): r for r in result["rows"]}
-    assert set(table) == {(algo.name, v) for algo in cleanrl.ALGOS for v in ("cleanrl", "cpu")}
+    expected = [(algo, v) for algo in cleanrl.ALGOS for v in ("cleanrl", "cpu")]
+    assert set(table) == {(a.name, v) for a, v in expected if cleanrl.has_script(a, v)}
     assert all(r["sps"] > 0 and r["run_vs_cleanrl"] > 0 for r in table.values())
     assert result["settings"]["budgets"]["sac"] == cleanrl.ALGOS[0].quick
     assert result["machine"]["cores"] == os.cpu_count()

@@ -4,16 +4,20 @@ and their ratios, in one run, rounds alternating, on this machine.
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl  # a checkout of CleanRL (fe8d8a0)
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos sac td3 --rounds 3
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --quick  # tiny budgets, a smoke test
+    python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos pqn --variants cleanrl eager \
+        compile --rounds 3  # PQN, which has no _cpu script
 
 Budgets: SAC and TD3 on HalfCheetah-v4, 3,000 updates after learning starts (5,000 and 25,000 random
 steps, their defaults); PPO on HalfCheetah-v4, 20,480 steps (10 iterations); DQN on CartPole-v1,
-30,000 steps. The variants: CleanRL's script, our eager script, our `_cpu` script, and with `--bf16`
-where this CPU computes bfloat16 natively (SAC and TD3); `--variants` adds `_cpu --threads 1` and
-`--threads 2`. Every run hides the GPUs: this is a CPU study.
+30,000 steps; PQN on CartPole-v1, 51,200 steps (100 iterations of 4 envs x 128 steps). The
+variants: CleanRL's script, our eager script, our `_cpu` script, and with `--bf16` where this CPU
+computes bfloat16 natively (SAC and TD3); `--variants` adds `_cpu --threads 1`, `--threads 2` and
+`compile` (the twin with `--compile`). A variant whose script an algorithm lacks (PQN's `_cpu`) is
+skipped with a note. Every run hides the GPUs: this is a CPU study.
 
 Learning-phase sps. Ours: the SUMMARY's `sps` (after learning starts and the burn-in). CleanRL's
 scripts print `SPS: int(step / elapsed)` every 100 steps after learning starts (SAC, TD3, DQN) or
-after each iteration (PPO), at steps known from the budget: elapsed(step) = step / (SPS + 0.5)
+after each iteration (PPO, PQN), at steps known from the budget: elapsed(step) = step / (SPS + 0.5)
 (the print truncates; the half makes it within 0.5 / SPS of the truth), and the phase's sps is the
 steps between two prints over the time between them, from the first print after learning starts
 (PPO: after the third iteration, as our burn-in) to the last. Whole runs: our `sps_wall` against
@@ -90,6 +94,13 @@ ALGOS = (
         dict(env_id="CartPole-v1", total_timesteps=30000, learning_starts=10000),
         dict(env_id="CartPole-v1", total_timesteps=1500, learning_starts=1000),
     ),
+    Algo(
+        "pqn",
+        "pqn",
+        "pqn",
+        dict(env_id="CartPole-v1", total_timesteps=51200, num_envs=4, num_steps=128),
+        dict(env_id="CartPole-v1", total_timesteps=3072, num_envs=4, num_steps=128),
+    ),
 )
 # variant -> (our script's suffix, its flags); "cleanrl" is CleanRL's script
 VARIANTS = {
@@ -99,6 +110,7 @@ VARIANTS = {
     "cpu --bf16": ("_cpu", ("--bf16",)),
     "cpu --threads 1": ("_cpu", ("--threads", "1")),
     "cpu --threads 2": ("_cpu", ("--threads", "2")),
+    "compile": ("_torchcompile", ("--compile",)),
 }
 DEFAULT_VARIANTS = ("cleanrl", "eager", "cpu", "cpu --bf16")
 BF16_ALGOS = ("sac", "td3")
@@ -176,10 +188,11 @@ def flags(budget):
 
 
 def print_steps(budget):
-    """The steps at which CleanRL's script prints `SPS:`: after each iteration (PPO), or every 100
-    steps once learning has started."""
+    """The steps at which CleanRL's script prints `SPS:`: after each iteration of `num_envs` x
+    `num_steps` steps (PPO, PQN), or every 100 steps once learning has started."""
     if "num_steps" in budget:
-        return range(budget["num_steps"], budget["total_timesteps"] + 1, budget["num_steps"])
+        iteration = budget["num_steps"] * budget.get("num_envs", 1)
+        return range(iteration, budget["total_timesteps"] + 1, iteration)
     first = (budget["learning_starts"] // 100 + 1) * 100
     return range(first, budget["total_timesteps"], 100)
 
@@ -225,23 +238,32 @@ def measure_one(algo, variant, budget, cleanrl_dir, timeout, cwd):
         raise failure(cmd, f"exited with status {proc.returncode}", proc.stderr)
     if variant != "cleanrl":
         summary = read_summary(cmd, proc)
-        return dict(sps=summary["sps"], sps_run=summary["sps_wall"], threads=summary["threads"])
+        # a script without --threads runs on torch's default ones
+        threads = summary.get("threads")
+        return dict(sps=summary["sps"], sps_run=summary["sps_wall"], threads=threads)
     sps = cleanrl_sps(proc.stdout, budget)
     if sps is None:
         raise failure(cmd, f"printed other SPS lines than {list(print_steps(budget))}'s")
     return dict(sps=sps[0], sps_run=sps[1], threads=None)
 
 
+def has_script(algo, variant):
+    """Whether `algo` has the script `variant` runs (CleanRL's is in the checkout)."""
+    return variant == "cleanrl" or (SCRIPTS / f"{algo.script}{VARIANTS[variant][0]}.py").exists()
+
+
 def plan(algos, variants):
     """(algo, variant) of one round, in order; `--bf16` only for SAC and TD3, and only where this
-    CPU computes bfloat16 natively (a note otherwise)."""
+    CPU computes bfloat16 natively (a note otherwise); a variant only where its script exists."""
     bf16 = load_script("runs").bf16_native()
     if "cpu --bf16" in variants and not bf16:
         note("skipping cpu --bf16: this CPU computes no bfloat16 natively")
     runs = []
     for algo in algos:
         for variant in variants:
-            if variant != "cpu --bf16" or (bf16 and algo.name in BF16_ALGOS):
+            if not has_script(algo, variant):
+                note(f"skipping {algo.name} {variant}: it has no such script")
+            elif variant != "cpu --bf16" or (bf16 and algo.name in BF16_ALGOS):
                 runs.append((algo, variant))
     return runs
 
