@@ -1,24 +1,19 @@
 """Parallel Q-Network (PQN) on Atari with envpool, optimized: the twin of pqn_atari_envpool.py.
 
-Paper: https://arxiv.org/abs/2407.04811. Q-learning from many envs at once, with no replay buffer
-and no target network: a Nature CNN with LayerNorm, epsilon-greedy rollouts and Q(lambda)
-returns, then minibatch epochs over each rollout. Defaults are CleanRL's: Breakout-v5, 10M steps,
-8 envs x 128 steps, epsilon from 1 to 0.01 over the first 10% of the steps, RAdam.
+Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: see
+pqn_atari_envpool.py.
 
     python leanrl/pqn_atari_envpool_torchcompile.py --compile               # on a CPU
     python leanrl/pqn_atari_envpool_torchcompile.py --compile --cudagraphs  # fastest on a GPU
 
 The eager twin's algorithm and loop, with the data flow rewritten for speed:
 - frames stay uint8 from envpool to the network, copied once, into their slot of the rollout;
-- the rollout is one TensorDict on the device, flattened and cut into minibatches in one call;
-- the envs' rewards and episode ends are gathered in numpy, copied to the device once a rollout;
-- acting reads the weights through a copy of the Q network that has no autograd state, and draws
-  epsilon from a step counter on the device that it advances in place: no host sync;
-- the Q(lambda) returns are solved by doubling instead of a loop over the steps;
-- RAdam's learning rate is a tensor, annealed in place;
-- `--compile` compiles acting, the returns and the whole update (RAdam has no fused kernel: the
-  compiled update fuses its step);
+- a TensorDict rollout on the device, its rewards and ends copied there once a rollout;
+- acting on the device without a host sync, epsilon from a step counter there;
+- the Q(lambda) returns by doubling instead of a loop; a tensor learning rate;
+- `--compile` compiles acting, the returns and the whole update, RAdam's step with it;
 - `--cudagraphs` records acting, the returns and the update as CUDA graphs (on a CUDA device).
+
 envpool steps the games in C++ threads with DeepMind's preprocessing and resets an env
 on the step after its episode ended, so the observation stored after a last step is its true final
 one: a truncated episode bootstraps from it, a terminated one from 0. As in CleanRL, the reset step
@@ -41,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 
 
@@ -149,9 +144,8 @@ def q_lambda_returns(rewards, values, next_value, terminations, truncations, gam
     dones = torch.maximum(terminations, truncations)
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)]) * (1 - terminations)
     # R_t = r_t + gamma * ((1 - lambda) * V_{t+1} + lambda * R_{t+1}), where R_{t+1} is V_{t+1}
-    # after an episode's last step and after the rollout's. As R_t = b_t + c_t * R_{t+1}, with
-    # c_t = gamma * lambda (0 at those ends), it is solved by doubling: after the round with shift
-    # s, returns[t] sums the terms t .. t + 2s - 1 of R_t and coefs[t] is the product of their c's.
+    # after an episode's last step and after the rollout's: R_t = b_t + c_t * R_{t+1}, solved by
+    # doubling (after shift s, returns[t] sums R_t's terms t .. t + 2s - 1, coefs[t] their c's)
     ends = torch.cat([dones[:-1], torch.ones_like(dones[-1:])])
     coefs = gamma * q_lambda * (1 - ends)
     returns = rewards + gamma * next_values - coefs * next_values
@@ -175,19 +169,16 @@ def make_learner(args, n_act, device):
     # the env step on the device, which acting advances in place: no sync, no recompile
     global_step = torch.zeros((), dtype=torch.long, device=device)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    # acting reads the weights through a copy that shares their memory, with no autograd state
-    q_inference = QNetwork(n_act, device=device)
-    from_module(q_network).data.to_module(q_inference)
 
     def policy(obs):
         """Epsilon-greedy actions and the greedy actions' values, on the device."""
         global_step.add_(obs.shape[0])
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-        return epsilon_greedy(q_inference(obs), epsilon)
+        return epsilon_greedy(q_network(obs), epsilon)
 
     def get_value(obs):
         """max_a Q(obs, a): what a return bootstraps from."""
-        return q_inference(obs).max(dim=1).values
+        return q_network(obs).max(dim=1).values
 
     def loss_fn(mb):
         old_val = q_network(mb["obs"]).gather(1, mb["actions"].unsqueeze(-1)).squeeze(-1)
@@ -227,8 +218,7 @@ def main(args):
         compute_returns = torch.compile(q_lambda_returns, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (RAdam makes its state, compile compiles once
-        # more), the next records a CUDA graph, later calls replay it
+        # warm-up calls run as they are (RAdam makes its state), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         compute_returns = CudaGraphModule(compute_returns, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
@@ -255,8 +245,7 @@ def main(args):
     obs_shape = envs.single_observation_space.shape
     rollout["obs"] = torch.zeros(*shape, *obs_shape, dtype=torch.uint8, device=device)
     rollout["actions"] = torch.zeros(shape, dtype=torch.long, device=device)
-    # the games' rewards and ends stay in numpy until the rollout ends: one copy each to the device
-    # per rollout, not one per step
+    # rewards and ends in numpy until the rollout ends: one copy to the device each, not one a step
     outcomes = {key: np.zeros(shape, np.float32) for key in keys[1:]}
 
     next_obs, _ = envs.reset()

@@ -1,22 +1,15 @@
 """Parallel Q-Network (PQN), optimized for a GPU: the twin of pqn.py.
 
-Paper: https://arxiv.org/abs/2407.04811. Q-learning from many envs at once, with no replay buffer
-and no target network: a LayerNorm Q network, epsilon-greedy rollouts and Q(lambda) returns, then
-minibatch epochs over each rollout, as PPO does. Defaults are CleanRL's: CartPole-v1, 500k steps,
-4 envs x 128 steps, RAdam.
+Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: see pqn.py.
 
     python leanrl/pqn_torchcompile.py --compile  # acting, the returns and the update compiled
     python leanrl/pqn_torchcompile.py --compile --cudagraphs  # and replayed as CUDA graphs
 
 Same algorithm, defaults and loop as pqn.py. What changes for speed:
-- the rollout is one TensorDict on the device;
-- the envs' rewards and episode ends are gathered in numpy, copied to the device once a rollout;
-- acting reads the weights through a copy of the Q network that has no autograd state, and draws
-  epsilon from a step counter on the device that it advances in place: no host sync;
-- the Q(lambda) returns are solved by doubling instead of a loop over the steps;
-- RAdam's learning rate is a tensor, annealed in place;
-- `--compile` compiles acting, the returns and the whole update (RAdam has no fused kernel: the
-  compiled update fuses its step);
+- a TensorDict rollout on the device, its rewards and ends copied there once a rollout;
+- acting on the device without a host sync, epsilon from a step counter there;
+- the Q(lambda) returns by doubling instead of a loop; a tensor learning rate;
+- `--compile` compiles acting, the returns and the whole update, RAdam's step with it;
 - `--cudagraphs` records acting, the returns and the update as CUDA graphs (needs a CUDA device).
 A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose recorder cannot be
 saved: then its episodes start afresh.
@@ -32,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 
 
@@ -125,9 +118,8 @@ def q_lambda_returns(
     next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     # R_t = r_t + gamma * ((1 - lambda) * V_{t+1} + lambda * R_{t+1}), where R_{t+1} is V_{t+1}
-    # after an episode's last step and after the rollout's. As R_t = b_t + c_t * R_{t+1}, with
-    # c_t = gamma * lambda (0 at those ends), it is solved by doubling: after the round with shift
-    # s, returns[t] sums the terms t .. t + 2s - 1 of R_t and coefs[t] is the product of their c's.
+    # after an episode's last step and after the rollout's: R_t = b_t + c_t * R_{t+1}, solved by
+    # doubling (after shift s, returns[t] sums R_t's terms t .. t + 2s - 1, coefs[t] their c's)
     ends = torch.cat([dones[:-1], torch.ones_like(dones[-1:])])
     coefs = gamma * q_lambda * (1 - ends)
     returns = rewards + gamma * next_values - coefs * next_values
@@ -149,19 +141,16 @@ def make_learner(args, n_obs, n_act, device):
     # the env step on the device, which acting advances in place: no sync, no recompile
     global_step = torch.zeros((), dtype=torch.long, device=device)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    # acting reads the weights through a copy that shares their memory, with no autograd state
-    q_inference = QNetwork(n_obs, n_act, device=device)
-    from_module(q_network).data.to_module(q_inference)
 
     def policy(obs):
         """Epsilon-greedy actions and the greedy actions' values, on the device."""
         global_step.add_(obs.shape[0])
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
-        return epsilon_greedy(q_inference(obs), epsilon)
+        return epsilon_greedy(q_network(obs), epsilon)
 
     def get_value(obs):
         """max_a Q(obs, a): what a return bootstraps from."""
-        return q_inference(obs).max(dim=1).values
+        return q_network(obs).max(dim=1).values
 
     def loss_fn(mb):
         old_val = q_network(mb["obs"]).gather(1, mb["actions"].unsqueeze(-1)).squeeze(-1)
@@ -216,8 +205,7 @@ def main(args):
         compute_returns = torch.compile(q_lambda_returns, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (RAdam makes its state, compile compiles once
-        # more), the next records a CUDA graph, later calls replay it
+        # warm-up calls run as they are (RAdam makes its state), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
         compute_returns = CudaGraphModule(compute_returns, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
@@ -231,8 +219,7 @@ def main(args):
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
-    # the envs' rewards and ends stay in numpy until the rollout ends: one copy each to the device
-    # per rollout, not one per step
+    # rewards and ends in numpy until the rollout ends: one copy to the device each, not one a step
     outcomes = {key: np.zeros((args.num_steps, args.num_envs), np.float32) for key in scalars[1:4]}
 
     next_obs, _ = envs.reset(seed=args.seed)
