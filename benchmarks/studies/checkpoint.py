@@ -48,13 +48,15 @@ def measure(buffer_size, rounds):
     rb = module.ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     fill(rb, np.random.default_rng(0))
     obs, _ = envs.reset(seed=args.seed)
-    run.resume({}, range(args.total_timesteps // args.num_envs))
+    state = lambda: dict(learner=learner, rb=rb, envs=(envs, obs))  # noqa: E731
+    run.resume(state())
+    run.progress(range(args.total_timesteps // args.num_envs))  # makes the run folder
     path = Path(run.dir) / "checkpoint.pt"
     writes, loads = [], []
     for _ in range(rounds):
         run.next_checkpoint = 0.0  # due now
         start = time.perf_counter()
-        run.checkpoint(0, lambda: dict(learner=learner, rb=rb, envs=(envs, obs)))
+        run.checkpoint(0, state)
         writes.append(time.perf_counter() - start)
         start = time.perf_counter()
         torch.load(path, map_location="cpu", weights_only=False)
