@@ -445,8 +445,11 @@ def train(tmp_path, monkeypatch):
             return step(envs, *args, **kwargs)
 
         monkeypatch.setattr(owner, name, counted_step)
+        argv = list(map(str, flags))
         try:
-            module.main(tyro.cli(module.Args, args=list(map(str, flags))))
+            if hasattr(module, "sweep_argv"):  # a seeds script's entry checks a sweep's flags
+                argv = module.sweep_argv(module.Args, argv)
+            module.main(tyro.cli(module.Args, args=argv))
             return 0
         except SystemExit as e:
             return e.code
@@ -456,6 +459,30 @@ def train(tmp_path, monkeypatch):
             torch.set_num_threads(threads)
 
     return run
+
+
+@pytest.fixture
+def refused(train, capsys, monkeypatch):
+    """`refused(script, flags, words)`: `flags` given to the script's `main` in this process, which
+    sees no GPU (as a launched script), are refused before training: exit status 2 and one line on
+    stderr holding each of `words`, which it returns. Training, were it to start, fails the test at
+    once. (test_contract.py runs one refusal of every script as a whole process.)"""
+
+    def trains(run, iterations):
+        raise AssertionError("the flags were not refused: training started")
+
+    monkeypatch.setattr(load_script("runs").Run, "progress", trains)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def check(script, flags, words=()):
+        status = train(script, *flags)
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1, f"{flags}: exit status {status}\n{err}"
+        assert all(str(word) in lines[0] for word in words), (flags, lines[0])
+        return lines[0]
+
+    return check
 
 
 def checkpoint(folder):

@@ -182,15 +182,15 @@ def test_a_cpu_script_refuses_threads_below_one(script, train, capsys):
         assert len(lines) == 1 and "--threads" in lines[0] and value in lines[0], lines
 
 
-# a launched script sees no GPU (conftest.script_env), so this holds on a GPU machine too
+# `refused` hides the GPUs, so this holds on a GPU machine too
 @pytest.mark.parametrize(
     "script",
     [f"{algo}_torchcompile" for algo in FAMILIES]
     + SCALED_OUT
     + ["ppo_atari_envpool_torchcompile", "pqn_atari_envpool_torchcompile"],
 )
-def test_cudagraphs_without_cuda_exits_2(script):
-    assert_user_error(run_script(script, "--cudagraphs", timeout=120), "--cudagraphs", "CUDA")
+def test_cudagraphs_without_cuda_exits_2(script, refused):
+    refused(script, ("--cudagraphs",), ("--cudagraphs", "CUDA"))
 
 
 # bad flag values of the off-policy continuous scripts and the words their one line must hold
@@ -202,13 +202,11 @@ BAD_FLAGS = [
 
 
 @pytest.mark.parametrize("script", OFF_POLICY_CONTINUOUS)
-def test_off_policy_bad_input_exits_2(script, train, capsys):
+def test_off_policy_bad_input_exits_2(script, refused):
     """Each bad value is refused by the script's own checks, in process, before training; one of
     them through a whole run too, which shows `main` checks before it makes a run folder."""
     for flags, words in BAD_FLAGS:
-        assert train(script, *flags) == 2, flags
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and all(word in lines[0] for word in words), (flags, lines)
+        refused(script, flags, words)
     assert_user_error(run_script(script, *BAD_FLAGS[2][0], timeout=120), *BAD_FLAGS[2][1])
 
 

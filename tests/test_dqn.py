@@ -13,7 +13,6 @@ import pytest
 import torch
 from conftest import (
     assert_measured_threads,
-    assert_user_error,
     load_script,
     requires_cuda,
     run_script,
@@ -372,16 +371,16 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("flags,words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
-def test_bad_inputs_optimized_twin(flags, words):
-    assert_user_error(run_script("dqn_torchcompile", *flags), *words)
+def test_bad_inputs_optimized_twin(flags, words, refused):
+    refused("dqn_torchcompile", flags, words)
 
 
 @pytest.mark.parametrize("script", ["dqn", "dqn_cpu"])
 @pytest.mark.parametrize(
     "flags,words", BAD_INPUTS[:1] + BAD_INPUTS[-3:-1], ids=lambda x: " ".join(map(str, x))
 )
-def test_bad_inputs(script, flags, words):
-    assert_user_error(run_script(script, *flags), *words)
+def test_bad_inputs(script, flags, words, refused):
+    refused(script, flags, words)
 
 
 @requires_cuda

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, load_script, run_script, summary
+from conftest import load_script, run_script, summary
 from test_dqn import make_batch
 
 SEEDS = [1, 2, 3]
@@ -456,5 +456,5 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("flags,words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
-def test_bad_inputs(flags, words):
-    assert_user_error(run_script("dqn_seeds", *flags), *words)
+def test_bad_inputs(flags, words, refused):
+    refused("dqn_seeds", flags, words)

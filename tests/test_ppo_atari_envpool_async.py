@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
+from conftest import load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
 from test_ppo_atari_envpool import SMOKE, TWIN
 
@@ -313,10 +313,9 @@ def test_cudagraphs_smoke():
         # the default: 3
         (("--num-envs", "7"), ("--async-batch-size", "default", "divide --num-envs")),
         (("--env-threads", "0"), ("--env-threads", "positive")),
-        # a launched script sees no GPU (conftest.script_env)
-        (("--cudagraphs",), ("--cudagraphs", "CUDA")),
+        (("--cudagraphs",), ("--cudagraphs", "CUDA")),  # `refused` hides the GPUs
     ],
     ids=["not-a-divisor", "zero", "default-on-7-envs", "no-env-threads", "cudagraphs-without-cuda"],
 )
-def test_bad_input_exits_2(flags, words):
-    assert_user_error(run_script(ASYNC, *flags, timeout=120), *words)
+def test_bad_input_exits_2(flags, words, refused):
+    refused(ASYNC, flags, words)

@@ -262,8 +262,8 @@ def test_no_recompilation_after_warmup():
     ],
     ids=["unknown-env", "box-actions", "envs-do-not-divide", "index-outside-obs"],
 )
-def test_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags, timeout=120), *words)
+def test_bad_input_exits_2(script, flags, words, refused):
+    refused(script, flags, words)
 
 
 def assert_other_observation_flags_exit_2(script, tmp_path):

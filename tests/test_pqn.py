@@ -12,7 +12,6 @@ import pytest
 import torch
 from conftest import (
     assert_no_host_sync,
-    assert_user_error,
     load_script,
     requires_cuda,
     run_script,
@@ -347,8 +346,8 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 @pytest.mark.parametrize("flags, words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
-def test_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags), *words)
+def test_bad_input_exits_2(script, flags, words, refused):
+    refused(script, flags, words)
 
 
 @requires_cuda

@@ -5,7 +5,7 @@ bad input exits 2. PPO Atari's tests lend their smoke budget and minibatches."""
 
 import pytest
 import torch
-from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
+from conftest import load_script, requires_cuda, run_script, summary
 from test_ppo_atari_envpool import SMOKE, flat_parameters, make_minibatch
 from test_pqn import recursive_returns, returns_functions
 
@@ -160,5 +160,5 @@ def test_no_recompilation_after_warmup():
     ],
     ids=["unknown-task", "not-atari", "no-envs", "minibatches", "budget", "epsilon"],
 )
-def test_bad_input_exits_2(script, flags, words):
-    assert_user_error(run_script(script, *flags), *words)
+def test_bad_input_exits_2(script, flags, words, refused):
+    refused(script, flags, words)

@@ -296,13 +296,13 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 
 @pytest.mark.learning
 def test_the_members_learn_pendulum():
-    """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled, one
-    thread), at the budget and bar of test_sac_continuous_action.py's learning check: 8,000 steps
-    each, 1,000 of them random; the mean over members of each one's last-20 mean return must exceed
-    -400. Batches of 128, as TD3's seeds check: three members' updates cost three times one's.
-    Measured on a 2-core Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12 members):
-    members -260.3 to -141.2, the runs' 3-member means -211.5 to -179.8 (this run's: -179.8). A
-    random policy scores about -1200; a broken update stays below -600."""
+    """Two members (seeds 1, 2) as a user runs them (acting and the updates compiled, one thread),
+    at the budget and bar of test_sac_continuous_action.py's learning check: 8,000 steps each,
+    1,000 of them random; the mean over members of each one's last-20 mean return must exceed
+    -400. Batches of 128, as TD3's seeds check: two members' updates cost twice one's. Measured on
+    a 2-core Intel Xeon (AMX), this command with three members and `--seed` 1, 4, 7 and 10 (12
+    members): -260.3 to -141.2; this command on an AMD EPYC (Zen 4): -178.7 and -160.2. A random
+    policy scores about -1200; a broken update stays below -600."""
     flags = (
         "--env-id",
         "Pendulum-v1",
@@ -314,12 +314,12 @@ def test_the_members_learn_pendulum():
         1,
     )
     flags += ("--threads", 1, "--batch-size", 128)
-    s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags))
+    s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 2, *flags))
     assert (
         s["compile"] is True
-        and s["seeds"] == SEEDS
+        and s["seeds"] == [1, 2]
         and s["total_timesteps"] == 8000
-        and s["episodes"] == 3 * 40
+        and s["episodes"] == 2 * 40
     )
     assert np.mean(s["return_means"]) > -400, s["return_means"]
 

@@ -284,14 +284,15 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 
 @pytest.mark.learning
 def test_the_members_learn_pendulum():
-    """Three members (seeds 1, 2, 3) as a user runs them (acting and the updates compiled, one
-    thread), at the budget of test_td3_continuous_action.py's learning check: 10,000 steps each,
-    1,000 of them random; the mean over members of each one's last-20 mean return must exceed -600.
-    Batches of 128, not 256: three members' updates cost three times one's, and members learn slower
-    on them. Measured on a 2-core Intel Xeon (AMX), this command with `--seed` 1, 4, 7 and 10 (12
-    members): members -568.3 to -159.4, the runs' 3-member means -412.2 to -244.2 (this run's:
-    -244.2). A random policy scores about -1200; the CPU script with `--gamma 0` -1369.4
-    (test_td3_continuous_action.py). A bar of -300 on each member failed on this host."""
+    """Two members (seeds 1, 2) as a user runs them (acting and the updates compiled, one thread),
+    at the budget of test_td3_continuous_action.py's learning check: 10,000 steps each, 1,000 of
+    them random; the mean over members of each one's last-20 mean return must exceed -600. Batches
+    of 128, not 256: two members' updates cost twice one's, and members learn slower on them.
+    Measured on a 2-core Intel Xeon (AMX), this command with three members and `--seed` 1, 4, 7
+    and 10 (12 members): -568.3 to -159.4, 3-member means -412.2 to -244.2; this command on an AMD
+    EPYC (Zen 4): -165.6 and -226.2. A random policy scores about -1200; the CPU script with
+    `--gamma 0` -1369.4 (test_td3_continuous_action.py). A bar of -300 on each member failed on
+    the Xeon."""
     flags = (
         "--env-id",
         "Pendulum-v1",
@@ -303,13 +304,13 @@ def test_the_members_learn_pendulum():
         1,
     )
     s = summary(
-        run_script(SEEDS_SCRIPT, "--num-seeds", 3, *flags, "--batch-size", 128, "--threads", 1)
+        run_script(SEEDS_SCRIPT, "--num-seeds", 2, *flags, "--batch-size", 128, "--threads", 1)
     )
     assert (
         s["compile"] is True
-        and s["seeds"] == SEEDS
+        and s["seeds"] == [1, 2]
         and s["total_timesteps"] == 10000
-        and s["episodes"] == 3 * 50
+        and s["episodes"] == 2 * 50
     )
     assert np.mean(s["return_means"]) > -600, s["return_means"]
 
