@@ -42,6 +42,17 @@ def requires_cuda(test):
     return pytest.mark.cuda(_skip_without_cuda(test))
 
 
+def long_learning(test):
+    """Marks a learning check of a minute or more that the suite leaves out (the suite stays under
+    its time; each family keeps a shorter one): `LEANRL_LONG_TESTS=1 python -m pytest -m learning
+    tests` runs them all."""
+    skip = pytest.mark.skipif(
+        not os.environ.get("LEANRL_LONG_TESTS"),
+        reason="a long learning check: LEANRL_LONG_TESTS=1 runs it",
+    )
+    return pytest.mark.learning(skip(test))
+
+
 @pytest.fixture(autouse=True)
 def _scripts_see_gpus(request):
     """A launched script sees the GPUs only in a test marked `cuda`: every other test checks CPU

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, run_script, summary
+from conftest import load_script, long_learning, run_script, summary
 from test_ppo_continuous_action import make_minibatch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "ppo_continuous_action_seeds", "ppo_continuous_action_cpu"
@@ -343,7 +343,7 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
             )
 
 
-@pytest.mark.learning
+@long_learning
 def test_the_members_learn_inverted_pendulum():
     """Three members (seeds 1, 2, 3) as a user runs them (compiled, one thread), for the budget and
     bar of test_ppo_continuous_action.py's learning check: 40,960 steps each; the mean over members

@@ -10,7 +10,14 @@ import math
 
 import pytest
 import torch
-from conftest import assert_user_error, load_script, requires_cuda, run_script, summary
+from conftest import (
+    assert_user_error,
+    load_script,
+    long_learning,
+    requires_cuda,
+    run_script,
+    summary,
+)
 from test_ppo_lstm import (
     N_ACT,
     N_OBS,
@@ -246,7 +253,7 @@ def test_cudagraphs_smoke(flags):
     assert result["episodes"] >= 2
 
 
-@pytest.mark.learning
+@long_learning
 def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
     """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both
     velocities hidden (the default), seed 1, one intra-op thread. The mean return of the episodes

@@ -15,6 +15,7 @@ from conftest import (
     actor_critic_seeds_smoke_run,
     assert_seeds_smoke_summary,
     load_script,
+    long_learning,
     run_script,
     summary,
 )
@@ -282,7 +283,7 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])
 
 
-@pytest.mark.learning
+@long_learning
 def test_the_members_learn_pendulum():
     """Two members (seeds 1, 2) as a user runs them (acting and the updates compiled, one thread),
     at the budget of test_td3_continuous_action.py's learning check: 10,000 steps each, 1,000 of
