@@ -645,19 +645,32 @@ class Run:
         return summary | {"summary_file": os.path.abspath(path)}
 
 
+def compiled_graphs():
+    """How many graphs torch.compile has compiled in this process: torch guards compiled code on
+    the thread count, so the first calls at a new count compile again, for it."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 class ThreadChoice:
     """torch's intra-op threads, chosen by measurement where `--threads` does not fix them. A trial
     times the run's own iterations at one thread and at every core the process may use, in turns
     of at least `turn_seconds` and one iteration, alternately, until each count has run
-    `trial_seconds`, and keeps the faster; a count's first iteration is not timed (compiled code
-    compiles again for it). After the trial, each `window_seconds` the time of an iteration is
-    checked against the trial's: `band` times longer or shorter (the machine got busy, or idle)
-    starts a new trial."""
+    `trial_seconds`, and keeps the faster. Time in which anything compiled is not the count's: a
+    turn or window that compiled starts again. After the trial, each `window_seconds` the time of
+    an iteration is checked against the trial's: `band` times longer or shorter (the machine got
+    busy, or idle) starts a new trial."""
 
-    def __init__(self, cores, turn_seconds=0.25, trial_seconds=1.0, window_seconds=5.0, band=1.5):
+    def __init__(
+        self,
+        cores,
+        turn_seconds=0.25,
+        trial_seconds=1.0,
+        window_seconds=5.0,
+        band=1.5,
+        compiles=compiled_graphs,
+    ):
         self.counts, self.turn_seconds, self.trial_seconds = (1, cores), turn_seconds, trial_seconds
-        self.window_seconds, self.band = window_seconds, band
-        self.warm = {1}  # the counts that have run an iteration (the run starts on one thread)
+        self.window_seconds, self.band, self.compiles = window_seconds, band, compiles
         self.trials, self.chosen, self.mark = [], None, None
 
     def start(self, now):
@@ -666,31 +679,35 @@ class ThreadChoice:
         self.turn(now, self.counts[1])
 
     def turn(self, now, count):
-        self.count, self.timed = count, count in self.warm
+        self.count = count
         torch.set_num_threads(count)
-        self.mark = (now, 0)
+        self.restart(now)
+
+    def restart(self, now):
+        self.mark, self.compiled = (now, 0), self.compiles()
 
     def tick(self, now, step):
         """After an iteration: on to the next turn, the choice or a new trial; returns a line to
         print when a trial ends."""
         if self.mark is None:
             return None
+        if self.compiles() != self.compiled:
+            self.restart(now)
+            return None
         start, iterations = self.mark[0], self.mark[1] + 1
         self.mark = (start, iterations)
         if self.chosen is None:  # in a trial
-            if self.timed and now - start < self.turn_seconds:
+            if now - start < self.turn_seconds:
                 return None
-            if self.timed:
-                self.seconds[self.count][0] += now - start
-                self.seconds[self.count][1] += iterations
-            self.warm.add(self.count)
+            self.seconds[self.count][0] += now - start
+            self.seconds[self.count][1] += iterations
             if all(t >= self.trial_seconds and n for t, n in self.seconds.values()):
                 return self.choose(now, step)
             self.turn(now, self.counts[self.count == self.counts[0]])  # the other count
         elif now - start >= self.window_seconds:  # a window of the chosen count
             per_iteration = (now - start) / iterations
             if 1 / self.band < per_iteration / self.chosen[1] < self.band:
-                self.mark = (now, 0)
+                self.restart(now)
             else:
                 self.start(now)
         return None
@@ -701,7 +718,7 @@ class ThreadChoice:
         self.chosen = (threads, ms[threads] / 1e3)
         torch.set_num_threads(threads)
         self.trials.append(dict(step=step, threads=threads, ms=ms))
-        self.mark = (now, 0)
+        self.restart(now)
         times = ", ".join(f"{n}: {t:.2f} ms" for n, t in ms.items())
         return (
             f"threads: {threads}, faster at step {step} (an iteration: {times}); --threads fixes it"

@@ -81,18 +81,51 @@ def test_threads_fixed_by_the_flag_or_by_omp_num_threads_are_not_measured(make_r
     assert make_run("sac_continuous_action").threads is None  # no --threads, not the run's to set
 
 
-def test_long_iterations_end_a_trial_in_three_and_a_new_count_is_timed_after_its_first():
-    """PPO's iterations take seconds: one untimed iteration at the new count (it may compile: 60 s
-    here), then one timed iteration at each count ends the trial."""
-    choice = runs.ThreadChoice(2)
+def test_long_iterations_end_a_trial_in_three_and_time_that_compiled_is_not_timed():
+    """PPO's iterations take seconds: the first at the new count compiles (60 s here: torch guards
+    compiled code on the thread count), so it is not timed and the turn starts again; then one
+    timed iteration at each count ends the trial."""
+    graphs = [0]
+    choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
     choice.start(0.0)
-    costs = iter([60.0, 1.5, 1.0])  # 2 threads, compiling; 1 thread; 2 threads
+    costs = iter([(60.0, 1), (1.0, 0), (1.5, 0)])  # 2 threads, compiling; 2 threads; 1 thread
     now, step, lines = 0.0, 0, []
-    for cost in costs:
-        now, step = now + cost, step + 1
+    for cost, compiled in costs:
+        now, step, graphs[0] = now + cost, step + 1, graphs[0] + compiled
         lines += [choice.tick(now, step)]
     assert lines[:2] == [None, None] and lines[2] is not None
     assert choice.trials == [dict(step=3, threads=2, ms={1: 1500.0, 2: 1000.0})]
+
+
+def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_count():
+    """The bug this guards: SAC compiles its actor's update one iteration after its critic's, so
+    the second iteration at a new count compiled too; timed, it made two threads look 3x slower
+    than one. Here two threads are faster, but their turns compile for their first 3 iterations
+    (0.2 s each): the choice is still two threads, at the uncompiled iterations' time."""
+    graphs, at_two = [0], [0]
+    choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
+    choice.start(0.0)
+    now, step, lines = 0.0, 0, []
+    while not choice.trials:
+        threads = torch.get_num_threads()
+        at_two[0] += threads == 2
+        compiling = threads == 2 and at_two[0] <= 3
+        now, step = now + (0.2 if compiling else {1: 0.004, 2: 0.002}[threads]), step + 1
+        graphs[0] += compiling
+        lines += [line for line in [choice.tick(now, step)] if line]
+    assert choice.trials[0]["threads"] == 2 and len(lines) == 1
+    assert choice.trials[0]["ms"] == pytest.approx({1: 4.0, 2: 2.0})
+
+
+def test_a_window_that_compiled_does_not_start_a_new_trial():
+    graphs = [0]
+    choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
+    choice.start(0.0)
+    now, step, _ = drive(choice, {1: 0.004, 2: 0.002}.get, 3.0)
+    graphs[0] += 1  # an evaluation compiles for 2 s inside a window
+    now, step, _ = drive(choice, lambda threads: 2.0, 2.0, now, step)
+    now, step, lines = drive(choice, {1: 0.004, 2: 0.002}.get, 20.0, now, step)
+    assert lines == [] and len(choice.trials) == 1
 
 
 # every script with `--threads`: a tiny run of it (test_resume's), long enough for a trial whose
