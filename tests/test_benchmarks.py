@@ -912,6 +912,13 @@ def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch)
     machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
     md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=table))
     assert "| idle | dqn_seeds | 2000 | 4000 | 2.00x | 3000 | 0.75x | 2 |" in md
+    # two threads beside the busy core left out (--busy-ways default 1): the default against one
+    results, chosen = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path, ("default", 1))
+    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000]}
+    busy = [r for r in threads.rows(results, chosen) if r["condition"] == "one core busy"]
+    assert [(r["two"], r["ratio"], r["vs_best"]) for r in busy] == [(None, None, 1.0), (None, None, 2.0)]
+    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=busy))
+    assert "| one core busy | dqn_seeds | 2000 | - | - | 4000 | 2.00x | 2 |" in md
 
 
 def test_replay_sampling_draws_the_scripts_batches_both_ways():

@@ -5,6 +5,7 @@ run).
 
     python -m benchmarks.studies.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
     python -m benchmarks.studies.threads --algos sac --rounds 3
+    python -m benchmarks.studies.threads --full --busy-ways default 1  # two threads busy: known slow
 
 Each algorithm's runs alternate (default, threads 1, threads 2, per script), `--rounds` times in
 each condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with
@@ -44,10 +45,10 @@ def runs_of(algo, quick):
     return [(algo.single, flags), (algo.script, [*flags, "--num-seeds", "2"])]
 
 
-def measure(algos, rounds, quick, timeout, cwd):
-    """{condition: {script: {way: [sps, ...]}}} for each way of WAYS, and {condition: {script:
-    [threads, ...]}}, the counts the default runs ended on; the busy process started before a
-    condition's runs and stopped after them."""
+def measure(algos, rounds, quick, timeout, cwd, busy_ways=WAYS):
+    """{condition: {script: {way: [sps, ...]}}} for each way of WAYS (`busy_ways` beside the busy
+    core), and {condition: {script: [threads, ...]}}, the counts the default runs ended on; the
+    busy process started before a condition's runs and stopped after them."""
     results, chosen = {}, {}
     for condition in CONDITIONS:
         busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) if condition != "idle" else None
@@ -56,7 +57,7 @@ def measure(algos, rounds, quick, timeout, cwd):
             for algo in algos:
                 for _ in range(rounds):
                     for script, flags in runs_of(algo, quick):
-                        for threads in WAYS:
+                        for threads in WAYS if condition == "idle" else busy_ways:
                             cmd = command(script, flags, threads)
                             proc = subprocess.run(
                                 cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd
@@ -79,15 +80,16 @@ def measure(algos, rounds, quick, timeout, cwd):
 def rows(results, chosen=None):
     """One row per condition and script: median sps with one and two threads, and their ratio;
     where the default ran (`chosen` holds its counts), its median sps, its ratio to the better of
-    the two, and the counts it ended on."""
+    the fixed counts run, and the counts it ended on. A count not run: None."""
     table = []
     for condition, scripts in results.items():
         for script, by_threads in scripts.items():
-            one, two = (statistics.median(by_threads[t]) for t in (1, 2))
-            row = dict(condition=condition, script=script, one=one, two=two, ratio=two / one)
+            one, two = (statistics.median(by_threads[t]) if t in by_threads else None for t in (1, 2))
+            ratio = two / one if one and two else None
+            row = dict(condition=condition, script=script, one=one, two=two, ratio=ratio)
             if "default" in by_threads:
                 row["default"] = statistics.median(by_threads["default"])
-                row["vs_best"] = row["default"] / max(one, two)
+                row["vs_best"] = row["default"] / max(x for x in (one, two) if x)
                 row["chosen"] = sorted(set(chosen[condition][script]))
             table.append(row)
     return table
@@ -106,10 +108,9 @@ def markdown(result):
         "|---|---|---:|---:|---:|" + ("---:|---:|---|" if default else ""),
     ]
     for r in result["rows"]:
-        line = (
-            f"| {r['condition']} | {r['script']} | {r['one']:.0f} | {r['two']:.0f} | "
-            f"{r['ratio']:.2f}x |"
-        )
+        one, two = ("-" if r[k] is None else f"{r[k]:.0f}" for k in ("one", "two"))
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        line = f"| {r['condition']} | {r['script']} | {one} | {two} | {ratio} |"
         if default:
             ended = " ".join(map(str, r["chosen"]))
             line += f" {r['default']:.0f} | {r['vs_best']:.2f}x | {ended} |"
@@ -123,6 +124,13 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--full", action="store_true", help="the full budgets of benchmarks.studies.seeds"
+    )
+    parser.add_argument(
+        "--busy-ways",
+        nargs="+",
+        default=list(WAYS),
+        type=lambda way: way if way == "default" else int(way),
+        help="the ways run beside the busy core (default: all: default 1 2)",
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds for one run")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -138,10 +146,11 @@ def main(argv=None):
     algos = [algo for algo in ALGOS if algo.name in args.algos]
     started = datetime.now()
     with tempfile.TemporaryDirectory(prefix="threads-") as cwd:
-        results, chosen = measure(algos, args.rounds, not args.full, args.timeout, cwd)
-    settings = dict(
-        rounds=args.rounds, budget="full" if args.full else "quick", started=started.isoformat()
-    )
+        quick, busy_ways = not args.full, args.busy_ways
+        results, chosen = measure(algos, args.rounds, quick, args.timeout, cwd, busy_ways)
+    budget = "full" if args.full else "quick"
+    settings = dict(rounds=args.rounds, budget=budget, started=started.isoformat())
+    settings["busy_ways"] = busy_ways
     result = dict(machine=machine_info(), settings=settings, results=results, chosen=chosen)
     result["rows"] = rows(results, chosen)
     stem = f"threads-{started:%Y%m%d-%H%M%S}"
