@@ -647,8 +647,10 @@ class Run:
 
 def compiled_graphs():
     """How many graphs torch.compile has compiled in this process: torch guards compiled code on
-    the thread count, so the first calls at a new count compile again, for it."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    the thread count, so the first calls at a new count compile again, for it. Without compile,
+    none, and nothing imported (torch._dynamo takes seconds to import: it would be timed)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return dynamo.counters["stats"]["unique_graphs"] if dynamo else 0
 
 
 class ThreadChoice:

@@ -916,7 +916,10 @@ def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch)
     results, chosen = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path, ("default", 1))
     assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000]}
     busy = [r for r in threads.rows(results, chosen) if r["condition"] == "one core busy"]
-    assert [(r["two"], r["ratio"], r["vs_best"]) for r in busy] == [(None, None, 1.0), (None, None, 2.0)]
+    assert [(r["two"], r["ratio"], r["vs_best"]) for r in busy] == [
+        (None, None, 1.0),
+        (None, None, 2.0),
+    ]
     md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=busy))
     assert "| one core busy | dqn_seeds | 2000 | - | - | 4000 | 2.00x | 2 |" in md
 

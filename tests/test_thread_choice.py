@@ -5,11 +5,13 @@ count and no trial runs. The iteration times here are made up, so nothing is tim
 
 import functools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ALL_SCRIPTS, assert_measured_threads, load_script
+from conftest import ALL_SCRIPTS, ROOT, assert_measured_threads, load_script
 from test_resume import COUNTED, SMOKE
 
 runs = load_script("runs")
@@ -115,6 +117,18 @@ def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_cou
         lines += [line for line in [choice.tick(now, step)] if line]
     assert choice.trials[0]["threads"] == 2 and len(lines) == 1
     assert choice.trials[0]["ms"] == pytest.approx({1: 4.0, 2: 2.0})
+
+
+def test_counting_compiled_graphs_imports_nothing_where_nothing_compiled():
+    """An eager run's first trial turn would time torch._dynamo's import (seconds)."""
+    code = (
+        "import sys; import runs; import torch; n = runs.compiled_graphs();"
+        "print(n, 'torch._dynamo' in sys.modules);"
+        "torch.compile(lambda x: x + 1)(torch.ones(2)); print(runs.compiled_graphs())"
+    )
+    cmd = [sys.executable, "-c", code]
+    out = subprocess.run(cmd, cwd=ROOT / "leanrl", capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["0", "False", "1"], out.stderr
 
 
 def test_a_window_that_compiled_does_not_start_a_new_trial():

@@ -5,7 +5,7 @@ run).
 
     python -m benchmarks.studies.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
     python -m benchmarks.studies.threads --algos sac --rounds 3
-    python -m benchmarks.studies.threads --full --busy-ways default 1  # two threads busy: known slow
+    python -m benchmarks.studies.threads --full --busy-ways default 1  # 2 threads busy: known slow
 
 Each algorithm's runs alternate (default, threads 1, threads 2, per script), `--rounds` times in
 each condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with
@@ -84,7 +84,9 @@ def rows(results, chosen=None):
     table = []
     for condition, scripts in results.items():
         for script, by_threads in scripts.items():
-            one, two = (statistics.median(by_threads[t]) if t in by_threads else None for t in (1, 2))
+            one, two = (
+                statistics.median(by_threads[t]) if t in by_threads else None for t in (1, 2)
+            )
             ratio = two / one if one and two else None
             row = dict(condition=condition, script=script, one=one, two=two, ratio=ratio)
             if "default" in by_threads:
