@@ -104,14 +104,14 @@ def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_cou
     the second iteration at a new count compiled too; timed, it made two threads look 3x slower
     than one. Here two threads are faster, but their turns compile for their first 3 iterations
     (0.2 s each): the choice is still two threads, at the uncompiled iterations' time."""
-    graphs, at_two = [0], [0]
+    graphs, at_two = [0], 0
     choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
     choice.start(0.0)
     now, step, lines = 0.0, 0, []
     while not choice.trials:
         threads = torch.get_num_threads()
-        at_two[0] += threads == 2
-        compiling = threads == 2 and at_two[0] <= 3
+        at_two += threads == 2
+        compiling = threads == 2 and at_two <= 3
         now, step = now + (0.2 if compiling else {1: 0.004, 2: 0.002}[threads]), step + 1
         graphs[0] += compiling
         lines += [line for line in [choice.tick(now, step)] if line]
