@@ -134,6 +134,7 @@ ALGOS = (
         # 40 iterations of 4 envs x 128 steps, CartPole-v1
         quick=("--total-timesteps", "20480", "--measure-burnin", "4"),
         full=("--total-timesteps", "102400"),
+        cpu=True,
     ),
     Algo(
         "pqn_atari_envpool",

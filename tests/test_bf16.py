@@ -12,6 +12,7 @@ from conftest import load_script
 from test_contract import CPU_SCRIPTS
 from test_dqn import make_batch as dqn_batch
 from test_ppo_continuous_action import make_minibatch
+from test_pqn import make_minibatch as pqn_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
 from test_td3_continuous_action import make_batch as td3_batch
 
@@ -38,6 +39,10 @@ def learner_steps(script, bf16):
         learner = module.make_learner(args, 4, 2)
         update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
         return lambda k: torch.stack(update(dqn_batch(seed=k))), [learner.optimizer]
+    if script == "pqn_cpu":
+        learner = module.make_learner(args, 4, 2)
+        update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
+        return lambda k: torch.stack(update(dict(pqn_minibatch(k).items()))), [learner.optimizer]
     if script == "ppo_continuous_action_cpu":
         learner = module.make_learner(args, 3, 2, torch.device("cpu"))
         update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})

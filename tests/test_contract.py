@@ -18,13 +18,13 @@ from conftest import assert_user_error, load_script, requires_cuda, run_script, 
 from benchmarks.scripts import script_envs
 
 ALGOS = ("sac_continuous_action", "td3_continuous_action", "dqn", "ppo_continuous_action")
-FAMILIES = {algo: [algo, f"{algo}_torchcompile", f"{algo}_cpu"] for algo in ALGOS}
-# the algorithms without a CPU script: their twins
-FAMILIES |= {algo: [algo, f"{algo}_torchcompile"] for algo in ("pqn",)}
+FAMILIES = {algo: [algo, f"{algo}_torchcompile", f"{algo}_cpu"] for algo in (*ALGOS, "pqn")}
 # the scripts that scale a twin out keep its contract: plainly run, they are one process of it
 SCALED_OUT = ["ppo_continuous_action_distributed", "ppo_continuous_action_ray"]
 SCRIPTS = [name for family in FAMILIES.values() for name in family] + SCALED_OUT
-CPU_SCRIPTS = [f"{algo}_cpu" for algo in ALGOS]
+CPU_SCRIPTS = [f"{algo}_cpu" for algo in FAMILIES]
+# the CPU scripts whose Adam is written out (pqn_cpu's RAdam: test_pqn.py)
+ADAM_SCRIPTS = [f"{algo}_cpu" for algo in ALGOS]
 OFF_POLICY_CONTINUOUS = FAMILIES["sac_continuous_action"] + FAMILIES["td3_continuous_action"]
 # every script whose envs are gymnasium's (the Atari pair makes envpool's; the Ray script checks the
 # id on the driver with the `make_envs` its runners use)
@@ -81,7 +81,7 @@ def test_every_finished_episode_is_counted(script):
     assert module.finished_episodes({}) == []
 
 
-@pytest.mark.parametrize("script", CPU_SCRIPTS)
+@pytest.mark.parametrize("script", ADAM_SCRIPTS)
 def test_written_out_adam_takes_torch_adams_steps_over_a_long_run(script):
     """The CPU scripts' written-out Adam keeps beta1**t and beta2**t as running products, not
     powers of a step count: over 3,000 steps, past where the bias corrections fade, its

@@ -1,16 +1,22 @@
-"""PQN's twins on classic control: smoke runs, epsilon-greedy acting with a coin per env on the
-epsilon schedule, the Q(lambda) returns (bootstrapping through truncation, not termination; the
-twin's doubling = the eager loop), the twin's update (compiled or not) = the eager twin's on the
-same minibatch (loss, gradients, parameters), no recompilation, no host sync in what a CUDA graph
-records, models that load across the twins, divergence, learning, bad inputs.
+"""PQN's three scripts on classic control, the eager reference, the twin and the CPU script: smoke
+runs, epsilon-greedy acting with a coin per env on the epsilon schedule, the CPU script's numpy Q
+network == the torch module, the Q(lambda) returns (bootstrapping through truncation, not
+termination; the twin's doubling and the CPU script's numpy loop = the eager loop), the twin's
+update (compiled or not) = the eager twin's on the same minibatch (loss, gradients, parameters),
+the CPU script's functional update (its clipping and RAdam written out) = the eager one, no
+recompilation, no host sync in what a CUDA graph records, models that load across the scripts,
+divergence, learning, bad inputs.
 
 Compiling tests (a cold torch.compile costs 15-40 s here): the twin's `--compile` smoke run, its
-compiled policy, returns and update. The rest run in a few seconds each.
+compiled policy, returns and update, the CPU script's compiled update and its learning check. The
+rest run in a few seconds each.
 """
 
+import numpy as np
 import pytest
 import torch
 from conftest import (
+    assert_measured_threads,
     assert_no_host_sync,
     load_script,
     requires_cuda,
@@ -20,7 +26,7 @@ from conftest import (
 from tensordict import TensorDict
 from test_divergence import assert_diverged
 
-EAGER, TWIN = "pqn", "pqn_torchcompile"
+EAGER, TWIN, CPU = "pqn", "pqn_torchcompile", "pqn_cpu"
 # 4 iterations of 4 envs x 128 steps, 16 minibatch updates each
 SMOKE = ("--total-timesteps", 2048, "--measure-burnin", 1)
 
@@ -34,8 +40,8 @@ def eager_run(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "script, flags",
-    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",))],
-    ids=["eager", "twin", "twin-compile"],
+    [(EAGER, ()), (TWIN, ()), (TWIN, ("--compile",)), (CPU, ("--no-compile",))],
+    ids=["eager", "twin", "twin-compile", "cpu"],
 )
 def test_smoke(script, flags, request):
     s = (
@@ -50,27 +56,30 @@ def test_smoke(script, flags, request):
     # at half the run
     assert s["episodes"] > 10 and s["return_mean"] >= 8
     assert s["sps"] > 0 and s["sps_wall"] > 0
+    if script == CPU:  # the CPU script chooses its thread count
+        assert_measured_threads(s)
 
 
-def test_a_model_saved_by_one_twin_evaluates_alike_in_the_other(eager_run, tmp_path):
-    """The eager twin's model, evaluated greedily by the twin on the same seed, plays the same
-    episodes; the Q networks have the same keys and shapes."""
+def test_a_model_saved_by_one_script_evaluates_alike_in_the_others(eager_run, tmp_path):
+    """The eager twin's model, evaluated greedily by the twin and the CPU script on the same seed,
+    plays the same episodes; the Q networks have the same keys and shapes."""
     assert len(eager_run["eval_returns"]) == 2
     flags = ("--eval-model", eager_run["model_file"], "--eval-episodes", 2)
-    replayed = summary(run_script(TWIN, *flags, cwd=tmp_path))
-    assert replayed["eval_returns"] == eager_run["eval_returns"]
+    for script in (TWIN, CPU):
+        replayed = summary(run_script(script, *flags, cwd=tmp_path))
+        assert replayed["eval_returns"] == eager_run["eval_returns"], script
     shapes = [
         {k: v.shape for k, v in load_script(name).QNetwork(4, 2).state_dict().items()}
-        for name in (EAGER, TWIN)
+        for name in (EAGER, TWIN, CPU)
     ]
-    assert shapes[0] == shapes[1]
+    assert shapes[0] == shapes[1] == shapes[2]
 
 
 # --- acting
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script", [EAGER, TWIN])
+@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 def test_linear_schedule(script):
     """1 -> 0.05 over 1000 steps: start, middle, end of exploration, and flat after it."""
     linear_schedule = load_script(script).linear_schedule
@@ -86,18 +95,26 @@ def prefer_action_0(q_network):
         q_network.network[-1].bias.copy_(torch.tensor([1.0, 0.0]))
 
 
-@pytest.mark.parametrize("script", [EAGER, TWIN])
+def make_learner(script, args):
+    """`script`'s learner for CartPole's 4 obs and 2 actions, on the CPU."""
+    module = load_script(script)
+    device = () if script == CPU else (torch.device("cpu"),)
+    return module.make_learner(args, 4, 2, *device)
+
+
+@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 def test_acting_flips_a_coin_per_env_on_the_schedule(script):
     """With Q = [1, 0] everywhere, an env plays action 1 with probability epsilon / 2, and all 8
     envs of a call play 0 with probability (1 - epsilon / 2)^8; one coin for all envs (DQN's)
     would give 1 - epsilon + epsilon / 256 (0.09 against 0.48 at epsilon 0.525). The values are
-    max Q = 1. The eager twin gets epsilon from the loop; the twin's compiled policy draws it from
-    the step it advances on the device, and compiles nothing new across the schedule. 2,000 calls
-    per point: standard errors below 0.004 and 0.012, tolerances 0.02 and 0.04."""
+    max Q = 1. The eager twin and the CPU script (in numpy) get epsilon from the loop; the twin's
+    compiled policy draws it from the step it advances on the device, and compiles nothing new
+    across the schedule. 2,000 calls per point: standard errors below 0.004 and 0.012, tolerances
+    0.02 and 0.04."""
     mod = load_script(script)
     torch.manual_seed(0)
     args = mod.Args(start_e=1.0, end_e=0.05, exploration_fraction=1.0, total_timesteps=100_000)
-    learner = mod.make_learner(args, 4, 2, torch.device("cpu"))
+    learner = make_learner(script, args)
     prefer_action_0(learner.q_network)
     obs = torch.randn(8, 4)
     if script == TWIN:
@@ -112,6 +129,9 @@ def test_acting_flips_a_coin_per_env_on_the_schedule(script):
                 if script == TWIN:
                     learner.global_step.fill_(step - 8)  # the policy adds the call's 8 envs
                     calls.append(policy(obs))
+                elif script == CPU:
+                    actions, values = learner.policy(obs.numpy(), epsilon)
+                    calls.append((torch.from_numpy(actions), torch.from_numpy(values)))
                 else:
                     calls.append(learner.policy(obs, epsilon))
             actions = torch.stack([a for a, _ in calls])
@@ -123,21 +143,52 @@ def test_acting_flips_a_coin_per_env_on_the_schedule(script):
             assert all_greedy == pytest.approx((1 - epsilon / 2) ** 8, abs=0.04), step
 
 
+def test_numpy_q_network_is_the_torch_module_also_after_an_in_place_step():
+    """The CPU script acts with `QNetwork.forward` restated in numpy (LayerNorm included): its
+    greedy actions and values are the module's argmax and max for 512 random observations, on
+    random weights, and still after the weights change in place (as RAdam's step changes them: the
+    numpy views read the same memory)."""
+    torch.manual_seed(0)
+    learner = make_learner(CPU, load_script(CPU).Args())
+    obs = np.random.default_rng(0).standard_normal((512, 4), dtype=np.float32)
+    for _ in range(2):  # before and after an in-place change
+        with torch.no_grad():
+            q = learner.q_network(torch.from_numpy(obs))
+        actions, values = learner.policy(obs, 0.0)
+        np.testing.assert_array_equal(actions, q.argmax(dim=1).numpy())
+        np.testing.assert_allclose(values, q.max(dim=1).values.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(learner.get_value(obs), values)
+        assert len(set(actions.tolist())) > 1, "the actions are not all the same"
+        with torch.no_grad():
+            for param in learner.q_network.parameters():
+                param.add_(torch.randn_like(param))  # LayerNorm's gain and shift too
+
+
 # --- the Q(lambda) returns
 # ------------------------------------------------------------------------------------------
 
 
-def returns_functions(eager=EAGER, twin=TWIN):
-    """The eager twin's loop, the twin's doubling, and the doubling compiled as `--compile` does."""
+def returns_functions(eager=EAGER, twin=TWIN, cpu=None):
+    """The eager twin's loop, the twin's doubling, the doubling compiled as `--compile` does, and
+    the CPU script's numpy loop (if `cpu`), called on numpy arrays."""
     twin_returns = load_script(twin).q_lambda_returns
-    return {
+    functions = {
         "eager": load_script(eager).q_lambda_returns,
         "twin": twin_returns,
         "twin-compiled": torch.compile(twin_returns, fullgraph=True),
     }
+    if cpu:
+        numpy_returns = load_script(cpu).q_lambda_returns
+
+        def on_numpy(*data):
+            data = [x.numpy() if isinstance(x, torch.Tensor) else x for x in data]
+            return torch.from_numpy(numpy_returns(*data))
+
+        functions["cpu"] = on_numpy
+    return functions
 
 
-@pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled"])
+@pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled", "cpu"])
 def test_returns_bootstrap_truncation_from_the_final_obs_and_not_termination(name):
     """One env, 4 steps: step 1 is truncated (its final obs' value 10), step 2 terminates (its
     final value, 55, is never read); the rollout ends after step 3 (value 7 after it)."""
@@ -147,7 +198,7 @@ def test_returns_bootstrap_truncation_from_the_final_obs_and_not_termination(nam
     terminations = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
     truncations = torch.tensor([[0.0], [1.0], [0.0], [0.0]])
     gamma, lam = 0.9, 0.5
-    returns = returns_functions()[name](
+    returns = returns_functions(cpu=CPU)[name](
         rewards, values, torch.tensor([7.0]), final_values, terminations, truncations, gamma, lam
     )
     # by hand: R_3 = 3 + 0.9 * 7 = 9.3 (the rollout's end); R_2 = 0 (terminal); R_1 = 2 + 0.9 * 10
@@ -170,9 +221,9 @@ def recursive_returns(rewards, next_values, dones, gamma, q_lambda):
 
 
 def test_returns_are_the_recursion_and_doubling_equals_the_loop():
-    """128 steps x 4 envs with terminations and truncations: the eager loop, the doubling and the
-    doubling compiled against the recursion written out in float64, to 1e-5 (float32 summed in
-    another order)."""
+    """128 steps x 4 envs with terminations and truncations: the eager loop, the doubling, the
+    doubling compiled and the CPU script's numpy loop against the recursion written out in float64,
+    to 1e-5 (float32 summed in another order)."""
     g = torch.Generator().manual_seed(0)
     n, e = 128, 4
     terminations = (torch.rand(n, e, generator=g) < 0.03).float()
@@ -184,7 +235,7 @@ def test_returns_are_the_recursion_and_doubling_equals_the_loop():
     next_values = torch.where(dones.bool(), final_values, next_values) * (1 - terminations)
     expected = recursive_returns(rewards.double(), next_values.double(), dones, 0.99, 0.65)
     data = (rewards, values, next_value, final_values, terminations, truncations, 0.99, 0.65)
-    for name, function in returns_functions().items():
+    for name, function in returns_functions(cpu=CPU).items():
         got = function(*data)
         torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-5, msg=name)
 
@@ -237,6 +288,75 @@ def test_twin_update_compiled_or_not_takes_the_eager_twins_steps():
                 torch.testing.assert_close(param, want, rtol=0, atol=1e-6, msg=name)
     moved = [not torch.equal(p, p0) for p, p0 in zip(updates["eager"][1].parameters(), start)]
     assert all(moved), "every parameter moved"
+
+
+def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling():
+    """Eight steps on fresh minibatches from the same start (RAdam's variance rectification begins
+    at its sixth; the minibatches' gradients are clipped): the eager twin's module update
+    (clip_grad_norm_, torch.optim.RAdam), the CPU script's functional update run eagerly
+    (`--no-compile`) and compiled as `main` compiles it (one graph, C++ wrapper), the learning rate
+    annealed in place from the fourth step. After each step the losses and mean Qs agree within
+    1e-5 (relative) and the parameters within 1e-6 (absolute; a step moves them by ~lr = 2.5e-4);
+    from the third call on, the compiled update compiles nothing new."""
+    torch.manual_seed(0)
+    reference = make_learner(EAGER, load_script(EAGER).Args())
+    cpu = {}
+    for name in ("functional", "compiled"):
+        torch.manual_seed(0)
+        cpu[name] = make_learner(CPU, load_script(CPU).Args())
+    compiled = torch.compile(cpu["compiled"].update, fullgraph=True, options={"cpp_wrapper": True})
+    updates = {"functional": cpu["functional"].update, "compiled": compiled}
+    start = [p.detach().clone() for p in reference.q_network.parameters()]
+    for step in range(8):
+        if step == 2:
+            torch.compiler.set_stance("fail_on_recompile")
+        if step >= 3:
+            lr = 2.5e-4 / step
+            reference.optimizer.param_groups[0]["lr"] = lr
+            for learner in cpu.values():
+                learner.optimizer.lr.fill_(lr)
+        try:
+            batch = dict(make_minibatch(step).items())
+            expected = reference.update(batch)
+            for name, update in updates.items():
+                for value, want in zip(update(batch), expected):
+                    torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-7, msg=name)
+                for param, want in zip(
+                    cpu[name].q_network.parameters(), reference.q_network.parameters()
+                ):
+                    torch.testing.assert_close(param, want, rtol=0, atol=1e-6, msg=name)
+        finally:
+            torch.compiler.set_stance("default")
+    moved = [not torch.equal(p, p0) for p, p0 in zip(reference.q_network.parameters(), start)]
+    assert all(moved), "every parameter moved"
+
+
+def test_written_out_radam_takes_torch_radams_steps_over_a_long_run():
+    """The CPU script's RAdam, whose step count is a tensor and whose rectification is a `where`,
+    against torch.optim.RAdam over 3,000 steps (past the warm-up and where the bias corrections
+    fade), its learning rate a tensor changed in place as the loop anneals it."""
+    module = load_script(CPU)
+    torch.manual_seed(0)
+    start = {"weight": torch.randn(8, 5), "bias": torch.randn(5)}
+    params = {name: p.clone() for name, p in start.items()}
+    lr = torch.tensor(1e-3)
+    radam = module.RAdam(params, lr)
+    reference = {name: p.clone().requires_grad_() for name, p in start.items()}
+    torch_radam = torch.optim.RAdam(reference.values(), lr=1e-3)
+    for step in range(3000):
+        if step == 1000:
+            lr.fill_(5e-4)
+            torch_radam.param_groups[0]["lr"] = 5e-4
+        grads = {name: torch.randn_like(p) * (1 + step % 7) for name, p in start.items()}
+        radam.step(grads)
+        for name, p in reference.items():
+            p.grad = grads[name]
+        torch_radam.step()
+        if step in (0, 4, 5, 9, 99, 2999):
+            for name, p in params.items():
+                want = reference[name].detach()
+                torch.testing.assert_close(p, want, rtol=0, atol=1e-5, msg=f"{name}, {step + 1}")
+    assert (params["weight"] - start["weight"]).abs().max() > 0.01
 
 
 def test_no_recompilation_after_warmup():
@@ -304,13 +424,15 @@ def test_what_a_cuda_graph_records_never_syncs_with_the_host(compile):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_a_learning_rate_far_too_large_diverges_with_exit_3():
+@pytest.mark.parametrize("script", [EAGER, CPU])
+def test_a_learning_rate_far_too_large_diverges_with_exit_3(script):
     """RAdam's first steps move each weight by about the learning rate: at 1e30 the Q values
     overflow, and the TD loss logged after the first iteration is not finite."""
     flags = ("--total-timesteps", 2048, "--learning-rate", 1e30, "--save-model")
+    flags += ("--no-compile",) if script == CPU else ()
     line = "error: diverged at step 512: td_loss is nan; maybe too large: --learning-rate 1e+30"
     diverged = {"step": 512, "metric": "td_loss", "value": "nan"}
-    result = assert_diverged(run_script(EAGER, *flags), line, diverged)
+    result = assert_diverged(run_script(script, *flags), line, diverged)
     assert result["total_timesteps"] == 512  # it stopped after the iteration it logged
 
 
@@ -344,7 +466,7 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("script", [EAGER, TWIN])
+@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 @pytest.mark.parametrize("flags, words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
 def test_bad_input_exits_2(script, flags, words, refused):
     refused(script, flags, words)

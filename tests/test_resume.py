@@ -99,6 +99,7 @@ EXACT = {
         128,
     ),
 }
+EXACT["pqn_cpu"] = (*EXACT["pqn"][:2], ("--no-compile", "--threads", 1), 128)
 # a sweep: 2 learning rates x 2 seeds (a key: the script, then a name of the case)
 EXACT["dqn_seeds sweep"] = (*EXACT["dqn_seeds"][:2], ("--learning-rate", 1e-3, 2.5e-4), 355)
 
@@ -212,6 +213,7 @@ SMOKE = {
     "ppo_atari_envpool_async": ATARI,
     "pqn": PQN,
     "pqn_torchcompile": PQN,
+    "pqn_cpu": (*PQN, "--no-compile"),
     "pqn_atari_envpool": ATARI,
     "pqn_atari_envpool_torchcompile": ATARI,
 }

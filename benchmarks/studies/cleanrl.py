@@ -5,15 +5,15 @@ and their ratios, in one run, rounds alternating, on this machine.
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos sac td3 --rounds 3
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --quick  # tiny budgets, a smoke test
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos pqn --variants cleanrl eager \
-        compile --rounds 3  # PQN, which has no _cpu script
+        cpu compile --rounds 4  # PQN, its twin's --compile too
 
 Budgets: SAC and TD3 on HalfCheetah-v4, 3,000 updates after learning starts (5,000 and 25,000 random
 steps, their defaults); PPO on HalfCheetah-v4, 20,480 steps (10 iterations); DQN on CartPole-v1,
 30,000 steps; PQN on CartPole-v1, 51,200 steps (100 iterations of 4 envs x 128 steps). The
 variants: CleanRL's script, our eager script, our `_cpu` script, and with `--bf16` where this CPU
 computes bfloat16 natively (SAC and TD3); `--variants` adds `_cpu --threads 1`, `--threads 2` and
-`compile` (the twin with `--compile`). A variant whose script an algorithm lacks (PQN's `_cpu`) is
-skipped with a note. Every run hides the GPUs: this is a CPU study.
+`compile` (the twin with `--compile`). A variant whose script an algorithm lacks is skipped with a
+note. Every run hides the GPUs: this is a CPU study.
 
 Learning-phase sps. Ours: the SUMMARY's `sps` (after learning starts and the burn-in). CleanRL's
 scripts print `SPS: int(step / elapsed)` every 100 steps after learning starts (SAC, TD3, DQN) or
