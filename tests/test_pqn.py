@@ -449,6 +449,16 @@ def test_learns_cartpole():
     assert s["return_mean"] > 50, s
 
 
+@pytest.mark.learning
+def test_the_cpu_script_learns_cartpole():
+    """The CPU script as a user runs it (the compiled update, numpy acting, threads by measurement)
+    at the eager twin's budget and bar: seed 1, 122,880 steps, the last 20 episodes' mean above 50.
+    Measured on a 2-core AMD EPYC (Zen 4, idle), seeds 1-10: 70.45 to 151.2 (seed 1: 151.2; mean
+    91.9), 12-16 s a run with a warm compile cache."""
+    s = summary(run_script(CPU, "--seed", 1, "--total-timesteps", 122_880))
+    assert s["compile"] is True and s["return_mean"] > 50, s
+
+
 # --- bad inputs
 # ---------------------------------------------------------------------------------------------
 
