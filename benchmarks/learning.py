@@ -8,6 +8,7 @@ beside the one CleanRL publishes for the same algorithm and env.
     python -m benchmarks.learning --report
     python -m benchmarks.learning --set atari  # PPO Atari (async) on Breakout, when time is left
     python -m benchmarks.learning --set pqn --jobs 2  # PQN on CartPole-v1, 500k steps, 5 seeds
+    python -m benchmarks.learning --set pqn_atari  # PQN on Breakout-v5, 500k steps, one seed
 
 A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps N --seed S
 --eval-episodes 10` (a `_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in
@@ -156,6 +157,12 @@ REFERENCES = {
         500_000,
         CLEANRL + "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/docs/rl-algorithms/pqn.md",
     ),
+    ("pqn_atari_envpool", "Breakout-v5"): Reference(
+        384.85,
+        12.39,
+        10_000_000,
+        CLEANRL + "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/docs/rl-algorithms/pqn.md",
+    ),
 }
 
 
@@ -180,6 +187,8 @@ def learning_set(name):
         return runs("ppo_atari_envpool_async", "Breakout-v5", 1_000_000, (1,))
     if name == "pqn":  # the eager reference: on a CPU as fast as the twin end to end at 500k
         return runs("pqn", "CartPole-v1", 500_000, (1, 2, 3, 4, 5))
+    if name == "pqn_atari":  # the eager reference, 1/20 of CleanRL's budget: about 30 minutes here
+        return runs("pqn_atari_envpool", "Breakout-v5", 500_000, (1,))
     dqn, ppo, td3, sac = (
         "dqn",
         "ppo_continuous_action",
@@ -200,7 +209,7 @@ def learning_set(name):
     ]
 
 
-SETS = ("default", "atari", "pqn", "smoke")
+SETS = ("default", "atari", "pqn", "pqn_atari", "smoke")
 
 
 # Running
