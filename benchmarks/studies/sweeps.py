@@ -109,6 +109,11 @@ def setting_means(values, members, summaries):
     return means
 
 
+def without_curves(summary):
+    """A run's summary without its learning curves: one point an episode, megabytes over 80 runs."""
+    return {key: value for key, value in summary.items() if key not in ("curve", "curves")}
+
+
 def measure(args, algo):
     """The sweep, the seeds run and the single runs; returns the study's table."""
     flag, values = args.flag, args.values
@@ -158,7 +163,11 @@ def measure(args, algo):
         sweep_sps=sweep["sps"],
         seeds_sps=seeds_run["sps"],
         sweep_vs_seeds=sweep["sps"] / seeds_run["sps"],
-        summaries=dict(sweep=sweep, seeds=seeds_run, runs=singles),
+        summaries=dict(
+            sweep=without_curves(sweep),
+            seeds=without_curves(seeds_run),
+            runs=[without_curves(s) for s in singles],
+        ),
     )
 
 
