@@ -378,14 +378,20 @@ class Run:
         return self.timed(self.pbar) if self.threads else self.pbar
 
     def timed(self, iterations):
-        """`iterations`, each timed for the thread choice; a trial that ends restarts the clock."""
+        """`iterations`, each timed for the thread choice. sps counts the trials (their cost is the
+        run's) but not an iteration that compiled for a new count, as it leaves out the first
+        compile."""
+        steps = self.steps
         for iteration in iterations:
             yield iteration
+            untimed = self.threads.untimed
             line = self.threads.tick(time.perf_counter(), self.steps)
+            if self.measure_start and self.threads.untimed > untimed:  # it compiled
+                self.measure_start += self.threads.untimed - untimed
+                self.measure_step += self.steps - steps
+            steps = self.steps
             if line:
                 tqdm.tqdm.write(line, file=sys.stderr)
-                if len(self.threads.trials) == 1:  # sps counts from the first choice
-                    self.measure_start, self.measure_step = time.time(), self.steps
 
     def checkpoint(self, iteration, state):
         """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
@@ -658,9 +664,9 @@ class ThreadChoice:
     times the run's own iterations at one thread and at every core the process may use, in turns
     of at least `turn_seconds` and one iteration, alternately, until each count has run
     `trial_seconds`, and keeps the faster. Time in which anything compiled is not the count's: a
-    turn or window that compiled starts again. After the trial, each `window_seconds` the time of
-    an iteration is checked against the trial's: `band` times longer or shorter (the machine got
-    busy, or idle) starts a new trial."""
+    turn or window that compiled starts again, and `untimed` adds up the iterations that compiled.
+    After the trial, each `window_seconds` the time of an iteration is checked against the trial's:
+    `band` times longer or shorter (the machine got busy, or idle) starts a new trial."""
 
     def __init__(
         self,
@@ -673,7 +679,7 @@ class ThreadChoice:
     ):
         self.counts, self.turn_seconds, self.trial_seconds = (1, cores), turn_seconds, trial_seconds
         self.window_seconds, self.band, self.compiles = window_seconds, band, compiles
-        self.trials, self.chosen, self.mark = [], None, None
+        self.trials, self.chosen, self.mark, self.untimed = [], None, None, 0.0
 
     def start(self, now):
         self.seconds = {n: [0.0, 0] for n in self.counts}
@@ -686,14 +692,16 @@ class ThreadChoice:
         self.restart(now)
 
     def restart(self, now):
-        self.mark, self.compiled = (now, 0), self.compiles()
+        self.mark, self.compiled, self.last = (now, 0), self.compiles(), now
 
     def tick(self, now, step):
         """After an iteration: on to the next turn, the choice or a new trial; returns a line to
         print when a trial ends."""
         if self.mark is None:
             return None
+        previous, self.last = self.last, now
         if self.compiles() != self.compiled:
+            self.untimed += now - previous
             self.restart(now)
             return None
         start, iterations = self.mark[0], self.mark[1] + 1

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -97,6 +98,29 @@ def test_long_iterations_end_a_trial_in_three_and_time_that_compiled_is_not_time
         lines += [choice.tick(now, step)]
     assert lines[:2] == [None, None] and lines[2] is not None
     assert choice.trials == [dict(step=3, threads=2, ms={1: 1500.0, 2: 1000.0})]
+    assert choice.untimed == 60.0  # the run leaves it out of sps
+
+
+def test_sps_leaves_out_an_iteration_that_compiled_for_a_new_count(make_run, monkeypatch):
+    """The trial's first iteration at two threads compiles again (60 s of a made-up clock): sps
+    counts the other 9 iterations, their steps and their 9 ms, as it leaves out the first compile
+    (the short DQN benchmark run spent most of its timed seconds compiling so)."""
+    monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    clock, graphs = [100.0], [0]
+    fake_time = SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0])
+    monkeypatch.setattr(runs, "time", fake_time)
+    choice = functools.partial(runs.ThreadChoice, compiles=lambda: graphs[0])
+    monkeypatch.setattr(runs, "ThreadChoice", choice)
+    run = make_run("dqn_cpu")
+    for iteration in run.progress(range(10)):
+        if iteration == 0:
+            run.start_clock(0)
+        clock[0] += 60.0 if iteration == 1 else 0.001
+        graphs[0] += iteration == 1
+        run.steps = iteration + 1
+    assert run.threads.untimed == pytest.approx(60.0)
+    assert run.sps(run.steps) == pytest.approx(1000.0)
 
 
 def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_count():
