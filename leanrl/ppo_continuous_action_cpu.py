@@ -28,7 +28,6 @@ import torch
 import torch.nn as nn
 import tyro
 from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
-from tensordict import TensorDict
 from torch.func import functional_call, grad_and_value
 
 
@@ -73,6 +72,19 @@ class Args(CPUFlags):
     """compile GAE and each update as one graph; --no-compile runs the same functions eagerly"""
 
 
+class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
+    """gymnasium's running mean and variance, updated as its normalization wrappers update it, one
+    row at a time, without `np.mean` and `np.var` of that row: the same floats (the mean of one row
+    is the row, its variance 0) at a fraction of the cost, a third of a MuJoCo step's."""
+
+    def update(self, x):
+        delta = x[0] - self.mean
+        tot_count = self.count + 1
+        self.mean = self.mean + delta / tot_count
+        self.var = (self.var * self.count + np.square(delta) * self.count / tot_count) / tot_count
+        self.count = tot_count
+
+
 def wrap(env, gamma, obs_rms=None):
     """CleanRL's wrappers of one env, after its episode statistics (raw returns): flattened
     observations, clipped actions, observations and rewards normalized and clipped; `obs_rms`, a
@@ -87,12 +99,14 @@ def wrap(env, gamma, obs_rms=None):
     unbounded = gym.spaces.Box(-np.inf, np.inf, space.shape, space.dtype)
     env = gym.wrappers.TransformAction(env, clip_action, unbounded)
     env = gym.wrappers.NormalizeObservation(env)
+    env.obs_rms = RunningMeanStd(shape=env.obs_rms.mean.shape, dtype=env.obs_rms.mean.dtype)
     if obs_rms is not None:
         env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
         env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
     clip = functools.partial(np.clip, a_min=-10, a_max=10)
     env = gym.wrappers.TransformObservation(env, clip, env.observation_space)
     env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+    env.return_rms = RunningMeanStd(shape=())
     return gym.wrappers.TransformReward(env, clip)
 
 
@@ -264,7 +278,7 @@ def make_learner(args, n_obs, n_act, device):
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
 
     def update(mb):
-        """One gradient step on a minibatch (a TensorDict); returns its statistics."""
+        """One gradient step on a minibatch (a dict of tensors); returns its statistics."""
         with autocast:
             grads, stats = ppo_grads(params, mb)
         optimizer.step(grads)
@@ -345,14 +359,14 @@ def main(args):
     def to_array(x):  # the envs' observations, as float32
         return np.asarray(x, dtype=np.float32)
 
-    # the rollout, [num_steps, num_envs, ...], one TensorDict
+    # the rollout, [num_steps, num_envs, ...], a dict of tensors: a compiled call takes a dict's
+    # tensors with fewer Python calls than a TensorDict's
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
     rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
-    rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
     # numpy views of the rollout's tensors, which the numpy policy's arrays are written to
-    store = rollout.numpy()
+    store = {key: value.numpy() for key, value in rollout.items()}
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = to_array(next_obs)
@@ -404,12 +418,12 @@ def main(args):
         )
 
         # update
-        b = rollout.select("obs", "actions", "logprobs", "values").flatten(0, 1)
+        b = {key: rollout[key].flatten(0, 1) for key in ("obs", "actions", "logprobs", "values")}
         b["advantages"], b["returns"] = advantages.flatten(), returns.flatten()
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
             for mb_inds in b_inds:
-                stats = update(b[mb_inds])
+                stats = update({key: value[mb_inds] for key, value in b.items()})
             # host sync, once per epoch
             if args.target_kl is not None and stats[4] > args.target_kl:
                 break

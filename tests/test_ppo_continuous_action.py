@@ -7,6 +7,7 @@ test_run_folder.py, `--env-id`'s forms in test_contract.py."""
 
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -310,6 +311,35 @@ def test_host_policy_is_the_agents_policy_on_its_current_weights():
         )
         update(make_minibatch(0))  # in place: the policy's views see the new weights
     assert not torch.equal(agent.actor_logstd, torch.zeros_like(agent.actor_logstd))
+
+
+def test_cpu_wrappers_normalize_as_cleanrls_bit_for_bit():
+    """The CPU script's running statistics (updated without np.mean and np.var) against
+    gymnasium's: its wrapped env and the eager script's, stepped with the same actions through
+    episode ends, give the same observations, rewards and statistics, bit for bit."""
+    envs = [
+        load_script(script).wrap(gym.make("Pendulum-v1"), gamma=0.99) for script in (EAGER, CPU)
+    ]
+    assert type(envs[1].get_wrapper_attr("obs_rms")) is not type(
+        envs[0].get_wrapper_attr("obs_rms")
+    )
+    steps = [[env.reset(seed=5)[0]] for env in envs]
+    actions = np.random.default_rng(0).uniform(-3, 3, size=(450, 1)).astype(np.float32)
+    for action in actions:  # Pendulum-v1 truncates at 200 steps
+        for env, outputs in zip(envs, steps):
+            obs, reward, terminated, truncated, _ = env.step(action)
+            outputs += [obs, reward]
+            if truncated:
+                outputs.append(env.reset()[0])
+    for eager, cpu in zip(*steps, strict=True):
+        assert np.asarray(eager).dtype == np.asarray(cpu).dtype
+        np.testing.assert_array_equal(eager, cpu)
+    # the observations of 450 steps and 3 resets, the rewards of 450 steps
+    for name, count in (("obs_rms", 453), ("return_rms", 450)):
+        eager, cpu = (env.get_wrapper_attr(name) for env in envs)
+        np.testing.assert_array_equal(eager.mean, cpu.mean)
+        np.testing.assert_array_equal(eager.var, cpu.var)
+        assert eager.count == cpu.count == pytest.approx(count + 1e-4)
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
