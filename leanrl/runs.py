@@ -378,18 +378,10 @@ class Run:
         return self.timed(self.pbar) if self.threads else self.pbar
 
     def timed(self, iterations):
-        """`iterations`, each timed for the thread choice. sps counts the trials (their cost is the
-        run's) but not an iteration that compiled for a new count, as it leaves out the first
-        compile."""
-        steps = self.steps
+        """`iterations`, each timed for the thread choice."""
         for iteration in iterations:
             yield iteration
-            untimed = self.threads.untimed
             line = self.threads.tick(time.perf_counter(), self.steps)
-            if self.measure_start and self.threads.untimed > untimed:  # it compiled
-                self.measure_start += self.threads.untimed - untimed
-                self.measure_step += self.steps - steps
-            steps = self.steps
             if line:
                 tqdm.tqdm.write(line, file=sys.stderr)
 
@@ -521,15 +513,18 @@ class Run:
 
     def start_clock(self, global_step):
         """sps counts from here: compile and warm-up are behind. Where threads are the run's to
-        choose, their first trial starts here, and the clock starts again when it ends."""
+        choose, their first trial starts here."""
         self.measure_start, self.measure_step = time.time(), global_step
         if self.threads and not self.threads.trials:
-            self.threads.start(time.perf_counter())
+            self.threads.start(time.perf_counter(), global_step)
 
     def sps(self, global_step, now=None):
+        """The steady state: where the run chooses its threads, without what measuring them cost
+        (`ThreadChoice.left_out`)."""
         if self.measure_start:  # None before the clock starts
-            seconds = (now or time.time()) - self.measure_start
-            return (global_step - self.measure_step) / seconds
+            seconds, steps = self.threads.left_out() if self.threads else (0.0, 0)
+            seconds = (now or time.time()) - self.measure_start - seconds
+            return (global_step - self.measure_step - steps) / seconds
 
     def log_episodes(self, global_step, returns):
         for episodic_return in returns:
@@ -664,9 +659,9 @@ class ThreadChoice:
     times the run's own iterations at one thread and at every core the process may use, in turns
     of at least `turn_seconds` and one iteration, alternately, until each count has run
     `trial_seconds`, and keeps the faster. Time in which anything compiled is not the count's: a
-    turn or window that compiled starts again, and `untimed` adds up the iterations that compiled.
-    After the trial, each `window_seconds` the time of an iteration is checked against the trial's:
-    `band` times longer or shorter (the machine got busy, or idle) starts a new trial."""
+    turn or window that compiled starts again. After the trial, each `window_seconds` the time of
+    an iteration is checked against the trial's: `band` times longer or shorter (the machine got
+    busy, or idle) starts a new trial. `left_out()`: what measuring cost, which sps leaves out."""
 
     def __init__(
         self,
@@ -679,11 +674,13 @@ class ThreadChoice:
     ):
         self.counts, self.turn_seconds, self.trial_seconds = (1, cores), turn_seconds, trial_seconds
         self.window_seconds, self.band, self.compiles = window_seconds, band, compiles
-        self.trials, self.chosen, self.mark, self.untimed = [], None, None, 0.0
+        self.trials, self.chosen, self.mark = [], None, None
+        self.excluded = [0.0, 0]  # the seconds and steps left out of sps so far
 
-    def start(self, now):
-        self.seconds = {n: [0.0, 0] for n in self.counts}
-        self.chosen = None
+    def start(self, now, step=0):
+        self.seconds = {n: [0.0, 0] for n in self.counts}  # each count's timed turns, iterations
+        self.spent = {n: [0.0, 0] for n in self.counts}  # and all its seconds and steps
+        self.chosen, self.last = None, (now, step)
         self.turn(now, self.counts[1])
 
     def turn(self, now, count):
@@ -692,21 +689,23 @@ class ThreadChoice:
         self.restart(now)
 
     def restart(self, now):
-        self.mark, self.compiled, self.last = (now, 0), self.compiles(), now
+        self.mark, self.compiled = (now, 0), self.compiles()
 
     def tick(self, now, step):
         """After an iteration: on to the next turn, the choice or a new trial; returns a line to
         print when a trial ends."""
         if self.mark is None:
             return None
-        previous, self.last = self.last, now
+        spent = [now - self.last[0], step - self.last[1]]  # this iteration's
+        self.last = (now, step)
         if self.compiles() != self.compiled:
-            self.untimed += now - previous
+            self.leave_out(spent)
             self.restart(now)
             return None
         start, iterations = self.mark[0], self.mark[1] + 1
         self.mark = (start, iterations)
         if self.chosen is None:  # in a trial
+            self.spent[self.count] = [a + b for a, b in zip(self.spent[self.count], spent)]
             if now - start < self.turn_seconds:
                 return None
             self.seconds[self.count][0] += now - start
@@ -719,13 +718,28 @@ class ThreadChoice:
             if 1 / self.band < per_iteration / self.chosen[1] < self.band:
                 self.restart(now)
             else:
-                self.start(now)
+                self.start(now, step)
         return None
+
+    def leave_out(self, spent):
+        self.excluded = [a + b for a, b in zip(self.excluded, spent)]
+
+    def left_out(self):
+        """The seconds and steps that sps leaves out: iterations that compiled (for a new count, as
+        the first compile is), and each trial's iterations at the count it did not keep; of a trial
+        still running, those at the count slower so far, once both have a timed turn."""
+        trial = self.mark is not None and self.chosen is None
+        if not trial or not all(n for _, n in self.seconds.values()):
+            return tuple(self.excluded)
+        ms = {n: seconds / count for n, (seconds, count) in self.seconds.items()}
+        slower = max(ms, key=ms.get)
+        return tuple(a + b for a, b in zip(self.excluded, self.spent[slower]))
 
     def choose(self, now, step):
         ms = {n: 1e3 * seconds / max(1, count) for n, (seconds, count) in self.seconds.items()}
         threads = min(ms, key=ms.get)
         self.chosen = (threads, ms[threads] / 1e3)
+        self.leave_out(self.spent[self.counts[threads == self.counts[0]]])  # the other count's
         torch.set_num_threads(threads)
         self.trials.append(dict(step=step, threads=threads, ms=ms))
         self.restart(now)

@@ -98,29 +98,55 @@ def test_long_iterations_end_a_trial_in_three_and_time_that_compiled_is_not_time
         lines += [choice.tick(now, step)]
     assert lines[:2] == [None, None] and lines[2] is not None
     assert choice.trials == [dict(step=3, threads=2, ms={1: 1500.0, 2: 1000.0})]
-    assert choice.untimed == 60.0  # the run leaves it out of sps
+    # sps leaves out the iteration that compiled and the turn at the count not kept
+    assert choice.left_out() == (61.5, 2)
 
 
-def test_sps_leaves_out_an_iteration_that_compiled_for_a_new_count(make_run, monkeypatch):
-    """The trial's first iteration at two threads compiles again (60 s of a made-up clock): sps
-    counts the other 9 iterations, their steps and their 9 ms, as it leaves out the first compile
-    (the short DQN benchmark run spent most of its timed seconds compiling so)."""
+def run_with_threads(make_run, monkeypatch, compiles):
+    """dqn_cpu's Run on two cores, measuring its threads on a made-up clock (`clock[0]`, seconds),
+    `compiles()` its count of compiled graphs."""
     monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    clock, graphs = [100.0], [0]
+    clock = [100.0]
     fake_time = SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0])
     monkeypatch.setattr(runs, "time", fake_time)
-    choice = functools.partial(runs.ThreadChoice, compiles=lambda: graphs[0])
-    monkeypatch.setattr(runs, "ThreadChoice", choice)
-    run = make_run("dqn_cpu")
-    for iteration in run.progress(range(10)):
+    monkeypatch.setattr(
+        runs, "ThreadChoice", functools.partial(runs.ThreadChoice, compiles=compiles)
+    )
+    return make_run("dqn_cpu"), clock
+
+
+def test_sps_leaves_out_what_measuring_threads_cost(make_run, monkeypatch):
+    """Beside a busy core two threads take 30 ms an iteration, one thread 1 ms, and the first
+    iteration at two threads compiles for them (60 s): sps is one thread's 1,000 steps a second,
+    whether the trial ended or still runs (then the count slower so far is left out); a run that
+    keeps two threads leaves out its turns at one."""
+    graphs = [0]
+    run, clock = run_with_threads(make_run, monkeypatch, lambda: graphs[0])
+    running = 0  # iterations that began with the trial running and a turn timed at each count
+    for iteration in run.progress(range(1500)):
         if iteration == 0:
             run.start_clock(0)
-        clock[0] += 60.0 if iteration == 1 else 0.001
-        graphs[0] += iteration == 1
+        elif run.threads.chosen is None and all(n for _, n in run.threads.seconds.values()):
+            running += 1
+            assert run.sps(run.steps) == pytest.approx(1000.0)
+        threads = torch.get_num_threads()
+        compiling = threads == 2 and graphs[0] == 0
+        clock[0] += 60.0 if compiling else {1: 0.001, 2: 0.030}[threads]
+        graphs[0] += compiling
         run.steps = iteration + 1
-    assert run.threads.untimed == pytest.approx(60.0)
+    assert running > 100 and run.threads.trials[0]["threads"] == 1
     assert run.sps(run.steps) == pytest.approx(1000.0)
+
+    graphs = [0]
+    run, clock = run_with_threads(make_run, monkeypatch, lambda: graphs[0])
+    for iteration in run.progress(range(2000)):
+        if iteration == 0:
+            run.start_clock(0)
+        clock[0] += {1: 0.004, 2: 0.002}[torch.get_num_threads()]
+        run.steps = iteration + 1
+    assert run.threads.trials[0]["threads"] == 2
+    assert run.sps(run.steps) == pytest.approx(500.0)
 
 
 def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_count():
