@@ -138,8 +138,7 @@ def test_sps_leaves_out_what_measuring_threads_cost(make_run, monkeypatch):
     assert running > 100 and run.threads.trials[0]["threads"] == 1
     assert run.sps(run.steps) == pytest.approx(1000.0)
 
-    graphs = [0]
-    run, clock = run_with_threads(make_run, monkeypatch, lambda: graphs[0])
+    run, clock = run_with_threads(make_run, monkeypatch, lambda: 0)  # nothing compiles
     for iteration in run.progress(range(2000)):
         if iteration == 0:
             run.start_clock(0)
