@@ -753,6 +753,9 @@ if __name__ == "__main__":
     threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 2
     summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
     summary["threads"] = threads
+    # a default run's turns: one thread, then two, 1 ms an iteration each 1000 sps
+    trials = [dict(step=10, threads=t, ms=1000.0 / (1000 * t)) for t in (1, 2)]
+    summary["thread_trials"] = [] if "--threads" in argv else trials
     path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
     path.write_text(json.dumps(summary))
     print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
@@ -897,10 +900,13 @@ def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch)
         (tmp_path / "leanrl" / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
     monkeypatch.setattr(threads, "ROOT", tmp_path)
     assert threads.command("dqn_cpu", ["--x", "1"], "default")[2:] == ["--x", "1"]
-    results, chosen = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path)
+    results, chosen, trials = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path)
     assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000], 2: [4000]}
     assert results["idle"]["dqn_cpu"] == {"default": [600], 1: [600], 2: [600]}
     assert chosen["idle"] == {"dqn_cpu": [2], "dqn_seeds": [2]}
+    # the default runs' turns, one list a run (the fixed counts' runs have none)
+    turns = [dict(step=10, threads=1, ms=1.0), dict(step=10, threads=2, ms=0.5)]
+    assert trials["one core busy"] == {"dqn_cpu": [turns], "dqn_seeds": [turns]}
     results["idle"]["dqn_seeds"]["default"] = [3000.0]
     table = threads.rows(results, chosen)
     assert [(r["condition"], r["script"], r["vs_best"]) for r in table] == [
@@ -913,7 +919,7 @@ def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch)
     md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=table))
     assert "| idle | dqn_seeds | 2000 | 4000 | 2.00x | 3000 | 0.75x | 2 |" in md
     # two threads beside the busy core left out (--busy-ways default 1): the default against one
-    results, chosen = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path, ("default", 1))
+    results, chosen, _ = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path, ("default", 1))
     assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000]}
     busy = [r for r in threads.rows(results, chosen) if r["condition"] == "one core busy"]
     assert [(r["two"], r["ratio"], r["vs_best"]) for r in busy] == [

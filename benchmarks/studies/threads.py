@@ -47,13 +47,15 @@ def runs_of(algo, quick):
 
 def measure(algos, rounds, quick, timeout, cwd, busy_ways=WAYS):
     """{condition: {script: {way: [sps, ...]}}} for each way of WAYS (`busy_ways` beside the busy
-    core), and {condition: {script: [threads, ...]}}, the counts the default runs ended on; the
-    busy process started before a condition's runs and stopped after them."""
-    results, chosen = {}, {}
+    core); {condition: {script: [threads, ...]}}, the counts the default runs ended on; and
+    {condition: {script: [trials, ...]}}, each default run's `thread_trials` (the count and ms an
+    iteration of each turn it timed: why it ended where it did). The busy process started before a
+    condition's runs and stopped after them."""
+    results, chosen, trials = {}, {}, {}
     for condition in CONDITIONS:
         busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) if condition != "idle" else None
         try:
-            results[condition], chosen[condition] = {}, {}
+            results[condition], chosen[condition], trials[condition] = {}, {}, {}
             for algo in algos:
                 for _ in range(rounds):
                     for script, flags in runs_of(algo, quick):
@@ -70,11 +72,13 @@ def measure(algos, rounds, quick, timeout, cwd, busy_ways=WAYS):
                             ways.setdefault(threads, []).append(summary["sps"])
                             if threads == "default":
                                 chosen[condition].setdefault(script, []).append(summary["threads"])
+                                turns = trials[condition].setdefault(script, [])
+                                turns.append(summary["thread_trials"])
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait(timeout=10)
-    return results, chosen
+    return results, chosen, trials
 
 
 def rows(results, chosen=None):
@@ -149,11 +153,13 @@ def main(argv=None):
     started = datetime.now()
     with tempfile.TemporaryDirectory(prefix="threads-") as cwd:
         quick, busy_ways = not args.full, args.busy_ways
-        results, chosen = measure(algos, args.rounds, quick, args.timeout, cwd, busy_ways)
+        measured = measure(algos, args.rounds, quick, args.timeout, cwd, busy_ways)
+    results, chosen, trials = measured
     budget = "full" if args.full else "quick"
     settings = dict(rounds=args.rounds, budget=budget, started=started.isoformat())
     settings["busy_ways"] = busy_ways
     result = dict(machine=machine_info(), settings=settings, results=results, chosen=chosen)
+    result["trials"] = trials
     result["rows"] = rows(results, chosen)
     stem = f"threads-{started:%Y%m%d-%H%M%S}"
     paths = report.write_result(result, args.out_dir, stem, markdown)
