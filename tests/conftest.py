@@ -172,6 +172,16 @@ def assert_seeds_smoke_summary(s, script, actor):
     assert {name: value.shape for name, value in saved["model"].items()} == expected
 
 
+def assert_every_member_replays(script, smoke_run, *flags):
+    """`--eval-model` of the smoke run's member 2's file, with `flags`, plays the saved model as
+    each of three members, each on an env seeded with the member's seed: nothing trains, and
+    member 2 of the new run replays the saved member 2's evaluation."""
+    flags += ("--num-seeds", 3, "--eval-model", smoke_run["model_files"][1])
+    s = summary(run_script(script, *flags))
+    assert s["episodes"] == 0 and len(s["eval_returns"]) == 3
+    assert s["eval_returns"][1] == smoke_run["eval_returns"][1]
+
+
 def assert_measured_threads(s):
     """The SUMMARY of a run that left its threads to measurement (no `--threads`): it ended on one
     thread or on every core it may use (a trial's turn, or a trial's choice), and each trial chose

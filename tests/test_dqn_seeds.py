@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, run_script, summary
+from conftest import assert_every_member_replays, load_script, run_script, summary
 from test_dqn import make_batch
 
 SEEDS = [1, 2, 3]
@@ -403,15 +403,7 @@ def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_ru
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved model as each member, each on an env seeded with the
-    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
-    flags = ("--num-seeds", 3, "--eval-model", smoke_run["model_files"][1], "--eval-episodes", 2)
-    s = summary(run_script("dqn_seeds", *flags))
-    assert (
-        s["episodes"] == 0
-        and len(s["eval_returns"]) == 3
-        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
-    )
+    assert_every_member_replays("dqn_seeds", smoke_run, "--eval-episodes", 2)
 
 
 def test_a_sweep_reports_its_settings_and_saves_each_members_file(tmp_path):

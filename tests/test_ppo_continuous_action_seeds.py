@@ -15,7 +15,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, long_learning, run_script, summary
+from conftest import (
+    assert_every_member_replays,
+    load_script,
+    long_learning,
+    run_script,
+    summary,
+)
 from test_ppo_continuous_action import make_minibatch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "ppo_continuous_action_seeds", "ppo_continuous_action_cpu"
@@ -439,15 +445,8 @@ def test_a_single_seed_script_evaluates_a_member_file(smoke_run, script="ppo_con
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved model as each member, each on an env seeded with the
-    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
-    flags = ("--env-id", "Pendulum-v1", "--num-seeds", 3, "--eval-episodes", 2, "--no-compile")
-    s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-model", smoke_run["model_files"][1]))
-    assert (
-        s["episodes"] == 0
-        and len(s["eval_returns"]) == 3
-        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
-    )
+    flags = ("--env-id", "Pendulum-v1", "--eval-episodes", 2, "--no-compile")
+    assert_every_member_replays(SEEDS_SCRIPT, smoke_run, *flags)
 
 
 # the other flag checks are the CPU script's (test_ppo_continuous_action.py)
@@ -466,9 +465,5 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("flags,words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
-def test_bad_inputs_exit_2(flags, words, train, capsys):
-    """`main` checks its flags and the env before it makes a run folder or the members' envs, so
-    this runs in the test's process: exit status 2 and one line on stderr naming the flag."""
-    assert train(SEEDS_SCRIPT, *flags) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+def test_bad_inputs_exit_2(flags, words, refused):
+    refused(SEEDS_SCRIPT, flags, words)

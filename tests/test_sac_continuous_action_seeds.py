@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import (
     actor_critic_seeds_smoke_run,
+    assert_every_member_replays,
     assert_seeds_smoke_summary,
     load_script,
     long_learning,
@@ -356,42 +357,22 @@ def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_ru
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):
-    """`--eval-model` here plays the saved actor as each member, each on an env seeded with the
-    member's seed: member 2 of the new run replays the saved member 2's evaluation."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--num-seeds",
-        3,
-        "--eval-model",
-        smoke_run["model_files"][1],
-    )
-    s = summary(run_script(SEEDS_SCRIPT, *flags, "--eval-episodes", 1))
-    assert (
-        s["episodes"] == 0
-        and len(s["eval_returns"]) == 3
-        and s["eval_returns"][1] == smoke_run["eval_returns"][1]
-    )
+    flags = ("--env-id", "Pendulum-v1", "--eval-episodes", 1)
+    assert_every_member_replays(SEEDS_SCRIPT, smoke_run, *flags)
 
 
 # the other flag checks are sac_continuous_action_cpu.py's (test_sac_continuous_action.py)
 BAD_INPUTS = [
-    (dict(num_seeds=0), ("--num-seeds",)),
+    (("--num-seeds", 0), ("--num-seeds",)),
     # 4,470 GiB of replay buffers
-    (dict(num_seeds=100_000, env_id="Pendulum-v1"), ("--num-seeds", "GiB")),
-    (dict(cudagraphs=True), ("--cudagraphs",)),
-    (dict(seed=2**31 - 4), ("--seed",)),  # member 8's seed is 2**31 + 3
-    (dict(threads=0), ("--threads",)),
-    (dict(env_id="CartPole-v1"), ("--env-id", "Box")),
+    (("--num-seeds", 100_000, "--env-id", "Pendulum-v1"), ("--num-seeds", "GiB")),
+    (("--cudagraphs",), ("--cudagraphs",)),
+    (("--seed", 2**31 - 4), ("--seed",)),  # member 8's seed is 2**31 + 3
+    (("--threads", 0), ("--threads",)),
+    (("--env-id", "CartPole-v1"), ("--env-id", "Box")),
 ]
 
 
-@pytest.mark.parametrize("values, words", BAD_INPUTS, ids=lambda x: str(x))
-def test_bad_inputs_exit_2_with_one_line(values, words, capsys, monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    mod = load(SEEDS_SCRIPT)
-    with pytest.raises(SystemExit) as stop:
-        mod.main(mod.Args(**values))
-    assert stop.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+@pytest.mark.parametrize("flags, words", BAD_INPUTS, ids=lambda x: " ".join(map(str, x)))
+def test_bad_inputs_exit_2_with_one_line(flags, words, refused):
+    refused(SEEDS_SCRIPT, flags, words)
