@@ -13,7 +13,8 @@ else
   variants=("" "--compile")
   echo "no CUDA device: skipping the --cudagraphs variants"
 fi
-for algo in sac_continuous_action td3_continuous_action ppo_continuous_action ppo_lstm ppo_mingru dqn ppo_atari_envpool; do
+for algo in sac_continuous_action td3_continuous_action ppo_continuous_action ppo_lstm ppo_mingru dqn pqn ppo_atari_envpool \
+  pqn_atari_envpool; do
   for seed in 21 31 41; do
     python "leanrl/${algo}.py" --seed "$seed" | tee -a runs/sweep.log
     for flags in "${variants[@]}"; do

@@ -7,7 +7,8 @@ the results that produced them: the README's speed tables and docs/performance.m
 from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from the
 report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the seeds
 and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
-docs/notes/td3-hopper.md from theirs. No page refers to the project's issues. The checker itself is
+docs/notes/td3-hopper.md from theirs. run.sh's sweep names every algorithm that has a twin. No page
+refers to the project's issues. The checker itself is
 tested on made-up pages, so that each check is shown able to fail. Nothing here runs a script."""
 
 import json
@@ -373,6 +374,17 @@ def test_no_page_refers_to_an_issue(page):
 def test_the_readme_is_short():
     """The README is read in five minutes; reference goes to docs/, dated notes to docs/notes/."""
     assert len((ROOT / "README.md").read_text().splitlines()) <= 180
+
+
+def test_run_sh_sweeps_every_algorithm_with_a_twin():
+    """run.sh's loop names each eager script that has a `_torchcompile` twin (its `_cpu` and
+    `_async` scripts run with it), so a new algorithm joins the full sweep or fails here."""
+    text = (ROOT / "run.sh").read_text().replace("\\\n", " ")  # continued lines joined
+    loop = re.search(r"^for algo in (.*); do$", text, re.M)
+    twins = {
+        p.stem.removesuffix("_torchcompile") for p in (ROOT / "leanrl").glob("*_torchcompile.py")
+    }
+    assert loop and sorted(loop.group(1).split()) == sorted(twins)
 
 
 def test_the_readme_keeps_the_ci_command():
