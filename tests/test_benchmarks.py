@@ -753,8 +753,8 @@ if __name__ == "__main__":
     threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 2
     summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
     summary["threads"] = threads
-    # a default run's turns: one thread, then two, 1 ms an iteration each 1000 sps
-    trials = [dict(step=10, threads=t, ms=1000.0 / (1000 * t)) for t in (1, 2)]
+    # a default run's turns: one thread, then two, twice as fast
+    trials = [dict(step=10, threads=1, ms=1.0), dict(step=10, threads=2, ms=0.5)]
     summary["thread_trials"] = [] if "--threads" in argv else trials
     path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
     path.write_text(json.dumps(summary))

@@ -8,8 +8,8 @@ from docs/benchmark_quick.json, the learning tables of the README and docs/resul
 report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the seeds
 and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
 docs/notes/td3-hopper.md from theirs. run.sh's sweep names every algorithm that has a twin. No page
-refers to the project's issues. The checker itself is
-tested on made-up pages, so that each check is shown able to fail. Nothing here runs a script."""
+refers to the project's issues. The checker itself is tested on made-up pages, so that each check
+is shown able to fail. Nothing here runs a script."""
 
 import json
 import re
