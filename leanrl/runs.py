@@ -109,6 +109,30 @@ def fail(message):
     sys.exit(2)
 
 
+class SyncVectorEnv(gym.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv, same-step autoreset, its step written out for what the scripts
+    step, Box observations and an array of actions: the same arrays and infos at about half the
+    cost of the general one, which in DQN's and PQN's `_cpu` loops is a tenth of a step."""
+
+    def step(self, actions):
+        box = isinstance(self.single_observation_space, gym.spaces.Box)
+        if not box or not isinstance(actions, np.ndarray):
+            return super().step(actions)
+        infos = {}
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, info = env.step(actions[i])
+            self._rewards[i], self._terminations[i] = reward, terminated
+            self._truncations[i] = truncated
+            if terminated or truncated:  # the episode's last obs and info, then the next's first
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
+                obs, info = env.reset()
+            self._env_obs[i] = self._observations[i] = obs
+            if info:
+                infos = self._add_info(infos, info, i)
+        arrays = self._observations, self._rewards, self._terminations, self._truncations
+        return *(array.copy() for array in arrays), infos
+
+
 def make_envs(env_id, num_envs, seed, videos=None, video_episodes=None, wrap=None):
     """gymnasium's vector env with same-step autoreset (the true last observation of an episode is
     in `infos`), each env counting its episodes' returns, then `wrap(env)`, the script's own
@@ -136,7 +160,7 @@ def make_envs(env_id, num_envs, seed, videos=None, video_episodes=None, wrap=Non
     try:
         dirs = [videos] + [None] * (num_envs - 1)
         thunks = [make_env(seed + i, dirs[i]) for i in range(num_envs)]
-        envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     envs.action_space.seed(seed)  # random actions, where an algorithm takes them

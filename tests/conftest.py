@@ -442,9 +442,8 @@ def train(tmp_path, monkeypatch):
     (of `d/<script>.py`, by default leanrl/'s) in this process, in a temporary working folder;
     with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1 in this call):
     its k-th call of the method `owner.name`, `owner` a class or the name of one of the script's
-    (by default gymnasium's `SyncVectorEnv.step`). Returns the exit status (0 when `main`
-    returns)."""
-    import gymnasium as gym
+    (by default the vector env's step: runs.py's `SyncVectorEnv.step`, or an exported copy's).
+    Returns the exit status (0 when `main` returns)."""
     import tyro
 
     monkeypatch.chdir(tmp_path)
@@ -454,7 +453,8 @@ def train(tmp_path, monkeypatch):
 
     def run(script, *flags, stop_at=None, counted=None, directory=SCRIPTS):
         module = load_script(script, directory)
-        owner, name = counted or (gym.vector.SyncVectorEnv, "step")
+        vector_env = getattr(module, "SyncVectorEnv", None) or load_script("runs").SyncVectorEnv
+        owner, name = counted or (vector_env, "step")
         owner = getattr(module, owner) if isinstance(owner, str) else owner
         step = originals.setdefault((owner, name), getattr(owner, name))
         calls = [0]

@@ -217,7 +217,7 @@ SMOKE = {
     "pqn_atari_envpool": ATARI,
     "pqn_atari_envpool_torchcompile": ATARI,
 }
-# what the `train` fixture counts where a vector step is not gymnasium's SyncVectorEnv.step (a
+# what the `train` fixture counts where a vector step is not runs.py's SyncVectorEnv.step (a
 # class of the script by its name, or envpool's step, or the async script's recv of a batch), and
 # the scripts whose envs cannot be saved
 COUNTED = {
