@@ -112,7 +112,7 @@ def fail(message):
 class SyncVectorEnv(gym.vector.SyncVectorEnv):
     """gymnasium's SyncVectorEnv, same-step autoreset, its step written out for what the scripts
     step, Box observations and an array of actions: the same arrays and infos at about half the
-    cost of the general one, which in DQN's and PQN's `_cpu` loops is a tenth of a step."""
+    cost of the general one, which counts where the env step is much of a step (DQN, PQN)."""
 
     def step(self, actions):
         box = isinstance(self.single_observation_space, gym.spaces.Box)
