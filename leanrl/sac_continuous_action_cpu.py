@@ -66,6 +66,14 @@ class Args(CPUFlags):
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
 
 
+def float32(layer, x):
+    """`layer(x)` in float32, under --bf16's autocast too: the outputs the losses read keep their
+    precision. In bfloat16 a Q-value of 500 would round to a multiple of 4, and tanh to 1 from
+    x = 4 on, where the log-density's log(1 - tanh(x)^2) would fall to log(1e-6)."""
+    with torch.autocast("cpu", enabled=False):
+        return layer(x.float())
+
+
 class SoftQNetwork(nn.Module):
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
@@ -77,7 +85,7 @@ class SoftQNetwork(nn.Module):
         x = torch.cat([obs, actions], -1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        return float32(self.fc3, x)
 
 
 LOG_STD_MAX = 2
@@ -100,8 +108,8 @@ class Actor(nn.Module):
     def forward(self, obs):
         x = F.relu(self.fc1(obs))
         x = F.relu(self.fc2(x))
-        mean = self.fc_mean(x)
-        log_std = torch.tanh(self.fc_logstd(x))
+        mean = float32(self.fc_mean, x)
+        log_std = torch.tanh(float32(self.fc_logstd, x))
         # from SpinUp / Denis Yarats
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
         return mean, log_std
@@ -291,7 +299,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
         return grad_and_value(alpha_loss_fn)(alpha_params)
 
-    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    # --bf16: the hidden layers in bfloat16 (the outputs in `float32`), the parameters, gradients
+    # and Adam's moments in float32
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
 
     def update_critic(data):
@@ -314,7 +323,21 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
     def update_targets():
         # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves
-        qnet_target.lerp_(qnet_params.data, args.tau)
+        for name, target in q_target.items():
+            target.lerp_(q_params[name], args.tau)
+
+    def update(data, policy_step, target_step):
+        """A step's updates, as CleanRL orders them: the critic; on a policy step (delayed, as in
+        TD3) `policy_frequency` actor updates on the critic's batch; on a target step, the
+        targets. `main` compiles it as one graph for each value of the two flags: one call a step
+        (each call of compiled code costs its guard checks and its wrapper)."""
+        losses = dict(qf_loss=update_critic(data))
+        if policy_step:
+            for _ in range(args.policy_frequency):
+                losses["actor_loss"], losses["alpha_loss"] = update_actor(data)
+        if target_step:
+            update_targets()
+        return losses
 
     rng = np.random.default_rng(args.seed)  # the acting noise's generator
     return SimpleNamespace(
@@ -332,6 +355,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
         update_critic=update_critic,
         update_actor=update_actor,
         update_targets=update_targets,
+        update=update,
     )
 
 
@@ -357,9 +381,9 @@ def main(args):
     if args.eval_model:
         actor.load_state_dict(run.saved_model)
         return run.finish(device, actor.state_dict(), evaluate_actor)
-    if args.compile:
-        learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
-        learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
+    if args.compile:  # one graph per kind of step, whose C++ wrapper calls its kernels
+        options = {"cpp_wrapper": True}
+        learner.update = torch.compile(learner.update, fullgraph=True, options=options)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act)
     obs, _ = envs.reset(seed=args.seed)
@@ -370,7 +394,7 @@ def main(args):
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs  # in vector steps
     # logged before the first delayed policy update
-    actor_loss = alpha_loss = torch.zeros((), device=device)
+    losses = dict(actor_loss=torch.zeros(()), alpha_loss=torch.zeros(()))
     for iteration in run.progress(range(start, args.total_timesteps // args.num_envs)):
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
@@ -395,16 +419,12 @@ def main(args):
         # update
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
-            if iteration % args.policy_frequency == 0:  # delayed, as in TD3
-                for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
-                    actor_loss, alpha_loss = learner.update_actor(data)
-            if iteration % args.target_network_frequency == 0:
-                learner.update_targets()
+            policy_step = iteration % args.policy_frequency == 0
+            target_step = iteration % args.target_network_frequency == 0
+            losses |= learner.update(data, policy_step, target_step)
 
             # log
             if iteration % 100 == 0:
-                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
                 run.log_progress(global_step, losses | dict(alpha=learner.alpha))
 
         run.steps = global_step + args.num_envs

@@ -64,6 +64,13 @@ class Args(CPUFlags):
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
 
 
+def float32(layer, x):
+    """`layer(x)` in float32, under --bf16's autocast too: the outputs the losses read keep their
+    precision (in bfloat16 a Q-value of 500 would round to a multiple of 4)."""
+    with torch.autocast("cpu", enabled=False):
+        return layer(x.float())
+
+
 class QNetwork(nn.Module):
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
@@ -75,7 +82,7 @@ class QNetwork(nn.Module):
         x = torch.cat([obs, actions], -1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        return float32(self.fc3, x)
 
 
 class Actor(nn.Module):
@@ -93,7 +100,7 @@ class Actor(nn.Module):
     def forward(self, obs):
         x = F.relu(self.fc1(obs))
         x = F.relu(self.fc2(x))
-        return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
+        return torch.tanh(float32(self.fc_mu, x)) * self.action_scale + self.action_bias
 
     def clip(self, actions):  # to the env's bounds, [bias - scale, bias + scale]
         return actions.clamp(
@@ -190,8 +197,6 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     actor_optimizer = Adam(actor_params, args.learning_rate)
     q_target = dict(qnet_target.flatten_keys(".").items())
     actor_target_params = {name: p.data for name, p in actor_target.named_parameters()}
-    # the same tensors
-    actor_weights, actor_target_weights = TensorDict(actor_params), TensorDict(actor_target_params)
     # a weightless shell called on the parameters it is given, and vmapped over the stack
     qnet = QNetwork(n_obs, n_act, device="meta")
 
@@ -242,7 +247,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
         return grad_and_value(actor_loss_fn)(actor_params)
 
-    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    # --bf16: the hidden layers in bfloat16 (the outputs in `float32`), the parameters, gradients
+    # and Adam's moments in float32
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
 
     def update_critic(data):
@@ -258,9 +264,20 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         return actor_loss
 
     def update_targets():
-        # soft update, one in-place lerp per TensorDict: target + tau * (params - target)
-        actor_target_weights.lerp_(actor_weights, args.tau)
-        qnet_target.lerp_(qnet_params.data, args.tau)
+        # soft update, in place: target + tau * (params - target)
+        for targets, params in ((actor_target_params, actor_params), (q_target, q_params)):
+            for name, target in targets.items():
+                target.lerp_(params[name], args.tau)
+
+    def update(data, policy_step):
+        """A step's updates: the critic's; on a policy step (delayed) the actor's, on the critic's
+        batch, and the targets'. `main` compiles it as one graph for each value of `policy_step`:
+        one call a step (each call of compiled code costs its guard checks and its wrapper)."""
+        losses = dict(qf_loss=update_critic(data))
+        if policy_step:
+            losses["actor_loss"] = update_actor(data)
+            update_targets()
+        return losses
 
     return SimpleNamespace(
         policy=policy,
@@ -274,6 +291,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         update_critic=update_critic,
         update_actor=update_actor,
         update_targets=update_targets,
+        update=update,
     )
 
 
@@ -298,9 +316,9 @@ def main(args):
         actor.load_state_dict(run.saved_model)
         return run.finish(device, actor.state_dict(), evaluate_actor)
 
-    if args.compile:  # each update as one graph, forward pass to Adam step
-        learner.update_critic = torch.compile(learner.update_critic, fullgraph=True)
-        learner.update_actor = torch.compile(learner.update_actor, fullgraph=True)
+    if args.compile:  # one graph per kind of step, whose C++ wrapper calls its kernels
+        options = {"cpp_wrapper": True}
+        learner.update = torch.compile(learner.update, fullgraph=True, options=options)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
@@ -310,7 +328,7 @@ def main(args):
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs
-    actor_loss = torch.zeros((), device=device)
+    losses = dict(actor_loss=torch.zeros(()))  # logged before the first delayed actor update
     for iteration in run.progress(range(start, args.total_timesteps // args.num_envs)):
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
@@ -335,14 +353,11 @@ def main(args):
         # update: the actor and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
-            if iteration % args.policy_frequency == 0:
-                actor_loss = learner.update_actor(data)
-                learner.update_targets()
+            losses |= learner.update(data, iteration % args.policy_frequency == 0)
 
             # log
             if iteration % 100 == 0:
-                run.log_progress(global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
+                run.log_progress(global_step, losses)
 
         run.steps = global_step + args.num_envs
         run.checkpoint(iteration, training_state)  # when due, on a signal, at the end

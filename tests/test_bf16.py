@@ -47,22 +47,16 @@ def learner_steps(script, bf16):
         learner = module.make_learner(args, 3, 2, torch.device("cpu"))
         update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
         return lambda k: update(make_minibatch(k)), [learner.optimizer]
-    # SAC and TD3: a critic step, an actor step, the targets
+    # SAC and TD3: a policy step (the critic, the actor, the targets), as `main` compiles it
     td3 = script == "td3_continuous_action_cpu"
     n_act, make_batch = (2, td3_batch) if td3 else (1, sac_batch)
     bounds = -2 * np.ones(n_act), 2 * np.ones(n_act)
     learner = module.make_learner(args, 3, n_act, *bounds, *[torch.device("cpu")] * td3)
-    update_critic = torch.compile(learner.update_critic, fullgraph=True)
-    update_actor = torch.compile(learner.update_actor, fullgraph=True)
-
-    def step(k):
-        qf_loss = update_critic(make_batch(2 * k + 1))
-        actor_losses = update_actor(make_batch(2 * k + 2))
-        learner.update_targets()
-        return torch.stack([qf_loss, *([actor_losses] if td3 else actor_losses)])
-
+    update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
+    policy_step = (True,) if td3 else (True, True)  # SAC's: and a target step
     adams = [learner.q_optimizer, learner.actor_optimizer]
-    return step, adams + ([] if td3 else [learner.alpha_optimizer])
+    adams += [] if td3 else [learner.alpha_optimizer]
+    return lambda k: torch.stack(list(update(make_batch(k), *policy_step).values())), adams
 
 
 def state(adams, part="params"):

@@ -93,8 +93,8 @@ def build(script, autotune=True, compile_updates=False, seed=0):
     """`script`'s networks and update functions from `seed`, built by its `make_learner`: the eager
     script's module updates with torch.optim.Adam, the twin's with fused Adam, the CPU script's
     functional updates (Adam written out). Every script draws the same initial weights from one
-    seed (the actor, then both Q-networks). `compile_updates`: the two updates in torch.compile,
-    as `main` compiles them."""
+    seed (the actor, then both Q-networks). `compile_updates`: the twin's two updates in
+    torch.compile, as its `main` compiles them."""
     module = load_script(script)
     args = module.Args(autotune=autotune)
     torch.manual_seed(seed)
@@ -107,8 +107,7 @@ def build(script, autotune=True, compile_updates=False, seed=0):
         qnet, qnet_target = learner.qnet_params, learner.qnet_target
     update_critic, update_actor = learner.update_critic, learner.update_actor
     if compile_updates:
-        update_critic = torch.compile(update_critic, fullgraph=script == CPU)
-        update_actor = torch.compile(update_actor, fullgraph=script == CPU)
+        update_critic, update_actor = torch.compile(update_critic), torch.compile(update_actor)
     state = {
         "actor": learner.actor,
         "qnet": qnet,
@@ -187,20 +186,53 @@ def test_cpu_functional_update_equals_eager_module_update(autotune):
     assert_same_steps(build(CPU, autotune), build(EAGER, autotune), steps=3)
 
 
-@pytest.mark.parametrize("script", [TWIN, CPU])
-def test_compiled_update_equals_eager_update_and_never_recompiles(script, monkeypatch):
-    """What `--compile` compiles (the twin's module updates; the CPU script's functional updates,
-    one graph each) takes the step of the same updates run eagerly; after two more steps,
-    nothing recompiles, and `alpha`, changed in place, is read by the next call."""
+def test_compiled_update_equals_eager_update_and_never_recompiles(monkeypatch):
+    """What the twin's `--compile` compiles (its module updates) takes the step of the same updates
+    run eagerly; after two more steps, nothing recompiles, and `alpha`, changed in place, is read
+    by the next call."""
     # compiled code draws the actor's noise with torch's own generator, as eager code does
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
-    compiled = build(script, compile_updates=True)
-    assert_same_steps(compiled, build(script))
+    compiled = build(TWIN, compile_updates=True)
+    assert_same_steps(compiled, build(TWIN))
     take_steps(compiled, 1, 1)
     alpha_before = compiled[3]["alpha"].clone()
     with torch.compiler.set_stance("fail_on_recompile"):
         take_steps(compiled, 2, 3)
     assert not torch.equal(compiled[3]["alpha"], alpha_before)
+
+
+def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch):
+    """What the CPU script's `--compile` compiles: `update`, a step's three updates, one graph for
+    each kind of step (with a C++ wrapper, as `main` has it). A policy step returns the critic's
+    and the actor's losses, the step between only the critic's (the loop logs the last actor
+    losses); compiled, each kind of step takes its eager step (losses and parameters, the targets
+    too); after each kind has run once, nothing recompiles."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    module = load_script(CPU)
+    learners = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        learners.append(module.make_learner(module.Args(), N_OBS, N_ACT, LOW, HIGH))
+    compiled, eager = learners
+    update = torch.compile(compiled.update, fullgraph=True, options={"cpp_wrapper": True})
+
+    def state(learner):
+        parts = dict(actor=learner.actor, qnet=learner.qnet_params, log_alpha=learner.log_alpha)
+        return parameters(parts | dict(qnet_target=learner.qnet_target))
+
+    before = state(eager)
+    for step, policy_step in enumerate([True, False, True, False]):
+        with torch.compiler.set_stance("fail_on_recompile" if step >= 2 else "default"):
+            torch.manual_seed(step)
+            got = update(make_batch(step), policy_step, True)
+        torch.manual_seed(step)
+        want = eager.update(make_batch(step), policy_step, True)
+        keys = {"qf_loss", "actor_loss", "alpha_loss"} if policy_step else {"qf_loss"}
+        assert got.keys() == want.keys() == keys
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for key, value in state(compiled).items():
+            torch.testing.assert_close(value, state(eager)[key], rtol=1e-5, atol=5e-5, msg=key)
+    assert all(not torch.equal(state(eager)[key], value) for key, value in before.items())
 
 
 def test_host_policy_is_get_action_in_numpy(monkeypatch):

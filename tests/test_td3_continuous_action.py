@@ -111,14 +111,10 @@ def build_twin_updates(module, compile_updates, seed=0):
     return update_critic, update_actor, learner.update_targets, stacked_state(learner)
 
 
-def build_cpu_updates(module, compile_updates, seed=0):
-    """The CPU script's functional updates with its written-out Adam, from its `make_learner`, each
-    compiled as one graph (`fullgraph=True`, as `main` compiles them) or not."""
+def build_cpu_updates(module, seed=0):
+    """The CPU script's functional updates with its written-out Adam, from its `make_learner`."""
     learner = build_learner(module, seed)
     update_critic, update_actor = learner.update_critic, learner.update_actor
-    if compile_updates:
-        update_critic = torch.compile(update_critic, fullgraph=True)
-        update_actor = torch.compile(update_actor, fullgraph=True)
     return update_critic, update_actor, learner.update_targets, stacked_state(learner)
 
 
@@ -215,7 +211,7 @@ def test_cpu_functional_update_equals_eager_script_update():
     """torch.func gradients, the written-out Adam and the lerp_ targets take the eager script's
     autograd steps with torch.optim.Adam, step for step (3 steps: Adam's bias corrections and its
     moments past their first values)."""
-    functional = build_cpu_updates(load_script(CPU), compile_updates=False)
+    functional = build_cpu_updates(load_script(CPU))
     assert_same_steps(functional, build_eager_updates(load_script(EAGER)), steps=3, as_dict=True)
 
 
@@ -261,11 +257,30 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling(monkeypatc
     )
 
 
-def test_cpu_compiled_update_equals_eager_update_without_recompiling(monkeypatch):
-    """The CPU script's default: each functional update compiled as one graph."""
-    assert_compiled_equals_eager_and_never_recompiles(
-        build_cpu_updates, load_script(CPU), monkeypatch
-    )
+def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch):
+    """What the CPU script's `--compile` compiles: `update`, a step's updates, one graph for each
+    kind of step (with a C++ wrapper, as `main` has it). A policy step returns the critic's and
+    the actor's losses and moves the targets, the step between returns the critic's alone (the
+    loop logs the last actor loss); compiled, each kind of step takes its eager step (the noise
+    from torch's generator in both); after each kind has run once, nothing recompiles."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    module = load_script(CPU)
+    compiled, eager = build_learner(module), build_learner(module)
+    update = torch.compile(compiled.update, fullgraph=True, options={"cpp_wrapper": True})
+    before = parameters(stacked_state(eager))
+    for step, policy_step in enumerate([True, False, True, False]):
+        with torch.compiler.set_stance("fail_on_recompile" if step >= 2 else "default"):
+            torch.manual_seed(step)
+            got = update(make_batch(step), policy_step)
+        torch.manual_seed(step)
+        want = eager.update(make_batch(step), policy_step)
+        keys = {"qf_loss", "actor_loss"} if policy_step else {"qf_loss"}
+        assert got.keys() == want.keys() == keys
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        after = parameters(stacked_state(eager))
+        for key, value in parameters(stacked_state(compiled)).items():
+            torch.testing.assert_close(value, after[key], rtol=1e-5, atol=1.5e-5, msg=key)
+    assert all(not torch.equal(after[key], value) for key, value in before.items())
 
 
 def test_policy_explores_within_bounds():

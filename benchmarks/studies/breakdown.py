@@ -46,8 +46,8 @@ from benchmarks.scripts import SCRIPTS, load_script
 
 # what each algorithm's `make_learner` returns last, where it returns a tuple: its step functions
 FUNCTIONS = {
-    "sac": ("acting", "critic update", "actor update", "target update"),
-    "td3": ("acting", "critic update", "actor update", "target update"),
+    "sac": ("acting", "critic update", "actor update", "target update", "update"),
+    "td3": ("acting", "critic update", "actor update", "target update", "update"),
     "dqn": ("acting", "update", "target update"),
     "ppo_continuous_action": ("acting", "value", "update"),
     "ppo_atari_envpool": ("acting", "value", "update"),
