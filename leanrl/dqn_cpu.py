@@ -62,6 +62,14 @@ class Args(CPUFlags):
     """compile each update as one graph; --no-compile runs the same functions eagerly"""
 
 
+def float32_output(net, x):
+    """`net(x)`, its output layer in float32 under --bf16's autocast too: the values the loss
+    reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
+    x = net[:-1](x)
+    with torch.autocast("cpu", enabled=False):
+        return net[-1](x.float())
+
+
 class QNetwork(nn.Module):
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
@@ -74,7 +82,7 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        return self.network(x)
+        return float32_output(self.network, x)
 
 
 def linear_schedule(start_e, end_e, duration, t):
@@ -197,7 +205,8 @@ def make_learner(args, n_obs, n_act):
         td_target = data["rewards"] + args.gamma * target_max * (1 - data["terminations"])
         return grad_and_value(loss_fn, has_aux=True)(params, data, td_target)
 
-    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    # --bf16: the hidden layers in bfloat16 (the outputs in `float32_output`), the parameters,
+    # gradients and Adam's moments in float32
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
 
     def update(data):

@@ -116,6 +116,14 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
     return layer
 
 
+def float32_output(net, x):
+    """`net(x)`, its output layer in float32 under --bf16's autocast too: the values the loss
+    reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
+    x = net[:-1](x)
+    with torch.autocast("cpu", enabled=False):
+        return net[-1](x.float())
+
+
 class Agent(nn.Module):
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
@@ -136,7 +144,7 @@ class Agent(nn.Module):
         self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
 
     def get_action_and_value(self, x, action):
-        action_mean = self.actor_mean(x)
+        action_mean = float32_output(self.actor_mean, x)
         action_logstd = self.actor_logstd.expand_as(action_mean)
         action_std = torch.exp(action_logstd)
         # Normal(action_mean, action_std).log_prob(action) and .entropy(), written out
@@ -146,7 +154,7 @@ class Agent(nn.Module):
             - 0.5 * math.log(2 * math.pi)
         )
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + action_logstd
-        return action, log_prob.sum(1), entropy.sum(1), self.critic(x)
+        return action, log_prob.sum(1), entropy.sum(1), float32_output(self.critic, x)
 
     # what `functional_call` runs; acting is in numpy (`make_learner`)
     forward = get_action_and_value
@@ -274,7 +282,8 @@ def make_learner(args, n_obs, n_act, device):
         scale = (args.max_grad_norm / (total_norm + 1e-6)).clamp(max=1.0)
         return {name: grad * scale for name, grad in grads.items()}, stats
 
-    # --bf16: the matmuls in bfloat16, the parameters, gradients and Adam's moments in float32
+    # --bf16: the hidden layers in bfloat16 (the outputs in `float32_output`), the parameters,
+    # gradients and Adam's moments in float32
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
 
     def update(mb):

@@ -66,6 +66,14 @@ def layer_init(layer, std=2**0.5, bias_const=0.0):
     return layer
 
 
+def float32_output(net, x):
+    """`net(x)`, its output layer in float32 under --bf16's autocast too: the values the loss
+    reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
+    x = net[:-1](x)
+    with torch.autocast("cpu", enabled=False):
+        return net[-1](x.float())
+
+
 class QNetwork(nn.Module):
     """An MLP whose hidden layers are normalized (LayerNorm): what lets PQN drop the target
     network."""
@@ -83,7 +91,7 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        return self.network(x)
+        return float32_output(self.network, x)
 
 
 def linear_schedule(start_e, end_e, duration, t):
@@ -204,7 +212,8 @@ def make_learner(args, n_obs, n_act):
         old_val = q.gather(1, mb["actions"].unsqueeze(-1)).squeeze(-1)
         return F.mse_loss(mb["returns"], old_val), old_val.mean()
 
-    # --bf16: the matmuls in bfloat16, the parameters, gradients and RAdam's moments in float32
+    # --bf16: the hidden layers in bfloat16 (the outputs in `float32_output`), the parameters,
+    # gradients and RAdam's moments in float32
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
 
     def update(mb):
