@@ -71,7 +71,7 @@ def float32_output(net, x):
     reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
     x = net[:-1](x)
     with torch.autocast("cpu", enabled=False):
-        return net[-1](x.float())
+        return net[-1](x.to(net[-1].weight.dtype))  # the weights' float32
 
 
 class QNetwork(nn.Module):

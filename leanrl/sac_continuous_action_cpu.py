@@ -67,11 +67,12 @@ class Args(CPUFlags):
 
 
 def float32(layer, x):
-    """`layer(x)` in float32, under --bf16's autocast too: the outputs the losses read keep their
-    precision. In bfloat16 a Q-value of 500 would round to a multiple of 4, and tanh to 1 from
-    x = 4 on, where the log-density's log(1 - tanh(x)^2) would fall to log(1e-6)."""
+    """`layer(x)` in float32, under --bf16's autocast too, its input upcast to the weights' dtype:
+    the outputs the losses read keep their precision. In bfloat16 a Q-value of 500 would round to
+    a multiple of 4, and tanh to 1 from x = 4 on, where the log-density's log(1 - tanh(x)^2)
+    would fall to log(1e-6)."""
     with torch.autocast("cpu", enabled=False):
-        return layer(x.float())
+        return layer(x.to(layer.weight.dtype))
 
 
 class SoftQNetwork(nn.Module):

@@ -65,10 +65,11 @@ class Args(CPUFlags):
 
 
 def float32(layer, x):
-    """`layer(x)` in float32, under --bf16's autocast too: the outputs the losses read keep their
-    precision (in bfloat16 a Q-value of 500 would round to a multiple of 4)."""
+    """`layer(x)` in float32, under --bf16's autocast too, its input upcast to the weights' dtype:
+    the outputs the losses read keep their precision (in bfloat16 a Q-value of 500 would round to
+    a multiple of 4)."""
     with torch.autocast("cpu", enabled=False):
-        return layer(x.float())
+        return layer(x.to(layer.weight.dtype))
 
 
 class QNetwork(nn.Module):
