@@ -230,9 +230,10 @@ def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch)
         keys = {"qf_loss", "actor_loss", "alpha_loss"} if policy_step else {"qf_loss"}
         assert got.keys() == want.keys() == keys
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        after = state(eager)
         for key, value in state(compiled).items():
-            torch.testing.assert_close(value, state(eager)[key], rtol=1e-5, atol=5e-5, msg=key)
-    assert all(not torch.equal(state(eager)[key], value) for key, value in before.items())
+            torch.testing.assert_close(value, after[key], rtol=1e-5, atol=5e-5, msg=key)
+    assert all(not torch.equal(after[key], value) for key, value in before.items())
 
 
 def test_host_policy_is_get_action_in_numpy(monkeypatch):
