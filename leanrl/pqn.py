@@ -157,7 +157,8 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     run = Run(args, "pqn")  # runs.py: folder, seeds, signals, ...
-    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
         fail(f"--env-id {args.env_id!r} has spaces {spaces}; PQN needs Box obs, Discrete actions")

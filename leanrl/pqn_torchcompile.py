@@ -15,6 +15,7 @@ A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose re
 saved: then its episodes start afresh.
 """
 
+import itertools
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -131,6 +132,28 @@ def q_lambda_returns(
     return returns
 
 
+def make_rollout_step(envs, policy, get_value, rollout):
+    """With the tensor envs, one step of the rollout on the device as one function: act, step every
+    env, store the step at index `step` (a tensor) of `rollout` (a dict of tensors [num_steps,
+    num_envs]). It compiles whole, and a CUDA graph records it: the rollout never leaves the
+    device."""
+
+    def rollout_step(obs, step):
+        action, value = policy(obs)
+        next_obs, reward, terminations, truncations, infos = envs.step(action)
+        # every env's, but the returns read it only where an episode was cut off: no branch
+        final_value = get_value(infos["final_obs"])
+        ended, episode_return = infos["_final_obs"], infos["final_info"]["episode"]["r"]
+        row = dict(obs=obs, actions=action, values=value, rewards=reward, final_values=final_value)
+        row |= dict(terminations=terminations, truncations=truncations, ended=ended)
+        row["episode_returns"] = episode_return
+        for key, x in row.items():
+            rollout[key].index_copy_(0, step, x.unsqueeze(0).to(rollout[key].dtype))
+        return next_obs
+
+    return rollout_step
+
+
 def make_learner(args, n_obs, n_act, device):
     """The Q network, its optimizer and the steps that use them."""
     q_network = QNetwork(n_obs, n_act, device=device)
@@ -178,11 +201,15 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     run = Run(args, "pqn_torchcompile")  # runs.py: folder, seeds, signals, ...
-    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    videos = None if args.eval_model else run.videos
+    # the tensor envs on the device: the whole rollout stays there
+    envs = make_envs(
+        args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, device=device
+    )
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
         fail(f"--env-id {args.env_id!r} has spaces {spaces}; PQN needs Box obs, Discrete actions")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(spaces[0].shape))
     n_act = int(spaces[1].n)
     learner = make_learner(args, n_obs, n_act, device)
@@ -198,32 +225,42 @@ def main(args):
         envs.close()
         return run.finish(device, q_network.state_dict(), evaluate_greedy)
 
+    # the rollout, [num_steps, num_envs, ...], one TensorDict
+    scalars = ("values", "rewards", "terminations", "truncations", "final_values")
+    rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
+    rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
+    rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device)
+    if args.tensor_envs:  # which episodes ended where, and their returns
+        rollout["ended"] = torch.zeros(
+            args.num_steps, args.num_envs, dtype=torch.bool, device=device
+        )
+        rollout["episode_returns"] = torch.zeros(args.num_steps, args.num_envs, device=device)
+    rollout_step = make_rollout_step(envs, learner.policy, learner.get_value, rollout)
+    rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
+
     policy, get_value, update = learner.policy, learner.get_value, learner.update
     compute_returns = q_lambda_returns
     if args.compile:
         policy = torch.compile(policy, fullgraph=True)
+        rollout_step = torch.compile(rollout_step, fullgraph=True)
         compute_returns = torch.compile(q_lambda_returns, fullgraph=True)
         update = torch.compile(update)
     if args.cudagraphs:
         # warm-up calls run as they are (RAdam makes its state), one records, the rest replay
         policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        rollout_step = CudaGraphModule(rollout_step, warmup=3 if args.compile else 2)
         compute_returns = CudaGraphModule(compute_returns, warmup=3 if args.compile else 2)
         update = CudaGraphModule(update, warmup=3 if args.compile else 2)
 
     def to_tensor(x):  # the envs' numpy arrays, as float32 on the device
         return torch.as_tensor(x, device=device, dtype=torch.float)
 
-    # the rollout, [num_steps, num_envs, ...], one TensorDict
-    scalars = ("values", "rewards", "terminations", "truncations", "final_values")
-    rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
-    rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
-    rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, dtype=torch.long, device=device)
-    rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
     # rewards and ends in numpy until the rollout ends: one copy to the device each, not one a step
     outcomes = {key: np.zeros((args.num_steps, args.num_envs), np.float32) for key in scalars[1:4]}
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = to_tensor(next_obs)
+    steps = torch.arange(args.num_steps, device=device).split(1)  # the index of each step
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -243,28 +280,34 @@ def main(args):
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
         # rollout
-        for step in range(args.num_steps):
-            global_step += args.num_envs
-            rollout["obs"][step] = next_obs
+        if args.tensor_envs:  # on the device, a step a call; the episodes read once an iteration
             with torch.no_grad():
-                action, value = policy(next_obs)
-            rollout["actions"][step] = action
-            rollout["values"][step] = value
-
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            run.log_episodes(global_step, finished_episodes(infos))
-            outcomes["rewards"][step] = reward
-            outcomes["terminations"][step] = terminations
-            outcomes["truncations"][step] = truncations
-            if truncations.any():
-                # the value where each truncated episode was cut (the returns read it only there)
-                final_obs = to_tensor(true_next_obs(next_obs, infos))
+                for step in steps:
+                    next_obs = rollout_step(next_obs, step)
+            global_step = log_episodes(run, rollout, global_step, args.num_envs)
+        else:
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                rollout["obs"][step] = next_obs
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs)
-            next_obs = to_tensor(next_obs)
+                    action, value = policy(next_obs)
+                rollout["actions"][step] = action
+                rollout["values"][step] = value
+
+                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+                run.log_episodes(global_step, finished_episodes(infos))
+                outcomes["rewards"][step] = reward
+                outcomes["terminations"][step] = terminations
+                outcomes["truncations"][step] = truncations
+                if truncations.any():
+                    # the value where each truncated episode was cut (read only there)
+                    final_obs = to_tensor(true_next_obs(next_obs, infos))
+                    with torch.no_grad():
+                        rollout["final_values"][step] = get_value(final_obs)
+                next_obs = to_tensor(next_obs)
 
         # returns
-        for key, array in outcomes.items():
+        for key, array in () if args.tensor_envs else outcomes.items():
             rollout[key].copy_(torch.from_numpy(array))
         with torch.no_grad():
             next_value = get_value(next_obs)
@@ -296,6 +339,16 @@ def main(args):
 
     envs.close()
     run.finish(device, q_network.state_dict(), evaluate_greedy)
+
+
+def log_episodes(run, rollout, global_step, num_envs):
+    """The episodes that ended in the rollout to the run, each at its step (one host sync); returns
+    the global step after the rollout."""
+    ended_at, env = rollout["ended"].nonzero(as_tuple=True)
+    returns = rollout["episode_returns"][ended_at, env].tolist()
+    for t, group in itertools.groupby(zip(ended_at.tolist(), returns), key=lambda x: x[0]):
+        run.log_episodes(global_step + (t + 1) * num_envs, [r for _, r in group])
+    return global_step + len(rollout) * num_envs
 
 
 def check_args(args):

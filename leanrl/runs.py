@@ -73,6 +73,8 @@ class RunFlags:
     """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
     run_name: str | None = None
     """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
+    tensor_envs: bool = False
+    """train on classic control as batched tensors (tensor_envs.py) instead of gymnasium's envs"""
 
 
 @dataclass
@@ -133,11 +135,25 @@ class SyncVectorEnv(gym.vector.SyncVectorEnv):
         return *(array.copy() for array in arrays), infos
 
 
-def make_envs(env_id, num_envs, seed, videos=None, video_episodes=None, wrap=None):
+def make_envs(
+    env_id, num_envs, seed, videos=None, video_episodes=None, wrap=None, tensor=False, device="cpu"
+):
     """gymnasium's vector env with same-step autoreset (the true last observation of an episode is
     in `infos`), each env counting its episodes' returns, then `wrap(env)`, the script's own
     wrappers; its first env records videos to the folder `videos`: gymnasium's schedule in
-    training, the first `video_episodes` in an evaluation."""
+    training, the first `video_episodes` in an evaluation. With `tensor`, the same as batched
+    tensors on `device` (tensor_envs.py), which take and return tensors."""
+    if tensor:
+        from tensor_envs import TENSOR_ENVS, make_tensor_envs
+
+        if env_id not in TENSOR_ENVS:
+            there = ", ".join(TENSOR_ENVS)
+            fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
+        if videos is not None or wrap is not None:
+            fail("--tensor-envs cannot record videos or take this script's env wrappers")
+        envs = make_tensor_envs(env_id, num_envs, device, seed)
+        envs.action_space.seed(seed)
+        return envs
 
     def make_env(seed, video_dir):
         def thunk():
@@ -178,6 +194,8 @@ def finished_episodes(infos):
 def true_next_obs(next_obs, infos):
     """`next_obs` with the true final observation of each episode that ended on this step, where
     same-step autoreset put the reset one: a truncated episode bootstraps from where it was cut."""
+    if isinstance(next_obs, torch.Tensor):  # the tensor envs: no host sync
+        return torch.where(infos["_final_obs"][:, None], infos["final_obs"], next_obs)
     real_next_obs = next_obs.copy()
     for idx in np.flatnonzero(infos.get("_final_obs", [])):
         real_next_obs[idx] = infos["final_obs"][idx]
@@ -453,6 +471,8 @@ class Run:
         if isinstance(obj, dict):  # what has a state: no functions
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
+        if isinstance(obj, tuple) and hasattr(obj[0], "state_dict"):  # tensor envs
+            return tuple(self.state_of(x) for x in obj)
         if isinstance(obj, tuple):  # (envs, obs, ...)
             # between the layers, and how to make them
             links = ("env", "envs", "env_fns", "_saved_kwargs")
@@ -487,6 +507,10 @@ class Run:
             for key, value in items:
                 if key in saved:
                     self.restore(value, saved[key], seed)
+        elif isinstance(obj, tuple) and hasattr(obj[0], "load_state_dict"):  # tensor envs
+            for x, value in zip(obj, saved):
+                self.restore(x, value, seed)
+            self.envs_restored = True
         elif isinstance(obj, tuple) and saved[0] is None:  # fresh episodes: no dones, no memory
             self.restore(obj[1], obj[0].reset(seed=seed)[0], seed)
             for carried in obj[2:]:

@@ -301,7 +301,8 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 def main(args):
     check_args(args)
     run = Run(args, "td3_continuous_action_cpu")  # runs.py: folder, seeds, threads, ...
-    envs = make_envs(args.env_id, args.num_envs, args.seed, None if args.eval_model else run.videos)
+    videos = None if args.eval_model else run.videos
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
         fail(f"--env-id {args.env_id!r} has a {space} action space; TD3 needs a bounded Box")

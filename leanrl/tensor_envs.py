@@ -69,8 +69,9 @@ class TensorEnv(gym.vector.VectorEnv):
 
     def __init__(self, num_envs, device="cpu", dtype=torch.float32, seed=0):
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        batch = gym.vector.utils.batch_space
+        self.observation_space = batch(self.single_observation_space, num_envs)
+        self.action_space = batch(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         self.render_mode, self.closed = None, False
         size = len(self.reset_bounds[0])
@@ -87,7 +88,8 @@ class TensorEnv(gym.vector.VectorEnv):
 
     def seed(self, seed):
         """Env i draws from `seed + i`, or from `seed[i]` if `seed` is a list, as gymnasium's."""
-        seeds = seed if isinstance(seed, (list, tuple)) else [seed + i for i in range(self.num_envs)]
+        listed = isinstance(seed, (list, tuple))
+        seeds = seed if listed else [seed + i for i in range(self.num_envs)]
         if len(seeds) != self.num_envs:
             raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
         self.keys.copy_(torch.tensor(seeds, dtype=torch.long) & MASK32)
@@ -179,7 +181,7 @@ class CartPole(TensorEnv):
 
 
 class Acrobot(TensorEnv):
-    """Acrobot-v1: gymnasium's "book" dynamics, one RK4 step of 0.2 s, angles wrapped to [-pi, pi]."""
+    """Acrobot-v1: gymnasium's "book" dynamics, an RK4 step of 0.2 s, angles wrapped to [-pi, pi]."""
 
     max_episode_steps = 500
     reset_bounds = (-0.1,) * 4, (0.1,) * 4
@@ -192,8 +194,8 @@ class Acrobot(TensorEnv):
 
     @staticmethod
     def dsdt(s, torque):
-        """d(theta1, theta2, dtheta1, dtheta2)/dt, gymnasium's expressions in its order (`x**2` where
-        gymnasium's is numpy's power, `square()` where it squares)."""
+        """d(theta1, theta2, dtheta1, dtheta2)/dt, gymnasium's expressions in its order (`x**2`
+        where gymnasium's is numpy's power, `square()` where it squares)."""
         m1 = m2 = l1 = 1.0
         lc1 = lc2 = 0.5
         I1 = I2 = 1.0

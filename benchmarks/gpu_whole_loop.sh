@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The tensor envs and PQN's whole loop on a GPU, in one call of about 7 minutes:
+#   bash benchmarks/gpu_whole_loop.sh OUT_DIR
+# 1. the tensor CartPole alone, eager and compiled + CUDA graph, at N = 4 ... 65,536;
+# 2. pqn_torchcompile.py --tensor-envs --compile --cudagraphs at N = 1,024, 16,384 and 65,536
+#    (--num-steps 32, 20 iterations after compiling), beside the same script on gymnasium's 4 envs;
+# 3. the same on the tensor envs at CleanRL's defaults (4 envs, 500k steps): does it learn.
+set -u
+out=${1:-benchmarks/results/gpu_whole_loop}
+mkdir -p "$out"
+nvidia-smi -L
+python3 -m benchmarks.tensor_envs --env-ids CartPole-v1 --device cuda --sizes 4 1024 16384 65536 \
+  --no-gymnasium --seconds 1 --out "$out/tensor_envs_cuda.json" 2>&1 | grep -v "^TENSOR_ENVS"
+pqn() {
+  python3 leanrl/pqn_torchcompile.py --compile --cudagraphs --run-name "$1" "${@:2}" 2>&1 \
+    | grep SUMMARY | cut -c1-420
+}
+for n in 1024 16384 65536; do
+  pqn "tensor-$n" --tensor-envs --num-envs $n --num-steps 32 --total-timesteps $((n * 32 * 24))
+done
+pqn gym-4 --total-timesteps 100000
+pqn tensor-defaults --tensor-envs
+for d in runs/*; do python3 -c "import json,sys; s=json.load(open('$d/summary.json')); \
+  print('$d', s['sps'], s['return_mean'], s['episodes'])"; done

@@ -1,0 +1,115 @@
+"""The tensor envs' speed, env steps per second with random actions drawn before the clock, beside
+runs.py's `SyncVectorEnv` and gymnasium's numpy `CartPoleVectorEnv`, at several batch sizes.
+
+    python -m benchmarks.tensor_envs --threads 1  # every env id, on the CPU
+    python -m benchmarks.tensor_envs --env-ids CartPole-v1 --device cuda --sizes 4 1024 65536
+
+Rows: `sync` (runs.py's vector env of gymnasium's envs, same-step autoreset), `numpy`
+(gymnasium's `CartPoleVectorEnv`, CartPole only, next-step autoreset), `tensor` (tensor_envs.py,
+eager) and `tensor-compiled` (its step compiled whole; on CUDA also recorded as a CUDA graph).
+Prints one `TENSOR_ENVS {json}` line with the machine and every row; `--out` writes it too.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from benchmarks.machine import machine_info
+from benchmarks.scripts import load_script
+
+ACTION_BATCHES = 16
+
+
+def timed(step, actions, seconds, sync=lambda: None):
+    """Vector steps per second of `step` over `actions` (cycled), after a warm-up, for at least
+    `seconds`."""
+    for a in actions[:3]:
+        step(a)
+    sync()
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for a in actions:
+            step(a)
+        steps += len(actions)
+        sync()
+    return steps / (time.perf_counter() - start)
+
+
+def gymnasium_rows(env_id, num_envs, seconds, rng):
+    runs = load_script("runs")
+    envs = {"sync": runs.make_envs(env_id, num_envs, 0)}
+    if env_id == "CartPole-v1":
+        envs["numpy"] = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
+    rows = []
+    for kind, env in envs.items():
+        env.reset(seed=0)
+        space = env.single_action_space
+        actions = [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(4)]
+        rows.append(dict(kind=kind, sps=num_envs * timed(env.step, actions, seconds)))
+        env.close()
+    return rows
+
+
+def tensor_rows(env_id, num_envs, device, seconds, compiled):
+    tensor_envs = load_script("tensor_envs")
+    envs = tensor_envs.make_tensor_envs(env_id, num_envs, device=device, seed=0)
+    space = envs.single_action_space
+    actions = [
+        torch.as_tensor(np.stack([space.sample() for _ in range(num_envs)]), device=device)
+        for _ in range(ACTION_BATCHES)
+    ]
+    sync = torch.cuda.synchronize if envs.device.type == "cuda" else (lambda: None)
+    rows = [dict(kind="tensor", sps=num_envs * timed(envs.step, actions, seconds, sync))]
+    if compiled:
+        step = torch.compile(envs.step, fullgraph=True)
+        if envs.device.type == "cuda":
+            from tensordict.nn import CudaGraphModule
+
+            step = CudaGraphModule(step, warmup=2)
+        rows.append(
+            dict(kind="tensor-compiled", sps=num_envs * timed(step, actions, seconds, sync))
+        )
+    return rows
+
+
+def main(argv=None):
+    tensor_envs = load_script("tensor_envs")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env-ids", nargs="+", default=list(tensor_envs.TENSOR_ENVS))
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1, 4, 64, 1024, 16384])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch's threads on the CPU")
+    parser.add_argument("--seconds", type=float, default=1.0, help="each row's timing")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled rows")
+    parser.add_argument("--no-gymnasium", action="store_true", help="the tensor envs' rows only")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for env_id in args.env_ids:
+        for n in args.sizes:
+            found = []
+            if not args.no_gymnasium and n <= 1024:  # past that, gymnasium's envs take minutes
+                found += gymnasium_rows(env_id, n, args.seconds, rng)
+            found += tensor_rows(env_id, n, args.device, args.seconds, not args.no_compile)
+            for row in found:
+                rows.append(dict(env_id=env_id, num_envs=n, **row))
+                print(f"{env_id:26} {n:6} {row['kind']:16} {row['sps']:14,.0f}", flush=True)
+    result = dict(machine=machine_info(), device=args.device, threads=args.threads, rows=rows)
+    if args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+    line = json.dumps(result)
+    print("TENSOR_ENVS " + line)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
