@@ -1,0 +1,91 @@
+"""The scripts with `--tensor-envs`: each trains and logs its episodes, a stopped run resumes bit for
+bit (the envs' state and reset draws travel in the checkpoint), a value they cannot serve is
+refused before training, and PQN's rollout step on the device compiles whole without a host
+sync."""
+
+import importlib
+import json
+
+import pytest
+import torch
+from conftest import assert_no_host_sync, assert_same_state, checkpoint, load_script
+
+tensor_envs = load_script("tensor_envs")
+DQN = ("--total-timesteps", 600, "--learning-starts", 200, "--batch-size", 32)
+DQN += ("--buffer-size", 1000, "--target-network-frequency", 50)
+PQN = ("--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32)
+PQN += ("--num-minibatches", 2, "--update-epochs", 2)
+OFF_POLICY = ("--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 32)
+SMOKE = {
+    "dqn": DQN,
+    "dqn_torchcompile": DQN,
+    "dqn_cpu": (*DQN, "--no-compile", "--threads", 1),
+    "pqn": PQN,
+    "pqn_torchcompile": PQN,
+    "pqn_cpu": (*PQN, "--no-compile", "--threads", 1),
+    "sac_continuous_action": ("--env-id", "Pendulum-v1", *OFF_POLICY),
+    "sac_continuous_action_torchcompile": ("--env-id", "Pendulum-v1", *OFF_POLICY),
+    "sac_continuous_action_cpu": ("--env-id", "Pendulum-v1", *OFF_POLICY, "--no-compile"),
+    "td3_continuous_action": ("--env-id", "Pendulum-v1", *OFF_POLICY),
+    "td3_continuous_action_torchcompile": ("--env-id", "Pendulum-v1", *OFF_POLICY),
+    "td3_continuous_action_cpu": ("--env-id", "Pendulum-v1", *OFF_POLICY, "--no-compile"),
+}
+
+
+@pytest.mark.parametrize("script", SMOKE)
+def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
+    assert train(script, *SMOKE[script], "--tensor-envs", "--run-name", "t") == 0
+    summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    assert summary["episodes"] == len(summary["curve"]) > 0
+    assert summary["return_mean"] is not None and abs(summary["return_mean"]) < 1e5
+
+
+# script -> the vector step at which the stopped run gets its SIGTERM
+RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64}
+
+
+@pytest.mark.parametrize("script", RESUMED)
+def test_a_resumed_run_on_tensor_envs_ends_as_one_that_went_through(script, train, tmp_path):
+    flags = (*SMOKE[script], "--tensor-envs")
+    assert train(script, *flags, "--run-name", "through") == 0
+    # the module as runs.py imports it (load_script's copy is another module object)
+    step = (importlib.import_module("tensor_envs").TensorEnv, "step")
+    stopped = train(script, *flags, "--run-name", "stopped", stop_at=RESUMED[script], counted=step)
+    assert stopped == 143
+    resume = ("--resume", tmp_path / "runs" / "stopped")
+    assert train(script, *flags, *resume) == 0
+    through, resumed = checkpoint(tmp_path / "runs" / "through"), checkpoint(resume[1])
+    assert resumed["resumes"][0]["fresh_episodes"] is False
+    assert_same_state(through["state"], resumed["state"])
+    assert [(s, r) for s, _, r in through["curve"]] == [(s, r) for s, _, r in resumed["curve"]]
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--env-id", "LunarLander-v3"), ("--tensor-envs", "LunarLander-v3", "CartPole-v1")),
+        (("--capture-video",), ("--tensor-envs", "videos")),
+    ],
+)
+def test_what_the_tensor_envs_cannot_serve_is_refused(flags, words, refused):
+    refused("dqn", ("--tensor-envs", *flags), words)
+
+
+def test_pqns_rollout_step_compiles_whole_without_host_sync():
+    pqn = load_script("pqn_torchcompile")
+    args = pqn.Args(tensor_envs=True, num_envs=8, num_steps=4)
+    learner = pqn.make_learner(args, 4, 2, torch.device("cpu"))
+    envs = tensor_envs.make_tensor_envs("CartPole-v1", 8, seed=1)
+    shape = (args.num_steps, args.num_envs)
+    rollout = {key: torch.zeros(shape) for key in ("values", "rewards", "final_values")}
+    rollout |= {key: torch.zeros(shape) for key in ("terminations", "truncations")}
+    rollout |= dict(obs=torch.zeros(*shape, 4), actions=torch.zeros(shape, dtype=torch.long))
+    rollout |= dict(ended=torch.zeros(shape, dtype=torch.bool), episode_returns=torch.zeros(shape))
+    step = pqn.make_rollout_step(envs, learner.policy, learner.get_value, rollout)
+    step = torch.compile(step, fullgraph=True)
+    obs, _ = envs.reset()
+    index = torch.tensor([2])
+    with torch.no_grad():
+        next_obs = assert_no_host_sync(step, lambda: (obs, index), compiled=True)
+    assert torch.equal(rollout["obs"][2], obs) and next_obs.shape == obs.shape
+    assert learner.global_step.item() == 6 * 8  # acting advanced the step counter on the device
