@@ -181,7 +181,7 @@ class CartPole(TensorEnv):
 
 
 class Acrobot(TensorEnv):
-    """Acrobot-v1: gymnasium's "book" dynamics, an RK4 step of 0.2 s, angles wrapped to [-pi, pi]."""
+    """Acrobot-v1: gymnasium's "book" dynamics, RK4 steps of 0.2 s, angles kept in [-pi, pi]."""
 
     max_episode_steps = 500
     reset_bounds = (-0.1,) * 4, (0.1,) * 4

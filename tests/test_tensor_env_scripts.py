@@ -1,5 +1,5 @@
-"""The scripts with `--tensor-envs`: each trains and logs its episodes, a stopped run resumes bit for
-bit (the envs' state and reset draws travel in the checkpoint), a value they cannot serve is
+"""The scripts with `--tensor-envs`: each trains and logs its episodes, a stopped run resumes bit
+for bit (the envs' state and reset draws travel in the checkpoint), a value they cannot serve is
 refused before training, and PQN's rollout step on the device compiles whole without a host
 sync."""
 
