@@ -235,7 +235,7 @@ def make_learner(args, n_obs, n_act):
 
 def main(args):
     check_args(args)
-    run = Run(args, "dqn_cpu")  # runs.py: folder, seeds, threads, ...
+    run = Run(args, "dqn_cpu", tensor_envs=True)  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     spaces = envs.single_observation_space, envs.single_action_space

@@ -295,7 +295,9 @@ def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
 def main(args):
     for setting in settings(args):  # each point of a sweep, as a single run's flags
         check_args(setting)
-    run = SeedsRun(args, "dqn_seeds")  # runs.py: folder, seeds, sweep, threads, ...
+    run = SeedsRun(
+        args, "dqn_seeds", tensor_envs=True
+    )  # runs.py: folder, seeds, sweep, threads, ...
     members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)
@@ -309,7 +311,9 @@ def main(args):
     check_memory(members, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
     videos = None if args.eval_model else run.videos
     # member k's envs are the k-th slice
-    envs = make_envs(args.env_id, args.num_envs * members, args.seed, videos)
+    envs = make_envs(
+        args.env_id, args.num_envs * members, args.seed, videos, tensor=args.tensor_envs
+    )
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
     params = learner.params

@@ -156,7 +156,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "pqn")  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "pqn", tensor_envs=True)  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     spaces = envs.single_observation_space, envs.single_action_space

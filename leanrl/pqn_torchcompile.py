@@ -200,7 +200,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "pqn_torchcompile")  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "pqn_torchcompile", tensor_envs=True)  # runs.py: folder, seeds, signals, ...
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     videos = None if args.eval_model else run.videos
     # the tensor envs on the device: the whole rollout stays there

@@ -231,8 +231,9 @@ class Run:
     FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads")
     main_process = True  # the process that keeps the folder, wandb and the messages
 
-    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
+    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",), tensor_envs=False):
         self.args, self.script, self.free_flags = args, script, self.FREE_FLAGS + free_flags
+        self.tensor_envs = tensor_envs  # whether the script can train on the tensor envs
         self.check(args)
         args.exp_name = args.exp_name or script
         self.saved_model = (
@@ -292,6 +293,8 @@ class Run:
             fail(f"--eval-episodes must be >= 0, and > 0 with --eval-model, got {n}")
         if args.checkpoint_minutes < 0 or (args.resume and args.eval_model):
             fail("--checkpoint-minutes must be >= 0, and --resume cannot go with --eval-model")
+        if args.tensor_envs and not self.tensor_envs:
+            fail(f"--tensor-envs: {self.script} trains on gymnasium's envs only")
         if args.measure_burnin < 0:
             fail(f"--measure-burnin must be >= 0, got {args.measure_burnin}")
         if getattr(args, "threads", None) is not None and args.threads <= 0:
@@ -893,7 +896,7 @@ class SeedsRun(Run):
     and its curve `curves[k]`; a non-finite loss or weight sets `diverged[k]`, and the others go
     on; the run stops once every member has diverged."""
 
-    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
+    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",), tensor_envs=False):
         # each setting's members are `--num-seeds` single runs of it: within a setting, no two
         # share an env seed; across settings, the same seeds, so that the settings compare
         self.settings = settings(args)
@@ -908,7 +911,7 @@ class SeedsRun(Run):
         ]
         # env i of member k is seeded seeds[k] + i
         self.env_seeds = [seed + i for seed in self.seeds for i in range(args.num_envs)]
-        super().__init__(args, script, free_flags, policy_flags)
+        super().__init__(args, script, free_flags, policy_flags, tensor_envs)
         self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
         self.diverged = {}

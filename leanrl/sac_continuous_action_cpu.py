@@ -364,7 +364,9 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
 def main(args):
     check_args(args)
-    run = Run(args, "sac_continuous_action_cpu")  # runs.py: folder, seeds, threads, ...
+    run = Run(
+        args, "sac_continuous_action_cpu", tensor_envs=True
+    )  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     space = envs.single_action_space

@@ -45,9 +45,10 @@ def hash32(x):
 
 def uniform(keys, counter, low, high):
     """[num_envs, len(low)] draws, uniform in [low, high) (tensors of the draws' dtype), for the
-    `counter`-th draw of each env's key: 53 random bits in float64, 24 in float32."""
+    `counter`-th draw of each env's key (its seed, hashed): 53 random bits in float64, 24 in
+    float32."""
     slots = counter * len(low) + torch.arange(len(low), device=keys.device)
-    bits = hash32(hash32(keys)[:, None] ^ hash32(slots & MASK32)[None, :])
+    bits = hash32(keys[:, None] ^ hash32(slots & MASK32)[None, :])
     if low.dtype == torch.float64:
         more = hash32(bits ^ 0x5BD1E995)
         unit = ((bits >> 5).double() * 2.0**26 + (more >> 6).double()) * 2.0**-53
@@ -81,7 +82,7 @@ class TensorEnv(gym.vector.VectorEnv):
         self.episode_return = torch.zeros(num_envs, dtype=dtype, **kwargs)
         self.episode_length = torch.zeros(num_envs, dtype=torch.long, **kwargs)
         self.low, self.high = (torch.tensor(x, **kwargs, dtype=dtype) for x in self.reset_bounds)
-        self.keys = torch.zeros(num_envs, dtype=torch.long, **kwargs)  # each env's seed
+        self.keys = torch.zeros(num_envs, dtype=torch.long, **kwargs)  # each env's seed, hashed
         self.draws = torch.zeros((), dtype=torch.long, **kwargs)  # the reset draws so far
         self.seed(seed)
         self.reset_states(torch.ones(num_envs, dtype=torch.bool, **kwargs))
@@ -92,7 +93,7 @@ class TensorEnv(gym.vector.VectorEnv):
         seeds = seed if listed else [seed + i for i in range(self.num_envs)]
         if len(seeds) != self.num_envs:
             raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
-        self.keys.copy_(torch.tensor(seeds, dtype=torch.long) & MASK32)
+        self.keys.copy_(hash32(torch.tensor(seeds, dtype=torch.long) & MASK32))
         self.draws.zero_()
 
     def reset_states(self, done):

@@ -20,6 +20,7 @@ SMOKE = {
     "dqn": DQN,
     "dqn_torchcompile": DQN,
     "dqn_cpu": (*DQN, "--no-compile", "--threads", 1),
+    "dqn_seeds": (*DQN, "--num-seeds", 2, "--no-compile", "--threads", 1),
     "pqn": PQN,
     "pqn_torchcompile": PQN,
     "pqn_cpu": (*PQN, "--no-compile", "--threads", 1),
@@ -36,7 +37,12 @@ SMOKE = {
 def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
     assert train(script, *SMOKE[script], "--tensor-envs", "--run-name", "t") == 0
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
-    assert summary["episodes"] == len(summary["curve"]) > 0
+    # a seeds script keeps a curve per member
+    curve = summary.get("curve") or [point for c in summary["curves"] for point in c]
+    assert len(curve) > 0 and summary["episodes"] in (
+        len(curve),
+        [len(c) for c in summary.get("curves", [])],
+    )
     assert summary["return_mean"] is not None and abs(summary["return_mean"]) < 1e5
 
 
@@ -69,6 +75,13 @@ def test_a_resumed_run_on_tensor_envs_ends_as_one_that_went_through(script, trai
 )
 def test_what_the_tensor_envs_cannot_serve_is_refused(flags, words, refused):
     refused("dqn", ("--tensor-envs", *flags), words)
+
+
+@pytest.mark.parametrize("script", ["ppo_lstm", "ppo_continuous_action_cpu"])
+def test_a_script_without_them_refuses_the_flag(script, refused):
+    """The recurrent PPO scripts hide velocities with their own wrappers and PPO continuous
+    normalizes with gymnasium's: they train on gymnasium's envs and say so."""
+    refused(script, ("--tensor-envs",), ("--tensor-envs", script, "gymnasium"))
 
 
 def test_pqns_rollout_step_compiles_whole_without_host_sync():
