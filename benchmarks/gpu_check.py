@@ -5,6 +5,15 @@ each beside the speed of its env alone on the same machine.
     python -m benchmarks.gpu_check --only tests smoke     # some parts
     python -m benchmarks.gpu_check --algos ppo_lstm ppo_atari_envpool  # some algorithms' checks
     python -m benchmarks.gpu_check --minutes 5 --jobs 4
+    python -m benchmarks.gpu_check --call 1  # a 15-minute lease: tests, smoke and learning
+    python -m benchmarks.gpu_check --call 2  # then the timed parts, sps and seeds
+
+A GPU machine lent for 15 minutes, its start included, holds two calls of at most 8.5 minutes
+(`--call 1` and `--call 2`, docs/cuda.md): every algorithm's tests, smoke runs and learning run
+in parallel in the first, the timed rows alone in the second. The second finds the first's
+compiled kernels in inductor's cache only on the same machine (a lease's machine stays warm 30 s
+after a call); on a fresh one its smoke runs are gone and its timed runs compile first, which the
+rows' burn-in leaves out of `sps`.
 
 Parts, in the order they run:
 - `tests`: the CUDA tests (`pytest -m cuda`), tests/test_fresh_noise.py first (fresh noise in every
@@ -57,6 +66,8 @@ from benchmarks.studies import seeds
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("tests", "smoke", "learning", "sps", "seeds")
 PARALLEL_PARTS = ("tests", "smoke", "learning")
+CALLS = {1: ("tests", "smoke", "learning"), 2: ("sps", "seeds")}  # a 15-minute lease's two calls
+CALL_MINUTES = 8.5
 # each part's share of --minutes; the parallel parts run within the sum of theirs
 SHARES = {"tests": 0.25, "smoke": 0.2, "learning": 0.1, "sps": 0.25, "seeds": 0.2}
 MIN_START_S = 10  # a check starts only with this much of its part's time left
@@ -403,6 +414,8 @@ def markdown(result):
     settings = result["settings"]
     selection = f"parts: {', '.join(settings['parts'])}; algorithms: "
     selection += ", ".join(settings["algos"] or ["all"])
+    if settings.get("call"):
+        selection += f"; call {settings['call']} of the two of a 15-minute lease"
     parts = [
         [r["part"], f"{r['share']:.0%}", f"{r['ends_s']:.0f}", str(r["checks"])]
         + [str(r[s]) for s in STATUSES]
@@ -490,10 +503,17 @@ def parse_args(argv):
     parser.add_argument(
         "--algos", nargs="+", choices=names, help="only these algorithms' scripts (default: all)"
     )
-    parser.add_argument("--minutes", type=float, default=8.0, help="the check ends within this")
+    parser.add_argument("--minutes", type=float, help="the check ends within this (default 8)")
+    parser.add_argument(
+        "--call", type=int, choices=sorted(CALLS), help="one call of a 15-minute lease: its parts"
+    )
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.call:
+        args.only = list(CALLS[args.call])
+    args.minutes = args.minutes or (CALL_MINUTES if args.call else 8.0)
+    return args
 
 
 def main(argv=None):
@@ -506,6 +526,7 @@ def main(argv=None):
         checks = run_checks(plan(args.only, args.algos), args.minutes, args.jobs, cwd)
     seconds = time.monotonic() - start
     settings = {"minutes": args.minutes, "jobs": args.jobs, "parts": args.only, "algos": args.algos}
+    settings["call"] = args.call
     result = report(
         checks, machine_info(), started.isoformat(timespec="seconds"), seconds, settings
     )

@@ -87,6 +87,16 @@ def test_the_algos_option_keeps_those_algorithms_checks_only():
         gpu_check.parse_args(["--algos", "ppo_lsmt"])
 
 
+def test_the_two_calls_of_a_lease_cover_every_part_of_every_algorithm_once():
+    """`--call 1` and `--call 2` split the parts between them, each within 8.5 minutes, and
+    together plan every check of the whole run."""
+    first, second = (gpu_check.parse_args(["--call", str(call)]) for call in (1, 2))
+    assert set(first.only).isdisjoint(second.only) and {*first.only, *second.only} == set(PARTS)
+    assert first.minutes == second.minutes == 8.5 and first.algos is None
+    planned = gpu_check.plan(first.only) + gpu_check.plan(second.only)
+    assert sorted(c.name for c in planned) == sorted(c.name for c in gpu_check.plan(PARTS))
+
+
 def selects(cmd, node_id):
     """Whether pytest `cmd` (a file, then `-k` terms joined by `and`) selects test `node_id`."""
     path = next(arg for arg in cmd if arg.endswith(".py"))
