@@ -144,8 +144,10 @@ def make_envs(
     training, the first `video_episodes` in an evaluation. With `tensor`, the same as batched
     tensors on `device` (tensor_envs.py), which take and return tensors."""
     if tensor:
-        from tensor_envs import TENSOR_ENVS, make_tensor_envs
-
+        try:
+            from tensor_envs import TENSOR_ENVS, make_tensor_envs
+        except ModuleNotFoundError:  # an exported copy, without leanrl/tensor_envs.py beside it
+            fail("--tensor-envs needs tensor_envs.py (leanrl/tensor_envs.py) beside this script")
         if env_id not in TENSOR_ENVS:
             there = ", ".join(TENSOR_ENVS)
             fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
