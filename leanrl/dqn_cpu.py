@@ -237,7 +237,9 @@ def main(args):
     check_args(args)
     run = Run(args, "dqn_cpu", tensor_envs=True)  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
+    envs = make_envs(
+        args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, compile=args.compile
+    )
     spaces = envs.single_observation_space, envs.single_action_space
     if not (isinstance(spaces[0], gym.spaces.Box) and isinstance(spaces[1], gym.spaces.Discrete)):
         fail(f"--env-id {args.env_id!r} has spaces {spaces}; DQN needs Box obs, Discrete actions")

@@ -312,7 +312,12 @@ def main(args):
     videos = None if args.eval_model else run.videos
     # member k's envs are the k-th slice
     envs = make_envs(
-        args.env_id, args.num_envs * members, args.seed, videos, tensor=args.tensor_envs
+        args.env_id,
+        args.num_envs * members,
+        args.seed,
+        videos,
+        tensor=args.tensor_envs,
+        compile=args.compile,
     )
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     learner = make_learner(args, n_obs, n_act, run.seeds, device)

@@ -136,13 +136,22 @@ class SyncVectorEnv(gym.vector.SyncVectorEnv):
 
 
 def make_envs(
-    env_id, num_envs, seed, videos=None, video_episodes=None, wrap=None, tensor=False, device="cpu"
+    env_id,
+    num_envs,
+    seed,
+    videos=None,
+    video_episodes=None,
+    wrap=None,
+    tensor=False,
+    device="cpu",
+    compile=False,
 ):
     """gymnasium's vector env with same-step autoreset (the true last observation of an episode is
     in `infos`), each env counting its episodes' returns, then `wrap(env)`, the script's own
     wrappers; its first env records videos to the folder `videos`: gymnasium's schedule in
     training, the first `video_episodes` in an evaluation. With `tensor`, the same as batched
-    tensors on `device` (tensor_envs.py), which take and return tensors."""
+    tensors on `device` (tensor_envs.py), which take and return tensors, their step compiled whole
+    with `compile` (a few envs step faster so than gymnasium's on a CPU)."""
     if tensor:
         try:
             from tensor_envs import TENSOR_ENVS, make_tensor_envs
@@ -155,6 +164,8 @@ def make_envs(
             fail("--tensor-envs cannot record videos or take this script's env wrappers")
         envs = make_tensor_envs(env_id, num_envs, device, seed)
         envs.action_space.seed(seed)
+        if compile:
+            envs.step = torch.compile(envs.step, fullgraph=True)
         return envs
 
     def make_env(seed, video_dir):

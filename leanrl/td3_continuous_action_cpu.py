@@ -304,7 +304,9 @@ def main(args):
         args, "td3_continuous_action_cpu", tensor_envs=True
     )  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
+    envs = make_envs(
+        args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, compile=args.compile
+    )
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
         fail(f"--env-id {args.env_id!r} has a {space} action space; TD3 needs a bounded Box")

@@ -84,17 +84,49 @@ def test_a_script_without_them_refuses_the_flag(script, refused):
     refused(script, ("--tensor-envs",), ("--tensor-envs", script, "gymnasium"))
 
 
-def test_pqns_rollout_step_compiles_whole_without_host_sync():
+def pqn_rollout(num_envs, num_steps, seed=1):
+    """pqn_torchcompile's rollout storage, learner, tensor envs and rollout step, as `main` makes
+    them."""
     pqn = load_script("pqn_torchcompile")
-    args = pqn.Args(tensor_envs=True, num_envs=8, num_steps=4)
+    args = pqn.Args(tensor_envs=True, num_envs=num_envs, num_steps=num_steps)
+    torch.manual_seed(seed)
     learner = pqn.make_learner(args, 4, 2, torch.device("cpu"))
-    envs = tensor_envs.make_tensor_envs("CartPole-v1", 8, seed=1)
-    shape = (args.num_steps, args.num_envs)
+    envs = tensor_envs.make_tensor_envs("CartPole-v1", num_envs, seed=seed)
+    shape = (num_steps, num_envs)
     rollout = {key: torch.zeros(shape) for key in ("values", "rewards", "final_values")}
     rollout |= {key: torch.zeros(shape) for key in ("terminations", "truncations")}
     rollout |= dict(obs=torch.zeros(*shape, 4), actions=torch.zeros(shape, dtype=torch.long))
     rollout |= dict(ended=torch.zeros(shape, dtype=torch.bool), episode_returns=torch.zeros(shape))
     step = pqn.make_rollout_step(envs, learner.policy, learner.get_value, rollout)
+    return learner, envs, rollout, step
+
+
+def test_pqns_rollout_compiled_takes_the_eager_steps(monkeypatch):
+    """The rollout step compiled whole, as `--compile` runs it, against the same step eagerly, a
+    step at a time: over 64 steps of 64 envs the same actions, episode ends and returns, and values
+    within 1e-5 (inductor's `fallback_random` draws the exploration with torch's generator, as the
+    eager step does)."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    rollouts = []
+    for compile in (False, True):
+        learner, envs, rollout, step = pqn_rollout(64, 64)
+        step = torch.compile(step, fullgraph=True) if compile else step
+        obs, _ = envs.reset()
+        torch.manual_seed(3)
+        with torch.no_grad():
+            for index in torch.arange(64).split(1):
+                obs = step(obs, index)
+        rollouts.append(rollout)
+    eager, compiled = rollouts
+    for key in ("actions", "terminations", "truncations", "ended", "episode_returns"):
+        assert torch.equal(eager[key], compiled[key]), key
+    assert eager["ended"].sum() > 0
+    for key in ("obs", "values", "final_values"):
+        torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-5)
+
+
+def test_pqns_rollout_step_compiles_whole_without_host_sync():
+    learner, envs, rollout, step = pqn_rollout(8, 4)
     step = torch.compile(step, fullgraph=True)
     obs, _ = envs.reset()
     index = torch.tensor([2])
