@@ -16,6 +16,7 @@ saved: then its episodes start afresh.
 """
 
 import itertools
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -212,6 +213,7 @@ def main(args):
         fail(f"--env-id {args.env_id!r} has spaces {spaces}; PQN needs Box obs, Discrete actions")
     n_obs = int(np.prod(spaces[0].shape))
     n_act = int(spaces[1].n)
+    check_memory(args, n_obs, device)
     learner = make_learner(args, n_obs, n_act, device)
     q_network, optimizer = learner.q_network, learner.optimizer
 
@@ -349,6 +351,19 @@ def log_episodes(run, rollout, global_step, num_envs):
     for t, group in itertools.groupby(zip(ended_at.tolist(), returns), key=lambda x: x[0]):
         run.log_episodes(global_step + (t + 1) * num_envs, [r for _, r in group])
     return global_step + len(rollout) * num_envs
+
+
+def check_memory(args, n_obs, device):
+    """Exit status 2 if the rollout cannot fit on the device: its obs and 7 numbers a step, 4 bytes
+    each, about 3 times over (the rollout, the flattened batch, a minibatch's activations)."""
+    need = 3 * args.num_steps * args.num_envs * (n_obs + 7) * 4
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
+    if need > free:
+        size = f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
+        fail(f"{size}: the rollout needs {need / 2**30:.1f} GiB, {device} has {free / 2**30:.1f}")
 
 
 def check_args(args):

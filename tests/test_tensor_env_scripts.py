@@ -77,6 +77,12 @@ def test_what_the_tensor_envs_cannot_serve_is_refused(flags, words, refused):
     refused("dqn", ("--tensor-envs", *flags), words)
 
 
+def test_a_rollout_larger_than_the_device_is_refused(refused):
+    """PQN's twin at 2**22 envs x 2**12 steps would need 2.3 TiB: refused before training."""
+    flags = ("--tensor-envs", "--num-envs", 2**22, "--num-steps", 2**12, "--total-timesteps", 2**34)
+    refused("pqn_torchcompile", flags, ("--num-envs", "--num-steps", "GiB"))
+
+
 @pytest.mark.parametrize("script", ["ppo_lstm", "ppo_continuous_action_cpu"])
 def test_a_script_without_them_refuses_the_flag(script, refused):
     """The recurrent PPO scripts hide velocities with their own wrappers and PPO continuous
