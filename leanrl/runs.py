@@ -9,8 +9,9 @@ algorithm, written once. A script imports what it uses, as CleanRL's scripts imp
   flags;
 - envs: `make_envs` (gymnasium's vector env, videos, episode statistics), `finished_episodes`,
   `true_next_obs`, `evaluate`;
-- `Run`: the run folder `runs/<run_name>/`, seeds, wandb, Ctrl-C and SIGTERM, divergence,
-  checkpoints and resume, the progress bar, `--save-model`, `--eval-model`, the SUMMARY line;
+- `Run`: the run folder `runs/<run_name>/`, seeds, wandb, TensorBoard, Ctrl-C and SIGTERM,
+  divergence, checkpoints and resume, the progress bar, `--save-model`, `--eval-model`, the SUMMARY
+  line;
 - the families extend `Run` by what they add: `SeedsRun` (N members in one program), `AtariRun`
   (envpool's games), `RankRun` (torchrun's ranks).
 
@@ -73,6 +74,8 @@ class RunFlags:
     """continue the run of this checkpoint or run folder (`auto`: of runs/<run_name>, if any)"""
     run_name: str | None = None
     """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
+    tensorboard: bool = True
+    """write CleanRL's TensorBoard scalars to runs/<run_name>/ (`tensorboard --logdir runs`)"""
 
 
 @dataclass
@@ -167,12 +170,21 @@ def make_envs(env_id, num_envs, seed, videos=None, video_episodes=None, wrap=Non
     return envs
 
 
+class Episodes(list):
+    """The returns of the episodes that ended on a step, and their lengths, `lengths`."""
+
+    def __init__(self, returns=(), lengths=()):
+        super().__init__(returns)
+        self.lengths = list(lengths)
+
+
 def finished_episodes(infos):
     """The returns of every episode that ended on this step (several envs can end on one step)."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
-        return []
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+        return Episodes()
+    ended, episode = final_info["_episode"], final_info["episode"]
+    return Episodes(episode["r"][ended].tolist(), episode["l"][ended].tolist())
 
 
 def true_next_obs(next_obs, infos):
@@ -199,9 +211,9 @@ def evaluate(act, envs, episodes, seed, device):
 
 
 class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
-    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
-    sets `diverged`: `stopped` tells the loop to end after its step.
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, TensorBoard, signals,
+    checkpoints, the progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a
+    non-finite loss sets `diverged`: `stopped` tells the loop to end after its step.
 
     `free_flags`: the script's flags that a resumed run may change (they do not change what is
     trained); `policy_flags`: the flags a saved policy must share to be evaluated (what it acts on).
@@ -210,7 +222,7 @@ class Run:
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
     FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
     FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
-    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads", "tensorboard")
     main_process = True  # the process that keeps the folder, wandb and the messages
 
     def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
@@ -225,7 +237,7 @@ class Run:
         self.dir = os.path.join("runs", self.name)
         self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
         self.videos = self.video_folder() if args.capture_video and self.main_process else None
-        self.wandb = None
+        self.wandb, self.writer = None, None  # the writer: made when training starts
         if args.track and self.main_process:
             self.wandb = __import__("wandb")  # only with --track
             self.wandb.init(
@@ -397,9 +409,17 @@ class Run:
         the run folder is made."""
         if self.main_process:
             os.makedirs(self.dir, exist_ok=True)
+            self.open_writers()
         self.last_iteration = iterations.stop - 1
         self.pbar = tqdm.tqdm(iterations, mininterval=1.0, disable=not self.main_process)
         return self.timed(self.pbar) if self.threads else self.pbar
+
+    def open_writers(self):
+        """CleanRL's TensorBoard writer, with --tensorboard: a resumed run hides what the run had
+        logged past its checkpoint."""
+        if self.args.tensorboard:
+            purge_step = self.steps if self.resumes else None
+            self.writer = summary_writer(self.dir, vars(self.args), purge_step)
 
     def timed(self, iterations):
         """`iterations`, each timed for the thread choice."""
@@ -550,12 +570,18 @@ class Run:
             seconds = (now or time.time()) - self.measure_start - seconds
             return (global_step - self.measure_step - steps) / seconds
 
+    def sps_chart(self, sps):
+        return {"charts/SPS": sps} if self.measure_start else {}
+
     def log_episodes(self, global_step, returns):
+        """`returns`: of the episodes that ended on this step (`Episodes`: with their lengths)."""
         for episodic_return in returns:
             self.returns.append(episodic_return)
             self.curve.append([global_step, time.time() - self.start_time, episodic_return])
             if self.wandb:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+        if self.writer:
+            write_episodes(self.writer, global_step, returns)
 
     def log_progress(self, global_step, metrics):
         """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
@@ -567,9 +593,11 @@ class Run:
         return_mean = np.mean(self.returns) if self.returns else float("nan")
         if self.pbar:  # none before `progress`
             self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
         if self.wandb:
-            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        if self.writer:  # sps, once its clock has started
+            write_scalars(self.writer, global_step, losses | self.sps_chart(sps))
         for name, value in metrics.items():
             if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
                 self.diverge(global_step, name, value)
@@ -649,8 +677,13 @@ class Run:
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
+        self.close_writers()
         if status or self.stop_signal:
             sys.exit(status or 128 + self.stop_signal)
+
+    def close_writers(self):
+        if self.writer:
+            self.writer.close()
 
     def curve_fields(self):
         """The learning curve, which summary.json holds and the SUMMARY line leaves out."""
@@ -668,6 +701,30 @@ class Run:
             json.dump(summary | curves, f)
         os.replace(path + ".tmp", path)
         return summary | {"summary_file": os.path.abspath(path)}
+
+
+def summary_writer(folder, flags, purge_step=None):
+    """A TensorBoard writer of `folder`, as CleanRL's scripts make it, with the hyperparameters'
+    table; `purge_step`: a resumed run's first step, past which what was logged before is hidden."""
+    from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
+
+    writer = SummaryWriter(folder, purge_step=purge_step)
+    rows = "\n".join(f"|{key}|{value}|" for key, value in flags.items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
+    return writer
+
+
+def write_scalars(writer, step, scalars):
+    for tag, value in scalars.items():
+        writer.add_scalar(tag, value, step)
+
+
+def write_episodes(writer, step, returns):
+    """CleanRL's episode charts: each return, and each length where `returns` has them."""
+    for episodic_return in returns:
+        writer.add_scalar("charts/episodic_return", episodic_return, step)
+    for length in getattr(returns, "lengths", []):
+        writer.add_scalar("charts/episodic_length", length, step)
 
 
 def compiled_graphs():
@@ -847,10 +904,12 @@ def finished_member_episodes(infos, num_seeds):
     """Per member, the returns of every episode that ended on this step."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
-        return [[]] * num_seeds
+        return [Episodes() for _ in range(num_seeds)]
     returns = per_member(final_info["episode"]["r"], num_seeds)
+    lengths = per_member(final_info["episode"]["l"], num_seeds)
     ended = per_member(final_info["_episode"], num_seeds)
-    return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
+    members = zip(returns, lengths, ended)
+    return [Episodes(r[ends].tolist(), n[ends].tolist()) for r, n, ends in members]
 
 
 def check_memory(members, per_member, what):
@@ -887,7 +946,22 @@ class SeedsRun(Run):
         super().__init__(args, script, free_flags, policy_flags)
         self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
-        self.diverged = {}
+        self.diverged, self.writers = {}, []
+
+    def open_writers(self):
+        """A TensorBoard writer per member, in runs/<run_name>/<member>/, as a single run's with
+        its flags; `charts/SPS` counts every member's steps."""
+        self.writers = []
+        if self.args.tensorboard:
+            purge_step = self.steps if self.resumes else None
+            flags = [vars(s) | {"seed": seed} for s, seed in zip(self.member_settings, self.seeds)]
+            for label, member_flags in zip(self.labels, flags):
+                folder = os.path.join(self.dir, label)
+                self.writers.append(summary_writer(folder, member_flags, purge_step))
+
+    def close_writers(self):
+        for writer in self.writers:
+            writer.close()
 
     def check(self, args):
         for setting in self.settings:  # each value of a sweep's flags
@@ -932,6 +1006,8 @@ class SeedsRun(Run):
                 curve.append([global_step, time.time() - self.start_time, value])
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_{label}": r}, step=global_step)
+        for writer, episodes in zip(self.writers, member_returns):
+            write_episodes(writer, global_step, episodes)
 
     def log_progress(self, global_step, metrics):
         """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
@@ -949,6 +1025,9 @@ class SeedsRun(Run):
             members = list(enumerate(self.labels))
             losses = {f"losses/{k}_{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for member, writer in enumerate(self.writers):
+            losses = {f"losses/{k}": v[member] for k, v in metrics.items()}
+            write_scalars(writer, global_step, losses | self.sps_chart(sps))
         for name, member_values in metrics.items():
             for member, value in enumerate(member_values):
                 if name.endswith("loss") and not np.isfinite(value):
