@@ -873,9 +873,16 @@ def member_view(value, like):
 
 def sweep_argv(Args, argv=None):
     """The command line (default: this process's), once no flag but a sweep's is given several
-    values: any other exits 2, with the reason."""
+    values: any other exits 2, with the reason. A sweep's boolean flag takes the single-seed
+    scripts' spelling too: `--autotune` is `--autotune True`, `--no-autotune` `--autotune False`."""
     argv = sys.argv[1:] if argv is None else argv
     fields = {f.name: f for f in dataclasses.fields(Args)}
+    booleans = [k for k, f in fields.items() if is_bool_tuple(f.default)]
+    argv = [
+        word
+        for i, token in enumerate(argv)
+        for word in bool_flag(token, argv[i + 1 : i + 2], booleans)
+    ]
     swept = [f"--{k.replace('_', '-')}" for k, f in fields.items() if isinstance(f.default, tuple)]
     for i, token in enumerate(argv):
         name = token[2:].replace("-", "_")
@@ -888,6 +895,23 @@ def sweep_argv(Args, argv=None):
                 f"{token} takes one value, got {count}: {shared}; a sweep varies {' '.join(swept)}"
             )
     return argv
+
+
+def is_bool_tuple(default):
+    return isinstance(default, tuple) and default and all(type(v) is bool for v in default)
+
+
+def bool_flag(token, following, booleans):
+    """`token` as tyro reads a tuple of booleans: `--flag` (no value follows) as `--flag True`,
+    `--no-flag` as `--flag False`."""
+    name = token.removeprefix("--").replace("-", "_")
+    if not token.startswith("--"):
+        return [token]
+    if name in booleans and not (following and not following[0].startswith("--")):
+        return [token, "True"]
+    if name.startswith("no_") and name[3:] in booleans:
+        return [f"--{name[3:].replace('_', '-')}", "False"]
+    return [token]
 
 
 def per_member(x, num_seeds):

@@ -85,7 +85,8 @@ class Args(CudaFlags, ThreadFlags):
     alpha: tuple[float, ...] = (0.2,)
     """the entropy coefficient without autotune (autotune starts it at 1, as CleanRL)"""
     autotune: tuple[bool, ...] = (True,)
-    """automatic tuning of the entropy coefficient"""
+    """automatic tuning of the entropy coefficient (`--no-autotune`: off, as in the single-seed
+    scripts; `--autotune True False`: a sweep)"""
 
     compile: bool = True
     """compile acting and each update as one graph; --no-compile runs the same functions eagerly"""
