@@ -429,9 +429,11 @@ class Run:
             if line:
                 tqdm.tqdm.write(line, file=sys.stderr)
 
-    def checkpoint(self, iteration, state):
-        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
-        and the generators to checkpoint.pt, written to a temporary file and renamed."""
+    def checkpoint(self, iteration, state, steps):
+        """After `iteration`, which brought the env steps to `steps` (every iteration tells the run
+        its steps here): when due, on a first signal and at the end, `state()`, the counters and
+        the generators to checkpoint.pt, written to a temporary file and renamed."""
+        self.steps = steps
         final = iteration == self.last_iteration
         if self.all_diverged() or not (final or self.stop_signal or self.due()):
             return
