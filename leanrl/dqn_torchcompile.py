@@ -256,8 +256,8 @@ def main(args):
             metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
             run.log_progress(global_step, metrics)
 
-        run.steps = global_step + args.num_envs
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        # the env steps so far; a checkpoint when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step + args.num_envs)
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

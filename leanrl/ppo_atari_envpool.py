@@ -282,8 +282,7 @@ def main(args):
         # Categorical.sample would raise on nan weights at the next rollout
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

@@ -430,8 +430,8 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         metrics["explained_variance"] = explained_var
         run.log_progress(state.global_step, metrics)
-        run.steps = state.global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        # the env steps so far; a checkpoint when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, state.global_step)
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

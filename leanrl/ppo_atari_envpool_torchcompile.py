@@ -326,8 +326,7 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         metrics["explained_variance"] = explained_var
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

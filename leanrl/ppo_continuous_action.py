@@ -313,8 +313,7 @@ def main(args):
         weight_norm = nn.utils.get_total_norm(agent.parameters())
         metrics = dict(zip(names, stats), explained_variance=explained_var, weight_norm=weight_norm)
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

@@ -484,11 +484,10 @@ def main(args):
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), explained_variance=explained_var)
         run.log_progress(global_step, metrics)
-        run.steps = global_step
         # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: all stop here
         # (a signal that comes after this all-reduce waits for the next iteration's)
         run.stop_signal = max_over_ranks(run.signal, world_size, device)
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         # a divergence is on every rank at once: the losses it checks are all-reduced, the same
         if run.stopped:
             break

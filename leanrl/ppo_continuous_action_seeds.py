@@ -127,7 +127,7 @@ class EnvpoolWrappers:
             self.obs_rms = (mean.numpy(), var.numpy(), float(count))
         self.return_rms = (np.zeros(num_envs), np.ones(num_envs), np.full(num_envs, 1e-4))
         self.discounted_reward = np.zeros(num_envs)
-        self.episode_return = np.zeros(num_envs)
+        self.episode_return, self.episode_length = np.zeros(num_envs), np.zeros(num_envs, int)
         self.resetting = np.zeros(num_envs, bool)
 
     def close(self):
@@ -143,7 +143,7 @@ class EnvpoolWrappers:
         if seed is not None:
             self.envs.close()
             self.envs = self.make(seed)
-        self.episode_return[:], self.resetting[:] = 0.0, False
+        self.episode_return[:], self.episode_length[:], self.resetting[:] = 0.0, 0, False
         return self.normalize(self.envs.reset()[0]), {}
 
     def state_dict(self):  # the statistics, for checkpoints (envpool's envs cannot be saved)
@@ -158,8 +158,10 @@ class EnvpoolWrappers:
         actions = np.clip(actions, self.envs.action_space.low, self.envs.action_space.high)
         obs, reward, terminations, truncations, _ = self.envs.step(actions)
         self.episode_return = np.where(stepped, self.episode_return, 0.0) + reward
+        self.episode_length = np.where(stepped, self.episode_length + 1, 0)
         self.resetting = terminations | truncations
-        infos = {"final_info": {"episode": {"r": self.episode_return}, "_episode": self.resetting}}
+        episode = {"r": self.episode_return, "l": self.episode_length}
+        infos = {"final_info": {"episode": episode, "_episode": self.resetting}}
         # NormalizeReward (its discounted return restarts at a termination only), then the clip
         discounted_reward = self.discounted_reward * self.gamma * (1 - terminations) + reward
         self.discounted_reward = np.where(stepped, discounted_reward, self.discounted_reward)
@@ -549,8 +551,7 @@ def main(args):
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats.T), explained_variance=explained_var)
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or no member left
             break
 

@@ -408,8 +408,7 @@ def main(args):
         # checked like a loss: Categorical.sample raises on nan probabilities
         metrics["weight_norm"] = nn.utils.get_total_norm(agent.parameters())
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

@@ -482,8 +482,7 @@ def main(args):
         lr = optimizer.param_groups[0]["lr"]
         metrics = dict(zip(names, stats), explained_variance=explained_var, learning_rate=lr)
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

@@ -267,8 +267,7 @@ def main(args):
         metrics = dict(td_loss=td_loss, q_values=q_mean, epsilon=epsilon)
         metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

@@ -26,7 +26,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import (
+    CudaFlags,
+    Episodes,
+    Run,
+    evaluate,
+    fail,
+    finished_episodes,
+    make_envs,
+    true_next_obs,
+)
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 
@@ -144,10 +153,10 @@ def make_rollout_step(envs, policy, get_value, rollout):
         next_obs, reward, terminations, truncations, infos = envs.step(action)
         # every env's, but the returns read it only where an episode was cut off: no branch
         final_value = get_value(infos["final_obs"])
-        ended, episode_return = infos["_final_obs"], infos["final_info"]["episode"]["r"]
+        episode = infos["final_info"]["episode"]
         row = dict(obs=obs, actions=action, values=value, rewards=reward, final_values=final_value)
-        row |= dict(terminations=terminations, truncations=truncations, ended=ended)
-        row["episode_returns"] = episode_return
+        row |= dict(terminations=terminations, truncations=truncations, ended=infos["_final_obs"])
+        row |= dict(episode_returns=episode["r"], episode_lengths=episode["l"])
         for key, x in row.items():
             rollout[key].index_copy_(0, step, x.unsqueeze(0).to(rollout[key].dtype))
         return next_obs
@@ -237,6 +246,7 @@ def main(args):
             args.num_steps, args.num_envs, dtype=torch.bool, device=device
         )
         rollout["episode_returns"] = torch.zeros(args.num_steps, args.num_envs, device=device)
+        rollout["episode_lengths"] = torch.zeros_like(rollout["actions"])
     rollout_step = make_rollout_step(envs, learner.policy, learner.get_value, rollout)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
 
@@ -334,8 +344,7 @@ def main(args):
         metrics = dict(td_loss=td_loss, q_values=q_mean, epsilon=epsilon)
         metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
-        run.steps = global_step
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 
@@ -348,8 +357,11 @@ def log_episodes(run, rollout, global_step, num_envs):
     the global step after the rollout."""
     ended_at, env = rollout["ended"].nonzero(as_tuple=True)
     returns = rollout["episode_returns"][ended_at, env].tolist()
-    for t, group in itertools.groupby(zip(ended_at.tolist(), returns), key=lambda x: x[0]):
-        run.log_episodes(global_step + (t + 1) * num_envs, [r for _, r in group])
+    lengths = rollout["episode_lengths"][ended_at, env].tolist()
+    episodes = zip(ended_at.tolist(), returns, lengths)
+    for t, group in itertools.groupby(episodes, key=lambda x: x[0]):
+        _, step_returns, step_lengths = zip(*group)
+        run.log_episodes(global_step + (t + 1) * num_envs, Episodes(step_returns, step_lengths))
     return global_step + len(rollout) * num_envs
 
 

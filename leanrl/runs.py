@@ -9,8 +9,9 @@ algorithm, written once. A script imports what it uses, as CleanRL's scripts imp
   flags;
 - envs: `make_envs` (gymnasium's vector env, videos, episode statistics), `finished_episodes`,
   `true_next_obs`, `evaluate`;
-- `Run`: the run folder `runs/<run_name>/`, seeds, wandb, Ctrl-C and SIGTERM, divergence,
-  checkpoints and resume, the progress bar, `--save-model`, `--eval-model`, the SUMMARY line;
+- `Run`: the run folder `runs/<run_name>/`, seeds, wandb, TensorBoard, Ctrl-C and SIGTERM,
+  divergence, checkpoints and resume, the progress bar, `--save-model`, `--eval-model`, the SUMMARY
+  line;
 - the families extend `Run` by what they add: `SeedsRun` (N members in one program), `AtariRun`
   (envpool's games), `RankRun` (torchrun's ranks).
 
@@ -75,6 +76,8 @@ class RunFlags:
     """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
     tensor_envs: bool = False
     """train on classic control as batched tensors (tensor_envs.py) instead of gymnasium's envs"""
+    tensorboard: bool = True
+    """write CleanRL's TensorBoard scalars to runs/<run_name>/ (`tensorboard --logdir runs`)"""
 
 
 @dataclass
@@ -196,12 +199,22 @@ def make_envs(
     return envs
 
 
+class Episodes(list):
+    """The returns of the episodes that ended on a step, and their lengths, `lengths` (a plain
+    list, where no episode ended or the lengths are not known)."""
+
+    def __init__(self, returns=(), lengths=()):
+        super().__init__(returns)
+        self.lengths = list(lengths)
+
+
 def finished_episodes(infos):
     """The returns of every episode that ended on this step (several envs can end on one step)."""
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return []
-    return final_info["episode"]["r"][final_info["_episode"]].tolist()
+    ended, episode = final_info["_episode"], final_info["episode"]
+    return Episodes(episode["r"][ended].tolist(), episode["l"][ended].tolist())
 
 
 def true_next_obs(next_obs, infos):
@@ -230,9 +243,9 @@ def evaluate(act, envs, episodes, seed, device):
 
 
 class Run:
-    """Everything around training: seeds, `runs/<run_name>/`, wandb, signals, checkpoints, the
-    progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a non-finite loss
-    sets `diverged`: `stopped` tells the loop to end after its step.
+    """Everything around training: seeds, `runs/<run_name>/`, wandb, TensorBoard, signals,
+    checkpoints, the progress bar, the summary. A first Ctrl-C or SIGTERM sets `stop_signal` and a
+    non-finite loss sets `diverged`: `stopped` tells the loop to end after its step.
 
     `free_flags`: the script's flags that a resumed run may change (they do not change what is
     trained); `policy_flags`: the flags a saved policy must share to be evaluated (what it acts on).
@@ -241,7 +254,7 @@ class Run:
     VARIANTS = r"_(torchcompile|cpu|distributed|ray|async|seeds)$"  # one algorithm, many scripts
     FREE_FLAGS = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "cuda")
     FREE_FLAGS += ("capture_video", "save_model", "eval_episodes", "measure_burnin")
-    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads")
+    FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads", "tensorboard")
     main_process = True  # the process that keeps the folder, wandb and the messages
 
     def __init__(self, args, script, free_flags=(), policy_flags=("env_id",), tensor_envs=False):
@@ -257,7 +270,7 @@ class Run:
         self.dir = os.path.join("runs", self.name)
         self.saved = self.load_checkpoint()  # None unless resumed; its folder becomes the run's
         self.videos = self.video_folder() if args.capture_video and self.main_process else None
-        self.wandb = None
+        self.wandb, self.writer = None, None  # the writer: made when training starts
         if args.track and self.main_process:
             self.wandb = __import__("wandb")  # only with --track
             self.wandb.init(
@@ -431,9 +444,17 @@ class Run:
         the run folder is made."""
         if self.main_process:
             os.makedirs(self.dir, exist_ok=True)
+            self.open_writers()
         self.last_iteration = iterations.stop - 1
         self.pbar = tqdm.tqdm(iterations, mininterval=1.0, disable=not self.main_process)
         return self.timed(self.pbar) if self.threads else self.pbar
+
+    def open_writers(self):
+        """CleanRL's TensorBoard writer, with --tensorboard: a resumed run hides what the run had
+        logged past its checkpoint."""
+        if self.args.tensorboard:
+            purge_step = self.steps if self.resumes else None
+            self.writer = summary_writer(self.dir, vars(self.args), purge_step)
 
     def timed(self, iterations):
         """`iterations`, each timed for the thread choice."""
@@ -443,9 +464,11 @@ class Run:
             if line:
                 tqdm.tqdm.write(line, file=sys.stderr)
 
-    def checkpoint(self, iteration, state):
-        """After `iteration`, when due, on a first signal and at the end: `state()`, the counters
-        and the generators to checkpoint.pt, written to a temporary file and renamed."""
+    def checkpoint(self, iteration, state, steps):
+        """After `iteration`, which brought the env steps to `steps` (every iteration tells the run
+        its steps here): when due, on a first signal and at the end, `state()`, the counters and
+        the generators to checkpoint.pt, written to a temporary file and renamed."""
+        self.steps = steps
         final = iteration == self.last_iteration
         if self.all_diverged() or not (final or self.stop_signal or self.due()):
             return
@@ -590,12 +613,18 @@ class Run:
             seconds = (now or time.time()) - self.measure_start - seconds
             return (global_step - self.measure_step - steps) / seconds
 
+    def sps_chart(self, sps):
+        return {"charts/SPS": sps} if self.measure_start else {}
+
     def log_episodes(self, global_step, returns):
+        """`returns`: of the episodes that ended on this step (`Episodes`: with their lengths)."""
         for episodic_return in returns:
             self.returns.append(episodic_return)
             self.curve.append([global_step, time.time() - self.start_time, episodic_return])
             if self.wandb:
                 self.wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+        if self.writer and returns:  # most steps end no episode
+            write_episodes(self.writer, global_step, returns)
 
     def log_progress(self, global_step, metrics):
         """Show sps and the mean return; log `metrics` to wandb. A loss or `weight_norm` that is not
@@ -607,9 +636,11 @@ class Run:
         return_mean = np.mean(self.returns) if self.returns else float("nan")
         if self.pbar:  # none before `progress`
             self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
+        losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
         if self.wandb:
-            losses = {f"losses/{k}": float(v) for k, v in metrics.items()}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        if self.writer:  # sps, once its clock has started
+            write_scalars(self.writer, global_step, (losses | self.sps_chart(sps)).items())
         for name, value in metrics.items():
             if ("loss" in name or name == "weight_norm") and not np.isfinite(value):
                 self.diverge(global_step, name, value)
@@ -689,8 +720,13 @@ class Run:
         print("SUMMARY " + json.dumps(self.write_summary(summary)), flush=True)
         if self.wandb:
             self.wandb.finish()
+        self.close_writers()
         if status or self.stop_signal:
             sys.exit(status or 128 + self.stop_signal)
+
+    def close_writers(self):
+        if self.writer:
+            self.writer.close()
 
     def curve_fields(self):
         """The learning curve, which summary.json holds and the SUMMARY line leaves out."""
@@ -708,6 +744,34 @@ class Run:
             json.dump(summary | curves, f)
         os.replace(path + ".tmp", path)
         return summary | {"summary_file": os.path.abspath(path)}
+
+
+def summary_writer(folder, flags, purge_step=None):
+    """A TensorBoard writer of `folder`, as CleanRL's scripts make it, with the hyperparameters'
+    table; `purge_step`: a resumed run's first step, past which what was logged before is hidden."""
+    from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
+
+    writer = SummaryWriter(folder, purge_step=purge_step)
+    rows = "\n".join(f"|{key}|{value}|" for key, value in flags.items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
+    return writer
+
+
+def write_scalars(writer, step, scalars):
+    """`scalars`, (tag, number) pairs, at `step` as one event, as `add_scalar` writes each: the
+    writer's cost is mostly per event (about 40 µs)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary  # the writer's, imported with it
+
+    values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
+    if values:
+        writer.file_writer.add_summary(Summary(value=values), step)
+
+
+def write_episodes(writer, step, returns):
+    """CleanRL's episode charts: each return, and each length where `returns` has them."""
+    lengths = getattr(returns, "lengths", [])
+    scalars = [("charts/episodic_return", r) for r in returns]
+    write_scalars(writer, step, scalars + [("charts/episodic_length", n) for n in lengths])
 
 
 def compiled_graphs():
@@ -856,9 +920,16 @@ def member_view(value, like):
 
 def sweep_argv(Args, argv=None):
     """The command line (default: this process's), once no flag but a sweep's is given several
-    values: any other exits 2, with the reason."""
+    values: any other exits 2, with the reason. A sweep's boolean flag takes the single-seed
+    scripts' spelling too: `--autotune` is `--autotune True`, `--no-autotune` `--autotune False`."""
     argv = sys.argv[1:] if argv is None else argv
     fields = {f.name: f for f in dataclasses.fields(Args)}
+    booleans = [k for k, f in fields.items() if is_bool_tuple(f.default)]
+    argv = [
+        word
+        for i, token in enumerate(argv)
+        for word in bool_flag(token, argv[i + 1 : i + 2], booleans)
+    ]
     swept = [f"--{k.replace('_', '-')}" for k, f in fields.items() if isinstance(f.default, tuple)]
     for i, token in enumerate(argv):
         name = token[2:].replace("-", "_")
@@ -871,6 +942,23 @@ def sweep_argv(Args, argv=None):
                 f"{token} takes one value, got {count}: {shared}; a sweep varies {' '.join(swept)}"
             )
     return argv
+
+
+def is_bool_tuple(default):
+    return isinstance(default, tuple) and default and all(type(v) is bool for v in default)
+
+
+def bool_flag(token, following, booleans):
+    """`token` as tyro reads a tuple of booleans: `--flag` (no value follows) as `--flag True`,
+    `--no-flag` as `--flag False`."""
+    name = token.removeprefix("--").replace("-", "_")
+    if not token.startswith("--"):
+        return [token]
+    if name in booleans and not (following and not following[0].startswith("--")):
+        return [token, "True"]
+    if name.startswith("no_") and name[3:] in booleans:
+        return [f"--{name[3:].replace('_', '-')}", "False"]
+    return [token]
 
 
 def per_member(x, num_seeds):
@@ -889,8 +977,10 @@ def finished_member_episodes(infos, num_seeds):
     if "episode" not in final_info:
         return [[]] * num_seeds
     returns = per_member(final_info["episode"]["r"], num_seeds)
+    lengths = per_member(final_info["episode"]["l"], num_seeds)
     ended = per_member(final_info["_episode"], num_seeds)
-    return [member_returns[ends].tolist() for member_returns, ends in zip(returns, ended)]
+    members = zip(returns, lengths, ended)
+    return [Episodes(r[ends].tolist(), n[ends].tolist()) for r, n, ends in members]
 
 
 def check_memory(members, per_member, what):
@@ -927,7 +1017,22 @@ class SeedsRun(Run):
         super().__init__(args, script, free_flags, policy_flags, tensor_envs)
         self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
         self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
-        self.diverged = {}
+        self.diverged, self.writers = {}, []
+
+    def open_writers(self):
+        """A TensorBoard writer per member, in runs/<run_name>/<member>/, as a single run's with
+        its flags; `charts/SPS` counts every member's steps."""
+        self.writers = []
+        if self.args.tensorboard:
+            purge_step = self.steps if self.resumes else None
+            flags = [vars(s) | {"seed": seed} for s, seed in zip(self.member_settings, self.seeds)]
+            for label, member_flags in zip(self.labels, flags):
+                folder = os.path.join(self.dir, label)
+                self.writers.append(summary_writer(folder, member_flags, purge_step))
+
+    def close_writers(self):
+        for writer in self.writers:
+            writer.close()
 
     def check(self, args):
         for setting in self.settings:  # each value of a sweep's flags
@@ -972,6 +1077,9 @@ class SeedsRun(Run):
                 curve.append([global_step, time.time() - self.start_time, value])
                 if self.wandb:
                     self.wandb.log({f"charts/episodic_return_{label}": r}, step=global_step)
+        for writer, episodes in zip(self.writers, member_returns):
+            if episodes:  # most steps end no episode
+                write_episodes(writer, global_step, episodes)
 
     def log_progress(self, global_step, metrics):
         """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
@@ -989,6 +1097,9 @@ class SeedsRun(Run):
             members = list(enumerate(self.labels))
             losses = {f"losses/{k}_{s}": v[m] for k, v in metrics.items() for m, s in members}
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
+        for member, writer in enumerate(self.writers):
+            losses = {f"losses/{k}": v[member] for k, v in metrics.items()}
+            write_scalars(writer, global_step, (losses | self.sps_chart(sps)).items())
         for name, member_values in metrics.items():
             for member, value in enumerate(member_values):
                 if name.endswith("loss") and not np.isfinite(value):

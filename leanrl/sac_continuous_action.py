@@ -300,8 +300,8 @@ def main(args):
                 losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
                 run.log_progress(global_step, losses | dict(alpha=learner.alpha))
 
-        run.steps = global_step + args.num_envs
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        # the env steps so far; a checkpoint when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step + args.num_envs)
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence
             break
 

@@ -85,7 +85,8 @@ class Args(CudaFlags, ThreadFlags):
     alpha: tuple[float, ...] = (0.2,)
     """the entropy coefficient without autotune (autotune starts it at 1, as CleanRL)"""
     autotune: tuple[bool, ...] = (True,)
-    """automatic tuning of the entropy coefficient"""
+    """automatic tuning of the entropy coefficient (`--no-autotune`: off, as in the single-seed
+    scripts; `--autotune True False`: a sweep)"""
 
     compile: bool = True
     """compile acting and each update as one graph; --no-compile runs the same functions eagerly"""
@@ -464,8 +465,8 @@ def main(args):
                 losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
                 run.log_progress(global_step, losses | dict(alpha=learner.alpha))
 
-        run.steps = global_step + args.num_envs
-        run.checkpoint(iteration, training_state)  # when due, on a signal, at the end
+        # the env steps so far; a checkpoint when due, on a signal, at the end
+        run.checkpoint(iteration, training_state, global_step + args.num_envs)
         if run.stopped:  # a first Ctrl-C or SIGTERM, or no member left
             break
 

@@ -78,6 +78,7 @@ def test_every_finished_episode_is_counted(script):
     episode = {"r": np.array([-5.0, 0.0, -7.0]), "l": np.array([200, 0, 200])}
     infos = {"final_info": {"episode": episode, "_episode": np.array([True, False, True])}}
     assert module.finished_episodes(infos) == [-5.0, -7.0]
+    assert module.finished_episodes(infos).lengths == [200, 200]  # TensorBoard's episodic_length
     assert module.finished_episodes({}) == []
 
 

@@ -137,15 +137,17 @@ def test_the_summary_is_on_disk_before_the_evaluation_starts(make_run, capsys):
 
 
 def assert_diverged(proc, line, diverged):
-    """Exit 3, the one line on stderr, no traceback, `diverged` in the summary, no model file and
-    no evaluation."""
+    """Exit 3, the one line on stderr, no traceback, `diverged` in the summary, no model file, no
+    checkpoint and no evaluation."""
     assert "Traceback" not in proc.stderr
     assert error_lines(proc.stderr.replace("\r", "\n")) == [line]
     result = summary(proc, returncode=3)
     assert result["diverged"] == diverged
     assert result["model_file"] is None and result["eval_returns"] == []
     assert result["eval_return_mean"] is None
-    assert [path.name for path in Path(result["summary_file"]).parent.iterdir()] == ["summary.json"]
+    # no model and no checkpoint: the summary, and TensorBoard's event file of what led there
+    files = [path.name for path in Path(result["summary_file"]).parent.iterdir()]
+    assert sorted(f for f in files if not f.startswith("events.out.tfevents.")) == ["summary.json"]
     return result
 
 

@@ -5,6 +5,7 @@ while the others go on; a run exits 3 only when every member diverged; the summa
 evaluation, and a signal skips evaluation. `Run` is driven by hand in the test's process, without
 training, except in one short dqn_seeds run in which every member diverges. About 15 s."""
 
+import dataclasses
 import functools
 import json
 import signal
@@ -245,3 +246,45 @@ def test_a_flag_of_every_member_given_several_values_exits_2_with_the_reason(cap
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and line.startswith("error: --buffer-size takes one value, got 2")
     assert "shape" in line and "--learning-rate --gamma --tau --policy-noise" in line
+
+
+SIBLINGS = [
+    (script, script.removesuffix("_seeds") + variant)
+    for script in SCRIPTS
+    for variant in ("", "_torchcompile", "_cpu")
+]
+
+
+@pytest.mark.parametrize("script, sibling", SIBLINGS, ids=[f"{s}-{b}" for s, b in SIBLINGS])
+def test_a_seeds_script_takes_its_siblings_spelling_of_every_boolean_flag(script, sibling):
+    """Each boolean flag of a single-seed script that the seeds script has too, as `--flag` and as
+    `--no-flag`, alone, among other flags and last, parses in the seeds script (as its entry does,
+    `sweep_argv` then tyro) to the value the sibling gets; a sweep's boolean flag takes its value
+    as one setting (SAC's seeds script refused `--no-autotune`, wanting `--autotune False`)."""
+    import tyro
+
+    seeds, single = load(script), load(sibling)
+    shared = {f.name for f in dataclasses.fields(seeds.Args)}
+    booleans = [f.name for f in dataclasses.fields(single.Args) if f.type is bool]
+    booleans = [name for name in booleans if name in shared]
+    assert booleans
+    if script == "sac_continuous_action_seeds":
+        assert "autotune" in booleans
+    for name in booleans:
+        for spelling in (f"--{name}", f"--no-{name}"):
+            spelling = spelling.replace("_", "-")
+            for argv in ([spelling], [spelling, "--seed", "3"], ["--seed", "3", spelling]):
+                expected = getattr(tyro.cli(single.Args, args=argv), name)
+                got = getattr(tyro.cli(seeds.Args, args=seeds.sweep_argv(seeds.Args, argv)), name)
+                assert got in (expected, (expected,)), (argv, got, expected)
+
+
+def test_a_sweeps_boolean_flag_still_takes_several_values():
+    seeds = load("sac_continuous_action_seeds")
+    argv = ["--autotune", "True", "False", "--no-compile"]
+    assert seeds.sweep_argv(seeds.Args, argv) == argv
+    assert seeds.sweep_argv(seeds.Args, ["--autotune", "--no-compile"]) == [
+        "--autotune",
+        "True",
+        "--no-compile",
+    ]

@@ -103,6 +103,7 @@ def pqn_rollout(num_envs, num_steps, seed=1):
     rollout |= {key: torch.zeros(shape) for key in ("terminations", "truncations")}
     rollout |= dict(obs=torch.zeros(*shape, 4), actions=torch.zeros(shape, dtype=torch.long))
     rollout |= dict(ended=torch.zeros(shape, dtype=torch.bool), episode_returns=torch.zeros(shape))
+    rollout["episode_lengths"] = torch.zeros(shape, dtype=torch.long)
     step = pqn.make_rollout_step(envs, learner.policy, learner.get_value, rollout)
     return learner, envs, rollout, step
 

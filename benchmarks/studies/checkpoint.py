@@ -56,7 +56,7 @@ def measure(buffer_size, rounds):
     for _ in range(rounds):
         run.next_checkpoint = 0.0  # due now
         start = time.perf_counter()
-        run.checkpoint(0, state)
+        run.checkpoint(0, state, args.num_envs)
         writes.append(time.perf_counter() - start)
         start = time.perf_counter()
         torch.load(path, map_location="cpu", weights_only=False)
