@@ -4,13 +4,16 @@ Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: s
 
     python leanrl/pqn_torchcompile.py --compile  # acting, the returns and the update compiled
     python leanrl/pqn_torchcompile.py --compile --cudagraphs  # and replayed as CUDA graphs
+    python leanrl/pqn_torchcompile.py --compile --cudagraphs --tensor-envs --num-envs 16384
 
 Same algorithm, defaults and loop as pqn.py. What changes for speed:
 - a TensorDict rollout on the device, its rewards and ends copied there once a rollout;
 - acting on the device without a host sync, epsilon from a step counter there;
 - the Q(lambda) returns by doubling instead of a loop; a tensor learning rate;
 - `--compile` compiles acting, the returns and the whole update, RAdam's step with it;
-- `--cudagraphs` records acting, the returns and the update as CUDA graphs (needs a CUDA device).
+- `--cudagraphs` records acting, the returns and the update as CUDA graphs (needs a CUDA device);
+- with `--tensor-envs` the envs are tensors on the device, and one function acts, steps them and
+  stores the step: compiled whole and recorded as one CUDA graph, the rollout never leaves the GPU.
 A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose recorder cannot be
 saved: then its episodes start afresh.
 """
