@@ -45,13 +45,21 @@ def mann_whitney(a, b):
 
 
 def train(script, flags, seed, tensor, folder):
+    """One run's final return and sps; a run whose folder holds its summary is not run again."""
+    done = sorted(folder.glob("runs/*/summary.json"))
+    if done:
+        summary = json.loads(done[-1].read_text())
+        return dict(seed=seed, return_mean=summary["return_mean"], sps=summary["sps"])
     command = [sys.executable, str(ROOT / "leanrl" / f"{script}.py"), *flags, "--seed", str(seed)]
     command += ["--threads", "1"]
     command += ["--tensor-envs"] if tensor else []
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
-    line = next(line for line in out.stdout.splitlines() if line.startswith("SUMMARY "))
+    lines = [line for line in out.stdout.splitlines() if line.startswith("SUMMARY ")]
+    if not lines:
+        raise RuntimeError(f"{' '.join(command)} ended without a summary: {out.stderr[-2000:]}")
+    line = lines[0]
     summary = json.loads(line[len("SUMMARY ") :])
     return dict(seed=seed, return_mean=summary["return_mean"], sps=summary["sps"])
 
