@@ -13,7 +13,9 @@ import tyro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
 RUN_MODULE = "runs"  # leanrl/runs.py, the run plumbing: not a script
-ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem != RUN_MODULE)
+# the modules beside the scripts: the run plumbing and the tensor envs it makes
+MODULES = (RUN_MODULE, "tensor_envs")
+ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 
 
 def load_script(name, directory=SCRIPTS):
@@ -21,7 +23,7 @@ def load_script(name, directory=SCRIPTS):
     starts nothing."""
     if str(SCRIPTS) not in sys.path:
         sys.path.append(str(SCRIPTS))
-    if name == RUN_MODULE and Path(directory) == SCRIPTS:  # the one the scripts import
+    if name in MODULES and Path(directory) == SCRIPTS:  # the one the scripts import
         return importlib.import_module(RUN_MODULE)
     # a copy elsewhere (an exported script) under a name of its own
     prefix = "leanrl" if Path(directory) == SCRIPTS else f"leanrl_{Path(directory).name}"

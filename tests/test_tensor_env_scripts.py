@@ -3,7 +3,6 @@ for bit (the envs' state and reset draws travel in the checkpoint), a value they
 refused before training, and PQN's rollout step on the device compiles whole without a host
 sync."""
 
-import importlib
 import json
 
 import pytest
@@ -54,8 +53,7 @@ RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64}
 def test_a_resumed_run_on_tensor_envs_ends_as_one_that_went_through(script, train, tmp_path):
     flags = (*SMOKE[script], "--tensor-envs")
     assert train(script, *flags, "--run-name", "through") == 0
-    # the module as runs.py imports it (load_script's copy is another module object)
-    step = (importlib.import_module("tensor_envs").TensorEnv, "step")
+    step = (tensor_envs.TensorEnv, "step")
     stopped = train(script, *flags, "--run-name", "stopped", stop_at=RESUMED[script], counted=step)
     assert stopped == 143
     resume = ("--resume", tmp_path / "runs" / "stopped")
