@@ -58,7 +58,9 @@ def test_a_script_imports_from_the_project_only_names_of_the_run_module(script):
 
 
 def test_the_run_module_imports_no_script():
-    assert project_imports(MODULE) == []
+    """It imports the tensor envs (when --tensor-envs asks), which import nothing of the project."""
+    assert [module for module, _ in project_imports(MODULE)] == ["tensor_envs"]
+    assert project_imports("tensor_envs") == []
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
