@@ -345,6 +345,12 @@ TENSOR_ENVS = {
 }
 
 
+# gymnasium's way to them: gym.make_vec("tensor/CartPole-v1", num_envs=4096, device="cuda")
+for _env_id, _env_class in TENSOR_ENVS.items():
+    if f"tensor/{_env_id}" not in gym.registry:
+        gym.register(f"tensor/{_env_id}", vector_entry_point=_env_class)
+
+
 def make_tensor_envs(env_id, num_envs, device="cpu", seed=0, dtype=torch.float32):
     """The tensor version of `env_id` (a key of TENSOR_ENVS), `num_envs` of them on `device`."""
     return TENSOR_ENVS[env_id](num_envs, device=device, dtype=dtype, seed=seed)

@@ -240,3 +240,11 @@ def test_seeds_give_each_env_its_own_stream():
     assert torch.equal(one, again) and torch.equal(one, listed)
     assert torch.equal(one[1:], other[:-1]) and not torch.equal(one, other)
     assert len(set(one[:, 0].tolist())) == 8
+
+
+def test_gymnasium_makes_them():
+    """`gym.make_vec("tensor/<id>", ...)` makes the tensor env, with its device and seed."""
+    envs = gym.make_vec("tensor/Pendulum-v1", num_envs=3, device="cpu", seed=4)
+    assert isinstance(envs, tensor_envs.Pendulum) and envs.num_envs == 3
+    same = tensor_envs.make_tensor_envs("Pendulum-v1", 3, seed=4)
+    assert torch.equal(envs.reset()[0], same.reset()[0])
