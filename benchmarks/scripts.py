@@ -24,7 +24,7 @@ def load_script(name, directory=SCRIPTS):
     if str(SCRIPTS) not in sys.path:
         sys.path.append(str(SCRIPTS))
     if name in MODULES and Path(directory) == SCRIPTS:  # the one the scripts import
-        return importlib.import_module(RUN_MODULE)
+        return importlib.import_module(name)
     # a copy elsewhere (an exported script) under a name of its own
     prefix = "leanrl" if Path(directory) == SCRIPTS else f"leanrl_{Path(directory).name}"
     spec = importlib.util.spec_from_file_location(
