@@ -4,10 +4,11 @@ file, by GitHub's slug rules), and every command in a fenced code block names sc
 (`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`, a study's
 `benchmarks.studies.<module>`), shell scripts and requirements files that exist. Figures come from
 the results that produced them: the README's speed tables and docs/performance.md's quick tables
-from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from the
-report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the seeds
-and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
-docs/notes/td3-hopper.md from theirs. run.sh's sweep names every algorithm that has a twin. No page
+from benchmarks/results/run/quick.json, the learning tables of the README and docs/results.md from
+the report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the
+seeds and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON under
+benchmarks/results/, the TD3 windows of docs/notes/td3-hopper.md from theirs. docs/ holds pages,
+figures and notes, no result file. run.sh's sweep names every algorithm that has a twin. No page
 refers to the project's issues. The checker itself is tested on made-up pages, so that each check
 is shown able to fail. Nothing here runs a script."""
 
@@ -23,21 +24,22 @@ from benchmarks.learning import short_markdown
 from benchmarks.studies import replay_sampling, seeds, threads
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
-LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
-# in docs/: each results file, how its table is written, and the page that shows the table
+RESULTS = ROOT / "benchmarks" / "results"
+QUICK_RESULTS = RESULTS / "run" / "quick.json"
+LEARNING_REPORT = RESULTS / "learning"
+# under benchmarks/results/: each results file, how its table is written, and the page that shows it
 SEEDS_NOTE = ROOT / "docs" / "notes" / "seeds-cpu.md"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 SEEDS_RESULTS = {
-    "seeds_cpu.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_sac_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_td3_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_dqn_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_ppo_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_dqn_idle_f25.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_gpu_proxy.json": (seeds.proxy_markdown, SEEDS_NOTE),
-    "threads_cpu.json": (threads.markdown, PERFORMANCE),
-    "replay_sampling_cpu.json": (replay_sampling.markdown, SEEDS_NOTE),
+    "seeds/n1_3_8_loaded_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/sac_n8_idle_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/td3_n8_idle_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/dqn_n8_idle_family26_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/ppo_continuous_n8_idle_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/dqn_n8_idle_family25_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/gpu_proxy_cpu.json": (seeds.proxy_markdown, SEEDS_NOTE),
+    "threads/idle_and_busy_cpu.json": (threads.markdown, PERFORMANCE),
+    "replay_sampling/sac_seeds_buffer_cpu.json": (replay_sampling.markdown, SEEDS_NOTE),
 }
 # CleanRL's TD3 run here beside ours, in the notes
 TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
@@ -334,7 +336,7 @@ def test_the_learning_tables_are_the_learning_report(learning_set):
 @pytest.mark.parametrize("name", SEEDS_RESULTS)
 def test_the_seeds_and_threads_tables_are_the_benchmarks_tables(name):
     write, page = SEEDS_RESULTS[name]
-    table = write(json.loads((ROOT / "docs" / name).read_text()))
+    table = write(json.loads((RESULTS / name).read_text()))
     assert missing_lines(page.read_text(), table.splitlines()) == []
 
 
@@ -374,6 +376,15 @@ def test_no_page_refers_to_an_issue(page):
 def test_the_readme_is_short():
     """The README is read in five minutes; reference goes to docs/, dated notes to docs/notes/."""
     assert len((ROOT / "README.md").read_text().splitlines()) <= 180
+
+
+def test_docs_holds_pages_not_results():
+    """A user opening docs/ finds the reference pages, figures under docs/images/ and the notes:
+    at most 20 entries at its top level and no result file (those live under benchmarks/results/)."""
+    entries = sorted(p.name for p in (ROOT / "docs").iterdir())
+    assert len(entries) <= 20, entries
+    assert [name for name in entries if not name.endswith(".md") and "." in name] == []
+    assert [p.name for p in (ROOT / "docs" / "images").iterdir() if p.suffix != ".png"] == []
 
 
 def test_run_sh_sweeps_every_algorithm_with_a_twin():
