@@ -379,12 +379,52 @@ def test_the_readme_is_short():
 
 
 def test_docs_holds_pages_not_results():
-    """A user opening docs/ finds the reference pages, figures under docs/images/ and the notes:
-    at most 20 entries at its top level and no result file (those live under benchmarks/results/)."""
+    """A user opening docs/ finds the reference pages, figures under docs/images/ and the notes: at
+    most 20 entries at its top level and no result file (those live under benchmarks/results/)."""
     entries = sorted(p.name for p in (ROOT / "docs").iterdir())
     assert len(entries) <= 20, entries
     assert [name for name in entries if not name.endswith(".md") and "." in name] == []
     assert [p.name for p in (ROOT / "docs" / "images").iterdir() if p.suffix != ".png"] == []
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^()\s]+\.png)\)")
+
+
+def figure_problems(text):
+    """Each figure (`![...](....png)`) followed, in the paragraph after it, by a caption that starts
+    `Figure:` and names the command that made it (in backticks) and its result file (a path under
+    benchmarks/results/, or says it was not kept)."""
+    problems = []
+    paragraphs = re.split(r"\n\s*\n", split_fences(text)[0])
+    for i, paragraph in enumerate(paragraphs):
+        for image in IMAGE.findall(paragraph):
+            caption = paragraphs[i + 1].strip() if i + 1 < len(paragraphs) else ""
+            if not caption.startswith("Figure:"):
+                problems.append(f"{image}: no `Figure:` caption after it")
+            elif not re.search(r"`python3? [^`]+`", caption):
+                problems.append(f"{image}: its caption names no command")
+            elif "benchmarks/results/" not in caption and "not kept" not in caption:
+                problems.append(f"{image}: its caption names no result file")
+    return problems
+
+
+@pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_figure_names_its_command_and_results(page):
+    assert figure_problems(page.read_text()) == []
+
+
+def test_the_figure_check_fails_on_a_bare_figure():
+    ok = "![a](a.png)\n\nFigure: `python -m benchmarks.run`; [r](benchmarks/results/run/q.json).\n"
+    assert figure_problems(ok) == []
+    assert figure_problems("![a](a.png)\n\nSome text.\n") == [
+        "a.png: no `Figure:` caption after it"
+    ]
+    assert figure_problems("![a](a.png)\n\nFigure: a run.\n") == [
+        "a.png: its caption names no command"
+    ]
+    assert figure_problems("![a](a.png)\n\nFigure: `python -m benchmarks.run`.\n") == [
+        "a.png: its caption names no result file"
+    ]
 
 
 def test_run_sh_sweeps_every_algorithm_with_a_twin():
