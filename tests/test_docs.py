@@ -6,7 +6,7 @@ file, by GitHub's slug rules), and every command in a fenced code block names sc
 the results that produced them: the README's speed tables and docs/performance.md's quick tables
 from benchmarks/results/run/quick.json, the learning tables of the README and docs/results.md from
 the report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the
-seeds and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON under
+seeds tables of docs/notes/seeds-cpu.md from their JSON under
 benchmarks/results/, the TD3 windows of docs/notes/td3-hopper.md from theirs. docs/ holds pages,
 figures and notes, no result file. run.sh's sweep names every algorithm that has a twin. No page
 refers to the project's issues. The checker itself is tested on made-up pages, so that each check
@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.learning import short_markdown
-from benchmarks.studies import replay_sampling, seeds, threads
+from benchmarks.studies import seeds, threads
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -39,7 +39,6 @@ SEEDS_RESULTS = {
     "seeds/dqn_n8_idle_family25_cpu.json": (seeds.markdown, SEEDS_NOTE),
     "seeds/gpu_proxy_cpu.json": (seeds.proxy_markdown, SEEDS_NOTE),
     "threads/idle_and_busy_cpu.json": (threads.markdown, PERFORMANCE),
-    "replay_sampling/sac_seeds_buffer_cpu.json": (replay_sampling.markdown, SEEDS_NOTE),
 }
 # CleanRL's TD3 run here beside ours, in the notes
 TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
@@ -647,7 +646,7 @@ def test_scripts_named_outside_code_blocks_are_not_commands(repo):
 
 def test_the_checkpoint_figures_are_the_measurements():
     """docs/usage.md's and the note's figures of SAC's checkpoint come from the JSON of
-    `python -m benchmarks.studies.checkpoint` beside the note."""
+    `benchmarks.studies.checkpoint` (retired since) beside the note."""
     result = json.loads((ROOT / "docs" / "notes" / "checkpoint_cost.json").read_text())
     size = f"{result['checkpoint_bytes'] / 1e6:.0f} MB"
     note = (ROOT / "docs" / "notes" / "checkpoint-cost.md").read_text()
