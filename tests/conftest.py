@@ -53,6 +53,14 @@ def long_learning(test):
     return pytest.mark.learning(skip(test))
 
 
+def pytest_collection_modifyitems(items):
+    """Every learning check is `slow` too (pyproject.toml): it trains for long, and the quick tier,
+    `python -m pytest tests -m "not slow"`, leaves it out. The full suite runs everything."""
+    for item in items:
+        if item.get_closest_marker("learning") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _scripts_see_gpus(request):
     """A launched script sees the GPUs only in a test marked `cuda`: every other test checks CPU

@@ -437,6 +437,13 @@ def test_run_sh_sweeps_every_algorithm_with_a_twin():
     assert loop and sorted(loop.group(1).split()) == sorted(twins)
 
 
+def test_contributing_names_the_quick_tier():
+    """CONTRIBUTING.md gives contributors the quick tier, and pyproject.toml declares its marker."""
+    _, blocks = split_fences((ROOT / "CONTRIBUTING.md").read_text())
+    assert any('python -m pytest tests -m "not slow"' in block for block in blocks)
+    assert '"slow: ' in (ROOT / "pyproject.toml").read_text()
+
+
 def test_the_readme_keeps_the_ci_command():
     """CI (.ci/run) runs the README's test command verbatim."""
     _, blocks = split_fences((ROOT / "README.md").read_text())
