@@ -45,6 +45,7 @@ from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
+from benchmarks.processes import note
 from benchmarks.report import write_result
 from benchmarks.scripts import SCRIPTS, load_script
 
@@ -331,11 +332,6 @@ def run_policy(spec, args, device):
         return rows
     finally:
         torch.set_num_threads(threads)
-
-
-def note(message):
-    """Progress goes to stderr; stdout carries only the table."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def failed_checks(rows):

@@ -51,7 +51,6 @@ axis.
 """
 
 import argparse
-import ctypes
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -72,6 +71,7 @@ import torch.distributed.rpc as rpc
 
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
+from benchmarks.processes import die_with_parent
 from benchmarks.report import machine_line, write_result
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.inference import (
@@ -454,13 +454,6 @@ def coordinate(config, settings, phase):
         "check_equal": {"ok": ok, "diff": diff, "samples": len(samples)},
         "check_after_update": check_weights_update(observers, agent, probes, settings),
     }
-
-
-def die_with_parent():
-    """Have the kernel kill this process when the launcher dies, even by SIGKILL (Linux; a no-op
-    elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def start_barrier(port, world_size, timeout_s):
