@@ -53,11 +53,21 @@ def long_learning(test):
     return pytest.mark.learning(skip(test))
 
 
+def compiles_a_whole_run(item):
+    """Whether `item` is a smoke run with `--compile` (20-40 s here, most of it compiling): the
+    equivalence and no-recompile tests check the same compiled functions in seconds."""
+    flags = item.callspec.params.get("flags", ()) if hasattr(item, "callspec") else ()
+    return item.name.startswith("test_smoke") and (
+        "compile" in item.originalname or "--compile" in flags
+    )
+
+
 def pytest_collection_modifyitems(items):
-    """Every learning check is `slow` too (pyproject.toml): it trains for long, and the quick tier,
-    `python -m pytest tests -m "not slow"`, leaves it out. The full suite runs everything."""
+    """`slow` (pyproject.toml), which the quick tier `python -m pytest tests -m "not slow"` leaves
+    out, also marks every learning check and every smoke run with `--compile`. The full suite runs
+    everything."""
     for item in items:
-        if item.get_closest_marker("learning") is not None:
+        if item.get_closest_marker("learning") is not None or compiles_a_whole_run(item):
             item.add_marker(pytest.mark.slow)
 
 
