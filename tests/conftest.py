@@ -65,12 +65,13 @@ def compiles_a_whole_run(item):
 def pytest_collection_modifyitems(items):
     """`slow` (pyproject.toml), which the quick tier `python -m pytest tests -m "not slow"` leaves
     out, also marks every learning check, every smoke run with `--compile` and every test that
-    starts torchrun (the `launches` fixture: 6-37 s a test here). The full suite runs everything."""
+    starts torchrun or uses the test Ray cluster (the `launches` and `ray_head` fixtures: 6-37 s a
+    test here). The full suite runs everything."""
     for item in items:
         if (
             item.get_closest_marker("learning") is not None
             or compiles_a_whole_run(item)
-            or "launches" in getattr(item, "fixturenames", ())
+            or {"launches", "ray_head"} & set(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.slow)
 
