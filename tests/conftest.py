@@ -54,11 +54,15 @@ def long_learning(test):
 
 
 def compiles_a_whole_run(item):
-    """Whether `item` is a smoke run with `--compile` (20-40 s here, most of it compiling): the
-    equivalence and no-recompile tests check the same compiled functions in seconds."""
-    flags = item.callspec.params.get("flags", ()) if hasattr(item, "callspec") else ()
+    """Whether `item` is a smoke run that compiles (20-77 s here, most of it compiling): a twin
+    with `--compile`, or a `_cpu` script, which compiles unless told `--no-compile`. The
+    equivalence and no-recompile tests check the same compiled functions."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    flags, script = params.get("flags", ()), str(params.get("script", ""))
     return item.name.startswith("test_smoke") and (
-        "compile" in item.originalname or "--compile" in flags
+        "compile" in item.originalname
+        or "--compile" in flags
+        or (script.endswith("_cpu") and "--no-compile" not in flags)
     )
 
 
