@@ -39,7 +39,6 @@ run took on this machine.
 """
 
 import argparse
-import ctypes
 import fcntl
 import json
 import math
@@ -59,13 +58,12 @@ from matplotlib.figure import Figure
 
 from benchmarks import plots
 from benchmarks.machine import cpu_model, machine_info
-from benchmarks.processes import kill_tree
+from benchmarks.processes import die_with_parent, kill_tree, note
 from benchmarks.report import machine_line, optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CURVE_POINTS = 500  # at most this many points per stored curve
 POLL_SECONDS = 1.0
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 VARIANT_SUFFIX = re.compile(r"_(cpu|seeds|torchcompile|async)$")
 SEEDS = (1, 2, 3)
 MUJOCO = ("HalfCheetah-v4", "Hopper-v4", "Walker2d-v4")
@@ -215,20 +213,10 @@ SETS = ("default", "atari", "pqn", "pqn_atari", "smoke")
 # Running
 
 
-def note(message):
-    print(message, file=sys.stderr, flush=True)
-
-
 def stored(folder):
     """The harness's summary.json of a run folder, or None where the run is not done."""
     path = folder / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def die_with_parent():
-    """In a run's process before it starts: the kernel kills it when the harness dies, however the
-    harness dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def start(run, args):
@@ -250,7 +238,7 @@ def start(run, args):
             stderr=subprocess.STDOUT,
             # a Ctrl-C in the terminal reaches the harness, which stops the run
             start_new_session=True,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent,
         )
     job = {"run": run, "proc": proc, "cmd": cmd, "folder": folder, "threads": args.threads}
     return job | {"started": datetime.now(), "load": os.getloadavg()}

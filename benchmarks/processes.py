@@ -1,8 +1,22 @@
 """Ending a process and everything it started (torchrun's ranks, Ray's workers), for the benchmarks
-and the tests alike."""
+and the tests alike; a process that ends with the one that started it; progress on stderr."""
 
+import ctypes
 import os
 import signal
+import sys
+
+
+def note(message):
+    """Progress and notes go to stderr, so that stdout carries only the table."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def die_with_parent():
+    """In a started process: the kernel kills it when its parent dies, however the parent dies
+    (Linux's PR_SET_PDEATHSIG; a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def descendants(pid):

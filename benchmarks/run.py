@@ -27,6 +27,7 @@ import torch
 
 from benchmarks import plots, report
 from benchmarks.machine import machine_info
+from benchmarks.processes import note
 from benchmarks.registry import ALGOS, VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +37,6 @@ STDERR_TAIL_LINES = 20
 class BenchmarkError(RuntimeError):
     """A run that failed: one line naming the script, its flags and what went wrong, then its
     stderr's tail."""
-
-
-def note(message):
-    """Progress and notes go to stderr, so that stdout carries only the table."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def missing_scripts(algo, scripts_dir):

@@ -53,6 +53,33 @@ def long_learning(test):
     return pytest.mark.learning(skip(test))
 
 
+def compiles_a_whole_run(item):
+    """Whether `item` is a smoke run that compiles (20-77 s here, most of it compiling): a twin
+    with `--compile`, or a `_cpu` script, which compiles unless told `--no-compile`. The
+    equivalence and no-recompile tests check the same compiled functions."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    flags, script = params.get("flags", ()), str(params.get("script", ""))
+    return item.name.startswith("test_smoke") and (
+        "compile" in item.originalname
+        or "--compile" in flags
+        or (script.endswith("_cpu") and "--no-compile" not in flags)
+    )
+
+
+def pytest_collection_modifyitems(items):
+    """`slow` (pyproject.toml), which the quick tier `python -m pytest tests -m "not slow"` leaves
+    out, also marks every learning check, every smoke run with `--compile` and every test that
+    starts torchrun or uses the test Ray cluster (the `launches` and `ray_head` fixtures: 6-37 s a
+    test here). The full suite runs everything."""
+    for item in items:
+        if (
+            item.get_closest_marker("learning") is not None
+            or compiles_a_whole_run(item)
+            or {"launches", "ray_head"} & set(getattr(item, "fixturenames", ()))
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _scripts_see_gpus(request):
     """A launched script sees the GPUs only in a test marked `cuda`: every other test checks CPU

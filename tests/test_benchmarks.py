@@ -1,33 +1,21 @@
 """The benchmark harness, driven by tiny fake scripts in tmp_path: no real training, a few seconds
 in all; the env-only limit also on each real script's env, for a fraction of a second."""
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import tyro
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import (
-    before_after,
-    breakdown,
-    replay_sampling,
-    scaling,
-    seeds,
-    sweeps,
-    threads,
-)
+from benchmarks.studies import scaling, seeds, sweeps, threads
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -564,88 +552,6 @@ def test_cpu_model_names_family_model_and_widest_vector_extension(tmp_path):
     assert machine.cpu_model(tmp_path / "missing") is None
 
 
-def test_breakdown_times_every_part_of_a_real_run_and_leaves_the_rest_as_other():
-    """Eager SAC on Pendulum, 100 learning steps: every part the loop calls is timed, and the parts
-    with `other` add up to the measured window's time per step (1 / sps); torch.compile is restored
-    afterwards."""
-    compile_ = torch.compile
-    flags = [
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "300",
-        "--learning-starts",
-        "200",
-        "--batch-size",
-        "32",
-    ]
-    sps, parts = breakdown.measure_one("sac_continuous_action", "sac", [*flags, "--no-cuda"])
-    assert set(parts) == {
-        "env step",
-        "acting",
-        "storing",
-        "sampling",
-        "critic update",
-        "actor update",
-        "target update",
-        "other",
-    }
-    assert (
-        all(us >= 0 for us in parts.values())
-        and parts["critic update"] > 0
-        and parts["env step"] > 0
-    )
-    assert sum(parts.values()) == pytest.approx(1e6 / sps, rel=1e-6) or parts["other"] == 0
-    assert torch.compile is compile_
-
-
-@pytest.mark.parametrize("script, members", [("dqn_cpu", 1), ("dqn_seeds", 2)])
-def test_breakdown_times_numpy_acting_made_in_make_learner_or_in_main(script, members):
-    """dqn_cpu.py makes its numpy policy in make_learner, dqn_seeds.py in main (after compiling the
-    torch policy it does not use on a CPU): both are timed as `acting`, once a call, and a seeds run
-    counts every member's steps."""
-    timers, module = breakdown.Timers(), load_script(script)
-    flags = ["--total-timesteps", "1200", "--learning-starts", "1000", "--no-compile"]
-    flags += ["--num-seeds", str(members)] if members > 1 else []
-    with (
-        tempfile.TemporaryDirectory() as cwd,
-        contextlib.chdir(cwd),
-        contextlib.redirect_stdout(io.StringIO()),
-    ):
-        with breakdown.instrumented(module, "dqn", timers):
-            module.main(tyro.cli(module.Args, args=flags))
-    assert len(timers.calls["acting"]) == 1200 and timers.steps == 1200 * members
-    # one every 10 iterations past learning_starts
-    assert len(timers.calls["update"]) == 200 // 10 - 1
-    assert breakdown.variant_command("dqn", breakdown.seeds_variant(8)) == (
-        "dqn_seeds",
-        ("--num-seeds", "8"),
-    )
-
-
-def test_breakdown_window_leaves_out_warmup_calls_and_counts_calls_per_step():
-    """Hand-made timings: an update every 2 env steps whose first calls (compiling) took 10 s; the
-    window starts at its 4th call (env step 6) and ends at the last env step (10)."""
-    timers = breakdown.Timers()
-    timers.clock = [(step, float(step)) for step in range(1, 11)]  # one second per env step
-    timers.calls = {
-        "update": [(at, 10.0 if at < 6 else 0.5) for at in range(0, 10, 2)],
-        "env step": [(at, 0.25) for at in range(10)],
-    }
-    sps, parts = breakdown.window(timers)
-    assert sps == pytest.approx(1.0)
-    assert parts == pytest.approx({"update": 0.25e6, "env step": 0.25e6, "other": 0.5e6})
-
-
-def test_breakdown_times_a_compiled_part_around_its_compiled_function():
-    module, timers, compile_ = load_script("dqn"), breakdown.Timers(), torch.compile
-    with breakdown.instrumented(module, "dqn", timers):
-        double = torch.compile(timers.wrap("acting", lambda x: x * 2))
-        assert double(torch.ones(2)).tolist() == [2.0, 2.0]
-    assert double.part == "acting" and len(timers.calls["acting"]) == 1
-    assert torch.compile is compile_
-
-
 def test_scaling_efficiency_is_sps_over_n_times_the_single_process_median():
     runs = [
         {"processes": n, "summary": {"sps": sps, "return_mean": -1.0}}
@@ -928,45 +834,6 @@ def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch)
     ]
     md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=busy))
     assert "| one core busy | dqn_seeds | 2000 | - | - | 4000 | 2.00x | 2 |" in md
-
-
-def test_replay_sampling_draws_the_scripts_batches_both_ways():
-    """benchmarks.studies.replay_sampling on a tiny buffer: the seeds script's `sample` and the
-    TensorDict's `storage[members, idx]` give equal batches from the same draw, and the table has a
-    row per way with its rounds and its ratio to index_select's median."""
-    result = replay_sampling.measure(num_seeds=3, buffer_size=50, batch_size=4, samples=5, rounds=2)
-    assert result["same_batches"] is True
-    assert {way: len(times) for way, times in result["us_per_sample"].items()} == {
-        "index_select": 2,
-        "tensordict": 2,
-    }
-    result["us_per_sample"] = dict(index_select=[100.0, 300.0], tensordict=[500.0, 700.0])
-    lines = replay_sampling.markdown(result).splitlines()
-    assert lines[2:] == ["| index_select | 100, 300 | 1.00x |", "| tensordict | 500, 700 | 3.00x |"]
-
-
-def test_before_after_runs_each_variant_from_both_folders_and_gives_the_ratios(tmp_path):
-    """SAC's four timed variants, two rounds each, from a folder before and one after: medians of
-    each side and their ratio (the eager script after runs at twice the sps)."""
-    before, after, out = (tmp_path / name for name in ("before", "after", "out"))
-    for folder in (before, after):
-        folder.mkdir()
-    fake_scripts(before, SAC)
-    faster = {"": [(2 * sps, ret) for sps, ret in EAGER[""]]}
-    write_scripts(after, SAC, FAKE_SCRIPT.format(schedule=faster), FAKE_TWIN)
-    flags = ["--before", str(before), "--after", str(after), "--algos", "sac", "--rounds", "2"]
-    before_after.main([*flags, "--out-dir", str(out)])
-    (json_path,) = out.glob("before_after-*.json")
-    rows = {r["variant"]: r for r in json.loads(json_path.read_text())["rows"]}
-    assert list(rows) == ["eager", "torchcompile", "compile", "cpu"]
-    assert (rows["eager"]["before"], rows["eager"]["after"], rows["eager"]["ratio"]) == (
-        110,
-        220,
-        2,
-    )
-    assert rows["compile"]["before"] == rows["compile"]["after"] == 400
-    assert len(calls(before)) == len(calls(after)) == 8
-    assert "| sac | eager | 110 | 220 | 2.00x |" in json_path.with_suffix(".md").read_text()
 
 
 # --- benchmarks.studies.sweeps: a sweep in one process against its settings' single runs

@@ -65,6 +65,7 @@ def state(adams, part="params"):
 
 
 @pytest.mark.skipif(not runs.bf16_native(), reason="this CPU computes no bfloat16 natively")
+@pytest.mark.slow  # compiles each script's update in both dtypes (8-29 s each here)
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_a_bf16_update_takes_the_float32_steps_and_never_recompiles(script, monkeypatch):
     """Five steps from the same weights on the same batches, compiled, with and without `--bf16`
@@ -131,6 +132,7 @@ def test_bf16_study_refuses_a_cpu_without_bf16(monkeypatch, capsys):
 
 
 @pytest.mark.skipif(not runs.bf16_native(), reason="this CPU computes no bfloat16 natively")
+@pytest.mark.slow  # trains each seed both ways (21 s here)
 def test_bf16_study_runs_each_seed_both_ways(tmp_path):
     """Two seeds of SAC, tiny and eager: each seed float32 and bf16, a row with the test."""
     bf16_study.main(["--algos", "sac", "--seeds", "2", "--quick", "--out-dir", str(tmp_path)])

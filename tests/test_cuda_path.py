@@ -160,7 +160,11 @@ def test_optimizers_are_fused_and_not_capturable_without_cudagraphs(twin):
 
 
 @pytest.mark.parametrize("twin", TWINS)
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compile",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # compiled: up to 33 s a twin here
+    ids=["eager", "compiled"],
+)
 def test_graphed_functions_never_sync_with_the_host(twin, compile):
     module = load_script(twin)
     build, compiled_by_main = TWINS[twin]

@@ -4,10 +4,11 @@ file, by GitHub's slug rules), and every command in a fenced code block names sc
 (`leanrl/<name>.py`), benchmark modules (`python -m benchmarks.<module>`, a study's
 `benchmarks.studies.<module>`), shell scripts and requirements files that exist. Figures come from
 the results that produced them: the README's speed tables and docs/performance.md's quick tables
-from docs/benchmark_quick.json, the learning tables of the README and docs/results.md from the
-report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the seeds
-and replay-sampling tables of docs/notes/seeds-cpu.md from their JSON in docs/, the TD3 windows of
-docs/notes/td3-hopper.md from theirs. run.sh's sweep names every algorithm that has a twin. No page
+from benchmarks/results/run/quick.json, the learning tables of the README and docs/results.md from
+the report of `python -m benchmarks.learning`, the threads table of docs/performance.md and the
+seeds tables of docs/notes/seeds-cpu.md from their JSON under
+benchmarks/results/, the TD3 windows of docs/notes/td3-hopper.md from theirs. docs/ holds pages,
+figures and notes, no result file. run.sh's sweep names every algorithm that has a twin. No page
 refers to the project's issues. The checker itself is tested on made-up pages, so that each check
 is shown able to fail. Nothing here runs a script."""
 
@@ -20,24 +21,24 @@ import pytest
 
 from benchmarks import report
 from benchmarks.learning import short_markdown
-from benchmarks.studies import replay_sampling, seeds, threads
+from benchmarks.studies import seeds, threads
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK_RESULTS = ROOT / "docs" / "benchmark_quick.json"
-LEARNING_REPORT = ROOT / "benchmarks" / "results" / "learning"
-# in docs/: each results file, how its table is written, and the page that shows the table
+RESULTS = ROOT / "benchmarks" / "results"
+QUICK_RESULTS = RESULTS / "run" / "quick.json"
+LEARNING_REPORT = RESULTS / "learning"
+# under benchmarks/results/: each results file, how its table is written, and the page that shows it
 SEEDS_NOTE = ROOT / "docs" / "notes" / "seeds-cpu.md"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 SEEDS_RESULTS = {
-    "seeds_cpu.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_sac_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_td3_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_dqn_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_ppo_idle.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_cpu_dqn_idle_f25.json": (seeds.markdown, SEEDS_NOTE),
-    "seeds_gpu_proxy.json": (seeds.proxy_markdown, SEEDS_NOTE),
-    "threads_cpu.json": (threads.markdown, PERFORMANCE),
-    "replay_sampling_cpu.json": (replay_sampling.markdown, SEEDS_NOTE),
+    "seeds/n1_3_8_loaded_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/sac_n8_idle_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/td3_n8_idle_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/dqn_n8_idle_family26_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/ppo_continuous_n8_idle_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/dqn_n8_idle_family25_cpu.json": (seeds.markdown, SEEDS_NOTE),
+    "seeds/gpu_proxy_cpu.json": (seeds.proxy_markdown, SEEDS_NOTE),
+    "threads/idle_and_busy_cpu.json": (threads.markdown, PERFORMANCE),
 }
 # CleanRL's TD3 run here beside ours, in the notes
 TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
@@ -334,7 +335,7 @@ def test_the_learning_tables_are_the_learning_report(learning_set):
 @pytest.mark.parametrize("name", SEEDS_RESULTS)
 def test_the_seeds_and_threads_tables_are_the_benchmarks_tables(name):
     write, page = SEEDS_RESULTS[name]
-    table = write(json.loads((ROOT / "docs" / name).read_text()))
+    table = write(json.loads((RESULTS / name).read_text()))
     assert missing_lines(page.read_text(), table.splitlines()) == []
 
 
@@ -376,6 +377,55 @@ def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 180
 
 
+def test_docs_holds_pages_not_results():
+    """A user opening docs/ finds the reference pages, figures under docs/images/ and the notes: at
+    most 20 entries at its top level and no result file (those live under benchmarks/results/)."""
+    entries = sorted(p.name for p in (ROOT / "docs").iterdir())
+    assert len(entries) <= 20, entries
+    assert [name for name in entries if not name.endswith(".md") and "." in name] == []
+    assert [p.name for p in (ROOT / "docs" / "images").iterdir() if p.suffix != ".png"] == []
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^()\s]+\.png)\)")
+
+
+def figure_problems(text):
+    """Each figure (`![...](....png)`) followed, in the paragraph after it, by a caption that starts
+    `Figure:` and names the command that made it (in backticks) and its result file (a path under
+    benchmarks/results/, or says it was not kept)."""
+    problems = []
+    paragraphs = re.split(r"\n\s*\n", split_fences(text)[0])
+    for i, paragraph in enumerate(paragraphs):
+        for image in IMAGE.findall(paragraph):
+            caption = paragraphs[i + 1].strip() if i + 1 < len(paragraphs) else ""
+            if not caption.startswith("Figure:"):
+                problems.append(f"{image}: no `Figure:` caption after it")
+            elif not re.search(r"`python3? [^`]+`", caption):
+                problems.append(f"{image}: its caption names no command")
+            elif "benchmarks/results/" not in caption and "not kept" not in caption:
+                problems.append(f"{image}: its caption names no result file")
+    return problems
+
+
+@pytest.mark.parametrize("page", doc_files(), ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_figure_names_its_command_and_results(page):
+    assert figure_problems(page.read_text()) == []
+
+
+def test_the_figure_check_fails_on_a_bare_figure():
+    ok = "![a](a.png)\n\nFigure: `python -m benchmarks.run`; [r](benchmarks/results/run/q.json).\n"
+    assert figure_problems(ok) == []
+    assert figure_problems("![a](a.png)\n\nSome text.\n") == [
+        "a.png: no `Figure:` caption after it"
+    ]
+    assert figure_problems("![a](a.png)\n\nFigure: a run.\n") == [
+        "a.png: its caption names no command"
+    ]
+    assert figure_problems("![a](a.png)\n\nFigure: `python -m benchmarks.run`.\n") == [
+        "a.png: its caption names no result file"
+    ]
+
+
 def test_run_sh_sweeps_every_algorithm_with_a_twin():
     """run.sh's loop names each eager script that has a `_torchcompile` twin (its `_cpu` and
     `_async` scripts run with it), so a new algorithm joins the full sweep or fails here."""
@@ -385,6 +435,13 @@ def test_run_sh_sweeps_every_algorithm_with_a_twin():
         p.stem.removesuffix("_torchcompile") for p in (ROOT / "leanrl").glob("*_torchcompile.py")
     }
     assert loop and sorted(loop.group(1).split()) == sorted(twins)
+
+
+def test_contributing_names_the_quick_tier():
+    """CONTRIBUTING.md gives contributors the quick tier, and pyproject.toml declares its marker."""
+    _, blocks = split_fences((ROOT / "CONTRIBUTING.md").read_text())
+    assert any('python -m pytest tests -m "not slow"' in block for block in blocks)
+    assert '"slow: ' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_the_readme_keeps_the_ci_command():
@@ -596,8 +653,8 @@ def test_scripts_named_outside_code_blocks_are_not_commands(repo):
 
 def test_the_checkpoint_figures_are_the_measurements():
     """docs/usage.md's and the note's figures of SAC's checkpoint come from the JSON of
-    `python -m benchmarks.studies.checkpoint` beside the note."""
-    result = json.loads((ROOT / "docs" / "notes" / "checkpoint_cost.json").read_text())
+    `benchmarks.studies.checkpoint` (retired since), under benchmarks/results/checkpoint/."""
+    result = json.loads((RESULTS / "checkpoint" / "sac_halfcheetah_full_buffer.json").read_text())
     size = f"{result['checkpoint_bytes'] / 1e6:.0f} MB"
     note = (ROOT / "docs" / "notes" / "checkpoint-cost.md").read_text()
     assert result["buffer_size"] == 1_000_000 and result["env_id"] == "HalfCheetah-v4"

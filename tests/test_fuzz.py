@@ -54,6 +54,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_ppo_continuous_action_distributed import distributed_env, standalone, torchrun_command
 
+# every script runs many drawn flag sets (3.5 min here); each family's bad-input tests stay quick
+pytestmark = pytest.mark.slow
+
 LONG_RUN = "LEANRL_FUZZ_EXAMPLES" in os.environ
 FUZZ_EXAMPLES = int(os.environ.get("LEANRL_FUZZ_EXAMPLES", 8))
 SUBPROCESS_EXAMPLES = max(1, FUZZ_EXAMPLES // 10)

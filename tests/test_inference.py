@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from benchmarks.policies import SPECS
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies import inference
-from benchmarks.studies.policies import SPECS
 
 TINY = ["--rounds", "2", "--block-ms", "1"]
 

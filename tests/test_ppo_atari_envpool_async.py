@@ -281,6 +281,7 @@ def test_smoke_compiled_and_the_twin_loads_its_model(tmp_path):
     assert len(evaluated["eval_returns"]) == 1 and evaluated["total_timesteps"] == 0
 
 
+@pytest.mark.slow  # plays the twin's games both ways (21 s here)
 def test_one_batch_of_all_envs_plays_the_twins_games():
     """With --async-batch-size 8 (= --num-envs) envpool returns all envs in env order, every batch
     is held at a rollout's end and acts after the update, so the script takes the twin's env

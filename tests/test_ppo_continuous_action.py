@@ -245,6 +245,7 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling():
         gae(**hand_made_rollout(final_value_truncated=5.0), gamma=0.99, gae_lambda=0.95)
 
 
+@pytest.mark.slow  # compiles the functional update (19 s here)
 def test_cpu_functional_update_equals_eager_scripts_update_without_recompiling():
     """The CPU script's functional update (torch.func gradients, the clip and Adam written out),
     eager and compiled whole, against the eager script's module update (autograd,

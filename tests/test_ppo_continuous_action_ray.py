@@ -85,6 +85,7 @@ def ray_processes():
     return pids
 
 
+@pytest.mark.slow  # starts and stops a local Ray instance (22 s here)
 def test_local_instance_leaves_no_ray_process(tmp_path):
     """First in the file: before the session's head starts, so that every Ray process that appears
     is the run's."""
@@ -488,6 +489,7 @@ def test_bad_input_exits_2(flags, words, refused):
     refused(SCRIPT, flags, words)
 
 
+@pytest.mark.slow  # waits out Ray's connection attempt (9 s here)
 def test_unreachable_address_exits_2_at_once():
     """Nothing listens on the port: one line, exit 2, well within the 60 s timeout (Ray alone
     retries for minutes)."""
@@ -536,6 +538,7 @@ def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
     [(("--kinds", "fast"), ("--kinds", "fast")), (("--runners", "0"), ("--runners",))],
     ids=["unknown-kind", "zero-runners"],
 )
+@pytest.mark.slow  # the benchmark imports Ray (5-6 s here)
 def test_benchmark_bad_input_exits_2(flags, words):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.studies.ray_scaling", *flags],

@@ -294,6 +294,7 @@ def assert_other_observation_flags_exit_2(script, tmp_path):
     )
 
 
+@pytest.mark.slow  # trains and saves a model first (12-19 s each here)
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
     assert_other_observation_flags_exit_2(script, tmp_path)

@@ -206,6 +206,7 @@ def test_acting_one_step_at_a_time_is_the_sequence():
     torch.testing.assert_close(torch.cat(stepped), sequence, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # compiles the sequence loss with its scan (18 s here)
 def test_compiled_sequence_loss_equals_eager_loss():
     assert_compiled_loss_equals_eager(TWIN, make_minibatch)
 
@@ -236,6 +237,7 @@ def test_cudagraphs_without_cuda_exits_2(refused):
     refused(TWIN, ("--cudagraphs",), ("--cudagraphs", "CUDA"))
 
 
+@pytest.mark.slow  # trains and saves a model first (12-18 s each here)
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_a_model_saved_under_other_observation_flags_exits_2(script, tmp_path):
     assert_other_observation_flags_exit_2(script, tmp_path)

@@ -25,8 +25,6 @@ from test_ppo_continuous_action_distributed import (
     torchrun_command,
 )
 
-from benchmarks.studies import checkpoint as checkpoint_study
-
 try:
     from envpool.python.envpool import EnvPoolMixin
 except ImportError:  # the GPU check's machine: its CUDA tests need no envpool
@@ -404,17 +402,6 @@ def test_a_checkpoint_keeps_the_filled_part_of_the_buffer():
     empty.load_state_dict(torch.load(saved))
     assert (empty.size, empty.cursor) == (5, 5)
     assert torch.equal(empty.storage["next_obs"][:5, 0], torch.arange(1.0, 6.0))
-
-
-def test_the_checkpoint_study_measures_a_full_buffer(tmp_path, monkeypatch):
-    """`benchmarks.studies.checkpoint --quick`: the checkpoint of SAC with a full 10,000-transition
-    buffer on HalfCheetah-v4 holds the buffer (42 floats a transition) and little else."""
-    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
-    result = checkpoint_study.main(["--quick", "--out-dir", str(tmp_path)])
-    buffer_bytes = 10_000 * (17 + 17 + 6 + 1 + 1) * 4
-    assert buffer_bytes < result["checkpoint_bytes"] < buffer_bytes + 4_000_000
-    assert len(result["write_s"]) == 1 and 0 < result["sps_cost"] < 0.01
-    assert list(tmp_path.glob("checkpoint-*.json"))
 
 
 @pytest.mark.parametrize("script", ["ppo_lstm_torchcompile", "ppo_continuous_action_torchcompile"])

@@ -95,6 +95,7 @@ def tiny_run(tmp_path_factory):
     )
 
 
+@pytest.mark.slow  # the agent and its observers, several processes (20-40 s here)
 def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
     status, result, _, _, out = tiny_run
     assert status == 0
@@ -131,6 +132,7 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
     assert not list(out.glob("*-logs")), "a successful run keeps no logs"
 
 
+@pytest.mark.slow
 def test_json_schema_table_and_plot(tiny_run):
     _, result, table, png, _ = tiny_run
     assert set(result) == {"arguments", "axis", "settings", "started", "machine", "rows", "runs"}
@@ -361,6 +363,7 @@ def fault_outcome(tmp_path, name, sig):
     return status, rest[-1], processes
 
 
+@pytest.mark.slow
 def test_a_killed_observer_ends_the_run_with_one_line(tmp_path):
     status, line, processes = fault_outcome(tmp_path, "observer1", signal.SIGKILL)
     assert status == 1
@@ -369,6 +372,7 @@ def test_a_killed_observer_ends_the_run_with_one_line(tmp_path):
     assert not [name for name, pid in processes.items() if alive(pid)], "processes left behind"
 
 
+@pytest.mark.slow
 def test_a_hung_agent_ends_the_run_through_the_rpc_timeout(tmp_path):
     status, line, processes = fault_outcome(tmp_path, "agent", signal.SIGSTOP)
     assert status == 1

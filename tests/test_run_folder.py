@@ -148,6 +148,7 @@ def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(
     )
 
 
+@pytest.mark.slow  # trains, saves and evaluates on Breakout (21-23 s each here)
 @pytest.mark.parametrize("script", ["ppo_atari_envpool", "ppo_atari_envpool_torchcompile"])
 def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script, tmp_path):
     """The Atari scripts evaluate by sampling (as CleanRL does), so two evaluations differ; here the
@@ -175,6 +176,7 @@ def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script,
     )
 
 
+@pytest.mark.slow  # records and encodes videos (10-31 s each here)
 @pytest.mark.parametrize(
     "script, env_id, flags",
     [
@@ -332,6 +334,7 @@ def video_frames(path):
         return list(clip.iter_frames())
 
 
+@pytest.mark.slow  # records and encodes Breakout's games (9-12 s each here)
 @pytest.mark.parametrize(
     "script, flags",
     [

@@ -186,6 +186,7 @@ def test_cpu_functional_update_equals_eager_module_update(autotune):
     assert_same_steps(build(CPU, autotune), build(EAGER, autotune), steps=3)
 
 
+@pytest.mark.slow  # compiles SAC's updates (29 s here)
 def test_compiled_update_equals_eager_update_and_never_recompiles(monkeypatch):
     """What the twin's `--compile` compiles (its module updates) takes the step of the same updates
     run eagerly; after two more steps, nothing recompiles, and `alpha`, changed in place, is read
@@ -201,6 +202,7 @@ def test_compiled_update_equals_eager_update_and_never_recompiles(monkeypatch):
     assert not torch.equal(compiled[3]["alpha"], alpha_before)
 
 
+@pytest.mark.slow  # compiles both kinds of step, with a C++ wrapper (27 s here)
 def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch):
     """What the CPU script's `--compile` compiles: `update`, a step's three updates, one graph for
     each kind of step (with a C++ wrapper, as `main` has it). A policy step returns the critic's

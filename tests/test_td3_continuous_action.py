@@ -250,6 +250,7 @@ def assert_compiled_equals_eager_and_never_recompiles(build, module, monkeypatch
     assert not torch.equal(parameters(compiled[3])["target_actor"], target_before)
 
 
+@pytest.mark.slow  # compiles TD3's updates (32 s here)
 def test_twin_compiled_update_equals_eager_update_without_recompiling(monkeypatch):
     """`--compile`: the module updates, compiled as `main` compiles them on every device."""
     assert_compiled_equals_eager_and_never_recompiles(
@@ -257,6 +258,7 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling(monkeypatc
     )
 
 
+@pytest.mark.slow  # compiles both kinds of step, with a C++ wrapper (27 s here)
 def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch):
     """What the CPU script's `--compile` compiles: `update`, a step's updates, one graph for each
     kind of step (with a C++ wrapper, as `main` has it). A policy step returns the critic's and

@@ -6,7 +6,7 @@ eager against compiled, per batch size.
     # a smoke run: batch 1 and 8, default mode, short blocks
     python -m benchmarks.studies.inference --quick
 
-For each policy (benchmarks/studies/policies.py) and batch size, the policy is built the way its
+For each policy (benchmarks/policies.py) and batch size, the policy is built the way its
 script builds it and wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the
 script's numpy policy (`numpy`: what the MLP twins act with under `--compile` there); on a CUDA
 device, tensordict's `CudaGraphModule` and `CudaGraphModule(torch.compile(...))`. Each variant first
@@ -18,7 +18,7 @@ round, so that a noisy machine hits every variant alike. Every call is timed alo
 script with a fixed number of envs sees it: dynamo is reset between batch sizes and a recompile
 during the timed rounds is an error.
 
-Checks, in the benchmark: each variant's deterministic outputs (benchmarks/studies/policies.py says
+Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says
 which) equal the eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may
 differ, argmax near-ties); halfway through the rounds the training module's weights are changed
 in place, and each variant must then match eager on the new weights and differ from its own
@@ -44,9 +44,10 @@ import torch
 from tensordict.nn import CudaGraphModule
 
 from benchmarks.machine import machine_info
+from benchmarks.policies import SPECS
+from benchmarks.processes import note
 from benchmarks.report import write_result
 from benchmarks.scripts import SCRIPTS, load_script
-from benchmarks.studies.policies import SPECS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
@@ -331,11 +332,6 @@ def run_policy(spec, args, device):
         return rows
     finally:
         torch.set_num_threads(threads)
-
-
-def note(message):
-    """Progress goes to stderr; stdout carries only the table."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def failed_checks(rows):

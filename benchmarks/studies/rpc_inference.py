@@ -13,7 +13,7 @@ all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store 
 it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op
 thread each.
 
-The agent builds the policy as its optimized twin builds it (benchmarks/studies/policies.py),
+The agent builds the policy as its optimized twin builds it (benchmarks/policies.py),
 compiled with `torch.compile` under --compile on (compile time reported apart as setup_s). Each
 observer steps its own environment (the policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for
 PPO continuous, SAC and TD3, whose sizes the policies are built with; one MuJoCo step is ~0.1 ms)
@@ -51,7 +51,6 @@ axis.
 """
 
 import argparse
-import ctypes
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -71,6 +70,8 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 from benchmarks.machine import machine_info
+from benchmarks.policies import SPECS
+from benchmarks.processes import die_with_parent
 from benchmarks.report import machine_line, write_result
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.inference import (
@@ -83,7 +84,6 @@ from benchmarks.studies.inference import (
     positive_float,
     positive_int,
 )
-from benchmarks.studies.policies import SPECS
 
 ENVS = {  # policy -> (the environment its observers step, the answer they step it with)
     "ppo_continuous": ("HalfCheetah-v4", "action"),
@@ -454,13 +454,6 @@ def coordinate(config, settings, phase):
         "check_equal": {"ok": ok, "diff": diff, "samples": len(samples)},
         "check_after_update": check_weights_update(observers, agent, probes, settings),
     }
-
-
-def die_with_parent():
-    """Have the kernel kill this process when the launcher dies, even by SIGKILL (Linux; a no-op
-    elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def start_barrier(port, world_size, timeout_s):

@@ -1,7 +1,7 @@
 """The acting policy of each optimized twin, built the way the twin's `main()` builds it, for
-`benchmarks.studies.inference`.
+`benchmarks.studies.inference` and `benchmarks.studies.rpc_inference`.
 
-Each script is imported by path (scripts import nothing from the project); its networks are made
+Each script is imported by path (with the run module beside it); its networks are made
 with the default env's sizes, written here so that no env is created: HalfCheetah-v4 has 17
 observations and 6 actions in [-1, 1], CartPole-v1 4 observations and 2 actions, envpool's
 Breakout-v5 stacks of 4 84x84 uint8 frames and 4 actions. Every call runs under `torch.no_grad()`,
