@@ -67,7 +67,8 @@ def train(script, flags, seed, tensor, folder):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scripts", nargs="+", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=10, help="how many seeds")
+    parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/tensor_envs_learning"))
     parser.add_argument("--out", type=Path)
@@ -78,7 +79,7 @@ def main(argv=None):
             runs = {}
             for tensor in (False, True):
                 kind = "tensor" if tensor else "gymnasium"
-                seeds = range(1, args.seeds + 1)
+                seeds = range(args.first_seed, args.first_seed + args.seeds)
                 folders = [args.work_dir / f"{script}-{kind}-{s}" for s in seeds]
                 jobs = [(script, RUNS[script], s, tensor, f) for s, f in zip(seeds, folders)]
                 runs[kind] = list(pool.map(lambda job: train(*job), jobs))
