@@ -510,7 +510,7 @@ class Run:
         if isinstance(obj, dict):  # what has a state: no functions
             kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
             return {k: self.state_of(v) for k, v in kept.items()}
-        if isinstance(obj, tuple) and hasattr(obj[0], "state_dict"):  # tensor envs
+        if isinstance(obj, tuple) and getattr(obj[0], "whole_state", False):  # tensor envs
             return tuple(self.state_of(x) for x in obj)
         if isinstance(obj, tuple):  # (envs, obs, ...)
             # between the layers, and how to make them
@@ -546,7 +546,7 @@ class Run:
             for key, value in items:
                 if key in saved:
                     self.restore(value, saved[key], seed)
-        elif isinstance(obj, tuple) and hasattr(obj[0], "load_state_dict"):  # tensor envs
+        elif isinstance(obj, tuple) and getattr(obj[0], "whole_state", False):  # tensor envs
             for x, value in zip(obj, saved):
                 self.restore(x, value, seed)
             self.envs_restored = True

@@ -67,6 +67,7 @@ class TensorEnv(gym.vector.VectorEnv):
 
     max_episode_steps: int
     reset_bounds: tuple  # (low, high) of the state a reset draws
+    whole_state = True  # state_dict() holds every episode as it is: a checkpoint resumes them
 
     def __init__(self, num_envs, device="cpu", dtype=torch.float32, seed=0):
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
