@@ -40,7 +40,16 @@ def timed(step, actions, seconds, sync=lambda: None):
     return steps / (time.perf_counter() - start)
 
 
-def gymnasium_rows(env_id, num_envs, seconds, rng):
+def report(tag, result, out=None):
+    """`result` as one line, `<tag> {json}`, and to the file `out` if given."""
+    line = json.dumps(result)
+    print(f"{tag} {line}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(line + "\n")
+
+
+def gymnasium_rows(env_id, num_envs, seconds):
     runs = load_script("runs")
     envs = {"sync": runs.make_envs(env_id, num_envs, 0)}
     if env_id == "CartPole-v1":
@@ -90,13 +99,12 @@ def main(argv=None):
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(0)
     rows = []
     for env_id in args.env_ids:
         for n in args.sizes:
             found = []
             if not args.no_gymnasium and n <= 1024:  # past that, gymnasium's envs take minutes
-                found += gymnasium_rows(env_id, n, args.seconds, rng)
+                found += gymnasium_rows(env_id, n, args.seconds)
             found += tensor_rows(env_id, n, args.device, args.seconds, not args.no_compile)
             for row in found:
                 rows.append(dict(env_id=env_id, num_envs=n, **row))
@@ -104,11 +112,7 @@ def main(argv=None):
     result = dict(machine=machine_info(), device=args.device, threads=args.threads, rows=rows)
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
-    line = json.dumps(result)
-    print("TENSOR_ENVS " + line)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(line + "\n")
+    report("TENSOR_ENVS", result, args.out)
 
 
 if __name__ == "__main__":

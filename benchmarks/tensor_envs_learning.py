@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.machine import machine_info
+from benchmarks.tensor_envs import report
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {  # script -> its flags (the learning test's budget)
@@ -93,11 +94,7 @@ def main(argv=None):
             }
             result["scripts"][script] = dict(flags=RUNS[script], runs=runs, stats=stats, u=u, p=p)
             print(script, stats, f"Mann-Whitney U {u}, p {p:.3f}", flush=True)
-    line = json.dumps(result)
-    print("TENSOR_ENVS_LEARNING " + line)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(line + "\n")
+    report("TENSOR_ENVS_LEARNING", result, args.out)
 
 
 if __name__ == "__main__":
