@@ -2,9 +2,10 @@
 without `--tensor-envs`, and a two-sided Mann-Whitney test of the final returns (the mean of the
 last 20 training episodes).
 
-    python -m benchmarks.tensor_envs_learning --jobs 2  # pqn_cpu and dqn_cpu, seeds 1-10
+    python -m benchmarks.tensor_envs_learning --jobs 2  # pqn_cpu, dqn_cpu and ppo_lstm, seeds 1-10
 
-The budgets are the learning tests' (tests/test_pqn.py, tests/test_dqn.py). Prints one line per
+The budgets are the learning tests' (tests/test_pqn.py, tests/test_dqn.py), and ppo_lstm's default
+on its velocity-hidden CartPole. Prints one line per
 run and `TENSOR_ENVS_LEARNING {json}`; `--out` writes the JSON.
 """
 
@@ -22,9 +23,10 @@ from benchmarks.machine import machine_info
 from benchmarks.tensor_envs import report
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = {  # script -> its flags (the learning test's budget)
-    "pqn_cpu": ("--total-timesteps", "122880"),
-    "dqn_cpu": ("--total-timesteps", "60000"),
+RUNS = {  # script -> its flags (the learning test's budget; ppo_lstm's default budget)
+    "pqn_cpu": ("--total-timesteps", "122880", "--threads", "1"),
+    "dqn_cpu": ("--total-timesteps", "60000", "--threads", "1"),
+    "ppo_lstm": ("--total-timesteps", "200000"),  # one thread on a CPU by itself
 }
 
 
@@ -52,7 +54,6 @@ def train(script, flags, seed, tensor, folder):
         summary = json.loads(done[-1].read_text())
         return dict(seed=seed, return_mean=summary["return_mean"], sps=summary["sps"])
     command = [sys.executable, str(ROOT / "leanrl" / f"{script}.py"), *flags, "--seed", str(seed)]
-    command += ["--threads", "1"]
     command += ["--tensor-envs"] if tensor else []
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -84,15 +84,20 @@ class Args(CudaFlags):
 
 def make_wrap(obs_indices, obs_rms=None):
     """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
-    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen."""
+    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On the
+    tensor envs, the same on the whole batch, with one set of statistics."""
 
     def wrap(env):
-        env = gym.wrappers.FlattenObservation(env)
+        tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once
+        env = env if tensor else gym.wrappers.FlattenObservation(env)
+        entries = (env.single_observation_space if tensor else env.observation_space).shape[0]
+        if not all(-entries <= i < entries for i in obs_indices):
+            indices = " ".join(map(str, obs_indices))
+            fail(f"--obs-indices {indices}: the observation has {entries} entries")
+        if tensor:
+            return env.normalized(obs_indices)
         if obs_indices:
             space, keep = env.observation_space, list(obs_indices)
-            if not all(-space.shape[0] <= i < space.shape[0] for i in keep):
-                indices, entries = " ".join(map(str, keep)), space.shape[0]
-                fail(f"--obs-indices {indices}: the observation has {entries} entries")
             visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
         # the hidden task's inputs are small: unnormalized, it learned nothing
@@ -165,7 +170,10 @@ def observed_indices(env_id, obs_indices):
 
 
 def obs_rms_of(envs):
-    """The first env's normalization statistics, saved with the model."""
+    """The first env's normalization statistics (the tensor envs': the batch's), saved with the
+    model."""
+    if hasattr(envs, "obs_rms"):  # the tensor envs
+        return envs.obs_rms
     rms = envs.envs[0].get_wrapper_attr("obs_rms")
     return {
         "mean": torch.tensor(rms.mean),
@@ -258,15 +266,16 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)
-    run = Run(args, "ppo_lstm", policy_flags=("env_id", "obs_indices", "memory"))
+    run = Run(args, "ppo_lstm", policy_flags=("env_id", "obs_indices", "memory"), tensor_envs=True)
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     wrap = make_wrap(args.obs_indices)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap)
+    tensor = dict(tensor=args.tensor_envs, device=device)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap, **tensor)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         space = type(envs.single_action_space).__name__
         fail(f"--env-id {args.env_id!r} has a {space} action space; this PPO needs a Discrete one")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(envs.single_observation_space.shape))
     learner = make_learner(args, n_obs, int(envs.single_action_space.n), device)
     agent, optimizer = learner.agent, learner.optimizer

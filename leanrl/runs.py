@@ -154,7 +154,8 @@ def make_envs(
     wrappers; its first env records videos to the folder `videos`: gymnasium's schedule in
     training, the first `video_episodes` in an evaluation. With `tensor`, the same as batched
     tensors on `device` (tensor_envs.py), which take and return tensors, their step compiled whole
-    with `compile` (a few envs step faster so than gymnasium's on a CPU)."""
+    with `compile` (a few envs step faster so than gymnasium's on a CPU), and `wrap(envs)` takes
+    the whole batch."""
     if tensor:
         try:
             from tensor_envs import TENSOR_ENVS, make_tensor_envs
@@ -163,13 +164,13 @@ def make_envs(
         if env_id not in TENSOR_ENVS:
             there = ", ".join(TENSOR_ENVS)
             fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
-        if videos is not None or wrap is not None:
-            fail("--tensor-envs cannot record videos or take this script's env wrappers")
+        if videos is not None:
+            fail("--tensor-envs cannot record videos")
         envs = make_tensor_envs(env_id, num_envs, device, seed)
         envs.action_space.seed(seed)
         if compile:
             envs.step = torch.compile(envs.step, fullgraph=True)
-        return envs
+        return wrap(envs) if wrap else envs
 
     def make_env(seed, video_dir):
         def thunk():
@@ -1347,8 +1348,8 @@ class VideoRecorder:
 
 def episode_starts(terminations, truncations, memory):
     """1 where an episode ended; 1 everywhere without `memory`."""
-    dones = np.logical_or(terminations, truncations)
-    return dones if memory else np.ones_like(dones)
+    dones = terminations | truncations  # numpy's arrays or the tensor envs' tensors
+    return dones if memory else dones | True
 
 
 def evaluate_recurrent(agent, envs, episodes, seed, state, memory, device):

@@ -134,6 +134,10 @@ class TensorEnv(gym.vector.VectorEnv):
     def observe(self, state):
         return state.clone()
 
+    def normalized(self, keep=(), obs_rms=None):
+        """These envs with their observations cut, normalized and clipped (NormalizeObservation)."""
+        return NormalizeObservation(self, keep, obs_rms)
+
     def state_dict(self):
         names = ("state", "elapsed", "episode_return", "episode_length", "keys", "draws")
         return {name: getattr(self, name).clone() for name in names}
@@ -335,6 +339,72 @@ class Pendulum(TensorEnv):
     def observe(self, state):
         th, thdot = state.unbind(1)
         return torch.stack([torch.cos(th), torch.sin(th), thdot], dim=1)
+
+
+class NormalizeObservation(gym.vector.VectorWrapper):
+    """The observation cut to the entries `keep` (all if empty), normalized by a running mean and
+    variance and clipped to [-10, 10]: gymnasium's NormalizeObservation, as the recurrent PPO
+    scripts wrap each env, on the whole batch. One set of statistics for the batch, updated with
+    every observation a step returns (as gymnasium's vector NormalizeObservation), normalizes the
+    true final observations too. Given `obs_rms` (a trained agent's mean, var and count), frozen."""
+
+    whole_state = True
+    clip, epsilon = 10.0, 1e-8
+
+    def __init__(self, envs, keep=(), obs_rms=None):
+        super().__init__(envs)
+        entries = envs.single_observation_space.shape[0]
+        self.keep = torch.tensor(list(keep or range(entries)), device=envs.device)
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (len(self.keep),))
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, envs.num_envs
+        )
+        like = dict(device=envs.device, dtype=torch.float64)
+        self.mean, self.var = (
+            torch.zeros(len(self.keep), **like),
+            torch.ones(len(self.keep), **like),
+        )
+        self.count = torch.tensor(1e-4, **like)  # gymnasium's RunningMeanStd starts so
+        self.update = obs_rms is None
+        if obs_rms is not None:
+            for name in ("mean", "var", "count"):
+                getattr(self, name).copy_(torch.as_tensor(obs_rms[name]))
+
+    @property
+    def obs_rms(self):
+        """The statistics, as the scripts save them with a model."""
+        return {name: getattr(self, name).cpu() for name in ("mean", "var", "count")}
+
+    def observations(self, obs, update):
+        obs = obs[:, self.keep].double()
+        if update:  # Chan et al.'s parallel update of the mean and variance, in place
+            batch_mean, batch_var, n = obs.mean(0), obs.var(0, correction=0), obs.shape[0]
+            delta, total = batch_mean - self.mean, self.count + n
+            m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
+            self.mean.add_(delta * n / total)
+            self.var.copy_(m2 / total)
+            self.count.copy_(total)
+        normalized = (obs - self.mean) / torch.sqrt(self.var + self.epsilon)
+        return normalized.float().clamp(-self.clip, self.clip)
+
+    def reset(self, *, seed=None, options=None):
+        obs, infos = self.env.reset(seed=seed, options=options)
+        return self.observations(obs, self.update), infos
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, infos = self.env.step(actions)
+        obs = self.observations(obs, self.update)
+        infos["final_obs"] = self.observations(infos["final_obs"], update=False)
+        return obs, reward, terminated, truncated, infos
+
+    def state_dict(self):
+        stats = {name: getattr(self, name).clone() for name in ("mean", "var", "count")}
+        return {"envs": self.env.state_dict()} | stats
+
+    def load_state_dict(self, state):
+        self.env.load_state_dict(state["envs"])
+        for name in ("mean", "var", "count"):
+            getattr(self, name).copy_(state[name])
 
 
 TENSOR_ENVS = {

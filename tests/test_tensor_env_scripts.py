@@ -1,5 +1,6 @@
 """The scripts with `--tensor-envs`: each trains and logs its episodes, a stopped run resumes bit
-for bit (the envs' state and reset draws travel in the checkpoint), a value they cannot serve is
+for bit (the envs' state, reset draws and observation statistics travel in the checkpoint), a
+recurrent model trained on them plays gymnasium's env, a value they cannot serve is
 refused before training, and PQN's rollout step on the device compiles whole without a host
 sync."""
 
@@ -22,6 +23,7 @@ DQN += ("--buffer-size", 1000, "--target-network-frequency", 50)
 PQN = ("--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32)
 PQN += ("--num-minibatches", 2, "--update-epochs", 2)
 OFF_POLICY = ("--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 32)
+RECURRENT = ("--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32, "--update-epochs", 2)
 SMOKE = {
     "dqn": DQN,
     "dqn_torchcompile": DQN,
@@ -36,6 +38,10 @@ SMOKE = {
     "td3_continuous_action": ("--env-id", "Pendulum-v1", *OFF_POLICY),
     "td3_continuous_action_torchcompile": ("--env-id", "Pendulum-v1", *OFF_POLICY),
     "td3_continuous_action_cpu": ("--env-id", "Pendulum-v1", *OFF_POLICY, "--no-compile"),
+    "ppo_lstm": RECURRENT,
+    "ppo_lstm_torchcompile": RECURRENT,
+    "ppo_mingru": (*RECURRENT, "--no-memory"),
+    "ppo_mingru_torchcompile": RECURRENT,
 }
 
 
@@ -50,7 +56,7 @@ def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
 
 
 # script -> the vector step at which the stopped run gets its SIGTERM
-RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64}
+RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64, "ppo_lstm": 48}
 
 
 @pytest.mark.parametrize("script", RESUMED)
@@ -85,11 +91,25 @@ def test_a_rollout_larger_than_the_device_is_refused(refused):
     refused("pqn_torchcompile", flags, ("--num-envs", "--num-steps", "GiB"))
 
 
-@pytest.mark.parametrize("script", ["ppo_lstm", "ppo_continuous_action_cpu"])
-def test_a_script_without_them_refuses_the_flag(script, refused):
-    """The recurrent PPO scripts hide velocities with their own wrappers and PPO continuous
-    normalizes with gymnasium's: they train on gymnasium's envs and say so."""
+def test_a_script_without_them_refuses_the_flag(refused):
+    """PPO continuous normalizes with gymnasium's wrappers: it trains on gymnasium's envs and says
+    so."""
+    script = "ppo_continuous_action_cpu"
     refused(script, ("--tensor-envs",), ("--tensor-envs", script, "gymnasium"))
+
+
+def test_a_recurrent_model_trained_on_them_plays_gymnasiums_env(tmp_path):
+    """The batch's normalization statistics travel with the model; its evaluation runs on
+    gymnasium's env through the script's own wrappers, frozen at those statistics."""
+    trained = summary(
+        run_script("ppo_lstm", *RECURRENT, "--tensor-envs", "--save-model", cwd=tmp_path)
+    )
+    obs_rms = torch.load(trained["model_file"], weights_only=True)["model"]["obs_rms"]
+    assert obs_rms["mean"].shape == (2,) and obs_rms["count"] > 256
+    assert obs_rms["var"].min() > 0 and obs_rms["mean"].abs().max() > 0
+    flags = ("--eval-model", trained["model_file"], "--eval-episodes", "2")
+    played = summary(run_script("ppo_lstm", *flags, cwd=tmp_path))
+    assert len(played["eval_returns"]) == 2 and min(played["eval_returns"]) >= 1
 
 
 def pqn_rollout(num_envs, num_steps, seed=1):

@@ -251,3 +251,37 @@ def test_gymnasium_makes_them():
     assert isinstance(envs, tensor_envs.Pendulum) and envs.num_envs == 3
     same = tensor_envs.make_tensor_envs("Pendulum-v1", 3, seed=4)
     assert torch.equal(envs.reset()[0], same.reset()[0])
+
+
+def test_normalized_observations_follow_gymnasiums_running_statistics():
+    """`normalized(keep)`: the kept entries, normalized by gymnasium's RunningMeanStd updated with
+    every batch a step returns, clipped to 10; the true final observations by the same statistics,
+    uncounted; no host sync; frozen at a trained agent's statistics."""
+    envs = tensor_envs.make_tensor_envs("CartPole-v1", 16, seed=3, dtype=torch.float64)
+    normalized = tensor_envs.make_tensor_envs("CartPole-v1", 16, seed=3).normalized((0, 2))
+    rms = gym.wrappers.utils.RunningMeanStd(shape=(2,))
+
+    def expected(obs, update):
+        obs = obs[:, [0, 2]].numpy()
+        if update:
+            rms.update(obs)
+        return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -10, 10)
+
+    close = dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(normalized.reset()[0], expected(envs.reset()[0], True), **close)
+    ends = 0
+    for _ in range(40):
+        actions = torch.ones(16, dtype=torch.long)
+        obs, *_, infos = envs.step(actions)
+        ours, *_, our_infos = normalized.step(actions)
+        np.testing.assert_allclose(ours, expected(obs, True), **close)
+        final, done = expected(infos["final_obs"], False), infos["_final_obs"]
+        np.testing.assert_allclose(our_infos["final_obs"][done], final[done.numpy()], **close)
+        ends += int(done.sum())
+    assert ends > 16 and normalized.obs_rms["count"] == rms.count
+    assert_no_host_sync(normalized.step, lambda: (actions,), compiled=False)
+    frozen = tensor_envs.make_tensor_envs("CartPole-v1", 16, seed=3).normalized(
+        (0, 2), normalized.obs_rms
+    )
+    frozen.step(actions)
+    torch.testing.assert_close(frozen.obs_rms, normalized.obs_rms)
