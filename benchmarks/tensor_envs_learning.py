@@ -1,25 +1,26 @@
-"""Learning on the tensor envs beside gymnasium's: the same script, seeds and budget, with and
-without `--tensor-envs`, and a two-sided Mann-Whitney test of the final returns (the mean of the
-last 20 training episodes).
+"""Learning and speed on the tensor envs beside gymnasium's: the same script, seeds and budget,
+with and without `--tensor-envs` in turn, and a two-sided Mann-Whitney test of the final returns
+(the mean of the last 20 training episodes).
 
     python -m benchmarks.tensor_envs_learning --jobs 2  # pqn_cpu, dqn_cpu and ppo_lstm, seeds 1-10
 
-The budgets are the learning tests' (tests/test_pqn.py, tests/test_dqn.py), and ppo_lstm's default
-on its velocity-hidden CartPole. Prints one line per
-run and `TENSOR_ENVS_LEARNING {json}`; `--out` writes the JSON.
+The budgets are the learning tests' (tests/test_pqn.py, tests/test_dqn.py), ppo_lstm's default on
+its velocity-hidden CartPole, and for pqn_torchcompile a speed check at 64 envs. Prints one line
+per run and `TENSOR_ENVS_LEARNING {json}`; `--out` writes the JSON.
 """
 
 import argparse
-import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from benchmarks.machine import machine_info
+from benchmarks.report import mann_whitney
 from benchmarks.tensor_envs import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,24 +28,10 @@ RUNS = {  # script -> its flags (the learning test's budget; ppo_lstm's default 
     "pqn_cpu": ("--total-timesteps", "122880", "--threads", "1"),
     "dqn_cpu": ("--total-timesteps", "60000", "--threads", "1"),
     "ppo_lstm": ("--total-timesteps", "200000"),  # one thread on a CPU by itself
+    # the whole rollout compiled (tensor envs) against stepping gymnasium's envs: the speed
+    "pqn_torchcompile": ("--compile", "--num-envs", "64", "--num-steps", "32")
+    + ("--total-timesteps", "204800"),
 }
-
-
-def mann_whitney(a, b):
-    """U of `a` against `b` and its exact two-sided p-value (every split of the pooled values,
-    ties counted half), for samples of a few tens."""
-    pooled = list(a) + list(b)
-    observed = sum((x > y) + 0.5 * (x == y) for x in a for y in b)
-    centre = len(a) * len(b) / 2
-    splits = list(itertools.combinations(range(len(pooled)), len(a)))
-    extreme = 0
-    for split in splits:
-        chosen = set(split)
-        left = [pooled[i] for i in chosen]
-        right = [pooled[i] for i in range(len(pooled)) if i not in chosen]
-        value = sum((x > y) + 0.5 * (x == y) for x in left for y in right)
-        extreme += abs(value - centre) >= abs(observed - centre) - 1e-9
-    return observed, extreme / len(splits)
 
 
 def train(script, flags, seed, tensor, folder):
@@ -78,19 +65,22 @@ def main(argv=None):
     result = dict(machine=machine_info(), scripts={})
     with ThreadPoolExecutor(args.jobs) as pool:
         for script in args.scripts:
-            runs = {}
-            for tensor in (False, True):
-                kind = "tensor" if tensor else "gymnasium"
-                seeds = range(args.first_seed, args.first_seed + args.seeds)
-                folders = [args.work_dir / f"{script}-{kind}-{s}" for s in seeds]
-                jobs = [(script, RUNS[script], s, tensor, f) for s, f in zip(seeds, folders)]
-                runs[kind] = list(pool.map(lambda job: train(*job), jobs))
-                for run in runs[kind]:
-                    print(script, kind, run, flush=True)
+            # with and without the flag alternating, seed by seed: a busy machine slows both
+            seeds = range(args.first_seed, args.first_seed + args.seeds)
+            jobs = [(seed, kind) for seed in seeds for kind in ("gymnasium", "tensor")]
+            folders = [args.work_dir / f"{script}-{kind}-{seed}" for seed, kind in jobs]
+            tensor = [kind == "tensor" for _, kind in jobs]
+            one = partial(train, script, RUNS[script])
+            done = pool.map(one, [seed for seed, _ in jobs], tensor, folders)
+            runs = {"gymnasium": [], "tensor": []}
+            for (_, kind), run in zip(jobs, done):
+                runs[kind].append(run)
+                print(script, kind, run, flush=True)
             returns = {kind: [r["return_mean"] for r in rs] for kind, rs in runs.items()}
             u, p = mann_whitney(returns["tensor"], returns["gymnasium"])
             stats = {
                 kind: dict(mean=statistics.mean(r), std=statistics.stdev(r), min=min(r), max=max(r))
+                | dict(sps=statistics.mean(run["sps"] for run in runs[kind]))
                 for kind, r in returns.items()
             }
             result["scripts"][script] = dict(flags=RUNS[script], runs=runs, stats=stats, u=u, p=p)

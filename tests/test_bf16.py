@@ -16,6 +16,7 @@ from test_pqn import make_minibatch as pqn_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
 from test_td3_continuous_action import make_batch as td3_batch
 
+from benchmarks import report
 from benchmarks.studies import bf16 as bf16_study
 
 runs = load_script("runs")
@@ -101,11 +102,11 @@ def test_mann_whitney_is_exact_and_counts_ties_at_mid_ranks(monkeypatch):
     rng = np.random.default_rng(0)
     a, b = rng.normal(0, 1, 10), rng.normal(1, 1, 10)
     expected = scipy_stats.mannwhitneyu(a, b, alternative="two-sided", method="exact")
-    assert bf16_study.mann_whitney(a, b) == pytest.approx((expected.statistic, expected.pvalue))
-    assert bf16_study.mann_whitney([1, 2], [3, 4]) == pytest.approx((0.0, 2 / 6))
-    assert bf16_study.mann_whitney([1, 1], [1, 1]) == (2.0, 1.0)
-    monkeypatch.setattr(bf16_study, "EXACT_SPLITS", 50_000)  # below C(20, 10)
-    assert bf16_study.mann_whitney(a, b)[1] == pytest.approx(expected.pvalue, abs=0.01)
+    assert report.mann_whitney(a, b) == pytest.approx((expected.statistic, expected.pvalue))
+    assert report.mann_whitney([1, 2], [3, 4]) == pytest.approx((0.0, 2 / 6))
+    assert report.mann_whitney([1, 1], [1, 1]) == (2.0, 1.0)
+    monkeypatch.setattr(report, "EXACT_SPLITS", 50_000)  # below C(20, 10)
+    assert report.mann_whitney(a, b)[1] == pytest.approx(expected.pvalue, abs=0.01)
 
 
 def test_bf16_study_rows_and_table():

@@ -17,8 +17,6 @@ bfloat16 (AMX or AVX-512 BF16). Writes benchmarks/results/bf16-<time>.{json,md} 
 """
 
 import argparse
-import itertools
-import math
 import statistics
 import subprocess
 import sys
@@ -27,10 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, mann_whitney, write_result
 from benchmarks.run import BenchmarkError, failure, note
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.seeds import read_summary
@@ -44,36 +40,6 @@ ALGOS = {
 }
 QUICK = ("--env-id", "Pendulum-v1", "--total-timesteps", "500", "--learning-starts", "300")
 QUICK += ("--batch-size", "32", "--no-compile")
-EXACT_SPLITS = 2_000_000  # beyond this many splits, the p-value from as many random ones
-
-
-def midranks(x):
-    """The ranks of `x` from 1, tied values sharing the mean of their ranks."""
-    x = np.asarray(x, dtype=float)
-    ranks = np.empty(len(x))
-    ranks[np.argsort(x, kind="stable")] = np.arange(1, len(x) + 1)
-    for value in np.unique(x):
-        ranks[x == value] = ranks[x == value].mean()
-    return ranks
-
-
-def mann_whitney(a, b, seed=0):
-    """Mann-Whitney's U of `a` against `b` and its two-sided p-value: the share of the splits of the
-    pooled values into groups of len(a) and len(b) whose U lies at least as far from its mean,
-    n_a * n_b / 2, as the observed one (every split, or EXACT_SPLITS random ones)."""
-    n, ranks = len(a), midranks([*a, *b])
-    total = len(ranks)
-    if math.comb(total, n) <= EXACT_SPLITS:
-        splits = np.array(list(itertools.combinations(range(total), n)))
-    else:
-        rng = np.random.default_rng(seed)
-        splits = rng.permuted(np.tile(np.arange(total), (EXACT_SPLITS, 1)), axis=1)[:, :n]
-    u = ranks[splits].sum(1) - n * (n + 1) / 2
-    observed = ranks[:n].sum() - n * (n + 1) / 2
-    middle = n * len(b) / 2
-    # a split as extreme as the observed one, up to rounding in the sums
-    p = np.mean(np.abs(u - middle) >= abs(observed - middle) - 1e-9)
-    return float(observed), float(p)
 
 
 def command(algo, seed, bf16, threads, quick):
