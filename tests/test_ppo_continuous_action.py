@@ -32,14 +32,7 @@ EAGER, TWIN, CPU = (
 PENDULUM = ("--env-id", "Pendulum-v1")
 SMOKE = (
     *PENDULUM,
-    "--total-timesteps",
-    "640",
-    "--num-steps",
-    "64",
-    "--num-minibatches",
-    "2",
-    "--update-epochs",
-    "2",
+    *"--total-timesteps 640 --num-steps 64 --num-minibatches 2 --update-epochs 2".split(),
 )
 CPU_DEVICE = torch.device("cpu")
 # gymnasium's `module:EnvId` form: gym.make imports the module, then makes the env it registers
@@ -80,24 +73,14 @@ def test_several_envs_log_every_episode(script, flags):
     flags = (
         "--env-id",
         MODULE_PENDULUM,
-        "--total-timesteps",
-        "800",
-        "--num-steps",
-        "100",
-        "--num-envs",
-        "2",
+        *"--total-timesteps 800 --num-steps 100 --num-envs 2".split(),
         *flags,
     )
     result = summary(
         run_script(
             script,
             *flags,
-            "--num-minibatches",
-            "4",
-            "--update-epochs",
-            "1",
-            "--measure-burnin",
-            "1",
+            *"--num-minibatches 4 --update-epochs 1 --measure-burnin 1".split(),
         )
     )
     assert (

@@ -23,15 +23,8 @@ EAGER, TWIN, CPU = (
     "td3_continuous_action_cpu",
 )
 # 3 Pendulum episodes of 200 steps; 100 critic steps and 50 actor steps after the random phase
-SMOKE = (
-    "--env-id",
-    "Pendulum-v1",
-    "--total-timesteps",
-    "600",
-    "--learning-starts",
-    "500",
-    "--batch-size",
-    "32",
+SMOKE = tuple(
+    "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()
 )
 N_OBS, N_ACT = 3, 2
 LOW, HIGH = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)  # the action bounds of the networks built here
@@ -342,15 +335,8 @@ def test_cpu_script_learns_pendulum():
     seeds 1-10: -494.8 to -152.7 (seed 1: -152.7; with one compiled call a step, on a Zen 4 EPYC:
     -365.4 to -220.7, seed 1 -237.9); with `--gamma 0` (a critic that never
     bootstraps), seed 1: -1369.4. A random policy scores about -1200 on Pendulum-v1."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "10000",
-        "--learning-starts",
-        "1000",
-        "--seed",
-        "1",
+    flags = tuple(
+        "--env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000 --seed 1".split()
     )
     result = summary(run_script(CPU, *flags))
     assert result["episodes"] == 50
