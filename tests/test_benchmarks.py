@@ -145,10 +145,7 @@ def main_args(scripts, out, *extra):
     """`benchmarks.run` arguments for SAC's quick budget with the scripts in `scripts`, results into
     `out`."""
     return [
-        "--algos",
-        "sac",
-        "--quick",
-        "--env-seconds",
+        *"--algos sac --quick --env-seconds".split(),
         ENV_SECONDS,
         "--scripts-dir",
         str(scripts),
@@ -215,12 +212,7 @@ def test_command_adds_budget_seed_then_variant_flags(tmp_path):
     assert cmd == [
         sys.executable,
         str(tmp_path / "fake_torchcompile.py"),
-        "--q",
-        "--seed",
-        "5",
-        "--compile",
-        "--threads",
-        "1",
+        *"--q --seed 5 --compile --threads 1".split(),
     ]
     eager_variant = next(v for v in VARIANTS if v.name == "eager")
     assert run.command(algo, eager_variant, tmp_path, quick=False, seed=1)[1:] == [
@@ -679,10 +671,7 @@ def test_seeds_benchmark_runs_each_n_against_p_single_seed_processes_and_writes_
         (tmp_path / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
     out = tmp_path / "out"
     argv = [
-        "--quick",
-        "--algos",
-        "dqn",
-        "--scripts-dir",
+        *"--quick --algos dqn --scripts-dir".split(),
         str(tmp_path),
         "--out-dir",
         str(out),

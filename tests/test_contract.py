@@ -37,15 +37,8 @@ MODULE_ENV_IDS = {
     "ppo_mingru": "gymnasium.envs.classic_control:CartPole-v1",
 }
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
-PENDULUM_SMOKE = (
-    "--env-id",
-    "Pendulum-v1",
-    "--total-timesteps",
-    "600",
-    "--learning-starts",
-    "500",
-    "--batch-size",
-    "32",
+PENDULUM_SMOKE = tuple(
+    "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()
 )
 
 

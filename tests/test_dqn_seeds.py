@@ -2,11 +2,11 @@
 that member's parameters, Adam state and batch (eager and compiled, with no recompilation); a
 member's update does not depend on another member's batch; each member starts from the weights
 dqn_cpu.py draws with its seed; the numpy policy is the vmapped torch Q network and flips one coin
-per member; every member of a short run learns; the per-member summary, model files a single-seed
+per member; every member learns (a long check); the per-member summary, model files a single-seed
 script evaluates, and bad inputs.
 
 Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test (the update compiled
-once) and the learning check. The rest run in a few seconds each.
+once); the learning check is long (LEANRL_LONG_TESTS=1). The rest run in a few seconds each.
 """
 
 from pathlib import Path
@@ -14,7 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_every_member_replays, load_script, run_script, summary
+from conftest import (
+    assert_every_member_replays,
+    load_script,
+    long_learning,
+    run_script,
+    summary,
+)
 from test_dqn import make_batch
 
 SEEDS = [1, 2, 3]
@@ -333,7 +339,7 @@ def test_finished_episodes_are_counted_per_member():
     assert finished_member_episodes({}, 3) == [[], [], []]
 
 
-@pytest.mark.learning
+@long_learning
 def test_the_members_learn_cartpole():
     """Three members (seeds 2, 3, 4) as a user runs them (the compiled update, numpy acting), at
     the budget of test_dqn.py's learning check: 60k steps each; the mean over members of each
@@ -342,7 +348,10 @@ def test_the_members_learn_cartpole():
     `--seed` 2, 5, ..., 29 (30 members, one thread): members 135 to 492 (median 245), the runs'
     3-member means 189.5 to 336.7 (this run's: 226.2). With `--gamma 0` (a target that never
     bootstraps) the members stay far below (see test_dqn.py). A bar on each member (150 until
-    this bar) failed one run in four."""
+    this bar) failed one run in four. Long (62 s here), as the other seeds scripts' checks; in
+    the suite the same promise is guarded by test_dqn.py's learning check (dqn_cpu.py, the same
+    algorithm and budget) and by test_each_members_update_is_the_single_seed_update_on_its_inputs_
+    eager_and_compiled (each member's update is dqn_cpu.py's on its inputs)."""
     s = summary(run_script("dqn_seeds", "--num-seeds", 3, "--seed", 2, "--total-timesteps", 60_000))
     assert s["compile"] is True and s["seeds"] == [2, 3, 4] and s["total_timesteps"] == 60_000
     assert np.mean(s["return_means"]) > 100, s["return_means"]

@@ -147,16 +147,7 @@ def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_com
     td3 = learning.runs("td3_continuous_action_seeds", "Hopper-v4", 300_000, (1, 2, 3))
     walker = learning.runs("ppo_continuous_action_cpu", "Walker2d-v4", 1_000_000, (1,))
     assert len(ppo) == 1 and ppo[0].command(Path("s"), 10)[2:] == [
-        *(
-            "--env-id",
-            "Hopper-v4",
-            "--total-timesteps",
-            "1000000",
-            "--seed",
-            "1",
-            "--num-seeds",
-            "3",
-        ),
+        *"--env-id Hopper-v4 --total-timesteps 1000000 --seed 1 --num-seeds 3".split(),
         *("--eval-episodes", "10"),
     ]
     write_record(tmp_path, dqn[0], one_seed(1, 500.0, 500.0))

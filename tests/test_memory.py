@@ -19,13 +19,7 @@ def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
     every variant and candidate in every cell, each checked against the loop first, and writes the
     json, markdown and png."""
     argv = [
-        "--quick",
-        "--candidates",
-        "--backend",
-        "aot_eager",
-        "--device",
-        "cpu",
-        "--out",
+        *"--quick --candidates --backend aot_eager --device cpu --out".split(),
         str(tmp_path),
     ]
     assert memory.main(argv) == 0
@@ -77,12 +71,7 @@ def test_memory_benchmark_stops_on_a_scan_that_differs_from_the_loop(tmp_path, c
     with pytest.raises(SystemExit) as stopped:
         memory.main(
             [
-                "--quick",
-                "--backend",
-                "aot_eager",
-                "--device",
-                "cpu",
-                "--scripts-dir",
+                *"--quick --backend aot_eager --device cpu --scripts-dir".split(),
                 str(scripts),
                 "--out",
                 str(tmp_path),

@@ -19,16 +19,7 @@ RECALL = "popgym:popgym-RepeatFirstEasy-v0"
 # the same cards; repeat the card 4 steps back
 RECALL_PREVIOUS = "popgym:popgym-RepeatPreviousEasy-v0"
 # 4 iterations of 2 envs x 64 steps: a 51-step episode ends in each env within the first two
-SMOKE = (
-    "--total-timesteps",
-    "512",
-    "--num-envs",
-    "2",
-    "--num-steps",
-    "64",
-    "--num-minibatches",
-    "1",
-)
+SMOKE = tuple("--total-timesteps 512 --num-envs 2 --num-steps 64 --num-minibatches 1".split())
 SCRIPTS = ("ppo_lstm", "ppo_lstm_torchcompile", "ppo_mingru", "ppo_mingru_torchcompile")
 
 
@@ -80,16 +71,7 @@ def test_random_return_of_the_recall_task():
 
 def test_tasks_tiny_run_writes_the_table(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the scripts' runs/ folders
-    flags = [
-        "--tasks",
-        "repeat-first",
-        "--task-steps",
-        "1024",
-        "--seeds",
-        "1",
-        "--compiled-steps",
-        "0",
-    ]
+    flags = "--tasks repeat-first --task-steps 1024 --seeds 1 --compiled-steps 0".split()
     assert memory.main([*flags, "--out", str(tmp_path)]) == 0
     [path] = tmp_path.glob("memory-tasks-*.json")
     found = json.loads(path.read_text())["tasks"]

@@ -2,6 +2,8 @@
 torch's, GAE bootstraps truncations from envpool's final observation, the twin's update (compiled or
 not) is the eager twin's, nothing recompiles, bad input exits 2."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -12,18 +14,19 @@ from torch.distributions import Categorical
 EAGER, TWIN = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
 # 8 Breakout games x 256 agent steps: random play loses a game in ~120-300 steps, so games end; 8
 # iterations of 32 vector steps, 2 minibatches each
-SMOKE = (
-    "--total-timesteps",
-    "2048",
-    "--num-steps",
-    "32",
-    "--num-minibatches",
-    "2",
-    "--update-epochs",
-    "1",
-    "--measure-burnin",
-    "2",
+SMOKE = tuple(
+    (
+        "--total-timesteps 2048 --num-steps 32 --num-minibatches 2 --update-epochs 1 "
+        "--measure-burnin 2"
+    ).split()
 )
+
+
+@functools.cache
+def twin_smoke_run():
+    """The twin's smoke run, made once a session: test_smoke reads it, and
+    test_ppo_atari_envpool_async.py plays its games again."""
+    return summary(run_script(TWIN, *SMOKE))
 
 
 @pytest.mark.parametrize(
@@ -32,7 +35,8 @@ SMOKE = (
     ids=["eager", "twin", "twin-compile"],
 )
 def test_smoke(script, flags):
-    result = summary(run_script(script, *SMOKE, *flags))
+    result = twin_smoke_run() if (script, flags) == (TWIN, ()) else None
+    result = result or summary(run_script(script, *SMOKE, *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
     assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (

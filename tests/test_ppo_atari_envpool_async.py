@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import load_script, requires_cuda, run_script, summary
 from tensordict import TensorDict
-from test_ppo_atari_envpool import SMOKE, TWIN
+from test_ppo_atari_envpool import SMOKE, TWIN, twin_smoke_run
 
 from benchmarks.standin import StandInEnvs, decode
 
@@ -281,14 +281,14 @@ def test_smoke_compiled_and_the_twin_loads_its_model(tmp_path):
     assert len(evaluated["eval_returns"]) == 1 and evaluated["total_timesteps"] == 0
 
 
-@pytest.mark.slow  # plays the twin's games both ways (21 s here)
+@pytest.mark.slow  # plays the twin's games both ways (21 s here; the twin's run may be shared)
 def test_one_batch_of_all_envs_plays_the_twins_games():
     """With --async-batch-size 8 (= --num-envs) envpool returns all envs in env order, every batch
     is held at a rollout's end and acts after the update, so the script takes the twin's env
     steps with the twin's policy calls in the twin's order (same random numbers): the same
     games, ended at the same steps, with the same scores. One env thread against the twin's
     envpool default: the threads that step the games do not change them."""
-    twin = summary(run_script(TWIN, *SMOKE))
+    twin = twin_smoke_run()  # test_ppo_atari_envpool.py's smoke run, shared
     same = summary(run_script(ASYNC, *SMOKE, "--async-batch-size", "8", "--env-threads", "1"))
     assert (
         same["async_batch_size"] == 8 and same["total_timesteps"] == twin["total_timesteps"] == 2048

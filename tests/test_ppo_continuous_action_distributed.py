@@ -41,18 +41,11 @@ from benchmarks.processes import kill_tree
 SCRIPT, TWIN = "ppo_continuous_action_distributed", "ppo_continuous_action_torchcompile"
 # Pendulum-v1 truncates every 200 steps: 64 vector steps a rollout, 2 minibatches, 2 epochs; on the
 # CPU
-TINY = (
-    "--no-cuda",
-    "--env-id",
-    "Pendulum-v1",
-    "--num-steps",
-    "64",
-    "--num-minibatches",
-    "2",
-    "--update-epochs",
-    "2",
-    "--measure-burnin",
-    "1",
+TINY = tuple(
+    (
+        "--no-cuda --env-id Pendulum-v1 --num-steps 64 --num-minibatches 2 --update-epochs 2 "
+        "--measure-burnin 1"
+    ).split()
 )
 BANNER = re.compile(
     r"rank (\d+) of (\d+) \(local rank (\d+), pid (\d+)\) on (\S+) with (\w+): "
@@ -172,18 +165,10 @@ def test_two_ranks_train_in_lockstep_and_rank_0_reports(launches, tmp_path):
             *standalone(2),
             *TINY,
             *GLOO,
-            "--num-envs",
-            "2",
-            "--total-timesteps",
-            "1280",
-            "--compile",
-            "--target-kl",
-            "0.001",
-            "--save-model",
-            "--eval-episodes",
-            "1",
-            "--dist-timeout",
-            "60",
+            *(
+                "--num-envs 2 --total-timesteps 1280 --compile --target-kl 0.001 --save-model "
+                "--eval-episodes 1 --dist-timeout 60"
+            ).split(),
         )
     )
     result = summary(Finished(run.finish(), run.output))
@@ -220,11 +205,7 @@ def test_rank_and_seed_come_from_RANK_not_LOCAL_RANK(launches):
         launches(
             torchrun_command(
                 [
-                    "--nnodes",
-                    "2",
-                    "--nproc_per_node",
-                    "1",
-                    "--node_rank",
+                    *"--nnodes 2 --nproc_per_node 1 --node_rank".split(),
                     str(node),
                     "--rdzv_backend",
                     "static",
@@ -234,10 +215,7 @@ def test_rank_and_seed_come_from_RANK_not_LOCAL_RANK(launches):
                 SCRIPTS / f"{SCRIPT}.py",
                 *TINY,
                 *GLOO,
-                "--total-timesteps",
-                "1280",
-                "--dist-timeout",
-                "60",
+                *"--total-timesteps 1280 --dist-timeout 60".split(),
             )
         )
         for node in (0, 1)
@@ -287,18 +265,10 @@ def test_a_whole_run_of_two_ranks_is_one_process_with_both_ranks_envs(launches):
     flags = (
         *TINY[:3],
         *GLOO,
-        "--num-steps",
-        "64",
-        "--num-minibatches",
-        "4",
-        "--update-epochs",
-        "2",
-        "--total-timesteps",
-        "128",
-        "--no-norm-adv",
-        "--save-model",
-        "--measure-burnin",
-        "0",
+        *(
+            "--num-steps 64 --num-minibatches 4 --update-epochs 2 --total-timesteps 128 "
+            "--no-norm-adv --save-model --measure-burnin 0"
+        ).split(),
     )
     run = launches(torchrun_command(*standalone(2, HELPER), "main", *flags, "--num-envs", "1"))
     ranks = summary(Finished(run.finish(), run.output))

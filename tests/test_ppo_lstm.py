@@ -22,17 +22,10 @@ EAGER, TWIN = "ppo_lstm", "ppo_lstm_torchcompile"
 # policy last ~20 steps, so several end. The compiled functions' shapes (8 steps of 2 envs, acting
 # on 2 envs) are those of the unit tests below, which then find the smoke run's kernels in the
 # compile cache.
-SMOKE = (
-    "--total-timesteps",
-    "96",
-    "--num-envs",
-    "2",
-    "--num-steps",
-    "8",
-    "--num-minibatches",
-    "1",
-    "--update-epochs",
-    "1",
+SMOKE = tuple(
+    (
+        "--total-timesteps 96 --num-envs 2 --num-steps 8 --num-minibatches 1 --update-epochs 1"
+    ).split()
 )
 N_OBS, N_ACT = 2, 2  # velocity-hidden CartPole
 

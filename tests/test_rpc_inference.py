@@ -19,18 +19,7 @@ from benchmarks.studies import rpc_inference
 from benchmarks.studies.rpc_inference import QUANTILES, Batcher
 from tests.conftest import ROOT, assert_user_error, script_env
 
-TINY = [
-    "--observers",
-    "2",
-    "--episodes",
-    "2",
-    "--steps",
-    "12",
-    "--warmup-steps",
-    "2",
-    "--check-steps",
-    "3",
-]
+TINY = "--observers 2 --episodes 2 --steps 12 --warmup-steps 2 --check-steps 3".split()
 RUN_KEYS = {
     "policy",
     "observers",
@@ -52,20 +41,9 @@ RUN_KEYS = {
     "check_after_update",
     "repeat",
 }
-FAULT_RUN = [
-    "--policies",
-    "dqn",
-    "--observers",
-    "2",
-    "--episodes",
-    "1000",
-    "--steps",
-    "200",
-    "--rpc-timeout",
-    "3",
-    "--timeout",
-    "120",
-]
+FAULT_RUN = (
+    "--policies dqn --observers 2 --episodes 1000 --steps 200 --rpc-timeout 3 --timeout 120"
+).split()
 # The launcher's own --timeout bounds a faulty run, whatever the fault: the test waits past it, so
 # that a slow machine (CI once took over 60 s here) shows the benchmark's own failure line rather
 # than the test's timeout.
@@ -408,13 +386,7 @@ def test_bad_input_from_the_shell_starts_nothing(tmp_path):
         sys.executable,
         "-m",
         "benchmarks.studies.rpc_inference",
-        "--observers",
-        "4",
-        "--compile",
-        "off,on",
-        "--batch",
-        "off,on",
-        "--out",
+        *"--observers 4 --compile off,on --batch off,on --out".split(),
         str(tmp_path),
     ]
     proc = subprocess.run(

@@ -15,60 +15,27 @@ import torch
 from conftest import SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
 
 PENDULUM = ("--env-id", "Pendulum-v1")
-RECURRENT = (
-    "--total-timesteps",
-    "96",
-    "--num-envs",
-    "2",
-    "--num-steps",
-    "8",
-    "--num-minibatches",
-    "1",
-)
+RECURRENT = tuple("--total-timesteps 96 --num-envs 2 --num-steps 8 --num-minibatches 1".split())
 # tiny training runs that reach the updates, per algorithm; the first two flags, where they name the
 # env, are what a replay of the saved model needs
 BUDGETS = {
     "sac_continuous_action": (
         *PENDULUM,
-        "--total-timesteps",
-        "600",
-        "--learning-starts",
-        "500",
-        "--batch-size",
-        "32",
+        *"--total-timesteps 600 --learning-starts 500 --batch-size 32".split(),
     ),
     "td3_continuous_action": (
         *PENDULUM,
-        "--total-timesteps",
-        "600",
-        "--learning-starts",
-        "500",
-        "--batch-size",
-        "32",
+        *"--total-timesteps 600 --learning-starts 500 --batch-size 32".split(),
     ),
     "dqn": ("--total-timesteps", "1500", "--learning-starts", "1000"),
     "ppo_continuous_action": (
         *PENDULUM,
-        "--total-timesteps",
-        "640",
-        "--num-steps",
-        "64",
-        "--num-minibatches",
-        "2",
+        *"--total-timesteps 640 --num-steps 64 --num-minibatches 2".split(),
     ),
     "ppo_lstm": (*RECURRENT, "--update-epochs", "1"),
     "ppo_mingru": (*RECURRENT, "--update-epochs", "1"),
 }
-ATARI = (
-    "--total-timesteps",
-    "512",
-    "--num-steps",
-    "32",
-    "--num-minibatches",
-    "2",
-    "--update-epochs",
-    "1",
-)
+ATARI = tuple("--total-timesteps 512 --num-steps 32 --num-minibatches 2 --update-epochs 1".split())
 # each algorithm's scripts in a ring: a model one of them saves is replayed by the next one
 FAMILIES = {
     "sac_continuous_action": ["", "_torchcompile", "_cpu"],

@@ -15,15 +15,8 @@ EAGER, TWIN, CPU = (
     "sac_continuous_action_cpu",
 )
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
-SMOKE = (
-    "--env-id",
-    "Pendulum-v1",
-    "--total-timesteps",
-    "600",
-    "--learning-starts",
-    "500",
-    "--batch-size",
-    "32",
+SMOKE = tuple(
+    "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()
 )
 N_OBS, N_ACT = 3, 1
 LOW, HIGH = -2 * np.ones(N_ACT), 2 * np.ones(N_ACT)
@@ -293,15 +286,8 @@ def test_the_cpu_script_learns_pendulum():
     the eager script -264.9 to -115.5; the seeds script's 12 members at batch 128
     (test_sac_continuous_action_seeds.py) -260.3 to -141.2. A random policy scores about -1200
     on Pendulum-v1; a broken update stays below -600."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "8000",
-        "--learning-starts",
-        "1000",
-        "--seed",
-        "1",
+    flags = tuple(
+        "--env-id Pendulum-v1 --total-timesteps 8000 --learning-starts 1000 --seed 1".split()
     )
     result = summary(run_script(CPU, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["episodes"] == 40
