@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
+from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
+from runs import CudaFlags, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
 from torch.distributions.normal import Normal
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

@@ -26,18 +26,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    RankRun,
-    collective,
-    evaluate,
-    fail,
-    finished_episodes,
-    make_envs,
-    true_next_obs,
-)
+from ranks import RankRun, collective
+from runs import CudaFlags, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

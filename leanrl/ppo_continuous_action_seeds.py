@@ -35,13 +35,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
+from runs import CudaFlags, fail
+from seeds import (
     SeedsRun,
-    ThreadFlags,
     check_memory,
-    evaluate,
-    fail,
     finished_member_episodes,
     flat,
     member_values,
@@ -51,7 +48,9 @@ from runs import (
 )
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
+from threads import ThreadFlags
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from vector_envs import evaluate
 
 
 @dataclass

@@ -26,17 +26,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    Run,
+from runs import CudaFlags, Run, fail
+from torch.distributions.categorical import Categorical
+from vector_envs import (
     episode_starts,
     evaluate_recurrent,
-    fail,
     finished_episodes,
     make_envs,
     true_next_obs,
 )
-from torch.distributions.categorical import Categorical
 
 
 @dataclass

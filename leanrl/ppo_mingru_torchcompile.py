@@ -25,18 +25,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    Run,
+from runs import CudaFlags, Run, fail
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+from vector_envs import (
     episode_starts,
     evaluate_recurrent,
-    fail,
     finished_episodes,
     make_envs,
     true_next_obs,
 )
-from tensordict import TensorDict, from_module
-from tensordict.nn import CudaGraphModule
 
 
 @dataclass

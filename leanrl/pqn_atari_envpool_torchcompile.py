@@ -35,7 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
+from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
+from runs import CudaFlags, fail
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 

@@ -29,18 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import (
-    CudaFlags,
-    Episodes,
-    Run,
-    evaluate,
-    fail,
-    finished_episodes,
-    make_envs,
-    true_next_obs,
-)
+from runs import CudaFlags, Run, fail
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
+from vector_envs import Episodes, evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

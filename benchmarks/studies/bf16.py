@@ -174,7 +174,7 @@ def main(argv=None):
             file=sys.stderr,
         )
         sys.exit(2)
-    if not load_script("runs").bf16_native():
+    if not load_script("threads").bf16_native():
         print(
             "error: this CPU computes no bfloat16 natively (AMX or AVX-512 BF16)", file=sys.stderr
         )
