@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions, dqn.py made fast on a CPU (same algorithm, same defaults).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236
 
     python leanrl/dqn_cpu.py                           # the benchmark run, the update compiled

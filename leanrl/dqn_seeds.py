@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions: dqn_cpu.py as `--num-seeds N` runs in one vmapped program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236. Defaults as in dqn_cpu.py, per member.
 
     python leanrl/dqn_seeds.py  # 8 members (seeds 1..8), compiled

@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions, optimized for a GPU: the twin of dqn.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236
 
     python leanrl/dqn_torchcompile.py --compile  # acting and the update compiled

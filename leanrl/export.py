@@ -6,8 +6,9 @@ modules beside it inlined, so that the copy imports nothing from the project:
 The copy holds the script's own lines in their order, then the definitions it imports and those
 they use (the ones its top level needs as it is imported come before its own). The inlined code
 is the modules' code without their docstrings and comments, which stay in the modules; the
-script's usage lines name the copy. A copy of a script run with `--tensor-envs` needs
-tensor_envs.py beside it, and says so in one line without. No run imports this file.
+copy's docstring says what it is an export of, and its usage lines name the copy. A copy run with
+`--tensor-envs` needs tensor_envs.py beside it, and says so in one line without. No run imports
+this file.
 """
 
 import ast
@@ -19,6 +20,12 @@ import tokenize
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 # the modules a copy inlines, each after those it imports
 MODULES = ("runs", "vector_envs", "threads", "seeds", "atari", "ranks")
+# every script's docstring says what it needs, and a copy's what it is
+NEEDS = (
+    "It imports the run modules beside it in leanrl/; "
+    "leanrl/export.py makes a copy that needs none."
+)
+EXPORTED = "Exported from leanrl/{}.py, with the plumbing it uses inlined."
 
 
 def fail(message):
@@ -147,6 +154,7 @@ def export(script_source, modules, script_name, copy_name):
     lines = script_source.splitlines()
     for i in range(docstring.lineno - 1, docstring.end_lineno):  # its usage lines name the copy
         lines[i] = lines[i].replace(usage, copy_name)
+        lines[i] = EXPORTED.format(script_name) if lines[i] == NEEDS else lines[i]
     own_imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     kept = [
         "\n".join(lines[n.lineno - 1 : n.end_lineno])

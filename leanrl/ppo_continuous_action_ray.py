@@ -1,6 +1,8 @@
 """PPO for continuous actions, its rollouts sampled by Ray actors: grown from the optimized twin
 ppo_continuous_action_torchcompile.py, so `diff` against it shows what sampling on Ray changes.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer

@@ -1,6 +1,8 @@
 """PPO for continuous actions: ppo_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps), per
 member.
 

@@ -1,5 +1,7 @@
 """PPO for continuous actions, optimized: the twin of ppo_continuous_action.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     # fastest on a CUDA GPU

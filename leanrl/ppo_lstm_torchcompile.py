@@ -1,5 +1,7 @@
 """Recurrent PPO with an LSTM policy for discrete actions, optimized: the twin of ppo_lstm.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. The agent and update are CleanRL's
 ppo_atari_lstm.py on vector observations. By default it plays CartPole-v1 with both
 velocities hidden: only an agent that remembers past positions balances it well.

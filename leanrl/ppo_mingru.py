@@ -1,5 +1,7 @@
 """Recurrent PPO with a minGRU policy for discrete actions, the eager reference.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Papers: https://arxiv.org/abs/1707.06347 (PPO), https://arxiv.org/abs/2410.01201 (minGRU).
 ppo_lstm.py with its LSTM replaced by two minGRU layers. By default it plays CartPole-v1
 with both velocities hidden: only an agent with memory balances it well.

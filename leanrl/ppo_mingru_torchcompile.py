@@ -1,5 +1,7 @@
 """Recurrent PPO with a minGRU policy for discrete actions, optimized: the twin of ppo_mingru.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Papers: https://arxiv.org/abs/1707.06347 (PPO), https://arxiv.org/abs/2410.01201 (minGRU).
 Same algorithm, defaults and loop as ppo_mingru.py; what changes is the data flow.
 

@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN) on Atari with envpool, optimized: the twin of pqn_atari_envpool.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: see
 pqn_atari_envpool.py.
 

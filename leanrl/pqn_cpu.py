@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN), pqn.py made fast on a CPU (same algorithm, same defaults).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811
 
     python leanrl/pqn_cpu.py               # the benchmark run, the update compiled

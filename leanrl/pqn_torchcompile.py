@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN), optimized for a GPU: the twin of pqn.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: see pqn.py.
 
     python leanrl/pqn_torchcompile.py --compile  # acting, the returns and the update compiled

@@ -1,6 +1,8 @@
 """Soft Actor-Critic for continuous actions, the eager reference (CleanRL's
 sac_continuous_action.py).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. CleanRL's hyperparameters, on LeanRL's benchmark env
 HalfCheetah-v4 for 1M steps (CleanRL's SAC defaults to Hopper-v4).
 

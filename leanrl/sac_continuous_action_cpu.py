@@ -1,6 +1,8 @@
 """Soft Actor-Critic on a CPU, grown from sac_continuous_action_torchcompile.py: `diff` them for the
 CPU lesson.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
     python leanrl/sac_continuous_action_cpu.py  # the benchmark run

@@ -1,5 +1,7 @@
 """Soft Actor-Critic: sac_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the CPU script, per
 member.
 

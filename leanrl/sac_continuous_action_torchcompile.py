@@ -1,6 +1,8 @@
 """Soft Actor-Critic for continuous actions, optimized for a GPU: the twin of
 sac_continuous_action.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # on a CUDA GPU

@@ -1,6 +1,8 @@
 """Twin Delayed DDPG (TD3): td3_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters, env and budget as in the CPU script, per
 member.
 

@@ -14,7 +14,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ALL_SCRIPTS, ROOT, SCRIPTS, assert_user_error, script_env, summary
+from conftest import (
+    ALL_SCRIPTS,
+    ROOT,
+    SCRIPTS,
+    assert_user_error,
+    load_script,
+    script_env,
+    summary,
+)
 
 from benchmarks.scripts import RUN_MODULES
 
@@ -34,8 +42,9 @@ def imported_modules(source):
 def test_a_copy_is_the_script_plus_the_plumbing_it_uses(script, exported):
     """Every line of the script is in its copy, in order, but its imports of the run modules (its
     usage lines naming the copy); what the copy adds is the run modules' text."""
+    export = load_script("export")
     own = (SCRIPTS / f"{script}.py").read_text().replace(f"leanrl/{script}.py", f"{script}.py")
-    own = own.splitlines()
+    own = own.replace(export.NEEDS, export.EXPORTED.format(script)).splitlines()
     copy = (exported / f"{script}.py").read_text()
     assert not set(RUN_MODULES) & set(imported_modules(copy))
     for node in ast.parse("\n".join(own)).body:  # the imports of the run modules go
@@ -58,7 +67,16 @@ def test_a_copy_is_the_script_plus_the_plumbing_it_uses(script, exported):
         for line in copy.splitlines()[j1:j2]
     ]
     assert all(line in modules or line.startswith("# ") or not line.strip() for line in added)
-    assert f"leanrl/{script}.py" not in copy
+    assert f"leanrl/{script}.py" not in copy.replace(export.EXPORTED.format(script), "")
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_script_says_it_needs_the_run_modules_and_its_copy_what_it_is(script, exported):
+    export = load_script("export")
+    docstring = ast.get_docstring(ast.parse((SCRIPTS / f"{script}.py").read_text()), clean=False)
+    assert export.NEEDS in docstring.splitlines()
+    copy = ast.get_docstring(ast.parse((exported / f"{script}.py").read_text()), clean=False)
+    assert export.EXPORTED.format(script) in copy.splitlines() and export.NEEDS not in copy
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
