@@ -83,8 +83,8 @@ class Args(CudaFlags):
 
 
 def make_wrap(obs_indices, obs_rms=None):
-    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
-    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen."""
+    """vector_envs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices`
+    (all if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen."""
 
     def wrap(env):
         env = gym.wrappers.FlattenObservation(env)
