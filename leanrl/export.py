@@ -141,11 +141,12 @@ def export(script_source, modules, script_name, copy_name):
     """`script_source` (leanrl/`script_name`.py) as one file, `copy_name`: the definitions of
     `modules` (name -> source) it imports, and those they use, inlined (the ones its top level
     needs before its own definitions, the rest after `main`), without docstrings and comments."""
-    defs, imports = {}, {}
-    for source in modules.values():
+    defs, imports, origin = {}, {}, {}
+    for module, source in modules.items():
         module_defs, module_imports = top_level(source)
         defs |= module_defs
         imports |= module_imports
+        origin |= dict.fromkeys(module_defs, module)
     tree = ast.parse(script_source)
     needed, early = inlined(script_source, modules)
     used = set().union(*(defs[name][1] for name in needed))
@@ -169,8 +170,8 @@ def export(script_source, modules, script_name, copy_name):
     first_def = min([d.lineno for d in first_def.decorator_list] + [first_def.lineno])
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
     start = own_imports[0].lineno
-    names = ", ".join(f"{m}.py" for m in modules)
-    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/: {names}"
+    names = ", ".join(f"{m}.py" for m in modules if m in {origin[name] for name in needed})
+    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/ {names} (documented there)"
     in_order = [name for name in defs if name in needed]
     before = [bare(defs[name][0]) for name in in_order if name in early]
     after = [bare(defs[name][0]) for name in in_order if name not in early]
