@@ -71,6 +71,7 @@ def test_the_run_modules_import_no_script_and_no_run_imports_the_exporter():
         assert imported <= {*RUN_MODULES[:index], "tensor_envs"}, name
     assert project_imports("tensor_envs") == []
     assert project_imports("export") == []
+    assert load_script("export").MODULES == RUN_MODULES  # the exporter inlines every run module
 
 
 @pytest.mark.parametrize("module", MODULES)
