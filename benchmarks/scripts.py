@@ -1,6 +1,6 @@
 """Where the training scripts are, and how the benchmarks and the tests import one: by path, with
 `leanrl/` on `sys.path` as `python leanrl/<script>.py` has it, so that a script's `from runs import
-...` finds the run module beside it."""
+...` finds the run modules beside it."""
 
 import functools
 import importlib
@@ -12,9 +12,11 @@ from pathlib import Path
 import tyro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
-RUN_MODULE = "runs"  # leanrl/runs.py, the run plumbing: not a script
-# the modules beside the scripts: the run plumbing and the tensor envs it makes
-MODULES = (RUN_MODULE, "tensor_envs")
+RUN_MODULE = "runs"  # leanrl/runs.py, the run: not a script
+# the modules beside the scripts, not scripts: the run plumbing by purpose (the ones an export
+# inlines), the tensor envs it makes, and the exporter
+RUN_MODULES = (RUN_MODULE, "vector_envs", "threads", "seeds", "atari", "ranks")
+MODULES = (*RUN_MODULES, "tensor_envs", "export")
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 
 
@@ -40,7 +42,7 @@ def script_envs(module, flags):
     """The parsed `Args` of a script `module` for its command-line `flags`, and the vector env its
     `make_envs` builds from them (every parameter of `make_envs` without a default is a field of
     `Args`; the optional ones, such as video recording, keep their defaults). A script with its own
-    wrappers, `wrap(env, ...)` for runs.make_envs, has them too, with its flags."""
+    wrappers, `wrap(env, ...)` for vector_envs.make_envs, has them too, with its flags."""
     args = tyro.cli(module.Args, args=list(flags))
     # the memory scripts resolve their default in main, as here
     if hasattr(module, "observed_indices"):
@@ -63,11 +65,12 @@ def required_parameters(function):
 
 
 def export_scripts(names, directory):
-    """`leanrl/runs.py export` of each script of `names` into `directory`: one file each, with the
-    parts of the run module it uses inlined."""
-    runs = load_script(RUN_MODULE)
-    module_source = (SCRIPTS / f"{RUN_MODULE}.py").read_text()
+    """`python leanrl/export.py` of each script of `names` into `directory`: one file each, with the
+    parts of the run modules it uses inlined."""
+    export = load_script("export")
+    modules = export.run_modules()
     for name in names:
         source = (SCRIPTS / f"{name}.py").read_text()
-        (Path(directory) / f"{name}.py").write_text(runs.export(source, module_source))
+        copy = export.export(source, modules, name, f"{name}.py")
+        (Path(directory) / f"{name}.py").write_text(copy)
     return Path(directory)

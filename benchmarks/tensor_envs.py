@@ -1,10 +1,10 @@
 """The tensor envs' speed, env steps per second with random actions drawn before the clock, beside
-runs.py's `SyncVectorEnv` and gymnasium's numpy `CartPoleVectorEnv`, at several batch sizes.
+vector_envs.py's `SyncVectorEnv` and gymnasium's numpy `CartPoleVectorEnv`, at several batch sizes.
 
     python -m benchmarks.tensor_envs --threads 1  # every env id, on the CPU
     python -m benchmarks.tensor_envs --env-ids CartPole-v1 --device cuda --sizes 4 1024 65536
 
-Rows: `sync` (runs.py's vector env of gymnasium's envs, same-step autoreset), `numpy`
+Rows: `sync` (vector_envs.py's vector env of gymnasium's envs, same-step autoreset), `numpy`
 (gymnasium's `CartPoleVectorEnv`, CartPole only, next-step autoreset), `tensor` (tensor_envs.py,
 eager) and `tensor-compiled` (its step compiled whole; on CUDA also recorded as a CUDA graph).
 Prints one `TENSOR_ENVS {json}` line with the machine and every row; `--out` writes it too.
@@ -50,8 +50,8 @@ def report(tag, result, out=None):
 
 
 def gymnasium_rows(env_id, num_envs, seconds):
-    runs = load_script("runs")
-    envs = {"sync": runs.make_envs(env_id, num_envs, 0)}
+    vector_envs = load_script("vector_envs")
+    envs = {"sync": vector_envs.make_envs(env_id, num_envs, 0)}
     if env_id == "CartPole-v1":
         envs["numpy"] = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
     rows = []

@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions, the eager reference: CleanRL's dqn.py in plain PyTorch.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236
 
     python leanrl/dqn.py  # the benchmark run: CartPole-v1, 500k steps
@@ -18,7 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions, dqn.py made fast on a CPU (same algorithm, same defaults).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236
 
     python leanrl/dqn_cpu.py                           # the benchmark run, the update compiled
@@ -23,8 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import Run, fail
+from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions: dqn_cpu.py as `--num-seeds N` runs in one vmapped program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236. Defaults as in dqn_cpu.py, per member.
 
     python leanrl/dqn_seeds.py  # 8 members (seeds 1..8), compiled
@@ -29,25 +31,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import (
-    CudaFlags,
+from runs import CudaFlags, fail
+from seeds import (
     SeedsRun,
-    ThreadFlags,
     check_memory,
-    evaluate,
-    fail,
     finished_member_episodes,
     flat,
-    make_envs,
     member_values,
     member_view,
     per_member,
     settings,
     sweep_argv,
-    true_next_obs,
 )
 from tensordict.nn import CudaGraphModule
+from threads import ThreadFlags
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from vector_envs import evaluate, make_envs, true_next_obs
 
 
 @dataclass

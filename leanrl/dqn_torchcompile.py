@@ -1,5 +1,7 @@
 """Deep Q-Network for discrete actions, optimized for a GPU: the twin of dqn.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://www.nature.com/articles/nature14236
 
     python leanrl/dqn_torchcompile.py --compile  # acting and the update compiled
@@ -19,9 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

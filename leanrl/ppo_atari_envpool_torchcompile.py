@@ -1,5 +1,7 @@
 """PPO on Atari with envpool, optimized: the twin of ppo_atari_envpool.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's: Breakout-v5, 10M steps, 8 envs
 x 128 steps.
 
@@ -29,7 +31,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
+from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
+from runs import CudaFlags, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 

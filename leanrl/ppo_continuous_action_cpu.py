@@ -1,5 +1,7 @@
 """PPO for continuous actions on a CPU, grown from ppo_continuous_action_torchcompile.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     python leanrl/ppo_continuous_action_cpu.py  # the benchmark run
@@ -27,8 +29,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import Run, fail
+from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

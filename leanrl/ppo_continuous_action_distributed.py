@@ -1,6 +1,8 @@
 """PPO for continuous actions, data-parallel over N processes with torch.distributed: grown from
 the optimized twin ppo_continuous_action_torchcompile.py, so `diff` against it shows the scaling.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     torchrun --standalone --nproc_per_node 2 leanrl/ppo_continuous_action_distributed.py --compile
@@ -26,18 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    RankRun,
-    collective,
-    evaluate,
-    fail,
-    finished_episodes,
-    make_envs,
-    true_next_obs,
-)
+from ranks import RankRun, collective
+from runs import CudaFlags, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

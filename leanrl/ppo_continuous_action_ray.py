@@ -1,6 +1,8 @@
 """PPO for continuous actions, its rollouts sampled by Ray actors: grown from the optimized twin
 ppo_continuous_action_torchcompile.py, so `diff` against it shows what sampling on Ray changes.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     python leanrl/ppo_continuous_action_ray.py --num-envs 4 --num-steps 256 --double-buffer
@@ -30,9 +32,10 @@ import torch
 import torch.nn as nn
 import tyro
 from gymnasium.wrappers.utils import RunningMeanStd
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
@@ -341,9 +344,10 @@ def connect_ray(address):
     import ray  # after the line above: Ray reads it on import
 
     on_sigterm = signal.getsignal(signal.SIGTERM)  # ray.init puts an exit at once in its place
-    # a runner imports the run module by name, and Ray puts only this file's folder on its path,
-    # which another machine may lack: the module travels with the job
-    ship = dict(py_modules=[sys.modules[make_envs.__module__]])
+    # a runner imports the run modules by name, and Ray puts only this file's folder on its path,
+    # which another machine may lack: the modules travel with the job
+    modules = dict.fromkeys(sys.modules[f.__module__] for f in (make_envs, fail))
+    ship = dict(py_modules=list(modules))
     options = dict(logging_level="ERROR", log_to_driver=False, runtime_env=ship)
     if address is None:
         local = dict(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1")

@@ -1,6 +1,8 @@
 """PPO for continuous actions: ppo_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps), per
 member.
 
@@ -35,13 +37,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
+from runs import CudaFlags, fail
+from seeds import (
     SeedsRun,
-    ThreadFlags,
     check_memory,
-    evaluate,
-    fail,
     finished_member_episodes,
     flat,
     member_values,
@@ -51,7 +50,9 @@ from runs import (
 )
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
+from threads import ThreadFlags
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from vector_envs import evaluate
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """PPO for continuous actions, optimized: the twin of ppo_continuous_action.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4, 1M steps).
 
     # fastest on a CUDA GPU
@@ -29,9 +31,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Recurrent PPO with an LSTM policy for discrete actions, the eager reference.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1707.06347. The agent and update are CleanRL's
 ppo_atari_lstm.py on vector observations. By default it plays CartPole-v1 with both
 velocities hidden: only an agent that remembers past positions balances it well.
@@ -26,17 +28,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    Run,
+from runs import CudaFlags, Run, fail
+from torch.distributions.categorical import Categorical
+from vector_envs import (
     episode_starts,
     evaluate_recurrent,
-    fail,
     finished_episodes,
     make_envs,
     true_next_obs,
 )
-from torch.distributions.categorical import Categorical
 
 
 @dataclass
@@ -83,9 +83,9 @@ class Args(CudaFlags):
 
 
 def make_wrap(obs_indices, obs_rms=None):
-    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
-    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On the
-    tensor envs, the same on the whole batch, with one set of statistics."""
+    """vector_envs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices`
+    (all if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On
+    the tensor envs, the same on the whole batch, with one set of statistics."""
 
     def wrap(env):
         tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once

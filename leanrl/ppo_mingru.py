@@ -1,5 +1,7 @@
 """Recurrent PPO with a minGRU policy for discrete actions, the eager reference.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Papers: https://arxiv.org/abs/1707.06347 (PPO), https://arxiv.org/abs/2410.01201 (minGRU).
 ppo_lstm.py with its LSTM replaced by two minGRU layers. By default it plays CartPole-v1
 with both velocities hidden: only an agent with memory balances it well.
@@ -22,17 +24,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    Run,
+from runs import CudaFlags, Run, fail
+from torch.distributions.categorical import Categorical
+from vector_envs import (
     episode_starts,
     evaluate_recurrent,
-    fail,
     finished_episodes,
     make_envs,
     true_next_obs,
 )
-from torch.distributions.categorical import Categorical
 
 
 @dataclass
@@ -79,9 +79,9 @@ class Args(CudaFlags):
 
 
 def make_wrap(obs_indices, obs_rms=None):
-    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
-    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On the
-    tensor envs, the same on the whole batch, with one set of statistics."""
+    """vector_envs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices`
+    (all if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On
+    the tensor envs, the same on the whole batch, with one set of statistics."""
 
     def wrap(env):
         tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once

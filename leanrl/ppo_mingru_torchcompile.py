@@ -1,5 +1,7 @@
 """Recurrent PPO with a minGRU policy for discrete actions, optimized: the twin of ppo_mingru.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Papers: https://arxiv.org/abs/1707.06347 (PPO), https://arxiv.org/abs/2410.01201 (minGRU).
 Same algorithm, defaults and loop as ppo_mingru.py; what changes is the data flow.
 
@@ -25,18 +27,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import (
-    CudaFlags,
-    Run,
+from runs import CudaFlags, Run, fail
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+from vector_envs import (
     episode_starts,
     evaluate_recurrent,
-    fail,
     finished_episodes,
     make_envs,
     true_next_obs,
 )
-from tensordict import TensorDict, from_module
-from tensordict.nn import CudaGraphModule
 
 
 @dataclass
@@ -88,9 +88,9 @@ class Args(CudaFlags):
 
 
 def make_wrap(obs_indices, obs_rms=None):
-    """runs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices` (all
-    if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On the
-    tensor envs, the same on the whole batch, with one set of statistics."""
+    """vector_envs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices`
+    (all if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On
+    the tensor envs, the same on the whole batch, with one set of statistics."""
 
     def wrap(env):
         tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once

@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN), the eager reference: CleanRL's pqn.py in plain PyTorch.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811. Q-learning from many envs at once, with no replay buffer
 and no target network: a LayerNorm Q network, epsilon-greedy rollouts and Q(lambda) returns, then
 minibatch epochs over each rollout, as PPO does. Defaults are CleanRL's: CartPole-v1, 500k steps,
@@ -23,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Parallel Q-Network (PQN) on Atari with envpool, the eager reference (CleanRL's
 pqn_atari_envpool.py).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811. Q-learning from many envs at once, with no replay buffer
 and no target network: a Nature CNN with LayerNorm, epsilon-greedy rollouts and Q(lambda)
 returns, then minibatch epochs over each rollout. Defaults are CleanRL's: Breakout-v5, 10M steps,
@@ -31,7 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
+from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
+from runs import CudaFlags, fail
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN) on Atari with envpool, optimized: the twin of pqn_atari_envpool.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: see
 pqn_atari_envpool.py.
 
@@ -35,7 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import AtariRun, CudaFlags, VideoRecorder, evaluate_games, fail, finished_games
+from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
+from runs import CudaFlags, fail
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 

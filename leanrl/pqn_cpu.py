@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN), pqn.py made fast on a CPU (same algorithm, same defaults).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811
 
     python leanrl/pqn_cpu.py               # the benchmark run, the update compiled
@@ -21,8 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import Run, fail
+from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

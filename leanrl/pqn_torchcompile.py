@@ -1,5 +1,7 @@
 """Parallel Q-Network (PQN), optimized for a GPU: the twin of pqn.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/2407.04811. The algorithm and CleanRL's defaults: see pqn.py.
 
     python leanrl/pqn_torchcompile.py --compile  # acting, the returns and the update compiled
@@ -29,18 +31,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import (
-    CudaFlags,
-    Episodes,
-    Run,
-    evaluate,
-    fail,
-    finished_episodes,
-    make_envs,
-    true_next_obs,
-)
+from runs import CudaFlags, Run, fail
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
+from vector_envs import Episodes, evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

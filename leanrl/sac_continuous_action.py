@@ -1,6 +1,8 @@
 """Soft Actor-Critic for continuous actions, the eager reference (CleanRL's
 sac_continuous_action.py).
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. CleanRL's hyperparameters, on LeanRL's benchmark env
 HalfCheetah-v4 for 1M steps (CleanRL's SAC defaults to Hopper-v4).
 
@@ -21,7 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

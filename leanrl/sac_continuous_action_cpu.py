@@ -1,6 +1,8 @@
 """Soft Actor-Critic on a CPU, grown from sac_continuous_action_torchcompile.py: `diff` them for the
 CPU lesson.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
     python leanrl/sac_continuous_action_cpu.py  # the benchmark run
@@ -26,9 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import Run, fail
 from tensordict import TensorDict, from_modules
+from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Soft Actor-Critic: sac_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the CPU script, per
 member.
 
@@ -32,26 +34,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import (
-    CudaFlags,
+from runs import CudaFlags, fail
+from seeds import (
     SeedsRun,
-    ThreadFlags,
     check_memory,
-    evaluate,
-    fail,
     finished_member_episodes,
     flat,
-    make_envs,
     member_values,
     member_view,
     per_member,
     settings,
     sweep_argv,
-    true_next_obs,
 )
 from tensordict import from_modules
 from tensordict.nn import CudaGraphModule
+from threads import ThreadFlags
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from vector_envs import evaluate, make_envs, true_next_obs
 
 
 @dataclass

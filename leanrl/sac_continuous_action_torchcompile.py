@@ -1,6 +1,8 @@
 """Soft Actor-Critic for continuous actions, optimized for a GPU: the twin of
 sac_continuous_action.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1812.05905. Hyperparameters, env and budget as in the eager twin.
 
     python leanrl/sac_continuous_action_torchcompile.py --compile --cudagraphs  # on a CUDA GPU
@@ -25,9 +27,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

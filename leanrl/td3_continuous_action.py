@@ -1,6 +1,8 @@
 """Twin Delayed DDPG (TD3) for continuous actions, the eager reference: CleanRL's
 td3_continuous_action.py in plain PyTorch.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's. The default env is
 LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
@@ -21,7 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import CudaFlags, Run, fail
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

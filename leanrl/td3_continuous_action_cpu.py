@@ -1,6 +1,8 @@
 """Twin Delayed DDPG (TD3) for continuous actions on a CPU, grown from
 td3_continuous_action_torchcompile.py.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters are CleanRL's. The default env is
 LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
@@ -26,9 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
+from runs import Run, fail
 from tensordict import TensorDict, from_modules
+from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
+from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass

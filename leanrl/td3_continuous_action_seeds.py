@@ -1,6 +1,8 @@
 """Twin Delayed DDPG (TD3): td3_continuous_action_cpu.py as `--num-seeds N` runs in one vmapped
 program.
 
+It imports the run modules beside it in leanrl/; leanrl/export.py makes a copy that needs none.
+
 Paper: https://arxiv.org/abs/1802.09477. Hyperparameters, env and budget as in the CPU script, per
 member.
 
@@ -33,26 +35,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import (
-    CudaFlags,
+from runs import CudaFlags, fail
+from seeds import (
     SeedsRun,
-    ThreadFlags,
     check_memory,
-    evaluate,
-    fail,
     finished_member_episodes,
     flat,
-    make_envs,
     member_values,
     member_view,
     per_member,
     settings,
     sweep_argv,
-    true_next_obs,
 )
 from tensordict import from_modules
 from tensordict.nn import CudaGraphModule
+from threads import ThreadFlags
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+from vector_envs import evaluate, make_envs, true_next_obs
 
 
 @dataclass

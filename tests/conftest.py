@@ -459,7 +459,7 @@ def make_run(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
-    """A folder of every script exported as one file (`python leanrl/runs.py export`)."""
+    """A folder of every script exported as one file (`python leanrl/export.py`)."""
     return export_scripts(ALL_SCRIPTS, tmp_path_factory.mktemp("exported"))
 
 
@@ -469,7 +469,8 @@ def train(tmp_path, monkeypatch):
     (of `d/<script>.py`, by default leanrl/'s) in this process, in a temporary working folder;
     with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1 in this call):
     its k-th call of the method `owner.name`, `owner` a class or the name of one of the script's
-    (by default the vector env's step: runs.py's `SyncVectorEnv.step`, or an exported copy's).
+    (by default the vector env's step: vector_envs.py's `SyncVectorEnv.step`, or an exported
+    copy's).
     Returns the exit status (0 when `main` returns)."""
     import tyro
 
@@ -480,7 +481,9 @@ def train(tmp_path, monkeypatch):
 
     def run(script, *flags, stop_at=None, counted=None, directory=SCRIPTS):
         module = load_script(script, directory)
-        vector_env = getattr(module, "SyncVectorEnv", None) or load_script("runs").SyncVectorEnv
+        vector_env = (
+            getattr(module, "SyncVectorEnv", None) or load_script("vector_envs").SyncVectorEnv
+        )
         owner, name = counted or (vector_env, "step")
         owner = getattr(module, owner) if isinstance(owner, str) else owner
         step = originals.setdefault((owner, name), getattr(owner, name))

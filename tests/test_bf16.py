@@ -14,12 +14,12 @@ from test_pqn import make_minibatch as pqn_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
 from test_td3_continuous_action import make_batch as td3_batch
 
-runs = load_script("runs")
+threads = load_script("threads")
 
 
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_bf16_is_refused_on_a_cpu_without_it(script, train, capsys, monkeypatch):
-    monkeypatch.setattr(runs, "bf16_native", lambda: False)
+    monkeypatch.setattr(threads, "bf16_native", lambda: False)
     assert train(script, "--bf16") == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--bf16" in lines[0] and "AVX-512 BF16" in lines[0], lines
@@ -60,7 +60,7 @@ def state(adams, part="params"):
     return torch.cat([t.detach().flatten() for adam in adams for t in getattr(adam, part).values()])
 
 
-@pytest.mark.skipif(not runs.bf16_native(), reason="this CPU computes no bfloat16 natively")
+@pytest.mark.skipif(not threads.bf16_native(), reason="this CPU computes no bfloat16 natively")
 @pytest.mark.slow  # compiles each script's update in both dtypes (8-29 s each here)
 @pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_a_bf16_update_takes_the_float32_steps_and_never_recompiles(script, monkeypatch):

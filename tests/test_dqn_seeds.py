@@ -333,7 +333,7 @@ def test_finished_episodes_are_counted_per_member():
             "_episode": np.array([False, True, True, True, False, False]),
         }
     }
-    finished_member_episodes = load_script("dqn_seeds").finished_member_episodes  # runs.py's
+    finished_member_episodes = load_script("dqn_seeds").finished_member_episodes  # seeds.py's
     assert finished_member_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
     assert [e.lengths for e in finished_member_episodes(infos, 3)] == [[10], [20, 30], []]
     assert finished_member_episodes({}, 3) == [[], [], []]

@@ -1,19 +1,35 @@
-"""One file for people who copy one file: `python leanrl/runs.py export SCRIPT OUT` writes the
-script with the parts of the run module it uses inlined. Every script's copy holds the script's own
-lines in their order, imports nothing from the project, defines every name it uses and imports,
-alone, in a Python that cannot see leanrl/. That a copy trains, stops and resumes as the script
-does is test_resume's (its `-exported` cases, one script of each family)."""
+"""One file for people who copy one file: `python leanrl/export.py SCRIPT OUT` writes the script
+with the parts of the run modules it uses inlined. Every script's copy holds the script's own lines
+in their order (its usage lines naming the copy), imports nothing from the project, holds no
+definition it does not use, passes the project's ruff rules and format, stays within its size
+target, and imports alone, in a Python that cannot see leanrl/; the eager scripts' copies train
+alone from an empty folder. That a copy trains, stops and resumes as the script does is
+test_resume's (its `-exported` cases, one script of each family)."""
 
 import ast
 import difflib
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import ALL_SCRIPTS, ROOT, SCRIPTS, assert_user_error
+from conftest import (
+    ALL_SCRIPTS,
+    ROOT,
+    SCRIPTS,
+    assert_user_error,
+    load_script,
+    script_env,
+    summary,
+)
+
+from benchmarks.scripts import RUN_MODULES
 
 RUFF = shutil.which("ruff")
+PENDULUM_SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200)
+PENDULUM_SMOKE += ("--batch-size", 32)
+EAGER = ("sac_continuous_action", "dqn", "td3_continuous_action", "pqn", "ppo_continuous_action")
 
 
 def imported_modules(source):
@@ -24,13 +40,15 @@ def imported_modules(source):
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_a_copy_is_the_script_plus_the_plumbing_it_uses(script, exported):
-    """Every line of the script is in its copy, in order, but its import of the run module; what the
-    copy adds is the run module's text."""
-    own = (SCRIPTS / f"{script}.py").read_text().splitlines()
+    """Every line of the script is in its copy, in order, but its imports of the run modules (its
+    usage lines naming the copy); what the copy adds is the run modules' text."""
+    export = load_script("export")
+    own = (SCRIPTS / f"{script}.py").read_text().replace(f"leanrl/{script}.py", f"{script}.py")
+    own = own.replace(export.NEEDS, export.EXPORTED.format(script)).splitlines()
     copy = (exported / f"{script}.py").read_text()
-    assert "runs" not in imported_modules(copy)
-    for node in ast.parse("\n".join(own)).body:  # the import of the run module goes
-        if isinstance(node, ast.ImportFrom) and node.module == "runs":
+    assert not set(RUN_MODULES) & set(imported_modules(copy))
+    for node in ast.parse("\n".join(own)).body:  # the imports of the run modules go
+        if isinstance(node, ast.ImportFrom) and node.module in RUN_MODULES:
             own[node.lineno - 1 : node.end_lineno] = [None] * (node.end_lineno - node.lineno + 1)
     own_lines = [line for line in own if line is not None]
     matcher = difflib.SequenceMatcher(None, own_lines, copy.splitlines(), autojunk=False)
@@ -41,32 +59,108 @@ def test_a_copy_is_the_script_plus_the_plumbing_it_uses(script, exported):
         for line in own_lines[i1:i2]
     ]
     assert not [line for line in dropped if line.strip()], dropped
-    module = (SCRIPTS / "runs.py").read_text()
+    modules = "\n".join((SCRIPTS / f"{name}.py").read_text() for name in RUN_MODULES)
     added = [
         line
         for tag, _, _, j1, j2 in matcher.get_opcodes()
         if tag in ("insert", "replace")
         for line in copy.splitlines()[j1:j2]
     ]
-    assert all(line in module or line.startswith("# ") or not line.strip() for line in added)
+    assert all(line in modules or line.startswith("# ") or not line.strip() for line in added)
+    assert f"leanrl/{script}.py" not in copy.replace(export.EXPORTED.format(script), "")
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_script_says_it_needs_the_run_modules_and_its_copy_what_it_is(script, exported):
+    export = load_script("export")
+    docstring = ast.get_docstring(ast.parse((SCRIPTS / f"{script}.py").read_text()), clean=False)
+    assert export.NEEDS in docstring.splitlines()
+    copy = ast.get_docstring(ast.parse((exported / f"{script}.py").read_text()), clean=False)
+    assert export.EXPORTED.format(script) in copy.splitlines() and export.NEEDS not in copy
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_copy_holds_only_what_its_script_uses(script, exported):
+    """Each top-level definition of a copy that came from the run modules is used by the script's
+    own code or by another such definition that is."""
+    copy = ast.parse((exported / f"{script}.py").read_text())
+    own = {
+        node.name
+        for node in ast.parse((SCRIPTS / f"{script}.py").read_text()).body
+        if isinstance(node, ast.FunctionDef | ast.ClassDef)
+    }
+    defs = {n.name: n for n in copy.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    uses = {
+        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        for name, node in defs.items()
+    }
+    reached, todo = set(), list(own)
+    todo += [
+        n.id
+        for node in copy.body
+        if not isinstance(node, ast.FunctionDef | ast.ClassDef)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name)
+    ]
+    while todo:
+        name = todo.pop()
+        if name in defs and name not in reached:
+            reached.add(name)
+            todo += uses[name]
+    assert set(defs) - reached == set()
 
 
 @pytest.mark.skipif(RUFF is None, reason="ruff is not installed (requirements-dev.txt pins it)")
-def test_every_copy_defines_what_it_uses(exported):
-    """pyflakes' checks on the copies: no undefined name, no unused or redefined import."""
-    proc = subprocess.run(
-        [RUFF, "check", "--isolated", "--select", "F401,F811,F821", "--output-format", "concise"]
-        + [str(exported / f"{script}.py") for script in ALL_SCRIPTS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_every_copy_passes_the_projects_ruff_rules_and_format(exported):
+    """The project's ruff configuration (import order included) and its format, on every copy."""
+    copies = [str(exported / f"{script}.py") for script in ALL_SCRIPTS]
+    config = ["--config", str(ROOT / "pyproject.toml")]
+    for command in (["check", "--output-format", "concise"], ["format", "--check"]):
+        proc = subprocess.run(
+            [RUFF, *command, *config, *copies], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# a copy's bytes at most this times its script's: the eager scripts 2x, the others 2.5x (issue 73)
+RATIO = {script: 2.0 if script in EAGER else 2.5 for script in ALL_SCRIPTS}
+# the copies that miss it, each capped at its size when the exporter was split by module (1 KB up),
+# so that it does not grow back: `Run` alone is about 20 KB without its docstrings and comments, the
+# flags, the envs and TensorBoard 7 KB more, more than twice DQN's 11 KB. Reaching the target takes
+# a smaller `Run`, not a smarter exporter.
+CAPS = {
+    "dqn": 39_000,
+    "dqn_cpu": 49_000,
+    "dqn_seeds": 68_000,
+    "dqn_torchcompile": 41_000,
+    "ppo_atari_envpool": 42_000,
+    "ppo_atari_envpool_torchcompile": 45_000,
+    "ppo_continuous_action": 44_000,
+    "pqn": 41_000,
+    "pqn_atari_envpool": 42_000,
+    "pqn_atari_envpool_torchcompile": 44_000,
+    "pqn_cpu": 50_000,
+    "sac_continuous_action": 42_000,
+    "sac_continuous_action_seeds": 71_000,
+    "sac_continuous_action_torchcompile": 45_000,
+    "td3_continuous_action": 41_000,
+    "td3_continuous_action_cpu": 51_000,
+    "td3_continuous_action_seeds": 69_000,
+    "td3_continuous_action_torchcompile": 43_000,
+}
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_copy_is_within_its_size_target(script, exported):
+    size = len((SCRIPTS / f"{script}.py").read_bytes())
+    copy = len((exported / f"{script}.py").read_bytes())
+    cap = CAPS.get(script, RATIO[script] * size)
+    assert copy <= cap, f"{script}: copy {copy} bytes, {copy / size:.2f}x its {size}, cap {cap:.0f}"
 
 
 def test_the_copies_import_in_a_python_that_cannot_see_leanrl(exported, tmp_path):
-    """Each copy imports (nothing runs at import) with only its own folder on the path; the run
-    module is never imported."""
+    """Each copy imports (nothing runs at import) with only its own folder on the path; no run
+    module is ever imported."""
     check = f"""
 import importlib.util, sys
 sys.path = [p for p in sys.path if "leanrl" not in p and p not in ("", {str(ROOT)!r})]
@@ -75,7 +169,7 @@ for name in {ALL_SCRIPTS!r}:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    assert callable(module.main) and "runs" not in sys.modules, name
+    assert callable(module.main) and not set({RUN_MODULES!r}) & set(sys.modules), name
 print("imported", len({ALL_SCRIPTS!r}))
 """
     proc = subprocess.run(
@@ -85,12 +179,43 @@ print("imported", len({ALL_SCRIPTS!r}))
     assert proc.stdout.split() == ["imported", str(len(ALL_SCRIPTS))]
 
 
+# a few hundred steps: every step of the loop runs, the run ends with a SUMMARY
+TINY = {
+    "sac_continuous_action": PENDULUM_SMOKE,
+    "td3_continuous_action": PENDULUM_SMOKE,
+    "dqn": ("--total-timesteps", 300, "--learning-starts", 200, "--train-frequency", 1),
+    "pqn": ("--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32),
+    "ppo_continuous_action": ("--env-id", "Pendulum-v1", "--total-timesteps", 256, "--num-envs", 1)
+    + ("--num-steps", 128),
+}
+
+
+@pytest.mark.parametrize("script", EAGER)
+def test_an_eager_copy_trains_alone_from_an_empty_folder(script, exported, tmp_path):
+    """The copy alone in a folder, a Python whose path has no leanrl/ and no checkout: it trains."""
+    shutil.copy(exported / f"{script}.py", tmp_path)
+    env = script_env()
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, f"{script}.py", *map(str, TINY[script]), "--checkpoint-minutes", "0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert summary(proc)["total_timesteps"] > 0
+    assert sorted(os.listdir(tmp_path)) == sorted([f"{script}.py", "runs"])
+
+
 def test_the_command_writes_the_copy_and_refuses_bad_usage(exported, tmp_path):
-    runs = [sys.executable, str(SCRIPTS / "runs.py"), "export"]
+    export = [sys.executable, str(SCRIPTS / "export.py")]
     out = tmp_path / "dqn.py"
-    proc = subprocess.run([*runs, str(SCRIPTS / "dqn.py"), str(out)], timeout=120)
+    proc = subprocess.run([*export, str(SCRIPTS / "dqn.py"), str(out)], timeout=120)
     assert proc.returncode == 0 and out.read_text() == (exported / "dqn.py").read_text()
-    usage = subprocess.run(runs, capture_output=True, text=True, timeout=120)
-    assert_user_error(usage, "usage: python leanrl/runs.py export SCRIPT")
-    missing = subprocess.run([*runs, "nothing.py"], capture_output=True, text=True, timeout=120)
+    named = subprocess.run([*export, str(SCRIPTS / "dqn.py"), str(tmp_path / "my_dqn.py")])
+    assert named.returncode == 0 and "python my_dqn.py" in (tmp_path / "my_dqn.py").read_text()
+    usage = subprocess.run(export, capture_output=True, text=True, timeout=120)
+    assert_user_error(usage, "usage: python leanrl/export.py SCRIPT")
+    missing = subprocess.run([*export, "nothing.py"], capture_output=True, text=True, timeout=120)
     assert_user_error(missing, "cannot read nothing.py")

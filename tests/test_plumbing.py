@@ -1,15 +1,18 @@
-"""The run plumbing exists once, in leanrl/runs.py, and every script is its algorithm plus named
-calls into it: no script defines a name of the module it uses, imports anything of the project but
-the module (and only names it has), or sets threads it has a flag for; the module imports no
-script; the flags a resumed run may change are flags of the scripts; every script stays within its
-size budget. Scripts are found on disk, so a new one is held to these at once. Parsing only:
-~1 s."""
+"""The run plumbing exists once, in the run modules of leanrl/ (runs.py and its neighbours by
+purpose), and every script is its algorithm plus named calls into them: no script defines a name of
+a module it uses, imports anything of the project but names of the run modules (each from the
+module that defines it), or sets threads it has a flag for; the modules import no script, and no
+run imports the exporter; each module is short enough to read at a sitting; the flags a resumed run
+may change are flags of the scripts; every script stays within its size budget. Scripts are found
+on disk, so a new one is held to these at once. Parsing only: ~1 s."""
 
 import ast
 import functools
 
 import pytest
 from conftest import ALL_SCRIPTS, SCRIPTS, load_script
+
+from benchmarks.scripts import MODULES, RUN_MODULES
 
 MODULE = "runs"
 
@@ -42,25 +45,39 @@ def project_imports(name):
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_a_script_defines_nothing_its_export_inlines(script):
     """The plumbing is not copied into a script; and an exported copy, which holds both the
-    script's definitions and the module's it uses, has each name once (a script's own `make_envs`
+    script's definitions and the modules' it uses, has each name once (a script's own `make_envs`
     for envpool is its own as long as nothing it imports uses the module's)."""
-    runs = load_script(MODULE)
-    sources = [(SCRIPTS / f"{name}.py").read_text() for name in (script, MODULE)]
-    needed, _ = runs.inlined(*sources)
+    export = load_script("export")
+    source = (SCRIPTS / f"{script}.py").read_text()
+    needed, _ = export.inlined(source, export.run_modules())
     assert not top_level_names(script) & needed
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_a_script_imports_from_the_project_only_names_of_the_run_module(script):
+def test_a_script_imports_from_the_project_only_names_of_the_run_modules(script):
+    """Each name from the module that defines it (ruff's F401 sees that it is used)."""
     imports = project_imports(script)
-    assert [module for module, _ in imports] == [MODULE], imports
-    assert set(imports[0][1]) <= top_level_names(MODULE)
+    assert imports and all(module in RUN_MODULES for module, _ in imports), imports
+    for module, names in imports:
+        assert set(names) <= top_level_names(module), (module, names)
 
 
-def test_the_run_module_imports_no_script():
-    """It imports the tensor envs (when --tensor-envs asks), which import nothing of the project."""
-    assert [module for module, _ in project_imports(MODULE)] == ["tensor_envs"]
+def test_the_run_modules_import_no_script_and_no_run_imports_the_exporter():
+    """Each run module imports only run modules before it in `RUN_MODULES` (so an export can inline
+    them in that order) and the tensor envs (when --tensor-envs asks), which import nothing of the
+    project; the exporter imports none of them."""
+    for index, name in enumerate(RUN_MODULES):
+        imported = {module for module, _ in project_imports(name)}
+        assert imported <= {*RUN_MODULES[:index], "tensor_envs"}, name
     assert project_imports("tensor_envs") == []
+    assert project_imports("export") == []
+    assert load_script("export").MODULES == RUN_MODULES  # the exporter inlines every run module
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_module_reads_at_a_sitting(module):
+    lines = len((SCRIPTS / f"{module}.py").read_text().splitlines())
+    assert lines <= 700, f"{module}.py: {lines} lines"
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -77,11 +94,17 @@ def fields(name, cls):
     return own, [base.id for base in node.bases]
 
 
+def module_of(cls):
+    """The run module that defines class `cls`."""
+    return next(name for name in RUN_MODULES if cls in top_level_names(name))
+
+
 def flags_of(script):
-    """Every flag of a script: its Args' fields and those of the run module's classes it extends."""
+    """Every flag of a script: its Args' fields and those of the run modules' classes it extends."""
     flags, bases = fields(script, "Args")
     while bases:
-        own, more = fields(MODULE, bases.pop())
+        base = bases.pop()
+        own, more = fields(module_of(base), base)
         flags |= own
         bases += more
     return flags
@@ -108,7 +131,7 @@ def test_the_flags_a_resumed_run_may_change_are_flags():
         ):
             free |= set(ast.literal_eval(statement.value))
     every_script = set.intersection(*map(flags_of, ALL_SCRIPTS))
-    run_flags = set.union(*(fields(MODULE, cls)[0] for cls in ("CudaFlags", "ThreadFlags")))
+    run_flags = set.union(*(fields(module_of(cls), cls)[0] for cls in ("CudaFlags", "ThreadFlags")))
     assert free <= every_script | run_flags | fields(MODULE, "RunFlags")[0]
     for script in ALL_SCRIPTS:
         assert free_flags_of(script) <= flags_of(script), script

@@ -184,13 +184,15 @@ def policy(module, n_obs, n_act, seed=0):
     return agent, {"agent": agent.state_dict(), "obs_rms": obs_rms}
 
 
-def test_runners_import_the_run_module_that_the_job_ships(ray_here):
-    """A runner imports `runs` by name. Ray puts the driver's folder on its workers' paths, which
-    another machine may not have, and this driver's is not leanrl/: the module the workers find
-    is the copy that `connect_ray` ships with the job."""
+def test_runners_import_the_run_modules_that_the_job_ships(ray_here):
+    """A runner imports `vector_envs`, and it `runs`, by name. Ray puts the driver's folder on its
+    workers' paths, which another machine may not have, and this driver's is not leanrl/: the
+    modules the workers find are the copies that `connect_ray` ships with the job."""
     ray, _ = ray_here
-    where = ray.get(ray.remote(lambda: __import__("runs").__file__).remote(), timeout=120)
-    assert os.path.basename(where) == "runs.py" and os.path.dirname(where) != str(SCRIPTS), where
+    for name in ("vector_envs", "runs"):
+        where = ray.get(ray.remote(lambda n: __import__(n).__file__).remote(name), timeout=120)
+        assert os.path.basename(where) == f"{name}.py", where
+        assert os.path.dirname(where) != str(SCRIPTS), where
 
 
 def test_fragment_shapes_and_true_final_observations(ray_here):

@@ -304,7 +304,7 @@ def replay(env, obs, reward=None, terminated=False, truncated=False):
 
 def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
     """EnvpoolWrappers (two members of one env) against the CPU script's `wrap` of an env of
-    runs.make_envs (gymnasium's wrappers, one stack per env) on the same raw steps: env 0
+    vector_envs.make_envs (gymnasium's wrappers, one stack per env) on the same raw steps: env 0
     terminates at step 3, env 1 truncates at step 5, each then taking envpool's reset step, which
     gymnasium's vector env does as a reset in the same step. Observations and rewards agree to
     1e-6 (float64 statistics, float32 outputs), finished returns (read from gymnasium's

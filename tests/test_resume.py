@@ -118,7 +118,7 @@ def same_runs(a, b):
     ]
 
 
-# one script of each family as `python leanrl/runs.py export` writes it: the copy resumes as well
+# one script of each family as `python leanrl/export.py` writes it: the copy resumes as well
 EXPORTED = ("sac_continuous_action", "td3_continuous_action_cpu", "dqn_seeds", "ppo_lstm")
 EXPORTED += ("ppo_continuous_action_distributed",)
 
@@ -215,7 +215,7 @@ SMOKE = {
     "pqn_atari_envpool": ATARI,
     "pqn_atari_envpool_torchcompile": ATARI,
 }
-# what the `train` fixture counts where a vector step is not runs.py's SyncVectorEnv.step (a
+# what the `train` fixture counts where a vector step is not vector_envs.py's SyncVectorEnv.step (a
 # class of the script by its name, or envpool's step, or the async script's recv of a batch), and
 # the scripts whose envs cannot be saved
 COUNTED = {

@@ -174,8 +174,8 @@ def test_a_wrong_reset_bound_fails():
 def test_same_step_autoreset_and_episode_statistics(env_id):
     """An episode that ends is reset in the same step: the step returns the next episode's first
     observation, its true last one in `final_obs`, and its return and length in `final_info`,
-    where `runs.finished_episodes` reads them."""
-    runs = load_script("runs")
+    where `vector_envs.finished_episodes` reads them."""
+    vector_envs = load_script("vector_envs")
     envs = tensor_envs.make_tensor_envs(env_id, 4, seed=1)
     envs.reset()
     totals, lengths, returns = torch.zeros(4, dtype=torch.float64), torch.zeros(4), []
@@ -191,7 +191,7 @@ def test_same_step_autoreset_and_episode_statistics(env_id):
         episode = infos["final_info"]["episode"]
         np.testing.assert_allclose(episode["r"][done], totals[done], rtol=1e-5)
         assert torch.equal(episode["l"][done], lengths[done].long())
-        returns += runs.finished_episodes(infos)
+        returns += vector_envs.finished_episodes(infos)
         totals[done], lengths[done] = 0, 0
     assert (envs.elapsed < envs.max_episode_steps).all()
 

@@ -1,5 +1,5 @@
-"""Threads chosen by measurement (runs.ThreadChoice), driven by a made-up clock: a trial times the
-run's own iterations at one thread and at every core, keeps the faster, says so in one line, and
+"""Threads chosen by measurement (threads.ThreadChoice), driven by a made-up clock: a trial times
+the run's own iterations at one thread and at every core, keeps the faster, says so in one line, and
 tries again only when an iteration's time leaves the band around the trial's; `--threads` fixes the
 count and no trial runs. The iteration times here are made up, so nothing is timed for real."""
 
@@ -16,6 +16,7 @@ from conftest import ALL_SCRIPTS, ROOT, assert_measured_threads, load_script
 from test_resume import COUNTED, SMOKE
 
 runs = load_script("runs")
+threads = load_script("threads")
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,7 @@ def drive(choice, cost, seconds, now=0.0, step=0):
 
 
 def test_a_trial_keeps_the_faster_count_and_says_so():
-    choice = runs.ThreadChoice(2)
+    choice = threads.ThreadChoice(2)
     choice.start(0.0)
     now, step, lines = drive(choice, {1: 0.004, 2: 0.002}.get, 3.0)
     assert torch.get_num_threads() == 2 and len(choice.trials) == 1
@@ -52,14 +53,14 @@ def test_a_trial_keeps_the_faster_count_and_says_so():
 
 def test_a_busy_core_makes_one_thread_the_choice_and_a_slow_turn_is_one_iteration():
     """Two threads beside a busy core: 30x slower; a turn lasts one iteration past its time."""
-    choice = runs.ThreadChoice(2)
+    choice = threads.ThreadChoice(2)
     choice.start(0.0)
     drive(choice, {1: 0.004, 2: 0.12}.get, 5.0)
     assert torch.get_num_threads() == 1 and choice.trials[0]["threads"] == 1
 
 
 def test_only_a_change_beyond_the_band_starts_a_new_trial():
-    choice = runs.ThreadChoice(2)
+    choice = threads.ThreadChoice(2)
     choice.start(0.0)
     now, step, _ = drive(choice, {1: 0.004, 2: 0.002}.get, 3.0)
     now, step, lines = drive(choice, {1: 0.004, 2: 0.0026}.get, 20.0, now, step)  # within 1.5x
@@ -73,7 +74,7 @@ def test_only_a_change_beyond_the_band_starts_a_new_trial():
 def test_threads_fixed_by_the_flag_or_by_omp_num_threads_are_not_measured(make_run, monkeypatch):
     """Two cores: the default measures 1 against 2; `--threads 2` fixes them, and so does
     OMP_NUM_THREADS=1 (the cores the run may use); a script without --threads leaves them."""
-    monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert make_run("sac_continuous_action_cpu", threads=2).threads is None
     assert torch.get_num_threads() == 2
@@ -89,7 +90,7 @@ def test_long_iterations_end_a_trial_in_three_and_time_that_compiled_is_not_time
     compiled code on the thread count), so it is not timed and the turn starts again; then one
     timed iteration at each count ends the trial."""
     graphs = [0]
-    choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
+    choice = threads.ThreadChoice(2, compiles=lambda: graphs[0])
     choice.start(0.0)
     costs = iter([(60.0, 1), (1.0, 0), (1.5, 0)])  # 2 threads, compiling; 2 threads; 1 thread
     now, step, lines = 0.0, 0, []
@@ -105,13 +106,13 @@ def test_long_iterations_end_a_trial_in_three_and_time_that_compiled_is_not_time
 def run_with_threads(make_run, monkeypatch, compiles):
     """dqn_cpu's Run on two cores, measuring its threads on a made-up clock (`clock[0]`, seconds),
     `compiles()` its count of compiled graphs."""
-    monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     clock = [100.0]
     fake_time = SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0])
     monkeypatch.setattr(runs, "time", fake_time)
     monkeypatch.setattr(
-        runs, "ThreadChoice", functools.partial(runs.ThreadChoice, compiles=compiles)
+        threads, "ThreadChoice", functools.partial(threads.ThreadChoice, compiles=compiles)
     )
     return make_run("dqn_cpu"), clock
 
@@ -154,14 +155,14 @@ def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_cou
     than one. Here two threads are faster, but their turns compile for their first 3 iterations
     (0.2 s each): the choice is still two threads, at the uncompiled iterations' time."""
     graphs, at_two = [0], 0
-    choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
+    choice = threads.ThreadChoice(2, compiles=lambda: graphs[0])
     choice.start(0.0)
     now, step, lines = 0.0, 0, []
     while not choice.trials:
-        threads = torch.get_num_threads()
-        at_two += threads == 2
-        compiling = threads == 2 and at_two <= 3
-        now, step = now + (0.2 if compiling else {1: 0.004, 2: 0.002}[threads]), step + 1
+        count = torch.get_num_threads()
+        at_two += count == 2
+        compiling = count == 2 and at_two <= 3
+        now, step = now + (0.2 if compiling else {1: 0.004, 2: 0.002}[count]), step + 1
         graphs[0] += compiling
         lines += [line for line in [choice.tick(now, step)] if line]
     assert choice.trials[0]["threads"] == 2 and len(lines) == 1
@@ -171,9 +172,9 @@ def test_a_turn_that_compiled_starts_again_so_a_late_compile_cannot_pick_the_cou
 def test_counting_compiled_graphs_imports_nothing_where_nothing_compiled():
     """An eager run's first trial turn would time torch._dynamo's import (seconds)."""
     code = (
-        "import sys; import runs; import torch; n = runs.compiled_graphs();"
+        "import sys; import threads; import torch; n = threads.compiled_graphs();"
         "print(n, 'torch._dynamo' in sys.modules);"
-        "torch.compile(lambda x: x + 1)(torch.ones(2)); print(runs.compiled_graphs())"
+        "torch.compile(lambda x: x + 1)(torch.ones(2)); print(threads.compiled_graphs())"
     )
     cmd = [sys.executable, "-c", code]
     out = subprocess.run(cmd, cwd=ROOT / "leanrl", capture_output=True, text=True, timeout=300)
@@ -182,7 +183,7 @@ def test_counting_compiled_graphs_imports_nothing_where_nothing_compiled():
 
 def test_a_window_that_compiled_does_not_start_a_new_trial():
     graphs = [0]
-    choice = runs.ThreadChoice(2, compiles=lambda: graphs[0])
+    choice = threads.ThreadChoice(2, compiles=lambda: graphs[0])
     choice.start(0.0)
     now, step, _ = drive(choice, {1: 0.004, 2: 0.002}.get, 3.0)
     graphs[0] += 1  # an evaluation compiles for 2 s inside a window
@@ -202,12 +203,12 @@ def test_every_script_with_threads_chooses_them_in_its_loop(script, train, monke
     """Without `--threads`, on two cores, the run's own loop holds a trial after its burn-in (turns
     of one iteration, no second trial), and the SUMMARY reports the trial and ends on its choice;
     `--threads 1` fixes the count and no trial runs."""
-    monkeypatch.setattr(runs.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     quick = functools.partial(
-        runs.ThreadChoice, turn_seconds=0.0, trial_seconds=0.0, window_seconds=1e9
+        threads.ThreadChoice, turn_seconds=0.0, trial_seconds=0.0, window_seconds=1e9
     )
-    monkeypatch.setattr(runs, "ThreadChoice", quick)
+    monkeypatch.setattr(threads, "ThreadChoice", quick)
     flags = (*SMOKE[script], "--measure-burnin", 0)
     flags += ("--total-timesteps", LONGER[script]) if script in LONGER else ()
     counted = COUNTED.get(script)

@@ -1,20 +1,24 @@
-"""runs.py's vector env: its step, written out for Box observations and array actions, returns what
-gymnasium's SyncVectorEnv returns (same-step autoreset), array for array and info for info, over
-episodes that end at different steps in different envs, by termination and by truncation."""
+"""vector_envs.py's vector env: its step, written out for Box observations and array actions,
+returns what gymnasium's SyncVectorEnv returns (same-step autoreset), array for array and info for
+info, over episodes that end at different steps in different envs, by termination and by
+truncation."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import load_script
 
-runs = load_script("runs")
+vector_envs = load_script("vector_envs")
 
 
 def pair(env_id, num_envs):
-    """gymnasium's vector env and runs.py's, on the same envs, seeded alike."""
+    """gymnasium's vector env and vector_envs.py's, on the same envs, seeded alike."""
     thunks = [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))] * num_envs
     mode = gym.vector.AutoresetMode.SAME_STEP
-    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode), runs.SyncVectorEnv(thunks, mode)
+    envs = (
+        gym.vector.SyncVectorEnv(thunks, autoreset_mode=mode),
+        vector_envs.SyncVectorEnv(thunks, mode),
+    )
     for e in envs:
         e.reset(seed=7)
         e.action_space.seed(7)

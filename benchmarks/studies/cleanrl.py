@@ -255,7 +255,7 @@ def has_script(algo, variant):
 def plan(algos, variants):
     """(algo, variant) of one round, in order; `--bf16` only for SAC and TD3, and only where this
     CPU computes bfloat16 natively (a note otherwise); a variant only where its script exists."""
-    bf16 = load_script("runs").bf16_native()
+    bf16 = load_script("threads").bf16_native()
     if "cpu --bf16" in variants and not bf16:
         note("skipping cpu --bf16: this CPU computes no bfloat16 natively")
     runs = []

@@ -1,0 +1,214 @@
+"""One file for people who copy one file: a script of this folder with what it uses of the run
+modules beside it inlined, so that the copy imports nothing from the project:
+
+    python leanrl/export.py leanrl/sac_continuous_action.py my_sac.py
+
+The copy holds the script's own lines in their order, then the definitions it imports and those
+they use (the ones its top level needs as it is imported come before its own). The inlined code
+is the modules' code without their docstrings and comments, which stay in the modules; the
+copy's docstring says what it is an export of, and its usage lines name the copy. A copy run with
+`--tensor-envs` needs tensor_envs.py beside it, and says so in one line without. No run imports
+this file.
+"""
+
+import ast
+import io
+import os
+import sys
+import tokenize
+
+FOLDER = os.path.dirname(os.path.abspath(__file__))
+# the modules a copy inlines, each after those it imports
+MODULES = ("runs", "vector_envs", "threads", "seeds", "atari", "ranks")
+# every script's docstring says what it needs, and a copy's what it is
+NEEDS = (
+    "It imports the run modules beside it in leanrl/; "
+    "leanrl/export.py makes a copy that needs none."
+)
+EXPORTED = "Exported from leanrl/{}.py, with the plumbing it uses inlined."
+
+
+def fail(message):
+    print("error: " + message, file=sys.stderr)
+    sys.exit(2)
+
+
+def statement(node, alias):
+    """One import statement for one name of `node`."""
+    name = alias.name + (f" as {alias.asname}" if alias.asname else "")
+    if isinstance(node, ast.ImportFrom):
+        return f"from {node.module} import {name}"
+    return f"import {name}"
+
+
+def binding(alias):
+    return (alias.asname or alias.name).split(".")[0]
+
+
+def top_level(source):
+    """A module's definitions and import bindings: name -> (source text, the names it uses), and
+    name -> its import statement, leaving out the imports of the run modules."""
+    lines, defs, imports = source.splitlines(), {}, {}
+    for node in ast.parse(source).body:
+        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        text = "\n".join(lines[first - 1 : node.end_lineno])
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            if getattr(node, "module", None) not in MODULES:
+                imports |= {binding(alias): statement(node, alias) for alias in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defs[node.name] = (text, used)
+    return defs, imports
+
+
+def import_time_names(tree):
+    """The names a script's top level uses as it is imported: base classes, decorators, defaults,
+    module-level statements (not what its functions use when called)."""
+    parts = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            parts += node.bases + node.decorator_list
+            parts += [n for n in node.body if not isinstance(n, ast.FunctionDef)]
+        elif isinstance(node, ast.FunctionDef):
+            parts += node.decorator_list + node.args.defaults
+        elif not isinstance(node, ast.Import | ast.ImportFrom | ast.If | ast.Expr):
+            parts.append(node)
+    return {n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)}
+
+
+def closure(names, defs):
+    """`names` and every definition of `defs` they use, and those use."""
+    found, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in defs and name not in found:
+            found.add(name)
+            todo += defs[name][1]
+    return found
+
+
+def inlined(script_source, modules):
+    """The definitions of `modules` (name -> source) that a copy of `script_source` inlines: those
+    it imports and those they use; and of them, the ones its top level needs as it is imported."""
+    defs = {}
+    for source in modules.values():
+        defs |= top_level(source)[0]
+    tree = ast.parse(script_source)
+    wanted = [
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module in modules
+        for alias in node.names
+    ]
+    return closure(wanted, defs), closure(set(wanted) & import_time_names(tree), defs)
+
+
+def bare(text):
+    """A definition's source without its docstrings and comments (a docstring that is a body's only
+    statement stays; a dataclass's field docstrings, its flags' help, stay)."""
+    lines = text.splitlines()
+    drop, cut = set(), {}
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.FunctionDef | ast.ClassDef) or len(node.body) < 2:
+            continue
+        first = node.body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            if isinstance(first.value.value, str):
+                drop |= set(range(first.lineno - 1, first.end_lineno))
+                if not lines[first.end_lineno].strip():  # and the blank line after it
+                    drop.add(first.end_lineno)
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            if lines[row - 1][:col].strip():
+                cut[row - 1] = col
+            else:
+                drop.add(row - 1)
+    kept = [line[: cut[i]].rstrip() if i in cut else line for i, line in enumerate(lines)]
+    return "\n".join(line for i, line in enumerate(kept) if i not in drop)
+
+
+def import_key(line):
+    """Where ruff's isort puts an import statement: its section, then `import x` before `from x
+    import y`, then by module."""
+    words = line.split()
+    module = words[1]
+    section = 0 if module.split(".")[0] in sys.stdlib_module_names else 1
+    return section, words[0] == "from", module.lower(), line
+
+
+def export(script_source, modules, script_name, copy_name):
+    """`script_source` (leanrl/`script_name`.py) as one file, `copy_name`: the definitions of
+    `modules` (name -> source) it imports, and those they use, inlined (the ones its top level
+    needs before its own definitions, the rest after `main`), without docstrings and comments."""
+    defs, imports, origin = {}, {}, {}
+    for module, source in modules.items():
+        module_defs, module_imports = top_level(source)
+        defs |= module_defs
+        imports |= module_imports
+        origin |= dict.fromkeys(module_defs, module)
+    tree = ast.parse(script_source)
+    needed, early = inlined(script_source, modules)
+    used = set().union(*(defs[name][1] for name in needed))
+    usage = f"leanrl/{script_name}.py"
+    docstring = tree.body[0]
+    lines = script_source.splitlines()
+    for i in range(docstring.lineno - 1, docstring.end_lineno):  # its usage lines name the copy
+        lines[i] = lines[i].replace(usage, copy_name)
+        lines[i] = EXPORTED.format(script_name) if lines[i] == NEEDS else lines[i]
+    own_imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    kept = [
+        "\n".join(lines[n.lineno - 1 : n.end_lineno])
+        for n in own_imports
+        if getattr(n, "module", None) not in modules
+    ]
+    bound = {binding(alias) for node in own_imports for alias in node.names}
+    kept += [imports[name] for name in sorted(used & set(imports) - bound)]
+    kept = sorted(dict.fromkeys(kept), key=import_key)
+    sections = [[line for line in kept if import_key(line)[0] == s] for s in (0, 1)]
+    first_def = next(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))
+    first_def = min([d.lineno for d in first_def.decorator_list] + [first_def.lineno])
+    guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
+    start = own_imports[0].lineno
+    names = ", ".join(f"{m}.py" for m in modules if m in {origin[name] for name in needed})
+    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/ {names} (documented there)"
+    in_order = [name for name in defs if name in needed]
+    before = [bare(defs[name][0]) for name in in_order if name in early]
+    after = [bare(defs[name][0]) for name in in_order if name not in early]
+    head = "\n".join(lines[: start - 1]).rstrip()
+    parts = [
+        head + "\n\n" + "\n\n".join("\n".join(section) for section in sections if section),
+        "\n\n\n".join(before),
+        "\n".join(lines[first_def - 1 : guard - 1]).rstrip(),
+        banner + "\n\n\n" + "\n\n\n".join(after) if after else "",
+        "\n".join(lines[guard - 1 :]),
+    ]
+    return "\n\n\n".join(part for part in parts if part) + "\n"
+
+
+def run_modules(folder=FOLDER):
+    """Each run module's source, by name."""
+    modules = {}
+    for name in MODULES:
+        with open(os.path.join(folder, f"{name}.py")) as f:
+            modules[name] = f.read()
+    return modules
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        fail("usage: python leanrl/export.py SCRIPT [OUT] (OUT: standard output)")
+    script, out = sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else None
+    try:
+        with open(script) as f:
+            script_source = f.read()
+    except OSError as e:
+        fail(f"cannot read {script}: {e.strerror}")
+    name = os.path.splitext(os.path.basename(script))[0]
+    copy_name = os.path.basename(out) if out else f"{name}.py"
+    text = export(script_source, run_modules(), name, copy_name)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        with open(out, "w") as f:
+            f.write(text)

@@ -1,0 +1,164 @@
+"""The envs of a run: gymnasium's vector env with same-step autoreset and each env's episode
+statistics (`make_envs`, which also makes the tensor envs of tensor_envs.py), the episodes that end
+on a step (`finished_episodes`), the true last observation of an episode (`true_next_obs`), and the
+evaluation of a policy (`evaluate`; `evaluate_recurrent` for a policy with a state)."""
+
+import gymnasium as gym
+import numpy as np
+import torch
+from runs import fail
+
+
+class SyncVectorEnv(gym.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv, same-step autoreset, its step written out for what the scripts
+    step, Box observations and an array of actions: the same arrays and infos at about half the
+    cost of the general one, which counts where the env step is much of a step (DQN, PQN)."""
+
+    def step(self, actions):
+        box = isinstance(self.single_observation_space, gym.spaces.Box)
+        if not box or not isinstance(actions, np.ndarray):
+            return super().step(actions)
+        infos = {}
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, info = env.step(actions[i])
+            self._rewards[i], self._terminations[i] = reward, terminated
+            self._truncations[i] = truncated
+            if terminated or truncated:  # the episode's last obs and info, then the next's first
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
+                obs, info = env.reset()
+            self._env_obs[i] = self._observations[i] = obs
+            if info:
+                infos = self._add_info(infos, info, i)
+        arrays = self._observations, self._rewards, self._terminations, self._truncations
+        return *(array.copy() for array in arrays), infos
+
+
+def make_envs(
+    env_id,
+    num_envs,
+    seed,
+    videos=None,
+    video_episodes=None,
+    wrap=None,
+    tensor=False,
+    device="cpu",
+    compile=False,
+):
+    """gymnasium's vector env with same-step autoreset (the true last observation of an episode is
+    in `infos`), each env counting its episodes' returns, then `wrap(env)`, the script's own
+    wrappers; its first env records videos to the folder `videos`: gymnasium's schedule in
+    training, the first `video_episodes` in an evaluation. With `tensor`, the same as batched
+    tensors on `device` (tensor_envs.py), which take and return tensors, their step compiled whole
+    with `compile` (a few envs step faster so than gymnasium's on a CPU), and `wrap(envs)` takes
+    the whole batch."""
+    if tensor:
+        try:
+            from tensor_envs import TENSOR_ENVS, make_tensor_envs
+        except ModuleNotFoundError:  # an exported copy, without leanrl/tensor_envs.py beside it
+            fail("--tensor-envs needs tensor_envs.py (leanrl/tensor_envs.py) beside this script")
+        if env_id not in TENSOR_ENVS:
+            there = ", ".join(TENSOR_ENVS)
+            fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
+        if videos is not None:
+            fail("--tensor-envs cannot record videos")
+        envs = make_tensor_envs(env_id, num_envs, device, seed)
+        envs.action_space.seed(seed)
+        if compile:
+            envs.step = torch.compile(envs.step, fullgraph=True)
+        return wrap(envs) if wrap else envs
+
+    def make_env(seed, video_dir):
+        def thunk():
+            # no render_mode without video: some envs (POPGym's) take none
+            render = {} if video_dir is None else dict(render_mode="rgb_array")
+            env = gym.make(env_id, **render)
+            if video_dir is not None:
+                record = None if video_episodes is None else lambda e: e < video_episodes
+                prefix = "train" if video_episodes is None else "eval"
+                env = gym.wrappers.RecordVideo(
+                    env, video_dir, record, name_prefix=prefix, disable_logger=True
+                )
+            env = gym.wrappers.RecordEpisodeStatistics(env)
+            env = wrap(env) if wrap else env
+            env.action_space.seed(seed)
+            return env
+
+        return thunk
+
+    try:
+        dirs = [videos] + [None] * (num_envs - 1)
+        thunks = [make_env(seed + i, dirs[i]) for i in range(num_envs)]
+        envs = SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
+        fail(f"--env-id {env_id!r} cannot be made: {e}")
+    envs.action_space.seed(seed)  # random actions, where an algorithm takes them
+    return envs
+
+
+class Episodes(list):
+    """The returns of the episodes that ended on a step, and their lengths, `lengths` (a plain
+    list, where no episode ended or the lengths are not known)."""
+
+    def __init__(self, returns=(), lengths=()):
+        super().__init__(returns)
+        self.lengths = list(lengths)
+
+
+def finished_episodes(infos):
+    """The returns of every episode that ended on this step (several envs can end on one step)."""
+    final_info = infos.get("final_info", {})
+    if "episode" not in final_info:
+        return []
+    ended, episode = final_info["_episode"], final_info["episode"]
+    return Episodes(episode["r"][ended].tolist(), episode["l"][ended].tolist())
+
+
+def true_next_obs(next_obs, infos):
+    """`next_obs` with the true final observation of each episode that ended on this step, where
+    same-step autoreset put the reset one: a truncated episode bootstraps from where it was cut."""
+    if isinstance(next_obs, torch.Tensor):  # the tensor envs: no host sync
+        return torch.where(infos["_final_obs"][:, None], infos["final_obs"], next_obs)
+    real_next_obs = next_obs.copy()
+    for idx in np.flatnonzero(infos.get("_final_obs", [])):
+        real_next_obs[idx] = infos["final_obs"][idx]
+    return real_next_obs
+
+
+def evaluate(act, envs, episodes, seed, device):
+    """The returns of `episodes` episodes played on `envs` (one env, closed after) with
+    `act(obs) -> actions`."""
+    obs, _ = envs.reset(seed=seed)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            actions = act(torch.as_tensor(obs, device=device, dtype=torch.float))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
+
+
+def episode_starts(terminations, truncations, memory):
+    """1 where an episode ended; 1 everywhere without `memory`."""
+    dones = terminations | truncations  # numpy's arrays or the tensor envs' tensors
+    return dones if memory else dones | True
+
+
+def evaluate_recurrent(agent, envs, episodes, seed, state, memory, device):
+    """The returns of `episodes` episodes on `envs` (one env, closed after) by `agent`'s most likely
+    action, its state (`state`: zeros) carried from step to step and zeroed when an episode starts
+    (at every step without `memory`)."""
+    obs, _ = envs.reset(seed=seed)
+    done = torch.full((1, 1), 0.0 if memory else 1.0, device=device)
+    returns = []
+    while len(returns) < episodes:
+        with torch.no_grad():
+            obs = torch.as_tensor(obs, device=device, dtype=torch.float)
+            hidden, state = agent.get_states(obs[None], state, done)
+            actions = agent.actor(hidden[0]).argmax(-1)
+        obs, _, terminations, truncations, infos = envs.step(actions.cpu().numpy())
+        starts = episode_starts(terminations, truncations, memory)
+        done = torch.as_tensor(starts, device=device, dtype=torch.float)[None]
+        returns += finished_episodes(infos)
+    envs.close()
+    return returns[:episodes]
