@@ -23,9 +23,14 @@ from benchmarks.scripts import (  # noqa: F401 (test modules import them from he
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-# where script runs make their runs/ folders: one temporary folder per test session, not the
-# repository
+# where script runs make their runs/ folders: one temporary folder per test session (per worker),
+# not the repository
 RUNS_CWD = tempfile.mkdtemp(prefix="leanrl-tests-")
+# one of pytest-xdist's workers (pyproject.toml), beside another: one thread each, in this process
+# and in the scripts it launches, or two thread pools on two cores wait on each other at every op
+XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if XDIST_WORKER:
+    torch.set_num_threads(1)
 
 _skip_without_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -96,6 +101,8 @@ def script_env():
     GPU machine too, and torchrun's ranks all take the CPU and gloo."""
     env = dict(os.environ)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", MUJOCO_GL="egl", PYTHONUNBUFFERED="1")
+    if XDIST_WORKER:  # a test that needs more threads gives its own OMP_NUM_THREADS
+        env.setdefault("OMP_NUM_THREADS", "1")
     if not _GPUS_SHOWN["now"]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
