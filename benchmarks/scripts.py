@@ -13,8 +13,8 @@ import tyro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
 RUN_MODULE = "runs"  # leanrl/runs.py, the run plumbing: not a script
-# the modules beside the scripts: the run plumbing and the tensor envs it makes
-MODULES = (RUN_MODULE, "tensor_envs")
+# the modules beside the scripts: the run plumbing, the tensor envs it makes and the optimizers
+MODULES = (RUN_MODULE, "tensor_envs", "optimizers")
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 
 
@@ -64,10 +64,9 @@ def required_parameters(function):
 
 def export_scripts(names, directory):
     """`leanrl/runs.py export` of each script of `names` into `directory`: one file each, with the
-    parts of the run module it uses inlined."""
+    parts of the optimizers and of the run module it uses inlined."""
     runs = load_script(RUN_MODULE)
-    module_source = (SCRIPTS / f"{RUN_MODULE}.py").read_text()
     for name in names:
         source = (SCRIPTS / f"{name}.py").read_text()
-        (Path(directory) / f"{name}.py").write_text(runs.export(source, module_source))
+        (Path(directory) / f"{name}.py").write_text(runs.export_script(source, SCRIPTS))
     return Path(directory)

@@ -7,7 +7,7 @@ Paper: https://www.nature.com/articles/nature14236
     python leanrl/dqn_cpu.py --total-timesteps 100000  # learns CartPole
 
 Every call here is small and costs more in Python and dispatch than in arithmetic. So the update
-is a function of the parameters (`torch.func` gradients, torch's functional Adam) compiled as one
+is a function of the parameters (`torch.func` gradients, optimizers.py's Adam) compiled as one
 graph; acting runs the Q network in numpy, on views of the weights; transitions are written once
 per `train_frequency` iterations. Threads: runs.py measures (`--threads` fixes them); `--bf16`: the
 update in bfloat16 where the CPU has it. On a GPU, run dqn_torchcompile.py.
@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from optimizers import Adam
 from runs import CPUFlags, Run, evaluate, fail, finished_episodes, make_envs, true_next_obs
 from torch.func import functional_call, grad_and_value
-from torch.optim.adam import adam
 
 
 @dataclass
@@ -126,46 +126,6 @@ class ReplayBuffer:
         self.cursor, self.size = state["cursor"], state["size"]
         for key, value in state["storage"].items():
             self.storage[key][: self.size] = value
-
-
-class Adam:
-    """torch.optim.Adam's state on a dict of tensors, stepped in place by torch's functional Adam
-    (`torch.optim.adam.adam`, which `torch.optim.Adam.step` runs). Called inside a compiled update
-    it becomes part of that update's graph; `torch.optim.Adam.step` would break the graph."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # the step counts as tensors, as torch.optim.Adam keeps them: nothing recompiles
-        self.step_count = {name: torch.zeros(()) for name in params}
-
-    def step(self, grads):
-        names = list(self.params)
-        adam(
-            [self.params[name] for name in names],
-            [grads[name] for name in names],
-            [self.exp_avg[name] for name in names],
-            [self.exp_avg_sq[name] for name in names],
-            [],  # amsgrad's maxima: none
-            [self.step_count[name] for name in names],
-            foreach=False,
-            amsgrad=False,
-            beta1=self.betas[0],
-            beta2=self.betas[1],
-            lr=self.lr,
-            weight_decay=0.0,
-            eps=self.eps,
-            maximize=False,
-        )
-
-    def state_dict(self):  # the moments and the step counts, for checkpoints
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq, step=self.step_count)
-
-    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
-        for key, tensors in self.state_dict().items():
-            for name, value in tensors.items():
-                value.copy_(state[key][name])
 
 
 def make_learner(args, n_obs, n_act):

@@ -1505,7 +1505,7 @@ def inlined(script_source, module_source, module_name="runs"):
     return closure(wanted), closure(set(wanted) & import_time_names(tree))
 
 
-def export(script_source, module_source, module_name="runs"):
+def export(script_source, module_source, module_name="runs", what="The run plumbing"):
     """`script_source` as one file: the definitions of this module it imports, and those they use,
     inlined (the ones its top level needs before its own, the rest after `main`)."""
     defs, imports = top_level(module_source)
@@ -1527,7 +1527,7 @@ def export(script_source, module_source, module_name="runs"):
     first_def = min([d.lineno for d in first_def.decorator_list] + [first_def.lineno])
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
     start = own_imports[0].lineno
-    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/{module_name}.py"
+    banner = f"# {'=' * 98}\n# {what}, from leanrl/{module_name}.py"
     in_order = [name for name in defs if name in needed]
     before = [defs[name][0] for name in in_order if name in early]
     after = [defs[name][0] for name in in_order if name not in early]
@@ -1542,6 +1542,17 @@ def export(script_source, module_source, module_name="runs"):
     return "\n\n\n".join(part for part in parts if part) + "\n"
 
 
+def export_script(script_source, folder):
+    """`export` of the optimizers (`folder`/optimizers.py) a script imports, then of the run
+    module (`folder`/runs.py)."""
+    with open(os.path.join(folder, "optimizers.py")) as f:
+        optimizers = f.read()
+    if inlined(script_source, optimizers, "optimizers")[0]:
+        script_source = export(script_source, optimizers, "optimizers", "The optimizers")
+    with open(os.path.join(folder, "runs.py")) as f:
+        return export(script_source, f.read())
+
+
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4) or sys.argv[1] != "export":
         fail("usage: python leanrl/runs.py export SCRIPT [OUT] (OUT: standard output)")
@@ -1549,7 +1560,7 @@ if __name__ == "__main__":
         script_source = open(sys.argv[2]).read()
     except OSError as e:
         fail(f"cannot read {sys.argv[2]}: {e.strerror}")
-    text = export(script_source, open(__file__).read())
+    text = export_script(script_source, os.path.dirname(os.path.abspath(__file__)))
     if len(sys.argv) == 3:
         sys.stdout.write(text)
     else:

@@ -1,8 +1,8 @@
 """One file for people who copy one file: `python leanrl/runs.py export SCRIPT OUT` writes the
-script with the parts of the run module it uses inlined. Every script's copy holds the script's own
-lines in their order, imports nothing from the project, defines every name it uses and imports,
-alone, in a Python that cannot see leanrl/. That a copy trains, stops and resumes as the script
-does is test_resume's (its `-exported` cases, one script of each family)."""
+script with the parts of the run module and the optimizers it uses inlined. Every script's copy
+holds the script's own lines in their order, imports nothing from the project, defines every name
+it uses and imports, alone, in a Python that cannot see leanrl/. That a copy trains, stops and
+resumes as the script does is test_resume's (its `-exported` cases, one script of each family)."""
 
 import ast
 import difflib
@@ -24,13 +24,13 @@ def imported_modules(source):
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_a_copy_is_the_script_plus_the_plumbing_it_uses(script, exported):
-    """Every line of the script is in its copy, in order, but its import of the run module; what the
-    copy adds is the run module's text."""
+    """Every line of the script is in its copy, in order, but its imports of the run module and the
+    optimizers; what the copy adds is their text."""
     own = (SCRIPTS / f"{script}.py").read_text().splitlines()
     copy = (exported / f"{script}.py").read_text()
-    assert "runs" not in imported_modules(copy)
-    for node in ast.parse("\n".join(own)).body:  # the import of the run module goes
-        if isinstance(node, ast.ImportFrom) and node.module == "runs":
+    assert not {"runs", "optimizers"} & set(imported_modules(copy))
+    for node in ast.parse("\n".join(own)).body:  # the imports of the project's modules go
+        if isinstance(node, ast.ImportFrom) and node.module in ("runs", "optimizers"):
             own[node.lineno - 1 : node.end_lineno] = [None] * (node.end_lineno - node.lineno + 1)
     own_lines = [line for line in own if line is not None]
     matcher = difflib.SequenceMatcher(None, own_lines, copy.splitlines(), autojunk=False)
@@ -41,7 +41,7 @@ def test_a_copy_is_the_script_plus_the_plumbing_it_uses(script, exported):
         for line in own_lines[i1:i2]
     ]
     assert not [line for line in dropped if line.strip()], dropped
-    module = (SCRIPTS / "runs.py").read_text()
+    module = (SCRIPTS / "runs.py").read_text() + (SCRIPTS / "optimizers.py").read_text()
     added = [
         line
         for tag, _, _, j1, j2 in matcher.get_opcodes()
@@ -66,7 +66,7 @@ def test_every_copy_defines_what_it_uses(exported):
 
 def test_the_copies_import_in_a_python_that_cannot_see_leanrl(exported, tmp_path):
     """Each copy imports (nothing runs at import) with only its own folder on the path; the run
-    module is never imported."""
+    module and the optimizers are never imported."""
     check = f"""
 import importlib.util, sys
 sys.path = [p for p in sys.path if "leanrl" not in p and p not in ("", {str(ROOT)!r})]
@@ -75,7 +75,7 @@ for name in {ALL_SCRIPTS!r}:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    assert callable(module.main) and "runs" not in sys.modules, name
+    assert callable(module.main) and not {{"runs", "optimizers"}} & set(sys.modules), name
 print("imported", len({ALL_SCRIPTS!r}))
 """
     proc = subprocess.run(

@@ -314,7 +314,7 @@ def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling()
             lr = 2.5e-4 / step
             reference.optimizer.param_groups[0]["lr"] = lr
             for learner in cpu.values():
-                learner.optimizer.lr.fill_(lr)
+                learner.optimizer.param_groups[0]["lr"].fill_(lr)
         try:
             batch = dict(make_minibatch(step).items())
             expected = reference.update(batch)
