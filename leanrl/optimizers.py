@@ -16,7 +16,7 @@ member its own.
 import torch
 
 
-def per_member(value, like):
+def broadcastable(value, like):
     """`value` (a number, a tensor of shape [] or [members]) shaped to broadcast over `like`
     ([members, ...] or any shape)."""
     if not torch.is_tensor(value):
@@ -50,9 +50,9 @@ class Adam:
             exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / per_member(bias_correction2, param)).sqrt() + self.eps
-            lr = per_member(self.param_groups[0]["lr"], param)
-            param.sub_(lr * (exp_avg / per_member(bias_correction1, param)) / denom)
+            denom = (exp_avg_sq / broadcastable(bias_correction2, param)).sqrt() + self.eps
+            lr = broadcastable(self.param_groups[0]["lr"], param)
+            param.sub_(lr * (exp_avg / broadcastable(bias_correction1, param)) / denom)
 
     def state_dict(self):  # the moments, beta1**t, beta2**t and a tensor lr, for checkpoints
         state = {f"exp_avg.{name}": value for name, value in self.exp_avg.items()}
