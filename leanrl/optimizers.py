@@ -21,7 +21,7 @@ def broadcastable(value, like):
     ([members, ...] or any shape)."""
     if not torch.is_tensor(value):
         return value
-    return value.view(*value.shape, *[1] * (like.dim() - value.dim()))
+    return value.view(value.shape + (1,) * (like.dim() - value.dim()))
 
 
 class Adam:
