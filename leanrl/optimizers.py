@@ -17,11 +17,11 @@ import torch
 
 
 def broadcastable(value, like):
-    """`value` (a number, a tensor of shape [] or [members]) shaped to broadcast over `like`
-    ([members, ...] or any shape)."""
-    if not torch.is_tensor(value):
+    """`value` (a number, a 0-d tensor, or a tensor of one value per member [members]) shaped to
+    broadcast over `like` ([members, ...])."""
+    if not torch.is_tensor(value) or value.dim() == 0:
         return value
-    return value.view(value.shape + (1,) * (like.dim() - value.dim()))
+    return value.view(-1, *[1] * (like.dim() - 1))
 
 
 class Adam:
