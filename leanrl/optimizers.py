@@ -2,11 +2,11 @@
 
 The `_cpu` and `_seeds` scripts take their gradients with `torch.func` and compile each update, from
 the forward pass to the optimizer's step, as one graph. `torch.optim.Adam.step` would break that
-graph (it calls `torch._dynamo.graph_break()`). torch's functional forms (`torch.optim.adam.adam`,
-`torch.optim.radam.radam`) do compile into it, but on a CPU Inductor then computes `beta**step`
-again in every vector of every parameter's kernel, which makes the step slower (measured in
-docs/performance.md). So the two steps are written out here, once: the bias corrections come from
-tensors that each step updates once.
+graph (it calls `torch._dynamo.graph_break()`). torch's functional Adam (`torch.optim.adam.adam`)
+does compile into it, but on a CPU Inductor then computes `beta**step` again in every vector of
+every parameter's kernel, which makes the step slower (measured in docs/performance.md); its
+functional RAdam computes its corrections from the step count the same way. So the two steps are
+written out here, once: the bias corrections come from tensors that each step updates once.
 
 Parameters may be stacked over members ([members, ...], the `_seeds` scripts). Every op is
 elementwise, so each member takes its own step; a learning rate of shape [members] gives each
