@@ -9,9 +9,9 @@ Paper: https://www.nature.com/articles/nature14236
     python leanrl/dqn_cpu.py --total-timesteps 100000  # learns CartPole
 
 Every call here is small and costs more in Python and dispatch than in arithmetic. So the update
-is a function of the parameters (`torch.func` gradients, Adam written out) compiled as one graph;
-acting runs the Q network in numpy, on views of the weights; transitions are written once per
-`train_frequency` iterations. Threads: runs.py measures (`--threads` fixes them); `--bf16`: the
+is a function of the parameters (`torch.func` gradients, optimizers.py's Adam) compiled as one
+graph; acting runs the Q network in numpy, on views of the weights; transitions are written once
+per `train_frequency` iterations. Threads: runs.py measures (`--threads` fixes them); `--bf16`: the
 update in bfloat16 where the CPU has it. On a GPU, run dqn_torchcompile.py.
 """
 
@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from optimizers import Adam
 from runs import Run, fail
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
@@ -129,43 +130,6 @@ class ReplayBuffer:
         self.cursor, self.size = state["cursor"], state["size"]
         for key, value in state["storage"].items():
             self.storage[key][: self.size] = value
-
-
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
-    place. Called inside a compiled update it becomes part of that update's graph;
-    `torch.optim.Adam.step` would break the graph."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
-        # would inline a power of a step count into the kernel, once per vector: a slow step
-        self.beta1_power, self.beta2_power = torch.ones(()), torch.ones(())
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
-
-    def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
-        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | powers
-
-    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
-        for moments in ("exp_avg", "exp_avg_sq"):
-            for name, value in state[moments].items():
-                getattr(self, moments)[name].copy_(value)
-        self.beta1_power.copy_(state["beta1_power"])
-        self.beta2_power.copy_(state["beta2_power"])
 
 
 def make_learner(args, n_obs, n_act):

@@ -19,7 +19,7 @@ import tokenize
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 # the modules a copy inlines, each after those it imports
-MODULES = ("runs", "vector_envs", "threads", "seeds", "atari", "ranks")
+MODULES = ("runs", "vector_envs", "threads", "seeds", "atari", "ranks", "optimizers")
 # every script's docstring says what it needs, and a copy's what it is
 NEEDS = (
     "It imports the run modules beside it in leanrl/; "

@@ -9,8 +9,8 @@ Paper: https://arxiv.org/abs/1707.06347. Defaults are CleanRL's (HalfCheetah-v4,
 
 It trains on the CPU whatever the machine has; for a GPU, run the twin. Same algorithm, defaults
 and loop. What changes for speed on a CPU:
-- the update is a function of the parameters, with the clip and Adam written out, so that it
-  compiles whole into one graph, as GAE does (`--no-compile`: eager);
+- the update is a function of the parameters, with the clip written out and optimizers.py's
+  Adam, so that it compiles whole into one graph, as GAE does (`--no-compile`: eager);
 - acting runs in numpy on views of the agent's weights;
 - the intra-op threads chosen by measurement unless `--threads` fixes them: every op is tiny;
 - `--bf16`: the update in bfloat16 on a CPU that has it.
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from optimizers import Adam
 from runs import Run, fail
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
@@ -187,46 +188,6 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
         coefs = torch.cat([coefs[:-shift] * coefs[shift:], coefs[-shift:]])
         shift *= 2
     return advantages, advantages + values
-
-
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place.
-
-    Written out so that a compiled update holds it in its graph, which `torch.optim.Adam.step`
-    would break. The learning rate is in `param_groups`.
-    """
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.betas, self.eps = params, betas, eps
-        self.param_groups = [{"lr": lr}]
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products of tensors: nothing recompiles, and Inductor
-        # would inline a power of a step count into the kernel of every parameter, slowly
-        self.beta1_power = torch.ones((), device=lr.device)
-        self.beta2_power = torch.ones((), device=lr.device)
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.param_groups[0]["lr"] * (exp_avg / bias_correction1) / denom)
-
-    def state_dict(self):  # the moments, beta1**t, beta2**t and the learning rate, for checkpoints
-        moments = {f"exp_avg.{name}": value for name, value in self.exp_avg.items()}
-        moments |= {f"exp_avg_sq.{name}": value for name, value in self.exp_avg_sq.items()}
-        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return moments | powers | dict(lr=self.param_groups[0]["lr"])
-
-    def load_state_dict(self, state):  # in place: the compiled update reads these tensors
-        for key, value in self.state_dict().items():
-            value.copy_(state[key])
 
 
 def make_learner(args, n_obs, n_act, device):

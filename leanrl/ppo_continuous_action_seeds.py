@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from optimizers import Adam
 from runs import CudaFlags, fail
 from seeds import (
     SeedsRun,
@@ -258,52 +259,6 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) on a dict of tensors, in place.
-
-    Written out so that a compiled update holds it in its graph, which `torch.optim.Adam.step`
-    would break. The learning rate is in `param_groups`. Every op is elementwise: on parameters
-    stacked over the members, each member takes its own step.
-    """
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.betas, self.eps = params, betas, eps
-        self.param_groups = [{"lr": lr}]
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products of tensors: nothing recompiles, and Inductor
-        # would inline a power of a step count into the kernel of every parameter, slowly. A pair
-        # per member: --target-kl stops the members after different numbers of steps
-        members = next(iter(params.values())).shape[:1]
-        self.beta1_power = torch.ones(members, device=lr.device)
-        self.beta2_power = torch.ones(members, device=lr.device)
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            # each member's bias corrections, against its parameters
-            members = (-1,) + (1,) * (param.dim() - 1)
-            denom = (exp_avg_sq / bias_correction2.view(members)).sqrt() + self.eps
-            lr = self.param_groups[0]["lr"].view(members)
-            param.sub_(lr * (exp_avg / bias_correction1.view(members)) / denom)
-
-    def state_dict(self):  # the moments, beta1**t, beta2**t and the learning rate, for checkpoints
-        moments = {f"exp_avg.{name}": value for name, value in self.exp_avg.items()}
-        moments |= {f"exp_avg_sq.{name}": value for name, value in self.exp_avg_sq.items()}
-        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return moments | powers | dict(lr=self.param_groups[0]["lr"])
-
-    def load_state_dict(self, state):  # in place: the compiled update reads these tensors
-        for key, value in self.state_dict().items():
-            value.copy_(state[key])
-
-
 def make_learner(args, n_obs, n_act, seeds, device):
     """PPO's members' agents, optimizer and steps on `device`, stacked on a leading seeds axis.
     Member k starts from the weights ppo_continuous_action_cpu.py draws with `--seed seeds[k]`."""
@@ -319,7 +274,8 @@ def make_learner(args, n_obs, n_act, seeds, device):
     lr = hp["learning_rate"].clone()
     # the members' tensors, stacked, which Adam updates in place
     params = {name: p.detach() for name, p in stack_module_state(members)[0].items()}
-    optimizer = Adam(params, lr, eps=1e-5)
+    # a step count per member: --target-kl stops the members after different numbers of steps
+    optimizer = Adam(params, lr, eps=1e-5, members=lr.shape)
 
     def loss_fn(params, mb, hp):
         """The clipped-surrogate loss of a minibatch, and its statistics."""

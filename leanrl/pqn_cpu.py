@@ -9,9 +9,9 @@ Paper: https://arxiv.org/abs/2407.04811
 
 Every call here is small and costs more in Python and dispatch than in arithmetic. So acting runs
 the Q network in numpy, on views of the weights, and the rollout and its Q(lambda) returns stay in
-numpy; the update is a function of the parameters (`torch.func` gradients, the clipping and RAdam
-written out) compiled as one graph. Threads: runs.py measures (`--threads` fixes them); `--bf16`:
-the update in bfloat16 where the CPU has it. On a GPU, run pqn_torchcompile.py.
+numpy; the update is a function of the parameters (`torch.func` gradients, the clipping written
+out, optimizers.py's RAdam) compiled as one graph. Threads: runs.py measures (`--threads` fixes
+them); `--bf16`: the update in bfloat16 where the CPU has it. On a GPU, run pqn_torchcompile.py.
 """
 
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from optimizers import RAdam
 from runs import Run, fail
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
@@ -122,47 +123,6 @@ def q_lambda_returns(
         mixed = (1 - q_lambda) * next_values[t] + q_lambda * next_return
         returns[t] = next_return = rewards[t] + gamma * mixed
     return returns
-
-
-class RAdam:
-    """torch.optim.RAdam's step (no weight decay) written out on a dict of tensors, in place, as its
-    `capturable` form writes it: no branch on the step. Called inside a compiled update it becomes
-    part of that update's graph; `torch.optim.RAdam.step` would break the graph. `lr` is a tensor
-    that the run anneals in place."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.step_count = torch.zeros((), dtype=torch.float64)  # a tensor: nothing recompiles
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        step = self.step_count.add_(1)
-        bias_correction1, bias_correction2 = 1 - beta1**step, 1 - beta2**step
-        # the length of the approximated simple moving average, and its limit
-        rho_inf = 2 / (1 - beta2) - 1
-        rho_t = rho_inf - 2 * step * beta2**step / bias_correction2
-        # the rectification of the adaptive rate's variance (NaN for some rho_t < 4, unused there)
-        rect = (rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)
-        rect = rect.sqrt()
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            adaptive_lr = bias_correction2**0.5 / (exp_avg_sq.sqrt() + self.eps)
-            # the variance rectified once the average is long enough, plain momentum SGD before
-            scale = torch.where(rho_t > 5, rect * adaptive_lr, 1.0)
-            param.sub_(exp_avg / bias_correction1 * self.lr * scale)
-
-    def state_dict(self):  # the moments and the step, for checkpoints
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq, step=self.step_count)
-
-    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
-        for moments in ("exp_avg", "exp_avg_sq"):
-            for name, value in state[moments].items():
-                getattr(self, moments)[name].copy_(value)
-        self.step_count.copy_(state["step"])
 
 
 def clip_grad_norm(grads, max_norm):
@@ -289,7 +249,8 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here
         if args.anneal_lr:
             frac = 1.0 - iteration / num_iterations
-            optimizer.lr.fill_(frac * args.learning_rate)  # in place: no recompile
+            # in place: no recompile
+            optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
 
         # rollout
         for step in range(args.num_steps):
@@ -330,7 +291,7 @@ def main(args):
 
         # log
         metrics = dict(td_loss=td_loss, q_values=q_mean, epsilon=epsilon)
-        metrics["learning_rate"] = optimizer.lr
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence

@@ -12,8 +12,8 @@ LeanRL's benchmark env, HalfCheetah-v4 (CleanRL's TD3 defaults to Hopper-v4).
 
 The optimized twin's algorithm, defaults and loop, made fast on a CPU, which it always trains
 on. Each update compiles as one graph, from the forward pass to the Adam step: it is a function
-of the parameters, with `torch.func` gradients and Adam written out, since `backward` and an
-optimizer's `step` would split the graph. Acting runs in numpy on views of the actor's weights,
+of the parameters, with `torch.func` gradients and optimizers.py's Adam, since `backward` and
+an optimizer's `step` would split the graph. Acting runs in numpy on views of the actor's weights,
 and the replay buffer is written through numpy views: at batch 1, numpy dispatches faster than
 torch. The intra-op threads are chosen by measurement unless `--threads` fixes them
 (docs/performance.md); `--bf16` computes the updates in bfloat16 on a CPU that has it.
@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from optimizers import Adam
 from runs import Run, fail
 from tensordict import TensorDict, from_modules
 from threads import CPUFlags
@@ -147,44 +148,6 @@ class ReplayBuffer:
         self.cursor, self.size = state["cursor"], state["size"]
         for key, value in state["storage"].items():
             self.storage[key][: self.size] = value
-
-
-class Adam:
-    """torch.optim.Adam's step (no weight decay, no amsgrad) written out on a dict of tensors, in
-    place, so that it compiles into the update's graph."""
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-        # beta1**t and beta2**t as running products, tensors so that nothing recompiles: inductor
-        # inlines a power of a step-count tensor into every vector of the CPU kernel
-        device = next(iter(params.values())).device
-        self.beta1_power = torch.ones((), device=device)
-        self.beta2_power = torch.ones((), device=device)
-
-    def step(self, grads):
-        beta1, beta2 = self.betas
-        self.beta1_power.mul_(beta1)
-        self.beta2_power.mul_(beta2)
-        bias_correction1, bias_correction2 = 1 - self.beta1_power, 1 - self.beta2_power
-        for name, param in self.params.items():
-            exp_avg, exp_avg_sq, grad = self.exp_avg[name], self.exp_avg_sq[name], grads[name]
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq / bias_correction2).sqrt() + self.eps
-            param.sub_(self.lr * (exp_avg / bias_correction1) / denom)
-
-    def state_dict(self):  # the moments and the step (as the betas' powers), for checkpoints
-        powers = dict(beta1_power=self.beta1_power, beta2_power=self.beta2_power)
-        return dict(exp_avg=self.exp_avg, exp_avg_sq=self.exp_avg_sq) | powers
-
-    def load_state_dict(self, state):  # in place: a compiled update holds these tensors
-        for moments in ("exp_avg", "exp_avg_sq"):
-            for name, value in state[moments].items():
-                getattr(self, moments)[name].copy_(value)
-        self.beta1_power.copy_(state["beta1_power"])
-        self.beta2_power.copy_(state["beta2_power"])
 
 
 def make_learner(args, n_obs, n_act, action_low, action_high, device):

@@ -256,8 +256,8 @@ def make_learner(script, args):
 def build_update(script):
     """A script's TD update from the same starting parameters (seeded) and a target network that
     differs from the online one, as its `make_learner` builds it: the eager script's module update
-    (torch.optim.Adam), the twin's (fused Adam), or the CPU script's functional update with its
-    written-out Adam."""
+    (torch.optim.Adam), the twin's (fused Adam), or the CPU script's functional update with
+    optimizers.py's Adam."""
     args = load_script(script).Args(learning_rate=2.5e-4, gamma=0.99)
     torch.manual_seed(0)
     learner = make_learner(script, args)
@@ -296,7 +296,7 @@ def test_cpu_functional_update_matches_the_eager_scripts_module_update_step_for_
     (torch.optim.Adam), the CPU script's functional update run eagerly (`--no-compile`) and compiled
     as `main` compiles it (one graph, C++ wrapper). After each step the losses and mean Qs agree
     within 1e-5 (relative) and the parameters within 1e-6 (absolute; each Adam step moves them by
-    ~lr = 2.5e-4; the written-out Adam rounds in another order than torch's). From the third call
+    ~lr = 2.5e-4; optimizers.py's Adam rounds in another order than torch's). From the third call
     on, the compiled update compiles nothing new."""
     reference, reference_q = build_update("dqn")
     functional, functional_q = build_update("dqn_cpu")

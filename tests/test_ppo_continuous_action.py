@@ -174,7 +174,7 @@ def flat_parameters(agent):
 
 def same_start(*learners):
     """`learners` with the first one's weights: every script's agent has the same state_dict keys.
-    Loading copies in place, so the weights' views (acting, the written-out Adam) stay valid."""
+    Loading copies in place, so the weights' views (acting, optimizers.py's Adam) stay valid."""
     for learner in learners[1:]:
         learner.agent.load_state_dict(learners[0].agent.state_dict())
     return learners
@@ -229,14 +229,13 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling():
 
 @pytest.mark.slow  # compiles the functional update (19 s here)
 def test_cpu_functional_update_equals_eager_scripts_update_without_recompiling():
-    """The CPU script's functional update (torch.func gradients, the clip and Adam written out),
-    eager and compiled whole, against the eager script's module update (autograd,
-    clip_grad_norm_, torch.optim.Adam) from the same weights: five steps, the learning rate
-    annealed in place (a tensor in the CPU script, a float in the eager one); after two warm-up
-    steps the compiled update does not recompile. Statistics agree to 1e-5 relative (float32,
-    the same math in another order, and torch.distributions' log-density against the written-out
-    one); parameters to 1e-5 absolute (Adam turns a last-bit difference in a tiny gradient into
-    up to ~lr * 1e-2)."""
+    """The CPU script's functional update (torch.func gradients, the clip written out,
+    optimizers.Adam), eager and compiled whole, against the eager script's module update (autograd,
+    clip_grad_norm_, torch.optim.Adam) from the same weights: five steps, the learning rate annealed
+    in place (a tensor in the CPU script, a float in the eager one); after two warm-up steps the
+    compiled update does not recompile. Statistics agree to 1e-5 relative (float32, the same math in
+    another order, and torch.distributions' log-density against the written-out one); parameters to
+    1e-5 absolute (Adam turns a last-bit difference in a tiny gradient into up to ~lr * 1e-2)."""
     eager, cpu = load_script(EAGER), load_script(CPU)
     torch.manual_seed(0)
     module_learner, *functional = same_start(

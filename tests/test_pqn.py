@@ -3,7 +3,7 @@ runs, epsilon-greedy acting with a coin per env on the epsilon schedule, the CPU
 network == the torch module, the Q(lambda) returns (bootstrapping through truncation, not
 termination; the twin's doubling and the CPU script's numpy loop = the eager loop), the twin's
 update (compiled or not) = the eager twin's on the same minibatch (loss, gradients, parameters),
-the CPU script's functional update (its clipping and RAdam written out) = the eager one, no
+the CPU script's functional update (clipping written out, optimizers.RAdam) = the eager one, no
 recompilation, no host sync in what a CUDA graph records, models that load across the scripts,
 divergence, learning, bad inputs.
 
@@ -314,7 +314,7 @@ def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling()
             lr = 2.5e-4 / step
             reference.optimizer.param_groups[0]["lr"] = lr
             for learner in cpu.values():
-                learner.optimizer.lr.fill_(lr)
+                learner.optimizer.param_groups[0]["lr"].fill_(lr)
         try:
             batch = dict(make_minibatch(step).items())
             expected = reference.update(batch)
@@ -332,7 +332,7 @@ def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling()
 
 
 def test_written_out_radam_takes_torch_radams_steps_over_a_long_run():
-    """The CPU script's RAdam, whose step count is a tensor and whose rectification is a `where`,
+    """optimizers.py's RAdam, whose step count is a tensor and whose rectification is a `where`,
     against torch.optim.RAdam over 3,000 steps (past the warm-up and where the bias corrections
     fade), its learning rate a tensor changed in place as the loop anneals it."""
     module = load_script(CPU)

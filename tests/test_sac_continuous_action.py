@@ -85,7 +85,7 @@ def test_several_envs_log_every_episode(script, flags):
 def build(script, autotune=True, compile_updates=False, seed=0):
     """`script`'s networks and update functions from `seed`, built by its `make_learner`: the eager
     script's module updates with torch.optim.Adam, the twin's with fused Adam, the CPU script's
-    functional updates (Adam written out). Every script draws the same initial weights from one
+    functional updates (optimizers.py's Adam). Every script draws the same initial weights from one
     seed (the actor, then both Q-networks). `compile_updates`: the twin's two updates in
     torch.compile, as its `main` compiles them."""
     module = load_script(script)
@@ -157,7 +157,7 @@ def take_steps(learner, first, steps):
 def assert_same_steps(learner, reference, steps=1):
     """Both learners take `steps` steps from the same parameters: the same losses and the same
     parameters after them. float32, the same math in another order (fused kernels, the Gaussian's
-    log-density written out, Adam's step written out): losses agree to 1e-5 relative. Adam's first
+    log-density written out, optimizers.py's Adam): losses agree to 1e-5 relative. Adam's first
     step moves a parameter by about lr * g / (|g| + eps): where g is ~1e-8 a last-bit difference in
     g shows up as ~1e-5 in the parameter, so parameters agree to 5e-5 (5% of q_lr)."""
     before = parameters(reference[3])
@@ -173,7 +173,7 @@ def assert_same_steps(learner, reference, steps=1):
 
 @pytest.mark.parametrize("autotune", [True, False], ids=["autotune", "fixed-alpha"])
 def test_cpu_functional_update_equals_eager_module_update(autotune):
-    """The CPU script's updates (torch.func gradients, Adam written out, targets by `lerp_`) take
+    """The CPU script's updates (torch.func gradients, optimizers.Adam, targets by `lerp_`) take
     the eager script's steps (autograd, torch.optim.Adam, two Q-networks and a loop over their
     targets), 3 steps in a row."""
     assert_same_steps(build(CPU, autotune), build(EAGER, autotune), steps=3)
@@ -234,7 +234,7 @@ def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch)
 def test_host_policy_is_get_action_in_numpy(monkeypatch):
     """The CPU script's numpy policy draws its noise from the numpy Generator it is given; given
     the same draws, `Actor.get_action` gives the same action, log-probability and squashed
-    mean, on the actor's current weights (changed in place, as the written-out Adam changes
+    mean, on the actor's current weights (changed in place, as optimizers.py's Adam changes
     them)."""
     module = load_script(CPU)
     torch.manual_seed(0)

@@ -101,7 +101,7 @@ def build_twin_updates(module, compile_updates, seed=0):
 
 
 def build_cpu_updates(module, seed=0):
-    """The CPU script's functional updates with its written-out Adam, from its `make_learner`."""
+    """The CPU script's functional updates with optimizers.py's Adam, from its `make_learner`."""
     learner = build_learner(module, seed)
     update_critic, update_actor = learner.update_critic, learner.update_actor
     return update_critic, update_actor, learner.update_targets, stacked_state(learner)
@@ -197,7 +197,7 @@ def test_twin_update_equals_eager_script_update():
 
 
 def test_cpu_functional_update_equals_eager_script_update():
-    """torch.func gradients, the written-out Adam and the lerp_ targets take the eager script's
+    """torch.func gradients, optimizers.py's Adam and the lerp_ targets take the eager script's
     autograd steps with torch.optim.Adam, step for step (3 steps: Adam's bias corrections and its
     moments past their first values)."""
     functional = build_cpu_updates(load_script(CPU))
