@@ -171,7 +171,7 @@ def export(script_source, modules, script_name, copy_name):
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
     start = own_imports[0].lineno
     names = ", ".join(f"{m}.py" for m in modules if m in {origin[name] for name in needed})
-    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/ {names} (documented there)"
+    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/: {names}"
     in_order = [name for name in defs if name in needed]
     before = [bare(defs[name][0]) for name in in_order if name in early]
     after = [bare(defs[name][0]) for name in in_order if name not in early]
