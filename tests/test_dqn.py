@@ -113,7 +113,6 @@ def test_a_model_saved_by_any_script_loads_in_the_others(cpu_run, tmp_path):
 
 
 # --- the epsilon schedule and acting
-# ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -231,7 +230,6 @@ def test_replay_buffer_extends_wraps_around_and_samples_what_was_added(script):
 
 
 # --- the updates: compiled == eager, functional == module
-# ---------------------------------------------------------
 
 
 def make_batch(n_obs=4, n_act=2, batch_size=128, seed=1):
@@ -335,7 +333,6 @@ def test_target_update_is_a_copy_at_tau_one(script):
 
 
 # --- learning
-# -------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.learning
@@ -353,7 +350,6 @@ def test_learns_cartpole():
 
 
 # --- bad inputs
-# ---------------------------------------------------------------------------------------------
 
 # an unknown `--env-id` and a `module:EnvId` whose module is missing: test_contract.py, for every
 # script

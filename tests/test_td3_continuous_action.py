@@ -71,7 +71,6 @@ def test_several_envs_log_every_episode(script, flags):
 
 
 # --- the update functions
-# -------------------------------------------------------------------------------------
 
 
 def build_learner(module, seed=0, **args):
