@@ -36,11 +36,8 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
-        "CartPole-v1",
-        96,
-        2,
-    )
+    assert (result["env_id"], result["total_timesteps"]) == ("CartPole-v1", 96)
+    assert result["num_envs"] == 2
     # resolved: CartPole-v1's positions, its velocities hidden
     assert result["obs_indices"] == [0, 2]
     assert result["episodes"] >= 2
