@@ -28,16 +28,12 @@ OFF_POLICY_CONTINUOUS = FAMILIES["sac_continuous_action"] + FAMILIES["td3_contin
 # id on the driver with the `make_envs` its runners use)
 GYMNASIUM = SCRIPTS + ["ppo_lstm", "ppo_lstm_torchcompile", "ppo_mingru", "ppo_mingru_torchcompile"]
 # a classic-control env each script can train on, named in gymnasium's `module:EnvId` form
-MODULE_ENV_IDS = {
-    "dqn": "gymnasium.envs.classic_control:CartPole-v1",
-    "pqn": "gymnasium.envs.classic_control:CartPole-v1",
-    "ppo_lstm": "gymnasium.envs.classic_control:CartPole-v1",
-    "ppo_mingru": "gymnasium.envs.classic_control:CartPole-v1",
-}
-# 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
-PENDULUM_SMOKE = tuple(
-    "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()
+MODULE_ENV_IDS = dict.fromkeys(
+    ["dqn", "pqn", "ppo_lstm", "ppo_mingru"], "gymnasium.envs.classic_control:CartPole-v1"
 )
+# 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
+PENDULUM_SMOKE = "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32"
+PENDULUM_SMOKE = tuple(PENDULUM_SMOKE.split())
 
 
 def family_of(script):

@@ -1,13 +1,9 @@
 """The CUDA path, checked on a CPU: every function an optimized twin (and the torchrun and Ray
 scripts) hands to `CudaGraphModule` runs without a host sync, eagerly and compiled, and every
-optimizer stepped inside such a function is capturable under `--cudagraphs`. Inside a CUDA graph
-capture a host sync is an error, and torch refuses to record the step of an optimizer that is
-not capturable; both used to surface only on a GPU. Each script is built by its own
-`make_learner` with `--cudagraphs` on, as `main` builds it on CUDA, but on the CPU: placement (a
-tensor left on the CPU) is checked on a fake CUDA device by test_fake_cuda.py. The guard's own
-tests show each sync it catches, and the last two tests show that the scripts a test launches
-see no GPU unless it is a CUDA test (conftest's `script_env`). The smoke runs under
-`--cudagraphs` (test_contract.py and the per-algorithm modules) need CUDA and are skipped here."""
+optimizer stepped inside one is capturable under `--cudagraphs` (a capture refuses both). Each
+script is built by its `make_learner` with `--cudagraphs` on, on the CPU (placement is
+test_fake_cuda.py's). The guard's own tests show each sync it catches; the last two show that
+scripts a test launches see no GPU unless it is a CUDA test."""
 
 import os
 import subprocess
@@ -15,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import test_td3_continuous_action as td3
 import torch
 from conftest import assert_no_host_sync, load_script, requires_cuda, script_env
 from test_dqn import make_batch as dqn_batch
@@ -24,9 +21,6 @@ from test_ppo_lstm import make_minibatch as lstm_minibatch
 from test_ppo_mingru import STATE_SIZE as MINGRU_STATE_SIZE
 from test_ppo_mingru import make_minibatch as mingru_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
-from test_td3_continuous_action import N_ACT as TD3_ACT
-from test_td3_continuous_action import N_OBS as TD3_OBS
-from test_td3_continuous_action import make_batch as td3_batch
 
 CPU = torch.device("cpu")
 BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))
@@ -45,10 +39,9 @@ def build_sac(module, args):
 
 
 def build_td3(module, args):
-    bounds = (-2 * np.ones(TD3_ACT), 2 * np.ones(TD3_ACT))
-    learner = module.make_learner(args, TD3_OBS, TD3_ACT, *bounds, CPU)
-    obs = lambda: (torch.randn(1, TD3_OBS),)  # noqa: E731
-    batch = lambda: (td3_batch(0),)  # noqa: E731
+    learner = module.make_learner(args, td3.N_OBS, td3.N_ACT, td3.LOW, td3.HIGH, CPU)
+    obs = lambda: (torch.randn(1, td3.N_OBS),)  # noqa: E731
+    batch = lambda: (td3.make_batch(0),)  # noqa: E731
     return [learner.q_optimizer, learner.actor_optimizer], {
         "policy": (learner.policy, obs),
         "update_critic": (learner.update_critic, batch),
@@ -136,27 +129,18 @@ def cudagraph_args(module, compile):
     return module.Args(cudagraphs=True, compile=compile)
 
 
-@pytest.mark.parametrize("twin", TWINS)
-@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile-cudagraphs"])
-def test_optimizers_are_capturable_under_cudagraphs(twin, compile):
-    module = load_script(twin)
-    build, _ = TWINS[twin]
-    optimizers, _ = build(module, cudagraph_args(module, compile))
-    for optimizer in optimizers:
-        assert all(group["capturable"] and group["fused"] for group in optimizer.param_groups), (
-            optimizer
-        )
+FLAG_SETS = {"none": {}, "cudagraphs": {"cudagraphs": True}}
+FLAG_SETS["compile-cudagraphs"] = {"compile": True, "cudagraphs": True}
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_optimizers_are_fused_and_not_capturable_without_cudagraphs(twin):
+@pytest.mark.parametrize("flags", FLAG_SETS)
+def test_optimizers_are_fused_and_capturable_exactly_under_cudagraphs(twin, flags):
     module = load_script(twin)
-    build, _ = TWINS[twin]
-    optimizers, _ = build(module, module.Args())
+    optimizers, _ = TWINS[twin][0](module, module.Args(**FLAG_SETS[flags]))
     for optimizer in optimizers:
-        assert all(
-            group["fused"] and not group["capturable"] for group in optimizer.param_groups
-        ), optimizer
+        for group in optimizer.param_groups:
+            assert group["fused"] and group["capturable"] is (flags != "none"), optimizer
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -246,9 +230,8 @@ SHOW_GPUS = (
 
 
 def test_a_launched_script_sees_no_gpu_outside_a_cuda_test():
-    """On a GPU machine as here, a script a CPU test launches (conftest's `script_env`, which
-    `run_script` and the torchrun and Ray tests use) sees no CUDA device: `--cuda` gives the CPU,
-    torchrun's ranks take the CPU and gloo."""
+    """A script a CPU test launches (conftest's `script_env`) sees no CUDA device, also on a GPU
+    machine: `--cuda` gives the CPU, torchrun's ranks take the CPU and gloo."""
     proc = subprocess.run(
         [sys.executable, "-c", SHOW_GPUS], env=script_env(), capture_output=True, text=True
     )
@@ -263,6 +246,4 @@ def test_a_cuda_test_shows_its_scripts_the_gpus():
         pass
 
     marks = {mark.name for mark in requires_cuda(a_test).pytestmark}
-    assert marks == {"cuda", "skipif"}, (
-        "requires_cuda marks a test as a CUDA test and skips it without CUDA"
-    )
+    assert marks == {"cuda", "skipif"}, "requires_cuda marks a CUDA test and skips it without CUDA"

@@ -1,12 +1,7 @@
 """DQN's three scripts, the eager reference, the optimized twin and the CPU script: smoke runs, the
 epsilon schedule, the replay buffers, compiled == eager updates, the CPU script's functional update
 == the eager script's module update, its numpy policy == the torch Q network, no recompilation,
-models that load across the scripts, learning, bad inputs.
-
-Compiling tests (cold torch.compile costs 15-30 s here): the twin's `--compile` smoke run, its
-compiled policy and its compiled update, the CPU script's compiled update and its learning check.
-The rest run in a few seconds each.
-"""
+models that load across the scripts, learning, bad inputs."""
 
 import numpy as np
 import pytest
@@ -45,24 +40,17 @@ def check_smoke(s, script, compiled=False, num_envs=1, env_id="CartPole-v1"):
         assert "threads" not in s
 
 
-@pytest.mark.parametrize("script", SCRIPTS[:2])
-def test_smoke(script):
-    check_smoke(summary(run_script(script, *SMOKE)), script)
-
-
-def test_smoke_compile():
-    check_smoke(
-        summary(run_script("dqn_torchcompile", *SMOKE, "--compile")),
-        "dqn_torchcompile",
-        compiled=True,
-    )
+@pytest.mark.parametrize(
+    "script, flags", [(SCRIPTS[0], ()), (SCRIPTS[1], ()), (SCRIPTS[1], ("--compile",))]
+)
+def test_smoke(script, flags):
+    check_smoke(summary(run_script(script, *SMOKE, *flags)), script, compiled=bool(flags))
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-    """The CPU script's smoke run, eager (`--no-compile`: its compiled update is checked in-process
-    below and its compiled run learns), with 3 envs named in the `module:EnvId` form; it saves its
-    model and evaluates it."""
+    """The CPU script's smoke run, eager (its compiled run learns), 3 envs named in the
+    `module:EnvId` form; it saves its model and evaluates it."""
     flags = (
         "--no-compile",
         "--num-envs",
@@ -113,7 +101,6 @@ def test_a_model_saved_by_any_script_loads_in_the_others(cpu_run, tmp_path):
 
 
 # --- the epsilon schedule and acting
-# ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -231,7 +218,6 @@ def test_replay_buffer_extends_wraps_around_and_samples_what_was_added(script):
 
 
 # --- the updates: compiled == eager, functional == module
-# ---------------------------------------------------------
 
 
 def make_batch(n_obs=4, n_act=2, batch_size=128, seed=1):
@@ -335,25 +321,18 @@ def test_target_update_is_a_copy_at_tau_one(script):
 
 
 # --- learning
-# -------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.learning
 def test_learns_cartpole():
-    """The CPU script as a user runs it (the compiled functional update, numpy acting, one thread),
-    seed 1, 60k steps with CleanRL's other defaults (epsilon reaches 0.05 at 30k): the mean return
-    of the last 20 episodes must exceed 80. It swings widely between seeds at this budget: measured
-    on a 2-core Intel Xeon (AMX), seeds 1-10, 144.1 to 379.2 (seed 1: 184.3), and on the host the
-    issue was filed from, seeds 1-12, 144 to 379; the members of dqn_seeds.py (test_dqn_seeds.py),
-    30 of them, 135 to 492. With `--gamma 0` (a target that never bootstraps), seeds 1 and 2: 12.7
-    and 21.9; random play gets ~22. A broken epsilon schedule is caught by the policy tests, not
-    here: CartPole forgives little exploration."""
+    """The CPU script as a user runs it, seed 1, 60k steps: the last 20 episodes above 80. Seeds
+    1-10 gave 144.1 to 379.2 (Xeon); `--gamma 0` 12.7 and 21.9, random play ~22 (a broken epsilon
+    schedule is the policy tests' to catch)."""
     s = summary(run_script("dqn_cpu", "--seed", 1, "--total-timesteps", 60_000))
     assert s["compile"] is True and s["return_mean"] > 80, s
 
 
 # --- bad inputs
-# ---------------------------------------------------------------------------------------------
 
 # an unknown `--env-id` and a `module:EnvId` whose module is missing: test_contract.py, for every
 # script

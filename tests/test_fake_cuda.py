@@ -1,35 +1,11 @@
-"""The CUDA path, dry-run on a fake GPU. Every script that records functions with `--cudagraphs`
-(the optimized twins, the torchrun script, the Ray script's learner) is built by its own
-`make_learner` for a CUDA device, under each flag set, with torch's `FakeTensorMode`: tensors
-whose device is "cuda" on this CPU-only build (shapes, dtypes and devices, no data). Each
-function `main` hands to `CudaGraphModule` (and, without `--cudagraphs`, the acting and update
-functions) then runs eagerly, a few calls, under `OnlyOnTheDevice`, which fails on:
-- a CPU tensor read or made inside the function, 0-d included: a learning rate, `alpha` or
-  schedule left on the CPU is read on the host and baked into a captured graph, a tensor made
-  without `device=` lands on the CPU;
-- a copy from the device to the host (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t,
-  device="cpu")`);
-- any op whose result the host must wait for (`.item()`, `torch.equal`, `nonzero`, boolean-mask
-  indexing and writes);
-- a device mismatch between two tensors (FakeTensorMode raises `FakeTensorDeviceMismatchError`)
-  and any other data-dependent op (FakeTensorMode cannot answer it and raises). What it cannot
-  show: values (a fake tensor has none), speed, and what only a capture checks (allocations from
-  the graph's private pool, a kernel that is not capturable); `torch.compile` is not run (the
-  dry run is eager: compiled code runs the same Python, and tests/test_cuda_path.py checks it
-  compiled on the CPU). `docs/cuda.md` says the rest.
-
-What makes it run on a CPU-only torch, in this module only:
-- a do-nothing CUDA device guard, 2 lines of C++ built with the system's compiler
-  (`cuda_guard`): the Python bindings and autograd ask for one on any CUDA tensor, fake or not;
-- while building (`BuildOnFakeCuda`, not in the dry run): random initialisation is skipped (no
-  CUDA generator here, and a fake tensor has no values to draw), a number copied to the device
-  keeps a host copy for the constructors' checks (Adam's `0 <= lr`), meta tensors are real ones
-  (the vmapped Q ensembles' shells), and `torch.compile` returns the function as it is (the PPO
-  twins compile their loss inside `make_learner` under `--compile`);
-- in the dry run: `loss.backward()` gives each leaf a fake gradient of its shape and device
-  without running the backward kernels (autograd's engine asks the CUDA runtime for a stream),
-  and fused Adam with a tensor learning rate runs the float overload's fake kernel (the tensor
-  one has none) once the rate is checked to be on the device."""
+"""The CUDA path, dry-run on a fake GPU: every script that records functions with `--cudagraphs` is
+built by its `make_learner` for a "cuda" device under torch's `FakeTensorMode` (shapes, dtypes and
+devices, no data), and each function `main` hands to `CudaGraphModule` runs a few calls under
+`OnlyOnTheDevice`, which fails on a CPU tensor read or made inside (0-d included), a copy to the
+host, an op the host must wait for (`.item()`, `torch.equal`, `nonzero`, boolean masks) and a device
+mismatch. It cannot show values, speed, or what only a capture checks; `torch.compile` is not run
+(tests/test_cuda_path.py compiles on the CPU). A 2-line C++ CUDA guard lets a CPU-only torch make
+fake CUDA tensors; `BuildOnFakeCuda` and `fake_backward` say what else is patched."""
 
 import contextlib
 import ctypes
@@ -45,7 +21,7 @@ import torch
 from conftest import MASKABLE_OPS, SYNC_OPS, HostSync, load_script
 from tensordict import TensorDict
 from torch._functorch import eager_transforms
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
@@ -61,12 +37,8 @@ FLAG_SETS = {
     "compile-cudagraphs": {"compile": True, "cudagraphs": True},
 }
 # in-place random initialisation: skipped while building (the values of a fake tensor do not exist)
-RANDOM_INIT = {
-    aten.uniform_.default,
-    aten.normal_.default,
-    aten.bernoulli_.float,
-    aten.exponential_.default,
-}
+RANDOM_INIT = {aten.uniform_.default, aten.normal_.default}
+RANDOM_INIT |= {aten.bernoulli_.float, aten.exponential_.default}
 # ops whose result the host must wait for (most of which FakeTensorMode would refuse on its own,
 # less clearly)
 WAITING_OPS = {*SYNC_OPS, aten.item.default}
@@ -106,11 +78,7 @@ class BuildOnFakeCuda(TorchDispatchMode):
             return self.values[args[0]].item()
         out = func(*args, **kwargs)
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if (
-            func is aten._to_copy.default
-            and isinstance(args[0], FakeTensor)
-            and args[0].constant is not None
-        ):
+        if func is aten._to_copy.default and getattr(args[0], "constant", None) is not None:
             self.values[out] = args[0].constant.to(kwargs.get("dtype") or args[0].dtype)
         elif tensors and all(t in self.values for t in tensors) and isinstance(out, torch.Tensor):
             real = tree_map(
@@ -123,6 +91,15 @@ class BuildOnFakeCuda(TorchDispatchMode):
         return out
 
 
+def check_on_device(func, verb, tensors):
+    off = [t for t in tree_leaves(tensors) if isinstance(t, torch.Tensor)]
+    off = [t for t in off if t.device.type not in ON_DEVICE]
+    if off:
+        raise OffTheDevice(
+            f"{func} {verb} a tensor on {off[0].device} (shape {tuple(off[0].shape)})"
+        )
+
+
 class OnlyOnTheDevice(TorchDispatchMode):
     """While a function runs in the dry run: every tensor an op reads or makes is on the CUDA
     device, and no op makes the host wait for the device."""
@@ -133,28 +110,12 @@ class OnlyOnTheDevice(TorchDispatchMode):
             raise HostSync(f"host sync: {func}")
         if func in MASKABLE_OPS and any(i is not None and i.dtype == torch.bool for i in args[1]):
             raise HostSync(f"host sync: {func} with a boolean mask")
-        off = [
-            t
-            for t in tree_leaves((args, kwargs))
-            if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE
-        ]
-        if off:
-            raise OffTheDevice(
-                f"{func} reads a tensor on {off[0].device} (shape {tuple(off[0].shape)})"
-            )
+        check_on_device(func, "reads", (args, kwargs))
         # no fake kernel: the float overload's, once the tensor lr is known on the device
         if func in TENSOR_LR:
             func, kwargs = TENSOR_LR[func], kwargs | {"lr": 1e-3}
         out = func(*args, **kwargs)
-        off = [
-            t
-            for t in tree_leaves(out)
-            if isinstance(t, torch.Tensor) and t.device.type not in ON_DEVICE
-        ]
-        if off:
-            raise OffTheDevice(
-                f"{func} makes a tensor on {off[0].device} (shape {tuple(off[0].shape)})"
-            )
+        check_on_device(func, "makes", out)
         return out
 
 
@@ -165,37 +126,19 @@ C10_REGISTER_GUARD_IMPL(CUDA, c10::impl::NoOpDeviceGuardImpl<c10::DeviceType::CU
 
 @pytest.fixture(scope="module")
 def cuda_guard(tmp_path_factory):
-    """On a CPU-only build of torch, a do-nothing CUDA device guard (2 lines of C++, built with the
-    system's g++ in about 2 s): torch's Python bindings (`Tensor.to`, `copy_`, `torch.as_tensor`)
-    and autograd's nodes ask for one on any CUDA tensor, fake or not, and abort the process without
-    it. It stays registered for the rest of the process, and changes nothing else:
-    `torch.cuda.is_available()` stays False and a real CUDA tensor still cannot be made ("Torch not
-    compiled with CUDA enabled"). A CUDA build has its own guard; nothing is built there."""
+    """On a CPU-only torch, a do-nothing CUDA device guard (torch's bindings and autograd abort
+    without one on any CUDA tensor, fake or not); `torch.cuda.is_available()` stays False."""
     if torch.version.cuda is not None:
         return
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        pytest.skip(
-            "needs a C++ compiler to build a CUDA device guard for the CPU-only torch; none on PATH"
-        )
+        pytest.skip("needs a C++ compiler to build a CUDA device guard for the CPU-only torch")
     folder = tmp_path_factory.mktemp("fake_cuda_guard")
     (folder / "guard.cpp").write_text(GUARD)
     torch_dir = Path(torch.__file__).parent
-    cmd = [
-        compiler,
-        "-std=c++17",
-        "-shared",
-        "-fPIC",
-        f"-I{torch_dir / 'include'}",
-        str(folder / "guard.cpp"),
-    ]
-    cmd += [
-        "-o",
-        str(folder / "guard.so"),
-        f"-L{torch_dir / 'lib'}",
-        "-lc10",
-        f"-Wl,-rpath,{torch_dir / 'lib'}",
-    ]
+    lib = torch_dir / "lib"
+    cmd = f"{compiler} -std=c++17 -shared -fPIC -I{torch_dir / 'include'} {folder / 'guard.cpp'}"
+    cmd = cmd.split() + ["-o", str(folder / "guard.so"), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"]
     built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if built.returncode != 0:
         pytest.skip(
@@ -206,10 +149,8 @@ def cuda_guard(tmp_path_factory):
 
 
 def fake_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """`loss.backward()` in the dry run: every leaf the loss depends on gets a gradient of its
-    shape on its device (added to the one it has). Autograd's engine asks the CUDA runtime for
-    the current stream, which a CPU-only build has not; the backward kernels are not run, and
-    they run where their forward ran, which the dry run checks."""
+    """`loss.backward()` in the dry run: each leaf the loss depends on gets a gradient of its shape
+    and device, without autograd's engine (which asks a CPU-only build for a CUDA stream)."""
     nodes, seen = [self.grad_fn], set()
     while nodes:
         node = nodes.pop()
@@ -224,8 +165,7 @@ def fake_backward(self, gradient=None, retain_graph=None, create_graph=False, in
 
 @contextlib.contextmanager
 def fake_cuda(monkeypatch):
-    """Tensors made inside can live on a fake CUDA device; see the module's docstring for the
-    patches."""
+    """Tensors made inside can live on a fake CUDA device."""
     monkeypatch.setattr(torch.Tensor, "backward", fake_backward)
     monkeypatch.setattr(
         torch, "compile", lambda fn=None, **kwargs: fn if fn is not None else (lambda f: f)
@@ -239,8 +179,7 @@ def zeros(*shape, dtype=torch.float32):
 
 
 def batch(size, **columns):
-    """A TensorDict of `size` rows ([steps, envs] for the recurrent PPO twins) on the fake CUDA
-    device; each column given by its shape per row, float32 unless it is a (shape, dtype) pair."""
+    """`size` rows on the fake device; a column is a shape (float32) or a (shape, dtype) pair."""
     columns = {
         key: column if column and isinstance(column[-1], torch.dtype) else (column, torch.float32)
         for key, column in columns.items()
@@ -325,8 +264,7 @@ def make_ppo_mingru(module, args):
 
 
 def skip_unless_graphed(args):
-    """RAdam (PQN's) keeps its step count on the host unless it is capturable: read there, no sync,
-    and never in a CUDA graph; the dry run checks what `--cudagraphs` records."""
+    """RAdam (PQN's) keeps its step count on the host unless capturable: no sync, never graphed."""
     if not args.cudagraphs:
         pytest.skip("RAdam's step count lives on the host without --cudagraphs")
 
@@ -375,15 +313,12 @@ SCRIPTS = {
 }
 
 
-# --- the seeds scripts: the members' functions, vmapped over a leading seeds axis (3 members)
-# -------------------------
+# the seeds scripts: the members' functions, vmapped over a leading seeds axis
 SEEDS = [1, 2, 3]
 
 
 def fake_autograd_grad(outputs, inputs, *args, **kwargs):
-    """`torch.func`'s gradients in the dry run, as `fake_backward` for `.backward()`: a zero
-    gradient of each input's shape and device, without running autograd's engine (which asks the
-    CUDA runtime for a stream)."""
+    """`torch.func`'s gradients in the dry run, as `fake_backward` for `.backward()`."""
     return tuple(torch.zeros_like(x) for x in inputs)
 
 
@@ -427,13 +362,10 @@ def make_ppo_seeds(module, args):
     return {"policy": (policy, (zeros(len(SEEDS), 3),)), "update": (update, (minibatch,))}
 
 
-SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "sac_continuous_action_seeds": make_sac_or_td3_seeds}
-SCRIPTS |= {
-    "ppo_continuous_action_seeds": make_ppo_seeds,
-    "td3_continuous_action_seeds": make_sac_or_td3_seeds,
-}
-# --- end of the seeds scripts
-# ----------------------------------------------------------------------------------------
+SCRIPTS |= {"dqn_seeds": make_dqn_seeds, "ppo_continuous_action_seeds": make_ppo_seeds}
+SCRIPTS |= dict.fromkeys(
+    ["sac_continuous_action_seeds", "td3_continuous_action_seeds"], make_sac_or_td3_seeds
+)
 
 
 @pytest.mark.parametrize("flags", FLAG_SETS)

@@ -1,26 +1,16 @@
 """Fresh noise in every graphed function that samples; graphed updates equal to the eager ones.
 
-A CUDA graph replays the kernels it recorded. If the seed and offset of a random draw were recorded
-as constants, every replay would draw the same numbers: the run would be fast and explore with
-frozen noise (pytorch/rl#3002 reports this for a compiled stochastic policy in `CudaGraphModule`).
-docs/cuda.md reads the sources and explains why torch 2.13 and tensordict 0.15.3 draw fresh numbers
-here. The CUDA tests below check it on a GPU for every function that draws random numbers and that
-a twin, a seeds script, the torchrun script or the async Atari script records. Ray's learner
-records only its update, which draws none. Each function is built with a learning rate of 0 and
-called again and again on the same input, so that only its noise can change its output.
-
-- CUDA (skipped elsewhere): under `--cudagraphs` and `--compile --cudagraphs`, consecutive replays
-  draw different numbers, and over 256 replays each output's mean and std match the eager
-  function's on the same device.
-- CUDA: each twin's graphed updates take the eager updates' steps on the same batches and the same
-  noise (the generator reseeded before each step; inductor's `fallback_random`, so that compiled
-  code draws with torch's own generator). This is the GPU's answer to the CPU equivalence tests.
-- CPU: the same statistics on acting functions compiled on this CPU (inductor draws its seeds on
-  each call, as on a GPU), and the check itself refuses frozen noise and noise of the wrong scale.
-"""
+A CUDA graph replays its kernels: a random draw whose seed and offset were recorded as constants
+would explore with frozen noise (pytorch/rl#3002; docs/cuda.md says why torch 2.13 and tensordict
+0.15.3 draw fresh numbers). Each function is built with a learning rate of 0 and called again and
+again on the same input, so that only its noise can change its output. On CUDA (skipped elsewhere):
+consecutive replays differ and 256 replays match the eager function's mean and std, and each twin's
+graphed updates take the eager steps on the same batches and noise. On the CPU: the same statistics
+for compiled acting, and the check refuses frozen noise and noise of the wrong scale."""
 
 import numpy as np
 import pytest
+import test_td3_continuous_action as td3
 import torch
 from conftest import load_script, requires_cuda
 from tensordict.nn import CudaGraphModule
@@ -28,17 +18,9 @@ from test_dqn import make_batch as dqn_batch
 from test_ppo_continuous_action import make_minibatch as ppo_minibatch
 from test_pqn import make_minibatch as pqn_minibatch
 from test_sac_continuous_action import make_batch as sac_batch
-from test_td3_continuous_action import HIGH as TD3_HIGH
-from test_td3_continuous_action import LOW as TD3_LOW
-from test_td3_continuous_action import N_ACT as TD3_ACT
-from test_td3_continuous_action import N_OBS as TD3_OBS
-from test_td3_continuous_action import make_batch as td3_batch
 from torch.utils._pytree import tree_leaves
 
-BOUNDS = (
-    -2 * np.ones(1),
-    2 * np.ones(1),
-)  # test_sac_continuous_action's batches: 3 observations, 1 action
+BOUNDS = (-2 * np.ones(1), 2 * np.ones(1))  # test_sac_continuous_action's: 3 obs, 1 action
 SEEDS = [1, 2, 3]
 ENVS = 32  # per member: enough that two fresh draws of discrete actions never agree by chance
 REPLAYS = 256
@@ -64,14 +46,14 @@ def sac_or_td3(module, args, device):  # the same fields in both
     }
 
 
-def dqn(module, args, device):
-    policy = module.make_learner(args, 4, 2, device).policy
-    return {"policy": (policy, (randn(ENVS, 4, device=device),))}
+def policy_of(n_obs):
+    """The policy of a learner for `n_obs` observations and 2 actions (DQN's 4, PPO's 3)."""
 
+    def build(module, args, device):
+        policy = module.make_learner(args, n_obs, 2, device).policy
+        return {"policy": (policy, (randn(ENVS, n_obs, device=device),))}
 
-def ppo(module, args, device):
-    policy = module.make_learner(args, 3, 2, device).policy
-    return {"policy": (policy, (randn(ENVS, 3, device=device),))}
+    return build
 
 
 def ppo_atari(module, args, device):
@@ -119,9 +101,9 @@ def ppo_seeds(module, args, device):
 SAMPLING = {
     "sac_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic", "update_actor")),
     "td3_continuous_action_torchcompile": (sac_or_td3, ("policy", "update_critic")),
-    "dqn_torchcompile": (dqn, ("policy",)),
-    "ppo_continuous_action_torchcompile": (ppo, ("policy",)),
-    "ppo_continuous_action_distributed": (ppo, ("policy",)),
+    "dqn_torchcompile": (policy_of(4), ("policy",)),
+    "ppo_continuous_action_torchcompile": (policy_of(3), ("policy",)),
+    "ppo_continuous_action_distributed": (policy_of(3), ("policy",)),
     "ppo_atari_envpool_torchcompile": (ppo_atari, ("policy",)),
     "ppo_atari_envpool_async": (ppo_atari, ("policy",)),
     "ppo_lstm_torchcompile": (ppo_lstm, ("policy",)),
@@ -131,16 +113,14 @@ SAMPLING = {
     "dqn_seeds": (dqn_seeds, ("policy",)),
     "ppo_continuous_action_seeds": (ppo_seeds, ("policy",)),
     # DQN's and PPO Atari's shapes: 4 observations or 4 frames, 2 or 4 actions
-    "pqn_torchcompile": (dqn, ("policy",)),
+    "pqn_torchcompile": (policy_of(4), ("policy",)),
     "pqn_atari_envpool_torchcompile": (ppo_atari, ("policy",)),
 }
 LEARNING_RATES = ("learning_rate", "q_lr", "policy_lr")
 
 
 def build(script, device, compile=False, cudagraphs=False):
-    """`script`'s sampling functions on `device` with every learning rate 0 (an update leaves the
-    weights as they are), wrapped as `main` wraps them: `torch.compile`, then `CudaGraphModule` with
-    main's warm-up."""
+    """`script`'s sampling functions on `device`, every learning rate 0, wrapped as `main` does."""
     module = load_script(script)
     builder, names = SAMPLING[script]
     frozen = {name: 0.0 for name in LEARNING_RATES if hasattr(module.Args, name)}
@@ -156,9 +136,7 @@ def build(script, device, compile=False, cudagraphs=False):
 
 
 def draws(fn, inputs, calls, policy, **kwargs):
-    """Every output of `calls` calls of `fn(*inputs, **kwargs)` after 4 calls of warm-up (a graph's
-    recording among them), flattened into one row per call, float64 on the host: [calls,
-    outputs]."""
+    """[calls, outputs] of `calls` calls of `fn` after 4 of warm-up, float64 on the host."""
     rows = []
     with torch.no_grad() if policy else torch.enable_grad():
         for call in range(4 + calls):
@@ -175,16 +153,10 @@ COMPILED = 1e-3
 
 
 def assert_fresh_noise_like(samples, reference, name, spread=None, compiled=False):
-    """`samples` and `reference`: [calls, outputs] of a function and of its eager self. The outputs
-    noise reaches (a std above 0 in `reference`) differ between any two consecutive calls. Their
-    means agree within 6 standard errors of the difference. Their stds agree on average: the mean
-    log ratio of the two stds stays under 0.05 plus 4 x sqrt(2 / draws), draws being calls x
-    outputs (about 6 standard errors for Gaussian outputs, 3 for heavy-tailed ones such as
-    log-densities). The outputs no noise reaches agree as values, each within 1e-5 + 1e-4 x its
-    size (float32 summed in another order) plus 8 x `spread`, its own shift between full float32
-    and TF32 (`precision_spread`): what a GPU's TF32 convolutions and matmuls may take (on a CPU
-    the spread is 0), and with `compiled` (a compiled function against the eager one) COMPILED x
-    (1 + its size) more."""
+    """[calls, outputs] of a function against its eager self: noisy outputs differ between any two
+    consecutive calls, means within 6 standard errors, the mean log std ratio under 0.05 + 4 x
+    sqrt(2 / draws); noiseless outputs within 1e-5 + 1e-4 x size + 8 x `spread` (float32 against
+    TF32, 0 on a CPU), and with `compiled` COMPILED x (1 + size) more."""
     mean, std = samples.mean(0), samples.std(0)
     ref_mean, ref_std = reference.mean(0), reference.std(0)
     noisy = ref_std > 0
@@ -206,9 +178,7 @@ def assert_fresh_noise_like(samples, reference, name, spread=None, compiled=Fals
 
 
 def precision_spread(fn, inputs, policy):
-    """Per output of `fn(*inputs)`, how far it moves between full float32 and TF32 convolutions and
-    matmuls (one call each, averaged over the calls of `draws`' shape: its noiseless outputs are
-    the same at every call)."""
+    """Per output of `fn(*inputs)`, how far it moves between full float32 and TF32."""
     flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
     saved = [flag.allow_tf32 for flag in flags]
     try:
@@ -224,9 +194,8 @@ def precision_spread(fn, inputs, policy):
 
 
 def assert_samples_like_eager(script, device, compile, cudagraphs, calls=REPLAYS):
-    """Each sampling function, as `main` wraps it, against the eager one; compiled and graphed,
-    also against the same compiled function ungraphed, at the tight tolerance: a CUDA graph must not
-    change what a compiled kernel computes."""
+    """Each sampling function as `main` wraps it against the eager one; compiled and graphed, also
+    against itself ungraphed at the tight tolerance."""
     functions = build(script, device, compile, cudagraphs)
     eager = build(script, device)
     ungraphed = build(script, device, compile) if compile and cudagraphs else {}
@@ -239,9 +208,7 @@ def assert_samples_like_eager(script, device, compile, cudagraphs, calls=REPLAYS
         assert_fresh_noise_like(samples, reference, f"{script}.{name}", spread, compile)
         if name in ungraphed:
             compiled = draws(*ungraphed[name], calls, policy)
-            assert_fresh_noise_like(
-                samples, compiled, f"{script}.{name} against its ungraphed self"
-            )
+            assert_fresh_noise_like(samples, compiled, f"{script}.{name} against itself ungraphed")
 
 
 @requires_cuda
@@ -266,10 +233,10 @@ def sac_updates(module, args, device):
 
 
 def td3_updates(module, args, device):
-    learner = module.make_learner(args, TD3_OBS, TD3_ACT, TD3_LOW, TD3_HIGH, device)
+    learner = module.make_learner(args, td3.N_OBS, td3.N_ACT, td3.LOW, td3.HIGH, device)
     return [learner.q_optimizer, learner.actor_optimizer], [
-        (learner.update_critic, lambda k: td3_batch(2 * k).to(device)),
-        (learner.update_actor, lambda k: td3_batch(2 * k + 1).to(device)),
+        (learner.update_critic, lambda k: td3.make_batch(2 * k).to(device)),
+        (learner.update_actor, lambda k: td3.make_batch(2 * k + 1).to(device)),
     ]
 
 
@@ -338,11 +305,8 @@ def flat_tensors(out):
 @requires_cuda
 @pytest.mark.parametrize("script", UPDATES)
 def test_graphed_updates_take_the_eager_steps(script, monkeypatch):
-    """8 steps (the first 3 are the graph's warm-up and recording, run as they are): the losses at
-    each step and the weights after them. Inductor's `fallback_random`: compiled code draws with
-    torch's generator, whose replays draw what eager code draws from the same state. float32 on a
-    GPU, fused kernels in another order: losses to 1e-4 relative, weights to 1e-4 absolute (a third
-    of one Adam step at the twins' learning rates)."""
+    """8 steps with inductor's `fallback_random` (compiled code draws with torch's generator):
+    losses to 1e-4 relative, weights to 1e-4 absolute (a third of one Adam step)."""
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     cuda = torch.device("cuda")
     graphed, graphed_params = build_updates(script, cuda, compile=True, cudagraphs=True)
@@ -355,18 +319,11 @@ def test_graphed_updates_take_the_eager_steps(script, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "script",
-    [
-        "sac_continuous_action_torchcompile",
-        "dqn_torchcompile",
-        "pqn_torchcompile",
-    ],
+    "script", ["sac_continuous_action_torchcompile", "dqn_torchcompile", "pqn_torchcompile"]
 )
 def test_compiled_acting_draws_fresh_noise_distributed_as_eager(script):
-    """On this CPU, the acting function compiled as `--compile` compiles it: inductor's wrapper
-    draws new seeds on each call (`aten.randint.low_out`, as on a GPU), so consecutive calls differ
-    and 128 calls match eager ones. SAC's noise is Gaussian, DQN's a coin and uniform actions,
-    PQN's a coin per env."""
+    """Compiled on this CPU, inductor draws new seeds each call: consecutive calls differ and 128
+    calls match eager ones (SAC's Gaussian noise, DQN's coin, PQN's coin per env)."""
     functions = build(script, CPU, compile=True)
     eager = build(script, CPU)
     samples = draws(*functions["policy"], calls=128, policy=True)
@@ -374,8 +331,7 @@ def test_compiled_acting_draws_fresh_noise_distributed_as_eager(script):
 
 
 def test_the_check_refuses_frozen_noise_and_the_wrong_scale():
-    """The statistics are not vacuous: a function that replays one draw, and one whose noise is 1.5x
-    too wide or shifted by one std, fail; a fresh draw of the same law passes."""
+    """Replayed draws and noise 1.5x too wide or shifted by one std fail; a fresh draw passes."""
     noise = torch.randn(4)
     law = lambda scale=1.0, shift=0.0: lambda: (scale * torch.randn(4) + shift,)  # noqa: E731
     reference = draws(law(), (), 256, policy=True)
@@ -387,11 +343,9 @@ def test_the_check_refuses_frozen_noise_and_the_wrong_scale():
 
 
 def test_the_check_refuses_a_wrong_weight_or_swapped_outputs():
-    """The noiseless outputs' tolerance is tight: a function whose value head has one weight off by
-    0.01, or whose two noiseless outputs are swapped, fails against the right one; the right one,
-    compiled on this CPU, passes, and so does a shift within 8 x its precision spread (a GPU's)
-    while 20 x it fails. Compiled against eager, the looser tolerance takes the shifts measured on
-    an H200's compiled Atari CNNs and still refuses a weight off by 0.1."""
+    """A weight off by 0.01 or swapped noiseless outputs fail, the right one compiled passes, a
+    shift of 3x the spread passes and 20x fails; compiled against eager, the H200's measured
+    shifts pass and a weight off by 0.1 fails."""
     torch.manual_seed(0)
     weights = torch.randn(2, 8)
     obs = torch.randn(8)

@@ -1,39 +1,16 @@
-"""Property-based flag tests: every script of leanrl/ (found on disk, so that a new script is
-covered too) runs with flag combinations that hypothesis draws from each `Args` field's valid
-range and from values just outside it (0, negatives, nan, a batch larger than the buffer,
-minibatches that do not divide, fractions out of range), with env ids from a small set per
-algorithm: Box envs that truncate (Pendulum) and terminate (InvertedPendulum), a Discrete env,
-gymnasium's `module:EnvId` form and unknown ids (envpool's ids for the Atari scripts). The
-property is the script contract's: a combination trains (exit status 0, exactly one SUMMARY
-line, every number in it finite), is refused (exit status 2, exactly one line on stderr that
-names a flag, no traceback) or diverges (exit status 3, lines on stderr that say so, a SUMMARY
-that says so and no model file). Anything else fails the test: an exception (its traceback is
-the report), another exit status, NaN in a summary that reports success.
+"""Property-based flag tests: every script of leanrl/ (found on disk) runs with flag combinations
+hypothesis draws from each `Args` field's valid range and just outside it (0, negatives, nan, a
+batch larger than the buffer, fractions out of range), on env ids per algorithm that truncate,
+terminate, are Discrete, use `module:EnvId` or do not exist. The contract's property: a combination
+trains (exit 0, one SUMMARY line, every number finite), is refused (exit 2, one line on stderr
+naming a flag, no traceback) or diverges (exit 3, stderr says so, the SUMMARY says so, no model
+file).
 
-What it costs, and how it is kept to about 3 minutes:
-- A run is in process where the script allows it: `tyro.cli(module.Args, args=flags)`, then
-  `module.main(args)` in a folder of its own, its stdout and stderr captured, `SystemExit`
-  caught, the signal handlers and the thread count restored. Budgets are a few hundred steps: a
-  training run takes about a second, a refusal milliseconds. The libraries' warnings are not
-  counted as lines (in process pytest would collect them).
-- FUZZ_EXAMPLES (8) combinations per script, derandomized: the same ones on every run, after
-  FOUND's.
-- The Ray script, and the torchrun script under torchrun with 2 ranks, run as subprocesses (a
-  Ray start or a launch costs 10 s or more): SUBPROCESS_EXAMPLES (1) combinations each.
-- MuJoCo (HalfCheetah-v4), POPGym, `--track` (wandb offline), `--capture-video` and
-  `--eval-model` are drawn in about 1 combination of 16, `--cudagraphs` (exit 2 without CUDA) in
-  1 of 4, a learning rate that diverges in 1 of 8, a PPO budget long enough for Pendulum's
-  200-step episodes to end in 1 of 6.
-- `--compile` is drawn in 1 combination of COMPILE_ONE_IN (24; 4 with `LEANRL_FUZZ_COMPILE=1`):
-  one cold compile costs 15-30 s here, more than the fuzz of a whole script. `--threads` is
-  drawn from the default, 1 and 2.
-- Every failure the fuzz has found is an explicit example (FOUND), replayed first on every run.
-
-Run it longer, with new combinations on each run (not derandomized; a tenth as many for the
-subprocesses), and read the counts each test prints (exit statuses, runs that reached an
-episode's end, runs that compiled): `LEANRL_FUZZ_EXAMPLES=200 python -m pytest
-tests/test_fuzz.py -s`.
-"""
+Kept to about 3 minutes: runs are in process where the script allows (the Ray script and torchrun's
+2 ranks run as subprocesses, SUBPROCESS_EXAMPLES each), FUZZ_EXAMPLES derandomized combinations per
+script after every failure the fuzz has found (FOUND), expensive flags drawn rarely (`--compile` 1
+in COMPILE_ONE_IN). Run it longer, with new draws: `LEANRL_FUZZ_EXAMPLES=200 python -m pytest
+tests/test_fuzz.py -s` (each test prints its exit-status counts)."""
 
 import collections
 import contextlib
@@ -299,11 +276,8 @@ def flag_values(draw, script, fields):
     breakable = [name for name, (_, invalid) in fields.items() if invalid is not None]
     # half the combinations are all valid
     broken = draw(st.sampled_from([0, 0, 1, 2])) if breakable else 0
-    for name in (
-        draw(st.lists(st.sampled_from(breakable), min_size=broken, max_size=broken))
-        if broken
-        else []
-    ):
+    names = st.lists(st.sampled_from(breakable), min_size=broken, max_size=broken)
+    for name in draw(names) if broken else []:
         invalid = fields[name][1]
         values[name] = draw(invalid(values) if callable(invalid) else invalid)
     return values
@@ -342,8 +316,7 @@ def run_in_process(script, flags, cwd):
             contextlib.redirect_stderr(err),
             warnings.catch_warnings(),
         ):
-            # the libraries' (pytest would collect them), not the script's lines
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore")  # the libraries' (pytest would collect them)
             module.main(args)
     except SystemExit as stop:
         if isinstance(stop.code, str):  # sys.exit("message"): the message on stderr, status 1
@@ -466,18 +439,14 @@ def fuzz(script, run, max_examples, examples=()):
     test = given(flags=flag_values(script, fields).map(cli))(counted)
     for flags in examples:
         test = example(flags=flags)(test)
-    settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=not LONG_RUN,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )(test)()
+    kept = dict(deadline=None, derandomize=not LONG_RUN, database=None)
+    settings(max_examples=max_examples, suppress_health_check=[HealthCheck.too_slow], **kept)(
+        test
+    )()
     print(
         f"{script}: {counts[0] + counts[2] + counts[3]} combinations, {counts[0]} trained, "
-        f"{counts[2]} refused, "
-        f"{counts[3]} diverged; {counts['episode ended']} reached an episode's end, "
-        f"{counts['compiled']} compiled"
+        f"{counts[2]} refused, {counts[3]} diverged; {counts['episode ended']} reached an "
+        f"episode's end, {counts['compiled']} compiled"
     )
     return counts
 
@@ -504,13 +473,11 @@ def test_every_flag_combination_trains_or_is_refused_in_one_line(script, fuzz_cw
 
 def test_the_ray_script_trains_or_refuses_in_one_line(fuzz_cwd):
     """Through a subprocess: the run starts Ray, which this process must not host."""
-    fuzz(
-        RAY,
-        lambda flags: assert_trains_refuses_or_diverges(
-            run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300)
-        ),
-        SUBPROCESS_EXAMPLES,
-    )
+
+    def run(flags):
+        return assert_trains_refuses_or_diverges(run_script(RAY, *flags, cwd=fuzz_cwd, timeout=300))
+
+    fuzz(RAY, run, SUBPROCESS_EXAMPLES)
 
 
 def assert_every_rank_trains_refuses_or_diverges(proc, world_size=2):

@@ -1,12 +1,7 @@
-"""MuJoCo v5: every script that trains on a MuJoCo Box env runs Hopper-v5 and HalfCheetah-v5 as
-it runs the v4 defaults (CleanRL's published numbers are on v4), `--env-id` alone changed.
-
-Each script runs once, for a tiny budget, on one of the two envs, and each family (SAC, TD3, PPO)
-runs both across its scripts: exit status 0, a SUMMARY naming the env and the budget, and where an
-episode ended (Hopper falls within 40 random steps, HalfCheetah's episodes last 1000) a finite mean
-return. Compiling is tested elsewhere: the scripts that compile by default run with `--no-compile`.
-The Ray script's env runner steps both envs in this process (a Ray instance costs more than the
-rest of this file)."""
+"""MuJoCo v5: every script that trains on a MuJoCo Box env runs Hopper-v5 and HalfCheetah-v5 as it
+runs the v4 defaults, `--env-id` alone changed. Each script runs once for a tiny budget (without
+compiling), each family across both envs: exit 0, a SUMMARY naming the env and budget, a finite mean
+return where an episode ended. The Ray script's env runner steps both envs in this process."""
 
 import math
 

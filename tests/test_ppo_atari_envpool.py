@@ -14,12 +14,10 @@ from torch.distributions import Categorical
 EAGER, TWIN = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
 # 8 Breakout games x 256 agent steps: random play loses a game in ~120-300 steps, so games end; 8
 # iterations of 32 vector steps, 2 minibatches each
-SMOKE = tuple(
-    (
-        "--total-timesteps 2048 --num-steps 32 --num-minibatches 2 --update-epochs 1 "
-        "--measure-burnin 2"
-    ).split()
+SMOKE = (
+    "--total-timesteps 2048 --num-steps 32 --num-minibatches 2 --update-epochs 1 --measure-burnin 2"
 )
+SMOKE = tuple(SMOKE.split())
 
 
 @functools.cache
@@ -39,11 +37,8 @@ def test_smoke(script, flags):
     result = result or summary(run_script(script, *SMOKE, *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
-        "Breakout-v5",
-        2048,
-        8,
-    )
+    assert (result["env_id"], result["total_timesteps"]) == ("Breakout-v5", 2048)
+    assert result["num_envs"] == 8
     # a random policy scores 0-5 points in a Breakout game of 5 lives
     assert result["episodes"] >= 4
     assert 0 <= result["return_mean"] < 10

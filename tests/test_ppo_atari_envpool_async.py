@@ -1,10 +1,8 @@
-"""PPO on Atari with envpool's async mode (leanrl/ppo_atari_envpool_async.py). Driven by the
-stand-in env pool of benchmarks/standin.py (frames that say which env, episode and step they
-are, a deterministic policy of them), `collect_rollout` stores what the twin's synchronous loop
-stores for the same env steps, each env's steps in order, and counts every finished game once,
-whatever order the envs come back in. The script trains (compiled), its model loads in the twin,
-with `--async-batch-size` equal to `--num-envs` it plays the twin's games, and a bad
-`--async-batch-size` (or `--cudagraphs` without CUDA) exits 2."""
+"""PPO on Atari with envpool's async mode. On benchmarks/standin.py's stand-in pool (frames that
+say which env, episode and step they are), `collect_rollout` stores what the twin's synchronous loop
+stores for the same env steps, each env's steps in order, every finished game counted once, in
+whatever order the envs come back. The script trains (compiled), its model loads in the twin, one
+batch of all envs plays the twin's games, and bad flags exit 2."""
 
 import os
 
@@ -25,9 +23,8 @@ KEYS = ("obs", "actions", "logprobs", "values", "rewards", "terminations", "trun
 
 
 def policy(obs):
-    """A deterministic policy of the stand-in's frames [B, 4, 84, 84]: action, log-probability and
-    value are each a function of (env, episode, step), so any two runs that store the same frames
-    store the same steps."""
+    """A deterministic policy of the stand-in's frames: each output a function of (env, episode,
+    step), so two runs that store the same frames store the same steps."""
     env, episode, step = (torch.as_tensor(column) for column in decode(obs.numpy()))
     action = (env + 2 * episode + step) % N_ACTIONS
     value = (env * 10_000 + episode * 100 + step).float()
@@ -43,12 +40,9 @@ def stand_in(seed=0, batch_size=None):
 
 
 class ShuffledPool:
-    """envpool's async API over a synchronous stand-in, in a seeded order: `recv` steps
-    `batch_size` of the envs in flight and returns them, taking them by the order they were sent
-    in plus a random lag of up to 2 batches, so that batches mix envs ahead and behind (as
-    envpool's threads do), the same on every run. The stand-in's `trace` then holds exactly the
-    steps that `recv` returned. Like envpool's, `recv` needs a whole batch in flight (envpool's
-    would wait forever): it fails the test if there is none."""
+    """envpool's async API over a synchronous stand-in: `recv` steps `batch_size` envs in flight,
+    in send order plus a seeded lag of up to 2 batches (batches mix envs ahead and behind); it
+    fails the test without a whole batch in flight (envpool's would wait forever)."""
 
     def __init__(self, pool, batch_size, seed):
         self.pool, self.batch_size, self.rng = pool, batch_size, np.random.default_rng(seed)
@@ -65,9 +59,7 @@ class ShuffledPool:
             self.sent += 1
 
     def recv(self):
-        assert len(self.in_flight) >= self.batch_size, (
-            f"{len(self.in_flight)} envs in flight: recv would never return"
-        )
+        assert len(self.in_flight) >= self.batch_size, f"{len(self.in_flight)} in flight: a hang"
         envs = sorted(self.in_flight, key=lambda env: self.in_flight[env][0])[: self.batch_size]
         actions = {env: self.in_flight.pop(env)[1] for env in envs}
         resets = np.array([env for env in envs if actions[env] is None], dtype=np.int64)
@@ -90,8 +82,7 @@ class ShuffledPool:
 
 
 class StarvingPool(ShuffledPool):
-    """ShuffledPool's order, but env 0 comes back last of the envs in flight: the slowest env there
-    can be, which lets the others run as far ahead as `collect_rollout` lets any env."""
+    """ShuffledPool's order, but env 0 comes back last of the envs in flight: the slowest env."""
 
     def send(self, actions, env_id):
         super().send(actions, env_id)
@@ -100,14 +91,11 @@ class StarvingPool(ShuffledPool):
 
 
 def async_rollouts(envs):
-    """`collect_rollout` for ITERATIONS rollouts: each rollout (rows 0..NUM_STEPS-1) and bootstrap
-    value, the largest step row an env had reached at each rollout's end, and the scores logged;
-    `envs` is closed after."""
+    """ITERATIONS rollouts of `collect_rollout`: each rollout and bootstrap value, the furthest row
+    an env reached at each rollout's end, and the scores logged."""
     module = load_script(ASYNC)
-    storage, state = (
-        module.make_storage(NUM_STEPS, NUM_ENVS, (4, 84, 84), torch.device("cpu")),
-        module.RolloutState(NUM_ENVS),
-    )
+    storage = module.make_storage(NUM_STEPS, NUM_ENVS, (4, 84, 84), torch.device("cpu"))
+    state = module.RolloutState(NUM_ENVS)
     scores, rollouts, rows = [], [], []
     envs.async_reset()
     for _ in range(ITERATIONS):
@@ -121,8 +109,7 @@ def async_rollouts(envs):
 
 
 def sync_rollouts(seed):
-    """The twin's loop on a synchronous stand-in: per rollout, what it stores [NUM_STEPS, NUM_ENVS]
-    and the bootstrap value."""
+    """The twin's loop on a synchronous stand-in: per rollout, what it stores and the bootstrap."""
     envs = stand_in(seed)
     next_obs, _ = envs.reset()
     next_obs, rollouts = torch.from_numpy(next_obs), []
@@ -149,12 +136,10 @@ def shuffled(seed=0, batch_size=4):
 
 
 def assert_rollouts_equal(rollouts, expected):
-    for iteration, ((rollout, next_value), (want, want_next_value)) in enumerate(
-        zip(rollouts, expected)
-    ):
+    for iteration, ((rollout, next_value), (want, want_next)) in enumerate(zip(rollouts, expected)):
         for key in KEYS:
             assert torch.equal(rollout[key], want[key]), (iteration, key)
-        assert torch.equal(next_value, want_next_value), iteration
+        assert torch.equal(next_value, want_next), iteration
 
 
 @pytest.mark.parametrize(
@@ -163,30 +148,22 @@ def assert_rollouts_equal(rollouts, expected):
     ids=["shuffled-batches-of-4", "threaded-batches-of-4", "one-batch-of-8"],
 )
 def test_rollout_by_env_is_the_synchronous_rollout(make_envs):
-    """Every rollout, bootstrap value included, equals the twin's for the same env steps: the
-    stand-in's games depend only on each env's actions and the policy only on the frame, so the
-    order envs come back in must not show. The shuffled order sends envs past their NUM_STEPS steps
-    (rows beyond it, carried to the next rollout)."""
+    """Every rollout, bootstrap included, equals the twin's for the same env steps, whatever order
+    the envs come back in (the shuffled order also carries rows to the next rollout)."""
     envs = make_envs()
     rollouts, rows, _ = async_rollouts(envs)
     expected = sync_rollouts(seed=0)
     assert_rollouts_equal(rollouts, expected)
     assert sum(want["terminations"].sum() + want["truncations"].sum() for want, _ in expected) > 20
     if isinstance(envs, ShuffledPool) and envs.batch_size < NUM_ENVS:
-        assert max(rows) > NUM_STEPS, (
-            "no env ran past its steps: the carry to the next rollout went untested"
-        )
+        assert max(rows) > NUM_STEPS, "no env ran past its steps: the carry went untested"
     if isinstance(envs, ShuffledPool) and envs.batch_size == NUM_ENVS:
-        assert rows == [NUM_STEPS] * ITERATIONS, (
-            "one batch of all envs is held whole at each rollout's end"
-        )
+        assert rows == [NUM_STEPS] * ITERATIONS, "one batch of all envs is held whole at the end"
 
 
 def test_no_env_runs_past_the_storage():
-    """Against the slowest env there can be (env 0 returns only when no other env is left to return,
-    its reset included), envs with their steps wait, then as few as keep a batch stepping run ahead,
-    by NUM_STEPS + 1 steps at most: the furthest row reached is the storage's last, and the rollouts
-    are still the synchronous ones."""
+    """Against the slowest env, the others run ahead by NUM_STEPS + 1 steps at most (the storage's
+    last row), and the rollouts are still the synchronous ones."""
     rollouts, rows, _ = async_rollouts(StarvingPool(stand_in(), 4, seed=0))
     assert_rollouts_equal(rollouts, sync_rollouts(seed=0))
     storage = load_script(ASYNC).make_storage(NUM_STEPS, NUM_ENVS, (4, 84, 84), torch.device("cpu"))
@@ -194,9 +171,8 @@ def test_no_env_runs_past_the_storage():
 
 
 def test_every_env_steps_in_order():
-    """Each env's column, rollout after rollout, is the stand-in's own record of that env's steps
-    (the frame it acted on, and the action its next step took), none skipped or repeated, though
-    batches mix envs that are ahead and behind."""
+    """Each env's column, rollout after rollout, is the stand-in's record of its steps (frames and
+    actions), none skipped or repeated."""
     envs = shuffled(seed=1)
     rollouts, _, _ = async_rollouts(envs)
     for env in range(NUM_ENVS):
@@ -206,18 +182,13 @@ def test_every_env_steps_in_order():
         _, episode, step = decode(column)
         assert list(zip(episode, step)) == [(e % 256, s) for e, s, _ in trace[: len(column)]], env
         # a step after an episode's end resets the env and ignores its action (None in the record)
-        taken = [
-            (action, record[2])
-            for action, record in zip(actions, trace[1:])
-            if record[2] is not None
-        ]
+        taken = [(action, rec[2]) for action, rec in zip(actions, trace[1:]) if rec[2] is not None]
         assert all(action == took for action, took in taken) and len(taken) > len(actions) // 2, env
 
 
 def test_every_finished_game_is_counted_once():
-    """The scores logged equal those of the games ending in the steps `recv` returned, replayed env
-    by env on a fresh stand-in (same seed) and counted by the twin's `finished_games`: none lost
-    at a rollout's end, none counted twice when a batch is held or an env runs ahead."""
+    """The scores logged are the twin's `finished_games` of the steps `recv` returned, replayed env
+    by env: none lost at a rollout's end, none counted twice."""
     finished_games = load_script(TWIN).finished_games
     envs = shuffled(seed=2)
     _, _, scores = async_rollouts(envs)
@@ -234,8 +205,7 @@ def test_every_finished_game_is_counted_once():
 
 
 def test_a_batch_adds_to_its_own_envs_games():
-    """`finished_batch_games` on a batch of envs 5 and 2 (envpool's async order) adds to their own
-    scores only."""
+    """`finished_batch_games` on a batch of envs 5 and 2 adds to their own scores only."""
     finished_games = load_script(ASYNC).finished_batch_games
     game_returns = np.zeros(8)
     infos = {
@@ -260,34 +230,26 @@ def test_a_batch_adds_to_its_own_envs_games():
 
 
 def test_smoke_compiled_and_the_twin_loads_its_model(tmp_path):
-    """Breakout, 8 envs acting 4 at a time (the default), compiled: whole games counted, scores of
-    random play, a few env steps past the budget (envs that ran ahead at the last rollout's end);
-    the saved model evaluates in the twin (load_model reads `_async` as the same algorithm)."""
+    """Breakout, 8 envs acting 4 at a time, compiled: whole games, random play's scores, a few steps
+    past the budget (envs that ran ahead); the saved model evaluates in the twin."""
     result = summary(run_script(ASYNC, *SMOKE, "--compile", "--save-model", cwd=tmp_path))
-    assert (
-        result["script"],
-        result["compile"],
-        result["async_batch_size"],
-        result["num_envs"],
-    ) == (ASYNC, True, 4, 8)
+    got = (result["script"], result["compile"], result["async_batch_size"], result["num_envs"])
+    assert got == (ASYNC, True, 4, 8)
     # the default leaves the policy a core
     assert result["env_threads"] == max(1, len(os.sched_getaffinity(0)) - 1)
     assert 2048 <= result["total_timesteps"] < 2048 + 32 * 8
     assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
     assert all(point[2] == int(point[2]) for point in result["curve"])
-    evaluated = summary(
-        run_script(TWIN, "--eval-model", result["model_file"], "--eval-episodes", "1", cwd=tmp_path)
-    )
+    flags = ("--eval-model", result["model_file"], "--eval-episodes", "1")
+    evaluated = summary(run_script(TWIN, *flags, cwd=tmp_path))
     assert len(evaluated["eval_returns"]) == 1 and evaluated["total_timesteps"] == 0
 
 
 @pytest.mark.slow  # plays the twin's games both ways (21 s here; the twin's run may be shared)
 def test_one_batch_of_all_envs_plays_the_twins_games():
-    """With --async-batch-size 8 (= --num-envs) envpool returns all envs in env order, every batch
-    is held at a rollout's end and acts after the update, so the script takes the twin's env
-    steps with the twin's policy calls in the twin's order (same random numbers): the same
-    games, ended at the same steps, with the same scores. One env thread against the twin's
-    envpool default: the threads that step the games do not change them."""
+    """With --async-batch-size 8 (= --num-envs) the script takes the twin's env steps and policy
+    calls in the twin's order: the same games and scores (on one env thread: threads do not
+    change the games)."""
     twin = twin_smoke_run()  # test_ppo_atari_envpool.py's smoke run, shared
     same = summary(run_script(ASYNC, *SMOKE, "--async-batch-size", "8", "--env-threads", "1"))
     assert (
@@ -299,8 +261,7 @@ def test_one_batch_of_all_envs_plays_the_twins_games():
 
 @requires_cuda
 def test_cudagraphs_smoke():
-    """Acting on batches of 4 recorded as a CUDA graph (one shape: every batch has
-    --async-batch-size envs)."""
+    """Acting on batches of 4 recorded as a CUDA graph (every batch has one shape)."""
     result = summary(run_script(ASYNC, *SMOKE, "--compile", "--cudagraphs"))
     assert result["cudagraphs"] is True and result["device"].startswith("cuda")
     assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10

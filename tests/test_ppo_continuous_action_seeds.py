@@ -1,13 +1,8 @@
 """PPO's seeds script (continuous actions), N runs as one vmapped program: each member's update is
-ppo_continuous_action_cpu.py's update on that member's parameters, Adam state and minibatch (eager
-and compiled, with no recompilation), its reset steps (envpool's next-step autoreset) weighing
-nothing; a member's update does not depend on another member's minibatch; each member starts from
-the CPU script's weights for its seed; the numpy wrappers of the envpool envs are gymnasium's
-per-env wrappers; every member of a short run learns; the per-member summary, model files the
-single-seed scripts evaluate, and bad inputs.
-
-Compiling tests (cold torch.compile costs 15-30 s here): the equivalence test and the learning
-check."""
+the CPU script's on its own parameters, Adam state and minibatch (eager and compiled, no
+recompilation), reset steps weighing nothing, independent of the other members; members start from
+the CPU script's weights for their seeds; the numpy envpool wrappers are gymnasium's per env; the
+members learn; the per-member summary, model files the single-seed scripts evaluate, bad inputs."""
 
 import functools
 
@@ -15,13 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    assert_every_member_replays,
-    load_script,
-    long_learning,
-    run_script,
-    summary,
-)
+from conftest import assert_every_member_replays, load_script, long_learning, run_script, summary
 from test_ppo_continuous_action import make_minibatch
 
 SEEDS_SCRIPT, CPU_SCRIPT = "ppo_continuous_action_seeds", "ppo_continuous_action_cpu"
@@ -29,16 +18,7 @@ SEEDS = [1, 2, 3]
 CPU = torch.device("cpu")
 # Pendulum-v1 truncates every 200 steps: 640 steps per member are 10 iterations of 64, 3 episodes,
 # 40 updates
-SMOKE = (
-    "--env-id",
-    "Pendulum-v1",
-    "--total-timesteps",
-    640,
-    "--num-steps",
-    64,
-    "--num-minibatches",
-    2,
-)
+SMOKE = "--env-id Pendulum-v1 --total-timesteps 640 --num-steps 64 --num-minibatches 2".split()
 
 
 def stacked_minibatches(step, members=3):
@@ -93,19 +73,13 @@ def test_each_member_starts_from_the_weights_of_the_cpu_script_with_its_seed():
 
 
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_compiled():
-    """Four steps on fresh minibatches, each member's learning rate annealed in place before each:
-    the seeds update of a sweep (SWEEP: 16 settings of the learning rate and the loss's
-    coefficients, a member each), eagerly and compiled as main compiles it on a CPU, against the
-    CPU script's functional update with each member's flags on its own parameters, Adam state and
-    minibatch, member 1's without its 8 reset steps. Each member's statistics agree within 1e-5
-    relative (float32; masked means and the CPU script's means sum in another order), its
-    parameters within 1e-6 absolute (an Adam step moves them by ~lr, 3e-4 or 3e-3). From the third
-    call on, the compiled update compiles nothing new."""
+    """Four steps of a 16-member sweep (SWEEP), lr annealed in place, eager and compiled as main
+    compiles it, against the CPU script's update with each member's flags on its own state and
+    minibatch (member 1's without its 8 reset steps): statistics within 1e-5 relative, parameters
+    within 1e-6 absolute (a step moves them by ~lr); from the third call on nothing recompiles."""
     seeds = list(range(16))
-    (optimizer, update), (compiled_optimizer, compiled_update) = (
-        build_seeds_learner(seeds, **SWEEP),
-        build_seeds_learner(seeds, **SWEEP),
-    )
+    optimizer, update = build_seeds_learner(seeds, **SWEEP)
+    compiled_optimizer, compiled_update = build_seeds_learner(seeds, **SWEEP)
     compiled_update = torch.compile(compiled_update, fullgraph=True, options={"cpp_wrapper": True})
     settings = load_script(SEEDS_SCRIPT).settings(load_script(SEEDS_SCRIPT).Args(**SWEEP))
     singles = [
@@ -133,11 +107,8 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_c
                     torch.testing.assert_close(
                         adam.params[name][member], reference, rtol=0, atol=1e-6, msg=name
                     )
-    assert all(
-        not torch.equal(optimizer.params[name][k], start[name][k])
-        for name in start
-        for k in range(len(seeds))
-    )
+    params = optimizer.params
+    assert all(not torch.equal(params[n][k], start[n][k]) for n in start for k in range(len(seeds)))
 
 
 def test_a_members_update_depends_on_its_own_minibatch_alone():
@@ -156,9 +127,8 @@ def test_a_members_update_depends_on_its_own_minibatch_alone():
     assert torch.equal(stats[1:], stats_changed[1:])
     assert all(torch.equal(params[name][1:], params_changed[name][1:]) for name in params)
     assert not torch.equal(stats[0], stats_changed[0])
-    assert not torch.equal(
-        params["actor_mean.0.weight"][0], params_changed["actor_mean.0.weight"][0]
-    )
+    name = "actor_mean.0.weight"
+    assert not torch.equal(params[name][0], params_changed[name][0])
 
 
 def test_members_draw_their_own_noise_and_act_with_their_own_parameters():
@@ -217,9 +187,8 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
     each member's own."""
     outcomes = []
     for poisoned in (False, True):
-        learner = load_script(SEEDS_SCRIPT).make_learner(
-            load_script(SEEDS_SCRIPT).Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU
-        )
+        mod = load_script(SEEDS_SCRIPT)
+        learner = mod.make_learner(mod.Args(num_seeds=len(SEEDS)), 3, 2, SEEDS, CPU)
         optimizer, policy, update = learner.optimizer, learner.policy, learner.update
         if poisoned:
             optimizer.params["actor_mean.2.weight"][0, 1, 3] = float("nan")
@@ -241,14 +210,11 @@ def test_gae_with_each_envs_gamma_and_lambda_is_the_cpu_scripts_per_env():
     n, e = 300, 4
     terminations = (torch.rand(n, e, generator=g) < 0.02).float()
     truncations = (torch.rand(n, e, generator=g) < 0.02).float() * (1 - terminations)
-    data = dict(
-        rewards=torch.randn(n, e, generator=g),
-        values=torch.randn(n, e, generator=g),
-        next_value=torch.randn(e, generator=g),
-        final_values=torch.randn(n, e, generator=g),
-        terminations=terminations,
-        truncations=truncations,
+    data = dict(rewards=torch.randn(n, e, generator=g), values=torch.randn(n, e, generator=g))
+    data |= dict(
+        next_value=torch.randn(e, generator=g), final_values=torch.randn(n, e, generator=g)
     )
+    data |= dict(terminations=terminations, truncations=truncations)
     gammas, lambdas = [0.99, 0.9, 0.99, 0.5], [0.95, 0.95, 0.5, 1.0]
     got = load_script(SEEDS_SCRIPT).gae(
         **data, gamma=torch.tensor(gammas), gae_lambda=torch.tensor(lambdas)
@@ -269,13 +235,13 @@ class ScriptedPool:
     observation_space = gym.spaces.Box(-np.inf, np.inf, (3,))
 
     def __init__(self, obs, rewards, terminations, truncations):
-        self.obs, self.rewards, self.terminations, self.truncations, self.t = (
+        self.obs, self.rewards, self.terminations, self.truncations = (
             obs,
             rewards,
             terminations,
             truncations,
-            0,
         )
+        self.t = 0
 
     def reset(self):
         return self.obs[0], {}
@@ -303,12 +269,10 @@ def replay(env, obs, reward=None, terminated=False, truncated=False):
 
 
 def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
-    """EnvpoolWrappers (two members of one env) against the CPU script's `wrap` of an env of
-    vector_envs.make_envs (gymnasium's wrappers, one stack per env) on the same raw steps: env 0
-    terminates at step 3, env 1 truncates at step 5, each then taking envpool's reset step, which
-    gymnasium's vector env does as a reset in the same step. Observations and rewards agree to
-    1e-6 (float64 statistics, float32 outputs), finished returns (read from gymnasium's
-    `final_info`) exactly. Each env has a gamma of its own, as the envs of a sweep's members."""
+    """EnvpoolWrappers against the CPU script's gymnasium wrappers per env (vector_envs.make_envs),
+    each env with a gamma of its own, on the same raw steps (env 0 terminates at step 3, env 1
+    truncates at step 5): observations and rewards to 1e-6 (float64 statistics), finished returns
+    exactly."""
     mod = load_script(SEEDS_SCRIPT)
     rng = np.random.default_rng(0)
     # as envpool's
@@ -340,33 +304,18 @@ def test_the_numpy_wrappers_are_the_cpu_scripts_gymnasium_wrappers_per_env():
             ]
             expected = [replay(env, *raw[e]) for e, env in enumerate(envs)]
         for e, (expected_obs, expected_reward, expected_finished) in enumerate(expected):
-            np.testing.assert_allclose(
-                outputs[0][e], expected_obs, rtol=1e-6, atol=1e-6, err_msg=f"step {t}"
-            )
-            assert (
-                outputs[1][e] == pytest.approx(expected_reward, rel=1e-6, abs=1e-6)
-                and outputs[2][e] == expected_finished
-            )
+            np.testing.assert_allclose(outputs[0][e], expected_obs, 1e-6, 1e-6, err_msg=f"step {t}")
+            assert outputs[1][e] == pytest.approx(expected_reward, rel=1e-6, abs=1e-6)
+            assert outputs[2][e] == expected_finished
 
 
 @long_learning
 def test_the_members_learn_inverted_pendulum():
-    """Three members (seeds 1, 2, 3) as a user runs them (compiled, one thread), for the budget and
-    bar of test_ppo_continuous_action.py's learning check: 40,960 steps each; the mean over members
-    of each one's last-20 mean return must exceed 500. Measured on a 2-core Intel Xeon (AMX), this
-    command with `--seed` 1, 4, 7 and 10 (12 members): members 800.8 to 1000, the runs' 3-member
-    means 901.6 to 949.1 (this run's: 945.8). A random policy balances the pole for ~5-10 steps."""
-    s = summary(
-        run_script(
-            SEEDS_SCRIPT,
-            "--env-id",
-            "InvertedPendulum-v4",
-            "--total-timesteps",
-            40960,
-            "--num-seeds",
-            3,
-        )
-    )
+    """Three members as a user runs them, at test_ppo_continuous_action.py's budget and bar: the
+    members' mean last-20 return above 500 (seeds 1-12 gave members 800.8 to 1000, 3-member means
+    901.6 to 949.1; a random policy balances ~5-10 steps)."""
+    flags = "--env-id InvertedPendulum-v4 --total-timesteps 40960 --num-seeds 3".split()
+    s = summary(run_script(SEEDS_SCRIPT, *flags))
     assert s["compile"] is True and s["seeds"] == SEEDS and s["total_timesteps"] == 40960
     assert np.mean(s["return_means"]) > 500, s["return_means"]
 
@@ -374,31 +323,17 @@ def test_the_members_learn_inverted_pendulum():
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """Two members, eagerly, saving their models and evaluating each twice."""
-    flags = (
-        *SMOKE,
-        "--num-seeds",
-        2,
-        "--no-compile",
-        "--save-model",
-        "--eval-episodes",
-        2,
-        "--measure-burnin",
-        2,
-    )
+    flags = (*SMOKE, *"--num-seeds 2 --no-compile --save-model --eval-episodes 2".split())
+    flags += ("--measure-burnin", 2)
     return summary(run_script(SEEDS_SCRIPT, *flags, cwd=tmp_path_factory.mktemp("smoke")))
 
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
-    """The summary reports each member (seeds, their last-20 means and their mean, a curve each of 3
-    episodes, aggregate sps, evaluation returns per member) and a model file per member, in the
-    single-seed format with the member's seed and its observation normalization."""
+    """The summary reports each member and a model file per member, in the single-seed format with
+    the member's seed and its observation normalization."""
     s = smoke_run
-    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == (
-        SEEDS_SCRIPT,
-        2,
-        [1, 2],
-        640,
-    )
+    want = (SEEDS_SCRIPT, 2, [1, 2], 640)
+    assert (s["script"], s["num_seeds"], s["seeds"], s["total_timesteps"]) == want
     assert s["compile"] is False and s["cudagraphs"] is False and s["device"] == "cpu"
     assert s["sps_wall"] == pytest.approx(2 * 640 / s["wall_s"], rel=0.01) and s["sps"] > 0
     assert s["episodes"] == 6 and [len(curve) for curve in s["curves"]] == [3, 3]
@@ -406,41 +341,28 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
     assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
     assert [len(returns) for returns in s["eval_returns"]] == [2, 2]
     assert s["eval_return_means"] == [np.mean(returns) for returns in s["eval_returns"]]
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [
-        f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)
-    ]
+    names = [path.rsplit("/", 1)[1] for path in s["model_files"]]
+    assert names == [f"{SEEDS_SCRIPT}_seed{k}.pt" for k in (1, 2)]
     saved = torch.load(s["model_files"][1], weights_only=True)
     assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (
         SEEDS_SCRIPT,
         2,
         2,
     )
-    cpu_format = {
-        name: value.shape
-        for name, value in load_script(CPU_SCRIPT).Agent(3, 1).state_dict().items()
-    }
+    cpu_agent = load_script(CPU_SCRIPT).Agent(3, 1)
+    cpu_format = {name: value.shape for name, value in cpu_agent.state_dict().items()}
     assert {name: value.shape for name, value in saved["model"]["agent"].items()} == cpu_format
     rms = saved["model"]["obs_rms"]
     # the first observation and one per step (envpool's reset steps return the next episode's first)
-    assert rms["mean"].shape == rms["var"].shape == (3,) and float(rms["count"]) == pytest.approx(
-        1 + 640 + 1e-4
-    )
+    assert rms["mean"].shape == rms["var"].shape == (3,)
+    assert float(rms["count"]) == pytest.approx(1 + 640 + 1e-4)
 
 
 def test_a_single_seed_script_evaluates_a_member_file(smoke_run, script="ppo_continuous_action"):
     """The eager script loads member 2's file and plays it (on gymnasium's env; the member played
     envpool's)."""
-    s = summary(
-        run_script(
-            script,
-            "--env-id",
-            "Pendulum-v1",
-            "--eval-model",
-            smoke_run["model_files"][1],
-            "--eval-episodes",
-            2,
-        )
-    )
+    flags = ("--env-id", "Pendulum-v1", "--eval-model", smoke_run["model_files"][1])
+    s = summary(run_script(script, *flags, "--eval-episodes", 2))
     assert len(s["eval_returns"]) == 2 and all(-2000 < r < 0 for r in s["eval_returns"])
 
 
@@ -454,7 +376,7 @@ BAD_INPUTS = [
     (("--num-seeds", 0), ("--num-seeds",)),
     # ~34 TiB of rollouts
     (
-        ("--num-seeds", 1000, "--num-steps", 10**8, "--total-timesteps", 10**8),
+        (*"--num-seeds 1000 --num-steps 100000000 --total-timesteps 100000000".split(),),
         ("--num-seeds", "GiB"),
     ),
     (("--cudagraphs",), ("--cudagraphs",)),

@@ -22,11 +22,8 @@ EAGER, TWIN = "ppo_lstm", "ppo_lstm_torchcompile"
 # policy last ~20 steps, so several end. The compiled functions' shapes (8 steps of 2 envs, acting
 # on 2 envs) are those of the unit tests below, which then find the smoke run's kernels in the
 # compile cache.
-SMOKE = tuple(
-    (
-        "--total-timesteps 96 --num-envs 2 --num-steps 8 --num-minibatches 1 --update-epochs 1"
-    ).split()
-)
+SMOKE = "--total-timesteps 96 --num-envs 2 --num-steps 8 --num-minibatches 1 --update-epochs 1"
+SMOKE = tuple(SMOKE.split())
 N_OBS, N_ACT = 2, 2  # velocity-hidden CartPole
 
 
@@ -39,11 +36,8 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE, "--measure-burnin", "2", *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
-        "CartPole-v1",
-        96,
-        2,
-    )
+    assert (result["env_id"], result["total_timesteps"]) == ("CartPole-v1", 96)
+    assert result["num_envs"] == 2
     # resolved: CartPole-v1's positions, its velocities hidden
     assert result["obs_indices"] == [0, 2]
     assert result["episodes"] >= 2
@@ -55,14 +49,10 @@ def test_smoke(script, flags):
 def test_observed_indices_are_cartpoles_positions_there_and_every_entry_elsewhere(script):
     observed_indices = load_script(script).observed_indices
     assert observed_indices("CartPole-v1", None) == (0, 2)
-    assert (
-        observed_indices("Acrobot-v1", None) == ()
-        and observed_indices("popgym:popgym-RepeatFirstEasy-v0", None) == ()
-    )
-    assert observed_indices("CartPole-v1", ()) == () and observed_indices("Acrobot-v1", [1, 3]) == (
-        1,
-        3,
-    )
+    assert observed_indices("Acrobot-v1", None) == ()
+    assert observed_indices("popgym:popgym-RepeatFirstEasy-v0", None) == ()
+    assert observed_indices("CartPole-v1", ()) == ()
+    assert observed_indices("Acrobot-v1", [1, 3]) == (1, 3)
 
 
 def test_observations_keep_only_the_chosen_entries():
@@ -99,20 +89,16 @@ def random_sequence(seed, steps=6, envs=3, hidden_size=128):
     """Observations [steps, envs, N_OBS] and a nonzero LSTM state: what a rollout replays."""
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(steps, envs, N_OBS, generator=g)
-    state = (
+    return obs, (
         torch.randn(envs, hidden_size, generator=g),
         torch.randn(envs, hidden_size, generator=g),
     )
-    return obs, state
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_an_episode_start_resets_the_state_exactly(script):
-    """Env 0 starts an episode at step 3 of 6: from there its outputs are those of the suffix fed
-    alone from a zero state, whatever the state before, to 1e-6 absolute: the suffix is a batch
-    of 1 env against 3 (and, in the twin, 3 steps against 6 in the one matmul for the input's
-    gates), so a matmul may sum in another order (~2e-8 apart here). Env 1, not reset, carries
-    its memory: its outputs differ from a fresh start's."""
+    """Env 0 starts an episode at step 3: its outputs are the suffix's fed alone from a zero state
+    (1e-6: other batch shapes sum in another order, ~2e-8 here); env 1 carries its memory."""
     module = load_script(script)
     torch.manual_seed(0)
     agent = module.Agent(N_OBS, N_ACT)
@@ -130,9 +116,8 @@ def test_an_episode_start_resets_the_state_exactly(script):
 
 
 def test_the_twins_agent_is_the_eager_agent():
-    """The same weights give the same LSTM outputs, values, log-probabilities and entropies in both
-    twins: the twin's written-out LSTM cell and categorical are nn.LSTMCell and Categorical (float32
-    sums in another order: 1e-5)."""
+    """Same weights, same outputs, values, log-probabilities and entropies: the twin's written-out
+    LSTM cell and categorical are nn.LSTMCell's and Categorical's (1e-5)."""
     eager, twin = load_script(EAGER), load_script(TWIN)
     torch.manual_seed(0)
     eager_agent = eager.Agent(N_OBS, N_ACT)
@@ -148,19 +133,15 @@ def test_the_twins_agent_is_the_eager_agent():
 
 
 def test_doubling_gae_equals_the_reference_loop():
-    """The twin's GAE (doubling, eager and compiled) against the eager twin's loop, on 8 random
-    steps of 2 envs (the smoke run's shape) with episode ends: float32 sums in another order
-    agree to 1e-5. (PPO continuous tests the same doubling on 1000 steps.)"""
+    """The twin's doubling GAE (eager and compiled) is the eager loop to 1e-5 at the smoke shape."""
     g = torch.Generator().manual_seed(0)
     terminations = (torch.rand(8, 2, generator=g) < 0.2).float()
-    data = dict(
-        rewards=torch.randn(8, 2, generator=g),
-        values=torch.randn(8, 2, generator=g),
-        next_value=torch.randn(2, generator=g),
-        final_values=torch.randn(8, 2, generator=g),
-        terminations=terminations,
-        truncations=(torch.rand(8, 2, generator=g) < 0.2).float() * (1 - terminations),
+    data = dict(rewards=torch.randn(8, 2, generator=g), values=torch.randn(8, 2, generator=g))
+    data |= dict(
+        next_value=torch.randn(2, generator=g), final_values=torch.randn(8, 2, generator=g)
     )
+    truncations = (torch.rand(8, 2, generator=g) < 0.2).float() * (1 - terminations)
+    data |= dict(terminations=terminations, truncations=truncations)
     twin = load_script(TWIN)
     expected = load_script(EAGER).gae(**data, gamma=0.99, gae_lambda=0.95)
     for gae in (twin.gae, torch.compile(twin.gae, fullgraph=True)):
@@ -179,8 +160,7 @@ def build_update(module, compile_loss, seed=0, lr=2.5e-4):
 
 
 def make_minibatch(seed, steps=8, envs=2):
-    """A minibatch of whole sequences [steps, envs] with episode starts, and the LSTM state it
-    starts from."""
+    """Whole sequences [steps, envs] with episode starts, and the LSTM state they start from."""
     g = torch.Generator().manual_seed(seed)
     mb = TensorDict(
         obs=torch.randn(steps, envs, N_OBS, generator=g),
@@ -196,9 +176,7 @@ def make_minibatch(seed, steps=8, envs=2):
 
 
 def assert_compiled_loss_equals_eager(twin, make_minibatch):
-    """Three update steps of `twin`, its loss compiled against eager, from one seed: the same
-    statistics and the same parameters (the minGRU pair's tests call this too, with their
-    minibatches)."""
+    """Three update steps, the loss compiled against eager: the same statistics and parameters."""
     module = load_script(twin)
     (eager, eager_agent, _), (compiled, compiled_agent, _) = (
         build_update(module, False),
@@ -219,9 +197,8 @@ def assert_compiled_loss_equals_eager(twin, make_minibatch):
 
 
 def assert_no_recompilation_after_warmup(twin, make_minibatch, state):
-    """`twin`'s compiled loss and acting, warmed up on two calls, compile nothing new on three more
-    (fresh batches, episode starts, the annealed learning rate); `state` is the recurrent state
-    acting starts from."""
+    """Compiled loss and acting, warmed up on two calls, compile nothing new on three more (fresh
+    batches, episode starts, the annealed learning rate) from the recurrent `state`."""
     module = load_script(twin)
     update, agent, optimizer = build_update(module, compile_loss=True)
     policy = torch.compile(agent.get_action_and_value)
@@ -268,23 +245,13 @@ def test_bad_input_exits_2(script, flags, words, refused):
 
 def assert_other_observation_flags_exit_2(script, tmp_path):
     """A model trained on both positions, evaluated with the full observation or without memory,
-    stops with one line naming the flag and the value it was trained with (the minGRU tests call
-    this too)."""
+    stops with one line naming the flag and the value it was trained with."""
     trained = summary(run_script(script, *SMOKE, "--save-model", cwd=tmp_path))
-    model = trained["model_file"]
-    assert_user_error(
-        run_script(
-            script, "--eval-model", model, "--eval-episodes", "1", "--obs-indices", cwd=tmp_path
-        ),
-        "--eval-model",
-        "trained with --obs-indices (0, 2)",
-    )
-    assert_user_error(
-        run_script(
-            script, "--eval-model", model, "--eval-episodes", "1", "--no-memory", cwd=tmp_path
-        ),
-        "trained with --memory True",
-    )
+    evaluate = ("--eval-model", trained["model_file"], "--eval-episodes", "1")
+    full = run_script(script, *evaluate, "--obs-indices", cwd=tmp_path)
+    assert_user_error(full, "--eval-model", "trained with --obs-indices (0, 2)")
+    memoryless = run_script(script, *evaluate, "--no-memory", cwd=tmp_path)
+    assert_user_error(memoryless, "trained with --memory True")
 
 
 @pytest.mark.slow  # trains and saves a model first (12-19 s each here)
@@ -306,26 +273,16 @@ def test_cudagraphs_smoke(flags):
 
 
 def late_return_mean(result):
-    """The mean return of the episodes that ended in the second half of the run (less noisy than the
-    last 20)."""
-    late = [
-        episodic_return
-        for step, _, episodic_return in result["curve"]
-        if step > result["total_timesteps"] // 2
-    ]
+    """The mean return of the episodes that ended in the run's second half (less noisy)."""
+    late = [ret for step, _, ret in result["curve"] if step > result["total_timesteps"] // 2]
     return sum(late) / len(late)
 
 
 @long_learning
 def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
-    """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both
-    velocities hidden (the default), seed 1, one intra-op thread (test_popgym.py's recall check is
-    the LSTM's in the suite). The mean return of the episodes
-    that ended in the second half must exceed 56. Measured on a 2-core Intel Xeon (AMX), seeds 1-10:
-    the LSTM 65.3 to 85.5 (seed 1: 85.5); with `--no-memory` (the network with its state zeroed at
-    every step: a feedforward policy), seeds 1-5, 42.6 to 47.0. A random policy gets ~22."""
-    result = summary(
-        run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"})
-    )
+    """30,720 steps on velocity-hidden CartPole, seed 1: the second half's episodes above 56.
+    Seeds 1-10 gave 65.3 to 85.5 (Xeon); `--no-memory` 42.6 to 47.0; random play ~22."""
+    flags = ("--total-timesteps", "30720", "--seed", "1")
+    result = summary(run_script(EAGER, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 30720
     assert late_return_mean(result) > 56, result["return_mean"]

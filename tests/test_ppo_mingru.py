@@ -1,10 +1,7 @@
-"""Recurrent PPO with minGRU memory: both twins run, the twin's scan gives the eager twin's loop
-(outputs and gradients, with episode starts, at many lengths, prime ones in about 2 sqrt(T) steps),
-an episode start resets the state exactly, the compiled sequence loss is the eager one, nothing
-recompiles, bad flag values exit 2 (a saved model evaluated under other observation flags included),
-the state remembers an episode's first step at init, and the agent learns velocity-hidden CartPole
-and POPGym's RepeatPrevious beyond a memoryless policy. That benchmarks.studies.memory checks what
-it times is test_memory.py's."""
+"""Recurrent PPO with minGRU memory: both twins run, the twin's scan is the eager loop (outputs
+and gradients, at many lengths, in about 2 sqrt(T) steps), an episode start resets the state
+exactly, the compiled loss is the eager one, nothing recompiles, bad flags exit 2, the state
+remembers an episode's first step at init, and the agent learns beyond a memoryless policy."""
 
 import math
 
@@ -56,11 +53,8 @@ def test_smoke(script, flags):
     result = summary(run_script(script, *SMOKE_160, "--measure-burnin", "2", *flags))
     assert result["script"] == script
     assert result["compile"] is ("--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
-        "CartPole-v1",
-        160,
-        2,
-    )
+    want = ("CartPole-v1", 160, 2)
+    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == want
     assert result["episodes"] >= 2
     assert 5 <= result["return_mean"] <= 48
     assert result["sps"] > 0 and result["sps_wall"] > 0
@@ -92,13 +86,9 @@ class CountCalls(torch.overrides.TorchFunctionMode):
 
 @pytest.mark.parametrize("steps", [1, 2, 7, 12, 32, 97, 131], ids=lambda t: f"T{t}")
 def test_the_scan_is_the_loop_outputs_and_gradients(steps):
-    """The twin's chunked scan against the eager twin's loop, at lengths that are square (1), split
-    by a divisor near sqrt(T) (2 = 1 chunk of 2, 12 = 3 of 4, 32 = 4 of 8), or prime, padded
-    with identity steps to whole chunks of ceil(sqrt(T)) (7 = 3 chunks of 3, 97 = 10 of 10, 131
-    = 11 of 12): the states, and the gradients of a fixed linear loss to a, b and h0, agree to
-    1e-5 (float32 products grouped in another order). The scan's forward makes about 2 sqrt(T)
-    sequential steps of ~3 torch calls, where one chunk of all T steps (the rule that padded
-    nothing, at a prime T) made ~3T: 413 calls at T = 131, against 83 now."""
+    """The chunked scan against the loop at square, divisible and prime lengths (padded to chunks of
+    ceil(sqrt(T))): states and gradients to a, b and h0 agree to 1e-5, in ~2 sqrt(T) steps of ~3
+    torch calls (one chunk of all T steps made 413 calls at T = 131)."""
     loop, scan = load_script(EAGER).linear_recurrence, load_script(TWIN).linear_recurrence
     a, b, h0 = recurrence_inputs(steps, steps)
     with CountCalls() as count:
@@ -117,12 +107,9 @@ def test_the_scan_is_the_loop_outputs_and_gradients(steps):
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_an_episode_start_resets_the_state_exactly(script):
-    """Env 0 starts an episode at step 5 of 12: from there its features are those of the suffix fed
-    alone from a zero state, whatever the state before (to 1e-6: in the twin the suffix's 7 steps
-    are 3 chunks of 3, padded, where the 12 steps were 3 chunks of 4), and nothing before the start,
-    neither an observation nor the recurrent state, has any gradient from them: exactly zero. Env 1,
-    not reset, carries its memory: its features differ from a fresh start's and reach back to its
-    first observation and to both layers' states."""
+    """Env 0 starts an episode at step 5: its features are the suffix's fed alone from a zero state
+    (1e-6), with exactly zero gradient to anything before; env 1 carries its memory back to its
+    first observation and both layers' states."""
     module = load_script(script)
     torch.manual_seed(0)
     agent = module.Agent(N_OBS, N_ACT)
@@ -132,12 +119,8 @@ def test_an_episode_start_resets_the_state_exactly(script):
     done = torch.zeros(12, 3)
     done[5, 0] = 1.0
     hidden, h = agent.get_states(obs, state, done)
-    grads = [
-        torch.autograd.grad(
-            hidden[5:, env].sum() + h[:, env].sum(), (obs, state), retain_graph=True
-        )
-        for env in (0, 1)
-    ]
+    outs = [hidden[5:, env].sum() + h[:, env].sum() for env in (0, 1)]
+    grads = [torch.autograd.grad(out, (obs, state), retain_graph=True) for out in outs]
     (obs_reset, state_reset), (obs_carried, state_carried) = grads
     assert obs_reset[:5, 0].abs().max() == 0 and state_reset[:, 0].abs().max() == 0
     assert obs_reset[5:, 0].abs().max() > 0
@@ -155,12 +138,9 @@ def test_an_episode_start_resets_the_state_exactly(script):
 
 @pytest.mark.parametrize("script", [EAGER, TWIN])
 def test_the_state_remembers_an_episode_start_at_init(script):
-    """The chrono-initialized gate: at init the decays a_t = 1 - z_t of both layers have a median
-    above 0.9 (the timescales spread over 2 to 64 steps; with a zero gate bias it was 0.50, a
-    one-step half-life), and the logits 50 steps into an episode (RepeatFirst's length, 4
-    one-hot observations) still depend on its first observation: the gradient to it is over 1e-3
-    of the gradient to the step's own observation (measured 6e-3; 1e-14 with the zero bias, and
-    minGRU then stayed at a random policy's return on RepeatFirst)."""
+    """Chrono init: the decays' median is above 0.9 (0.50 with a zero gate bias), and logits 50
+    steps in still depend on the first observation: over 1e-3 of the own step's gradient
+    (measured 6e-3; 1e-14 with the zero bias, which then failed RepeatFirst)."""
     module = load_script(script)
     torch.manual_seed(0)
     agent = module.Agent(4, 4)
@@ -257,29 +237,19 @@ def test_cudagraphs_smoke(flags):
 
 @long_learning
 def test_learns_velocity_hidden_cartpole_beyond_a_memoryless_policy():
-    """30,720 steps (120 iterations of 8 envs x 32 steps) of the eager twin on CartPole-v1 with both
-    velocities hidden (the default), seed 1, one intra-op thread. The mean return of the episodes
-    that ended in the second half must exceed 60. Measured on a 2-core Intel Xeon (AMX), seeds 1-10:
-    minGRU 75.5 to 125.4 (seed 1: 75.5); with `--no-memory` (the network with its state zeroed at
-    every step: a feedforward policy), seeds 1-4, 43.1 to 48.2."""
-    result = summary(
-        run_script(EAGER, "--total-timesteps", "30720", "--seed", "1", env={"OMP_NUM_THREADS": "1"})
-    )
+    """30,720 steps on velocity-hidden CartPole, seed 1: the second half's episodes above 60.
+    Seeds 1-10 gave 75.5 to 125.4 (Xeon); `--no-memory` 43.1 to 48.2."""
+    flags = ("--total-timesteps", "30720", "--seed", "1")
+    result = summary(run_script(EAGER, *flags, env={"OMP_NUM_THREADS": "1"}))
     assert result["total_timesteps"] == 30720
     assert late_return_mean(result) > 60, result["return_mean"]
 
 
 @pytest.mark.learning
 def test_recalls_the_card_four_steps_back_beyond_a_memoryless_policy():
-    """61,440 steps of the eager twin on POPGym's RepeatPreviousEasy (repeat the suit of the card
-    seen 4 steps back; 51-step episodes, one-hot cards; a return in [-1, 1]), defaults otherwise,
-    seed 1, one intra-op thread: the task and bar of the LSTM's check in test_popgym.py, at twice
-    its budget. The return of the last 20 episodes must exceed -0.40. Measured on a 2-core Intel
-    Xeon (AMX), seeds 1-10: -0.312 to -0.123 (seed 1: -0.204). A policy without memory cannot beat
-    chance, a quarter of the suits right: -0.5 per episode in expectation, with a spread of about
-    0.03 over 20 episodes (`--no-memory`, measured earlier at 30,720 steps: -0.535).
-    test_the_state_remembers_an_episode_start_at_init guards the horizon that RepeatFirst needs,
-    which at ~100k steps is too long for this suite."""
+    """61,440 steps on POPGym's RepeatPreviousEasy (the LSTM's task and bar, twice its budget): the
+    last 20 episodes above -0.40. Seeds 1-10 gave -0.312 to -0.123 (Xeon); without memory a
+    policy gets -0.5 in expectation (spread ~0.03; `--no-memory` -0.535)."""
     pytest.importorskip("popgym", reason="needs requirements/requirements-popgym.txt")
     recall = "popgym:popgym-RepeatPreviousEasy-v0"
     flags = ("--env-id", recall, "--total-timesteps", "61440", "--seed", "1")

@@ -1,16 +1,8 @@
-"""PQN's three scripts on classic control, the eager reference, the twin and the CPU script: smoke
-runs, epsilon-greedy acting with a coin per env on the epsilon schedule, the CPU script's numpy Q
-network == the torch module, the Q(lambda) returns (bootstrapping through truncation, not
-termination; the twin's doubling and the CPU script's numpy loop = the eager loop), the twin's
-update (compiled or not) = the eager twin's on the same minibatch (loss, gradients, parameters),
-the CPU script's functional update (clipping written out, optimizers.RAdam) = the eager one, no
-recompilation, no host sync in what a CUDA graph records, models that load across the scripts,
-divergence, learning, bad inputs.
-
-Compiling tests (a cold torch.compile costs 15-40 s here): the twin's `--compile` smoke run, its
-compiled policy, returns and update, the CPU script's compiled update and its learning check. The
-rest run in a few seconds each.
-"""
+"""PQN's eager script, twin and CPU script on classic control: smoke runs, epsilon-greedy acting
+with a coin per env, the numpy Q network, the Q(lambda) returns (bootstrapping through truncation,
+not termination; every implementation = the recursion), the twin's and the CPU script's updates =
+the eager one, no recompilation, no host sync where a CUDA graph records, models across the scripts,
+divergence, learning, bad inputs."""
 
 import numpy as np
 import pytest
@@ -44,11 +36,8 @@ def eager_run(tmp_path_factory):
     ids=["eager", "twin", "twin-compile", "cpu"],
 )
 def test_smoke(script, flags, request):
-    s = (
-        request.getfixturevalue("eager_run")
-        if script == EAGER
-        else summary(run_script(script, *SMOKE, *flags))
-    )
+    run = request.getfixturevalue("eager_run") if script == EAGER else None
+    s = run or summary(run_script(script, *SMOKE, *flags))
     assert (s["script"], s["env_id"], s["device"]) == (script, "CartPole-v1", "cpu")
     assert s["compile"] is ("--compile" in flags) and s["cudagraphs"] is False
     assert (s["num_envs"], s["total_timesteps"]) == (4, 2048)
@@ -76,7 +65,6 @@ def test_a_model_saved_by_one_script_evaluates_alike_in_the_others(eager_run, tm
 
 
 # --- acting
-# ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
@@ -104,13 +92,10 @@ def make_learner(script, args):
 
 @pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
 def test_acting_flips_a_coin_per_env_on_the_schedule(script):
-    """With Q = [1, 0] everywhere, an env plays action 1 with probability epsilon / 2, and all 8
-    envs of a call play 0 with probability (1 - epsilon / 2)^8; one coin for all envs (DQN's)
-    would give 1 - epsilon + epsilon / 256 (0.09 against 0.48 at epsilon 0.525). The values are
-    max Q = 1. The eager twin and the CPU script (in numpy) get epsilon from the loop; the twin's
-    compiled policy draws it from the step it advances on the device, and compiles nothing new
-    across the schedule. 2,000 calls per point: standard errors below 0.004 and 0.012, tolerances
-    0.02 and 0.04."""
+    """With Q = [1, 0], an env plays 1 with probability epsilon / 2 and all 8 play 0 with (1 -
+    epsilon / 2)^8 (one coin for all, DQN's, would give 0.09 against 0.48 at 0.525); the twin's
+    compiled policy reads epsilon from its device step and never recompiles. 2,000 calls a point:
+    standard errors below 0.004 and 0.012, tolerances 0.02 and 0.04."""
     mod = load_script(script)
     torch.manual_seed(0)
     args = mod.Args(start_e=1.0, end_e=0.05, exploration_fraction=1.0, total_timesteps=100_000)
@@ -144,10 +129,8 @@ def test_acting_flips_a_coin_per_env_on_the_schedule(script):
 
 
 def test_numpy_q_network_is_the_torch_module_also_after_an_in_place_step():
-    """The CPU script acts with `QNetwork.forward` restated in numpy (LayerNorm included): its
-    greedy actions and values are the module's argmax and max for 512 random observations, on
-    random weights, and still after the weights change in place (as RAdam's step changes them: the
-    numpy views read the same memory)."""
+    """The CPU script's numpy `QNetwork.forward` gives the module's argmax and max on 512 random
+    observations, also after the weights change in place (as RAdam changes them)."""
     torch.manual_seed(0)
     learner = make_learner(CPU, load_script(CPU).Args())
     obs = np.random.default_rng(0).standard_normal((512, 4), dtype=np.float32)
@@ -165,18 +148,13 @@ def test_numpy_q_network_is_the_torch_module_also_after_an_in_place_step():
 
 
 # --- the Q(lambda) returns
-# ------------------------------------------------------------------------------------------
 
 
 def returns_functions(eager=EAGER, twin=TWIN, cpu=None):
-    """The eager twin's loop, the twin's doubling, the doubling compiled as `--compile` does, and
-    the CPU script's numpy loop (if `cpu`), called on numpy arrays."""
+    """The eager loop, the twin's doubling (also compiled) and the CPU script's numpy loop."""
     twin_returns = load_script(twin).q_lambda_returns
-    functions = {
-        "eager": load_script(eager).q_lambda_returns,
-        "twin": twin_returns,
-        "twin-compiled": torch.compile(twin_returns, fullgraph=True),
-    }
+    functions = {"eager": load_script(eager).q_lambda_returns, "twin": twin_returns}
+    functions["twin-compiled"] = torch.compile(twin_returns, fullgraph=True)
     if cpu:
         numpy_returns = load_script(cpu).q_lambda_returns
 
@@ -241,7 +219,6 @@ def test_returns_are_the_recursion_and_doubling_equals_the_loop():
 
 
 # --- the update: twin (compiled or not) == eager
-# ---------------------------------------------------------------------------------
 
 
 def make_minibatch(seed, size=128, n_obs=4, n_act=2):
@@ -265,15 +242,10 @@ def build_update(script, seed=0, compile=False):
 
 
 def test_twin_update_compiled_or_not_takes_the_eager_twins_steps():
-    """Three steps on fresh minibatches (RAdam's moments carry over): losses and mean Qs within 1e-5
-    relative, the gradients of each step within 1e-5 relative and 1e-6 absolute, the parameters
-    after each step within 1e-6 (one step moves them by ~lr = 2.5e-4). The eager twin's update
-    takes a dict of tensors, the twin's a TensorDict."""
-    updates = {
-        "eager": build_update(EAGER),
-        "twin": build_update(TWIN),
-        "twin-compiled": build_update(TWIN, compile=True),
-    }
+    """Three steps on fresh minibatches: losses and mean Qs within 1e-5 relative, gradients within
+    1e-5/1e-6, parameters within 1e-6 absolute (a step moves them by ~lr = 2.5e-4)."""
+    updates = {"eager": build_update(EAGER), "twin": build_update(TWIN)}
+    updates["twin-compiled"] = build_update(TWIN, compile=True)
     start = [p.detach().clone() for p in updates["eager"][1].parameters()]
     for step in range(3):
         batch = make_minibatch(step)
@@ -291,13 +263,10 @@ def test_twin_update_compiled_or_not_takes_the_eager_twins_steps():
 
 
 def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling():
-    """Eight steps on fresh minibatches from the same start (RAdam's variance rectification begins
-    at its sixth; the minibatches' gradients are clipped): the eager twin's module update
-    (clip_grad_norm_, torch.optim.RAdam), the CPU script's functional update run eagerly
-    (`--no-compile`) and compiled as `main` compiles it (one graph, C++ wrapper), the learning rate
-    annealed in place from the fourth step. After each step the losses and mean Qs agree within
-    1e-5 (relative) and the parameters within 1e-6 (absolute; a step moves them by ~lr = 2.5e-4);
-    from the third call on, the compiled update compiles nothing new."""
+    """Eight steps (RAdam's rectification begins at the sixth, gradients clipped, lr annealed in
+    place from the fourth): the CPU script's functional update, eager and compiled as `main` does,
+    gives the eager twin's losses within 1e-5 relative and parameters within 1e-6 absolute; from
+    the third call on the compiled update compiles nothing new."""
     torch.manual_seed(0)
     reference = make_learner(EAGER, load_script(EAGER).Args())
     cpu = {}
@@ -332,9 +301,7 @@ def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling()
 
 
 def test_written_out_radam_takes_torch_radams_steps_over_a_long_run():
-    """optimizers.py's RAdam, whose step count is a tensor and whose rectification is a `where`,
-    against torch.optim.RAdam over 3,000 steps (past the warm-up and where the bias corrections
-    fade), its learning rate a tensor changed in place as the loop anneals it."""
+    """optimizers.py's RAdam against torch.optim.RAdam for 3,000 steps, its lr changed in place."""
     module = load_script(CPU)
     torch.manual_seed(0)
     start = {"weight": torch.randn(8, 5), "bias": torch.randn(5)}
@@ -360,8 +327,8 @@ def test_written_out_radam_takes_torch_radams_steps_over_a_long_run():
 
 
 def test_no_recompilation_after_warmup():
-    """The compiled policy, returns and update as one iteration calls them, the learning rate
-    annealed in place between iterations: after two iterations nothing compiles again."""
+    """Policy, returns and update as an iteration calls them, lr annealed in place: after two
+    iterations nothing compiles again."""
     module = load_script(TWIN)
     torch.manual_seed(0)
     learner = module.make_learner(module.Args(), 4, 2, torch.device("cpu"))
@@ -390,15 +357,12 @@ def test_no_recompilation_after_warmup():
 
 
 # --- the CUDA path, checked on the CPU
-# ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_what_a_cuda_graph_records_never_syncs_with_the_host(compile):
-    """Under `--cudagraphs` the twin records acting, the returns and the update: each runs without a
-    host sync (conftest's guard), with RAdam capturable. Eagerly, RAdam's capturable step refuses
-    the CPU, so the update is checked compiled only (where torch skips that check); on a GPU the
-    CUDA tests record it."""
+    """Acting, the returns and the update run without a host sync under `--cudagraphs` (the update
+    compiled only: RAdam's capturable step refuses the CPU eagerly)."""
     module = load_script(TWIN)
     torch.manual_seed(0)
     args = module.Args(cudagraphs=True, compile=compile)
@@ -421,13 +385,11 @@ def test_what_a_cuda_graph_records_never_syncs_with_the_host(compile):
 
 
 # --- divergence and learning
-# ----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("script", [EAGER, CPU])
 def test_a_learning_rate_far_too_large_diverges_with_exit_3(script):
-    """RAdam's first steps move each weight by about the learning rate: at 1e30 the Q values
-    overflow, and the TD loss logged after the first iteration is not finite."""
+    """At a learning rate of 1e30 the Q values overflow in the first iteration."""
     flags = ("--total-timesteps", 2048, "--learning-rate", 1e30, "--save-model")
     flags += ("--no-compile",) if script == CPU else ()
     line = "error: diverged at step 512: td_loss is nan; maybe too large: --learning-rate 1e+30"
@@ -438,29 +400,21 @@ def test_a_learning_rate_far_too_large_diverges_with_exit_3(script):
 
 @pytest.mark.learning
 def test_learns_cartpole():
-    """The eager twin as a CPU user runs it, seed 1, 122,880 steps (240 iterations) with CleanRL's
-    other defaults (epsilon reaches 0.05 at half the run): the mean return of the last 20 episodes
-    must exceed 50. Measured on a 2-core AMD EPYC (busy), seeds 1-10: 60.95 to 102.8 (seed 1: 85.9),
-    15-31 s a run. A broken learner stays below: with `--gamma 0` (targets that never bootstrap),
-    seeds 1 and 2: 19.45 and 34.6; random play gets ~22, and a Q network that settles on one action
-    ~9.5 (seeds 2, 4, 7, 9 and 10 at 40,960 steps). PQN learns CartPole slowly at first: at 81,920
-    steps seeds 1-10 gave 40.95 to 105.2, at 61,440 29.5 to 149.8."""
+    """Seed 1, 122,880 steps: the last 20 episodes' mean above 50. Seeds 1-10 gave 60.95 to 102.8
+    (2-core EPYC); `--gamma 0` gave 19.45 and 34.6, random play ~22, one action ~9.5."""
     s = summary(run_script(EAGER, "--seed", 1, "--total-timesteps", 122_880))
     assert s["return_mean"] > 50, s
 
 
 @pytest.mark.learning
 def test_the_cpu_script_learns_cartpole():
-    """The CPU script as a user runs it (the compiled update, numpy acting, threads by measurement)
-    at the eager twin's budget and bar: seed 1, 122,880 steps, the last 20 episodes' mean above 50.
-    Measured on a 2-core AMD EPYC (Zen 4, idle), seeds 1-10: 70.45 to 151.2 (seed 1: 151.2; mean
-    91.9), 12-16 s a run with a warm compile cache."""
+    """As a user runs it (compiled), at the eager twin's budget and bar; seeds 1-10 gave 70.45 to
+    151.2 (2-core EPYC)."""
     s = summary(run_script(CPU, "--seed", 1, "--total-timesteps", 122_880))
     assert s["compile"] is True and s["return_mean"] > 50, s
 
 
 # --- bad inputs
-# ---------------------------------------------------------------------------------------------
 
 # an unknown `--env-id` and a `module:EnvId` whose module is missing, and `--cudagraphs` without
 # CUDA: test_contract.py, for every script

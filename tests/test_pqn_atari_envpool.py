@@ -22,11 +22,8 @@ def test_smoke(script, flags):
     1, so the games are a random player's, scored in whole points."""
     result = summary(run_script(script, *SMOKE, *flags))
     assert (result["script"], result["compile"]) == (script, "--compile" in flags)
-    assert (result["env_id"], result["total_timesteps"], result["num_envs"]) == (
-        "Breakout-v5",
-        2048,
-        8,
-    )
+    assert (result["env_id"], result["total_timesteps"]) == ("Breakout-v5", 2048)
+    assert result["num_envs"] == 8
     assert result["episodes"] >= 4 and 0 <= result["return_mean"] < 10
     assert all(point[2] == int(point[2]) for point in result["curve"])
     assert result["sps"] > 0 and result["sps_wall"] > 0
@@ -46,9 +43,8 @@ def test_cudagraphs_smoke(flags):
 
 @pytest.mark.parametrize("name", ["eager", "twin", "twin-compiled"])
 def test_returns_bootstrap_truncation_from_the_next_obs_and_not_termination(name):
-    """One env, 4 steps: step 1 is truncated and step 2 terminates. envpool returns the final
-    observation after a done step, so values[2] (here 10) is the truncated episode's final obs,
-    values[3] the terminated one's (never read)."""
+    """One env, 4 steps: step 1 truncated, step 2 terminates; envpool's values[2] (10) is the
+    truncated episode's final obs, values[3] the terminated one's (never read)."""
     rewards = torch.tensor([[1.0], [2.0], [0.0], [3.0]])
     values = torch.tensor([[0.5], [1.0], [10.0], [99.0]])
     terminations = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
@@ -79,9 +75,8 @@ def test_returns_are_the_recursion_and_doubling_equals_the_loop():
 
 
 def build_update(module, seed=0, compile=False):
-    """`module`'s update and Q network as `main` builds them: in the twin, the network
-    channels-last (on a CPU) and RAdam's learning rate a tensor, the update compiled whole under
-    `--compile`."""
+    """`module`'s update and Q network as `main` builds them (the twin's channels-last, RAdam's lr a
+    tensor), compiled whole under `compile`."""
     torch.manual_seed(seed)
     learner = module.make_learner(module.Args(), 4, torch.device("cpu"))
     q_network, update = learner.q_network, learner.update
@@ -92,15 +87,11 @@ def build_update(module, seed=0, compile=False):
 
 
 def test_twin_update_compiled_or_not_equals_the_eager_twins():
-    """Two steps on PPO Atari's minibatches (uint8 frames; their `returns` are the targets): the
-    losses and mean Qs within 1e-5 relative, the parameters within 1e-5 (float32 convolutions in
-    another memory layout)."""
+    """Two steps on PPO Atari's minibatches: losses and mean Qs within 1e-5 relative, parameters
+    within 1e-5 (float32 convolutions in another memory layout)."""
     eager_module, twin_module = load_script(EAGER), load_script(TWIN)
-    updates = {
-        "eager": build_update(eager_module),
-        "twin": build_update(twin_module),
-        "twin-compiled": build_update(twin_module, compile=True),
-    }
+    updates = {"eager": build_update(eager_module), "twin": build_update(twin_module)}
+    updates["twin-compiled"] = build_update(twin_module, compile=True)
     before = flat_parameters(updates["eager"][1])
     for seed in range(2):  # RAdam's moments carry over
         batch = make_minibatch(seed)

@@ -18,33 +18,16 @@ PENDULUM = ("--env-id", "Pendulum-v1")
 RECURRENT = tuple("--total-timesteps 96 --num-envs 2 --num-steps 8 --num-minibatches 1".split())
 # tiny training runs that reach the updates, per algorithm; the first two flags, where they name the
 # env, are what a replay of the saved model needs
-BUDGETS = {
-    "sac_continuous_action": (
-        *PENDULUM,
-        *"--total-timesteps 600 --learning-starts 500 --batch-size 32".split(),
-    ),
-    "td3_continuous_action": (
-        *PENDULUM,
-        *"--total-timesteps 600 --learning-starts 500 --batch-size 32".split(),
-    ),
-    "dqn": ("--total-timesteps", "1500", "--learning-starts", "1000"),
-    "ppo_continuous_action": (
-        *PENDULUM,
-        *"--total-timesteps 640 --num-steps 64 --num-minibatches 2".split(),
-    ),
-    "ppo_lstm": (*RECURRENT, "--update-epochs", "1"),
-    "ppo_mingru": (*RECURRENT, "--update-epochs", "1"),
-}
+OFF_POLICY = (*PENDULUM, *"--total-timesteps 600 --learning-starts 500 --batch-size 32".split())
+BUDGETS = {"sac_continuous_action": OFF_POLICY, "td3_continuous_action": OFF_POLICY}
+BUDGETS["dqn"] = ("--total-timesteps", "1500", "--learning-starts", "1000")
+BUDGETS["ppo_continuous_action"] = (*PENDULUM, *"--total-timesteps 640 --num-steps 64".split())
+BUDGETS["ppo_continuous_action"] += ("--num-minibatches", "2")
+BUDGETS |= dict.fromkeys(["ppo_lstm", "ppo_mingru"], (*RECURRENT, "--update-epochs", "1"))
 ATARI = tuple("--total-timesteps 512 --num-steps 32 --num-minibatches 2 --update-epochs 1".split())
 # each algorithm's scripts in a ring: a model one of them saves is replayed by the next one
-FAMILIES = {
-    "sac_continuous_action": ["", "_torchcompile", "_cpu"],
-    "td3_continuous_action": ["", "_torchcompile", "_cpu"],
-    "dqn": ["", "_torchcompile", "_cpu"],
-    "ppo_continuous_action": ["", "_torchcompile", "_cpu"],
-    "ppo_lstm": ["", "_torchcompile"],
-    "ppo_mingru": ["", "_torchcompile"],
-}
+FAMILIES = {algo: ["", "_torchcompile", "_cpu"] for algo in list(BUDGETS)[:4]}
+FAMILIES |= {"ppo_lstm": ["", "_torchcompile"], "ppo_mingru": ["", "_torchcompile"]}
 RING = [
     (f"{algo}{suffixes[i]}", f"{algo}{suffixes[(i + 1) % len(suffixes)]}", algo)
     for algo, suffixes in FAMILIES.items()
@@ -55,9 +38,8 @@ RING = [
 def saved(result):
     """The model file a run saved, loaded as a user would: `weights_only=True`."""
     path = Path(result["model_file"])
-    assert (
-        path.name == f"{result['script']}.pt" and path.parent == Path(result["summary_file"]).parent
-    )
+    assert path.name == f"{result['script']}.pt"
+    assert path.parent == Path(result["summary_file"]).parent
     return torch.load(path, weights_only=True)
 
 
@@ -71,41 +53,20 @@ def training_flags(script, algo):
 def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(
     script, replayer, algo, tmp_path
 ):
-    """Train, save and evaluate 2 episodes; then evaluate the saved file alone, with the same seed,
-    in the next script of the same algorithm (eager -> twin -> CPU -> eager). The evaluation
-    acts deterministically with the same weights and the same ops (PPO normalizes observations
-    with the saved statistics, frozen), so both give the same returns, to float32 rounding of
-    the sums."""
-    trained = summary(
-        run_script(
-            script,
-            *training_flags(script, algo),
-            "--save-model",
-            "--eval-episodes",
-            "2",
-            cwd=tmp_path,
-        )
-    )
+    """Train, save and evaluate 2 episodes; the next script of the algorithm (eager -> twin -> CPU
+    -> eager) evaluates the saved file to the same returns (float32 rounding of the sums)."""
+    flags = (*training_flags(script, algo), "--save-model", "--eval-episodes", "2")
+    trained = summary(run_script(script, *flags, cwd=tmp_path))
     assert trained["interrupted"] is False and len(trained["eval_returns"]) == 2
     assert trained["diverged"] is None
     assert trained["eval_return_mean"] == pytest.approx(np.mean(trained["eval_returns"]))
     checkpoint = saved(trained)
     assert checkpoint["script"] == script and checkpoint["args"]["env_id"] == trained["env_id"]
-    assert all(
-        isinstance(value, torch.Tensor)
-        for value in torch.utils._pytree.tree_leaves(checkpoint["model"])
-    )
+    leaves = torch.utils._pytree.tree_leaves(checkpoint["model"])
+    assert all(isinstance(value, torch.Tensor) for value in leaves)
     env_flags = BUDGETS[algo][:2] if BUDGETS[algo][0] == "--env-id" else ()
-    replay = run_script(
-        replayer,
-        *env_flags,
-        "--eval-model",
-        trained["model_file"],
-        "--eval-episodes",
-        "2",
-        cwd=tmp_path,
-    )
-    replayed = summary(replay)
+    flags = (*env_flags, "--eval-model", trained["model_file"], "--eval-episodes", "2")
+    replayed = summary(run_script(replayer, *flags, cwd=tmp_path))
     assert replayed["script"] == replayer
     assert replayed["eval_returns"] == pytest.approx(trained["eval_returns"], rel=1e-5)
     assert (replayed["total_timesteps"], replayed["episodes"], replayed["model_file"]) == (
@@ -124,23 +85,14 @@ def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script,
     trained = summary(
         run_script(script, *ATARI, "--save-model", "--eval-episodes", "1", cwd=tmp_path)
     )
-    other = (
-        "ppo_atari_envpool"
-        if script.endswith("_torchcompile")
-        else "ppo_atari_envpool_torchcompile"
-    )
+    other = "ppo_atari_envpool" if script.endswith("_torchcompile") else f"{script}_torchcompile"
     module = load_script(other)
     agent = module.make_learner(module.Args(), 4, torch.device("cpu")).agent
     agent.load_state_dict(saved(trained)["model"])  # strict: the same names and shapes
-    replayed = summary(
-        run_script(
-            script, "--eval-model", trained["model_file"], "--eval-episodes", "1", cwd=tmp_path
-        )
-    )
-    assert (
-        len(replayed["eval_returns"]) == 1
-        and replayed["eval_return_mean"] == replayed["eval_returns"][0]
-    )
+    flags = ("--eval-model", trained["model_file"], "--eval-episodes", "1")
+    replayed = summary(run_script(script, *flags, cwd=tmp_path))
+    assert len(replayed["eval_returns"]) == 1
+    assert replayed["eval_return_mean"] == replayed["eval_returns"][0]
 
 
 @pytest.mark.slow  # records and encodes videos (10-31 s each here)
@@ -148,60 +100,33 @@ def test_atari_saves_a_model_that_loads_into_a_fresh_agent_and_evaluates(script,
     "script, env_id, flags",
     [
         ("dqn", "CartPole-v1", ("--total-timesteps", "300", "--learning-starts", "100")),
+        # Hopper's episodes end when it falls (~20 steps here): HalfCheetah's 1,000 steps took 109 s
         (
             "sac_continuous_action",
-            # its episodes end when it falls (~20 steps here): HalfCheetah's 1,000-step ones took
-            # 109 s
             "Hopper-v4",
-            ("--total-timesteps", "60", "--learning-starts", "40", "--batch-size", "16"),
+            tuple("--total-timesteps 60 --learning-starts 40 --batch-size 16".split()),
         ),
     ],
     ids=["classic-control", "mujoco"],
 )
 def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flags, tmp_path):
-    result = summary(
-        run_script(
-            script,
-            "--env-id",
-            env_id,
-            *flags,
-            "--capture-video",
-            "--eval-episodes",
-            "2",
-            cwd=tmp_path,
-        )
-    )
+    flags = ("--env-id", env_id, *flags, "--capture-video", "--eval-episodes", "2")
+    result = summary(run_script(script, *flags, cwd=tmp_path))
     videos = Path(result["summary_file"]).parent / "videos"
     sizes = {path.name: path.stat().st_size for path in videos.iterdir()}
     assert {"train-episode-0.mp4", "eval-episode-0.mp4", "eval-episode-1.mp4"} <= set(sizes), sizes
-    assert "eval-episode-2.mp4" not in sizes, (
-        "a video of the episode the autoreset starts after the last one"
-    )
+    assert "eval-episode-2.mp4" not in sizes, "a video of the episode the autoreset starts after"
     assert all(size > 1000 for size in sizes.values()), sizes
 
 
 def start_training(script, tmp_path, *flags):
-    """`script` started on a budget too large to end by itself, once its run folder exists (made
-    as training starts, after the signal handlers are installed) and it has trained a few
-    seconds; the Popen."""
+    """`script` started on a budget too large to end, once its run folder exists (made after the
+    signal handlers are installed) and it has trained a few seconds; the Popen."""
     small_iterations = ("--num-steps", "128", "--num-minibatches", "2", "--update-epochs", "2")
     budget = {"ppo_continuous_action": (*PENDULUM, *small_iterations)}.get(script, ())
-    cmd = [
-        sys.executable,
-        str(SCRIPTS / f"{script}.py"),
-        *budget,
-        "--total-timesteps",
-        "1000000",
-        *flags,
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=script_env(),
-    )
+    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *budget, "--total-timesteps", "1000000"]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cmd, *flags], cwd=tmp_path, env=script_env(), **pipes)
     deadline = time.monotonic() + 120
     while not (tmp_path / "runs").exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -223,10 +148,8 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_and_reports_and_saves_what_it_ha
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    result = summary(
-        subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
-        returncode=128 + signum,
-    )
+    finished = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    result = summary(finished, returncode=128 + signum)
     assert result["interrupted"] is True and result["diverged"] is None
     assert 0 < result["total_timesteps"] < 1_000_000
     assert len(result["eval_returns"]) == 1
@@ -248,8 +171,7 @@ def test_a_second_signal_stops_at_once(tmp_path):
 
 
 def make_checkpoint(tmp_path, script, env_id):
-    """A file in the scripts' saved-model format (what `Run.finish` writes), by `script`, for
-    `env_id`."""
+    """A file in the saved-model format (`Run.finish`'s), by `script`, for `env_id`."""
     path = tmp_path / f"{script}-{env_id}.pt"
     torch.save({"script": script, "args": {"env_id": env_id}, "model": {"w": torch.zeros(1)}}, path)
     return str(path)
@@ -260,33 +182,18 @@ def test_bad_evaluation_inputs_exit_2(script, tmp_path, refused):
     env_id = load_script(script).Args().env_id
     other = "td3_continuous_action" if script.startswith("sac") else "ppo_lstm_torchcompile"
     (tmp_path / "junk.pt").write_text("not a model")
-    cases = [
-        (
-            ("--eval-model", str(tmp_path / "missing.pt"), "--eval-episodes", "1"),
-            ("--eval-model", "missing.pt"),
-        ),
-        (
-            ("--eval-model", str(tmp_path / "junk.pt"), "--eval-episodes", "1"),
-            ("--eval-model", "not a model saved"),
-        ),
-        (
-            ("--eval-model", make_checkpoint(tmp_path, other, env_id), "--eval-episodes", "1"),
-            ("saved by", other),
-        ),
-        (
-            (
-                "--eval-model",
-                make_checkpoint(tmp_path, script, "Acrobot-v1"),
-                "--eval-episodes",
-                "1",
-            ),
-            ("--env-id Acrobot-v1",),
-        ),
-        (("--eval-model", make_checkpoint(tmp_path, script, env_id)), ("--eval-episodes",)),
-        (("--eval-episodes", "-1"), ("--eval-episodes",)),
-    ]
-    for flags, words in cases:
-        refused(script, flags, words)
+    files = {
+        ("--eval-model", "missing.pt"): str(tmp_path / "missing.pt"),
+        ("--eval-model", "not a model saved"): str(tmp_path / "junk.pt"),
+        ("saved by", other): make_checkpoint(tmp_path, other, env_id),
+        ("--env-id Acrobot-v1",): make_checkpoint(tmp_path, script, "Acrobot-v1"),
+    }
+    for words, path in files.items():
+        refused(script, ("--eval-model", path, "--eval-episodes", "1"), words)
+    refused(
+        script, ("--eval-model", make_checkpoint(tmp_path, script, env_id)), ("--eval-episodes",)
+    )
+    refused(script, ("--eval-episodes", "-1"), ("--eval-episodes",))
     assert not (tmp_path / "runs").exists(), "a user error makes no run folder"
 
 
@@ -312,9 +219,8 @@ def video_frames(path):
     ids=["eager", "async-4-envs"],
 )
 def test_atari_videos_of_training_games_and_of_every_evaluation_game(script, flags, tmp_path):
-    """envpool's `render()` draws env 0's games, whole games of all their lives: gymnasium's
-    schedule in training (games 0 and 1 in a run this short), every game of the evaluation (the
-    eager script's; the twin shares its recorder, byte for byte, as test_plumbing checks)."""
+    """envpool's `render()` draws env 0's whole games: gymnasium's schedule in training, every game
+    of the evaluation (the twin shares the recorder, byte for byte: test_plumbing)."""
     result = summary(run_script(script, *ATARI_VIDEO, *flags, "--capture-video", cwd=tmp_path))
     videos = Path(result["summary_file"]).parent / "videos"
     frames = {path.name: video_frames(path) for path in sorted(videos.iterdir())}

@@ -1,10 +1,8 @@
-"""SAC's seeds script, N runs as one vmapped program: each member starts from the weights
-sac_continuous_action_cpu.py draws with its seed; each member's critic, actor, entropy and target
-steps are the CPU script's on that member's parameters, targets, Adam state and batch; a member's
-update does not depend on another member's batch; the vmapped policy is each member's actor; every
-member of a short run learns Pendulum; the per-member summary, model files a single-seed script
-evaluates, and bad inputs. The learning check dominates the cost (3 members' updates at the
-single-seed check's budget); the other tests run eagerly, in seconds."""
+"""SAC's seeds script, N runs as one vmapped program: members start from the CPU script's weights
+for their seeds; each member's critic, actor, entropy and target steps are the CPU script's on its
+own state and batch, independent of the other members; the vmapped policy is each member's actor;
+the members learn Pendulum; the per-member summary, model files a single-seed script evaluates,
+bad inputs."""
 
 import functools
 
@@ -139,13 +137,9 @@ UPDATES = [(dict(autotune=True), SEEDS), (dict(autotune=False), SEEDS), (SWEEP, 
 
 @pytest.mark.parametrize("flags, seeds", UPDATES, ids=["autotune", "fixed-alpha", "sweep"])
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(flags, seeds, monkeypatch):
-    """Three iterations on fresh batches: member k's losses and parameters (actor, Q networks,
-    targets, log alpha) after each are the CPU script's with member k's flags on its own state
-    and batch, the actor's noise a function of its input in both; also in a sweep (SWEEP), whose
-    members with a fixed alpha keep it while the others tune theirs. In float64: the members'
-    batched matmuls sum in another order than the CPU script's, ~1e-13 apart here (in float32
-    Adam's first step, lr * g / (|g| + eps), turns last-bit differences of a g near eps into
-    1e-4)."""
+    """Three iterations: member k's losses and parameters are the CPU script's with its flags on its
+    own state and batch (noise a function of the input), also in a sweep where fixed-alpha members
+    keep alpha. float64 to 1e-10 (in float32 Adam's first step turns last-bit gaps into 1e-4)."""
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
     mod = load(SEEDS_SCRIPT)
@@ -298,31 +292,15 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 
 @long_learning
 def test_the_members_learn_pendulum():
-    """Two members (seeds 1, 2) as a user runs them (acting and the updates compiled, one thread),
-    at the budget and bar of test_sac_continuous_action.py's learning check: 8,000 steps each,
-    1,000 of them random; the mean over members of each one's last-20 mean return must exceed
-    -400. Batches of 128, as TD3's seeds check: two members' updates cost twice one's. Measured on
-    a 2-core Intel Xeon (AMX), this command with three members and `--seed` 1, 4, 7 and 10 (12
-    members): -260.3 to -141.2; this command on an AMD EPYC (Zen 4): -178.7 and -160.2. A random
-    policy scores about -1200; a broken update stays below -600."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        8000,
-        "--learning-starts",
-        1000,
-        "--seed",
-        1,
-    )
+    """Two members as a user runs them, at test_sac_continuous_action.py's budget and bar (batches
+    of 128): the members' mean last-20 return above -400. Members of seeds 1-12 gave -260.3 to
+    -141.2 (Xeon), this command -178.7 and -160.2 (EPYC); random play ~-1200, a broken update
+    below -600."""
+    flags = "--env-id Pendulum-v1 --total-timesteps 8000 --learning-starts 1000 --seed 1".split()
     flags += ("--threads", 1, "--batch-size", 128)
     s = summary(run_script(SEEDS_SCRIPT, "--num-seeds", 2, *flags))
-    assert (
-        s["compile"] is True
-        and s["seeds"] == [1, 2]
-        and s["total_timesteps"] == 8000
-        and s["episodes"] == 2 * 40
-    )
+    assert s["compile"] is True and s["seeds"] == [1, 2]
+    assert s["total_timesteps"] == 8000 and s["episodes"] == 2 * 40
     assert np.mean(s["return_means"]) > -400, s["return_means"]
 
 
@@ -340,20 +318,10 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run):
     """sac_continuous_action.py loads member 2's file and, given its seed, replays that member's
     evaluation."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--seed",
-        2,
-        "--eval-model",
-        smoke_run["model_files"][1],
-        "--eval-episodes",
-        1,
-    )
-    assert (
-        summary(run_script("sac_continuous_action", *flags))["eval_returns"]
-        == smoke_run["eval_returns"][1]
-    )
+    flags = ("--env-id", "Pendulum-v1", "--seed", 2, "--eval-model", smoke_run["model_files"][1])
+    flags += ("--eval-episodes", 1)
+    replayed = summary(run_script("sac_continuous_action", *flags))
+    assert replayed["eval_returns"] == smoke_run["eval_returns"][1]
 
 
 def test_eval_model_evaluates_a_file_as_every_member(smoke_run):

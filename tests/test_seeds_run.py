@@ -49,21 +49,17 @@ def test_a_bad_env_id_exits_2_before_any_run_folder(script, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_member_k_is_seeded_k_times_num_envs_after_the_first(script, make_run):
-    """Member k is the single-seed script with `--seed seed + k * num_envs`, its envs seeded from
-    there on: no env seed is another member's (with `seed + k`, member 0's env 1 was member 1's
-    env 0). With one env per member, as before."""
+    """Member k is the single-seed script with `--seed seed + k * num_envs`: no env seed is another
+    member's."""
     assert make_run(script, seed=5, num_seeds=3, num_envs=2).seeds == [5, 7, 9]
     assert make_run(script, seed=5, num_seeds=3).seeds == [5, 6, 7]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_diverged_member_is_recorded_once_and_left_out(script, make_run, capsys):
-    """Four members: member 1's logged loss turns nan at step 100 (inf later), member 2's weights
-    are nan at the end though no logged loss was, members 0 and 3 train on. A nan explained variance
-    (PPO's may be) is no loss: no divergence. One stderr line per diverged member names it, its
-    seed, the step, the loss and the script's learning-rate flags. The summary (strict JSON) lists
-    both, leaves them out of `return_mean`, evaluates neither and saves no file of theirs; exit
-    status 0. The summary is on disk before the first evaluation."""
+    """Member 1's loss turns nan, member 2's weights end nan (a nan explained variance is no loss):
+    one stderr line each naming member, seed, step, loss and rate flags; the summary (strict JSON,
+    on disk before evaluating) lists both, leaves them out of the results, exit 0."""
     run = make_run(script, seed=10, num_seeds=4, save_model=True, eval_episodes=2)
     run.log_episodes(50, [[1.0], [NAN], [3.0], [5.0]])  # a diverged policy's return
     for step, bad in ((100, NAN), (200, INF)):
@@ -185,18 +181,17 @@ def sweep_run(make_run, capsys):
 
 
 def test_a_sweep_reports_each_members_flags_and_a_table_of_the_settings(make_run, capsys):
-    """The summary gives each member's flags beside its return, and per setting (in grid order)
-    the flags swept, its members, their final returns, mean and spread; the diverged are left
-    out, a setting whose every member diverged has no mean. The table, printed and in sweep.md,
-    ranks the settings best first; sweep.png plots them. A diverged member's line names its own
-    learning rates; model files are named by setting and hold a single run's flags."""
+    """Each member's flags beside its return; per setting (grid order) its flags, members and
+    statistics without the diverged; the table (printed, sweep.md) ranks settings best first,
+    sweep.png plots them; a diverged member's line names its own rates; model files per setting."""
     run, s, out, err = sweep_run(make_run, capsys)
     assert s["hyperparameters"][5] == dict(
         gamma=0.99, tau=0.005, policy_lr=3e-4, q_lr=1e-2, alpha=0.2, autotune=True
     )
     assert s["return_means"] == [0.0, 1.0, 2.0, 3.0, 4.0, None, None, None]
     rows = s["settings"]
-    assert [(r["q_lr"], r["autotune"], r["members"]) for r in rows] == [
+    got = [(r["q_lr"], r["autotune"], r["members"]) for r in rows]
+    assert got == [
         (1e-3, True, [0, 1]),
         (1e-3, False, [2, 3]),
         (1e-2, True, [4, 5]),
@@ -257,10 +252,8 @@ SIBLINGS = [
 
 @pytest.mark.parametrize("script, sibling", SIBLINGS, ids=[f"{s}-{b}" for s, b in SIBLINGS])
 def test_a_seeds_script_takes_its_siblings_spelling_of_every_boolean_flag(script, sibling):
-    """Each boolean flag of a single-seed script that the seeds script has too, as `--flag` and as
-    `--no-flag`, alone, among other flags and last, parses in the seeds script (as its entry does,
-    `sweep_argv` then tyro) to the value the sibling gets; a sweep's boolean flag takes its value
-    as one setting (SAC's seeds script refused `--no-autotune`, wanting `--autotune False`)."""
+    """Each boolean flag the seeds script shares with a single-seed one, as `--flag` and `--no-flag`
+    anywhere on the line, parses (`sweep_argv`, then tyro) to the sibling's value."""
     import tyro
 
     seeds, single = load(script), load(sibling)
@@ -283,8 +276,5 @@ def test_a_sweeps_boolean_flag_still_takes_several_values():
     seeds = load("sac_continuous_action_seeds")
     argv = ["--autotune", "True", "False", "--no-compile"]
     assert seeds.sweep_argv(seeds.Args, argv) == argv
-    assert seeds.sweep_argv(seeds.Args, ["--autotune", "--no-compile"]) == [
-        "--autotune",
-        "True",
-        "--no-compile",
-    ]
+    argv = seeds.sweep_argv(seeds.Args, ["--autotune", "--no-compile"])
+    assert argv == ["--autotune", "True", "--no-compile"]

@@ -1,10 +1,8 @@
-"""TD3's seeds script, N runs as one vmapped program: each member starts from the weights
-td3_continuous_action_cpu.py draws with its seed; each member's critic step, delayed actor step and
-target update are the CPU script's on that member's parameters, targets, Adam state, batch and
-target policy noise; a member's update does not depend on another member's batch; the vmapped policy
-is each member's actor with its exploration noise; every member of a short run learns Pendulum; the
-per-member summary, model files a single-seed script evaluates, and bad inputs. The learning check
-dominates the cost (3 members' compiled updates); the other tests run eagerly, in seconds."""
+"""TD3's seeds script, N runs as one vmapped program: members start from the CPU script's weights
+for their seeds; each member's critic step, delayed actor step and target update are the CPU
+script's on its own state, batch and target policy noise, independent of the other members; the
+vmapped policy is each member's actor with its exploration noise; the members learn Pendulum; the
+per-member summary, model files single-seed scripts evaluate, bad inputs."""
 
 import functools
 
@@ -126,13 +124,9 @@ SWEEP |= dict(noise_clip=(0.5, 0.1), policy_noise=0.6)
 
 @pytest.mark.parametrize("flags, seeds", [({}, SEEDS), (SWEEP, list(range(16)))], ids=["", "sweep"])
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(flags, seeds, monkeypatch):
-    """Four iterations on fresh batches (two critic steps alone, two with the actor's step and the
-    soft update of the three targets): member k's losses and parameters (actor, target actor, Q
-    networks, their targets) after each are the CPU script's with member k's flags on its own
-    state and batch, also in a sweep (SWEEP), the target policy noise a function of its input in
-    both. In float64: the members' batched matmuls sum in another order than the CPU script's,
-    ~1e-13 apart here (in float32 Adam's first step, lr * g / (|g| + eps), turns last-bit
-    differences of a g near eps into 1e-4)."""
+    """Four iterations (two with the delayed actor and target steps): member k's losses and
+    parameters are the CPU script's with its flags on its own state and batch, also in a sweep.
+    float64 to 1e-10: in float32 Adam's first step turns last-bit differences into 1e-4."""
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     torch.set_default_dtype(torch.float64)  # modules and batches; reset below
     points = load(SEEDS_SCRIPT).settings(load(SEEDS_SCRIPT).Args(**flags))
@@ -286,34 +280,16 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
 
 @long_learning
 def test_the_members_learn_pendulum():
-    """Two members (seeds 1, 2) as a user runs them (acting and the updates compiled, one thread),
-    at the budget of test_td3_continuous_action.py's learning check: 10,000 steps each, 1,000 of
-    them random; the mean over members of each one's last-20 mean return must exceed -600. Batches
-    of 128, not 256: two members' updates cost twice one's, and members learn slower on them.
-    Measured on a 2-core Intel Xeon (AMX), this command with three members and `--seed` 1, 4, 7
-    and 10 (12 members): -568.3 to -159.4, 3-member means -412.2 to -244.2; this command on an AMD
-    EPYC (Zen 4): -165.6 and -226.2. A random policy scores about -1200; the CPU script with
-    `--gamma 0` -1369.4 (test_td3_continuous_action.py). A bar of -300 on each member failed on
-    the Xeon."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        10000,
-        "--learning-starts",
-        1000,
-        "--seed",
-        1,
-    )
+    """Two members as a user runs them, at test_td3_continuous_action.py's budget (batches of 128):
+    the members' mean last-20 return above -600. Members of seeds 1-12 gave -568.3 to -159.4
+    (Xeon; a bar of -300 each failed), this command -165.6 and -226.2 (EPYC); random play ~-1200,
+    `--gamma 0` -1369.4."""
+    flags = "--env-id Pendulum-v1 --total-timesteps 10000 --learning-starts 1000 --seed 1".split()
     s = summary(
-        run_script(SEEDS_SCRIPT, "--num-seeds", 2, *flags, "--batch-size", 128, "--threads", 1)
+        run_script(SEEDS_SCRIPT, "--num-seeds", 2, *flags, *"--batch-size 128 --threads 1".split())
     )
-    assert (
-        s["compile"] is True
-        and s["seeds"] == [1, 2]
-        and s["total_timesteps"] == 10000
-        and s["episodes"] == 2 * 50
-    )
+    assert s["compile"] is True and s["seeds"] == [1, 2]
+    assert s["total_timesteps"] == 10000 and s["episodes"] == 2 * 50
     assert np.mean(s["return_means"]) > -600, s["return_means"]
 
 
@@ -323,27 +299,16 @@ def smoke_run(tmp_path_factory):
 
 
 def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
-    assert_seeds_smoke_summary(
-        smoke_run,
-        SEEDS_SCRIPT,
-        load("td3_continuous_action").Actor(3, 1, -2 * np.ones(1), 2 * np.ones(1)),
-    )
+    actor = load("td3_continuous_action").Actor(3, 1, -2 * np.ones(1), 2 * np.ones(1))
+    assert_seeds_smoke_summary(smoke_run, SEEDS_SCRIPT, actor)
 
 
 @pytest.mark.parametrize("script", ["td3_continuous_action", "td3_continuous_action_cpu"])
 def test_a_single_seed_script_evaluates_a_member_file_as_the_member_did(smoke_run, script):
     """The eager and the CPU script load member 2's file and, given its seed, replay that member's
     evaluation."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--seed",
-        2,
-        "--eval-model",
-        smoke_run["model_files"][1],
-        "--eval-episodes",
-        1,
-    )
+    flags = ("--env-id", "Pendulum-v1", "--seed", 2, "--eval-model", smoke_run["model_files"][1])
+    flags += ("--eval-episodes", 1)
     assert summary(run_script(script, *flags))["eval_returns"] == smoke_run["eval_returns"][1]
 
 

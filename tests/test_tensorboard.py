@@ -80,14 +80,8 @@ def test_no_tensorboard_writes_no_event_file_and_imports_no_tensorboard(tmp_path
         f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=script_env(),
-        cwd=tmp_path,
-    )
+    kwargs = dict(capture_output=True, text=True, env=script_env(), cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", code], timeout=900, **kwargs)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "IMPORTED False" in proc.stdout
     folder = tmp_path / "runs" / "off"
