@@ -36,8 +36,7 @@ def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):
 
 
 def step_for(envs, actions, seconds, clock=time.perf_counter):
-    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up; returns the
-    vector steps taken and the seconds they took, by `clock`."""
+    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up."""
     for index in range(WARMUP_STEPS):
         envs.step(actions[index % len(actions)])
     steps, start = 0, clock()
@@ -48,8 +47,7 @@ def step_for(envs, actions, seconds, clock=time.perf_counter):
 
 
 def measure(script, flags, seconds):
-    """The env-only throughput of `script` (a path) under `flags`: a dict with `sps`, `env_steps`,
-    `seconds`, `env_id` and `num_envs`."""
+    """The env-only throughput of `script` (a path) under `flags`."""
     module = load_script(script.stem, script.parent)
     args, envs = script_envs(module, flags)
     num_envs = envs.num_envs  # a seeds script's: every member's

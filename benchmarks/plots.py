@@ -51,8 +51,7 @@ def smooth(values, window=SMOOTHING):
 
 
 def return_curves(runs, algo, window=SMOOTHING):
-    """Per variant of `algo`, in run order, one curve per run that finished an episode: its `steps`,
-    `seconds` and `returns` (smoothed over `window` episodes) from the run's SUMMARY curve."""
+    """Per variant of `algo`, in run order, one curve per run that finished an episode."""
     curves = {}
     for run in runs:
         points = run["summary"]["curve"]
@@ -151,8 +150,7 @@ def write(out_dir, stamp, table, runs):
 
 
 def read_summary(path):
-    """The summary object in the run's `summary.json` at `path`; a ValueError if it is not a JSON
-    object."""
+    """The summary object in the run's `summary.json` at `path`."""
     summary = json.loads(Path(path).read_text())
     if not isinstance(summary, dict) or not isinstance(summary.get("curve"), list):
         raise ValueError(f"{path} is not a run's summary.json (no curve)")

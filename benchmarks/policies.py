@@ -39,15 +39,7 @@ class Built:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """How to build, feed and check the acting policy of one optimized twin.
-
-    `build(script, device, cpu)` returns a Built (`cpu`: the module of `cpu_script`, or None);
-    `observe(batch, device, generator)` a batch of observations; `deterministic(outputs)` the
-    outputs that do not depend on sampled noise, by name; `perturb(source)` changes the source's
-    weights in place, under no_grad, so that every deterministic output changes; `threads` is the
-    intra-op thread count the CPU script sets (None: torch's default); `note` says what is compared;
-    `cpu_script` the algorithm's CPU script, whose numpy policy is timed on a CPU (None: it has
-    none)."""
+    """How to build, feed and check the acting policy of one optimized twin."""
 
     name: str
     script: str
@@ -61,8 +53,7 @@ class PolicySpec:
 
 
 def scale_weights(module, factor=1.5):
-    """Multiply every parameter of `module` by `factor`, in place: what an optimizer step does to
-    the memory the acting policy reads."""
+    """Multiply every parameter of `module` by `factor`, in place."""
     with torch.no_grad():
         for param in module.parameters():
             param.mul_(factor)

@@ -78,8 +78,7 @@ def markdown(table, machine, settings):
 
 
 def write(out_dir, stamp, document, table_md):
-    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`;
-    returns both paths."""
+    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / f"{stamp}.json", out_dir / f"{stamp}.md"
     json_path.write_text(json.dumps(document, indent=2) + "\n")
@@ -115,9 +114,7 @@ def midranks(x):
 
 
 def mann_whitney(a, b, seed=0):
-    """Mann-Whitney's U of `a` against `b` and its two-sided p-value: the share of the splits of the
-    pooled values into groups of len(a) and len(b) whose U lies at least as far from its mean,
-    n_a * n_b / 2, as the observed one (every split, or EXACT_SPLITS random ones)."""
+    """Mann-Whitney's U of `a` against `b` and its two-sided p-value."""
     n, ranks = len(a), midranks([*a, *b])
     total = len(ranks)
     if math.comb(total, n) <= EXACT_SPLITS:

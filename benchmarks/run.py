@@ -67,10 +67,7 @@ def round_seeds(repeats, seeds):
 
 
 def plan(algos, seeds, cuda, variants=VARIANTS):
-    """The runs in execution order as (algo, variant, repeat, seed): per algorithm, one round of
-    every variant in turn per entry of `seeds`, so that drift on a noisy machine hits all
-    variants alike and all variants run the same seeds. Variants needing CUDA only if `cuda`;
-    the `cpu` variant only for the algorithms with a CPU script."""
+    """The runs in execution order as (algo, variant, repeat, seed)."""
     usable = [variant for variant in variants if cuda or not variant.needs_cuda]
     return [
         (algo, variant, repeat, seed)
@@ -122,8 +119,7 @@ def failure(cmd, reason, stderr=""):
 
 
 def result_line(cmd, proc, prefix):
-    """The JSON object of the one `<prefix> ` line of a finished process `proc`; a BenchmarkError if
-    there is none, more than one, or one that is not a JSON object."""
+    """The JSON object of the one `<prefix> ` line of a finished process `proc`."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{prefix} ")]
     if len(lines) != 1:
         raise failure(
@@ -166,8 +162,7 @@ def parse_summary(cmd, proc):
 
 
 def execute(cmd, timeout):
-    """Run `cmd` in a fresh interpreter from the repository root; the finished process, or a
-    BenchmarkError if it times out or exits with a non-zero status."""
+    """Run `cmd` in a fresh interpreter from the repository root."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -194,8 +189,7 @@ def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
 
 
 def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
-    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`;
-    returns one record per run, in order."""
+    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`."""
     order = plan(algos, seeds, cuda)
     runs = []
     for index, (algo, variant, repeat, seed) in enumerate(order, 1):

@@ -52,8 +52,7 @@ def life_length(seed, env, episode, episode_length):
 
 
 def frame(shape, env, episode, step):
-    """The uint8 frame of `env` at `step` of its `episode`: bytes 0-3 say which, the rest one mixed
-    value."""
+    """The uint8 frame of `env` at `step` of its `episode`."""
     obs = np.full(shape, (env * 37 + episode * 11 + step * 3 + 1) % 256, dtype=np.uint8)
     obs.flat[:4] = (env, episode % 256, step % 256, step // 256)
     return obs
@@ -137,16 +136,14 @@ class StandInEnvs:
     # ---- envpool's API ----
 
     def reset(self, env_id=None):
-        """Start a new game in every env of `env_id` (default: all) and return (obs, info) for
-        them."""
+        """Start a new game in every env of `env_id` (default."""
         env_id = np.arange(self.num_envs) if env_id is None else np.asarray(env_id)
         self.async_reset(env_id)
         obs, _, _, _, info = self._receive(len(env_id), order=env_id)
         return obs, info
 
     def async_reset(self, env_id=None):
-        """Start a new game in every env of `env_id` (default: all); `recv` returns their first
-        frames."""
+        """Start a new game in every env of `env_id` (default."""
         self._send(None, np.arange(self.num_envs) if env_id is None else np.asarray(env_id))
 
     def step(self, actions, env_id=None):
@@ -163,8 +160,7 @@ class StandInEnvs:
         self._send(actions, env_id)
 
     def recv(self):
-        """The first `batch_size` envs that finish stepping: (obs, rewards, terminations,
-        truncations, info); in sync mode all envs, by env id."""
+        """The first `batch_size` envs that finish stepping."""
         return self._receive(
             self.batch_size, order=None if self.is_async else np.arange(self.num_envs)
         )
@@ -221,8 +217,7 @@ class StandInEnvs:
             self.done.put(self._step(*task))
 
     def _step(self, env, action):
-        """One step of `env` (it is in no other thread's hands): its result as a tuple for
-        `_receive`."""
+        """One step of `env` (it is in no other thread's hands)."""
         if self.needs_reset[env]:
             if self.new_game[env]:
                 self.lives_left[env], self.elapsed[env], self.new_game[env] = self.lives, 0, False

@@ -1,5 +1,5 @@
 """Ours beside CleanRL's own scripts, each at its defaults, on a shared budget: learning-phase sps
-and their ratios, in one run, rounds alternating, on this machine.
+and their ratios, in one run, rounds alternating, on this machine's CPU (GPUs hidden).
 
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl  # a checkout of CleanRL (fe8d8a0)
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos sac td3 --rounds 3
@@ -7,35 +7,13 @@ and their ratios, in one run, rounds alternating, on this machine.
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos pqn --variants cleanrl eager \
         cpu compile --rounds 4  # PQN, its twin's --compile too
 
-Budgets: SAC and TD3 on HalfCheetah-v4, 3,000 updates after learning starts (5,000 and 25,000 random
-steps, their defaults); PPO on HalfCheetah-v4, 20,480 steps (10 iterations); DQN on CartPole-v1,
-30,000 steps; PQN on CartPole-v1, 51,200 steps (100 iterations of 4 envs x 128 steps). The
-variants: CleanRL's script, our eager script, our `_cpu` script, and with `--bf16` where this CPU
-computes bfloat16 natively (SAC and TD3); `--variants` adds `_cpu --threads 1`, `--threads 2` and
-`compile` (the twin with `--compile`). A variant whose script an algorithm lacks is skipped with a
-note. Every run hides the GPUs: this is a CPU study.
-
-Learning-phase sps. Ours: the SUMMARY's `sps` (after learning starts and the burn-in). CleanRL's
-scripts print `SPS: int(step / elapsed)` every 100 steps after learning starts (SAC, TD3, DQN) or
-after each iteration (PPO, PQN), at steps known from the budget: elapsed(step) = step / (SPS + 0.5)
-(the print truncates; the half makes it within 0.5 / SPS of the truth), and the phase's sps is the
-steps between two prints over the time between them, from the first print after learning starts
-(PPO: after the third iteration, as our burn-in) to the last. Whole runs: our `sps_wall` against
-CleanRL's last print (its clock starts after building its envs and networks, ours before). Each
-run's environment lacks OMP_NUM_THREADS and MKL_NUM_THREADS: CleanRL uses torch's default threads.
-
-CleanRL fe8d8a0 was written for gymnasium 0.29. Its four scripts run here from a temporary copy,
-changed by these text substitutions, none in the algorithm (each must match exactly once):
-- `from torch.utils.tensorboard import SummaryWriter` becomes a writer that does nothing
-  (tensorboard left out), beside `final_infos`, which reads gymnasium 1.x's vector info;
-- `gym.vector.SyncVectorEnv(` gets `autoreset_mode=SAME_STEP`, the autoreset they were written for;
-- `for info in infos["final_info"]:` reads `final_infos(infos)`: one info per env, as 0.29 gave;
-- SAC, TD3, DQN: `infos["final_observation"]` becomes `infos["final_obs"]`;
-- PPO: `TransformObservation(env, lambda obs: np.clip(obs, -10, 10))` is given the observation
-  space.
-
-Writes benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir). A failed run stops the
-study with status 1.
+Variants: CleanRL's script, our eager script, our `_cpu` script (with `--bf16` where the CPU has
+it); `--variants` adds `_cpu --threads 1|2` and `compile`. Ours report the SUMMARY's `sps`;
+CleanRL's print `SPS: int(step / elapsed)` at known steps, so elapsed(step) = step / (SPS + 0.5)
+and the phase's sps is the steps between the first print after learning starts (PPO: the third
+iteration) and the last, over the time between them. CleanRL's scripts, written for gymnasium 0.29,
+run from a copy changed by the text substitutions in `patched` (none in the algorithm). Writes
+benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir); a failed run exits 1.
 """
 
 import argparse
@@ -158,8 +136,7 @@ PATCHES = (
 
 
 def patched(name, source):
-    """CleanRL's `name`.py `source` with PATCHES applied; a BenchmarkError where one does not match
-    exactly once (a checkout other than fe8d8a0)."""
+    """CleanRL's `name`.py `source` with PATCHES applied."""
     for files, old, new in PATCHES:
         if files is not None and name not in files:
             continue
@@ -188,8 +165,7 @@ def flags(budget):
 
 
 def print_steps(budget):
-    """The steps at which CleanRL's script prints `SPS:`: after each iteration of `num_envs` x
-    `num_steps` steps (PPO, PQN), or every 100 steps once learning has started."""
+    """The steps at which CleanRL's script prints `SPS:`."""
     if "num_steps" in budget:
         iteration = budget["num_steps"] * budget.get("num_envs", 1)
         return range(iteration, budget["total_timesteps"] + 1, iteration)
@@ -221,8 +197,7 @@ def command(algo, variant, budget, cleanrl_dir):
 
 
 def measure_one(algo, variant, budget, cleanrl_dir, timeout, cwd):
-    """One run's learning-phase sps, its whole run's, and the threads our script ended on (None:
-    CleanRL's)."""
+    """One run's learning-phase sps, its whole run's, and the threads our script ended on (None."""
     cmd = command(algo, variant, budget, cleanrl_dir)
     # CleanRL's imports find cleanrl_utils; no GPU for anyone; each script's own threads
     env = dict(os.environ, PYTHONPATH=str(cleanrl_dir), CUDA_VISIBLE_DEVICES="")

@@ -1,33 +1,17 @@
 """How much torch.compile and CUDA graphs speed up acting: each optimized twin's acting policy,
 eager against compiled, per batch size.
 
-    # every policy, batch 1 8 64 256 1024, three compile modes
-    python -m benchmarks.studies.inference
-    # a smoke run: batch 1 and 8, default mode, short blocks
-    python -m benchmarks.studies.inference --quick
+    python -m benchmarks.studies.inference  # every policy, batch 1 8 64 256 1024, three modes
+    python -m benchmarks.studies.inference --quick  # a smoke run
 
-For each policy (benchmarks/policies.py) and batch size, the policy is built the way its
-script builds it and wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the
-script's numpy policy (`numpy`: what the MLP twins act with under `--compile` there); on a CUDA
-device, tensordict's `CudaGraphModule` and `CudaGraphModule(torch.compile(...))`. Each variant first
-runs its warm-up calls (compile, capture), timed on their own as `setup_s`. Then `--rounds`
-rounds each run one block of the same number of calls per variant, the order rotated every
-round, so that a noisy machine hits every variant alike. Every call is timed alone: with
-`time.perf_counter` on a CPU, with CUDA events and a synchronization after the call on a GPU
-(the scripts wait for each action too). Compilation is static, one graph per batch size, as a
-script with a fixed number of envs sees it: dynamo is reset between batch sizes and a recompile
-during the timed rounds is an error.
-
-Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says
-which) equal the eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may
-differ, argmax near-ties); halfway through the rounds the training module's weights are changed
-in place, and each variant must then match eager on the new weights and differ from its own
-earlier output: a policy that acts with stale weights fails. A failed check ends the run with
-exit status 1, after the results are written.
-
-Writes benchmarks/results/inference-<time>.{json,md,png} (or to `--out`): every variant's median
-and p10/p90 latency, calls/s, samples/s, speed-up against eager in %, setup time and checks; the
-machine; the table; a plot of the speed-up against batch size per policy and variant.
+Variants: eager; `torch.compile` in each `--modes` mode; on a CPU the CPU script's numpy policy; on
+CUDA `CudaGraphModule`, plain and around `torch.compile`. Warm-up (compile, capture) is timed apart
+as `setup_s`; then `--rounds` rounds each time one block of calls per variant, the order rotated,
+every call timed alone (CUDA events and a sync on a GPU). One static graph per batch size: a
+recompile while timing is an error. Checks: every variant's deterministic outputs equal eager's
+within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ), also after the weights
+change in place halfway (a policy acting on stale weights fails); a failed check exits 1 after the
+results are written to benchmarks/results/inference-<time>.{json,md,png} (or to `--out`).
 """
 
 import argparse
@@ -83,8 +67,7 @@ def compiled(act, mode, backend, cuda):
 
 
 def numpy_policy(host):
-    """The script's numpy policy called as the torch ones are: a tensor in, tensors out (the CPU
-    tensors and the arrays share memory, so the conversions copy nothing)."""
+    """The script's numpy policy called as the torch ones are."""
 
     def act(obs):
         out = host(obs.numpy())
@@ -165,8 +148,7 @@ def calls_per_block(latency, block_s, min_calls=2, max_calls=5000):
 
 
 def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
-    """Latencies by variant name over `rounds` rounds of one block per variant; the order rotates
-    each round (starting at rotation `offset`)."""
+    """Latencies by variant name over `rounds` rounds of one block per variant."""
     latencies = {v.name: [] for v in variants}
     for r in range(offset, offset + rounds):
         k = r % len(variants)
@@ -182,9 +164,7 @@ def detached(outputs):
 
 
 def difference(candidate, reference, rtol, atol):
-    """How far `candidate` is from `reference` (dicts of tensors by name): (ok, worst), where worst
-    is the largest absolute difference of the float outputs and the fraction of differing
-    integer outputs."""
+    """How far `candidate` is from `reference` (dicts of tensors by name)."""
     worst, ok = 0.0, True
     for name, ref in reference.items():
         got = candidate[name]
@@ -205,8 +185,7 @@ def outputs(spec, fn, obs):
 
 
 def check_equal(spec, variants, obs, rtol, atol):
-    """Each variant's outputs against eager's on the current weights: {name: {"outputs", "ok",
-    "diff"}}."""
+    """Each variant's outputs against eager's on the current weights."""
     reference = outputs(spec, variants[0].fn, obs)
     checks = {}
     for variant in variants:
@@ -245,8 +224,7 @@ def latency_stats(latencies, batch):
 
 
 def speedup_pct(eager_median, median):
-    """The speed-up of a variant over eager in %, from median latencies: +100 is twice as fast, -50
-    half."""
+    """The speed-up of a variant over eager in %, from median latencies."""
     return 100.0 * (eager_median / median - 1.0)
 
 
@@ -307,8 +285,7 @@ def available(names, scripts_dir):
 
 
 def cpu_script(spec, scripts_dir, device):
-    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU;
-    None on CUDA or where the algorithm has no CPU script on disk."""
+    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU."""
     if (
         device.type != "cpu"
         or spec.cpu_script is None
@@ -432,8 +409,7 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Speed-up against batch size, one panel per policy, one line per compiled variant; saved to
-    `path`."""
+    """Speed-up against batch size, one panel per policy, one line per compiled variant."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -532,8 +508,7 @@ def parse_args(argv):
 
 
 def conclude(table, paths, failures):
-    """Print the table, say where the results went and which checks failed; returns the exit status
-    (1 if any)."""
+    """Print the table, say where the results went and which checks failed."""
     print(table)
     note("wrote " + ", ".join(map(str, paths)))
     for line in failures:

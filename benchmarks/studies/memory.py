@@ -1,58 +1,22 @@
 """When a scan beats a loop: the forward and backward pass of PPO's recurrent memory over sequences
-of T steps.
+of T steps (docs/memory.md).
 
-    # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
-    python -m benchmarks.studies.memory
-    # also every scan candidate on bare (a, b) tensors
-    python -m benchmarks.studies.memory --candidates
-    # a smoke run: T 8 and 16, batch 2, short blocks
-    python -m benchmarks.studies.memory --quick
-    # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
-    python -m benchmarks.studies.memory --learning
-    # the three agents on five POMDPs, 3 seeds (~25 min here)
-    python -m benchmarks.studies.memory --tasks --jobs 2
-    # named tasks of TASKS (this one not by default)
+    python -m benchmarks.studies.memory  # T 16 64 256 1024, batch 8 and 64 (~6 min here)
+    python -m benchmarks.studies.memory --candidates  # also every scan tried, on bare tensors
+    python -m benchmarks.studies.memory --quick  # a smoke run
+    python -m benchmarks.studies.memory --learning  # LSTM, minGRU, no memory: 5 seeds
+    python -m benchmarks.studies.memory --tasks --jobs 2  # the three on five POMDPs (~25 min)
     python -m benchmarks.studies.memory --tasks repeat-first --seeds 1 2
 
-Variants, each the sequence model of a script (torso, recurrence over T steps with an episode
-start at about 5% of the steps, the layers after it), forward then backward to its parameters,
-128 hidden units, one intra-op thread as the scripts use on a CPU:
-- `lstm-loop`: ppo_lstm.py's LSTM, its state multiplied by (1 - done) inside a Python loop over
-  time;
-- `mingru-loop`: ppo_mingru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a
-  Python loop;
-- `mingru-scan`: ppo_mingru_torchcompile.py's minGRU, the same recurrence as its associative
-  scan, eager;
-- `mingru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes,
-  compiled per cell). Before timing, each minGRU variant's features and gradients must equal
-  `mingru-loop`'s: per tensor, max |a - b| <= atol + rtol max |b|, or the run stops with exit
-  status 1. Then `--rounds` rounds each time one block of calls per variant, the order rotated
-  every round; a recompilation while timing is an error.
-
-`--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the
-loop, and every way of scanning that was tried for the optimized twin: a log-depth Hillis-Steele
-scan in plain torch ops (T log T work), torch's prototype `associative_scan`
-(torch._higher_order_ops, combine_mode="generic": the only mode that runs on a CPU), the chunked
-scan the twin keeps (about 2T work, 2 sqrt(T) steps), and log-space cumulative sums as in the
-minGRU paper (exact resets as a_t = e^-60, in float64; it needs b > 0), eager and, where it
-compiles, compiled. A candidate whose outputs or gradients are not the loop's is reported as
-such and not timed in that cell.
-
-`--tasks` trains LSTM (ppo_lstm.py), minGRU (ppo_mingru.py) and no memory (ppo_mingru.py
---no-memory) on each named POMDP of TASKS, by default velocity-hidden CartPole and four of
-POPGym's (arXiv 2303.01859: a recall task, control with hidden state, noisy control, a card
-game; `pip install -r requirements/requirements-popgym.txt`), at the task's budget, every seed,
-`--jobs` runs at a time with one thread each. Per task it plays a random policy for scale, and
-tables each agent's final return (the episodes that ended in the last tenth of the run): mean
-and standard deviation over seeds, and the fraction of the way from random to the best of the
-three. Beside it: each eager run's sps, and one `--compile` run of each optimized twin on
-velocity-hidden CartPole (`--compiled-steps`, alone). It writes
-benchmarks/results/memory-tasks-<time>.{json,md,png}: the plot shows every seed's final return
-per task and agent.
-
-Writes benchmarks/results/memory-<time>.{json,md,png} (or to `--out`): median and p10/p90 per
-cell, the ratio to the loop, the machine; the plot shows time against T on log scales, one panel
-per batch size.
+Variants (128 hidden units, one intra-op thread): `lstm-loop` (ppo_lstm.py), `mingru-loop`
+(ppo_mingru.py), `mingru-scan` (ppo_mingru_torchcompile.py's chunked scan) and
+`mingru-scan-compiled`. Each minGRU variant's features and gradients must equal `mingru-loop`'s
+(max |a - b| <= atol + rtol max |b|) or the run stops with exit status 1; then `--rounds` rounds
+each time one block per variant, the order rotated. `--candidates` times every scan tried for the
+twin on a, b [T, B, 128]: Hillis-Steele, torch's prototype `associative_scan`, the chunked scan and
+log-space cumulative sums. `--tasks` trains the three agents on each POMDP of TASKS (velocity-hidden
+CartPole and four of POPGym's; requirements/requirements-popgym.txt) against a random policy.
+Writes benchmarks/results/memory[-tasks]-<time>.{json,md,png} (or to `--out`).
 """
 
 import argparse
@@ -230,10 +194,7 @@ def model_variants(scripts, steps, batch, seed, device, backend):
 
 
 def candidate_variants(scripts, steps, batch, seed, device, backend):
-    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]; a call
-    runs the scan and the backward pass of a fixed linear loss to a, b and h0. As in the model, a =
-    a_raw * (1 - start): the gradient reaches a_raw only where no episode starts (where one does,
-    the log-space scan has no gradient to give)."""
+    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]."""
     g = torch.Generator().manual_seed(seed)
     keep = (torch.rand(steps, batch, 1, generator=g) >= START_PROB).float().to(device)
     a_raw = torch.rand(steps, batch, HIDDEN, generator=g).to(device).requires_grad_()
@@ -260,10 +221,7 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
 
 
 def difference(got, want, rtol, atol):
-    """(ok, worst relative difference) of two lists of tensors: each tensor's largest |a - b|
-    against atol + rtol * its largest |b|. A gradient sums T * B terms, so an entry that cancels
-    to near zero carries the rounding of the large terms; measured against the tensor's scale it
-    is as exact as the rest."""
+    """(ok, worst relative difference) of two lists of tensors."""
     ok, worst = True, 0.0
     for x, y in zip(got, want, strict=True):
         err, scale = float((x - y).abs().max()), float(y.abs().max())
@@ -283,10 +241,7 @@ def check_against(reference, variants, rtol, atol):
 
 
 def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
-    """Warm up, check and time every variant at one (T, batch); returns one row per variant. A
-    variant whose outputs or gradients differ from the `reference`'s stops the run (exit status
-    1) before any timing if `fatal`, else it is left out of the timing, its row saying why (a
-    candidate that is not exact is no candidate)."""
+    """Warm up, check and time every variant at one (T, batch); returns one row per variant."""
     setup = {v.name: warm_up(v, None, cuda) for v in variants}
     checks = check_against(
         reference, [v for v in variants if v.name != "lstm-loop"], args.rtol, args.atol
@@ -348,8 +303,7 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
 
 
 def run_grid(kind, scripts, args, device):
-    """Every (T, batch) cell of `kind` ("models" or "candidates"); dynamo is reset per cell (static
-    shapes)."""
+    """Every (T, batch) cell of `kind` ("models" or "candidates")."""
     build = model_variants if kind == "models" else candidate_variants
     rows = []
     for batch in args.batch_sizes:
@@ -456,8 +410,7 @@ def random_return(env_id, episodes, seed):
 
 
 def task_runs(args):
-    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread: returns do not
-    depend on timing)."""
+    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread."""
     jobs = [
         # a run folder per agent: two runs of one script, seed and task started in the same second
         # share a name
@@ -883,8 +836,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    """Run what the flags ask for, print the tables, write the results; exit status 1 if a check
-    failed."""
+    """Run what the flags ask for, print the tables, write the results."""
     args = parse_args(argv)
     device = pick_device(args.device)
     if device.type == "cpu":

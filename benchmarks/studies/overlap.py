@@ -1,60 +1,22 @@
 """Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async
-mode, each next to the bound its design can reach.
+mode, each next to the bound its design can reach (docs/async-sampling.md).
 
-    # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
-    python -m benchmarks.studies.overlap
-    # a smoke run (~1 min): short blocks, tiny Atari budgets
-    python -m benchmarks.studies.overlap --quick
-    # the stand-in envs alone
-    python -m benchmarks.studies.overlap --skip-atari
-    # the Atari policy compiled (in the rollouts and the scripts' runs)
-    python -m benchmarks.studies.overlap --compile
+    python -m benchmarks.studies.overlap  # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min)
+    python -m benchmarks.studies.overlap --quick  # a smoke run (~1 min)
+    python -m benchmarks.studies.overlap --skip-atari  # the stand-in envs alone
+    python -m benchmarks.studies.overlap --compile  # the Atari policy compiled
 
-Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but
-the async one). `async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv`
-the first B envs done stepping, act on them, `send` their actions, while the other envs step in the
-pool's threads (`--env-threads`, by default the async script's: one fewer than the cores, so that
-the policy keeps one).
+Designs: `sync` steps all `--num-envs` envs, then acts on all; `async B` is envpool's async mode
+with batch_size B (`--async-batch-sizes`), the other envs stepping in the pool's threads. Bounds
+come from costs timed alone, in blocks that take turns with the rollouts: E, env-only time per env
+step, and A, acting time per env step at the design's batch; sync 1 / (E + A), async 1 / max(E, A),
+plus the pipeline bound 1 / max(E + A / k, A) for k = envs / B batches in flight.
 
-Bounds, from costs measured alone, in blocks of their own that take turns with the rollouts' in
-every round (so a noisy machine hits costs and rollouts alike; medians over the rounds): E, the
-env-only time per env step in the design's own mode (the same loop with fixed or random actions, no
-policy), and A, the acting time per env step at the design's batch (the policy called on B frames,
-over B). sync: 1 / (E + A) env steps/s, as stepping and acting alternate; async: 1 / max(E, A), as
-they overlap. Each rollout's sps is reported as a ratio to its design's bound. Two caveats:
-- with k = envs / B batches in flight, each batch still waits for its own actions before it steps
-  again, so the stand-in rows add the pipeline bound 1 / max(E + A / k, A): a batch steps in the
-  time all envs do (E x envs, with a thread per env as in the stand-in), then waits A x B for its
-  actions, and k batches share one policy. At k = 2 and E near A it is well below max(E, A): only
-  more batches (smaller B), or a policy much cheaper or dearer than the envs, bring the async design
-  near the larger-of-the-two bound;
-- on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for
-  the envs and A with the policy alone, so neither bound counts what one takes from the other.
-
-(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
-outside the GIL, one thread per env in every design (the envs can all step at once in each); the
-policy is a fixed matmul, per frame a chain of [64, 64] products calibrated so that acting on all
-envs costs about `--policy-ms` (its cost grows with the batch, as a network's). Each of `--rounds`
-rounds times a block of `--seconds` of every design's rollout and envs alone, and of the policy
-alone at every batch size (a quarter as long), in an order rotated each round. (b) PPO Atari with
-envpool (`--env-id`, by default Breakout-v5, 8 envs). sync: the twin's rollout phase, its loop over
-`num_steps` reproduced line for line in `twin_rollout` below (tests/test_overlap.py checks each line
-against the twin) with the twin's `make_envs` and `finished_games`, then its bootstrap value. The
-async script's `collect_rollout` with `--async-batch-size` = `--num-envs` takes the same env steps,
-but with its own by-env bookkeeping: the twin's loop itself is what the twin runs. async B:
-ppo_atari_envpool_async.py's `collect_rollout` (imported), with the script's storage and state
-carried from rollout to rollout. Both act with one agent (the twin's `make_learner`), so A is the
-same network in both; E comes from each design's envpool stepped with pre-drawn random actions.
-Rollouts of `--atari-steps` steps, `--atari-rollouts` per block, one untimed first; env-only and
-acting blocks as in (a). Beside them, the whole iteration (rollout and update): each script run once
-for 20480 env steps, 3 iterations of burn-in (`--quick`: 512 steps in rollouts of 16 steps, 1 of
-burn-in), its SUMMARY's `sps`.
-
-torch runs `--threads` intra-op threads (default 1, the scripts' runs get OMP_NUM_THREADS the same):
-more spin in OpenMP and take the cores the envs step on. Writes
-benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`): every block's sps, the medians,
-costs, bounds and ratios, the machine; the tables; a plot of each design's sps under its bounds. A
-script run that fails ends the benchmark with status 1. Timings on a busy machine are noise.
+(a) Stand-in envs (benchmarks/standin.py) sleep `--step-ms` per step outside the GIL; the policy
+is a matmul chain calibrated to `--policy-ms`. (b) PPO Atari with envpool: the twin's rollout loop,
+reproduced in `twin_rollout` (tests/test_overlap.py checks it line by line against the twin),
+against ppo_atari_envpool_async.py's `collect_rollout`; beside them each script's whole iteration
+(its SUMMARY's sps). Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`).
 """
 
 import argparse
@@ -119,8 +81,7 @@ WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
 
 
 def sync_loop(envs, act):
-    """One vector step per call, the synchronous way: act on every env's frame, then step them all.
-    Returns a function that takes one step and returns the env steps it took."""
+    """One vector step per call, the synchronous way."""
     obs, _ = envs.reset()
 
     def step():
@@ -171,8 +132,7 @@ def acting_step(act, frames, cuda=False):
 
 
 def rollouts_block(one, rollouts):
-    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps); returns
-    their sps."""
+    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps)."""
 
     def block():
         start, env_steps = time.perf_counter(), sum(one() for _ in range(rollouts))
@@ -196,9 +156,8 @@ def alternate(blocks, rounds):
 def bounds(design, num_envs, batch, env_sps, acting_sps):
     """The design's costs per env step, E (`env_sps`: the envs alone) and A (`acting_sps`: frames/s
     of the policy on `batch` frames), in µs, and its bound in env steps/s: 1 / (E + A) for sync,
-    1 / max(E, A) for async, where stepping and acting overlap. For async also the pipeline
-    bound of k = num_envs / batch batches, 1 / max(E + A / k, A), which holds where a batch
-    steps in E x num_envs (a thread per env)."""
+    1 / max(E, A) for async; for async also the pipeline bound of k = num_envs / batch batches,
+    1 / max(E + A / k, A), which holds where a batch steps in E x num_envs (a thread per env)."""
     env_us, act_us = 1e6 / env_sps, 1e6 / acting_sps
     row = {
         "env_us_per_step": env_us,

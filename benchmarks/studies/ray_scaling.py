@@ -1,48 +1,18 @@
-"""Scaling efficiency of env runners on Ray, the way Tianshou's RayVecEnv was measured (tianshou
-issue #1172): environments whose step takes d seconds, stepped by R remote workers, in three
-designs.
+"""Scaling efficiency of env runners on Ray, measured as Tianshou's RayVecEnv was (tianshou issue
+#1172): environments whose step takes d seconds, stepped by R remote workers, in three designs.
 
-    # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
-    python -m benchmarks.studies.ray_scaling
-    # a tiny budget (the tests run it)
-    python -m benchmarks.studies.ray_scaling --quick
+    python -m benchmarks.studies.ray_scaling  # d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
+    python -m benchmarks.studies.ray_scaling --quick  # a tiny budget (the tests run it)
     python -m benchmarks.studies.ray_scaling --ray-address 10.0.0.1:6379 --runners 16,32,64
 
-Designs:
-- per-step (the thread's baseline): R workers holding one environment each; the driver computes
-  the actions of all R environments in one forward pass and makes one remote call per
-  environment step.
-- batched: R runners holding K environments each (a gymnasium vector env) and a CPU copy of the
-  policy; one remote call returns a T x K fragment (the fragment of
-  leanrl/ppo_continuous_action_ray.py); the weights go out once per iteration with `ray.put`.
-- double-buffered: batched, with each runner's next fragment called for before the learner's
-  work on the last one.
-
-Every design runs iterations of the same size, T x K steps per worker, and after each the driver
-stands in for a learner for --update-s seconds (a sleep: a learner on its own core or GPU), so
-all three pay the same learning; only double buffering samples meanwhile. T is chosen so that a
-fragment is --fragment-s seconds of environment time: T = max(1, round(fragment_s / (K d))).
-
-Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000
-steps; a step sleeps d seconds (`sleep`: an environment waiting on a simulator or a device) or
-spins until it has used d seconds of CPU (`busy`: an environment computing; a spinning worker
-that the OS has descheduled does not count the time it waits). The policy is PPO continuous's
-actor (17-64-64-6, tanh), one intra-op thread everywhere.
-
-Ideal sps, the same definition for the three designs: what the same R workers would reach if
-communication, inference and learning cost nothing. A worker steps its environments one after
-another, so it makes 1/d steps per second whatever K; R sleeping workers make R/d; busy ones
-cannot use more than the machine's cores, min(R, cores)/d. Efficiency = sps / ideal sps. Workers
-ask Ray for no CPU (num_cpus=0), so R may exceed the cores.
-
-Measured per cell: one untimed iteration, then iterations until --seconds have passed (at least
-two); sps counts the environment steps of the timed iterations over their wall time. The workers
-(max R of them) are started once and reconfigured for each cell. Reports the resident memory
-(VmRSS) of one worker.
-
-Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to --out): the settings, the
-machine, one row per cell; the table; efficiency against step duration per design. Without
---ray-address it starts a local Ray instance listening on 127.0.0.1 only; bad arguments or an
+Designs: per-step (one env per worker, one remote call per env step, the driver acting for all);
+batched (K envs per runner, a T x K fragment per call as leanrl/ppo_continuous_action_ray.py
+collects, weights sent once per iteration with `ray.put`); double-buffered (batched, the next
+fragment asked for before the learner's work, a --update-s sleep, on the last). T = max(1,
+round(fragment_s / (K d))). Envs have HalfCheetah's sizes and sleep (`sleep`) or spin (`busy`) d
+seconds a step; the policy is PPO continuous's actor. Ideal sps: R/d sleeping, min(R, cores)/d
+busy; efficiency = sps / ideal. Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to
+--out). Without --ray-address it starts a local Ray on 127.0.0.1 only; bad arguments or an
 unreachable address exit with status 2 and one line.
 """
 
@@ -84,8 +54,7 @@ QUICK = {
 
 
 class DelayEnv(gym.Env):
-    """An environment whose step takes `duration` seconds: of sleep (`busy=False`) or of CPU time
-    (`busy=True`)."""
+    """An environment whose step takes `duration` seconds."""
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (N_OBS,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (N_ACT,), np.float32)
@@ -147,14 +116,12 @@ class Worker:
         return self.next_obs[0]
 
     def step(self, action):
-        """One step of the first environment with `action` (the per-step design): obs, reward,
-        terminated, truncated."""
+        """One step of the first environment with `action` (the per-step design)."""
         obs, reward, terminated, truncated, _ = self.envs.step(action[None])
         return obs[0], reward[0], terminated[0], truncated[0]
 
     def sample(self, weights, num_steps):
-        """A fragment of `num_steps` vector steps acting with `weights`: what an env runner
-        returns."""
+        """A fragment of `num_steps` vector steps acting with `weights`."""
         self.actor.load_state_dict(weights)
         n = self.envs.num_envs
         fragment = {
@@ -202,8 +169,7 @@ def ideal_sps(runners, duration, busy, cores):
 
 
 def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
-    """`num_steps` rounds of one remote step per worker, the driver acting for all; returns the last
-    observations."""
+    """`num_steps` rounds of one remote step per worker, the driver acting for all."""
     for _ in range(num_steps):
         actions, _ = act(actor, obs)
         results = ray.get([w.step.remote(a) for w, a in zip(workers, actions)], timeout=timeout)
@@ -253,8 +219,7 @@ def measure(ray, workers, design, cell, settings):
 
 
 def cells(args):
-    """Every cell of the table, in the order they run: per kind and step duration, the runner counts
-    and designs."""
+    """Every cell of the table, in the order they run."""
     for kind in args.kinds:
         for duration in args.durations:
             for runners in args.runners:

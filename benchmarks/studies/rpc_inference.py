@@ -274,9 +274,7 @@ class Observer:
         return action.numpy().clip(space.low, space.high)
 
     def run_episode(self, agent_rref, steps, record):
-        """Reset and take `steps` steps (resetting when the environment ends an episode); returns
-        each request's latency in seconds, the first `record` (observation, answer) pairs and
-        the CPU seconds this process used."""
+        """Reset and take `steps` steps (resetting when the environment ends an episode)."""
         cpu_start = time.process_time()
         obs, _ = self.env.reset(seed=self.seed)
         self.seed = None  # only the first reset is seeded
@@ -299,8 +297,7 @@ class Observer:
 
 
 def first_line(error):
-    """The first meaningful line of an exception's text: RPC wraps a remote error in lines of its
-    own (the worker it ran on, the exception's repr, the remote traceback)."""
+    """The first meaningful line of an exception's text."""
     for line in str(error).splitlines():
         text = line.strip().removeprefix("RuntimeError: ").removeprefix("RPCErr:1:")
         if text.startswith(("RuntimeError('", 'RuntimeError("')):
@@ -334,8 +331,7 @@ def run_episodes(observers, agent, steps, record, timeout):
 
 
 def probe(observers, agent, observations, timeout):
-    """Every observer asks for the answer to its observation at once; returns the answers in
-    observer order."""
+    """Every observer asks for the answer to its observation at once."""
     futures = [
         ob.rpc_async(timeout=timeout).probe(agent, obs) for ob, obs in zip(observers, observations)
     ]
@@ -350,8 +346,7 @@ def compare(answers, references, rtol, atol):
 
 
 def check_weights_update(observers, agent, observations, settings):
-    """Probe, change the agent's weights in place, probe again: the answers must change and match
-    the eager policy on the new weights. Returns {"ok", "changed", "diff"}."""
+    """Probe, change the agent's weights in place, probe again."""
     timeout, rtol, atol = settings["timeout"], settings["rtol"], settings["atol"]
     before = probe(observers, agent, observations, timeout)
     agent.rpc_sync(timeout=timeout).perturb()
@@ -392,8 +387,7 @@ def run_metrics(batches, agent_cpu_s, episodes, wall_s):
 
 
 def start_roles(config, settings):
-    """Create the agent (built, compiled, warmed up) and the observers; returns their RRefs and the
-    agent's setup seconds."""
+    """Create the agent (built, compiled, warmed up) and the observers."""
     timeout = settings["timeout"]
     agent = rpc.remote(
         "agent",
@@ -457,9 +451,7 @@ def coordinate(config, settings, phase):
 
 
 def start_barrier(port, world_size, timeout_s):
-    """Wait, at most `timeout_s`, until every process of the run has started: init_rpc's rendezvous
-    waits only rpc_timeout for the slowest, and starting ten interpreters on two cores can take
-    longer."""
+    """Wait, at most `timeout_s`, until every process of the run has started."""
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
     if store.add("started", 1) == world_size:
         store.set("all_started", "1")
@@ -550,8 +542,7 @@ def supervise(processes, store, result_path, timeout_s, run_label):
 
 
 def stop(processes, grace_s):
-    """Give the processes `grace_s` seconds to leave, then kill and reap the rest; returns those
-    killed."""
+    """Give the processes `grace_s` seconds to leave, then kill and reap the rest."""
     deadline = time.monotonic() + grace_s
     for process in processes.values():
         process.join(max(0.0, deadline - time.monotonic()))
@@ -564,8 +555,7 @@ def stop(processes, grace_s):
 
 
 def run_one(config, settings, log_dir):
-    """Start the processes of one run, supervise them, stop them all; returns the run's record, or
-    raises RunFailed with the line naming what failed."""
+    """Start the processes of one run, supervise them, stop them all."""
     log_dir.mkdir(parents=True, exist_ok=True)
     result_path = log_dir / "result.json"
     names = ["coordinator", "agent", *(f"observer{i}" for i in range(config["observers"]))]
@@ -926,8 +916,7 @@ def raise_interrupt(signum, frame):
 
 
 def main(argv=None):
-    """Run the benchmark, print the table, write the results; exit status 1 if a run or a check
-    failed."""
+    """Run the benchmark, print the table, write the results."""
     args = parse_args(argv)
     settings = settings_of(args)
     stem = f"rpc-inference-{datetime.now():%Y%m%d-%H%M%S}"

@@ -1,30 +1,17 @@
 """Data-parallel PPO on this machine: sps of 1 and N processes of
 ppo_continuous_action_distributed.py side by side, their scaling efficiency, and the
-environment-only limit of as many processes.
+environment-only limit of as many processes (docs/scaling-torchrun.md).
 
     python -m benchmarks.studies.scaling  # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
     python -m benchmarks.studies.scaling --processes 1 2 4 --repeats 2 --iterations 8
     python -m benchmarks.studies.scaling -- --compile            # flags after -- go to every run
 
-One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N
-processes are `torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on
-`lo`). Every process steps `--num-envs` envs (weak scaling: N processes step N times the envs,
-with the same work each) on the CPU with gloo (`--no-cuda --dist-backend gloo`, also on a GPU
-machine) and one intra-op thread (`OMP_NUM_THREADS=1`, what torchrun gives each of several
-processes, so that 1 and N processes compare alike; a value set by the user is kept). The
-process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy
-machine hits all alike. Each run does `--iterations` iterations of CleanRL's defaults (2048
-steps per env, 10 epochs of 32 minibatches); its sps counts every process's steps after the
-first `--burnin` iterations.
-
-Scaling efficiency = sps(N) / (N x sps(1)), medians over the rounds. The env-only limit of N
-processes is N copies of `benchmarks.env_limit` stepping the script's env with random actions at
-the same time, their sps added: what N processes could reach if acting and learning were free.
-
-Writes benchmarks/results/scaling-<time>.{json,md,png} (or to --out-dir): every run's summary
-(learning curve included), the limits, the machine; the table; sps per process count next to the
-ideal N x sps(1) and the limit, and the episodic return of every run against environment steps.
-A run that fails ends the benchmark with status 1.
+N processes are `torchrun --standalone --nproc_per_node N` on loopback (gloo on `lo`), each
+stepping `--num-envs` envs on the CPU with one intra-op thread (weak scaling); the counts alternate
+run by run, each round with its own seed. A run's sps counts every process's steps after `--burnin`
+iterations. Efficiency = sps(N) / (N x sps(1)), medians over rounds; the env-only limit is N copies
+of `benchmarks.env_limit` at once. Writes benchmarks/results/scaling-<time>.{json,md,png} (or to
+--out-dir); a failed run exits 1.
 """
 
 import argparse
@@ -95,8 +82,7 @@ def run_command(processes, flags):
 
 
 def run_flags(processes, args, seed):
-    """The script's flags for a run of `processes` processes: `--iterations` iterations of all of
-    them."""
+    """The script's flags for a run of `processes` processes."""
     total = args.iterations * NUM_STEPS * args.num_envs * processes
     return [
         "--env-id",
@@ -117,8 +103,7 @@ def run_flags(processes, args, seed):
 
 
 def env_limit(processes, args):
-    """The env-only sps of `processes` copies of the script's env stepped at the same time: their
-    sps added, and each copy's ENV_ONLY object."""
+    """The env-only sps of `processes` copies of the script's env stepped at the same time."""
     commands = [
         [
             sys.executable,

@@ -1,47 +1,19 @@
 """Many seeds in one process: the aggregate sps of a seeds script (`leanrl/<algo>_seeds.py`, N runs
-as one vmapped program) against the best way to run N seeds of the algorithm's fastest
-single-seed script on this machine, beside the env-only limit of the same N x num_envs envs; and
-the "GPU proxy", each member's share of acting and of one update.
+as one vmapped program) against the best way to run N seeds of the fastest single-seed script on
+this machine, beside the env-only limit of the same N x num_envs envs (docs/performance.md).
 
-    # every algorithm with a seeds script, N = 1 2 4 8 16, 2 rounds
-    python -m benchmarks.studies.seeds
+    python -m benchmarks.studies.seeds  # every seeds script, N = 1 2 4 8 16, 2 rounds
     python -m benchmarks.studies.seeds --algos dqn --members 1 8 --repeats 3
-    # per-member cost of acting and of an update, N = 1 8 32 128
-    python -m benchmarks.studies.seeds --gpu-proxy
-    # tiny budgets, N = 1 2, one round: a smoke test of the harness
-    python -m benchmarks.studies.seeds --quick
+    python -m benchmarks.studies.seeds --gpu-proxy  # per-member cost of acting and an update
+    python -m benchmarks.studies.seeds --quick  # a smoke test of the harness
 
-For each N and round, in turn:
-- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs
-  (DQN and PPO: `--threads 1` and `--threads 2`); its `sps` counts all members' env steps per
-  second after the burn-in (compile excluded). The best way is compared.
-- `P at once`: the single-seed script run N times (seeds 1..N) under the same budget, P
-  processes at a time, for each P in `--processes` (default: 1, the number of cores, and N;
-  those up to N). The cores are split between the P processes of a wave: with P <= cores,
-  process i gets cores // P cores of its own (`taskset -c`) and as many intra-op threads
-  (`OMP_NUM_THREADS`; a script may use fewer: dqn_cpu.py takes one); with P > cores, process i
-  gets core i mod cores and one thread. The processes of a wave start together with the same
-  budget, so their measured windows overlap: a wave's aggregate sps is the sum of its processes'
-  sps, and the row's the mean over waves weighted by their processes. The best P of each N is
-  the baseline: `vs best` = seeds / best.
-- `env only`: the seeds script's own vector env of N x num_envs envs (its `make_envs`, from its
-  `Args`), stepped with pre-drawn random actions on one thread: what one process stepping all
-  members' envs could reach.
-
-`--gpu-proxy` builds each seeds script's learner for N members on this CPU (no env), compiles
-the acting function and the update (`fullgraph=True`, as `--compile` does), and times each call
-after warm-up; a row gives the time per call and per member. It also sizes the graphs: the ATen
-ops of one call (`make_fx`: what eager CUDA would launch), the matmuls among them and the
-kernels inductor generates around them (traced with the FX graph cache off), whose sum is what a
-captured CUDA graph replays. The GPU column is an expectation, not a measurement: kernels x
-`--us-per-kernel` (a small kernel replayed from a CUDA graph costs a few microseconds whatever
-its size), divided by N. On this CPU, `matmul bound / time` says how much of a call arithmetic
-explains: the call's FLOPs (FlopCounterMode, its matmuls) at the rate of a [8, 256, 256] fp32
-bmm timed right after it, over the call's time; near 1, a member costs what a run costs, and no
-seeds axis can make the update cheaper on this CPU.
-
-Writes benchmarks/results/seeds-<time>.{json,md,png} (or seeds-proxy-<time>; to --out-dir). A
-failed run stops the benchmark with status 1.
+Per N and round: `seeds` runs the seeds script once per way it runs; `P at once` runs the
+single-seed script N times, P processes at a time (each pinned to its share of the cores with
+`taskset`), summing a wave's sps; the best P is the baseline. `env only` steps the seeds script's
+vector env with random actions. `--gpu-proxy` compiles each seeds learner's acting and update for N
+members, times them, and counts their ATen ops, matmuls and inductor kernels: the GPU column is
+kernels x `--us-per-kernel` / N, an expectation, not a measurement. Writes
+benchmarks/results/seeds[-proxy]-<time>.{json,md,png} (or to --out-dir).
 """
 
 import argparse
@@ -127,8 +99,7 @@ ALGOS = (
 
 
 def runnable(algos, scripts_dir):
-    """The algorithms whose seeds and single-seed scripts are both on disk; a note for each one
-    skipped."""
+    """The algorithms whose seeds and single-seed scripts are both on disk."""
     ready = []
     for algo in algos:
         missing = [
@@ -157,8 +128,7 @@ def seeds_command(algo, scripts_dir, members, quick, flags):
 
 
 def process_cores(index, at_once, cores):
-    """The cores of process `index` of `at_once` processes sharing `cores` cores: cores // at_once
-    of its own, or one shared round robin when there are more processes than cores."""
+    """The cores of process `index` of `at_once` processes sharing `cores` cores."""
     if at_once > cores:
         return [index % cores]
     share = cores // at_once
@@ -180,8 +150,7 @@ def single_command(algo, scripts_dir, seed, quick, cores):
 
 
 def read_summary(cmd, proc):
-    """The summary.json of a finished run (its SUMMARY line names it); a BenchmarkError without a
-    numeric sps."""
+    """The summary.json of a finished run (its SUMMARY line names it)."""
     line = result_line(cmd, proc, "SUMMARY")
     summary = json.loads(Path(line["summary_file"]).read_text())
     if not isinstance(summary.get("sps"), (int, float)):
@@ -192,8 +161,7 @@ def read_summary(cmd, proc):
 
 
 def run_together(commands, timeout, cwd, envs=None):
-    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all; their
-    summaries, in order. A failure kills the rest and raises a BenchmarkError."""
+    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all."""
     envs = [dict(os.environ, **extra) for extra in envs or [{}] * len(commands)]
     procs = [
         subprocess.Popen(
@@ -220,14 +188,12 @@ def run_together(commands, timeout, cwd, envs=None):
 
 
 def processes_at_once(members, requested, cores):
-    """The process counts P to try for N = `members`: those requested (default 1, the cores, N) up
-    to N."""
+    """The process counts P to try for N = `members`."""
     return sorted({p for p in (requested or (1, cores, members)) if 1 <= p <= members})
 
 
 def waves_sps(summaries, at_once):
-    """The aggregate sps of N runs made `at_once` at a time: each wave's summed sps, averaged over
-    the waves weighted by their processes."""
+    """The aggregate sps of N runs made `at_once` at a time."""
     waves = [summaries[i : i + at_once] for i in range(0, len(summaries), at_once)]
     return sum(len(wave) * sum(s["sps"] for s in wave) for wave in waves) / len(summaries)
 
@@ -240,8 +206,7 @@ def env_only(algo, scripts_dir, members, quick, seconds):
 
 
 def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_seconds, timeout, cwd):
-    """Every run, in order (per algorithm, per round, per N: the seeds script, then each P), and the
-    env-only limits."""
+    """Every run, in order (per algorithm, per round, per N."""
     cores = os.cpu_count() or 1
     runs, limits = [], {}
     for algo in algos:
@@ -537,8 +502,7 @@ def flops(fn, inputs):
 
 
 def matmul_rate(seconds):
-    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond: a [8, 256, 256]
-    x [8, 256, 256] bmm, timed as `time_calls` times a function."""
+    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond."""
     import torch
 
     a = torch.randn(8, 256, 256)
@@ -613,8 +577,7 @@ def proxy_markdown(result):
 
 
 def proxy_plot(result, path):
-    """Microseconds per member against N (log-log), a line per algorithm and function; the GPU
-    expectation dotted."""
+    """Microseconds per member against N (log-log), a line per algorithm and function."""
     figure = Figure(figsize=(6, 4), layout="constrained")
     ax = figure.subplots()
     for index, key in enumerate(dict.fromkeys((r["algo"], r["function"]) for r in result["table"])):
@@ -698,8 +661,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    """Run the benchmark (or the GPU proxy), print the table, write the results; returns the exit
-    status."""
+    """Run the benchmark (or the GPU proxy), print the table, write the results."""
     args = parse_args(argv)
     algos = runnable([algo for algo in ALGOS if algo.name in args.algos], args.scripts_dir)
     if args.gpu_proxy:

@@ -99,8 +99,7 @@ def spearman(a, b):
 
 
 def setting_means(values, members, summaries):
-    """Per value, the mean of its runs' final returns (None if none had one); `members[i]` is the
-    (value, seed) of `summaries[i]`."""
+    """Per value, the mean of its runs' final returns (None if none had one)."""
     means = []
     for value in values:
         finals = [s["return_mean"] for (v, _), s in zip(members, summaries) if v == value]
