@@ -5,14 +5,9 @@ nothing else.
     python -m benchmarks.env_limit --seconds 5 leanrl/sac_continuous_action.py \
         --env-id HalfCheetah-v4
 
-The env is the one the script's `main` builds: the script's own `Args` parse the flags that
-follow the script (so `--env-id`, `--num-envs`, `--seed` and e.g. PPO's `--gamma` mean what they
-mean there) and its `make_envs` builds the env with the wrapper chain the script trains on.
-Random actions are drawn before the clock starts, so the figure is the env's throughput alone:
-no policy, no replay buffer, no update. A script that trains near this figure is bound by its
-environment; far below it, by its network and its Python. Prints one line, `ENV_ONLY {json}`,
-with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs` (a seeds
-script's `--num-seeds` members' envs together, as its `main` builds them).
+The script's own `Args` parse the flags after it and its `make_envs` builds the env it trains on;
+actions are drawn before the clock starts. Prints one line, `ENV_ONLY {json}`, with `sps`,
+`env_steps`, `seconds`, `env_id` and `num_envs`.
 """
 
 import argparse

@@ -1,16 +1,9 @@
-"""PNG plots of a benchmark, written next to its JSON and markdown: sps per variant per algorithm
-(bars with the min-max spread and the env-only limit as a dashed line), and per algorithm the
-episodic return of every run against wall-clock seconds and against environment steps, as LeanRL
-shows them.
+"""PNG plots of a benchmark, next to its JSON and markdown: sps per variant per algorithm (min-max
+spread, env-only limit dashed), and each run's return against seconds and against env steps.
 
-The learning curve of one run, from its `runs/<run_name>/summary.json` (the SUMMARY line names
-it):
-
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps 500000
     python -m benchmarks.plots runs/<run_name>/summary.json --out curve.png --baseline 1.2
 
-Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure
-state.
+Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global state.
 """
 
 import argparse

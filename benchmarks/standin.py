@@ -2,38 +2,19 @@
 every frame says which env and which step of which episode it is, and a step cost that is a sleep in
 a worker thread.
 
-    # async: recv returns the first 4 envs done
-    envs = StandInEnvs(num_envs=8, batch_size=4, step_seconds=1e-3)
+    envs = StandInEnvs(num_envs=8, batch_size=4, step_seconds=1e-3)  # async: recv 4 at a time
     envs.async_reset()
     obs, rewards, terminations, truncations, info = envs.recv()
     envs.send(actions, info["env_id"])
 
-What the Atari scripts read is there, with envpool's types: `reset()` -> (obs, info) and
-`step(actions, env_id=None)` -> (obs, rewards, terminations, truncations, info) for all envs in
-`env_id` order (sync mode, `batch_size` = `num_envs`); `async_reset()`, `send(actions, env_id)` and
-`recv()` (async mode, `batch_size` < `num_envs`: recv blocks until `batch_size` envs have finished
-stepping and returns those, in the order they finished); `single_observation_space` (uint8 frames,
-by default [4, 84, 84] as Breakout's), `single_action_space` (Discrete), `num_envs`, `config`,
-`close()`; `info` holds `env_id`, `lives`, `reward` (unclipped), `terminated` (the game is over) and
-`elapsed_step` (int32 and float32 arrays, as envpool's).
-
-The games, a pure function of the actions each env was sent (never of thread timing):
-- a game has `lives` lives; a life lasts `life_length(seed, env, episode)` steps, drawn from
-  `episode_length`; losing a life ends the learner's episode (a termination, episodic life as in the
-  scripts), `info["terminated"]` is 1 only when the game is over; a game that reaches
-  `max_episode_steps` steps is cut off (a truncation, the game over);
-- envpool's next-step reset: the step that ends an episode returns its final frame; the env's next
-  step ignores its action and returns the first frame of the next episode, reward 0, neither flag
-  set;
-- the unclipped reward of a step is the action it took (`info["reward"]`); the reward returned is
-  its sign (`reward_clip`, as the scripts make envpool);
-- frame bytes 0-3 hold (env, episode % 256, step % 256, step // 256) of the env's episodes (lives)
-  and steps since its episode began; the other bytes hold one value mixed from the three (so a
-  network sees different frames). `decode(obs)` reads the first three back.
-
-Every env step (resets included) sleeps `step_seconds` in one of `num_threads` worker threads
-(default: batch_size, as envpool's), outside the GIL as envpool's C++ threads step, so that the
-policy can act while envs step.
+It has what the Atari scripts read, typed as envpool's: `reset`, `step` (sync mode), `async_reset`,
+`send`, `recv` (async mode: the first `batch_size` envs done, in the order they finished), the
+spaces, `num_envs`, `config`, `close`; `info` holds `env_id`, `lives`, `reward` (unclipped),
+`terminated` and `elapsed_step`. A game is a pure function of the actions sent: `lives` lives of
+`life_length(seed, env, episode)` steps (losing one terminates, episodic life), cut off at
+`max_episode_steps`; envpool's next-step reset; the unclipped reward is the action, the returned
+one its sign. Frame bytes 0-3 hold (env, episode % 256, step % 256, step // 256), read back by
+`decode(obs)`. Every env step sleeps `step_seconds` in a worker thread, outside the GIL.
 """
 
 import queue

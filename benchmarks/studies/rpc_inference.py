@@ -1,53 +1,22 @@
 """Serving an acting policy over `torch.distributed.rpc`: one agent process answers the action
 requests of N observer processes that step real gymnasium environments, with one forward pass
-per request or one per batch of requests, eager or compiled.
+per request or one per batch of requests, eager or compiled (docs/serving-rpc.md).
 
     python -m benchmarks.studies.rpc_inference  # 8 observers, batch off,on, 4 policies
     python -m benchmarks.studies.rpc_inference --policies dqn --observers 1,2,4,8 --batch on
     python -m benchmarks.studies.rpc_inference --policies ppo_continuous --compile off,on --batch on
 
-One of --observers, --batch and --compile may list several values, comma-separated: it is the
-x-axis, and each value (times each policy, times --repeats, the values alternating) is one run.
-A run is a fresh set of processes on this machine: a coordinator, the agent and the observers,
-all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store on a free port
-it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op
-thread each.
-
-The agent builds the policy as its optimized twin builds it (benchmarks/policies.py),
-compiled with `torch.compile` under --compile on (compile time reported apart as setup_s). Each
-observer steps its own environment (the policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for
-PPO continuous, SAC and TD3, whose sizes the policies are built with; one MuJoCo step is ~0.1 ms)
-and asks the agent for an action every step, `--steps` steps an episode, resetting the
-environment inside an episode when it ends. Unbatched, the agent runs one forward pass per
-request, one at a time; batched, it waits for one request from every observer, runs them as one
-batch and answers each observer with its own row. A warm-up episode of `--warmup-steps` steps is
-not measured.
-
-Metrics, at p50/p75/p90/p95: agent latency, from the arrival of a batch's first request to its
-answers being ready (unbatched: a batch of one, waiting for the agent included); agent
-throughput, batch size / agent latency; observer latency, from an observer's request to its
-answer; observer throughput, 1 / observer latency. Also served/s: all requests over the wall
-time of the timed episodes.
-
-Checks, in the run: the answers served during the first --check-steps steps of the first timed
-episode must equal the eager policy's answer to the same observation alone (a batch of one)
-within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ), so a batched or
-compiled answer equals the unbatched eager one and each observer got its own row; then every
-observer asks again with a fixed observation, the agent's weights are changed in place, and the
-answers must change and equal the eager policy's on the new weights. A failed check ends the
-benchmark with exit status 1 after the results are written.
-
-Faults: every remote call has a timeout (--rpc-timeout for each action request and as init_rpc's
-default, --timeout for setup and whole episodes), and the launcher gives each run --timeout
-seconds. A process that dies, an agent that stops answering or a run past its time ends the
-benchmark with exit status 1 and one line naming what failed; every process is killed on failure
-and on Ctrl-C, and dies with the launcher (Linux). Each process writes its output to a log, kept
-only when its run failed. Bad arguments exit with status 2 before any process starts.
-
-Writes benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out): the arguments, the
-axis, each run's metrics and checks, one row per policy and axis value (the median over its
-repeats), the machine; the tables; agent throughput, served/s and observer latency against the
-axis.
+One of --observers, --batch and --compile may list several values: the x-axis, its values
+alternating over --repeats. A run is a fresh set of processes, all on loopback, one intra-op
+thread each: a coordinator, the agent (the policy built as its twin builds it,
+benchmarks/policies.py) and the observers, each stepping its own env (ENVS) and asking the agent
+for every action. Batched, the agent waits for one request from every observer and answers them
+as one batch. Metrics at p50/p75/p90/p95: agent latency and throughput, observer latency and
+throughput; served/s over the timed episodes. Checks: the first --check-steps answers equal the
+eager policy's on the observation alone (|a - b| <= atol + rtol |b|), and answers follow an
+in-place weight update. Every remote call has a timeout; a dead process, a silent agent, a run
+past --timeout or a failed check exits 1 with one line, every process killed. Writes
+benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out).
 """
 
 import argparse

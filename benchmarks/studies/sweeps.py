@@ -1,25 +1,15 @@
 """A sweep in one process against separate runs: a seeds script's sweep (K values of one flag x N
-seeds, one vmapped program) against the same K x N runs of the single-seed `_cpu` script, P
-processes at a time. It measures the wall time of each, whether the sweep ranks the settings as
-the runs do (the same best setting; Spearman's correlation of the settings' mean final returns),
-and a sweep's cost per member against a seeds run of as many members in one setting.
+seeds, one vmapped program) against the same K x N runs of the `_cpu` script, P processes at a
+time: the wall time of each, whether the sweep ranks the settings as the runs do (the same best;
+Spearman's correlation), and a sweep's cost per member against a seeds run of as many members.
 
     # 4 learning rates x 2 seeds of DQN on CartPole-v1 against its 8 runs, 2 at a time
     python -m benchmarks.studies.sweeps --total-timesteps 100000
     python -m benchmarks.studies.sweeps --algo td3 --flag tau --values 0.005 0.05 --seeds 3
     python -m benchmarks.studies.sweeps --quick  # tiny budgets: a smoke test of the harness
 
-The runs, in turn, under the algorithm's budget of benchmarks.studies.seeds (`--total-timesteps`
-replaces its steps):
-- `sweep`: `<algo>_seeds.py --num-seeds N --<flag> v1 ... vK`, one process on every core; its
-  table gives each setting's mean final return (each member's last-20 mean);
-- `seeds`: `<algo>_seeds.py --num-seeds K*N`, one setting: the cost of as many members without a
-  sweep (sps, all members' env steps per second after the burn-in);
-- `runs`: `<algo>_cpu.py --seed s --<flag> v` for each of the K x N members, P at a time (a new
-  one starts when one ends), each pinned to cores // P cores (`taskset`) with as many threads.
-Wall times are the processes' own, start to end, compile included. Writes
-benchmarks/results/sweeps-<time>.{json,md,png} (or to --out-dir); a failed run stops the study
-with status 1.
+Budgets are benchmarks.studies.seeds'. Runs are pinned to cores // P cores (`taskset`). Writes
+benchmarks/results/sweeps-<time>.{json,md,png} (or to --out-dir); a failed run exits 1.
 """
 
 import argparse

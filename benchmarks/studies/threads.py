@@ -1,17 +1,13 @@
 """Threads chosen by measurement against fixed ones: the `_cpu` and `_seeds` scripts' sps at their
-default (no `--threads`: the run measures), with `--threads 1` and with `--threads 2`, on an idle
-machine and beside one other process that keeps a core busy (a second user, a data loader, another
-run).
+default (no `--threads`: the run measures), with `--threads 1` and `--threads 2`, on an idle
+machine and beside one process that keeps a core busy.
 
     python -m benchmarks.studies.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
     python -m benchmarks.studies.threads --algos sac --rounds 3
     python -m benchmarks.studies.threads --full --busy-ways default 1  # 2 threads busy: known slow
 
-Each algorithm's runs alternate (default, threads 1, threads 2, per script), `--rounds` times in
-each condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with
-`--num-seeds 2`). A row gives the median sps of each, the ratio of two threads to one, the default's
-ratio to the better fixed count, and the counts the default runs ended on. Writes
-benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
+Runs alternate per script, `--rounds` times per condition, at benchmarks.studies.seeds' budgets.
+Writes benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
 """
 
 import argparse
