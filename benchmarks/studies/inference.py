@@ -14,7 +14,6 @@ change in place halfway (a policy acting on stale weights fails); a failed check
 results are written to benchmarks/results/inference-<time>.{json,md,png} (or to `--out`).
 """
 
-import argparse
 import math
 import statistics
 import sys
@@ -27,13 +26,14 @@ from typing import Callable
 import torch
 from tensordict.nn import CudaGraphModule
 
+from benchmarks import cli
+from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
 from benchmarks.processes import note
 from benchmarks.report import write_result
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.scripts import load_script
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 CUDA_VARIANTS = ("cudagraphs", "compile+cudagraphs")
 FULL = {"batch_sizes": [1, 8, 64, 256, 1024], "modes": list(MODES), "rounds": 10, "block_ms": 40.0}
@@ -438,89 +438,27 @@ def plot(result, path):
     plt.close(fig)
 
 
-def positive_int(text):
-    """An argparse type: an integer > 0."""
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def positive_float(text):
-    """An argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.inference", description=__doc__.split("\n\n")[0]
+    parser, add = cli.parser(
+        "benchmarks.studies.inference", __doc__, "--backend --device --seed --out --scripts-dir"
     )
-    parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
-    parser.add_argument(
-        "--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024"
-    )
-    parser.add_argument(
-        "--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)"
-    )
-    parser.add_argument(
-        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
-    )
-    parser.add_argument(
-        "--rounds",
-        type=positive_int,
-        help="alternating rounds, the weights change halfway (default: 10)",
-    )
-    parser.add_argument(
-        "--block-ms",
-        type=positive_float,
-        help="one block's length, from eager's latency (default: 40)",
-    )
-    parser.add_argument(
-        "--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks"
-    )
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks"
-    )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    add("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
+    add("--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024")
+    add("--modes", nargs="*", choices=MODES, help="torch.compile modes (default: all three)")
+    add("--rounds", type=positive_int, help="rounds, the weights change halfway (default: 10)")
+    add("--block-ms", type=positive_float, help="one block's length (default: 40)")
+    add("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks")
+    add("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks")
+    add("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
+    args = cli.parse(parser, argv, QUICK, FULL)
     if args.backend != "inductor" and set(args.modes) - {"default"}:
         parser.error(
             f"--modes {' '.join(args.modes)}: modes other than default need --backend inductor"
         )
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the weights change halfway)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
     return args
-
-
-def conclude(table, paths, failures):
-    """Print the table, say where the results went and which checks failed."""
-    print(table)
-    note("wrote " + ", ".join(map(str, paths)))
-    for line in failures:
-        note(f"check failed: {line}")
-    return 1 if failures else 0
-
-
-def pick_device(choice):
-    """The device to run on: `choice`, or CUDA when there is one for 'auto'."""
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(choice)
 
 
 def main(argv=None):

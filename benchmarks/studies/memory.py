@@ -19,7 +19,6 @@ CartPole and four of POPGym's; requirements/requirements-popgym.txt) against a r
 Writes benchmarks/results/memory[-tasks]-<time>.{json,md,png} (or to `--out`).
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -33,21 +32,14 @@ import gymnasium as gym
 import torch
 from torch._higher_order_ops.associative_scan import associative_scan
 
+from benchmarks import cli
+from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
+from benchmarks.processes import note
 from benchmarks.report import optional, write_result
-from benchmarks.scripts import SCRIPTS, load_script
-from benchmarks.studies.inference import (
-    Variant,
-    calls_per_block,
-    note,
-    pick_device,
-    positive_float,
-    positive_int,
-    time_block,
-    warm_up,
-)
+from benchmarks.scripts import load_script
+from benchmarks.studies.inference import Variant, calls_per_block, time_block, warm_up
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}
 QUICK = {"steps": [8, 16], "batch_sizes": [2], "rounds": 2, "block_ms": 5.0}
 HIDDEN, N_OBS, START_PROB = 128, 2, 0.05
@@ -731,91 +723,26 @@ def plot(result, path):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.memory", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "--steps", nargs="+", type=positive_int, help="sequence lengths T (default: 16 64 256 1024)"
-    )
-    parser.add_argument(
-        "--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)"
-    )
-    parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
-    parser.add_argument("--block-ms", type=positive_float, help="one block's length (default: 200)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="intra-op threads on a CPU (the scripts use 1)",
-    )
-    parser.add_argument(
-        "--candidates", action="store_true", help="also time every scan candidate on bare tensors"
-    )
-    parser.add_argument(
-        "--no-models",
-        dest="models",
-        action="store_false",
-        default=None,
-        help="skip the four sequence-model variants (skipped by default with --tasks)",
-    )
-    parser.add_argument(
-        "--learning",
-        action="store_true",
-        help="also train the LSTM and minGRU agents at equal steps",
-    )
-    parser.add_argument(
-        "--learning-steps", type=positive_int, default=61440, help="env steps of each learning run"
-    )
-    parser.add_argument(
-        "--tasks",
-        nargs="*",
-        choices=list(TASKS),
-        help="train the LSTM, minGRU and no memory on these POMDPs (none named: the default set) "
-        "at each one's budget",
-    )
-    parser.add_argument(
-        "--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)"
-    )
-    parser.add_argument(
-        "--task-steps",
-        type=positive_int,
-        help="env steps of every --tasks run (default: each task's)",
-    )
-    parser.add_argument(
-        "--compiled-steps",
-        type=int,
-        default=30720,
-        help="env steps of each compiled twin's sps run with --tasks (0: none)",
-    )
-    parser.add_argument(
-        "--seeds",
-        nargs="+",
-        type=int,
-        help="seeds of the learning and task runs (default: 1-5 and 1-3)",
-    )
-    parser.add_argument(
-        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
-    )
-    parser.add_argument(
-        "--rtol",
-        type=positive_float,
-        default=1e-5,
-        help="relative tolerance of the checks (of a tensor's scale)",
-    )
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks"
-    )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    common = "--backend --device --seed --out --scripts-dir"
+    parser, add = cli.parser("benchmarks.studies.memory", __doc__, common)
+    add("--steps", nargs="+", type=positive_int, help="lengths T (default: 16 64 256 1024)")
+    add("--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)")
+    add("--rounds", type=positive_int, help="alternating rounds (default: 5)")
+    add("--block-ms", type=positive_float, help="one block's length (default: 200)")
+    add("--threads", type=positive_int, default=1, help="intra-op threads on a CPU")
+    add("--candidates", action="store_true", help="also time every scan candidate")
+    add("--no-models", dest="models", action="store_false", default=None, help="skip the models")
+    add("--learning", action="store_true", help="also train the agents at equal steps")
+    add("--learning-steps", type=positive_int, default=61440, help="steps of a learning run")
+    add("--tasks", nargs="*", choices=list(TASKS), help="train on these POMDPs (none: the default)")
+    add("--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)")
+    add("--task-steps", type=positive_int, help="steps of every --tasks run (default: the task's)")
+    add("--compiled-steps", type=int, default=30720, help="steps of each compiled twin's run")
+    add("--seeds", nargs="+", type=int, help="learning and task seeds (default: 1-5 and 1-3)")
+    add("--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks")
+    add("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")
+    add("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
+    args = cli.parse(parser, argv, QUICK, FULL)
     if args.models is None:
         args.models = args.tasks is None
     if args.tasks == []:
@@ -824,8 +751,6 @@ def parse_args(argv):
         args.seeds = [1, 2, 3] if args.tasks else [1, 2, 3, 4, 5]
     if args.compiled_steps < 0:
         parser.error(f"--compiled-steps must be >= 0, got {args.compiled_steps}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (p10 and p90 need two timings)")
     if not (args.models or args.candidates or args.learning or args.tasks):
@@ -845,37 +770,26 @@ def main(argv=None):
         name: load_script(name, args.scripts_dir)
         for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
     }
-    started = datetime.now().isoformat(timespec="seconds")
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
+    head = {"machine": machine_info(), "started": f"{datetime.now():%Y-%m-%dT%H:%M:%S}"}
+    head["settings"] = settings
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     if args.tasks:
-        found = {
-            "machine": machine_info(),
-            "started": started,
-            "settings": settings,
-            "tasks": tasks(args),
-        }
-        stem = f"memory-tasks-{datetime.now():%Y%m%d-%H%M%S}"
-        paths = write_result(found, args.out, stem, tasks_markdown, tasks_plot)
-        print(tasks_markdown(found))
-        note("wrote " + ", ".join(map(str, paths)))
+        found = head | {"tasks": tasks(args)}
+        paths = write_result(found, args.out, f"memory-tasks-{stamp}", tasks_markdown, tasks_plot)
+        conclude(tasks_markdown(found), paths)
         if not (args.models or args.candidates or args.learning):
             return 0
-    result = {
-        "machine": machine_info(),
+    result = head | {
         "device": str(device),
-        "started": started,
-        "settings": settings,
         "models": run_grid("models", scripts, args, device) if args.models else [],
         "candidates": run_grid("candidates", scripts, args, device) if args.candidates else [],
         "learning": learning(args) if args.learning else [],
     }
     figure = plot if result["models"] or result["candidates"] else None
-    paths = write_result(
-        result, args.out, f"memory-{datetime.now():%Y%m%d-%H%M%S}", markdown, figure
+    return conclude(
+        markdown(result), write_result(result, args.out, f"memory-{stamp}", markdown, figure)
     )
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ against ppo_atari_envpool_async.py's `collect_rollout`; beside them each script'
 (its SUMMARY's sps). Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`).
 """
 
-import argparse
 import functools
 import itertools
 import os
@@ -36,16 +35,18 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from benchmarks import cli
+from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.env_limit import random_actions
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
+from benchmarks.processes import note
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, parse_summary
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.scripts import load_script
 from benchmarks.standin import StandInEnvs
-from benchmarks.studies.inference import note, pick_device, positive_float, positive_int, time_block
+from benchmarks.studies.inference import time_block
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"
 FULL = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -54,7 +55,7 @@ FULL = {
     "atari_steps": 128,
     "atari_rollouts": 2,
     # 20 iterations of 8 x 128 steps
-    "script_flags": ["--total-timesteps", "20480", "--measure-burnin", "3"],
+    "script_flags": "--total-timesteps 20480 --measure-burnin 3",
 }
 QUICK = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -62,16 +63,7 @@ QUICK = {
     "seconds": 0.2,
     "atari_steps": 8,
     "atari_rollouts": 1,
-    "script_flags": [
-        "--total-timesteps",
-        "512",
-        "--num-steps",
-        "16",
-        "--update-epochs",
-        "1",
-        "--measure-burnin",
-        "1",
-    ],
+    "script_flags": "--total-timesteps 512 --num-steps 16 --update-epochs 1 --measure-burnin 1",
 }
 WARMUP_CALLS = 5  # loop steps (or rollouts: 1) before a block's clock starts
 WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
@@ -451,7 +443,7 @@ def whole_iteration(args, scripts_dir, timeout=1800):
             str(args.num_envs),
             "--seed",
             str(args.seed),
-            *args.script_flags,
+            *args.script_flags.split(),
             *flags,
         ]
         cmd += ["--compile"] if args.compile else []
@@ -542,7 +534,7 @@ def markdown(result):
             *rows_table(result["atari"]["rows"]),
             "",
             "Whole iterations (rollout + update), each script run once with "
-            f"{' '.join(settings['script_flags'])}:",
+            f"{settings['script_flags']}:",
             "",
             "| script | async batch | sps (after burn-in) | vs twin | sps_wall | steps |",
             "|---|---:|---:|---:|---:|---:|",
@@ -604,71 +596,23 @@ def plot(result, path):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.overlap", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "--step-ms",
-        nargs="+",
-        type=positive_float,
-        help="stand-in step costs d (default: 0.1 1 10)",
-    )
-    parser.add_argument(
-        "--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs"
-    )
-    parser.add_argument("--num-envs", type=positive_int, default=8, help="envs in every design")
-    parser.add_argument(
-        "--async-batch-sizes",
-        nargs="+",
-        type=positive_int,
-        help="async designs' batch sizes (default: envs / 2 and envs / 4; --quick: envs / 2)",
-    )
-    parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
-    parser.add_argument(
-        "--seconds", type=positive_float, help="one stand-in block's length (default: 2)"
-    )
-    parser.add_argument("--skip-atari", action="store_true", help="only the stand-in envs")
-    parser.add_argument("--env-id", default="Breakout-v5", help="the Atari game")
-    parser.add_argument(
-        "--env-threads",
-        type=positive_int,
-        help="envpool's threads in the async designs, here and in the async script's runs "
-        "(default: the script's, one"
-        " fewer than the cores; the sync designs keep envpool's default, as the twin does)",
-    )
-    parser.add_argument(
-        "--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)"
-    )
-    parser.add_argument(
-        "--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)"
-    )
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="torch's intra-op threads, here and in the scripts' runs",
-    )
-    parser.add_argument(
-        "--compile", action="store_true", help="compile the Atari policy; the scripts run --compile"
-    )
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="the Atari policy's device",
-    )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke-run defaults (about a minute in all)"
-    )
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    parser, add = cli.parser("benchmarks.studies.overlap", __doc__, "--seed --out --scripts-dir")
+    add("--step-ms", nargs="+", type=positive_float, help="stand-in step costs (default: 0.1 1 10)")
+    add("--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs")
+    add("--num-envs", type=positive_int, default=8, help="envs in every design")
+    add("--async-batch-sizes", nargs="+", type=positive_int, help="default: envs / 2 and envs / 4")
+    add("--rounds", type=positive_int, help="alternating rounds (default: 5)")
+    add("--seconds", type=positive_float, help="one stand-in block's length (default: 2)")
+    add("--skip-atari", action="store_true", help="only the stand-in envs")
+    add("--env-id", default="Breakout-v5", help="the Atari game")
+    add("--env-threads", type=positive_int, help="envpool's threads, async (default: cores - 1)")
+    add("--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)")
+    add("--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)")
+    add("--threads", type=positive_int, default=1, help="intra-op threads, here and in the runs")
+    add("--compile", action="store_true", help="compile the Atari policy; the scripts too")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="the Atari policy's")
+    add("--quick", action="store_true", help="smoke-run defaults (about a minute in all)")
+    args = cli.parse(parser, argv, QUICK, FULL)
     # the async script's default: the cores this process may use, less one
     if args.env_threads is None:
         args.env_threads = max(1, len(os.sched_getaffinity(0)) - 1)
@@ -681,8 +625,6 @@ def parse_args(argv):
         parser.error(
             f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller"
         )
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
     return args
 
 
@@ -713,12 +655,8 @@ def main(argv=None):
         except BenchmarkError as error:
             note(f"error: {error}")
             return 1
-    paths = write_result(
-        result, args.out, f"overlap-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot
-    )
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    return 0
+    stem = f"overlap-{datetime.now():%Y%m%d-%H%M%S}"
+    return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot))
 
 
 if __name__ == "__main__":

@@ -21,18 +21,18 @@ import statistics
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 
+from benchmarks import cli
+from benchmarks.cli import positive_float, positive_int, values_of
 from benchmarks.machine import machine_info
+from benchmarks.processes import note
 from benchmarks.report import machine_line, write_result
 from benchmarks.scripts import load_script
-from benchmarks.studies.inference import RESULTS, note, positive_float, positive_int
-from benchmarks.studies.rpc_inference import OneLineParser, values_of
 
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")
@@ -328,50 +328,24 @@ def plot(result, path):
 def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before Ray
     starts."""
-    parser = OneLineParser(
-        prog="python -m benchmarks.studies.ray_scaling", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
+    parser, add = cli.parser("benchmarks.studies.ray_scaling", __doc__, "--out", one_line=True)
+    add(
         "--quick",
         action="store_true",
-        help="a tiny budget: d in 0.01,0.001, R in 1,2, fragments of 0.04 s, 0.1 s a cell",
+        help="a tiny budget: d in 0.01,0.001, R in 1,2, 0.1 s a cell",
     )
-    parser.add_argument(
-        "--durations",
-        type=values_of(positive_float),
-        help="step durations d in s (default 0.1,0.01,0.001)",
+    add(
+        "--durations", type=values_of(positive_float), help="step durations d in s (0.1,0.01,0.001)"
     )
-    parser.add_argument(
-        "--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)"
-    )
-    parser.add_argument(
-        "--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy"
-    )
-    parser.add_argument(
-        "--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs"
-    )
-    parser.add_argument(
-        "--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)"
-    )
-    parser.add_argument(
-        "--update-s", type=float, help="the learner's time per iteration, s (default 0.05)"
-    )
-    parser.add_argument(
-        "--seconds", type=positive_float, help="timed seconds per cell (default 1.5)"
-    )
-    parser.add_argument("--timeout", type=positive_float, default=120.0, help="s, any remote call")
-    parser.add_argument(
-        "--ray-address",
-        help="host:port of a running Ray cluster's head (default: a local instance)",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    args = parser.parse_args(argv)
-    budget = QUICK if args.quick else FULL
-    for key, value in budget.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    add("--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)")
+    add("--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy")
+    add("--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs")
+    add("--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)")
+    add("--update-s", type=float, help="the learner's time per iteration, s (default 0.05)")
+    add("--seconds", type=positive_float, help="timed seconds per cell (default 1.5)")
+    add("--timeout", type=positive_float, default=120.0, help="s, any remote call")
+    add("--ray-address", help="host:port of a Ray cluster's head (default: a local instance)")
+    args = cli.parse(parser, argv, QUICK, FULL)
     if unknown := [kind for kind in args.kinds if kind not in KINDS]:
         parser.error(f"--kinds: {', '.join(unknown)} is not one of {', '.join(KINDS)}")
     if args.update_s < 0:

@@ -38,21 +38,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
+from benchmarks import cli
+from benchmarks.cli import conclude, positive_float, positive_int, values_of
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
-from benchmarks.processes import die_with_parent
+from benchmarks.processes import die_with_parent, note
 from benchmarks.report import machine_line, write_result
-from benchmarks.scripts import SCRIPTS, load_script
-from benchmarks.studies.inference import (
-    COMPILE_WARMUP,
-    RESULTS,
-    check_mark,
-    conclude,
-    difference,
-    note,
-    positive_float,
-    positive_int,
-)
+from benchmarks.scripts import load_script
+from benchmarks.studies.inference import COMPILE_WARMUP, check_mark, difference
 
 ENVS = {  # policy -> (the environment its observers step, the answer they step it with)
     "ppo_continuous": ("HalfCheetah-v4", "action"),
@@ -722,22 +715,6 @@ def plot(result, path):
     fig.savefig(path, dpi=100)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, with bad input reported in one line (exit status 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def values_of(kind):
-    """An argparse type: comma-separated values, each parsed by `kind`."""
-
-    def parse(text):
-        return [kind(item) for item in text.split(",")]
-
-    return parse
-
-
 def switch(text):
     """An argparse type: on or off."""
     if text not in SWITCH:
@@ -748,59 +725,23 @@ def switch(text):
 def parse_args(argv):
     """The command line; bad input exits with status 2 and one line naming the flag, before any
     process starts."""
-    parser = OneLineParser(
-        prog="python -m benchmarks.studies.rpc_inference", description=__doc__.split("\n\n")[0]
+    common = "--backend --seed --out --scripts-dir"
+    parser, add = cli.parser("benchmarks.studies.rpc_inference", __doc__, common, one_line=True)
+    add("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
+    add("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
+    add(
+        "--batch", type=values_of(switch), help="off, on or off,on (default: off,on; on if an axis)"
     )
-    parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
-    parser.add_argument(
-        "--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8"
-    )
-    parser.add_argument(
-        "--batch",
-        type=values_of(switch),
-        help="off, on or off,on (default: off,on; on where another flag lists several values)",
-    )
-    parser.add_argument(
-        "--compile", type=values_of(switch), default=[False], help="off, on or off,on"
-    )
-    parser.add_argument(
-        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
-    )
-    parser.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=1,
-        help="runs per policy and axis value, alternating",
-    )
-    parser.add_argument(
-        "--episodes", type=positive_int, default=3, help="timed episodes per observer"
-    )
-    parser.add_argument(
-        "--steps", type=positive_int, default=200, help="steps (action requests) per episode"
-    )
-    parser.add_argument(
-        "--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode"
-    )
-    parser.add_argument(
-        "--check-steps", type=positive_int, default=4, help="answers per observer checked"
-    )
-    parser.add_argument(
-        "--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks"
-    )
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks"
-    )
-    parser.add_argument(
-        "--rpc-timeout", type=positive_float, default=30.0, help="s, each action request"
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=600.0, help="s, one run (setup, episodes, checks)"
-    )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
+    add("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
+    add("--repeats", type=positive_int, default=1, help="runs per policy and axis value")
+    add("--episodes", type=positive_int, default=3, help="timed episodes per observer")
+    add("--steps", type=positive_int, default=200, help="steps (action requests) per episode")
+    add("--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode")
+    add("--check-steps", type=positive_int, default=4, help="answers per observer checked")
+    add("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks")
+    add("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks")
+    add("--rpc-timeout", type=positive_float, default=30.0, help="s, each action request")
+    add("--timeout", type=positive_float, default=600.0, help="s, one run")
     args = parser.parse_args(argv)
     if args.batch is None:
         args.batch = [True] if len(args.observers) > 1 or len(args.compile) > 1 else [False, True]
