@@ -20,7 +20,6 @@ not run, one cut short is stopped. Writes gpu_check.md and gpu_check.json to a n
 `--out-dir`. Exit status 0 when every check passed, 1 otherwise, 2 without a CUDA device.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -34,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import registry
+from benchmarks import cli, registry
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line, optional
+from benchmarks.report import machine_line, optional, table
 from benchmarks.run import BenchmarkError, env_limit_command, parse_summary, result_line
 from benchmarks.scripts import SCRIPTS
 from benchmarks.studies import seeds
@@ -374,13 +373,6 @@ def measured(value, status):
     return f"{value:.0f}" if value is not None else status or "n/a"
 
 
-def table(header, rows, align):
-    """A markdown table: `header`, then `rows`, each a list of cells; `align` has an l (left) or r
-    (right) per column."""
-    lines = [header, ["---:" if side == "r" else "---" for side in align], *rows]
-    return [f"| {' | '.join(cells)} |" for cells in lines]
-
-
 def markdown(result):
     """The report: the machine and settings, each part's time and outcome, each check's, the speed
     table and the seeds table, each timed row beside its env alone."""
@@ -469,19 +461,13 @@ def write(result, out_dir):
 
 
 def parse_args(argv):
-    description = __doc__.split("\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=description)
-    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts")
+    parser, add = cli.parser("benchmarks.gpu_check", __doc__, "--out-dir")
+    add("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts")
     names = [a.name for a in registry.ALGOS]
-    parser.add_argument(
-        "--algos", nargs="+", choices=names, help="only these algorithms' scripts (default: all)"
-    )
-    parser.add_argument("--minutes", type=float, help="the check ends within this (default 8)")
-    parser.add_argument(
-        "--call", type=int, choices=sorted(CALLS), help="one call of a 15-minute lease: its parts"
-    )
-    parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    add("--algos", nargs="+", choices=names, help="only these algorithms' scripts (default: all)")
+    add("--minutes", type=float, help="the check ends within this (default 8)")
+    add("--call", type=int, choices=sorted(CALLS), help="one call of a 15-minute lease: its parts")
+    add("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     args = parser.parse_args(argv)
     if args.call:
         args.only = list(CALLS[args.call])

@@ -18,7 +18,6 @@ return and evaluation, CleanRL's value beside), `<set>-readme.md`, `<set>.json`,
 The sets are in `learning_set`; docs/results.md says how long each run took.
 """
 
-import argparse
 import fcntl
 import json
 import math
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks import plots
+from benchmarks import cli, plots
 from benchmarks.machine import cpu_model, machine_info
 from benchmarks.processes import die_with_parent, kill_tree, note
 from benchmarks.report import machine_line, optional
@@ -540,35 +539,16 @@ def report(plan, out_dir, set_name):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.learning", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--set", choices=SETS, default="default", help="which runs (default: the default set)"
-    )
-    parser.add_argument(
-        "--only",
-        nargs="+",
-        metavar="TEXT",
-        help="run those whose name (script__env__steps__seed) has one, in order",
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    parser.add_argument(
-        "--eval-episodes", type=int, default=10, help="evaluation episodes after each run"
-    )
-    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
-    parser.add_argument(
-        "--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)"
-    )
-    parser.add_argument(
-        "--report", action="store_true", help="only rebuild the report from the summaries present"
-    )
-    parser.add_argument(
-        "--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are"
-    )
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning"
-    )
+    parser, add = cli.parser("benchmarks.learning", __doc__)
+    add("--set", choices=SETS, default="default", help="which runs (default: the default set)")
+    add("--only", nargs="+", metavar="TEXT", help="run those whose name has one, in order")
+    add("--jobs", type=int, default=1, help="runs at a time")
+    add("--eval-episodes", type=int, default=10, help="evaluation episodes after each run")
+    add("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
+    add("--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)")
+    add("--report", action="store_true", help="only rebuild the report from the summaries present")
+    add("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
+    add("--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     args = parser.parse_args(argv)
     for flag in ("jobs", "eval_episodes", "timeout", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:

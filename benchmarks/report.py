@@ -49,12 +49,19 @@ def machine_line(machine):
     return f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {gpu}; {versions}"
 
 
+def table(header, rows, align):
+    """A markdown table's lines: `header`, then `rows`, each a list of cells or a string of cells
+    joined by " | "; `align` has an l (left) or r (right) per column."""
+    rule = " | ".join("---:" if side == "r" else "---" for side in align)
+    return [f"| {r if isinstance(r, str) else ' | '.join(r)} |" for r in [header, rule, *rows]]
+
+
 def optional(value, spec, suffix=""):
     """`value` formatted with `spec` and `suffix`, or "n/a" for None."""
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
-def markdown(table, machine, settings):
+def markdown(table_rows, machine, settings):
     """The table in markdown, headed by the machine and the settings (budget, repeats, seeds, time)
     of the benchmark."""
     seeds = " ".join(map(str, settings["seeds"]))
@@ -63,17 +70,16 @@ def markdown(table, machine, settings):
         f"Budget: {settings['budget']}, {settings['repeats']} repeats per variant (seeds {seeds}), "
         f"started {settings['started']}",
         "",
-        "| algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean | "
-        "runs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in table:
-        lines.append(
-            f"| {r['algo']} | {r['variant']} | {r['sps_median']:.0f} | "
-            f"{r['sps_min']:.0f}-{r['sps_max']:.0f} "
-            f"| {optional(r['vs_eager'], '.2f', 'x')} | {optional(r['env_only_sps'], '.0f')} "
-            f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
-        )
+    header = "algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean"
+    rows = [
+        f"{r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}"
+        f"-{r['sps_max']:.0f} | {optional(r['vs_eager'], '.2f', 'x')}"
+        f" | {optional(r['env_only_sps'], '.0f')} | {optional(r['return_mean'], '.1f')}"
+        f" | {r['runs']}"
+        for r in table_rows
+    ]
+    lines += table(f"{header} | runs", rows, "llrrrrrr")
     return "\n".join(lines) + "\n"
 
 

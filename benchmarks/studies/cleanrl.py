@@ -16,7 +16,6 @@ run from a copy changed by the text substitutions in `patched` (none in the algo
 benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir); a failed run exits 1.
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -28,13 +27,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.report import machine_line, write_result
 from benchmarks.run import BenchmarkError, failure, note
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.seeds import read_summary
 
-ROOT = Path(__file__).resolve().parents[2]
 CLEANRL_COMMIT = "fe8d8a0"
 
 
@@ -309,14 +308,13 @@ def checkout_commit(checkout):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cleanrl", type=Path, required=True, help="a checkout of CleanRL")
-    parser.add_argument("--algos", nargs="+", default=[algo.name for algo in ALGOS])
-    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for one run")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser, add = cli.parser("benchmarks.studies.cleanrl", __doc__, "--out-dir")
+    add("--cleanrl", type=Path, required=True, help="a checkout of CleanRL")
+    add("--algos", nargs="+", default=[algo.name for algo in ALGOS])
+    add("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    add("--rounds", type=int, default=2)
+    add("--quick", action="store_true", help="tiny budgets: a smoke test")
+    add("--timeout", type=float, default=1800, help="seconds for one run")
     return parser.parse_args(argv)
 
 

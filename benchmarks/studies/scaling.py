@@ -14,7 +14,6 @@ of `benchmarks.env_limit` at once. Writes benchmarks/results/scaling-<time>.{jso
 --out-dir); a failed run exits 1.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.plots import save, smooth
 from benchmarks.processes import kill_tree
@@ -240,29 +240,16 @@ def figure(table, runs):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.scaling", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 is always run)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="rounds: runs of each process count")
-    parser.add_argument("--iterations", type=int, default=5, help="iterations of each run")
-    parser.add_argument(
-        "--burnin", type=int, default=2, help="iterations a run leaves out of its sps"
-    )
-    parser.add_argument("--env-id", default="HalfCheetah-v4")
-    parser.add_argument("--num-envs", type=int, default=1, help="envs of each process")
-    parser.add_argument(
-        "--env-seconds", type=float, default=3.0, help="how long to time the envs alone"
-    )
-    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
-    parser.add_argument(
-        "script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile"
-    )
+    parser, add = cli.parser("benchmarks.studies.scaling", __doc__, "--out-dir")
+    add("--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 always runs)")
+    add("--repeats", type=int, default=3, help="rounds: runs of each process count")
+    add("--iterations", type=int, default=5, help="iterations of each run")
+    add("--burnin", type=int, default=2, help="iterations a run leaves out of its sps")
+    add("--env-id", default="HalfCheetah-v4")
+    add("--num-envs", type=int, default=1, help="envs of each process")
+    add("--env-seconds", type=float, default=3.0, help="how long to time the envs alone")
+    add("--timeout", type=float, default=600, help="seconds one run may take")
+    add("script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile")
     args = parser.parse_args(argv)
     if (
         min(args.processes) < 1

@@ -16,7 +16,6 @@ kernels x `--us-per-kernel` / N, an expectation, not a measurement. Writes
 benchmarks/results/seeds[-proxy]-<time>.{json,md,png} (or to --out-dir).
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -30,14 +29,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks import env_limit
+from benchmarks import cli, env_limit
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to its cores
 
 
@@ -604,50 +602,18 @@ def proxy_plot(result, path):
 
 def parse_args(argv):
     names = [algo.name for algo in ALGOS]
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.seeds", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)"
-    )
-    parser.add_argument(
-        "--members", type=int, nargs="+", help="values of N (default 1 2 4 8 16; proxy 1 8 32 128)"
-    )
-    parser.add_argument(
-        "--processes",
-        type=int,
-        nargs="+",
-        help="single-seed processes at once (default 1, cores, N)",
-    )
-    parser.add_argument("--repeats", type=int, default=2, help="rounds of every run")
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny budgets, N = 1 2, one round (proxy: N = 1 2)"
-    )
-    parser.add_argument(
-        "--env-seconds", type=float, default=2.0, help="how long to time each env alone"
-    )
-    parser.add_argument(
-        "--gpu-proxy", action="store_true", help="time acting and the update per member instead"
-    )
-    parser.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="proxy: time the functions eagerly, no kernel count",
-    )
-    parser.add_argument(
-        "--proxy-seconds", type=float, default=2.0, help="proxy: timing per function and N"
-    )
-    parser.add_argument(
-        "--us-per-kernel",
-        type=float,
-        default=3.0,
-        help="proxy: the GPU expectation's cost per kernel",
-    )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help="where the scripts are")
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
+    parser, add = cli.parser("benchmarks.studies.seeds", __doc__, "--scripts-dir --out-dir")
+    add("--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)")
+    add("--members", type=int, nargs="+", help="N (default 1 2 4 8 16; proxy 1 8 32 128)")
+    add("--processes", type=int, nargs="+", help="single-seed processes at once (1, cores, N)")
+    add("--repeats", type=int, default=2, help="rounds of every run")
+    add("--quick", action="store_true", help="tiny budgets, N = 1 2, one round")
+    add("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
+    add("--gpu-proxy", action="store_true", help="time acting and the update per member instead")
+    add("--no-compile", action="store_true", help="proxy: time eagerly, no kernel count")
+    add("--proxy-seconds", type=float, default=2.0, help="proxy: timing per function and N")
+    add("--us-per-kernel", type=float, default=3.0, help="proxy: GPU cost per kernel")
+    add("--timeout", type=float, default=1800, help="seconds one run may take")
     args = parser.parse_args(argv)
     if args.members is None:
         args.members = (

@@ -12,7 +12,6 @@ Budgets are benchmarks.studies.seeds'. Runs are pinned to cores // P cores (`tas
 benchmarks/results/sweeps-<time>.{json,md,png} (or to --out-dir); a failed run exits 1.
 """
 
-import argparse
 import os
 import queue
 import statistics
@@ -20,18 +19,15 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.report import machine_line, write_result
 from benchmarks.run import BenchmarkError, note
-from benchmarks.scripts import SCRIPTS
 from benchmarks.studies.seeds import ALGOS, budget, process_cores, run_together, single_command
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def budget_flags(algo, quick, steps):
@@ -200,26 +196,16 @@ def plot(result, path):
 
 def parse_args(argv):
     names = [algo.name for algo in ALGOS]
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.sweeps", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--algo", choices=names, default="dqn", help="the algorithm (dqn)")
-    parser.add_argument("--flag", default="learning-rate", help="the flag swept (learning-rate)")
-    parser.add_argument(
-        "--values", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3, 3e-3], help="its values"
-    )
-    parser.add_argument("--seeds", type=int, default=2, help="seeds a setting (2)")
-    parser.add_argument("--processes", type=int, default=2, help="single runs at a time (2)")
-    parser.add_argument("--total-timesteps", type=int, help="steps of each member and run")
-    parser.add_argument("--quick", action="store_true", help="the seeds study's tiny budget")
-    parser.add_argument(
-        "--no-compile", action="store_true", help="every run eagerly (a smoke test's speed)"
-    )
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help="where the scripts are")
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
+    parser, add = cli.parser("benchmarks.studies.sweeps", __doc__, "--scripts-dir --out-dir")
+    add("--algo", choices=names, default="dqn", help="the algorithm (dqn)")
+    add("--flag", default="learning-rate", help="the flag swept (learning-rate)")
+    add("--values", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3, 3e-3], help="its values")
+    add("--seeds", type=int, default=2, help="seeds a setting (2)")
+    add("--processes", type=int, default=2, help="single runs at a time (2)")
+    add("--total-timesteps", type=int, help="steps of each member and run")
+    add("--quick", action="store_true", help="the seeds study's tiny budget")
+    add("--no-compile", action="store_true", help="every run eagerly (a smoke test's speed)")
+    add("--timeout", type=float, default=3600, help="seconds one run may take")
     args = parser.parse_args(argv)
     if len(args.values) < 2 or min(args.seeds, args.processes) < 1:
         parser.error("--values needs 2 or more, --seeds and --processes 1 or more")

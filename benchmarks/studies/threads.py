@@ -10,7 +10,6 @@ Runs alternate per script, `--rounds` times per condition, at benchmarks.studies
 Writes benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
 """
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks import report
+from benchmarks import cli, report
 from benchmarks.machine import machine_info
 from benchmarks.run import note
 from benchmarks.studies.seeds import ALGOS, budget, read_summary
@@ -121,21 +120,13 @@ def markdown(result):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", nargs="+", default=[algo.name for algo in ALGOS])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument(
-        "--full", action="store_true", help="the full budgets of benchmarks.studies.seeds"
-    )
-    parser.add_argument(
-        "--busy-ways",
-        nargs="+",
-        default=list(WAYS),
-        type=lambda way: way if way == "default" else int(way),
-        help="the ways run beside the busy core (default: all: default 1 2)",
-    )
-    parser.add_argument("--timeout", type=float, default=900, help="seconds for one run")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser, add = cli.parser("benchmarks.studies.threads", __doc__, "--out-dir")
+    add("--algos", nargs="+", default=[algo.name for algo in ALGOS])
+    add("--rounds", type=int, default=2)
+    add("--full", action="store_true", help="the full budgets of benchmarks.studies.seeds")
+    ways = lambda way: way if way == "default" else int(way)  # noqa: E731
+    add("--busy-ways", nargs="+", default=list(WAYS), type=ways, help="default: default 1 2")
+    add("--timeout", type=float, default=900, help="seconds for one run")
     return parser.parse_args(argv)
 
 
