@@ -52,8 +52,11 @@ def machine_line(machine):
 def table(header, rows, align):
     """A markdown table's lines: `header`, then `rows`, each a list of cells or a string of cells
     joined by " | "; `align` has an l (left) or r (right) per column."""
-    rule = " | ".join("---:" if side == "r" else "---" for side in align)
-    return [f"| {r if isinstance(r, str) else ' | '.join(r)} |" for r in [header, rule, *rows]]
+    rule = "|" + "".join("---:|" if side == "r" else "---|" for side in align)
+    return [
+        rule if r is rule else f"| {r if isinstance(r, str) else ' | '.join(r)} |"
+        for r in [header, rule, *rows]
+    ]
 
 
 def optional(value, spec, suffix=""):

@@ -36,7 +36,7 @@ from benchmarks import cli
 from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
 from benchmarks.processes import note
-from benchmarks.report import optional, write_result
+from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.scripts import load_script
 from benchmarks.studies.inference import Variant, calls_per_block, time_block, warm_up
 
@@ -508,52 +508,36 @@ def tasks(args):
 
 
 def tasks_markdown(result):
-    machine, settings, found = result["machine"], result["settings"], result["tasks"]
+    settings, found = result["settings"], result["tasks"]
     agents = [agent for agent, _, _ in TASK_AGENTS]
     seeds = " ".join(map(str, settings["seeds"]))
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
-        "torch "
-        f"{machine['versions']['torch']}; started {result['started']}, {settings['jobs']} run(s) "
-        "at a time",
+        f"{machine_line(result['machine'])}; started {result['started']}, {settings['jobs']} "
+        "run(s) at a time",
         "",
         "Final return (mean of the episodes that ended in the last tenth of each run, of the last "
-        "20 if none did) "
-        f"over seeds {seeds}: mean ± standard deviation, [fraction of the way from random to the "
-        "best of the three]; "
-        f"random: uniformly random actions, {RANDOM_EPISODES} episodes",
+        f"20 if none did) over seeds {seeds}: mean ± standard deviation, [fraction of the way from "
+        f"random to the best of the three]; random: uniformly random actions, {RANDOM_EPISODES} "
+        "episodes",
         "",
-        "| task | env id | env steps | random | " + " | ".join(agents) + " |",
-        "|---|---|---:|---:|" + "---:|" * len(agents),
     ]
+    rows, speeds = [], []
     for task, cells in found["table"].items():
-        env_id, steps, _ = TASKS[task]
-        text = [
+        env_id, steps = TASKS[task][:2]
+        rows.append([task, env_id, str(settings["task_steps"] or steps)])
+        rows[-1] += [f"{found['random'][task]:.3g}"] + [
             f"{c['mean']:.3g} ± {c['spread']:.2g} [{optional(c['of_best'], '.2f')}]"
             for c in map(cells.get, agents)
         ]
-        steps = settings["task_steps"] or steps
-        lines.append(
-            f"| {task} | {env_id} | {steps} | {found['random'][task]:.3g} | "
-            + " | ".join(text)
-            + " |"
-        )
-    lines += [
-        "",
-        "Speed, env steps per second after burn-in (each eager run's sps: median over its task's "
-        "runs)",
-        "",
-    ]
-    lines += ["| task | " + " | ".join(agents) + " |", "|---|" + "---:|" * len(agents)]
-    for task, cells in found["table"].items():
-        lines.append(
-            f"| {task} | " + " | ".join(optional(cells[a]["sps"], ".0f") for a in agents) + " |"
-        )
+        speeds.append([task] + [optional(cells[a]["sps"], ".0f") for a in agents])
+    lines += table(["task", "env id", "env steps", "random", *agents], rows, "llrr" + "r" * 3)
+    lines += ["", "Speed, env steps per second after burn-in (each eager run's sps: median over "]
+    lines[-1] += "its task's runs)"
+    lines += ["", *table(["task", *agents], speeds, "lrrr")]
     for agent, sps in found["compiled_sps"].items():
-        script = dict(COMPILED)[agent]
         lines.append(
-            f"\n{script} --compile, cartpole-velocity-hidden, {settings['compiled_steps']} steps: "
-            f"{sps:.0f} sps"
+            f"\n{dict(COMPILED)[agent]} --compile, cartpole-velocity-hidden, "
+            f"{settings['compiled_steps']} steps: {sps:.0f} sps"
         )
     return "\n".join(lines) + "\n"
 
@@ -603,78 +587,60 @@ def cell_table(rows, title):
     """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and
     the ratio."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    lines = [
-        title,
-        "",
-        "| T | batch | " + " | ".join(variants) + " |",
-        "|---|---|" + "---|" * len(variants),
-    ]
+    lines = []
     for key in dict.fromkeys((r["batch"], r["steps"]) for r in rows):
         cells = {r["variant"]: r for r in rows if (r["batch"], r["steps"]) == key}
-        text = [
+        lines.append([str(key[1]), str(key[0])])
+        lines[-1] += [
             f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] "
             f"({c['speedup_vs_loop']:.2f}x)"
             if "median_ms" in c
             else f"not exact: off by {c['check']['diff']:.2g} of the scale"
             for c in (cells[v] for v in variants)
         ]
-        lines.append(f"| {key[1]} | {key[0]} | " + " | ".join(text) + " |")
-    return lines
+    return [title, "", *table(["T", "batch", *variants], lines, "ll" + "l" * len(variants))]
 
 
 def learning_table(rows, steps):
     """A markdown table: mean return of the second half of each run, per agent and seed, and their
     mean."""
-    agents = list(dict.fromkeys(r["agent"] for r in rows))
     seeds = list(dict.fromkeys(r["seed"] for r in rows))
-    lines = [
-        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the "
-        "episodes that ended in "
-        "the second half of the run",
-        "",
-        "| agent | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
-        "|---|" + "---|" * (len(seeds) + 1),
-    ]
-    for agent in agents:
+    lines = []
+    for agent in dict.fromkeys(r["agent"] for r in rows):
         values = [
             next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s)
             for s in seeds
         ]
-        lines.append(
-            f"| {agent} | "
-            + " | ".join(f"{v:.1f}" for v in values)
-            + f" | {statistics.mean(values):.1f} |"
-        )
-    return lines
+        lines.append([agent, *(f"{v:.1f}" for v in [*values, statistics.mean(values)])])
+    header = ["agent", *(f"seed {s}" for s in seeds), "mean"]
+    return [
+        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the "
+        "episodes that ended in the second half of the run",
+        "",
+        *table(header, lines, "l" * len(header)),
+    ]
 
 
 def markdown(result):
-    machine, settings = result["machine"], result["settings"]
+    settings, timed = result["settings"], result["models"] or result["candidates"]
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
-        "torch "
-        f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} "
+        f"{machine_line(result['machine'])}; device {result['device']}, {settings['threads']} "
         "intra-op thread(s)",
         f"Started {result['started']}"
         + (
             f"; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms"
-            if result["models"] or result["candidates"]
+            if timed
             else ""
         ),
         "",
     ]
+    what = " ms: median [p10-p90] (speed-up over "
     if result["models"]:
-        lines += cell_table(
-            result["models"],
-            "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up over "
-            "mingru-loop)",
-        ) + [""]
+        title = f"Forward + backward of the sequence model,{what}mingru-loop)"
+        lines += cell_table(result["models"], title) + [""]
     if result["candidates"]:
-        lines += cell_table(
-            result["candidates"],
-            "Scan candidates on bare a, b (forward + backward), ms: median [p10-p90] (speed-up "
-            "over the loop)",
-        ) + [""]
+        title = f"Scan candidates on bare a, b (forward + backward),{what}the loop)"
+        lines += cell_table(result["candidates"], title) + [""]
     if result["learning"]:
         lines += learning_table(result["learning"], settings["learning_steps"]) + [""]
     return "\n".join(lines)
