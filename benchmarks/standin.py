@@ -117,14 +117,14 @@ class StandInEnvs:
     # ---- envpool's API ----
 
     def reset(self, env_id=None):
-        """Start a new game in every env of `env_id` (default."""
+        """Start a new game in every env of `env_id` (default: all); returns (obs, info)."""
         env_id = np.arange(self.num_envs) if env_id is None else np.asarray(env_id)
         self.async_reset(env_id)
         obs, _, _, _, info = self._receive(len(env_id), order=env_id)
         return obs, info
 
     def async_reset(self, env_id=None):
-        """Start a new game in every env of `env_id` (default."""
+        """Start a new game in every env of `env_id` (default: all); `recv` gets their frames."""
         self._send(None, np.arange(self.num_envs) if env_id is None else np.asarray(env_id))
 
     def step(self, actions, env_id=None):

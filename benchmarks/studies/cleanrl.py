@@ -196,7 +196,8 @@ def command(algo, variant, budget, cleanrl_dir):
 
 
 def measure_one(algo, variant, budget, cleanrl_dir, timeout, cwd):
-    """One run's learning-phase sps, its whole run's, and the threads our script ended on (None."""
+    """One run's learning-phase sps, its whole run's, and the threads our script ended on (None:
+    CleanRL's)."""
     cmd = command(algo, variant, budget, cleanrl_dir)
     # CleanRL's imports find cleanrl_utils; no GPU for anyone; each script's own threads
     env = dict(os.environ, PYTHONPATH=str(cleanrl_dir), CUDA_VISIBLE_DEVICES="")

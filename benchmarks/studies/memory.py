@@ -402,7 +402,8 @@ def random_return(env_id, episodes, seed):
 
 
 def task_runs(args):
-    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread."""
+    """Every (task, seed, agent) run, `--jobs` at a time (each run one thread: returns do not
+    depend on timing)."""
     jobs = [
         # a run folder per agent: two runs of one script, seed and task started in the same second
         # share a name

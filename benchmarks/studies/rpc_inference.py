@@ -43,7 +43,7 @@ from benchmarks.cli import conclude, positive_float, positive_int, values_of
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
 from benchmarks.processes import die_with_parent, note
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.scripts import load_script
 from benchmarks.studies.inference import COMPILE_WARMUP, check_mark, difference
 
@@ -635,6 +635,22 @@ def markdown(result):
     first axis value, where the CPU time goes, setup time and checks."""
     axis, settings = result["axis"], result["settings"]
     first = onoff(result["rows"][0]["vs_first"]["axis_value"]) if result["rows"] else "-"
+    key = "policy | observers | batch | compile"
+    metrics, costs = [], []
+    for r in result["rows"]:
+        row = f"{r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])}"
+        metrics.append(
+            f"{row} | {cell(r['agent_latency_ms'], '.2f')} | {cell(r['agent_throughput'], '.0f')}"
+            f" | {cell(r['observer_latency_ms'], '.2f')} | {cell(r['observer_throughput'], '.0f')}"
+        )
+        vs = r["vs_first"]
+        costs.append(
+            f"{row} | {r['served_per_s']:.0f} | {vs['agent_throughput_p50']:.2f}x, "
+            f"{vs['served_per_s']:.2f}x | {r['policy_us_per_request']:.0f} | "
+            f"{r['agent_cpu_us_per_request']:.0f} | {r['observer_cpu_us_per_request']:.0f} | "
+            f"{r['setup_s']:.1f} | {check_mark(r)}"
+        )
+    tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines = [
         machine_line(result["machine"]),
         f"Axis: {axis}; median of {result['arguments']['repeats']} alternating runs; "
@@ -644,40 +660,23 @@ def markdown(result):
         "",
         "p50 / p75 / p90 / p95:",
         "",
-        "| policy | observers | batch | compile | agent latency ms | agent throughput /s | "
-        "observer latency ms "
-        "| observer throughput /s |",
-        "|---|---:|---|---|---:|---:|---:|---:|",
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
-            f"| {cell(r['agent_latency_ms'], '.2f')} | {cell(r['agent_throughput'], '.0f')} "
-            f"| {cell(r['observer_latency_ms'], '.2f')} | {cell(r['observer_throughput'], '.0f')} |"
-        )
-    lines += [
+        *table(
+            f"{key} | agent latency ms | agent throughput /s | observer latency ms | observer "
+            "throughput /s",
+            metrics,
+            "lrll" + "r" * 4,
+        ),
         "",
-        f"| policy | observers | batch | compile | served/s | vs {axis}={first}: agent throughput "
-        "p50, served/s "
-        "| policy µs/request | agent CPU µs/request | observer CPU µs/request | setup s | check |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
-            f"| {r['served_per_s']:.0f} "
-            f"| {r['vs_first']['agent_throughput_p50']:.2f}x, {r['vs_first']['served_per_s']:.2f}x "
-            f"| {r['policy_us_per_request']:.0f} | {r['agent_cpu_us_per_request']:.0f} "
-            f"| {r['observer_cpu_us_per_request']:.0f} | {r['setup_s']:.1f} | {check_mark(r)} |"
-        )
-    tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
-    lines += [
+        *table(
+            f"{key} | served/s | vs {axis}={first}: agent throughput p50, served/s | policy "
+            "µs/request | agent CPU µs/request | observer CPU µs/request | setup s | check",
+            costs,
+            "lrll" + "r" * 6 + "l",
+        ),
         "",
         f"Checks: answers equal the eager policy's on one observation within {tolerance} and "
-        "follow an "
-        "in-place weight update (DIFFERS: they were not equal; STALE: they did not follow). CPU: "
-        "all "
-        "threads of the process, per request; policy: the forward passes alone.",
+        "follow an in-place weight update (DIFFERS: they were not equal; STALE: they did not "
+        "follow). CPU: all threads of the process, per request; policy: the forward passes alone.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -729,9 +728,7 @@ def parse_args(argv):
     parser, add = cli.parser("benchmarks.studies.rpc_inference", __doc__, common, one_line=True)
     add("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
     add("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
-    add(
-        "--batch", type=values_of(switch), help="off, on or off,on (default: off,on; on if an axis)"
-    )
+    add("--batch", type=values_of(switch), help="off, on or off,on (default: off,on)")
     add("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
     add("--repeats", type=positive_int, default=1, help="runs per policy and axis value")
     add("--episodes", type=positive_int, default=3, help="timed episodes per observer")
@@ -761,10 +758,9 @@ def parse_args(argv):
         parser.error(f"--check-steps ({args.check_steps}) cannot exceed --steps ({args.steps})")
     if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
         parser.error(f"--backend {args.backend!r} is not a torch.compile backend")
-    missing = [
+    if missing := [
         p for p in args.policies if not (args.scripts_dir / f"{SPECS[p].script}.py").exists()
-    ]
-    if missing:
+    ]:
         parser.error(f"--policies: no script for {', '.join(missing)} in {args.scripts_dir}")
     args.axis = listed[0] if listed else "batch"
     return args

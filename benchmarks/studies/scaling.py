@@ -14,7 +14,6 @@ of `benchmarks.env_limit` at once. Writes benchmarks/results/scaling-<time>.{jso
 --out-dir); a failed run exits 1.
 """
 
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.plots import save, smooth
 from benchmarks.processes import kill_tree
-from benchmarks.report import machine_line, optional
+from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
 from benchmarks.scripts import SCRIPTS
 
@@ -289,24 +288,13 @@ def main(argv=None):
         key: getattr(args, key)
         for key in ("env_id", "num_envs", "iterations", "burnin", "repeats", "script_flags")
     } | {"seeds": seeds, "started": started.isoformat()}
-    machine = machine_info()
     table = rows(runs, limits)
-    table_md = markdown(table, machine, settings)
-    stamp = f"scaling-{started.strftime('%Y%m%d-%H%M%S')}"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    document = {
-        "settings": settings,
-        "machine": machine,
-        "env_limits": limits,
-        "table": table,
-        "runs": runs,
-    }
-    (args.out_dir / f"{stamp}.json").write_text(json.dumps(document, indent=2) + "\n")
-    (args.out_dir / f"{stamp}.md").write_text(table_md)
-    save(figure(table, runs), args.out_dir / f"{stamp}.png")
-    print(table_md, end="")
-    note(f"wrote {args.out_dir / stamp}.json, .md, .png")
-    return 0
+    document = {"settings": settings, "machine": machine_info(), "env_limits": limits}
+    document |= {"table": table, "runs": runs}
+    render = lambda d: markdown(d["table"], d["machine"], d["settings"])  # noqa: E731
+    draw = lambda d, path: save(figure(d["table"], d["runs"]), path)  # noqa: E731
+    stem = f"scaling-{started:%Y%m%d-%H%M%S}"
+    return cli.conclude(render(document), write_result(document, args.out_dir, stem, render, draw))
 
 
 if __name__ == "__main__":

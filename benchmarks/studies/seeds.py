@@ -204,7 +204,8 @@ def env_only(algo, scripts_dir, members, quick, seconds):
 
 
 def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_seconds, timeout, cwd):
-    """Every run, in order (per algorithm, per round, per N."""
+    """Every run, in order (per algorithm, per round, per N: the seeds script, then each P), and the
+    env-only limits."""
     cores = os.cpu_count() or 1
     runs, limits = [], {}
     for algo in algos:
@@ -636,54 +637,30 @@ def main(argv=None):
         note("benchmark stopped: no algorithm has its scripts on disk")
         return 1
     started = datetime.now()
-    settings = dict(
-        members=args.members, started=started.isoformat(), budget="quick" if args.quick else "full"
-    )
+    budget = "quick" if args.quick else "full"
+    settings = dict(members=args.members, started=started.isoformat(), budget=budget)
+    result = dict(settings=settings, machine=machine_info())
     if args.gpu_proxy:
-        settings |= dict(compiled=not args.no_compile, us_per_kernel=args.us_per_kernel)
-        table = proxy(
-            algos,
-            args.scripts_dir,
-            args.members,
-            not args.no_compile,
-            args.proxy_seconds,
-            args.us_per_kernel,
+        compiled, us = not args.no_compile, args.us_per_kernel
+        settings |= dict(compiled=compiled, us_per_kernel=us)
+        result["table"] = proxy(
+            algos, args.scripts_dir, args.members, compiled, args.proxy_seconds, us
         )
-        result = dict(settings=settings, machine=machine_info(), table=table)
         stem, render, draw = f"seeds-proxy-{started:%Y%m%d-%H%M%S}", proxy_markdown, proxy_plot
     else:
-        settings |= dict(
-            repeats=args.repeats, processes=args.processes, cores=os.cpu_count(), taskset=TASKSET
-        )
+        settings |= dict(repeats=args.repeats, processes=args.processes, cores=os.cpu_count())
+        settings["taskset"] = TASKSET
         runs_dir = args.out_dir / "runs"  # the runs' run folders
         runs_dir.mkdir(parents=True, exist_ok=True)
+        flags = (args.members, args.processes, args.repeats, args.quick, args.env_seconds)
         try:
-            runs, limits = measure(
-                algos,
-                args.scripts_dir,
-                args.members,
-                args.processes,
-                args.repeats,
-                args.quick,
-                args.env_seconds,
-                args.timeout,
-                runs_dir,
-            )
+            runs, limits = measure(algos, args.scripts_dir, *flags, args.timeout, runs_dir)
         except BenchmarkError as error:
             note(f"benchmark stopped: {error}")
             return 1
-        result = dict(
-            settings=settings,
-            machine=machine_info(),
-            env_limits=limits,
-            table=rows(runs, limits),
-            runs=runs,
-        )
+        result |= dict(env_limits=limits, table=rows(runs, limits), runs=runs)
         stem, render, draw = f"seeds-{started:%Y%m%d-%H%M%S}", markdown, plot
-    paths = write_result(result, args.out_dir, stem, render, draw)
-    print(render(result), end="")
-    note("wrote " + ", ".join(str(path) for path in paths))
-    return 0
+    return cli.conclude(render(result), write_result(result, args.out_dir, stem, render, draw))
 
 
 if __name__ == "__main__":
