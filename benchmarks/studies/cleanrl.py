@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks import cli
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.run import BenchmarkError, failure, note
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.seeds import read_summary
@@ -288,16 +288,15 @@ def markdown(result):
         f"{settings['rounds']} alternating round(s), {settings['budget']} budgets, medians of "
         "learning-phase sps.",
         "",
-        "| algo | variant | sps | min-max | vs CleanRL | whole run vs CleanRL | threads |",
-        "|---|---|---:|---:|---:|---:|---|",
     ]
-    for r in result["rows"]:
-        threads = " ".join(map(str, r["threads"])) or "torch's default"
-        lines.append(
-            f"| {r['algo']} | {r['variant']} | {r['sps']:.0f} | {r['min']:.0f}-{r['max']:.0f} | "
-            f"{r['vs_cleanrl']:.2f}x | {r['run_vs_cleanrl']:.2f}x | {threads} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [
+        f"{r['algo']} | {r['variant']} | {r['sps']:.0f} | {r['min']:.0f}-{r['max']:.0f} | "
+        f"{r['vs_cleanrl']:.2f}x | {r['run_vs_cleanrl']:.2f}x | "
+        + (" ".join(map(str, r["threads"])) or "torch's default")
+        for r in result["rows"]
+    ]
+    header = "algo | variant | sps | min-max | vs CleanRL | whole run vs CleanRL | threads"
+    return "\n".join(lines + table(header, rows, "llrrrrl")) + "\n"
 
 
 def checkout_commit(checkout):
@@ -344,9 +343,10 @@ def main(argv=None):
         started=started.isoformat(),
     )
     result = dict(machine=machine_info(), settings=settings, results=results, rows=rows(results))
-    paths = write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown)
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
+    cli.conclude(
+        markdown(result),
+        write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown),
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from benchmarks.env_limit import random_actions
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
 from benchmarks.processes import note
-from benchmarks.report import machine_line, optional, write_result
+from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.run import BenchmarkError, failure, parse_summary
 from benchmarks.scripts import load_script
 from benchmarks.standin import StandInEnvs
@@ -475,34 +475,32 @@ def whole_iteration(args, scripts_dir, timeout=1800):
 def rows_table(rows):
     """Markdown: per case and design, sps (median, min-max), the costs, the bounds and the
     ratios."""
-    lines = [
-        "| case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call "
-        "| E + A or max(E, A) "
-        "bound sps | ratio to bound | pipeline bound sps | ratio to pipeline bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    header = (
+        "case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call"
+    )
+    header += " | E + A or max(E, A) bound sps | ratio to bound | pipeline bound sps | ratio to "
+    rows = [
+        f"{r['case']} | {r['design']} | {r['sps_median']:.0f} ({r['sps_min']:.0f}-"
+        f"{r['sps_max']:.0f}) | {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | "
+        f"{r['acting_ms']:.3g} | {r['bound_sps']:.0f} | {r['ratio_to_bound']:.2f} | "
+        f"{optional(r['pipeline_bound_sps'], '.0f')} | "
+        f"{optional(r['ratio_to_pipeline_bound'], '.2f')}"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['design']} | {r['sps_median']:.0f} "
-            f"({r['sps_min']:.0f}-{r['sps_max']:.0f}) "
-            f"| {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | {r['acting_ms']:.3g} | "
-            f"{r['bound_sps']:.0f} "
-            f"| {r['ratio_to_bound']:.2f} | {optional(r['pipeline_bound_sps'], '.0f')} "
-            f"| {optional(r['ratio_to_pipeline_bound'], '.2f')} |"
-        )
-    return lines
+    return table(header + "pipeline bound", rows, "ll" + "r" * 8)
 
 
 def whole_iteration_table(rows):
-    """Markdown rows: each script run's sps, and its ratio to the twin's (the first row)."""
+    """Markdown: each script run's sps, and its ratio to the twin's (the first row)."""
     twin = rows[0]["sps"]
-    return [
-        f"| {r['script']} | {optional(r['async_batch_size'], 'd')} | {optional(r['sps'], '.0f')} "
+    cells = [
+        f"{r['script']} | {optional(r['async_batch_size'], 'd')} | {optional(r['sps'], '.0f')} "
         f"| {optional(r['sps'] / twin if r['sps'] and twin else None, '.2f', 'x')} | "
-        f"{r['sps_wall']:.0f} "
-        f"| {r['total_timesteps']} |"
+        f"{r['sps_wall']:.0f} | {r['total_timesteps']}"
         for r in rows
     ]
+    header = "script | async batch | sps (after burn-in) | vs twin | sps_wall | steps"
+    return table(header, cells, "lrrrrr")
 
 
 def markdown(result):
@@ -536,8 +534,6 @@ def markdown(result):
             "Whole iterations (rollout + update), each script run once with "
             f"{settings['script_flags']}:",
             "",
-            "| script | async batch | sps (after burn-in) | vs twin | sps_wall | steps |",
-            "|---|---:|---:|---:|---:|---:|",
             *whole_iteration_table(result["atari"]["whole_iteration"]),
             "",
         ]

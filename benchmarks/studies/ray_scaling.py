@@ -28,10 +28,10 @@ import torch
 import torch.nn as nn
 
 from benchmarks import cli
-from benchmarks.cli import positive_float, positive_int, values_of
+from benchmarks.cli import conclude, positive_float, positive_int, values_of
 from benchmarks.machine import machine_info
 from benchmarks.processes import note
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.scripts import load_script
 
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
@@ -272,19 +272,18 @@ def markdown(result):
         machine_line(result["machine"]),
         "",
         f"K = {s['envs_per_runner']} envs per runner (batched designs), fragments of "
-        f"~{s['fragment_s']:g} s of env "
-        f"time, learner stand-in {s['update_s']:g} s per iteration, >= {s['seconds']:g} s per "
-        "cell; one worker's "
-        f"resident memory {result['worker_memory_mib']:.0f} MiB; started {result['started']}",
+        f"~{s['fragment_s']:g} s of env time, learner stand-in {s['update_s']:g} s per iteration, "
+        f">= {s['seconds']:g} s per cell; one worker's resident memory "
+        f"{result['worker_memory_mib']:.0f} MiB; started {result['started']}",
         "",
-        "| env | design | runners | envs | step duration (s) | T | sps | ideal sps | efficiency |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
-            f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%} |"
-        )
+    rows = [
+        f"{r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
+        f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%}"
+        for r in result["rows"]
+    ]
+    header = "env | design | runners | envs | step duration (s) | T | sps | ideal sps | efficiency"
+    lines += table(header, rows, "ll" + "r" * 7)
     return "\n".join(lines) + "\n"
 
 
@@ -371,33 +370,11 @@ def main(argv=None):
         return 1
     finally:
         ray.shutdown()
-    settings = {
-        key: getattr(args, key)
-        for key in (
-            "durations",
-            "runners",
-            "kinds",
-            "envs_per_runner",
-            "fragment_s",
-            "update_s",
-            "seconds",
-            "quick",
-        )
-    }
-    result = {
-        "settings": settings,
-        "machine": machine_info(),
-        "started": started,
-        "worker_memory_mib": memory,
-        "rows": rows,
-        "best": best(rows),
-    }
-    paths = write_result(
-        result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot
-    )
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    return 0
+    keys = "durations runners kinds envs_per_runner fragment_s update_s seconds quick".split()
+    result = {"settings": {key: getattr(args, key) for key in keys}, "machine": machine_info()}
+    result |= {"started": started, "worker_memory_mib": memory, "rows": rows, "best": best(rows)}
+    stem = f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}"
+    return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot))
 
 
 def best(rows):
