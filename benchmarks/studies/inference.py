@@ -31,7 +31,7 @@ from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
 from benchmarks.processes import note
-from benchmarks.report import write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.scripts import load_script
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
@@ -344,49 +344,40 @@ def summary_table(rows):
     """One line per policy and batch size: eager's median latency, then each variant's speed-up over
     eager."""
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
-    lines = [
-        "| policy | batch | eager median µs (p10-p90) | " + " | ".join(variants) + " |",
-        "|---|---:|---:|" + "---:|" * len(variants),
-    ]
     units = {}
     for r in rows:
         units.setdefault((r["policy"], r["batch"]), {})[r["variant"]] = r
+    lines = []
     for (policy, batch), unit in units.items():
         eager = unit["eager"]
-        cells = [f"{unit[v]['speedup_pct']:+.0f}%" if v in unit else "-" for v in variants]
-        span = f"{eager['median_us']:.0f} ({eager['p10_us']:.0f}-{eager['p90_us']:.0f})"
-        lines.append(f"| {policy} | {batch} | {span} | " + " | ".join(cells) + " |")
-    return lines
+        lines.append([policy, str(batch), f"{eager['median_us']:.0f} ({eager['p10_us']:.0f}-"])
+        lines[-1][-1] += f"{eager['p90_us']:.0f})"
+        lines[-1] += [f"{unit[v]['speedup_pct']:+.0f}%" if v in unit else "-" for v in variants]
+    header = ["policy", "batch", "eager median µs (p10-p90)", *variants]
+    return table(header, lines, "l" + "r" * (len(header) - 1))
 
 
 def full_table(rows):
     """One line per policy, batch size and variant: latency, throughput, speed-up, setup time and
     checks."""
     lines = [
-        "| policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager | "
-        "setup s | check |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        f"{r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}"
+        f"-{r['p90_us']:.0f} | {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | "
+        + ("-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%")
+        + f" | {r['setup_s']:.1f} | {check_mark(r)}"
+        for r in rows
     ]
-    for r in rows:
-        vs = "-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%"
-        lines.append(
-            f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} "
-            f"| {r['p10_us']:.0f}-{r['p90_us']:.0f} "
-            f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | "
-            f"{check_mark(r)} |"
-        )
-    return lines
+    header = "policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager"
+    return table(f"{header} | setup s | check", lines, "lrlrrrrrrl")
 
 
 def markdown(result):
     """The result in markdown: the machine, device and settings, the speed-up summary, then the full
     table."""
-    machine, settings = result["machine"], result["settings"]
-    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
+    settings = result["settings"]
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
-        f"{versions}",
+        machine_line(result["machine"]),
         f"Device: {result['device']}; {settings['rounds']} alternating rounds; started "
         f"{result['started']}",
         "",
