@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from benchmarks import cli, env_limit
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
-from benchmarks.report import machine_line, optional, write_result
+from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
 from benchmarks.scripts import load_script
 
@@ -307,23 +307,20 @@ def markdown(result):
         f"{settings['cores']} cores, a thread per core (taskset: {settings['taskset']}); started "
         f"{settings['started']}",
         "",
-        "| algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only "
-        "sps | every run (sps) "
-        "| return |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for r in result["table"]:
-        every = ", ".join(
+    rows = [
+        f"{r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | "
+        f"{r['best'] or 'n/a'} | {optional(r['best_sps'], '.0f')} | "
+        f"{optional(r['vs_best'], '.2f', 'x')} | {r['env_only_sps']:.0f} | "
+        + ", ".join(
             f"{v}: {sps:.0f}" for v, sps in (r["seeds_variants"] | r["processes_sps"]).items()
         )
-        lines.append(
-            f"| {r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | "
-            f"{r['best'] or 'n/a'} | "
-            f"{optional(r['best_sps'], '.0f')} | {optional(r['vs_best'], '.2f', 'x')} | "
-            f"{r['env_only_sps']:.0f} | "
-            f"{every} | {optional(r['return_mean'], '.1f')} |"
-        )
-    return "\n".join(lines) + "\n"
+        + f" | {optional(r['return_mean'], '.1f')}"
+        for r in result["table"]
+    ]
+    header = "algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only "
+    header += "sps | every run (sps) | return"
+    return "\n".join(lines + table(header, rows, "lrrrrrrlr")) + "\n"
 
 
 def plot(result, path):
@@ -557,22 +554,18 @@ def proxy_markdown(result):
         f"Compiled: {settings['compiled']}, one thread; the GPU column is unmeasured: kernels x "
         f"{settings['us_per_kernel']} us / N; started {settings['started']}",
         "",
-        "| algo | function | N | us a call | us per member | MFLOP per member | matmul bound / "
-        "time | ATen ops "
-        "| matmuls | fused kernels | kernels | GPU us per member (unmeasured) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["table"]:
-        lines.append(
-            f"| {r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | "
-            f"{r['us_per_member']:.1f} | "
-            f"{optional(r.get('mflop_per_member'), '.2f')} | "
-            f"{optional(r.get('matmul_bound_share'), '.2f')} | "
-            f"{r['aten_ops']} | {r['matmuls']} | {optional(r['fused_kernels'], 'd')} | "
-            f"{r['kernels']} | "
-            f"{r['gpu_us_per_member_unmeasured']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [
+        f"{r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | "
+        f"{r['us_per_member']:.1f} | {optional(r.get('mflop_per_member'), '.2f')} | "
+        f"{optional(r.get('matmul_bound_share'), '.2f')} | {r['aten_ops']} | {r['matmuls']} | "
+        f"{optional(r['fused_kernels'], 'd')} | {r['kernels']} | "
+        f"{r['gpu_us_per_member_unmeasured']:.2f}"
+        for r in result["table"]
+    ]
+    header = "algo | function | N | us a call | us per member | MFLOP per member | matmul bound / "
+    header += "time | ATen ops | matmuls | fused kernels | kernels | GPU us per member (unmeasured)"
+    return "\n".join(lines + table(header, rows, "ll" + "r" * 10)) + "\n"
 
 
 def proxy_plot(result, path):

@@ -99,23 +99,22 @@ def rows(results, chosen=None):
 def markdown(result):
     """The table; results without the default (before threads were measured) in their own form."""
     default = all("default" in r for r in result["rows"])
-    head = "| condition | script | sps, 1 thread | sps, 2 threads | 2 / 1 |"
-    extra = " sps, default | default / best | default ended on |" if default else ""
-    lines = [
-        f"{report.machine_line(result['machine'])}; {result['settings']['rounds']} round(s), "
-        "medians.",
-        "",
-        head + extra,
-        "|---|---|---:|---:|---:|" + ("---:|---:|---|" if default else ""),
-    ]
+    header = "condition | script | sps, 1 thread | sps, 2 threads | 2 / 1"
+    rows = []
     for r in result["rows"]:
         one, two = ("-" if r[k] is None else f"{r[k]:.0f}" for k in ("one", "two"))
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        line = f"| {r['condition']} | {r['script']} | {one} | {two} | {ratio} |"
+        rows.append([r["condition"], r["script"], one, two, ratio])
         if default:
-            ended = " ".join(map(str, r["chosen"]))
-            line += f" {r['default']:.0f} | {r['vs_best']:.2f}x | {ended} |"
-        lines.append(line)
+            rows[-1] += [
+                f"{r['default']:.0f}",
+                f"{r['vs_best']:.2f}x",
+                " ".join(map(str, r["chosen"])),
+            ]
+    if default:
+        header += " | sps, default | default / best | default ended on"
+    head = f"{report.machine_line(result['machine'])}; {result['settings']['rounds']} round(s), "
+    lines = [head + "medians.", "", *report.table(header, rows, "llrrr" + "rrl" * default)]
     return "\n".join(lines) + "\n"
 
 
