@@ -67,13 +67,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.env_limit", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up"
-    )
-    parser.add_argument("script", type=Path, help="a training script, e.g. leanrl/dqn.py")
-    parser.add_argument(
-        "flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)"
-    )
+    add = parser.add_argument
+    add("--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up")
+    add("script", type=Path, help="a training script, e.g. leanrl/dqn.py")
+    add("flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)")
     args = parser.parse_args(argv)
     print("ENV_ONLY " + json.dumps(measure(args.script, args.flags, args.seconds)), flush=True)
 

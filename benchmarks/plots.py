@@ -155,9 +155,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.plots", description="the learning curve of one run"
     )
-    parser.add_argument("summary", type=Path, help="the run's runs/<run_name>/summary.json")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    parser.add_argument("--baseline", type=float, help="a random policy's return, drawn dashed")
+    add = parser.add_argument
+    add("summary", type=Path, help="the run's runs/<run_name>/summary.json")
+    add("--out", type=Path, required=True, help="the PNG to write")
+    add("--baseline", type=float, help="a random policy's return, drawn dashed")
     args = parser.parse_args(argv)
     try:
         summary = read_summary(args.summary)

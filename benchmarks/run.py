@@ -218,32 +218,21 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)"
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)")
+    add("--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)")
+    add(
         "--seeds",
         type=int,
         nargs="+",
         default=[1, 2, 3],
         help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]",
     )
-    parser.add_argument(
-        "--env-seconds", type=float, default=2.0, help="how long to time each env alone"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="the small budget of each algorithm (default: full)"
-    )
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    parser.add_argument(
-        "--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are"
-    )
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
+    add("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
+    add("--quick", action="store_true", help="the small budget of each algorithm (default: full)")
+    add("--timeout", type=float, default=3600, help="seconds one run may take")
+    add("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
+    add("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")

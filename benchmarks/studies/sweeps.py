@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.run import BenchmarkError, note
 from benchmarks.studies.seeds import ALGOS, budget, process_cores, run_together, single_command
 
@@ -163,12 +163,13 @@ def markdown(result):
         f"Budget: {settings['budget']}; {r['seeds']} seeds a setting; the runs {r['processes']} "
         f"at a time; started {settings['started']}",
         "",
-        f"| {r['flag']} | sweep: mean final return | runs: mean final return |",
-        "|---:|---:|---:|",
     ]
-    for value, sweep, runs in zip(r["values"], r["sweep_means"], r["run_means"]):
-        cells = ["n/a" if x is None else f"{x:.1f}" for x in (sweep, runs)]
-        lines.append(f"| {value:g} | {cells[0]} | {cells[1]} |")
+    rows = [
+        [f"{value:g}", *("n/a" if x is None else f"{x:.1f}" for x in (sweep, runs))]
+        for value, sweep, runs in zip(r["values"], r["sweep_means"], r["run_means"])
+    ]
+    header = f"{r['flag']} | sweep: mean final return | runs: mean final return"
+    lines += table(header, rows, "rrr")
     spearman = "n/a" if r["spearman"] is None else f"{r['spearman']:.2f}"
     lines += [
         "",
@@ -227,10 +228,7 @@ def main(argv=None):
     settings["steps"] = args.total_timesteps
     result = dict(settings=settings, machine=machine_info(), table=table)
     stem = f"sweeps-{started:%Y%m%d-%H%M%S}"
-    paths = write_result(result, args.out_dir, stem, markdown, plot)
-    print(markdown(result), end="")
-    note("wrote " + ", ".join(str(path) for path in paths))
-    return 0
+    return cli.conclude(markdown(result), write_result(result, args.out_dir, stem, markdown, plot))
 
 
 if __name__ == "__main__":
