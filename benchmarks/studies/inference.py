@@ -44,8 +44,7 @@ COMPILE_WARMUP, GRAPH_WARMUP = 3, 2
 
 @dataclass
 class Variant:
-    """One way to run a policy: `fn` is called as the script calls its policy; `warmup` calls are
-    untimed."""
+    """One way to run a policy, called as the script calls it; `warmup` calls untimed."""
 
     name: str
     fn: Callable
@@ -106,8 +105,7 @@ def sync(cuda):
 
 
 def warm_up(variant, obs, cuda):
-    """Run `variant`'s warm-up calls; returns their wall time in seconds (compile, capture and first
-    calls)."""
+    """Run `variant`'s warm-up calls; their wall time in seconds (compile, capture)."""
     start = time.perf_counter()
     for _ in range(variant.warmup):
         variant.fn(obs)
@@ -128,8 +126,7 @@ def time_block(fn, obs, calls, cuda):
 
 
 def cuda_block(fn, obs, calls):
-    """Latencies of `calls` calls timed with CUDA events, synchronizing after each call as a script
-    does."""
+    """Latencies of `calls` calls timed with CUDA events, synchronizing after each."""
     latencies = []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -142,8 +139,7 @@ def cuda_block(fn, obs, calls):
 
 
 def calls_per_block(latency, block_s, min_calls=2, max_calls=5000):
-    """How many calls of `latency` seconds fill a block of `block_s` seconds, within [min_calls,
-    max_calls]."""
+    """How many calls of `latency` s fill `block_s` s, within [min_calls, max_calls]."""
     return max(min_calls, min(max_calls, math.ceil(block_s / max(latency, 1e-9))))
 
 
@@ -158,8 +154,7 @@ def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
 
 
 def detached(outputs):
-    """The outputs as clones on the CPU (a CUDA graph overwrites its output buffers at the next
-    replay)."""
+    """The outputs cloned to the CPU (a CUDA graph overwrites its outputs at each replay)."""
     return {name: tensor.detach().clone().cpu() for name, tensor in outputs.items()}
 
 
@@ -209,8 +204,7 @@ def check_after_update(spec, source, variants, obs, before, rtol, atol):
 
 
 def latency_stats(latencies, batch):
-    """Median, p10 and p90 latency in µs, calls/s and samples/s (over the total time of all timed
-    calls)."""
+    """Median, p10 and p90 latency in µs, calls/s and samples/s."""
     deciles = statistics.quantiles(latencies, n=10, method="inclusive")
     calls_s = len(latencies) / sum(latencies)
     return {
@@ -271,8 +265,7 @@ def bench_unit(spec, script, batch, args, device):
 
 
 def available(names, scripts_dir):
-    """The specs among `names` whose script exists in `scripts_dir`, and a skip note for each one
-    missing."""
+    """The specs among `names` whose script exists, and a skip note for each one missing."""
     ready, skipped = [], []
     for name in names:
         spec = SPECS[name]
@@ -341,8 +334,7 @@ def check_mark(row):
 
 
 def summary_table(rows):
-    """One line per policy and batch size: eager's median latency, then each variant's speed-up over
-    eager."""
+    """Per policy and batch size: eager's median latency, each variant's speed-up."""
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
     units = {}
     for r in rows:
@@ -358,8 +350,7 @@ def summary_table(rows):
 
 
 def full_table(rows):
-    """One line per policy, batch size and variant: latency, throughput, speed-up, setup time and
-    checks."""
+    """Per policy, batch size and variant: latency, throughput, speed-up, setup, checks."""
     lines = [
         f"{r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}"
         f"-{r['p90_us']:.0f} | {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | "
@@ -372,8 +363,7 @@ def full_table(rows):
 
 
 def markdown(result):
-    """The result in markdown: the machine, device and settings, the speed-up summary, then the full
-    table."""
+    """The machine, device and settings, the speed-up summary, then the full table."""
     settings = result["settings"]
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines = [

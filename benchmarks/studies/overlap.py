@@ -99,8 +99,7 @@ def async_loop(envs, act):
 
 
 def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter):
-    """Env steps per second of `step()` (which returns the env steps it took), called for `seconds`
-    after `warmup` calls."""
+    """Env steps per second of `step()` (returns its env steps) over `seconds`."""
     for _ in range(warmup):
         step()
     env_steps, start = 0, clock()
@@ -110,8 +109,7 @@ def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter
 
 
 def acting_step(act, frames, cuda=False):
-    """A step function for `steps_per_second`: the policy `act` on `frames` once (no autograd; on
-    CUDA, waited for)."""
+    """A step for `steps_per_second`: `act` on `frames` once (no grad; CUDA waited for)."""
 
     def step():
         with torch.no_grad():
@@ -134,9 +132,7 @@ def rollouts_block(one, rollouts):
 
 
 def alternate(blocks, rounds):
-    """Each block's rates over `rounds` rounds, the blocks (named functions that time one block and
-    return its rate) taking turns in an order rotated each round, so that a noisy machine hits each
-    alike."""
+    """Each block's rates over `rounds` rounds, the blocks' order rotated each round."""
     names, rates = list(blocks), {name: [] for name in blocks}
     for r in range(rounds):
         k = r % len(names)
@@ -194,8 +190,7 @@ def design_rows(case, plan, num_envs, rates, pipeline=True):
 
 
 def summarize(row, sps):
-    """`row` with the blocks' `sps`, their median, min and max, and the median's ratio to the
-    bounds."""
+    """`row` with its blocks' sps, their median, min and max, and the ratios to the bounds."""
     median = statistics.median(sps)
     row |= {"sps": sps, "sps_median": median, "sps_min": min(sps), "sps_max": max(sps)}
     row["ratio_to_bound"] = median / row["bound_sps"]
@@ -252,8 +247,7 @@ def fixed_actions(obs):
 
 
 def standin_case(step_ms, args, act, frames):
-    """One step cost d: the rollout, env-only and acting blocks of every design, alternated over
-    rounds."""
+    """One step cost d: every design's rollout, env-only and acting blocks, alternated."""
     plan = designs(args.num_envs, args.async_batch_sizes)
 
     def pool(batch):  # a thread per env in every design, so that all envs can step at once in each
@@ -310,8 +304,7 @@ def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, 
 
 
 def storage(rows, envs, device):
-    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs] of uint8 frames, actions
-    and floats."""
+    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs]."""
     shape = (rows, envs.num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     rollout = TensorDict(
@@ -325,8 +318,7 @@ def storage(rows, envs, device):
 
 
 def twin_rollouts(twin, num_steps, envs, policy, get_value, device):
-    """A function that runs one rollout phase of the twin per call (its loop, then the bootstrap
-    value it computes after the loop) and returns its env steps."""
+    """A function that runs one rollout phase of the twin and returns its env steps."""
     rollout = storage(num_steps, envs, device)
     next_obs = torch.from_numpy(envs.reset()[0])
     game_returns = np.zeros(envs.num_envs)
@@ -363,8 +355,7 @@ def async_rollouts(module, num_steps, envs, policy, get_value, device):
 
 
 def atari_policy(twin, agent_args, n_act, device, compile_policy):
-    """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and
-    value function on a fresh agent, the same for both designs."""
+    """The twin's acting policy and value function on a fresh agent, for both designs."""
     learner = twin.make_learner(agent_args, n_act, device)
     policy, get_value = learner.policy, learner.get_value
     return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
@@ -381,8 +372,7 @@ def random_actions_of(envs, seed):
 
 
 def atari(args, device, scripts_dir):
-    """Rows of the twin's and the async script's rollout phase, with the env-only and acting costs
-    and bounds."""
+    """Rows of the twin's and the async script's rollout phases, with costs and bounds."""
     twin, asynchronous = load_script(TWIN, scripts_dir), load_script(ASYNC, scripts_dir)
     plan = designs(args.num_envs, args.async_batch_sizes)
     agent_args = twin.Args(
@@ -473,8 +463,7 @@ def whole_iteration(args, scripts_dir, timeout=1800):
 
 
 def rows_table(rows):
-    """Markdown: per case and design, sps (median, min-max), the costs, the bounds and the
-    ratios."""
+    """Markdown: per case and design, sps, the costs, the bounds and the ratios."""
     header = (
         "case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call"
     )

@@ -113,8 +113,7 @@ class Batcher:
         return row
 
     def _run(self):
-        """Answer the full batch, in slot order; returns its Future and outputs, and opens the next
-        batch."""
+        """Answer the full batch in slot order; returns its Future and outputs; opens the next."""
         batch = torch.stack([self.pending[slot] for slot in range(self.slots)])
         start = time.perf_counter()
         outputs = self.answer(batch)
@@ -126,8 +125,7 @@ class Batcher:
 
 
 def take_row(outputs, row):
-    """Row `row` of every output, copied, so that RPC sends the row and not the batch's whole
-    storage."""
+    """Row `row` of every output, copied: RPC then sends the row, not the batch's storage."""
     return {name: tensor[row].clone() for name, tensor in outputs.items()}
 
 
@@ -172,15 +170,13 @@ class AgentServer:
         return self.setup_s
 
     def take_batches(self):
-        """The batches answered since the last call (Batcher.batches) and the CPU seconds this
-        process used meanwhile, all its threads; starts a new record."""
+        """The batches answered and this process's CPU seconds since the last call."""
         batches, self.batcher.batches = self.batcher.batches, []
         cpu_mark, self.cpu_mark = self.cpu_mark, time.process_time()
         return batches, self.cpu_mark - cpu_mark
 
     def reference(self, observations):
-        """The eager policy's answer to each observation alone (a batch of one), as the check's
-        reference."""
+        """The eager policy's answer to each observation alone: the check's reference."""
         with torch.no_grad():
             return [
                 take_row(self.answer(self.built.act, obs.unsqueeze(0)), 0) for obs in observations
@@ -193,8 +189,7 @@ class AgentServer:
 
 @rpc.functions.async_execution
 def request_action(agent_rref, observer, obs):
-    """Runs on the agent: the Future of `observer`'s answer for `obs` (async: batched requests hold
-    no thread)."""
+    """On the agent: the Future of `observer`'s answer (async: a wait holds no thread)."""
     return agent_rref.local_value().act(observer, obs)
 
 
@@ -211,8 +206,7 @@ class Observer:
         self.seed = seed
 
     def ask(self, agent_rref, obs, step):
-        """The agent's answer to `obs`; a timeout or a lost agent raises one line naming this
-        observer."""
+        """The agent's answer to `obs`; a timeout or a lost agent raises one line naming us."""
         try:
             return rpc.rpc_sync(
                 agent_rref.owner(),
@@ -227,8 +221,7 @@ class Observer:
             ) from None
 
     def env_action(self, answer):
-        """The answer as an action the environment takes (continuous actions clipped to its
-        bounds)."""
+        """The answer as an action the environment takes (continuous ones clipped)."""
         action = answer[self.action_key]
         if action.dim() == 0:
             return int(action)
@@ -286,8 +279,7 @@ def wait_each(futures, names):
 
 
 def run_episodes(observers, agent, steps, record, timeout):
-    """Every observer runs one episode at once; returns their run_episode results, in observer
-    order."""
+    """Every observer runs one episode at once; their run_episode results, in order."""
     futures = [ob.rpc_async(timeout=timeout).run_episode(agent, steps, record) for ob in observers]
     return wait_each(futures, [ob.owner().name for ob in observers])
 
@@ -301,8 +293,7 @@ def probe(observers, agent, observations, timeout):
 
 
 def compare(answers, references, rtol, atol):
-    """(ok, worst difference) of served answers against their references, both lists of dicts of
-    tensors."""
+    """(ok, worst difference) of served answers against their references (dicts of tensors)."""
     results = [difference(got, ref, rtol, atol) for got, ref in zip(answers, references)]
     return all(ok for ok, _ in results), max(worst for _, worst in results)
 
@@ -422,8 +413,7 @@ def start_barrier(port, world_size, timeout_s):
 
 
 def process_main(name, rank, world_size, port, config, settings, log_path, result_path):
-    """Every process of a run: quiet to a log, one intra-op thread, loopback only; join the RPC
-    world; the coordinator does the run and writes its record (or its error) to `result_path`."""
+    """Every process of a run: logs, one thread, loopback, the RPC world, the record."""
     die_with_parent()
     # Ctrl-C is the launcher's to handle: it kills every process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -571,8 +561,7 @@ def run_one(config, settings, log_dir):
 
 
 def combine(runs, axis):
-    """One row per policy and axis value: the median over its repeats of every metric (of each
-    percentile for the four distributions); its checks pass only if every repeat's did."""
+    """One row per policy and axis value: medians over its repeats; checks pass if all did."""
     groups = {}
     for run in runs:
         groups.setdefault((run["policy"], run[axis]), []).append(run)
@@ -604,8 +593,7 @@ def combined(group):
 
 
 def add_speedups(runs, axis):
-    """Add to each run its agent throughput (p50) and served/s as multiples of the same policy's
-    run at the first axis value."""
+    """Add to each run its p50 agent throughput and served/s over the first axis value's."""
     first = {}
     for run in runs:
         first.setdefault(run["policy"], run)
@@ -682,8 +670,7 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Agent throughput (p50), served/s and observer latency (p50) against the axis, one line per
-    policy."""
+    """Agent throughput, served/s and observer latency (p50s) against the axis, per policy."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -722,8 +709,7 @@ def switch(text):
 
 
 def parse_args(argv):
-    """The command line; bad input exits with status 2 and one line naming the flag, before any
-    process starts."""
+    """The command line; bad input exits 2 with one line, before any process starts."""
     common = "--backend --seed --out --scripts-dir"
     parser, add = cli.parser("benchmarks.studies.rpc_inference", __doc__, common, one_line=True)
     add("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
@@ -767,8 +753,7 @@ def parse_args(argv):
 
 
 def plan(args):
-    """One config per policy, repeat and axis value: per policy, the axis values alternate, repeat
-    after repeat, so that a noisy machine hits them alike."""
+    """One config per policy, repeat and axis value, the axis values alternating."""
     fixed = {axis: getattr(args, axis)[0] for axis in AXES}
     return [
         {"policy": policy, **fixed, args.axis: value, "repeat": repeat}
@@ -779,8 +764,7 @@ def plan(args):
 
 
 def settings_of(args):
-    """What every process of a run needs to know, as plain values (they cross process
-    boundaries)."""
+    """What every process of a run needs to know, as plain values."""
     keys = (
         "backend",
         "episodes",
@@ -797,8 +781,7 @@ def settings_of(args):
 
 
 def failed_checks(runs):
-    """One line per run whose answers differed from the unbatched eager ones or did not follow a
-    weight update."""
+    """One line per run whose answers differed from eager's or ignored a weight update."""
     lines = []
     for run in runs:
         if not run["check_equal"]["ok"]:

@@ -134,8 +134,7 @@ def process_cores(index, at_once, cores):
 
 
 def single_command(algo, scripts_dir, seed, quick, cores):
-    """One single-seed run with its environment: pinned to `cores` (where `taskset` exists), as many
-    threads."""
+    """One single-seed run and its environment: pinned to `cores`, as many threads."""
     cmd = [
         sys.executable,
         str(scripts_dir / f"{algo.single}.py"),
@@ -197,8 +196,7 @@ def waves_sps(summaries, at_once):
 
 
 def env_only(algo, scripts_dir, members, quick, seconds):
-    """The env-only sps of the seeds script's vector env for `members` members, stepped with random
-    actions (`benchmarks.env_limit`)."""
+    """The env-only sps of the seeds script's vector env for `members` members."""
     flags = [*budget(algo, quick), "--num-seeds", str(members)]
     return env_limit.measure(scripts_dir / f"{algo.script}.py", flags, seconds)
 
@@ -324,8 +322,7 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Aggregate sps against N, per algorithm: the seeds script, the best multi-process run, the
-    env-only limit."""
+    """Aggregate sps against N per algorithm: seeds script, best processes, env-only limit."""
     algos = list(dict.fromkeys(r["algo"] for r in result["table"]))
     figure = Figure(figsize=(4.5 * len(algos), 3.8), layout="constrained")
     for ax, algo in zip(figure.subplots(1, len(algos), squeeze=False)[0], algos):
@@ -351,8 +348,7 @@ def plot(result, path):
 
 
 def dqn_proxy(module, members):
-    """DQN's vmapped torch policy and update for `members` members (CartPole's sizes, a batch of 128
-    per member)."""
+    """DQN's vmapped policy and update for `members` members (CartPole, batch 128)."""
     import torch
 
     args = module.Args(num_seeds=members)
@@ -488,8 +484,7 @@ def graph_size(fn, inputs, compiled):
 
 
 def flops(fn, inputs):
-    """The floating-point operations of one call of `fn(*inputs)`, as torch's FlopCounterMode counts
-    them (matmuls)."""
+    """The floating-point operations of one call of `fn(*inputs)` (FlopCounterMode)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
