@@ -35,21 +35,18 @@ STDERR_TAIL_LINES = 20
 
 
 class BenchmarkError(RuntimeError):
-    """A run that failed: one line naming the script, its flags and what went wrong, then its
-    stderr's tail."""
+    """A run that failed: one line naming the script, flags and cause; stderr's tail."""
 
 
 def missing_scripts(algo, scripts_dir):
-    """The paths of `algo`'s scripts (eager, twin, and CPU where it has one) that are not in
-    `scripts_dir`."""
+    """The paths of `algo`'s scripts that are not in `scripts_dir`."""
     stems = {algo.script(variant) for variant in VARIANTS if algo.runs(variant)}
     paths = [scripts_dir / f"{stem}.py" for stem in sorted(stems)]
     return [path for path in paths if not path.exists()]
 
 
 def runnable(algos, scripts_dir):
-    """The algorithms whose scripts both exist; each skipped one gets a note naming what is
-    missing."""
+    """The algorithms whose scripts all exist; a note names what each other one misses."""
     ready = []
     for algo in algos:
         missing = missing_scripts(algo, scripts_dir)
@@ -61,8 +58,7 @@ def runnable(algos, scripts_dir):
 
 
 def round_seeds(repeats, seeds):
-    """The seed of each of `repeats` rounds: `seeds` cycled, round r gets `seeds[r %
-    len(seeds)]`."""
+    """The seed of each of `repeats` rounds: round r gets `seeds[r % len(seeds)]`."""
     return [seeds[repeat % len(seeds)] for repeat in range(repeats)]
 
 
@@ -84,8 +80,7 @@ def budget_flags(algo, quick, seed):
 
 
 def command(algo, variant, scripts_dir, quick, seed):
-    """The command line of one run: the variant's script, the budget's flags and seed, then the
-    variant's flags."""
+    """One run's command: the variant's script, the budget's flags, seed, variant's flags."""
     stem = algo.script(variant)
     flags = [
         *budget_flags(algo, quick, seed),
@@ -96,8 +91,7 @@ def command(algo, variant, scripts_dir, quick, seed):
 
 
 def env_limit_command(algo, scripts_dir, quick, seed, seconds):
-    """The command line that times `algo`'s environment alone, as its eager script builds it under
-    the budget."""
+    """The command that times `algo`'s environment alone under the budget."""
     script = scripts_dir / f"{algo.eager}.py"
     return [
         sys.executable,
@@ -111,8 +105,7 @@ def env_limit_command(algo, scripts_dir, quick, seed, seconds):
 
 
 def failure(cmd, reason, stderr=""):
-    """A BenchmarkError whose first line is the command (scripts by file name) and `reason`,
-    followed by `stderr`'s tail."""
+    """A BenchmarkError: the command (scripts by file name) and `reason`, then stderr's tail."""
     words = [Path(word).name if word.endswith(".py") else word for word in cmd[1:]]
     tail = stderr.strip().splitlines()[-STDERR_TAIL_LINES:]
     return BenchmarkError("\n".join([f"{shlex.join(words)} {reason}", *tail]))
@@ -178,8 +171,7 @@ def run_one(cmd, timeout):
 
 
 def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
-    """Each algorithm's env-only throughput (the `ENV_ONLY` object of `benchmarks.env_limit`), by
-    name."""
+    """Each algorithm's env-only throughput (`benchmarks.env_limit`'s ENV_ONLY), by name."""
     limits = {}
     for algo in algos:
         cmd = env_limit_command(algo, scripts_dir, quick, seed, seconds)

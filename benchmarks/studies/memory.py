@@ -83,8 +83,7 @@ RANDOM_EPISODES = 200
 
 
 def hillis_steele_scan(a, b, h0):
-    """log2(T) rounds; in the round with shift s every (a_t, b_t) composes with the pair s steps
-    before it."""
+    """log2(T) rounds; with shift s each (a_t, b_t) composes with the pair s before."""
     b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]])
     shift = 1
     while shift < len(a):
@@ -132,8 +131,7 @@ def candidates(loop, chunked):
 
 
 def sequence_inputs(steps, batch, seed, device):
-    """Observations [T, B, N_OBS] and episode starts [T, B] (about START_PROB of the steps), from
-    `seed`."""
+    """Observations [T, B, N_OBS] and episode starts [T, B] from `seed`."""
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(steps, batch, N_OBS, generator=g)
     done = (torch.rand(steps, batch, generator=g) < START_PROB).float()
@@ -223,8 +221,7 @@ def difference(got, want, rtol, atol):
 
 
 def check_against(reference, variants, rtol, atol):
-    """{name: (ok, worst)} of each variant's outputs and gradients against the `reference`
-    variant's."""
+    """{name: (ok, worst)} of each variant's outputs and gradients against `reference`."""
     want = reference.fn(None)
     return {v.name: difference(v.fn(None), want, rtol, atol) for v in variants}
 
@@ -333,8 +330,7 @@ def final_return_mean(summary):
 
 
 def learning_run(script, flags, steps, seed, scripts_dir):
-    """One training run of `script`; returns its late mean return and its summary's return_mean and
-    sps."""
+    """One training run of `script`: its late mean return, return_mean and sps."""
     cmd = [
         sys.executable,
         str(Path(scripts_dir) / f"{script}.py"),
@@ -363,8 +359,7 @@ def learning_run(script, flags, steps, seed, scripts_dir):
 
 
 def learning(args):
-    """Each of LEARNING's agents for `--learning-steps` steps with every seed, the seeds
-    alternating."""
+    """Each of LEARNING's agents for `--learning-steps` steps, every seed, alternating."""
     rows = []
     for seed in args.seeds:
         for name, script, flags in LEARNING:
@@ -451,8 +446,7 @@ def task_runs(args):
 
 
 def compiled_sps(args):
-    """{agent: sps} of each optimized twin with `--compile` on velocity-hidden CartPole, one run at
-    a time."""
+    """{agent: sps} of each optimized twin with `--compile`, one run at a time."""
     sps = {}
     for agent, script in COMPILED:
         note(f"tasks: {script} --compile, {args.compiled_steps} steps")
@@ -585,8 +579,7 @@ def tasks_plot(result, path):
 
 
 def cell_table(rows, title):
-    """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and
-    the ratio."""
+    """Markdown: per (T, batch), each variant's median ms [p10-p90] and its ratio."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     lines = []
     for key in dict.fromkeys((r["batch"], r["steps"]) for r in rows):
@@ -603,8 +596,7 @@ def cell_table(rows, title):
 
 
 def learning_table(rows, steps):
-    """A markdown table: mean return of the second half of each run, per agent and seed, and their
-    mean."""
+    """Markdown: each run's second-half mean return, per agent and seed, and the mean."""
     seeds = list(dict.fromkeys(r["seed"] for r in rows))
     lines = []
     for agent in dict.fromkeys(r["agent"] for r in rows):

@@ -106,8 +106,7 @@ class Worker:
         self.seed, self.actor = seed, actor_network()
 
     def configure(self, num_envs, duration, busy):
-        """Fresh environments: `num_envs` of them, each step taking `duration` s (`busy`:
-        spinning)."""
+        """Fresh environments: `num_envs` of them, each step taking `duration` s."""
         thunks = [lambda: DelayEnv(duration, busy)] * num_envs
         self.envs = gym.vector.SyncVectorEnv(
             thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -157,8 +156,7 @@ class Worker:
 
 
 def steps_per_call(duration, num_envs, fragment_s):
-    """T: vector steps per fragment so that a fragment is about `fragment_s` seconds of environment
-    time."""
+    """T: vector steps per fragment, so that a fragment is ~`fragment_s` s of env time."""
     return max(1, round(fragment_s / (num_envs * duration)))
 
 
@@ -178,8 +176,7 @@ def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
 
 
 def measure(ray, workers, design, cell, settings):
-    """sps of one cell: `design` with these `workers`, each stepping `cell["num_envs"]` envs of
-    `cell["duration"]`."""
+    """sps of one cell: `design` with these `workers`, each stepping the cell's envs."""
     actor, timeout = actor_network(), settings["timeout"]
     obs = np.stack(
         ray.get(
@@ -240,8 +237,7 @@ def cells(args):
 
 
 def run(ray, args):
-    """Start max(runners) workers, measure every cell, and return the rows and one worker's resident
-    memory."""
+    """Start max(runners) workers, measure every cell; the rows, one worker's resident memory."""
     worker_class = ray.remote(num_cpus=0)(Worker)
     workers = [worker_class.remote(seed) for seed in range(max(args.runners))]
     memory = ray.get(workers[0].resident_memory_mib.remote(), timeout=args.timeout)
@@ -288,8 +284,7 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Efficiency against step duration, one line per design and runner count, one panel per kind of
-    env."""
+    """Efficiency against step duration per design and runner count, a panel per env kind."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -325,8 +320,7 @@ def plot(result, path):
 
 
 def parse_args(argv):
-    """The command line; bad input exits with status 2 and one line naming the flag, before Ray
-    starts."""
+    """The command line; bad input exits 2 with one line, before Ray starts."""
     parser, add = cli.parser("benchmarks.studies.ray_scaling", __doc__, "--out", one_line=True)
     add(
         "--quick",
@@ -378,8 +372,7 @@ def main(argv=None):
 
 
 def best(rows):
-    """Per kind, design and step duration, the best efficiency over the runner counts (the README's
-    summary)."""
+    """Per kind, design and step duration, the best efficiency over the runner counts."""
     groups = {}
     for r in rows:
         groups.setdefault((r["kind"], r["design"], r["duration"]), []).append(r["efficiency"])
