@@ -24,8 +24,7 @@ WARMUP_STEPS = 10  # vector steps before the clock starts
 
 
 def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):
-    """`batches` arrays of `num_envs` actions each, drawn from the single-env action `space` seeded
-    with `seed`."""
+    """`batches` arrays of `num_envs` actions from the action `space`, seeded."""
     space.seed(seed)
     return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(batches)]
 

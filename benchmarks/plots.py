@@ -62,8 +62,7 @@ def return_curves(runs, algo, window=SMOOTHING):
 
 
 def draw_sps(ax, algo, bars):
-    """One algorithm's sps bars on a log axis (so the env-only limit fits beside them), each
-    labelled."""
+    """One algorithm's labelled sps bars on a log axis (the env-only limit fits beside)."""
     colors = [COLORS.get(variant, "gray") for variant in bars["variants"]]
     drawn = ax.bar(
         bars["variants"], bars["median"], yerr=[bars["down"], bars["up"]], color=colors, capsize=3
@@ -85,8 +84,7 @@ def draw_sps(ax, algo, bars):
 
 
 def sps_figure(table):
-    """Sps per variant (median, min-max bars), one panel per algorithm, with the env-only limit
-    dashed."""
+    """Sps per variant (median, min-max), a panel per algorithm, env-only limit dashed."""
     all_bars = sps_bars(table)
     figure = Figure(figsize=(3.2 * len(all_bars), 3.6), layout="constrained")
     axes = figure.subplots(1, len(all_bars), squeeze=False)[0]
@@ -131,8 +129,7 @@ def save(figure, path):
 
 
 def write(out_dir, stamp, table, runs):
-    """Write `<stamp>-sps.png` and, for each algorithm with finished episodes,
-    `<stamp>-<algo>-returns.png` into `out_dir`; returns their paths."""
+    """Write `<stamp>-sps.png` and each algorithm's `<stamp>-<algo>-returns.png`; the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [save(sps_figure(table), out_dir / f"{stamp}-sps.png")]
     for algo in dict.fromkeys(r["algo"] for r in table):

@@ -41,8 +41,7 @@ class Algo:
         return f"{self.eager}{variant.suffix}"
 
     def runs(self, variant):
-        """Whether `variant` is one of this algorithm's (the `cpu` variant only where there is a CPU
-        script)."""
+        """Whether `variant` is this algorithm's (`cpu` only where there is a CPU script)."""
         return self.cpu or variant.suffix != CPU_SUFFIX
 
 

@@ -26,8 +26,7 @@ from gymnasium.spaces import Box, Discrete
 
 
 def life_length(seed, env, episode, episode_length):
-    """The steps of `env`'s `episode`-th life (counted over all its games), in `episode_length`
-    (low, high), seeded."""
+    """The steps of `env`'s `episode`-th life, in `episode_length` (low, high), seeded."""
     low, high = episode_length
     return int(np.random.default_rng([seed, env, episode]).integers(low, high + 1))
 
@@ -40,15 +39,13 @@ def frame(shape, env, episode, step):
 
 
 def decode(obs):
-    """(env, episode % 256, step within the episode) of each frame of a batch [B, ...], as int
-    arrays."""
+    """(env, episode % 256, step within the episode) of each frame of a batch [B, ...]."""
     head = np.asarray(obs).reshape(len(obs), -1)[:, :4].astype(np.int64)
     return head[:, 0], head[:, 1], head[:, 2] + 256 * head[:, 3]
 
 
 class StandInEnvs:
-    """`num_envs` stand-in games with envpool's sync (`batch_size` None or `num_envs`) or async API;
-    see the module."""
+    """`num_envs` stand-in games with envpool's sync or async API; see the module."""
 
     def __init__(
         self,
@@ -156,8 +153,7 @@ class StandInEnvs:
     # ---- the games ----
 
     def _send(self, actions, env_id):
-        """Queue a step of each env of `env_id` (a reset if `actions` is None) for the worker
-        threads."""
+        """Queue a step of each env of `env_id` (a reset if `actions` is None) for the workers."""
         if self.in_flight[env_id].any():
             raise RuntimeError(
                 f"envs {env_id[self.in_flight[env_id]].tolist()} were sent twice before a recv"
@@ -170,8 +166,7 @@ class StandInEnvs:
             self.tasks.put((env, None if actions is None else int(actions[i])))
 
     def _receive(self, count, order=None):
-        """`count` results as envpool returns them: in the order they finished, or in `order` (env
-        ids) if given."""
+        """`count` results as envpool returns them: in finishing order, or in `order`."""
         results = [self.done.get() for _ in range(count)]
         if order is not None:
             position = {env: i for i, env in enumerate(order.tolist())}

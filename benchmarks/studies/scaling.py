@@ -37,8 +37,7 @@ NUM_STEPS = 2048  # the script's default rollout length per env
 
 
 def loopback_env():
-    """The environment of every run: gloo's connections on the loopback interface, one intra-op
-    thread per process unless the user set `OMP_NUM_THREADS`."""
+    """Every run's environment: gloo on loopback, one thread unless OMP_NUM_THREADS is set."""
     env = {"OMP_NUM_THREADS": "1"} | dict(os.environ)
     return env | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
 
