@@ -121,8 +121,7 @@ def algo(name):
 
 
 def owner(stem):
-    """The registry algorithm whose scripts include `stem` (its eager script's stem starts it), or
-    None."""
+    """The registry algorithm whose scripts include `stem`, or None."""
     mine = [a for a in registry.ALGOS if stem.startswith(a.eager)]
     return max(mine, key=lambda a: len(a.eager)).name if mine else None
 
@@ -285,8 +284,7 @@ def execute(check, deadline, cwd, env=None):
 
 
 def run_checks(checks, minutes, jobs, cwd):
-    """The parallel parts with `jobs` processes until their share of `minutes` ends, then the
-    timed ones alone, each until its own (`deadlines`)."""
+    """The parallel parts, `jobs` at a time, then the timed ones alone, each by its deadline."""
     start = time.monotonic()
     ends = deadlines({c.part for c in checks}, minutes)
     # the learning runs are the longest: they start first, beside the first tests
@@ -374,8 +372,7 @@ def measured(value, status):
 
 
 def markdown(result):
-    """The report: the machine and settings, each part's time and outcome, each check's, the speed
-    table and the seeds table, each timed row beside its env alone."""
+    """The report: machine, settings, each part and check, the speed and seeds tables."""
     settings = result["settings"]
     selection = f"parts: {', '.join(settings['parts'])}; algorithms: "
     selection += ", ".join(settings["algos"] or ["all"])

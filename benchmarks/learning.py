@@ -91,8 +91,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Reference:
-    """A published mean ± std of the final training return over seeds, at `steps`, from the page
-    `source`."""
+    """A published mean ± std of the final training return over seeds, at `steps`."""
 
     mean: float
     std: float
@@ -149,8 +148,7 @@ def algorithm(script):
 
 
 def runs(script, env_id, steps, seeds):
-    """The runs of `script` on `env_id` for `seeds`: one per seed, or one for all of them with a
-    `_seeds` script."""
+    """The runs of `script` on `env_id` for `seeds` (one for all of them if `_seeds`)."""
     if script.endswith("_seeds"):
         return [Run(script, env_id, steps, seeds[0], len(seeds))]
     return [Run(script, env_id, steps, seed) for seed in seeds]
@@ -328,8 +326,7 @@ def members(summary):
 
 
 def run_seconds(record):
-    """How long a done run took, from its start to its summary (interpreter start, compilation and
-    evaluation included)."""
+    """How long a done run took, start to summary (compile and evaluation included)."""
     return (
         datetime.fromisoformat(record["finished"]) - datetime.fromisoformat(record["started"])
     ).total_seconds()
@@ -429,8 +426,7 @@ def markdown(table, machine, timing):
 
 
 def short_markdown(table):
-    """The README's table: the rows of the fast scripts (not the eager ones), final return beside
-    CleanRL's."""
+    """The README's table: the fast scripts' final return beside CleanRL's."""
     lines = [
         "| script | env | steps | seeds | final return | CleanRL |",
         "|---|---|---:|---:|---:|---:|",
