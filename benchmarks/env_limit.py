@@ -5,14 +5,9 @@ nothing else.
     python -m benchmarks.env_limit --seconds 5 leanrl/sac_continuous_action.py \
         --env-id HalfCheetah-v4
 
-The env is the one the script's `main` builds: the script's own `Args` parse the flags that
-follow the script (so `--env-id`, `--num-envs`, `--seed` and e.g. PPO's `--gamma` mean what they
-mean there) and its `make_envs` builds the env with the wrapper chain the script trains on.
-Random actions are drawn before the clock starts, so the figure is the env's throughput alone:
-no policy, no replay buffer, no update. A script that trains near this figure is bound by its
-environment; far below it, by its network and its Python. Prints one line, `ENV_ONLY {json}`,
-with `sps` (env steps per second), `env_steps`, `seconds`, `env_id` and `num_envs` (a seeds
-script's `--num-seeds` members' envs together, as its `main` builds them).
+The script's own `Args` parse the flags after it and its `make_envs` builds the env it trains on;
+actions are drawn before the clock starts. Prints one line, `ENV_ONLY {json}`, with `sps`,
+`env_steps`, `seconds`, `env_id` and `num_envs`.
 """
 
 import argparse
@@ -29,15 +24,13 @@ WARMUP_STEPS = 10  # vector steps before the clock starts
 
 
 def random_actions(space, num_envs, seed, batches=ACTION_BATCHES):
-    """`batches` arrays of `num_envs` actions each, drawn from the single-env action `space` seeded
-    with `seed`."""
+    """`batches` arrays of `num_envs` actions from the action `space`, seeded."""
     space.seed(seed)
     return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(batches)]
 
 
 def step_for(envs, actions, seconds, clock=time.perf_counter):
-    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up; returns the
-    vector steps taken and the seconds they took, by `clock`."""
+    """Step `envs` through `actions` (cycled) for at least `seconds` after a warm-up."""
     for index in range(WARMUP_STEPS):
         envs.step(actions[index % len(actions)])
     steps, start = 0, clock()
@@ -48,8 +41,7 @@ def step_for(envs, actions, seconds, clock=time.perf_counter):
 
 
 def measure(script, flags, seconds):
-    """The env-only throughput of `script` (a path) under `flags`: a dict with `sps`, `env_steps`,
-    `seconds`, `env_id` and `num_envs`."""
+    """The env-only throughput of `script` (a path) under `flags`."""
     module = load_script(script.stem, script.parent)
     args, envs = script_envs(module, flags)
     num_envs = envs.num_envs  # a seeds script's: every member's
@@ -74,13 +66,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.env_limit", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up"
-    )
-    parser.add_argument("script", type=Path, help="a training script, e.g. leanrl/dqn.py")
-    parser.add_argument(
-        "flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)"
-    )
+    add = parser.add_argument
+    add("--seconds", type=float, default=2.0, help="how long to step the env, after a warm-up")
+    add("script", type=Path, help="a training script, e.g. leanrl/dqn.py")
+    add("flags", nargs=argparse.REMAINDER, help="the script's flags (env id, number of envs, seed)")
     args = parser.parse_args(argv)
     print("ENV_ONLY " + json.dumps(measure(args.script, args.flags, args.seconds)), flush=True)
 

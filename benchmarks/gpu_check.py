@@ -1,5 +1,5 @@
 """The whole GPU path in one command: every graphed function, every graphed script, the speed-ups,
-each beside the speed of its env alone on the same machine.
+each beside the speed of its env alone on the same machine (docs/cuda.md).
 
     python -m benchmarks.gpu_check                        # everything that fits 8 minutes
     python -m benchmarks.gpu_check --only tests smoke     # some parts
@@ -8,41 +8,18 @@ each beside the speed of its env alone on the same machine.
     python -m benchmarks.gpu_check --call 1  # a 15-minute lease: tests, smoke and learning
     python -m benchmarks.gpu_check --call 2  # then the timed parts, sps and seeds
 
-A GPU machine lent for 15 minutes, its start included, holds two calls of at most 8.5 minutes
-(`--call 1` and `--call 2`, docs/cuda.md): every algorithm's tests, smoke runs and learning run
-in parallel in the first, the timed rows alone in the second. The second finds the first's
-compiled kernels in inductor's cache only on the same machine (a lease's machine stays warm 30 s
-after a call); on a fresh one its smoke runs are gone and its timed runs compile first, which the
-rows' burn-in leaves out of `sps`.
-
-Parts, in the order they run:
-- `tests`: the CUDA tests (`pytest -m cuda`), tests/test_fresh_noise.py first (fresh noise in every
-  graphed function that samples, the graphed updates against the eager ones), one pytest per script
-  or file, several at a time.
-- `smoke`: every optimized twin, the torchrun and async Atari scripts, and every seeds script (at
-  each N of the `seeds` part) with `--compile --cudagraphs` for a short run, which must reach its
-  SUMMARY on CUDA. They run the budgets of `sps` and `seeds`, so that the timed runs that follow
-  find their kernels compiled on disk (inductor's caches).
-- `learning`: one run per algorithm of the twin with `--compile --cudagraphs` at the budget, seed
-  and bar of that algorithm's learning test.
-- `sps`: per algorithm, its env alone (`benchmarks.env_limit`: the eager script's env at the quick
-  budget, stepped with random actions), then its eager script, twin with `--compile` and twin with
-  `--compile --cudagraphs` at the quick budget of `benchmarks.run`, one run at a time, LeanRL's
-  published H100 ratios beside.
-- `seeds`: per seeds script and N = 1, 8 and 64 members, its env of N members alone, then its
-  aggregate sps with `--compile --cudagraphs`, one run at a time.
-
-Each part has a share of `--minutes` (SHARES, over the parts that have checks); a part ends by the
-sum of its share and those of the parts before it, so a part that ends early leaves its time to
-the next and none takes a later part's. The first three parts run together, `--jobs` processes at
-a time (the learning runs first, the longest), each with its share of the cores; the timed parts
-then run alone. A check that cannot start in its part's time is reported as not run, one that its
-part's end cuts short as stopped, so that the command ends within `--minutes`; the report counts
-both per part. It writes gpu_check.md and gpu_check.json to a new folder under `--out-dir` and
-prints the folder. Exit status 0 when every check passed, 1 otherwise, 2 without a CUDA device.
+Parts, in order: `tests` (`pytest -m cuda`, tests/test_fresh_noise.py first); `smoke` (every
+optimized twin, the torchrun and async Atari scripts and every seeds script with `--compile
+--cudagraphs`, at the budgets the timed parts run, so that these find their kernels compiled);
+`learning` (each twin graphed at its learning test's budget, seed and bar); `sps` (per algorithm
+its env alone, eager, `--compile` and `--compile --cudagraphs` at `benchmarks.run`'s quick budget,
+LeanRL's H100 ratios beside); `seeds` (N = 1, 8, 64 members, graphed, beside their env alone).
+Each part has a share of `--minutes` (SHARES) and ends by the sum of the shares up to it; the first
+three run together, `--jobs` at a time, the timed ones alone. A check that cannot start in time is
+not run, one cut short is stopped. Writes gpu_check.md and gpu_check.json to a new folder under
+`--out-dir`. Exit status 0 when every check passed, 1 otherwise, 2 without a CUDA device.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -56,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import registry
+from benchmarks import cli, registry
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line, optional
+from benchmarks.report import machine_line, optional, table
 from benchmarks.run import BenchmarkError, env_limit_command, parse_summary, result_line
 from benchmarks.scripts import SCRIPTS
 from benchmarks.studies import seeds
@@ -144,16 +121,13 @@ def algo(name):
 
 
 def owner(stem):
-    """The registry algorithm whose scripts include `stem` (its eager script's stem starts it), or
-    None."""
+    """The registry algorithm whose scripts include `stem`, or None."""
     mine = [a for a in registry.ALGOS if stem.startswith(a.eager)]
     return max(mine, key=lambda a: len(a.eager)).name if mine else None
 
 
 def graphed_runs():
-    """Each script that records functions and the budget flags of its short run: the twins and the
-    scripts grown from them at `benchmarks.run`'s quick budget, the seeds scripts at
-    `benchmarks.studies.seeds`' quick budget (without `--num-seeds`)."""
+    """Each script that records functions and the budget flags of its short run."""
     runs = {a.twin: a.quick for a in registry.ALGOS}
     runs |= {stem: algo(name).quick for stem, name in SCALED.items()}
     return runs | {a.script: a.quick for a in seeds.ALGOS}
@@ -233,15 +207,13 @@ PLANS = {
 
 
 def plan(parts, algos=None):
-    """The checks of `parts`, in the order they start; with `algos`, only those of the scripts of
-    these registry algorithms."""
+    """The checks of `parts`, in the order they start."""
     checks = [check for part in PARTS if part in parts for check in PLANS[part]()]
     return [c for c in checks if algos is None or c.algo in algos]
 
 
 def deadlines(parts, minutes):
-    """Seconds from the start by which each of `parts` ends: the shares of `parts`, scaled to
-    `minutes`, added up in order; the parallel parts end together."""
+    """Seconds from the start by which each of `parts` ends."""
     total = sum(SHARES[p] for p in parts)
     ends, spent = {}, 0.0
     for phase in (PARALLEL_PARTS, ("sps",), ("seeds",)):
@@ -312,8 +284,7 @@ def execute(check, deadline, cwd, env=None):
 
 
 def run_checks(checks, minutes, jobs, cwd):
-    """The parallel parts with `jobs` processes until their share of `minutes` ends, then the
-    timed ones alone, each until its own (`deadlines`)."""
+    """The parallel parts, `jobs` at a time, then the timed ones alone, each by its deadline."""
     start = time.monotonic()
     ends = deadlines({c.part for c in checks}, minutes)
     # the learning runs are the longest: they start first, beside the first tests
@@ -330,8 +301,7 @@ def run_checks(checks, minutes, jobs, cwd):
 
 
 def cells(checks, part):
-    """Per row of the timed `part` (an algorithm, or an algorithm and N): each column's value
-    (None unless passed) and status."""
+    """Per row of the timed `part` (an algorithm, or an algorithm and N)."""
     rows = {}
     for c in checks:
         if c.part == part:
@@ -401,16 +371,8 @@ def measured(value, status):
     return f"{value:.0f}" if value is not None else status or "n/a"
 
 
-def table(header, rows, align):
-    """A markdown table: `header`, then `rows`, each a list of cells; `align` has an l (left) or r
-    (right) per column."""
-    lines = [header, ["---:" if side == "r" else "---" for side in align], *rows]
-    return [f"| {' | '.join(cells)} |" for cells in lines]
-
-
 def markdown(result):
-    """The report: the machine and settings, each part's time and outcome, each check's, the speed
-    table and the seeds table, each timed row beside its env alone."""
+    """The report: machine, settings, each part and check, the speed and seeds tables."""
     settings = result["settings"]
     selection = f"parts: {', '.join(settings['parts'])}; algorithms: "
     selection += ", ".join(settings["algos"] or ["all"])
@@ -496,19 +458,13 @@ def write(result, out_dir):
 
 
 def parse_args(argv):
-    description = __doc__.split("\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=description)
-    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts")
+    parser, add = cli.parser("benchmarks.gpu_check", __doc__, "--out-dir")
+    add("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts")
     names = [a.name for a in registry.ALGOS]
-    parser.add_argument(
-        "--algos", nargs="+", choices=names, help="only these algorithms' scripts (default: all)"
-    )
-    parser.add_argument("--minutes", type=float, help="the check ends within this (default 8)")
-    parser.add_argument(
-        "--call", type=int, choices=sorted(CALLS), help="one call of a 15-minute lease: its parts"
-    )
-    parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    add("--algos", nargs="+", choices=names, help="only these algorithms' scripts (default: all)")
+    add("--minutes", type=float, help="the check ends within this (default 8)")
+    add("--call", type=int, choices=sorted(CALLS), help="one call of a 15-minute lease: its parts")
+    add("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     args = parser.parse_args(argv)
     if args.call:
         args.only = list(CALLS[args.call])

@@ -2,43 +2,22 @@
 beside the one CleanRL publishes for the same algorithm and env.
 
     python -m benchmarks.learning --jobs 2             # the default set, two runs at a time
-    # the runs whose name has "sac", then those with "dqn"
-    python -m benchmarks.learning --only sac dqn
-    # rebuild the table, plots and JSON from the summaries present
-    python -m benchmarks.learning --report
+    python -m benchmarks.learning --only sac dqn       # the runs whose name has "sac", then "dqn"
+    python -m benchmarks.learning --report  # rebuild the table, plots and JSON from the summaries
     python -m benchmarks.learning --set atari  # PPO Atari (async) on Breakout, when time is left
     python -m benchmarks.learning --set pqn --jobs 2  # PQN on CartPole-v1, 500k steps, 5 seeds
     python -m benchmarks.learning --set pqn_atari  # PQN on Breakout-v5, 500k steps, one seed
 
-A run is one process of `python leanrl/<script>.py --env-id E --total-timesteps N --seed S
---eval-episodes 10` (a `_seeds` script: `--seed S --num-seeds K`, all seeds in one process) in
-its own folder, `<out-dir>/<script>__<env>__<steps>__<seed>/`, the script's working directory
-(its `runs/` lands there). It is done when the harness has written that folder's `summary.json`:
-the script's summary with its curves thinned to at most 500 points, the command, the times, the
-CPU and the load average. Done runs are skipped, so a killed harness picks up where it stopped;
-a folder without a summary.json is a partial run, deleted and started over. Hyperparameters stay
-the scripts' defaults (CleanRL's); `--threads N` sets OMP_NUM_THREADS=N for every run (on a
-small or shared CPU, 1 keeps a run's thread pool from stalling it). A run ends with the harness:
-on Ctrl-C, SIGTERM or an error it is killed with every process it started, and on Linux the
-kernel stops it if the harness is killed outright.
-
-The report goes to `<out-dir>` (default benchmarks/results/learning/): `<set>.md`, per script,
-env and budget, the mean ± std over seeds of the final return (the mean of the last 20 training
-episodes) and of the evaluation, CleanRL's published value beside it, and the runs still
-pending; `<set>-readme.md`, the README's short table; `<set>.json`; `<set>-<env>.png`, every
-run's return curve on an env with CleanRL's values as lines.
-
-The default set, from CleanRL's budgets: per algorithm, its fastest CPU script (the `_seeds`
-script of DQN, PPO and SAC, all seeds in one process; `_cpu` for TD3, whose seeds script came
-after the table was run), the `_cpu` script at the same seeds where it ran too (DQN, PPO: a
-member learns as the one-seed run of its seed does), then the eager script on one env. DQN on
-CartPole-v1 (500k steps, seeds 1-3; dqn.py seed 1), PPO on HalfCheetah-v4, Hopper-v4 and
-Walker2d-v4 (1M, seeds 1-3; ppo_continuous_action.py on Hopper-v4, seed 1), TD3 and SAC on
-Hopper-v4 (300k, seeds 1-3; the eager scripts 100k, seed 1). docs/results.md says how long each
-run took on this machine.
+A run is `python leanrl/<script>.py --env-id E --total-timesteps N --seed S --eval-episodes 10` (a
+`_seeds` script: all seeds in one process) in its own folder `<out-dir>/<script>__<env>__<steps>__
+<seed>/`; it is done when the harness has written that folder's `summary.json` (curves thinned to
+500 points, the command, the times, the CPU). Done runs are skipped, partial ones started over, so
+a killed harness picks up where it stopped. Runs die with the harness. The report goes to
+`<out-dir>` (default benchmarks/results/learning/): `<set>.md` (mean ± std over seeds of the final
+return and evaluation, CleanRL's value beside), `<set>-readme.md`, `<set>.json`, `<set>-<env>.png`.
+The sets are in `learning_set`; docs/results.md says how long each run took.
 """
 
-import argparse
 import fcntl
 import json
 import math
@@ -56,7 +35,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks import plots
+from benchmarks import cli, plots
 from benchmarks.machine import cpu_model, machine_info
 from benchmarks.processes import die_with_parent, kill_tree, note
 from benchmarks.report import machine_line, optional
@@ -112,8 +91,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Reference:
-    """A published mean ± std of the final training return over seeds, at `steps`, from the page
-    `source`."""
+    """A published mean ± std of the final training return over seeds, at `steps`."""
 
     mean: float
     std: float
@@ -170,8 +148,7 @@ def algorithm(script):
 
 
 def runs(script, env_id, steps, seeds):
-    """The runs of `script` on `env_id` for `seeds`: one per seed, or one for all of them with a
-    `_seeds` script."""
+    """The runs of `script` on `env_id` for `seeds` (one for all of them if `_seeds`)."""
     if script.endswith("_seeds"):
         return [Run(script, env_id, steps, seeds[0], len(seeds))]
     return [Run(script, env_id, steps, seed) for seed in seeds]
@@ -245,8 +222,7 @@ def start(run, args):
 
 
 def thin(curve, points=CURVE_POINTS):
-    """A curve of [step, seconds, return] per episode cut to at most `points` points: consecutive
-    episodes averaged in chunks of equal size, each point at its chunk's last step and time."""
+    """A curve of [step, seconds, return] per episode cut to at most `points` points."""
     size = max(1, math.ceil(len(curve) / points))
     chunks = [curve[i : i + size] for i in range(0, len(curve), size)]
     return [
@@ -301,8 +277,7 @@ def wait_any(jobs, timeout):
 
 
 def execute(todo, args):
-    """Run `todo` in order, `--jobs` at a time; returns the names of the runs that failed. Whatever
-    stops the harness (Ctrl-C, SIGTERM, an error) kills the runs in flight first."""
+    """Run `todo` in order, `--jobs` at a time; returns the names of the runs that failed."""
     active, failed, queue = [], [], list(todo)
     try:
         while queue or active:
@@ -351,8 +326,7 @@ def members(summary):
 
 
 def run_seconds(record):
-    """How long a done run took, from its start to its summary (interpreter start, compilation and
-    evaluation included)."""
+    """How long a done run took, start to summary (compile and evaluation included)."""
     return (
         datetime.fromisoformat(record["finished"]) - datetime.fromisoformat(record["started"])
     ).total_seconds()
@@ -365,10 +339,7 @@ def spread(values):
 
 
 def rows(plan, records):
-    """One row per (script, env, steps) of `plan`, in its order: seeds planned and done, mean ± std
-    over the done seeds of the final return and of the evaluation, wall time per run, CleanRL's
-    reference and, at its budget with every seed done, whether our mean lies within its mean ±
-    std."""
+    """One row per (script, env, steps) of `plan`, in its order."""
     groups = {}
     for run in plan:
         groups.setdefault((run.script, run.env_id, run.steps), []).append(run)
@@ -455,8 +426,7 @@ def markdown(table, machine, timing):
 
 
 def short_markdown(table):
-    """The README's table: the rows of the fast scripts (not the eager ones), final return beside
-    CleanRL's."""
+    """The README's table: the fast scripts' final return beside CleanRL's."""
     lines = [
         "| script | env | steps | seeds | final return | CleanRL |",
         "|---|---|---:|---:|---:|---:|",
@@ -477,9 +447,7 @@ def short_markdown(table):
 
 
 def curves_figure(env_id, plan, records):
-    """The return curves of every run on `env_id` against env steps, one color per algorithm: solid
-    for the fast script, dash-dotted for a `_cpu` script beside its `_seeds` one, dotted for the
-    eager one; each algorithm's CleanRL value dashed with its std shaded."""
+    """The return curves of every run on `env_id` against env steps, one color per algorithm."""
     figure = Figure(figsize=(8, 4.5), layout="constrained")
     ax = figure.subplots()
     scripts = list(dict.fromkeys(run.script for run in plan if run.env_id == env_id))
@@ -567,35 +535,16 @@ def report(plan, out_dir, set_name):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.learning", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--set", choices=SETS, default="default", help="which runs (default: the default set)"
-    )
-    parser.add_argument(
-        "--only",
-        nargs="+",
-        metavar="TEXT",
-        help="run those whose name (script__env__steps__seed) has one, in order",
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    parser.add_argument(
-        "--eval-episodes", type=int, default=10, help="evaluation episodes after each run"
-    )
-    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
-    parser.add_argument(
-        "--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)"
-    )
-    parser.add_argument(
-        "--report", action="store_true", help="only rebuild the report from the summaries present"
-    )
-    parser.add_argument(
-        "--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are"
-    )
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning"
-    )
+    parser, add = cli.parser("benchmarks.learning", __doc__)
+    add("--set", choices=SETS, default="default", help="which runs (default: the default set)")
+    add("--only", nargs="+", metavar="TEXT", help="run those whose name has one, in order")
+    add("--jobs", type=int, default=1, help="runs at a time")
+    add("--eval-episodes", type=int, default=10, help="evaluation episodes after each run")
+    add("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
+    add("--threads", type=int, help="OMP_NUM_THREADS of every run (default: each script's own)")
+    add("--report", action="store_true", help="only rebuild the report from the summaries present")
+    add("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
+    add("--out-dir", type=Path, default=ROOT / "benchmarks" / "results" / "learning")
     args = parser.parse_args(argv)
     for flag in ("jobs", "eval_episodes", "timeout", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:

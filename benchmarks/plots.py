@@ -1,16 +1,9 @@
-"""PNG plots of a benchmark, written next to its JSON and markdown: sps per variant per algorithm
-(bars with the min-max spread and the env-only limit as a dashed line), and per algorithm the
-episodic return of every run against wall-clock seconds and against environment steps, as LeanRL
-shows them.
+"""PNG plots of a benchmark, next to its JSON and markdown: sps per variant per algorithm (min-max
+spread, env-only limit dashed), and each run's return against seconds and against env steps.
 
-The learning curve of one run, from its `runs/<run_name>/summary.json` (the SUMMARY line names
-it):
-
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps 500000
     python -m benchmarks.plots runs/<run_name>/summary.json --out curve.png --baseline 1.2
 
-Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global figure
-state.
+Matplotlib's Agg canvas draws the figures directly: no pyplot, no window, no global state.
 """
 
 import argparse
@@ -51,8 +44,7 @@ def smooth(values, window=SMOOTHING):
 
 
 def return_curves(runs, algo, window=SMOOTHING):
-    """Per variant of `algo`, in run order, one curve per run that finished an episode: its `steps`,
-    `seconds` and `returns` (smoothed over `window` episodes) from the run's SUMMARY curve."""
+    """Per variant of `algo`, in run order, one curve per run that finished an episode."""
     curves = {}
     for run in runs:
         points = run["summary"]["curve"]
@@ -70,8 +62,7 @@ def return_curves(runs, algo, window=SMOOTHING):
 
 
 def draw_sps(ax, algo, bars):
-    """One algorithm's sps bars on a log axis (so the env-only limit fits beside them), each
-    labelled."""
+    """One algorithm's labelled sps bars on a log axis (the env-only limit fits beside)."""
     colors = [COLORS.get(variant, "gray") for variant in bars["variants"]]
     drawn = ax.bar(
         bars["variants"], bars["median"], yerr=[bars["down"], bars["up"]], color=colors, capsize=3
@@ -93,8 +84,7 @@ def draw_sps(ax, algo, bars):
 
 
 def sps_figure(table):
-    """Sps per variant (median, min-max bars), one panel per algorithm, with the env-only limit
-    dashed."""
+    """Sps per variant (median, min-max), a panel per algorithm, env-only limit dashed."""
     all_bars = sps_bars(table)
     figure = Figure(figsize=(3.2 * len(all_bars), 3.6), layout="constrained")
     axes = figure.subplots(1, len(all_bars), squeeze=False)[0]
@@ -139,8 +129,7 @@ def save(figure, path):
 
 
 def write(out_dir, stamp, table, runs):
-    """Write `<stamp>-sps.png` and, for each algorithm with finished episodes,
-    `<stamp>-<algo>-returns.png` into `out_dir`; returns their paths."""
+    """Write `<stamp>-sps.png` and each algorithm's `<stamp>-<algo>-returns.png`; the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [save(sps_figure(table), out_dir / f"{stamp}-sps.png")]
     for algo in dict.fromkeys(r["algo"] for r in table):
@@ -151,8 +140,7 @@ def write(out_dir, stamp, table, runs):
 
 
 def read_summary(path):
-    """The summary object in the run's `summary.json` at `path`; a ValueError if it is not a JSON
-    object."""
+    """The summary object in the run's `summary.json` at `path`."""
     summary = json.loads(Path(path).read_text())
     if not isinstance(summary, dict) or not isinstance(summary.get("curve"), list):
         raise ValueError(f"{path} is not a run's summary.json (no curve)")
@@ -164,9 +152,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.plots", description="the learning curve of one run"
     )
-    parser.add_argument("summary", type=Path, help="the run's runs/<run_name>/summary.json")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    parser.add_argument("--baseline", type=float, help="a random policy's return, drawn dashed")
+    add = parser.add_argument
+    add("summary", type=Path, help="the run's runs/<run_name>/summary.json")
+    add("--out", type=Path, required=True, help="the PNG to write")
+    add("--baseline", type=float, help="a random policy's return, drawn dashed")
     args = parser.parse_args(argv)
     try:
         summary = read_summary(args.summary)

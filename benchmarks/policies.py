@@ -1,15 +1,10 @@
 """The acting policy of each optimized twin, built the way the twin's `main()` builds it, for
 `benchmarks.studies.inference` and `benchmarks.studies.rpc_inference`.
 
-Each script is imported by path (with the run module beside it); its networks are made
-with the default env's sizes, written here so that no env is created: HalfCheetah-v4 has 17
-observations and 6 actions in [-1, 1], CartPole-v1 4 observations and 2 actions, envpool's
-Breakout-v5 stacks of 4 84x84 uint8 frames and 4 actions. Every call runs under `torch.no_grad()`,
-as in the scripts.
-
-Each spec also says which outputs are deterministic, so that a compiled policy can be compared with
-the eager one value for value: inductor draws its own random numbers, so sampled outputs differ even
-under the same seed.
+Networks take the default env's sizes, written here so that no env is created (HalfCheetah-v4 17
+observations and 6 actions, CartPole-v1 4 and 2, Breakout-v5 4x84x84 uint8 frames and 4). Each spec
+says which outputs are deterministic: inductor draws its own random numbers, so sampled outputs
+differ from eager even under the same seed.
 """
 
 from dataclasses import dataclass
@@ -39,15 +34,7 @@ class Built:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """How to build, feed and check the acting policy of one optimized twin.
-
-    `build(script, device, cpu)` returns a Built (`cpu`: the module of `cpu_script`, or None);
-    `observe(batch, device, generator)` a batch of observations; `deterministic(outputs)` the
-    outputs that do not depend on sampled noise, by name; `perturb(source)` changes the source's
-    weights in place, under no_grad, so that every deterministic output changes; `threads` is the
-    intra-op thread count the CPU script sets (None: torch's default); `note` says what is compared;
-    `cpu_script` the algorithm's CPU script, whose numpy policy is timed on a CPU (None: it has
-    none)."""
+    """How to build, feed and check the acting policy of one optimized twin."""
 
     name: str
     script: str
@@ -61,8 +48,7 @@ class PolicySpec:
 
 
 def scale_weights(module, factor=1.5):
-    """Multiply every parameter of `module` by `factor`, in place: what an optimizer step does to
-    the memory the acting policy reads."""
+    """Multiply every parameter of `module` by `factor`, in place."""
     with torch.no_grad():
         for param in module.parameters():
             param.mul_(factor)

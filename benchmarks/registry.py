@@ -22,12 +22,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class Algo:
-    """An algorithm: its eager script's stem and the flags of every run under each budget.
-
-    `variant_flags` maps a variant's name to flags added to that variant only (e.g. best CPU
-    settings); `cpu`: the algorithm has a CPU script, `<eager>_cpu.py`, which the `cpu` variant
-    runs.
-    """
+    """An algorithm: its eager script's stem and the flags of every run under each budget."""
 
     name: str
     eager: str
@@ -46,8 +41,7 @@ class Algo:
         return f"{self.eager}{variant.suffix}"
 
     def runs(self, variant):
-        """Whether `variant` is one of this algorithm's (the `cpu` variant only where there is a CPU
-        script)."""
+        """Whether `variant` is this algorithm's (`cpu` only where there is a CPU script)."""
         return self.cpu or variant.suffix != CPU_SUFFIX
 
 

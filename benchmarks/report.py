@@ -49,12 +49,22 @@ def machine_line(machine):
     return f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {gpu}; {versions}"
 
 
+def table(header, rows, align):
+    """A markdown table's lines: `header`, then `rows`, each a list of cells or a string of cells
+    joined by " | "; `align` has an l (left) or r (right) per column."""
+    rule = "|" + "".join("---:|" if side == "r" else "---|" for side in align)
+    return [
+        rule if r is rule else f"| {r if isinstance(r, str) else ' | '.join(r)} |"
+        for r in [header, rule, *rows]
+    ]
+
+
 def optional(value, spec, suffix=""):
     """`value` formatted with `spec` and `suffix`, or "n/a" for None."""
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
-def markdown(table, machine, settings):
+def markdown(table_rows, machine, settings):
     """The table in markdown, headed by the machine and the settings (budget, repeats, seeds, time)
     of the benchmark."""
     seeds = " ".join(map(str, settings["seeds"]))
@@ -63,23 +73,21 @@ def markdown(table, machine, settings):
         f"Budget: {settings['budget']}, {settings['repeats']} repeats per variant (seeds {seeds}), "
         f"started {settings['started']}",
         "",
-        "| algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean | "
-        "runs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in table:
-        lines.append(
-            f"| {r['algo']} | {r['variant']} | {r['sps_median']:.0f} | "
-            f"{r['sps_min']:.0f}-{r['sps_max']:.0f} "
-            f"| {optional(r['vs_eager'], '.2f', 'x')} | {optional(r['env_only_sps'], '.0f')} "
-            f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
-        )
+    header = "algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean"
+    rows = [
+        f"{r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}"
+        f"-{r['sps_max']:.0f} | {optional(r['vs_eager'], '.2f', 'x')}"
+        f" | {optional(r['env_only_sps'], '.0f')} | {optional(r['return_mean'], '.1f')}"
+        f" | {r['runs']}"
+        for r in table_rows
+    ]
+    lines += table(f"{header} | runs", rows, "llrrrrrr")
     return "\n".join(lines) + "\n"
 
 
 def write(out_dir, stamp, document, table_md):
-    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`;
-    returns both paths."""
+    """Write `<stamp>.json` (the whole `document`) and `<stamp>.md` (the table) into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / f"{stamp}.json", out_dir / f"{stamp}.md"
     json_path.write_text(json.dumps(document, indent=2) + "\n")
@@ -115,9 +123,7 @@ def midranks(x):
 
 
 def mann_whitney(a, b, seed=0):
-    """Mann-Whitney's U of `a` against `b` and its two-sided p-value: the share of the splits of the
-    pooled values into groups of len(a) and len(b) whose U lies at least as far from its mean,
-    n_a * n_b / 2, as the observed one (every split, or EXACT_SPLITS random ones)."""
+    """Mann-Whitney's U of `a` against `b` and its two-sided p-value."""
     n, ranks = len(a), midranks([*a, *b])
     total = len(ranks)
     if math.comb(total, n) <= EXACT_SPLITS:

@@ -35,21 +35,18 @@ STDERR_TAIL_LINES = 20
 
 
 class BenchmarkError(RuntimeError):
-    """A run that failed: one line naming the script, its flags and what went wrong, then its
-    stderr's tail."""
+    """A run that failed: one line naming the script, flags and cause; stderr's tail."""
 
 
 def missing_scripts(algo, scripts_dir):
-    """The paths of `algo`'s scripts (eager, twin, and CPU where it has one) that are not in
-    `scripts_dir`."""
+    """The paths of `algo`'s scripts that are not in `scripts_dir`."""
     stems = {algo.script(variant) for variant in VARIANTS if algo.runs(variant)}
     paths = [scripts_dir / f"{stem}.py" for stem in sorted(stems)]
     return [path for path in paths if not path.exists()]
 
 
 def runnable(algos, scripts_dir):
-    """The algorithms whose scripts both exist; each skipped one gets a note naming what is
-    missing."""
+    """The algorithms whose scripts all exist; a note names what each other one misses."""
     ready = []
     for algo in algos:
         missing = missing_scripts(algo, scripts_dir)
@@ -61,16 +58,12 @@ def runnable(algos, scripts_dir):
 
 
 def round_seeds(repeats, seeds):
-    """The seed of each of `repeats` rounds: `seeds` cycled, round r gets `seeds[r %
-    len(seeds)]`."""
+    """The seed of each of `repeats` rounds: round r gets `seeds[r % len(seeds)]`."""
     return [seeds[repeat % len(seeds)] for repeat in range(repeats)]
 
 
 def plan(algos, seeds, cuda, variants=VARIANTS):
-    """The runs in execution order as (algo, variant, repeat, seed): per algorithm, one round of
-    every variant in turn per entry of `seeds`, so that drift on a noisy machine hits all
-    variants alike and all variants run the same seeds. Variants needing CUDA only if `cuda`;
-    the `cpu` variant only for the algorithms with a CPU script."""
+    """The runs in execution order as (algo, variant, repeat, seed)."""
     usable = [variant for variant in variants if cuda or not variant.needs_cuda]
     return [
         (algo, variant, repeat, seed)
@@ -87,8 +80,7 @@ def budget_flags(algo, quick, seed):
 
 
 def command(algo, variant, scripts_dir, quick, seed):
-    """The command line of one run: the variant's script, the budget's flags and seed, then the
-    variant's flags."""
+    """One run's command: the variant's script, the budget's flags, seed, variant's flags."""
     stem = algo.script(variant)
     flags = [
         *budget_flags(algo, quick, seed),
@@ -99,8 +91,7 @@ def command(algo, variant, scripts_dir, quick, seed):
 
 
 def env_limit_command(algo, scripts_dir, quick, seed, seconds):
-    """The command line that times `algo`'s environment alone, as its eager script builds it under
-    the budget."""
+    """The command that times `algo`'s environment alone under the budget."""
     script = scripts_dir / f"{algo.eager}.py"
     return [
         sys.executable,
@@ -114,16 +105,14 @@ def env_limit_command(algo, scripts_dir, quick, seed, seconds):
 
 
 def failure(cmd, reason, stderr=""):
-    """A BenchmarkError whose first line is the command (scripts by file name) and `reason`,
-    followed by `stderr`'s tail."""
+    """A BenchmarkError: the command (scripts by file name) and `reason`, then stderr's tail."""
     words = [Path(word).name if word.endswith(".py") else word for word in cmd[1:]]
     tail = stderr.strip().splitlines()[-STDERR_TAIL_LINES:]
     return BenchmarkError("\n".join([f"{shlex.join(words)} {reason}", *tail]))
 
 
 def result_line(cmd, proc, prefix):
-    """The JSON object of the one `<prefix> ` line of a finished process `proc`; a BenchmarkError if
-    there is none, more than one, or one that is not a JSON object."""
+    """The JSON object of the one `<prefix> ` line of a finished process `proc`."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{prefix} ")]
     if len(lines) != 1:
         raise failure(
@@ -166,8 +155,7 @@ def parse_summary(cmd, proc):
 
 
 def execute(cmd, timeout):
-    """Run `cmd` in a fresh interpreter from the repository root; the finished process, or a
-    BenchmarkError if it times out or exits with a non-zero status."""
+    """Run `cmd` in a fresh interpreter from the repository root."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -183,8 +171,7 @@ def run_one(cmd, timeout):
 
 
 def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
-    """Each algorithm's env-only throughput (the `ENV_ONLY` object of `benchmarks.env_limit`), by
-    name."""
+    """Each algorithm's env-only throughput (`benchmarks.env_limit`'s ENV_ONLY), by name."""
     limits = {}
     for algo in algos:
         cmd = env_limit_command(algo, scripts_dir, quick, seed, seconds)
@@ -194,8 +181,7 @@ def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
 
 
 def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
-    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`;
-    returns one record per run, in order."""
+    """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`."""
     order = plan(algos, seeds, cuda)
     runs = []
     for index, (algo, variant, repeat, seed) in enumerate(order, 1):
@@ -224,32 +210,21 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run", description=__doc__.split("\n")[0]
     )
-    parser.add_argument(
-        "--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)"
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)")
+    add("--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)")
+    add(
         "--seeds",
         type=int,
         nargs="+",
         default=[1, 2, 3],
         help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]",
     )
-    parser.add_argument(
-        "--env-seconds", type=float, default=2.0, help="how long to time each env alone"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="the small budget of each algorithm (default: full)"
-    )
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    parser.add_argument(
-        "--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are"
-    )
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
+    add("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
+    add("--quick", action="store_true", help="the small budget of each algorithm (default: full)")
+    add("--timeout", type=float, default=3600, help="seconds one run may take")
+    add("--scripts-dir", type=Path, default=ROOT / "leanrl", help="where the scripts are")
+    add("--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")

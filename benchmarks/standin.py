@@ -2,38 +2,19 @@
 every frame says which env and which step of which episode it is, and a step cost that is a sleep in
 a worker thread.
 
-    # async: recv returns the first 4 envs done
-    envs = StandInEnvs(num_envs=8, batch_size=4, step_seconds=1e-3)
+    envs = StandInEnvs(num_envs=8, batch_size=4, step_seconds=1e-3)  # async: recv 4 at a time
     envs.async_reset()
     obs, rewards, terminations, truncations, info = envs.recv()
     envs.send(actions, info["env_id"])
 
-What the Atari scripts read is there, with envpool's types: `reset()` -> (obs, info) and
-`step(actions, env_id=None)` -> (obs, rewards, terminations, truncations, info) for all envs in
-`env_id` order (sync mode, `batch_size` = `num_envs`); `async_reset()`, `send(actions, env_id)` and
-`recv()` (async mode, `batch_size` < `num_envs`: recv blocks until `batch_size` envs have finished
-stepping and returns those, in the order they finished); `single_observation_space` (uint8 frames,
-by default [4, 84, 84] as Breakout's), `single_action_space` (Discrete), `num_envs`, `config`,
-`close()`; `info` holds `env_id`, `lives`, `reward` (unclipped), `terminated` (the game is over) and
-`elapsed_step` (int32 and float32 arrays, as envpool's).
-
-The games, a pure function of the actions each env was sent (never of thread timing):
-- a game has `lives` lives; a life lasts `life_length(seed, env, episode)` steps, drawn from
-  `episode_length`; losing a life ends the learner's episode (a termination, episodic life as in the
-  scripts), `info["terminated"]` is 1 only when the game is over; a game that reaches
-  `max_episode_steps` steps is cut off (a truncation, the game over);
-- envpool's next-step reset: the step that ends an episode returns its final frame; the env's next
-  step ignores its action and returns the first frame of the next episode, reward 0, neither flag
-  set;
-- the unclipped reward of a step is the action it took (`info["reward"]`); the reward returned is
-  its sign (`reward_clip`, as the scripts make envpool);
-- frame bytes 0-3 hold (env, episode % 256, step % 256, step // 256) of the env's episodes (lives)
-  and steps since its episode began; the other bytes hold one value mixed from the three (so a
-  network sees different frames). `decode(obs)` reads the first three back.
-
-Every env step (resets included) sleeps `step_seconds` in one of `num_threads` worker threads
-(default: batch_size, as envpool's), outside the GIL as envpool's C++ threads step, so that the
-policy can act while envs step.
+It has what the Atari scripts read, typed as envpool's: `reset`, `step` (sync mode), `async_reset`,
+`send`, `recv` (async mode: the first `batch_size` envs done, in the order they finished), the
+spaces, `num_envs`, `config`, `close`; `info` holds `env_id`, `lives`, `reward` (unclipped),
+`terminated` and `elapsed_step`. A game is a pure function of the actions sent: `lives` lives of
+`life_length(seed, env, episode)` steps (losing one terminates, episodic life), cut off at
+`max_episode_steps`; envpool's next-step reset; the unclipped reward is the action, the returned
+one its sign. Frame bytes 0-3 hold (env, episode % 256, step % 256, step // 256), read back by
+`decode(obs)`. Every env step sleeps `step_seconds` in a worker thread, outside the GIL.
 """
 
 import queue
@@ -45,30 +26,26 @@ from gymnasium.spaces import Box, Discrete
 
 
 def life_length(seed, env, episode, episode_length):
-    """The steps of `env`'s `episode`-th life (counted over all its games), in `episode_length`
-    (low, high), seeded."""
+    """The steps of `env`'s `episode`-th life, in `episode_length` (low, high), seeded."""
     low, high = episode_length
     return int(np.random.default_rng([seed, env, episode]).integers(low, high + 1))
 
 
 def frame(shape, env, episode, step):
-    """The uint8 frame of `env` at `step` of its `episode`: bytes 0-3 say which, the rest one mixed
-    value."""
+    """The uint8 frame of `env` at `step` of its `episode`."""
     obs = np.full(shape, (env * 37 + episode * 11 + step * 3 + 1) % 256, dtype=np.uint8)
     obs.flat[:4] = (env, episode % 256, step % 256, step // 256)
     return obs
 
 
 def decode(obs):
-    """(env, episode % 256, step within the episode) of each frame of a batch [B, ...], as int
-    arrays."""
+    """(env, episode % 256, step within the episode) of each frame of a batch [B, ...]."""
     head = np.asarray(obs).reshape(len(obs), -1)[:, :4].astype(np.int64)
     return head[:, 0], head[:, 1], head[:, 2] + 256 * head[:, 3]
 
 
 class StandInEnvs:
-    """`num_envs` stand-in games with envpool's sync (`batch_size` None or `num_envs`) or async API;
-    see the module."""
+    """`num_envs` stand-in games with envpool's sync or async API; see the module."""
 
     def __init__(
         self,
@@ -137,16 +114,14 @@ class StandInEnvs:
     # ---- envpool's API ----
 
     def reset(self, env_id=None):
-        """Start a new game in every env of `env_id` (default: all) and return (obs, info) for
-        them."""
+        """Start a new game in every env of `env_id` (default: all); returns (obs, info)."""
         env_id = np.arange(self.num_envs) if env_id is None else np.asarray(env_id)
         self.async_reset(env_id)
         obs, _, _, _, info = self._receive(len(env_id), order=env_id)
         return obs, info
 
     def async_reset(self, env_id=None):
-        """Start a new game in every env of `env_id` (default: all); `recv` returns their first
-        frames."""
+        """Start a new game in every env of `env_id` (default: all); `recv` gets their frames."""
         self._send(None, np.arange(self.num_envs) if env_id is None else np.asarray(env_id))
 
     def step(self, actions, env_id=None):
@@ -163,8 +138,7 @@ class StandInEnvs:
         self._send(actions, env_id)
 
     def recv(self):
-        """The first `batch_size` envs that finish stepping: (obs, rewards, terminations,
-        truncations, info); in sync mode all envs, by env id."""
+        """The first `batch_size` envs that finish stepping."""
         return self._receive(
             self.batch_size, order=None if self.is_async else np.arange(self.num_envs)
         )
@@ -179,8 +153,7 @@ class StandInEnvs:
     # ---- the games ----
 
     def _send(self, actions, env_id):
-        """Queue a step of each env of `env_id` (a reset if `actions` is None) for the worker
-        threads."""
+        """Queue a step of each env of `env_id` (a reset if `actions` is None) for the workers."""
         if self.in_flight[env_id].any():
             raise RuntimeError(
                 f"envs {env_id[self.in_flight[env_id]].tolist()} were sent twice before a recv"
@@ -193,8 +166,7 @@ class StandInEnvs:
             self.tasks.put((env, None if actions is None else int(actions[i])))
 
     def _receive(self, count, order=None):
-        """`count` results as envpool returns them: in the order they finished, or in `order` (env
-        ids) if given."""
+        """`count` results as envpool returns them: in finishing order, or in `order`."""
         results = [self.done.get() for _ in range(count)]
         if order is not None:
             position = {env: i for i, env in enumerate(order.tolist())}
@@ -221,8 +193,7 @@ class StandInEnvs:
             self.done.put(self._step(*task))
 
     def _step(self, env, action):
-        """One step of `env` (it is in no other thread's hands): its result as a tuple for
-        `_receive`."""
+        """One step of `env` (it is in no other thread's hands)."""
         if self.needs_reset[env]:
             if self.new_game[env]:
                 self.lives_left[env], self.elapsed[env], self.new_game[env] = self.lives, 0, False

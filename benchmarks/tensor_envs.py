@@ -89,14 +89,15 @@ def tensor_rows(env_id, num_envs, device, seconds, compiled):
 def main(argv=None):
     tensor_envs = load_script("tensor_envs")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--env-ids", nargs="+", default=list(tensor_envs.TENSOR_ENVS))
-    parser.add_argument("--sizes", nargs="+", type=int, default=[1, 4, 64, 1024, 16384])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1, help="torch's threads on the CPU")
-    parser.add_argument("--seconds", type=float, default=1.0, help="each row's timing")
-    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled rows")
-    parser.add_argument("--no-gymnasium", action="store_true", help="the tensor envs' rows only")
-    parser.add_argument("--out", type=Path)
+    add = parser.add_argument
+    add("--env-ids", nargs="+", default=list(tensor_envs.TENSOR_ENVS))
+    add("--sizes", nargs="+", type=int, default=[1, 4, 64, 1024, 16384])
+    add("--device", default="cpu")
+    add("--threads", type=int, default=1, help="torch's threads on the CPU")
+    add("--seconds", type=float, default=1.0, help="each row's timing")
+    add("--no-compile", action="store_true", help="leave out the compiled rows")
+    add("--no-gymnasium", action="store_true", help="the tensor envs' rows only")
+    add("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []

@@ -55,12 +55,13 @@ def train(script, flags, seed, tensor, folder):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scripts", nargs="+", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--seeds", type=int, default=10, help="how many seeds")
-    parser.add_argument("--first-seed", type=int, default=1)
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/tensor_envs_learning"))
-    parser.add_argument("--out", type=Path)
+    add = parser.add_argument
+    add("--scripts", nargs="+", default=list(RUNS), choices=list(RUNS))
+    add("--seeds", type=int, default=10, help="how many seeds")
+    add("--first-seed", type=int, default=1)
+    add("--jobs", type=int, default=1)
+    add("--work-dir", type=Path, default=Path("/tmp/tensor_envs_learning"))
+    add("--out", type=Path)
     args = parser.parse_args(argv)
     result = dict(machine=machine_info(), scripts={})
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from benchmarks.scripts import SCRIPTS
 from benchmarks.studies import rpc_inference
 from benchmarks.studies.rpc_inference import QUANTILES, Batcher
 from tests.conftest import ROOT, assert_user_error, script_env
@@ -191,9 +192,7 @@ def test_unbatched_serving_answers_each_request_alone():
 @pytest.mark.parametrize("policy", ["dqn", "ppo_continuous"])
 def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(policy):
     try:
-        agent = rpc_inference.AgentServer(
-            policy, 3, True, True, "aot_eager", 1, str(rpc_inference.SCRIPTS)
-        )
+        agent = rpc_inference.AgentServer(policy, 3, True, True, "aot_eager", 1, str(SCRIPTS))
         observations = rpc_inference.SPECS[policy].observe(
             3, torch.device("cpu"), torch.Generator().manual_seed(2)
         )

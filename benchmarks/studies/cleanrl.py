@@ -1,5 +1,5 @@
 """Ours beside CleanRL's own scripts, each at its defaults, on a shared budget: learning-phase sps
-and their ratios, in one run, rounds alternating, on this machine.
+and their ratios, in one run, rounds alternating, on this machine's CPU (GPUs hidden).
 
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl  # a checkout of CleanRL (fe8d8a0)
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos sac td3 --rounds 3
@@ -7,38 +7,15 @@ and their ratios, in one run, rounds alternating, on this machine.
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos pqn --variants cleanrl eager \
         cpu compile --rounds 4  # PQN, its twin's --compile too
 
-Budgets: SAC and TD3 on HalfCheetah-v4, 3,000 updates after learning starts (5,000 and 25,000 random
-steps, their defaults); PPO on HalfCheetah-v4, 20,480 steps (10 iterations); DQN on CartPole-v1,
-30,000 steps; PQN on CartPole-v1, 51,200 steps (100 iterations of 4 envs x 128 steps). The
-variants: CleanRL's script, our eager script, our `_cpu` script, and with `--bf16` where this CPU
-computes bfloat16 natively (SAC and TD3); `--variants` adds `_cpu --threads 1`, `--threads 2` and
-`compile` (the twin with `--compile`). A variant whose script an algorithm lacks is skipped with a
-note. Every run hides the GPUs: this is a CPU study.
-
-Learning-phase sps. Ours: the SUMMARY's `sps` (after learning starts and the burn-in). CleanRL's
-scripts print `SPS: int(step / elapsed)` every 100 steps after learning starts (SAC, TD3, DQN) or
-after each iteration (PPO, PQN), at steps known from the budget: elapsed(step) = step / (SPS + 0.5)
-(the print truncates; the half makes it within 0.5 / SPS of the truth), and the phase's sps is the
-steps between two prints over the time between them, from the first print after learning starts
-(PPO: after the third iteration, as our burn-in) to the last. Whole runs: our `sps_wall` against
-CleanRL's last print (its clock starts after building its envs and networks, ours before). Each
-run's environment lacks OMP_NUM_THREADS and MKL_NUM_THREADS: CleanRL uses torch's default threads.
-
-CleanRL fe8d8a0 was written for gymnasium 0.29. Its four scripts run here from a temporary copy,
-changed by these text substitutions, none in the algorithm (each must match exactly once):
-- `from torch.utils.tensorboard import SummaryWriter` becomes a writer that does nothing
-  (tensorboard left out), beside `final_infos`, which reads gymnasium 1.x's vector info;
-- `gym.vector.SyncVectorEnv(` gets `autoreset_mode=SAME_STEP`, the autoreset they were written for;
-- `for info in infos["final_info"]:` reads `final_infos(infos)`: one info per env, as 0.29 gave;
-- SAC, TD3, DQN: `infos["final_observation"]` becomes `infos["final_obs"]`;
-- PPO: `TransformObservation(env, lambda obs: np.clip(obs, -10, 10))` is given the observation
-  space.
-
-Writes benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir). A failed run stops the
-study with status 1.
+Variants: CleanRL's script, our eager script, our `_cpu` script (with `--bf16` where the CPU has
+it); `--variants` adds `_cpu --threads 1|2` and `compile`. Ours report the SUMMARY's `sps`;
+CleanRL's print `SPS: int(step / elapsed)` at known steps, so elapsed(step) = step / (SPS + 0.5)
+and the phase's sps is the steps between the first print after learning starts (PPO: the third
+iteration) and the last, over the time between them. CleanRL's scripts, written for gymnasium 0.29,
+run from a copy changed by the text substitutions in `patched` (none in the algorithm). Writes
+benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir); a failed run exits 1.
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -50,13 +27,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.run import BenchmarkError, failure, note
 from benchmarks.scripts import SCRIPTS, load_script
 from benchmarks.studies.seeds import read_summary
 
-ROOT = Path(__file__).resolve().parents[2]
 CLEANRL_COMMIT = "fe8d8a0"
 
 
@@ -158,8 +135,7 @@ PATCHES = (
 
 
 def patched(name, source):
-    """CleanRL's `name`.py `source` with PATCHES applied; a BenchmarkError where one does not match
-    exactly once (a checkout other than fe8d8a0)."""
+    """CleanRL's `name`.py `source` with PATCHES applied."""
     for files, old, new in PATCHES:
         if files is not None and name not in files:
             continue
@@ -188,8 +164,7 @@ def flags(budget):
 
 
 def print_steps(budget):
-    """The steps at which CleanRL's script prints `SPS:`: after each iteration of `num_envs` x
-    `num_steps` steps (PPO, PQN), or every 100 steps once learning has started."""
+    """The steps at which CleanRL's script prints `SPS:`."""
     if "num_steps" in budget:
         iteration = budget["num_steps"] * budget.get("num_envs", 1)
         return range(iteration, budget["total_timesteps"] + 1, iteration)
@@ -313,16 +288,15 @@ def markdown(result):
         f"{settings['rounds']} alternating round(s), {settings['budget']} budgets, medians of "
         "learning-phase sps.",
         "",
-        "| algo | variant | sps | min-max | vs CleanRL | whole run vs CleanRL | threads |",
-        "|---|---|---:|---:|---:|---:|---|",
     ]
-    for r in result["rows"]:
-        threads = " ".join(map(str, r["threads"])) or "torch's default"
-        lines.append(
-            f"| {r['algo']} | {r['variant']} | {r['sps']:.0f} | {r['min']:.0f}-{r['max']:.0f} | "
-            f"{r['vs_cleanrl']:.2f}x | {r['run_vs_cleanrl']:.2f}x | {threads} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [
+        f"{r['algo']} | {r['variant']} | {r['sps']:.0f} | {r['min']:.0f}-{r['max']:.0f} | "
+        f"{r['vs_cleanrl']:.2f}x | {r['run_vs_cleanrl']:.2f}x | "
+        + (" ".join(map(str, r["threads"])) or "torch's default")
+        for r in result["rows"]
+    ]
+    header = "algo | variant | sps | min-max | vs CleanRL | whole run vs CleanRL | threads"
+    return "\n".join(lines + table(header, rows, "llrrrrl")) + "\n"
 
 
 def checkout_commit(checkout):
@@ -334,14 +308,13 @@ def checkout_commit(checkout):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cleanrl", type=Path, required=True, help="a checkout of CleanRL")
-    parser.add_argument("--algos", nargs="+", default=[algo.name for algo in ALGOS])
-    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for one run")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser, add = cli.parser("benchmarks.studies.cleanrl", __doc__, "--out-dir")
+    add("--cleanrl", type=Path, required=True, help="a checkout of CleanRL")
+    add("--algos", nargs="+", default=[algo.name for algo in ALGOS])
+    add("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    add("--rounds", type=int, default=2)
+    add("--quick", action="store_true", help="tiny budgets: a smoke test")
+    add("--timeout", type=float, default=1800, help="seconds for one run")
     return parser.parse_args(argv)
 
 
@@ -370,9 +343,10 @@ def main(argv=None):
         started=started.isoformat(),
     )
     result = dict(machine=machine_info(), settings=settings, results=results, rows=rows(results))
-    paths = write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown)
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
+    cli.conclude(
+        markdown(result),
+        write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown),
+    )
 
 
 if __name__ == "__main__":

@@ -1,36 +1,19 @@
 """How much torch.compile and CUDA graphs speed up acting: each optimized twin's acting policy,
 eager against compiled, per batch size.
 
-    # every policy, batch 1 8 64 256 1024, three compile modes
-    python -m benchmarks.studies.inference
-    # a smoke run: batch 1 and 8, default mode, short blocks
-    python -m benchmarks.studies.inference --quick
+    python -m benchmarks.studies.inference  # every policy, batch 1 8 64 256 1024, three modes
+    python -m benchmarks.studies.inference --quick  # a smoke run
 
-For each policy (benchmarks/policies.py) and batch size, the policy is built the way its
-script builds it and wrapped as: eager; `torch.compile` in each `--modes` mode; on a CPU, the
-script's numpy policy (`numpy`: what the MLP twins act with under `--compile` there); on a CUDA
-device, tensordict's `CudaGraphModule` and `CudaGraphModule(torch.compile(...))`. Each variant first
-runs its warm-up calls (compile, capture), timed on their own as `setup_s`. Then `--rounds`
-rounds each run one block of the same number of calls per variant, the order rotated every
-round, so that a noisy machine hits every variant alike. Every call is timed alone: with
-`time.perf_counter` on a CPU, with CUDA events and a synchronization after the call on a GPU
-(the scripts wait for each action too). Compilation is static, one graph per batch size, as a
-script with a fixed number of envs sees it: dynamo is reset between batch sizes and a recompile
-during the timed rounds is an error.
-
-Checks, in the benchmark: each variant's deterministic outputs (benchmarks/policies.py says
-which) equal the eager ones within |a - b| <= atol + rtol |b| (integer actions: at most 1% may
-differ, argmax near-ties); halfway through the rounds the training module's weights are changed
-in place, and each variant must then match eager on the new weights and differ from its own
-earlier output: a policy that acts with stale weights fails. A failed check ends the run with
-exit status 1, after the results are written.
-
-Writes benchmarks/results/inference-<time>.{json,md,png} (or to `--out`): every variant's median
-and p10/p90 latency, calls/s, samples/s, speed-up against eager in %, setup time and checks; the
-machine; the table; a plot of the speed-up against batch size per policy and variant.
+Variants: eager; `torch.compile` in each `--modes` mode; on a CPU the CPU script's numpy policy; on
+CUDA `CudaGraphModule`, plain and around `torch.compile`. Warm-up (compile, capture) is timed apart
+as `setup_s`; then `--rounds` rounds each time one block of calls per variant, the order rotated,
+every call timed alone (CUDA events and a sync on a GPU). One static graph per batch size: a
+recompile while timing is an error. Checks: every variant's deterministic outputs equal eager's
+within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ), also after the weights
+change in place halfway (a policy acting on stale weights fails); a failed check exits 1 after the
+results are written to benchmarks/results/inference-<time>.{json,md,png} (or to `--out`).
 """
 
-import argparse
 import math
 import statistics
 import sys
@@ -43,13 +26,14 @@ from typing import Callable
 import torch
 from tensordict.nn import CudaGraphModule
 
+from benchmarks import cli
+from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
 from benchmarks.processes import note
-from benchmarks.report import write_result
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.report import machine_line, table, write_result
+from benchmarks.scripts import load_script
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 CUDA_VARIANTS = ("cudagraphs", "compile+cudagraphs")
 FULL = {"batch_sizes": [1, 8, 64, 256, 1024], "modes": list(MODES), "rounds": 10, "block_ms": 40.0}
@@ -60,8 +44,7 @@ COMPILE_WARMUP, GRAPH_WARMUP = 3, 2
 
 @dataclass
 class Variant:
-    """One way to run a policy: `fn` is called as the script calls its policy; `warmup` calls are
-    untimed."""
+    """One way to run a policy, called as the script calls it; `warmup` calls untimed."""
 
     name: str
     fn: Callable
@@ -83,8 +66,7 @@ def compiled(act, mode, backend, cuda):
 
 
 def numpy_policy(host):
-    """The script's numpy policy called as the torch ones are: a tensor in, tensors out (the CPU
-    tensors and the arrays share memory, so the conversions copy nothing)."""
+    """The script's numpy policy called as the torch ones are."""
 
     def act(obs):
         out = host(obs.numpy())
@@ -123,8 +105,7 @@ def sync(cuda):
 
 
 def warm_up(variant, obs, cuda):
-    """Run `variant`'s warm-up calls; returns their wall time in seconds (compile, capture and first
-    calls)."""
+    """Run `variant`'s warm-up calls; their wall time in seconds (compile, capture)."""
     start = time.perf_counter()
     for _ in range(variant.warmup):
         variant.fn(obs)
@@ -145,8 +126,7 @@ def time_block(fn, obs, calls, cuda):
 
 
 def cuda_block(fn, obs, calls):
-    """Latencies of `calls` calls timed with CUDA events, synchronizing after each call as a script
-    does."""
+    """Latencies of `calls` calls timed with CUDA events, synchronizing after each."""
     latencies = []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -159,14 +139,12 @@ def cuda_block(fn, obs, calls):
 
 
 def calls_per_block(latency, block_s, min_calls=2, max_calls=5000):
-    """How many calls of `latency` seconds fill a block of `block_s` seconds, within [min_calls,
-    max_calls]."""
+    """How many calls of `latency` s fill `block_s` s, within [min_calls, max_calls]."""
     return max(min_calls, min(max_calls, math.ceil(block_s / max(latency, 1e-9))))
 
 
 def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
-    """Latencies by variant name over `rounds` rounds of one block per variant; the order rotates
-    each round (starting at rotation `offset`)."""
+    """Latencies by variant name over `rounds` rounds of one block per variant."""
     latencies = {v.name: [] for v in variants}
     for r in range(offset, offset + rounds):
         k = r % len(variants)
@@ -176,15 +154,12 @@ def timed_rounds(variants, obs, rounds, calls, cuda, offset=0):
 
 
 def detached(outputs):
-    """The outputs as clones on the CPU (a CUDA graph overwrites its output buffers at the next
-    replay)."""
+    """The outputs cloned to the CPU (a CUDA graph overwrites its outputs at each replay)."""
     return {name: tensor.detach().clone().cpu() for name, tensor in outputs.items()}
 
 
 def difference(candidate, reference, rtol, atol):
-    """How far `candidate` is from `reference` (dicts of tensors by name): (ok, worst), where worst
-    is the largest absolute difference of the float outputs and the fraction of differing
-    integer outputs."""
+    """How far `candidate` is from `reference` (dicts of tensors by name)."""
     worst, ok = 0.0, True
     for name, ref in reference.items():
         got = candidate[name]
@@ -205,8 +180,7 @@ def outputs(spec, fn, obs):
 
 
 def check_equal(spec, variants, obs, rtol, atol):
-    """Each variant's outputs against eager's on the current weights: {name: {"outputs", "ok",
-    "diff"}}."""
+    """Each variant's outputs against eager's on the current weights."""
     reference = outputs(spec, variants[0].fn, obs)
     checks = {}
     for variant in variants:
@@ -230,8 +204,7 @@ def check_after_update(spec, source, variants, obs, before, rtol, atol):
 
 
 def latency_stats(latencies, batch):
-    """Median, p10 and p90 latency in µs, calls/s and samples/s (over the total time of all timed
-    calls)."""
+    """Median, p10 and p90 latency in µs, calls/s and samples/s."""
     deciles = statistics.quantiles(latencies, n=10, method="inclusive")
     calls_s = len(latencies) / sum(latencies)
     return {
@@ -245,8 +218,7 @@ def latency_stats(latencies, batch):
 
 
 def speedup_pct(eager_median, median):
-    """The speed-up of a variant over eager in %, from median latencies: +100 is twice as fast, -50
-    half."""
+    """The speed-up of a variant over eager in %, from median latencies."""
     return 100.0 * (eager_median / median - 1.0)
 
 
@@ -293,8 +265,7 @@ def bench_unit(spec, script, batch, args, device):
 
 
 def available(names, scripts_dir):
-    """The specs among `names` whose script exists in `scripts_dir`, and a skip note for each one
-    missing."""
+    """The specs among `names` whose script exists, and a skip note for each one missing."""
     ready, skipped = [], []
     for name in names:
         spec = SPECS[name]
@@ -307,8 +278,7 @@ def available(names, scripts_dir):
 
 
 def cpu_script(spec, scripts_dir, device):
-    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU;
-    None on CUDA or where the algorithm has no CPU script on disk."""
+    """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU."""
     if (
         device.type != "cpu"
         or spec.cpu_script is None
@@ -364,52 +334,40 @@ def check_mark(row):
 
 
 def summary_table(rows):
-    """One line per policy and batch size: eager's median latency, then each variant's speed-up over
-    eager."""
+    """Per policy and batch size: eager's median latency, each variant's speed-up."""
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "eager"]
-    lines = [
-        "| policy | batch | eager median µs (p10-p90) | " + " | ".join(variants) + " |",
-        "|---|---:|---:|" + "---:|" * len(variants),
-    ]
     units = {}
     for r in rows:
         units.setdefault((r["policy"], r["batch"]), {})[r["variant"]] = r
+    lines = []
     for (policy, batch), unit in units.items():
         eager = unit["eager"]
-        cells = [f"{unit[v]['speedup_pct']:+.0f}%" if v in unit else "-" for v in variants]
-        span = f"{eager['median_us']:.0f} ({eager['p10_us']:.0f}-{eager['p90_us']:.0f})"
-        lines.append(f"| {policy} | {batch} | {span} | " + " | ".join(cells) + " |")
-    return lines
+        lines.append([policy, str(batch), f"{eager['median_us']:.0f} ({eager['p10_us']:.0f}-"])
+        lines[-1][-1] += f"{eager['p90_us']:.0f})"
+        lines[-1] += [f"{unit[v]['speedup_pct']:+.0f}%" if v in unit else "-" for v in variants]
+    header = ["policy", "batch", "eager median µs (p10-p90)", *variants]
+    return table(header, lines, "l" + "r" * (len(header) - 1))
 
 
 def full_table(rows):
-    """One line per policy, batch size and variant: latency, throughput, speed-up, setup time and
-    checks."""
+    """Per policy, batch size and variant: latency, throughput, speed-up, setup, checks."""
     lines = [
-        "| policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager | "
-        "setup s | check |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        f"{r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} | {r['p10_us']:.0f}"
+        f"-{r['p90_us']:.0f} | {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | "
+        + ("-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%")
+        + f" | {r['setup_s']:.1f} | {check_mark(r)}"
+        for r in rows
     ]
-    for r in rows:
-        vs = "-" if r["variant"] == "eager" else f"{r['speedup_pct']:+.0f}%"
-        lines.append(
-            f"| {r['policy']} | {r['batch']} | {r['variant']} | {r['median_us']:.0f} "
-            f"| {r['p10_us']:.0f}-{r['p90_us']:.0f} "
-            f"| {r['calls_per_s']:.0f} | {r['samples_per_s']:.0f} | {vs} | {r['setup_s']:.1f} | "
-            f"{check_mark(r)} |"
-        )
-    return lines
+    header = "policy | batch | variant | median µs | p10-p90 µs | calls/s | samples/s | vs eager"
+    return table(f"{header} | setup s | check", lines, "lrlrrrrrrl")
 
 
 def markdown(result):
-    """The result in markdown: the machine, device and settings, the speed-up summary, then the full
-    table."""
-    machine, settings = result["machine"], result["settings"]
-    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
+    """The machine, device and settings, the speed-up summary, then the full table."""
+    settings = result["settings"]
     tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
-        f"{versions}",
+        machine_line(result["machine"]),
         f"Device: {result['device']}; {settings['rounds']} alternating rounds; started "
         f"{result['started']}",
         "",
@@ -432,8 +390,7 @@ def markdown(result):
 
 
 def plot(result, path):
-    """Speed-up against batch size, one panel per policy, one line per compiled variant; saved to
-    `path`."""
+    """Speed-up against batch size, one panel per policy, one line per compiled variant."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -462,90 +419,27 @@ def plot(result, path):
     plt.close(fig)
 
 
-def positive_int(text):
-    """An argparse type: an integer > 0."""
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def positive_float(text):
-    """An argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.inference", description=__doc__.split("\n\n")[0]
+    parser, add = cli.parser(
+        "benchmarks.studies.inference", __doc__, "--backend --device --seed --out --scripts-dir"
     )
-    parser.add_argument("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
-    parser.add_argument(
-        "--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024"
-    )
-    parser.add_argument(
-        "--modes", nargs="*", choices=MODES, help="torch.compile modes to time (default: all three)"
-    )
-    parser.add_argument(
-        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
-    )
-    parser.add_argument(
-        "--rounds",
-        type=positive_int,
-        help="alternating rounds, the weights change halfway (default: 10)",
-    )
-    parser.add_argument(
-        "--block-ms",
-        type=positive_float,
-        help="one block's length, from eager's latency (default: 40)",
-    )
-    parser.add_argument(
-        "--rtol", type=positive_float, default=1e-3, help="relative tolerance of the output checks"
-    )
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-4, help="absolute tolerance of the output checks"
-    )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    add("--policies", nargs="+", choices=list(SPECS), default=list(SPECS))
+    add("--batch-sizes", nargs="+", type=positive_int, help="default: 1 8 64 256 1024")
+    add("--modes", nargs="*", choices=MODES, help="torch.compile modes (default: all three)")
+    add("--rounds", type=positive_int, help="rounds, the weights change halfway (default: 10)")
+    add("--block-ms", type=positive_float, help="one block's length (default: 40)")
+    add("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks")
+    add("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks")
+    add("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
+    args = cli.parse(parser, argv, QUICK, FULL)
     if args.backend != "inductor" and set(args.modes) - {"default"}:
         parser.error(
             f"--modes {' '.join(args.modes)}: modes other than default need --backend inductor"
         )
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the weights change halfway)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
     return args
-
-
-def conclude(table, paths, failures):
-    """Print the table, say where the results went and which checks failed; returns the exit status
-    (1 if any)."""
-    print(table)
-    note("wrote " + ", ".join(map(str, paths)))
-    for line in failures:
-        note(f"check failed: {line}")
-    return 1 if failures else 0
-
-
-def pick_device(choice):
-    """The device to run on: `choice`, or CUDA when there is one for 'auto'."""
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(choice)
 
 
 def main(argv=None):

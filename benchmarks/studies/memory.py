@@ -1,61 +1,24 @@
 """When a scan beats a loop: the forward and backward pass of PPO's recurrent memory over sequences
-of T steps.
+of T steps (docs/memory.md).
 
-    # T 16 64 256 1024, batch 8 and 64, the four variants (~6 min here)
-    python -m benchmarks.studies.memory
-    # also every scan candidate on bare (a, b) tensors
-    python -m benchmarks.studies.memory --candidates
-    # a smoke run: T 8 and 16, batch 2, short blocks
-    python -m benchmarks.studies.memory --quick
-    # LSTM, minGRU and minGRU without memory at equal steps, 5 seeds
-    python -m benchmarks.studies.memory --learning
-    # the three agents on five POMDPs, 3 seeds (~25 min here)
-    python -m benchmarks.studies.memory --tasks --jobs 2
-    # named tasks of TASKS (this one not by default)
+    python -m benchmarks.studies.memory  # T 16 64 256 1024, batch 8 and 64 (~6 min here)
+    python -m benchmarks.studies.memory --candidates  # also every scan tried, on bare tensors
+    python -m benchmarks.studies.memory --quick  # a smoke run
+    python -m benchmarks.studies.memory --learning  # LSTM, minGRU, no memory: 5 seeds
+    python -m benchmarks.studies.memory --tasks --jobs 2  # the three on five POMDPs (~25 min)
     python -m benchmarks.studies.memory --tasks repeat-first --seeds 1 2
 
-Variants, each the sequence model of a script (torso, recurrence over T steps with an episode
-start at about 5% of the steps, the layers after it), forward then backward to its parameters,
-128 hidden units, one intra-op thread as the scripts use on a CPU:
-- `lstm-loop`: ppo_lstm.py's LSTM, its state multiplied by (1 - done) inside a Python loop over
-  time;
-- `mingru-loop`: ppo_mingru.py's minGRU, the linear recurrence h_t = a_t * h_{t-1} + b_t by a
-  Python loop;
-- `mingru-scan`: ppo_mingru_torchcompile.py's minGRU, the same recurrence as its associative
-  scan, eager;
-- `mingru-scan-compiled`: the same under `torch.compile` (forward and backward; static shapes,
-  compiled per cell). Before timing, each minGRU variant's features and gradients must equal
-  `mingru-loop`'s: per tensor, max |a - b| <= atol + rtol max |b|, or the run stops with exit
-  status 1. Then `--rounds` rounds each time one block of calls per variant, the order rotated
-  every round; a recompilation while timing is an error.
-
-`--candidates` adds a table on bare tensors a, b [T, B, 128] (a = 0 at the episode starts): the
-loop, and every way of scanning that was tried for the optimized twin: a log-depth Hillis-Steele
-scan in plain torch ops (T log T work), torch's prototype `associative_scan`
-(torch._higher_order_ops, combine_mode="generic": the only mode that runs on a CPU), the chunked
-scan the twin keeps (about 2T work, 2 sqrt(T) steps), and log-space cumulative sums as in the
-minGRU paper (exact resets as a_t = e^-60, in float64; it needs b > 0), eager and, where it
-compiles, compiled. A candidate whose outputs or gradients are not the loop's is reported as
-such and not timed in that cell.
-
-`--tasks` trains LSTM (ppo_lstm.py), minGRU (ppo_mingru.py) and no memory (ppo_mingru.py
---no-memory) on each named POMDP of TASKS, by default velocity-hidden CartPole and four of
-POPGym's (arXiv 2303.01859: a recall task, control with hidden state, noisy control, a card
-game; `pip install -r requirements/requirements-popgym.txt`), at the task's budget, every seed,
-`--jobs` runs at a time with one thread each. Per task it plays a random policy for scale, and
-tables each agent's final return (the episodes that ended in the last tenth of the run): mean
-and standard deviation over seeds, and the fraction of the way from random to the best of the
-three. Beside it: each eager run's sps, and one `--compile` run of each optimized twin on
-velocity-hidden CartPole (`--compiled-steps`, alone). It writes
-benchmarks/results/memory-tasks-<time>.{json,md,png}: the plot shows every seed's final return
-per task and agent.
-
-Writes benchmarks/results/memory-<time>.{json,md,png} (or to `--out`): median and p10/p90 per
-cell, the ratio to the loop, the machine; the plot shows time against T on log scales, one panel
-per batch size.
+Variants (128 hidden units, one intra-op thread): `lstm-loop` (ppo_lstm.py), `mingru-loop`
+(ppo_mingru.py), `mingru-scan` (ppo_mingru_torchcompile.py's chunked scan) and
+`mingru-scan-compiled`. Each minGRU variant's features and gradients must equal `mingru-loop`'s
+(max |a - b| <= atol + rtol max |b|) or the run stops with exit status 1; then `--rounds` rounds
+each time one block per variant, the order rotated. `--candidates` times every scan tried for the
+twin on a, b [T, B, 128]: Hillis-Steele, torch's prototype `associative_scan`, the chunked scan and
+log-space cumulative sums. `--tasks` trains the three agents on each POMDP of TASKS (velocity-hidden
+CartPole and four of POPGym's; requirements/requirements-popgym.txt) against a random policy.
+Writes benchmarks/results/memory[-tasks]-<time>.{json,md,png} (or to `--out`).
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -69,21 +32,14 @@ import gymnasium as gym
 import torch
 from torch._higher_order_ops.associative_scan import associative_scan
 
+from benchmarks import cli
+from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
-from benchmarks.report import optional, write_result
-from benchmarks.scripts import SCRIPTS, load_script
-from benchmarks.studies.inference import (
-    Variant,
-    calls_per_block,
-    note,
-    pick_device,
-    positive_float,
-    positive_int,
-    time_block,
-    warm_up,
-)
+from benchmarks.processes import note
+from benchmarks.report import machine_line, optional, table, write_result
+from benchmarks.scripts import load_script
+from benchmarks.studies.inference import Variant, calls_per_block, time_block, warm_up
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 FULL = {"steps": [16, 64, 256, 1024], "batch_sizes": [8, 64], "rounds": 5, "block_ms": 200.0}
 QUICK = {"steps": [8, 16], "batch_sizes": [2], "rounds": 2, "block_ms": 5.0}
 HIDDEN, N_OBS, START_PROB = 128, 2, 0.05
@@ -127,8 +83,7 @@ RANDOM_EPISODES = 200
 
 
 def hillis_steele_scan(a, b, h0):
-    """log2(T) rounds; in the round with shift s every (a_t, b_t) composes with the pair s steps
-    before it."""
+    """log2(T) rounds; with shift s each (a_t, b_t) composes with the pair s before."""
     b = torch.cat([(a[0] * h0 + b[0])[None], b[1:]])
     shift = 1
     while shift < len(a):
@@ -176,8 +131,7 @@ def candidates(loop, chunked):
 
 
 def sequence_inputs(steps, batch, seed, device):
-    """Observations [T, B, N_OBS] and episode starts [T, B] (about START_PROB of the steps), from
-    `seed`."""
+    """Observations [T, B, N_OBS] and episode starts [T, B] from `seed`."""
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(steps, batch, N_OBS, generator=g)
     done = (torch.rand(steps, batch, generator=g) < START_PROB).float()
@@ -230,10 +184,7 @@ def model_variants(scripts, steps, batch, seed, device, backend):
 
 
 def candidate_variants(scripts, steps, batch, seed, device, backend):
-    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]; a call
-    runs the scan and the backward pass of a fixed linear loss to a, b and h0. As in the model, a =
-    a_raw * (1 - start): the gradient reaches a_raw only where no episode starts (where one does,
-    the log-space scan has no gradient to give)."""
+    """Every candidate scan, eager and (where marked) compiled, on bare a, b [T, B, HIDDEN]."""
     g = torch.Generator().manual_seed(seed)
     keep = (torch.rand(steps, batch, 1, generator=g) >= START_PROB).float().to(device)
     a_raw = torch.rand(steps, batch, HIDDEN, generator=g).to(device).requires_grad_()
@@ -260,10 +211,7 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
 
 
 def difference(got, want, rtol, atol):
-    """(ok, worst relative difference) of two lists of tensors: each tensor's largest |a - b|
-    against atol + rtol * its largest |b|. A gradient sums T * B terms, so an entry that cancels
-    to near zero carries the rounding of the large terms; measured against the tensor's scale it
-    is as exact as the rest."""
+    """(ok, worst relative difference) of two lists of tensors."""
     ok, worst = True, 0.0
     for x, y in zip(got, want, strict=True):
         err, scale = float((x - y).abs().max()), float(y.abs().max())
@@ -273,8 +221,7 @@ def difference(got, want, rtol, atol):
 
 
 def check_against(reference, variants, rtol, atol):
-    """{name: (ok, worst)} of each variant's outputs and gradients against the `reference`
-    variant's."""
+    """{name: (ok, worst)} of each variant's outputs and gradients against `reference`."""
     want = reference.fn(None)
     return {v.name: difference(v.fn(None), want, rtol, atol) for v in variants}
 
@@ -283,10 +230,7 @@ def check_against(reference, variants, rtol, atol):
 
 
 def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
-    """Warm up, check and time every variant at one (T, batch); returns one row per variant. A
-    variant whose outputs or gradients differ from the `reference`'s stops the run (exit status
-    1) before any timing if `fatal`, else it is left out of the timing, its row saying why (a
-    candidate that is not exact is no candidate)."""
+    """Warm up, check and time every variant at one (T, batch); returns one row per variant."""
     setup = {v.name: warm_up(v, None, cuda) for v in variants}
     checks = check_against(
         reference, [v for v in variants if v.name != "lstm-loop"], args.rtol, args.atol
@@ -348,8 +292,7 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
 
 
 def run_grid(kind, scripts, args, device):
-    """Every (T, batch) cell of `kind` ("models" or "candidates"); dynamo is reset per cell (static
-    shapes)."""
+    """Every (T, batch) cell of `kind` ("models" or "candidates")."""
     build = model_variants if kind == "models" else candidate_variants
     rows = []
     for batch in args.batch_sizes:
@@ -387,8 +330,7 @@ def final_return_mean(summary):
 
 
 def learning_run(script, flags, steps, seed, scripts_dir):
-    """One training run of `script`; returns its late mean return and its summary's return_mean and
-    sps."""
+    """One training run of `script`: its late mean return, return_mean and sps."""
     cmd = [
         sys.executable,
         str(Path(scripts_dir) / f"{script}.py"),
@@ -417,8 +359,7 @@ def learning_run(script, flags, steps, seed, scripts_dir):
 
 
 def learning(args):
-    """Each of LEARNING's agents for `--learning-steps` steps with every seed, the seeds
-    alternating."""
+    """Each of LEARNING's agents for `--learning-steps` steps, every seed, alternating."""
     rows = []
     for seed in args.seeds:
         for name, script, flags in LEARNING:
@@ -505,8 +446,7 @@ def task_runs(args):
 
 
 def compiled_sps(args):
-    """{agent: sps} of each optimized twin with `--compile` on velocity-hidden CartPole, one run at
-    a time."""
+    """{agent: sps} of each optimized twin with `--compile`, one run at a time."""
     sps = {}
     for agent, script in COMPILED:
         note(f"tasks: {script} --compile, {args.compiled_steps} steps")
@@ -563,52 +503,36 @@ def tasks(args):
 
 
 def tasks_markdown(result):
-    machine, settings, found = result["machine"], result["settings"], result["tasks"]
+    settings, found = result["settings"], result["tasks"]
     agents = [agent for agent, _, _ in TASK_AGENTS]
     seeds = " ".join(map(str, settings["seeds"]))
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
-        "torch "
-        f"{machine['versions']['torch']}; started {result['started']}, {settings['jobs']} run(s) "
-        "at a time",
+        f"{machine_line(result['machine'])}; started {result['started']}, {settings['jobs']} "
+        "run(s) at a time",
         "",
         "Final return (mean of the episodes that ended in the last tenth of each run, of the last "
-        "20 if none did) "
-        f"over seeds {seeds}: mean ± standard deviation, [fraction of the way from random to the "
-        "best of the three]; "
-        f"random: uniformly random actions, {RANDOM_EPISODES} episodes",
+        f"20 if none did) over seeds {seeds}: mean ± standard deviation, [fraction of the way from "
+        f"random to the best of the three]; random: uniformly random actions, {RANDOM_EPISODES} "
+        "episodes",
         "",
-        "| task | env id | env steps | random | " + " | ".join(agents) + " |",
-        "|---|---|---:|---:|" + "---:|" * len(agents),
     ]
+    rows, speeds = [], []
     for task, cells in found["table"].items():
-        env_id, steps, _ = TASKS[task]
-        text = [
+        env_id, steps = TASKS[task][:2]
+        rows.append([task, env_id, str(settings["task_steps"] or steps)])
+        rows[-1] += [f"{found['random'][task]:.3g}"] + [
             f"{c['mean']:.3g} ± {c['spread']:.2g} [{optional(c['of_best'], '.2f')}]"
             for c in map(cells.get, agents)
         ]
-        steps = settings["task_steps"] or steps
-        lines.append(
-            f"| {task} | {env_id} | {steps} | {found['random'][task]:.3g} | "
-            + " | ".join(text)
-            + " |"
-        )
-    lines += [
-        "",
-        "Speed, env steps per second after burn-in (each eager run's sps: median over its task's "
-        "runs)",
-        "",
-    ]
-    lines += ["| task | " + " | ".join(agents) + " |", "|---|" + "---:|" * len(agents)]
-    for task, cells in found["table"].items():
-        lines.append(
-            f"| {task} | " + " | ".join(optional(cells[a]["sps"], ".0f") for a in agents) + " |"
-        )
+        speeds.append([task] + [optional(cells[a]["sps"], ".0f") for a in agents])
+    lines += table(["task", "env id", "env steps", "random", *agents], rows, "llrr" + "r" * 3)
+    lines += ["", "Speed, env steps per second after burn-in (each eager run's sps: median over "]
+    lines[-1] += "its task's runs)"
+    lines += ["", *table(["task", *agents], speeds, "lrrr")]
     for agent, sps in found["compiled_sps"].items():
-        script = dict(COMPILED)[agent]
         lines.append(
-            f"\n{script} --compile, cartpole-velocity-hidden, {settings['compiled_steps']} steps: "
-            f"{sps:.0f} sps"
+            f"\n{dict(COMPILED)[agent]} --compile, cartpole-velocity-hidden, "
+            f"{settings['compiled_steps']} steps: {sps:.0f} sps"
         )
     return "\n".join(lines) + "\n"
 
@@ -655,81 +579,61 @@ def tasks_plot(result, path):
 
 
 def cell_table(rows, title):
-    """A markdown table: one line per (T, batch), one column per variant, median ms [p10-p90] and
-    the ratio."""
+    """Markdown: per (T, batch), each variant's median ms [p10-p90] and its ratio."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    lines = [
-        title,
-        "",
-        "| T | batch | " + " | ".join(variants) + " |",
-        "|---|---|" + "---|" * len(variants),
-    ]
+    lines = []
     for key in dict.fromkeys((r["batch"], r["steps"]) for r in rows):
         cells = {r["variant"]: r for r in rows if (r["batch"], r["steps"]) == key}
-        text = [
+        lines.append([str(key[1]), str(key[0])])
+        lines[-1] += [
             f"{c['median_ms']:.3g} [{c['p10_ms']:.3g}-{c['p90_ms']:.3g}] "
             f"({c['speedup_vs_loop']:.2f}x)"
             if "median_ms" in c
             else f"not exact: off by {c['check']['diff']:.2g} of the scale"
             for c in (cells[v] for v in variants)
         ]
-        lines.append(f"| {key[1]} | {key[0]} | " + " | ".join(text) + " |")
-    return lines
+    return [title, "", *table(["T", "batch", *variants], lines, "ll" + "l" * len(variants))]
 
 
 def learning_table(rows, steps):
-    """A markdown table: mean return of the second half of each run, per agent and seed, and their
-    mean."""
-    agents = list(dict.fromkeys(r["agent"] for r in rows))
+    """Markdown: each run's second-half mean return, per agent and seed, and the mean."""
     seeds = list(dict.fromkeys(r["seed"] for r in rows))
-    lines = [
-        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the "
-        "episodes that ended in "
-        "the second half of the run",
-        "",
-        "| agent | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
-        "|---|" + "---|" * (len(seeds) + 1),
-    ]
-    for agent in agents:
+    lines = []
+    for agent in dict.fromkeys(r["agent"] for r in rows):
         values = [
             next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s)
             for s in seeds
         ]
-        lines.append(
-            f"| {agent} | "
-            + " | ".join(f"{v:.1f}" for v in values)
-            + f" | {statistics.mean(values):.1f} |"
-        )
-    return lines
+        lines.append([agent, *(f"{v:.1f}" for v in [*values, statistics.mean(values)])])
+    header = ["agent", *(f"seed {s}" for s in seeds), "mean"]
+    return [
+        f"Learning, velocity-hidden CartPole-v1, {steps} env steps each: mean return of the "
+        "episodes that ended in the second half of the run",
+        "",
+        *table(header, lines, "l" * len(header)),
+    ]
 
 
 def markdown(result):
-    machine, settings = result["machine"], result["settings"]
+    settings, timed = result["settings"], result["models"] or result["candidates"]
     lines = [
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, GPU: {machine['gpu'] or 'none'}; "
-        "torch "
-        f"{machine['versions']['torch']}; device {result['device']}, {settings['threads']} "
+        f"{machine_line(result['machine'])}; device {result['device']}, {settings['threads']} "
         "intra-op thread(s)",
         f"Started {result['started']}"
         + (
             f"; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms"
-            if result["models"] or result["candidates"]
+            if timed
             else ""
         ),
         "",
     ]
+    what = " ms: median [p10-p90] (speed-up over "
     if result["models"]:
-        lines += cell_table(
-            result["models"],
-            "Forward + backward of the sequence model, ms: median [p10-p90] (speed-up over "
-            "mingru-loop)",
-        ) + [""]
+        title = f"Forward + backward of the sequence model,{what}mingru-loop)"
+        lines += cell_table(result["models"], title) + [""]
     if result["candidates"]:
-        lines += cell_table(
-            result["candidates"],
-            "Scan candidates on bare a, b (forward + backward), ms: median [p10-p90] (speed-up "
-            "over the loop)",
-        ) + [""]
+        title = f"Scan candidates on bare a, b (forward + backward),{what}the loop)"
+        lines += cell_table(result["candidates"], title) + [""]
     if result["learning"]:
         lines += learning_table(result["learning"], settings["learning_steps"]) + [""]
     return "\n".join(lines)
@@ -778,91 +682,26 @@ def plot(result, path):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.memory", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "--steps", nargs="+", type=positive_int, help="sequence lengths T (default: 16 64 256 1024)"
-    )
-    parser.add_argument(
-        "--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)"
-    )
-    parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
-    parser.add_argument("--block-ms", type=positive_float, help="one block's length (default: 200)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="intra-op threads on a CPU (the scripts use 1)",
-    )
-    parser.add_argument(
-        "--candidates", action="store_true", help="also time every scan candidate on bare tensors"
-    )
-    parser.add_argument(
-        "--no-models",
-        dest="models",
-        action="store_false",
-        default=None,
-        help="skip the four sequence-model variants (skipped by default with --tasks)",
-    )
-    parser.add_argument(
-        "--learning",
-        action="store_true",
-        help="also train the LSTM and minGRU agents at equal steps",
-    )
-    parser.add_argument(
-        "--learning-steps", type=positive_int, default=61440, help="env steps of each learning run"
-    )
-    parser.add_argument(
-        "--tasks",
-        nargs="*",
-        choices=list(TASKS),
-        help="train the LSTM, minGRU and no memory on these POMDPs (none named: the default set) "
-        "at each one's budget",
-    )
-    parser.add_argument(
-        "--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)"
-    )
-    parser.add_argument(
-        "--task-steps",
-        type=positive_int,
-        help="env steps of every --tasks run (default: each task's)",
-    )
-    parser.add_argument(
-        "--compiled-steps",
-        type=int,
-        default=30720,
-        help="env steps of each compiled twin's sps run with --tasks (0: none)",
-    )
-    parser.add_argument(
-        "--seeds",
-        nargs="+",
-        type=int,
-        help="seeds of the learning and task runs (default: 1-5 and 1-3)",
-    )
-    parser.add_argument(
-        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
-    )
-    parser.add_argument(
-        "--rtol",
-        type=positive_float,
-        default=1e-5,
-        help="relative tolerance of the checks (of a tensor's scale)",
-    )
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks"
-    )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    common = "--backend --device --seed --out --scripts-dir"
+    parser, add = cli.parser("benchmarks.studies.memory", __doc__, common)
+    add("--steps", nargs="+", type=positive_int, help="lengths T (default: 16 64 256 1024)")
+    add("--batch-sizes", nargs="+", type=positive_int, help="sequences per batch (default: 8 64)")
+    add("--rounds", type=positive_int, help="alternating rounds (default: 5)")
+    add("--block-ms", type=positive_float, help="one block's length (default: 200)")
+    add("--threads", type=positive_int, default=1, help="intra-op threads on a CPU")
+    add("--candidates", action="store_true", help="also time every scan candidate")
+    add("--no-models", dest="models", action="store_false", default=None, help="skip the models")
+    add("--learning", action="store_true", help="also train the agents at equal steps")
+    add("--learning-steps", type=positive_int, default=61440, help="steps of a learning run")
+    add("--tasks", nargs="*", choices=list(TASKS), help="train on these POMDPs (none: the default)")
+    add("--jobs", type=positive_int, default=1, help="--tasks runs at a time (each one thread)")
+    add("--task-steps", type=positive_int, help="steps of every --tasks run (default: the task's)")
+    add("--compiled-steps", type=int, default=30720, help="steps of each compiled twin's run")
+    add("--seeds", nargs="+", type=int, help="learning and task seeds (default: 1-5 and 1-3)")
+    add("--rtol", type=positive_float, default=1e-5, help="relative tolerance of the checks")
+    add("--atol", type=positive_float, default=1e-5, help="absolute tolerance of the checks")
+    add("--quick", action="store_true", help=f"smoke-run defaults: {QUICK}")
+    args = cli.parse(parser, argv, QUICK, FULL)
     if args.models is None:
         args.models = args.tasks is None
     if args.tasks == []:
@@ -871,8 +710,6 @@ def parse_args(argv):
         args.seeds = [1, 2, 3] if args.tasks else [1, 2, 3, 4, 5]
     if args.compiled_steps < 0:
         parser.error(f"--compiled-steps must be >= 0, got {args.compiled_steps}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (p10 and p90 need two timings)")
     if not (args.models or args.candidates or args.learning or args.tasks):
@@ -883,8 +720,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    """Run what the flags ask for, print the tables, write the results; exit status 1 if a check
-    failed."""
+    """Run what the flags ask for, print the tables, write the results."""
     args = parse_args(argv)
     device = pick_device(args.device)
     if device.type == "cpu":
@@ -893,37 +729,26 @@ def main(argv=None):
         name: load_script(name, args.scripts_dir)
         for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
     }
-    started = datetime.now().isoformat(timespec="seconds")
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
+    head = {"machine": machine_info(), "started": f"{datetime.now():%Y-%m-%dT%H:%M:%S}"}
+    head["settings"] = settings
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     if args.tasks:
-        found = {
-            "machine": machine_info(),
-            "started": started,
-            "settings": settings,
-            "tasks": tasks(args),
-        }
-        stem = f"memory-tasks-{datetime.now():%Y%m%d-%H%M%S}"
-        paths = write_result(found, args.out, stem, tasks_markdown, tasks_plot)
-        print(tasks_markdown(found))
-        note("wrote " + ", ".join(map(str, paths)))
+        found = head | {"tasks": tasks(args)}
+        paths = write_result(found, args.out, f"memory-tasks-{stamp}", tasks_markdown, tasks_plot)
+        conclude(tasks_markdown(found), paths)
         if not (args.models or args.candidates or args.learning):
             return 0
-    result = {
-        "machine": machine_info(),
+    result = head | {
         "device": str(device),
-        "started": started,
-        "settings": settings,
         "models": run_grid("models", scripts, args, device) if args.models else [],
         "candidates": run_grid("candidates", scripts, args, device) if args.candidates else [],
         "learning": learning(args) if args.learning else [],
     }
     figure = plot if result["models"] or result["candidates"] else None
-    paths = write_result(
-        result, args.out, f"memory-{datetime.now():%Y%m%d-%H%M%S}", markdown, figure
+    return conclude(
+        markdown(result), write_result(result, args.out, f"memory-{stamp}", markdown, figure)
     )
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,63 +1,24 @@
 """Double-buffered sampling measured: the rollout phase alone, synchronous against envpool's async
-mode, each next to the bound its design can reach.
+mode, each next to the bound its design can reach (docs/async-sampling.md).
 
-    # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min, 2 busy cores)
-    python -m benchmarks.studies.overlap
-    # a smoke run (~1 min): short blocks, tiny Atari budgets
-    python -m benchmarks.studies.overlap --quick
-    # the stand-in envs alone
-    python -m benchmarks.studies.overlap --skip-atari
-    # the Atari policy compiled (in the rollouts and the scripts' runs)
-    python -m benchmarks.studies.overlap --compile
+    python -m benchmarks.studies.overlap  # stand-ins at d = 0.1, 1, 10 ms, PPO Atari (18 min)
+    python -m benchmarks.studies.overlap --quick  # a smoke run (~1 min)
+    python -m benchmarks.studies.overlap --skip-atari  # the stand-in envs alone
+    python -m benchmarks.studies.overlap --compile  # the Atari policy compiled
 
-Designs. `sync`: all `--num-envs` envs step, then the policy acts on all of them (every script but
-the async one). `async B`: envpool's async mode with `batch_size` B (`--async-batch-sizes`): `recv`
-the first B envs done stepping, act on them, `send` their actions, while the other envs step in the
-pool's threads (`--env-threads`, by default the async script's: one fewer than the cores, so that
-the policy keeps one).
+Designs: `sync` steps all `--num-envs` envs, then acts on all; `async B` is envpool's async mode
+with batch_size B (`--async-batch-sizes`), the other envs stepping in the pool's threads. Bounds
+come from costs timed alone, in blocks that take turns with the rollouts: E, env-only time per env
+step, and A, acting time per env step at the design's batch; sync 1 / (E + A), async 1 / max(E, A),
+plus the pipeline bound 1 / max(E + A / k, A) for k = envs / B batches in flight.
 
-Bounds, from costs measured alone, in blocks of their own that take turns with the rollouts' in
-every round (so a noisy machine hits costs and rollouts alike; medians over the rounds): E, the
-env-only time per env step in the design's own mode (the same loop with fixed or random actions, no
-policy), and A, the acting time per env step at the design's batch (the policy called on B frames,
-over B). sync: 1 / (E + A) env steps/s, as stepping and acting alternate; async: 1 / max(E, A), as
-they overlap. Each rollout's sps is reported as a ratio to its design's bound. Two caveats:
-- with k = envs / B batches in flight, each batch still waits for its own actions before it steps
-  again, so the stand-in rows add the pipeline bound 1 / max(E + A / k, A): a batch steps in the
-  time all envs do (E x envs, with a thread per env as in the stand-in), then waits A x B for its
-  actions, and k batches share one policy. At k = 2 and E near A it is well below max(E, A): only
-  more batches (smaller B), or a policy much cheaper or dearer than the envs, bring the async design
-  near the larger-of-the-two bound;
-- on a CPU, envpool's threads and the policy share the cores: E is measured with every core free for
-  the envs and A with the policy alone, so neither bound counts what one takes from the other.
-
-(a) Stand-in envs (benchmarks/standin.py): every env step sleeps d (`--step-ms`) in a worker thread,
-outside the GIL, one thread per env in every design (the envs can all step at once in each); the
-policy is a fixed matmul, per frame a chain of [64, 64] products calibrated so that acting on all
-envs costs about `--policy-ms` (its cost grows with the batch, as a network's). Each of `--rounds`
-rounds times a block of `--seconds` of every design's rollout and envs alone, and of the policy
-alone at every batch size (a quarter as long), in an order rotated each round. (b) PPO Atari with
-envpool (`--env-id`, by default Breakout-v5, 8 envs). sync: the twin's rollout phase, its loop over
-`num_steps` reproduced line for line in `twin_rollout` below (tests/test_overlap.py checks each line
-against the twin) with the twin's `make_envs` and `finished_games`, then its bootstrap value. The
-async script's `collect_rollout` with `--async-batch-size` = `--num-envs` takes the same env steps,
-but with its own by-env bookkeeping: the twin's loop itself is what the twin runs. async B:
-ppo_atari_envpool_async.py's `collect_rollout` (imported), with the script's storage and state
-carried from rollout to rollout. Both act with one agent (the twin's `make_learner`), so A is the
-same network in both; E comes from each design's envpool stepped with pre-drawn random actions.
-Rollouts of `--atari-steps` steps, `--atari-rollouts` per block, one untimed first; env-only and
-acting blocks as in (a). Beside them, the whole iteration (rollout and update): each script run once
-for 20480 env steps, 3 iterations of burn-in (`--quick`: 512 steps in rollouts of 16 steps, 1 of
-burn-in), its SUMMARY's `sps`.
-
-torch runs `--threads` intra-op threads (default 1, the scripts' runs get OMP_NUM_THREADS the same):
-more spin in OpenMP and take the cores the envs step on. Writes
-benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`): every block's sps, the medians,
-costs, bounds and ratios, the machine; the tables; a plot of each design's sps under its bounds. A
-script run that fails ends the benchmark with status 1. Timings on a busy machine are noise.
+(a) Stand-in envs (benchmarks/standin.py) sleep `--step-ms` per step outside the GIL; the policy
+is a matmul chain calibrated to `--policy-ms`. (b) PPO Atari with envpool: the twin's rollout loop,
+reproduced in `twin_rollout` (tests/test_overlap.py checks it line by line against the twin),
+against ppo_atari_envpool_async.py's `collect_rollout`; beside them each script's whole iteration
+(its SUMMARY's sps). Writes benchmarks/results/overlap-<time>.{json,md,png} (or to `--out`).
 """
 
-import argparse
 import functools
 import itertools
 import os
@@ -74,16 +35,18 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from benchmarks import cli
+from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.env_limit import random_actions
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
-from benchmarks.report import machine_line, optional, write_result
+from benchmarks.processes import note
+from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.run import BenchmarkError, failure, parse_summary
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.scripts import load_script
 from benchmarks.standin import StandInEnvs
-from benchmarks.studies.inference import note, pick_device, positive_float, positive_int, time_block
+from benchmarks.studies.inference import time_block
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"
 FULL = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -92,7 +55,7 @@ FULL = {
     "atari_steps": 128,
     "atari_rollouts": 2,
     # 20 iterations of 8 x 128 steps
-    "script_flags": ["--total-timesteps", "20480", "--measure-burnin", "3"],
+    "script_flags": "--total-timesteps 20480 --measure-burnin 3",
 }
 QUICK = {
     "step_ms": [0.1, 1.0, 10.0],
@@ -100,16 +63,7 @@ QUICK = {
     "seconds": 0.2,
     "atari_steps": 8,
     "atari_rollouts": 1,
-    "script_flags": [
-        "--total-timesteps",
-        "512",
-        "--num-steps",
-        "16",
-        "--update-epochs",
-        "1",
-        "--measure-burnin",
-        "1",
-    ],
+    "script_flags": "--total-timesteps 512 --num-steps 16 --update-epochs 1 --measure-burnin 1",
 }
 WARMUP_CALLS = 5  # loop steps (or rollouts: 1) before a block's clock starts
 WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
@@ -119,8 +73,7 @@ WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
 
 
 def sync_loop(envs, act):
-    """One vector step per call, the synchronous way: act on every env's frame, then step them all.
-    Returns a function that takes one step and returns the env steps it took."""
+    """One vector step per call, the synchronous way."""
     obs, _ = envs.reset()
 
     def step():
@@ -146,8 +99,7 @@ def async_loop(envs, act):
 
 
 def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter):
-    """Env steps per second of `step()` (which returns the env steps it took), called for `seconds`
-    after `warmup` calls."""
+    """Env steps per second of `step()` (returns its env steps) over `seconds`."""
     for _ in range(warmup):
         step()
     env_steps, start = 0, clock()
@@ -157,8 +109,7 @@ def steps_per_second(step, seconds, warmup=WARMUP_CALLS, clock=time.perf_counter
 
 
 def acting_step(act, frames, cuda=False):
-    """A step function for `steps_per_second`: the policy `act` on `frames` once (no autograd; on
-    CUDA, waited for)."""
+    """A step for `steps_per_second`: `act` on `frames` once (no grad; CUDA waited for)."""
 
     def step():
         with torch.no_grad():
@@ -171,8 +122,7 @@ def acting_step(act, frames, cuda=False):
 
 
 def rollouts_block(one, rollouts):
-    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps); returns
-    their sps."""
+    """A block of `rollouts` calls of `one()` (one rollout each, returning its env steps)."""
 
     def block():
         start, env_steps = time.perf_counter(), sum(one() for _ in range(rollouts))
@@ -182,9 +132,7 @@ def rollouts_block(one, rollouts):
 
 
 def alternate(blocks, rounds):
-    """Each block's rates over `rounds` rounds, the blocks (named functions that time one block and
-    return its rate) taking turns in an order rotated each round, so that a noisy machine hits each
-    alike."""
+    """Each block's rates over `rounds` rounds, the blocks' order rotated each round."""
     names, rates = list(blocks), {name: [] for name in blocks}
     for r in range(rounds):
         k = r % len(names)
@@ -196,9 +144,8 @@ def alternate(blocks, rounds):
 def bounds(design, num_envs, batch, env_sps, acting_sps):
     """The design's costs per env step, E (`env_sps`: the envs alone) and A (`acting_sps`: frames/s
     of the policy on `batch` frames), in µs, and its bound in env steps/s: 1 / (E + A) for sync,
-    1 / max(E, A) for async, where stepping and acting overlap. For async also the pipeline
-    bound of k = num_envs / batch batches, 1 / max(E + A / k, A), which holds where a batch
-    steps in E x num_envs (a thread per env)."""
+    1 / max(E, A) for async; for async also the pipeline bound of k = num_envs / batch batches,
+    1 / max(E + A / k, A), which holds where a batch steps in E x num_envs (a thread per env)."""
     env_us, act_us = 1e6 / env_sps, 1e6 / acting_sps
     row = {
         "env_us_per_step": env_us,
@@ -243,8 +190,7 @@ def design_rows(case, plan, num_envs, rates, pipeline=True):
 
 
 def summarize(row, sps):
-    """`row` with the blocks' `sps`, their median, min and max, and the median's ratio to the
-    bounds."""
+    """`row` with its blocks' sps, their median, min and max, and the ratios to the bounds."""
     median = statistics.median(sps)
     row |= {"sps": sps, "sps_median": median, "sps_min": min(sps), "sps_max": max(sps)}
     row["ratio_to_bound"] = median / row["bound_sps"]
@@ -301,8 +247,7 @@ def fixed_actions(obs):
 
 
 def standin_case(step_ms, args, act, frames):
-    """One step cost d: the rollout, env-only and acting blocks of every design, alternated over
-    rounds."""
+    """One step cost d: every design's rollout, env-only and acting blocks, alternated."""
     plan = designs(args.num_envs, args.async_batch_sizes)
 
     def pool(batch):  # a thread per env in every design, so that all envs can step at once in each
@@ -359,8 +304,7 @@ def twin_rollout(envs, policy, rollout, next_obs, game_returns, finished_games, 
 
 
 def storage(rows, envs, device):
-    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs] of uint8 frames, actions
-    and floats."""
+    """The Atari scripts' rollout storage: a TensorDict [rows, num_envs]."""
     shape = (rows, envs.num_envs)
     keys = ("logprobs", "values", "rewards", "terminations", "truncations")
     rollout = TensorDict(
@@ -374,8 +318,7 @@ def storage(rows, envs, device):
 
 
 def twin_rollouts(twin, num_steps, envs, policy, get_value, device):
-    """A function that runs one rollout phase of the twin per call (its loop, then the bootstrap
-    value it computes after the loop) and returns its env steps."""
+    """A function that runs one rollout phase of the twin and returns its env steps."""
     rollout = storage(num_steps, envs, device)
     next_obs = torch.from_numpy(envs.reset()[0])
     game_returns = np.zeros(envs.num_envs)
@@ -412,8 +355,7 @@ def async_rollouts(module, num_steps, envs, policy, get_value, device):
 
 
 def atari_policy(twin, agent_args, n_act, device, compile_policy):
-    """The twin's acting policy (compiled with `compile_policy`, as the scripts compile it) and
-    value function on a fresh agent, the same for both designs."""
+    """The twin's acting policy and value function on a fresh agent, for both designs."""
     learner = twin.make_learner(agent_args, n_act, device)
     policy, get_value = learner.policy, learner.get_value
     return torch.compile(policy, fullgraph=True) if compile_policy else policy, get_value
@@ -430,8 +372,7 @@ def random_actions_of(envs, seed):
 
 
 def atari(args, device, scripts_dir):
-    """Rows of the twin's and the async script's rollout phase, with the env-only and acting costs
-    and bounds."""
+    """Rows of the twin's and the async script's rollout phases, with costs and bounds."""
     twin, asynchronous = load_script(TWIN, scripts_dir), load_script(ASYNC, scripts_dir)
     plan = designs(args.num_envs, args.async_batch_sizes)
     agent_args = twin.Args(
@@ -492,7 +433,7 @@ def whole_iteration(args, scripts_dir, timeout=1800):
             str(args.num_envs),
             "--seed",
             str(args.seed),
-            *args.script_flags,
+            *args.script_flags.split(),
             *flags,
         ]
         cmd += ["--compile"] if args.compile else []
@@ -522,36 +463,33 @@ def whole_iteration(args, scripts_dir, timeout=1800):
 
 
 def rows_table(rows):
-    """Markdown: per case and design, sps (median, min-max), the costs, the bounds and the
-    ratios."""
-    lines = [
-        "| case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call "
-        "| E + A or max(E, A) "
-        "bound sps | ratio to bound | pipeline bound sps | ratio to pipeline bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    """Markdown: per case and design, sps, the costs, the bounds and the ratios."""
+    header = (
+        "case | design | rollout sps median (min-max) | vs sync | env-only sps | acting ms/call"
+    )
+    header += " | E + A or max(E, A) bound sps | ratio to bound | pipeline bound sps | ratio to "
+    rows = [
+        f"{r['case']} | {r['design']} | {r['sps_median']:.0f} ({r['sps_min']:.0f}-"
+        f"{r['sps_max']:.0f}) | {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | "
+        f"{r['acting_ms']:.3g} | {r['bound_sps']:.0f} | {r['ratio_to_bound']:.2f} | "
+        f"{optional(r['pipeline_bound_sps'], '.0f')} | "
+        f"{optional(r['ratio_to_pipeline_bound'], '.2f')}"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['design']} | {r['sps_median']:.0f} "
-            f"({r['sps_min']:.0f}-{r['sps_max']:.0f}) "
-            f"| {r['vs_sync']:.2f}x | {r['env_only_sps']:.0f} | {r['acting_ms']:.3g} | "
-            f"{r['bound_sps']:.0f} "
-            f"| {r['ratio_to_bound']:.2f} | {optional(r['pipeline_bound_sps'], '.0f')} "
-            f"| {optional(r['ratio_to_pipeline_bound'], '.2f')} |"
-        )
-    return lines
+    return table(header + "pipeline bound", rows, "ll" + "r" * 8)
 
 
 def whole_iteration_table(rows):
-    """Markdown rows: each script run's sps, and its ratio to the twin's (the first row)."""
+    """Markdown: each script run's sps, and its ratio to the twin's (the first row)."""
     twin = rows[0]["sps"]
-    return [
-        f"| {r['script']} | {optional(r['async_batch_size'], 'd')} | {optional(r['sps'], '.0f')} "
+    cells = [
+        f"{r['script']} | {optional(r['async_batch_size'], 'd')} | {optional(r['sps'], '.0f')} "
         f"| {optional(r['sps'] / twin if r['sps'] and twin else None, '.2f', 'x')} | "
-        f"{r['sps_wall']:.0f} "
-        f"| {r['total_timesteps']} |"
+        f"{r['sps_wall']:.0f} | {r['total_timesteps']}"
         for r in rows
     ]
+    header = "script | async batch | sps (after burn-in) | vs twin | sps_wall | steps"
+    return table(header, cells, "lrrrrr")
 
 
 def markdown(result):
@@ -583,10 +521,8 @@ def markdown(result):
             *rows_table(result["atari"]["rows"]),
             "",
             "Whole iterations (rollout + update), each script run once with "
-            f"{' '.join(settings['script_flags'])}:",
+            f"{settings['script_flags']}:",
             "",
-            "| script | async batch | sps (after burn-in) | vs twin | sps_wall | steps |",
-            "|---|---:|---:|---:|---:|---:|",
             *whole_iteration_table(result["atari"]["whole_iteration"]),
             "",
         ]
@@ -645,71 +581,23 @@ def plot(result, path):
 
 def parse_args(argv):
     """The command line; bad input exits with status 2 and a message naming the flag."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.overlap", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
-        "--step-ms",
-        nargs="+",
-        type=positive_float,
-        help="stand-in step costs d (default: 0.1 1 10)",
-    )
-    parser.add_argument(
-        "--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs"
-    )
-    parser.add_argument("--num-envs", type=positive_int, default=8, help="envs in every design")
-    parser.add_argument(
-        "--async-batch-sizes",
-        nargs="+",
-        type=positive_int,
-        help="async designs' batch sizes (default: envs / 2 and envs / 4; --quick: envs / 2)",
-    )
-    parser.add_argument("--rounds", type=positive_int, help="alternating rounds (default: 5)")
-    parser.add_argument(
-        "--seconds", type=positive_float, help="one stand-in block's length (default: 2)"
-    )
-    parser.add_argument("--skip-atari", action="store_true", help="only the stand-in envs")
-    parser.add_argument("--env-id", default="Breakout-v5", help="the Atari game")
-    parser.add_argument(
-        "--env-threads",
-        type=positive_int,
-        help="envpool's threads in the async designs, here and in the async script's runs "
-        "(default: the script's, one"
-        " fewer than the cores; the sync designs keep envpool's default, as the twin does)",
-    )
-    parser.add_argument(
-        "--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)"
-    )
-    parser.add_argument(
-        "--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)"
-    )
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="torch's intra-op threads, here and in the scripts' runs",
-    )
-    parser.add_argument(
-        "--compile", action="store_true", help="compile the Atari policy; the scripts run --compile"
-    )
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="the Atari policy's device",
-    )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke-run defaults (about a minute in all)"
-    )
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    parser, add = cli.parser("benchmarks.studies.overlap", __doc__, "--seed --out --scripts-dir")
+    add("--step-ms", nargs="+", type=positive_float, help="stand-in step costs (default: 0.1 1 10)")
+    add("--policy-ms", type=positive_float, default=1.0, help="stand-in policy's cost on all envs")
+    add("--num-envs", type=positive_int, default=8, help="envs in every design")
+    add("--async-batch-sizes", nargs="+", type=positive_int, help="default: envs / 2 and envs / 4")
+    add("--rounds", type=positive_int, help="alternating rounds (default: 5)")
+    add("--seconds", type=positive_float, help="one stand-in block's length (default: 2)")
+    add("--skip-atari", action="store_true", help="only the stand-in envs")
+    add("--env-id", default="Breakout-v5", help="the Atari game")
+    add("--env-threads", type=positive_int, help="envpool's threads, async (default: cores - 1)")
+    add("--atari-steps", type=positive_int, help="vector steps of one Atari rollout (default: 128)")
+    add("--atari-rollouts", type=positive_int, help="Atari rollouts per block (default: 2)")
+    add("--threads", type=positive_int, default=1, help="intra-op threads, here and in the runs")
+    add("--compile", action="store_true", help="compile the Atari policy; the scripts too")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="the Atari policy's")
+    add("--quick", action="store_true", help="smoke-run defaults (about a minute in all)")
+    args = cli.parse(parser, argv, QUICK, FULL)
     # the async script's default: the cores this process may use, less one
     if args.env_threads is None:
         args.env_threads = max(1, len(os.sched_getaffinity(0)) - 1)
@@ -722,8 +610,6 @@ def parse_args(argv):
         parser.error(
             f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller"
         )
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
     return args
 
 
@@ -754,12 +640,8 @@ def main(argv=None):
         except BenchmarkError as error:
             note(f"error: {error}")
             return 1
-    paths = write_result(
-        result, args.out, f"overlap-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot
-    )
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    return 0
+    stem = f"overlap-{datetime.now():%Y%m%d-%H%M%S}"
+    return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot))
 
 
 if __name__ == "__main__":

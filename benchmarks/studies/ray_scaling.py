@@ -1,48 +1,18 @@
-"""Scaling efficiency of env runners on Ray, the way Tianshou's RayVecEnv was measured (tianshou
-issue #1172): environments whose step takes d seconds, stepped by R remote workers, in three
-designs.
+"""Scaling efficiency of env runners on Ray, measured as Tianshou's RayVecEnv was (tianshou issue
+#1172): environments whose step takes d seconds, stepped by R remote workers, in three designs.
 
-    # 3 designs x d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
-    python -m benchmarks.studies.ray_scaling
-    # a tiny budget (the tests run it)
-    python -m benchmarks.studies.ray_scaling --quick
+    python -m benchmarks.studies.ray_scaling  # d in 0.1,0.01,0.001 x sleep,busy x R in 1,2,4,8
+    python -m benchmarks.studies.ray_scaling --quick  # a tiny budget (the tests run it)
     python -m benchmarks.studies.ray_scaling --ray-address 10.0.0.1:6379 --runners 16,32,64
 
-Designs:
-- per-step (the thread's baseline): R workers holding one environment each; the driver computes
-  the actions of all R environments in one forward pass and makes one remote call per
-  environment step.
-- batched: R runners holding K environments each (a gymnasium vector env) and a CPU copy of the
-  policy; one remote call returns a T x K fragment (the fragment of
-  leanrl/ppo_continuous_action_ray.py); the weights go out once per iteration with `ray.put`.
-- double-buffered: batched, with each runner's next fragment called for before the learner's
-  work on the last one.
-
-Every design runs iterations of the same size, T x K steps per worker, and after each the driver
-stands in for a learner for --update-s seconds (a sleep: a learner on its own core or GPU), so
-all three pay the same learning; only double buffering samples meanwhile. T is chosen so that a
-fragment is --fragment-s seconds of environment time: T = max(1, round(fragment_s / (K d))).
-
-Environments: observations of 17 floats, 6 actions (HalfCheetah's sizes), episodes of 1000
-steps; a step sleeps d seconds (`sleep`: an environment waiting on a simulator or a device) or
-spins until it has used d seconds of CPU (`busy`: an environment computing; a spinning worker
-that the OS has descheduled does not count the time it waits). The policy is PPO continuous's
-actor (17-64-64-6, tanh), one intra-op thread everywhere.
-
-Ideal sps, the same definition for the three designs: what the same R workers would reach if
-communication, inference and learning cost nothing. A worker steps its environments one after
-another, so it makes 1/d steps per second whatever K; R sleeping workers make R/d; busy ones
-cannot use more than the machine's cores, min(R, cores)/d. Efficiency = sps / ideal sps. Workers
-ask Ray for no CPU (num_cpus=0), so R may exceed the cores.
-
-Measured per cell: one untimed iteration, then iterations until --seconds have passed (at least
-two); sps counts the environment steps of the timed iterations over their wall time. The workers
-(max R of them) are started once and reconfigured for each cell. Reports the resident memory
-(VmRSS) of one worker.
-
-Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to --out): the settings, the
-machine, one row per cell; the table; efficiency against step duration per design. Without
---ray-address it starts a local Ray instance listening on 127.0.0.1 only; bad arguments or an
+Designs: per-step (one env per worker, one remote call per env step, the driver acting for all);
+batched (K envs per runner, a T x K fragment per call as leanrl/ppo_continuous_action_ray.py
+collects, weights sent once per iteration with `ray.put`); double-buffered (batched, the next
+fragment asked for before the learner's work, a --update-s sleep, on the last). T = max(1,
+round(fragment_s / (K d))). Envs have HalfCheetah's sizes and sleep (`sleep`) or spin (`busy`) d
+seconds a step; the policy is PPO continuous's actor. Ideal sps: R/d sleeping, min(R, cores)/d
+busy; efficiency = sps / ideal. Writes benchmarks/results/ray-scaling-<time>.{json,md,png} (or to
+--out). Without --ray-address it starts a local Ray on 127.0.0.1 only; bad arguments or an
 unreachable address exit with status 2 and one line.
 """
 
@@ -51,18 +21,18 @@ import statistics
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 
+from benchmarks import cli
+from benchmarks.cli import conclude, positive_float, positive_int, values_of
 from benchmarks.machine import machine_info
-from benchmarks.report import machine_line, write_result
+from benchmarks.processes import note
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.scripts import load_script
-from benchmarks.studies.inference import RESULTS, note, positive_float, positive_int
-from benchmarks.studies.rpc_inference import OneLineParser, values_of
 
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")
@@ -84,8 +54,7 @@ QUICK = {
 
 
 class DelayEnv(gym.Env):
-    """An environment whose step takes `duration` seconds: of sleep (`busy=False`) or of CPU time
-    (`busy=True`)."""
+    """An environment whose step takes `duration` seconds."""
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (N_OBS,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (N_ACT,), np.float32)
@@ -137,8 +106,7 @@ class Worker:
         self.seed, self.actor = seed, actor_network()
 
     def configure(self, num_envs, duration, busy):
-        """Fresh environments: `num_envs` of them, each step taking `duration` s (`busy`:
-        spinning)."""
+        """Fresh environments: `num_envs` of them, each step taking `duration` s."""
         thunks = [lambda: DelayEnv(duration, busy)] * num_envs
         self.envs = gym.vector.SyncVectorEnv(
             thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -147,14 +115,12 @@ class Worker:
         return self.next_obs[0]
 
     def step(self, action):
-        """One step of the first environment with `action` (the per-step design): obs, reward,
-        terminated, truncated."""
+        """One step of the first environment with `action` (the per-step design)."""
         obs, reward, terminated, truncated, _ = self.envs.step(action[None])
         return obs[0], reward[0], terminated[0], truncated[0]
 
     def sample(self, weights, num_steps):
-        """A fragment of `num_steps` vector steps acting with `weights`: what an env runner
-        returns."""
+        """A fragment of `num_steps` vector steps acting with `weights`."""
         self.actor.load_state_dict(weights)
         n = self.envs.num_envs
         fragment = {
@@ -190,8 +156,7 @@ class Worker:
 
 
 def steps_per_call(duration, num_envs, fragment_s):
-    """T: vector steps per fragment so that a fragment is about `fragment_s` seconds of environment
-    time."""
+    """T: vector steps per fragment, so that a fragment is ~`fragment_s` s of env time."""
     return max(1, round(fragment_s / (num_envs * duration)))
 
 
@@ -202,8 +167,7 @@ def ideal_sps(runners, duration, busy, cores):
 
 
 def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
-    """`num_steps` rounds of one remote step per worker, the driver acting for all; returns the last
-    observations."""
+    """`num_steps` rounds of one remote step per worker, the driver acting for all."""
     for _ in range(num_steps):
         actions, _ = act(actor, obs)
         results = ray.get([w.step.remote(a) for w, a in zip(workers, actions)], timeout=timeout)
@@ -212,8 +176,7 @@ def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
 
 
 def measure(ray, workers, design, cell, settings):
-    """sps of one cell: `design` with these `workers`, each stepping `cell["num_envs"]` envs of
-    `cell["duration"]`."""
+    """sps of one cell: `design` with these `workers`, each stepping the cell's envs."""
     actor, timeout = actor_network(), settings["timeout"]
     obs = np.stack(
         ray.get(
@@ -253,8 +216,7 @@ def measure(ray, workers, design, cell, settings):
 
 
 def cells(args):
-    """Every cell of the table, in the order they run: per kind and step duration, the runner counts
-    and designs."""
+    """Every cell of the table, in the order they run."""
     for kind in args.kinds:
         for duration in args.durations:
             for runners in args.runners:
@@ -275,8 +237,7 @@ def cells(args):
 
 
 def run(ray, args):
-    """Start max(runners) workers, measure every cell, and return the rows and one worker's resident
-    memory."""
+    """Start max(runners) workers, measure every cell; the rows, one worker's resident memory."""
     worker_class = ray.remote(num_cpus=0)(Worker)
     workers = [worker_class.remote(seed) for seed in range(max(args.runners))]
     memory = ray.get(workers[0].resident_memory_mib.remote(), timeout=args.timeout)
@@ -307,25 +268,23 @@ def markdown(result):
         machine_line(result["machine"]),
         "",
         f"K = {s['envs_per_runner']} envs per runner (batched designs), fragments of "
-        f"~{s['fragment_s']:g} s of env "
-        f"time, learner stand-in {s['update_s']:g} s per iteration, >= {s['seconds']:g} s per "
-        "cell; one worker's "
-        f"resident memory {result['worker_memory_mib']:.0f} MiB; started {result['started']}",
+        f"~{s['fragment_s']:g} s of env time, learner stand-in {s['update_s']:g} s per iteration, "
+        f">= {s['seconds']:g} s per cell; one worker's resident memory "
+        f"{result['worker_memory_mib']:.0f} MiB; started {result['started']}",
         "",
-        "| env | design | runners | envs | step duration (s) | T | sps | ideal sps | efficiency |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
-            f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%} |"
-        )
+    rows = [
+        f"{r['kind']} | {r['design']} | {r['runners']} | {r['envs']} | {r['duration']:g} | "
+        f"{r['num_steps']} | {r['sps']:.0f} | {r['ideal_sps']:.0f} | {r['efficiency']:.0%}"
+        for r in result["rows"]
+    ]
+    header = "env | design | runners | envs | step duration (s) | T | sps | ideal sps | efficiency"
+    lines += table(header, rows, "ll" + "r" * 7)
     return "\n".join(lines) + "\n"
 
 
 def plot(result, path):
-    """Efficiency against step duration, one line per design and runner count, one panel per kind of
-    env."""
+    """Efficiency against step duration per design and runner count, a panel per env kind."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -361,52 +320,25 @@ def plot(result, path):
 
 
 def parse_args(argv):
-    """The command line; bad input exits with status 2 and one line naming the flag, before Ray
-    starts."""
-    parser = OneLineParser(
-        prog="python -m benchmarks.studies.ray_scaling", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument(
+    """The command line; bad input exits 2 with one line, before Ray starts."""
+    parser, add = cli.parser("benchmarks.studies.ray_scaling", __doc__, "--out", one_line=True)
+    add(
         "--quick",
         action="store_true",
-        help="a tiny budget: d in 0.01,0.001, R in 1,2, fragments of 0.04 s, 0.1 s a cell",
+        help="a tiny budget: d in 0.01,0.001, R in 1,2, 0.1 s a cell",
     )
-    parser.add_argument(
-        "--durations",
-        type=values_of(positive_float),
-        help="step durations d in s (default 0.1,0.01,0.001)",
+    add(
+        "--durations", type=values_of(positive_float), help="step durations d in s (0.1,0.01,0.001)"
     )
-    parser.add_argument(
-        "--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)"
-    )
-    parser.add_argument(
-        "--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy"
-    )
-    parser.add_argument(
-        "--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs"
-    )
-    parser.add_argument(
-        "--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)"
-    )
-    parser.add_argument(
-        "--update-s", type=float, help="the learner's time per iteration, s (default 0.05)"
-    )
-    parser.add_argument(
-        "--seconds", type=positive_float, help="timed seconds per cell (default 1.5)"
-    )
-    parser.add_argument("--timeout", type=positive_float, default=120.0, help="s, any remote call")
-    parser.add_argument(
-        "--ray-address",
-        help="host:port of a running Ray cluster's head (default: a local instance)",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    args = parser.parse_args(argv)
-    budget = QUICK if args.quick else FULL
-    for key, value in budget.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    add("--runners", type=values_of(positive_int), help="runner counts R (default 1,2,4,8)")
+    add("--kinds", type=values_of(str), default=list(KINDS), help="sleep, busy or sleep,busy")
+    add("--envs-per-runner", type=positive_int, default=4, help="K, of the batched designs")
+    add("--fragment-s", type=positive_float, help="env time of one fragment, s (default 0.5)")
+    add("--update-s", type=float, help="the learner's time per iteration, s (default 0.05)")
+    add("--seconds", type=positive_float, help="timed seconds per cell (default 1.5)")
+    add("--timeout", type=positive_float, default=120.0, help="s, any remote call")
+    add("--ray-address", help="host:port of a Ray cluster's head (default: a local instance)")
+    args = cli.parse(parser, argv, QUICK, FULL)
     if unknown := [kind for kind in args.kinds if kind not in KINDS]:
         parser.error(f"--kinds: {', '.join(unknown)} is not one of {', '.join(KINDS)}")
     if args.update_s < 0:
@@ -432,38 +364,15 @@ def main(argv=None):
         return 1
     finally:
         ray.shutdown()
-    settings = {
-        key: getattr(args, key)
-        for key in (
-            "durations",
-            "runners",
-            "kinds",
-            "envs_per_runner",
-            "fragment_s",
-            "update_s",
-            "seconds",
-            "quick",
-        )
-    }
-    result = {
-        "settings": settings,
-        "machine": machine_info(),
-        "started": started,
-        "worker_memory_mib": memory,
-        "rows": rows,
-        "best": best(rows),
-    }
-    paths = write_result(
-        result, args.out, f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}", markdown, plot
-    )
-    print(markdown(result))
-    note("wrote " + ", ".join(map(str, paths)))
-    return 0
+    keys = "durations runners kinds envs_per_runner fragment_s update_s seconds quick".split()
+    result = {"settings": {key: getattr(args, key) for key in keys}, "machine": machine_info()}
+    result |= {"started": started, "worker_memory_mib": memory, "rows": rows, "best": best(rows)}
+    stem = f"ray-scaling-{datetime.now():%Y%m%d-%H%M%S}"
+    return conclude(markdown(result), write_result(result, args.out, stem, markdown, plot))
 
 
 def best(rows):
-    """Per kind, design and step duration, the best efficiency over the runner counts (the README's
-    summary)."""
+    """Per kind, design and step duration, the best efficiency over the runner counts."""
     groups = {}
     for r in rows:
         groups.setdefault((r["kind"], r["design"], r["duration"]), []).append(r["efficiency"])

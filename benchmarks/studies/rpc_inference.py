@@ -1,53 +1,22 @@
 """Serving an acting policy over `torch.distributed.rpc`: one agent process answers the action
 requests of N observer processes that step real gymnasium environments, with one forward pass
-per request or one per batch of requests, eager or compiled.
+per request or one per batch of requests, eager or compiled (docs/serving-rpc.md).
 
     python -m benchmarks.studies.rpc_inference  # 8 observers, batch off,on, 4 policies
     python -m benchmarks.studies.rpc_inference --policies dqn --observers 1,2,4,8 --batch on
     python -m benchmarks.studies.rpc_inference --policies ppo_continuous --compile off,on --batch on
 
-One of --observers, --batch and --compile may list several values, comma-separated: it is the
-x-axis, and each value (times each policy, times --repeats, the values alternating) is one run.
-A run is a fresh set of processes on this machine: a coordinator, the agent and the observers,
-all on loopback (MASTER_ADDR=127.0.0.1; the launcher hosts the rendezvous store on a free port
-it binds to 127.0.0.1, and TensorPipe and gloo are told to use the `lo` interface), one intra-op
-thread each.
-
-The agent builds the policy as its optimized twin builds it (benchmarks/policies.py),
-compiled with `torch.compile` under --compile on (compile time reported apart as setup_s). Each
-observer steps its own environment (the policy's default: CartPole-v1 for DQN, HalfCheetah-v4 for
-PPO continuous, SAC and TD3, whose sizes the policies are built with; one MuJoCo step is ~0.1 ms)
-and asks the agent for an action every step, `--steps` steps an episode, resetting the
-environment inside an episode when it ends. Unbatched, the agent runs one forward pass per
-request, one at a time; batched, it waits for one request from every observer, runs them as one
-batch and answers each observer with its own row. A warm-up episode of `--warmup-steps` steps is
-not measured.
-
-Metrics, at p50/p75/p90/p95: agent latency, from the arrival of a batch's first request to its
-answers being ready (unbatched: a batch of one, waiting for the agent included); agent
-throughput, batch size / agent latency; observer latency, from an observer's request to its
-answer; observer throughput, 1 / observer latency. Also served/s: all requests over the wall
-time of the timed episodes.
-
-Checks, in the run: the answers served during the first --check-steps steps of the first timed
-episode must equal the eager policy's answer to the same observation alone (a batch of one)
-within |a - b| <= atol + rtol |b| (integer actions: at most 1% may differ), so a batched or
-compiled answer equals the unbatched eager one and each observer got its own row; then every
-observer asks again with a fixed observation, the agent's weights are changed in place, and the
-answers must change and equal the eager policy's on the new weights. A failed check ends the
-benchmark with exit status 1 after the results are written.
-
-Faults: every remote call has a timeout (--rpc-timeout for each action request and as init_rpc's
-default, --timeout for setup and whole episodes), and the launcher gives each run --timeout
-seconds. A process that dies, an agent that stops answering or a run past its time ends the
-benchmark with exit status 1 and one line naming what failed; every process is killed on failure
-and on Ctrl-C, and dies with the launcher (Linux). Each process writes its output to a log, kept
-only when its run failed. Bad arguments exit with status 2 before any process starts.
-
-Writes benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out): the arguments, the
-axis, each run's metrics and checks, one row per policy and axis value (the median over its
-repeats), the machine; the tables; agent throughput, served/s and observer latency against the
-axis.
+One of --observers, --batch and --compile may list several values: the x-axis, its values
+alternating over --repeats. A run is a fresh set of processes, all on loopback, one intra-op
+thread each: a coordinator, the agent (the policy built as its twin builds it,
+benchmarks/policies.py) and the observers, each stepping its own env (ENVS) and asking the agent
+for every action. Batched, the agent waits for one request from every observer and answers them
+as one batch. Metrics at p50/p75/p90/p95: agent latency and throughput, observer latency and
+throughput; served/s over the timed episodes. Checks: the first --check-steps answers equal the
+eager policy's on the observation alone (|a - b| <= atol + rtol |b|), and answers follow an
+in-place weight update. Every remote call has a timeout; a dead process, a silent agent, a run
+past --timeout or a failed check exits 1 with one line, every process killed. Writes
+benchmarks/results/rpc-inference-<time>.{json,md,png} (or to --out).
 """
 
 import argparse
@@ -69,21 +38,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
+from benchmarks import cli
+from benchmarks.cli import conclude, positive_float, positive_int, values_of
 from benchmarks.machine import machine_info
 from benchmarks.policies import SPECS
-from benchmarks.processes import die_with_parent
-from benchmarks.report import machine_line, write_result
-from benchmarks.scripts import SCRIPTS, load_script
-from benchmarks.studies.inference import (
-    COMPILE_WARMUP,
-    RESULTS,
-    check_mark,
-    conclude,
-    difference,
-    note,
-    positive_float,
-    positive_int,
-)
+from benchmarks.processes import die_with_parent, note
+from benchmarks.report import machine_line, table, write_result
+from benchmarks.scripts import load_script
+from benchmarks.studies.inference import COMPILE_WARMUP, check_mark, difference
 
 ENVS = {  # policy -> (the environment its observers step, the answer they step it with)
     "ppo_continuous": ("HalfCheetah-v4", "action"),
@@ -151,8 +113,7 @@ class Batcher:
         return row
 
     def _run(self):
-        """Answer the full batch, in slot order; returns its Future and outputs, and opens the next
-        batch."""
+        """Answer the full batch in slot order; returns its Future and outputs; opens the next."""
         batch = torch.stack([self.pending[slot] for slot in range(self.slots)])
         start = time.perf_counter()
         outputs = self.answer(batch)
@@ -164,8 +125,7 @@ class Batcher:
 
 
 def take_row(outputs, row):
-    """Row `row` of every output, copied, so that RPC sends the row and not the batch's whole
-    storage."""
+    """Row `row` of every output, copied: RPC then sends the row, not the batch's storage."""
     return {name: tensor[row].clone() for name, tensor in outputs.items()}
 
 
@@ -210,15 +170,13 @@ class AgentServer:
         return self.setup_s
 
     def take_batches(self):
-        """The batches answered since the last call (Batcher.batches) and the CPU seconds this
-        process used meanwhile, all its threads; starts a new record."""
+        """The batches answered and this process's CPU seconds since the last call."""
         batches, self.batcher.batches = self.batcher.batches, []
         cpu_mark, self.cpu_mark = self.cpu_mark, time.process_time()
         return batches, self.cpu_mark - cpu_mark
 
     def reference(self, observations):
-        """The eager policy's answer to each observation alone (a batch of one), as the check's
-        reference."""
+        """The eager policy's answer to each observation alone: the check's reference."""
         with torch.no_grad():
             return [
                 take_row(self.answer(self.built.act, obs.unsqueeze(0)), 0) for obs in observations
@@ -231,8 +189,7 @@ class AgentServer:
 
 @rpc.functions.async_execution
 def request_action(agent_rref, observer, obs):
-    """Runs on the agent: the Future of `observer`'s answer for `obs` (async: batched requests hold
-    no thread)."""
+    """On the agent: the Future of `observer`'s answer (async: a wait holds no thread)."""
     return agent_rref.local_value().act(observer, obs)
 
 
@@ -249,8 +206,7 @@ class Observer:
         self.seed = seed
 
     def ask(self, agent_rref, obs, step):
-        """The agent's answer to `obs`; a timeout or a lost agent raises one line naming this
-        observer."""
+        """The agent's answer to `obs`; a timeout or a lost agent raises one line naming us."""
         try:
             return rpc.rpc_sync(
                 agent_rref.owner(),
@@ -265,8 +221,7 @@ class Observer:
             ) from None
 
     def env_action(self, answer):
-        """The answer as an action the environment takes (continuous actions clipped to its
-        bounds)."""
+        """The answer as an action the environment takes (continuous ones clipped)."""
         action = answer[self.action_key]
         if action.dim() == 0:
             return int(action)
@@ -274,9 +229,7 @@ class Observer:
         return action.numpy().clip(space.low, space.high)
 
     def run_episode(self, agent_rref, steps, record):
-        """Reset and take `steps` steps (resetting when the environment ends an episode); returns
-        each request's latency in seconds, the first `record` (observation, answer) pairs and
-        the CPU seconds this process used."""
+        """Reset and take `steps` steps (resetting when the environment ends an episode)."""
         cpu_start = time.process_time()
         obs, _ = self.env.reset(seed=self.seed)
         self.seed = None  # only the first reset is seeded
@@ -299,8 +252,7 @@ class Observer:
 
 
 def first_line(error):
-    """The first meaningful line of an exception's text: RPC wraps a remote error in lines of its
-    own (the worker it ran on, the exception's repr, the remote traceback)."""
+    """The first meaningful line of an exception's text."""
     for line in str(error).splitlines():
         text = line.strip().removeprefix("RuntimeError: ").removeprefix("RPCErr:1:")
         if text.startswith(("RuntimeError('", 'RuntimeError("')):
@@ -327,15 +279,13 @@ def wait_each(futures, names):
 
 
 def run_episodes(observers, agent, steps, record, timeout):
-    """Every observer runs one episode at once; returns their run_episode results, in observer
-    order."""
+    """Every observer runs one episode at once; their run_episode results, in order."""
     futures = [ob.rpc_async(timeout=timeout).run_episode(agent, steps, record) for ob in observers]
     return wait_each(futures, [ob.owner().name for ob in observers])
 
 
 def probe(observers, agent, observations, timeout):
-    """Every observer asks for the answer to its observation at once; returns the answers in
-    observer order."""
+    """Every observer asks for the answer to its observation at once."""
     futures = [
         ob.rpc_async(timeout=timeout).probe(agent, obs) for ob, obs in zip(observers, observations)
     ]
@@ -343,15 +293,13 @@ def probe(observers, agent, observations, timeout):
 
 
 def compare(answers, references, rtol, atol):
-    """(ok, worst difference) of served answers against their references, both lists of dicts of
-    tensors."""
+    """(ok, worst difference) of served answers against their references (dicts of tensors)."""
     results = [difference(got, ref, rtol, atol) for got, ref in zip(answers, references)]
     return all(ok for ok, _ in results), max(worst for _, worst in results)
 
 
 def check_weights_update(observers, agent, observations, settings):
-    """Probe, change the agent's weights in place, probe again: the answers must change and match
-    the eager policy on the new weights. Returns {"ok", "changed", "diff"}."""
+    """Probe, change the agent's weights in place, probe again."""
     timeout, rtol, atol = settings["timeout"], settings["rtol"], settings["atol"]
     before = probe(observers, agent, observations, timeout)
     agent.rpc_sync(timeout=timeout).perturb()
@@ -392,8 +340,7 @@ def run_metrics(batches, agent_cpu_s, episodes, wall_s):
 
 
 def start_roles(config, settings):
-    """Create the agent (built, compiled, warmed up) and the observers; returns their RRefs and the
-    agent's setup seconds."""
+    """Create the agent (built, compiled, warmed up) and the observers."""
     timeout = settings["timeout"]
     agent = rpc.remote(
         "agent",
@@ -457,9 +404,7 @@ def coordinate(config, settings, phase):
 
 
 def start_barrier(port, world_size, timeout_s):
-    """Wait, at most `timeout_s`, until every process of the run has started: init_rpc's rendezvous
-    waits only rpc_timeout for the slowest, and starting ten interpreters on two cores can take
-    longer."""
+    """Wait, at most `timeout_s`, until every process of the run has started."""
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
     if store.add("started", 1) == world_size:
         store.set("all_started", "1")
@@ -468,8 +413,7 @@ def start_barrier(port, world_size, timeout_s):
 
 
 def process_main(name, rank, world_size, port, config, settings, log_path, result_path):
-    """Every process of a run: quiet to a log, one intra-op thread, loopback only; join the RPC
-    world; the coordinator does the run and writes its record (or its error) to `result_path`."""
+    """Every process of a run: logs, one thread, loopback, the RPC world, the record."""
     die_with_parent()
     # Ctrl-C is the launcher's to handle: it kills every process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -550,8 +494,7 @@ def supervise(processes, store, result_path, timeout_s, run_label):
 
 
 def stop(processes, grace_s):
-    """Give the processes `grace_s` seconds to leave, then kill and reap the rest; returns those
-    killed."""
+    """Give the processes `grace_s` seconds to leave, then kill and reap the rest."""
     deadline = time.monotonic() + grace_s
     for process in processes.values():
         process.join(max(0.0, deadline - time.monotonic()))
@@ -564,8 +507,7 @@ def stop(processes, grace_s):
 
 
 def run_one(config, settings, log_dir):
-    """Start the processes of one run, supervise them, stop them all; returns the run's record, or
-    raises RunFailed with the line naming what failed."""
+    """Start the processes of one run, supervise them, stop them all."""
     log_dir.mkdir(parents=True, exist_ok=True)
     result_path = log_dir / "result.json"
     names = ["coordinator", "agent", *(f"observer{i}" for i in range(config["observers"]))]
@@ -619,8 +561,7 @@ def run_one(config, settings, log_dir):
 
 
 def combine(runs, axis):
-    """One row per policy and axis value: the median over its repeats of every metric (of each
-    percentile for the four distributions); its checks pass only if every repeat's did."""
+    """One row per policy and axis value: medians over its repeats; checks pass if all did."""
     groups = {}
     for run in runs:
         groups.setdefault((run["policy"], run[axis]), []).append(run)
@@ -652,8 +593,7 @@ def combined(group):
 
 
 def add_speedups(runs, axis):
-    """Add to each run its agent throughput (p50) and served/s as multiples of the same policy's
-    run at the first axis value."""
+    """Add to each run its p50 agent throughput and served/s over the first axis value's."""
     first = {}
     for run in runs:
         first.setdefault(run["policy"], run)
@@ -683,6 +623,22 @@ def markdown(result):
     first axis value, where the CPU time goes, setup time and checks."""
     axis, settings = result["axis"], result["settings"]
     first = onoff(result["rows"][0]["vs_first"]["axis_value"]) if result["rows"] else "-"
+    key = "policy | observers | batch | compile"
+    metrics, costs = [], []
+    for r in result["rows"]:
+        row = f"{r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])}"
+        metrics.append(
+            f"{row} | {cell(r['agent_latency_ms'], '.2f')} | {cell(r['agent_throughput'], '.0f')}"
+            f" | {cell(r['observer_latency_ms'], '.2f')} | {cell(r['observer_throughput'], '.0f')}"
+        )
+        vs = r["vs_first"]
+        costs.append(
+            f"{row} | {r['served_per_s']:.0f} | {vs['agent_throughput_p50']:.2f}x, "
+            f"{vs['served_per_s']:.2f}x | {r['policy_us_per_request']:.0f} | "
+            f"{r['agent_cpu_us_per_request']:.0f} | {r['observer_cpu_us_per_request']:.0f} | "
+            f"{r['setup_s']:.1f} | {check_mark(r)}"
+        )
+    tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
     lines = [
         machine_line(result["machine"]),
         f"Axis: {axis}; median of {result['arguments']['repeats']} alternating runs; "
@@ -692,47 +648,29 @@ def markdown(result):
         "",
         "p50 / p75 / p90 / p95:",
         "",
-        "| policy | observers | batch | compile | agent latency ms | agent throughput /s | "
-        "observer latency ms "
-        "| observer throughput /s |",
-        "|---|---:|---|---|---:|---:|---:|---:|",
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
-            f"| {cell(r['agent_latency_ms'], '.2f')} | {cell(r['agent_throughput'], '.0f')} "
-            f"| {cell(r['observer_latency_ms'], '.2f')} | {cell(r['observer_throughput'], '.0f')} |"
-        )
-    lines += [
+        *table(
+            f"{key} | agent latency ms | agent throughput /s | observer latency ms | observer "
+            "throughput /s",
+            metrics,
+            "lrll" + "r" * 4,
+        ),
         "",
-        f"| policy | observers | batch | compile | served/s | vs {axis}={first}: agent throughput "
-        "p50, served/s "
-        "| policy µs/request | agent CPU µs/request | observer CPU µs/request | setup s | check |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['policy']} | {r['observers']} | {onoff(r['batch'])} | {onoff(r['compile'])} "
-            f"| {r['served_per_s']:.0f} "
-            f"| {r['vs_first']['agent_throughput_p50']:.2f}x, {r['vs_first']['served_per_s']:.2f}x "
-            f"| {r['policy_us_per_request']:.0f} | {r['agent_cpu_us_per_request']:.0f} "
-            f"| {r['observer_cpu_us_per_request']:.0f} | {r['setup_s']:.1f} | {check_mark(r)} |"
-        )
-    tolerance = f"|a - b| <= {settings['atol']:g} + {settings['rtol']:g} |b|"
-    lines += [
+        *table(
+            f"{key} | served/s | vs {axis}={first}: agent throughput p50, served/s | policy "
+            "µs/request | agent CPU µs/request | observer CPU µs/request | setup s | check",
+            costs,
+            "lrll" + "r" * 6 + "l",
+        ),
         "",
         f"Checks: answers equal the eager policy's on one observation within {tolerance} and "
-        "follow an "
-        "in-place weight update (DIFFERS: they were not equal; STALE: they did not follow). CPU: "
-        "all "
-        "threads of the process, per request; policy: the forward passes alone.",
+        "follow an in-place weight update (DIFFERS: they were not equal; STALE: they did not "
+        "follow). CPU: all threads of the process, per request; policy: the forward passes alone.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def plot(result, path):
-    """Agent throughput (p50), served/s and observer latency (p50) against the axis, one line per
-    policy."""
+    """Agent throughput, served/s and observer latency (p50s) against the axis, per policy."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -763,22 +701,6 @@ def plot(result, path):
     fig.savefig(path, dpi=100)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, with bad input reported in one line (exit status 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def values_of(kind):
-    """An argparse type: comma-separated values, each parsed by `kind`."""
-
-    def parse(text):
-        return [kind(item) for item in text.split(",")]
-
-    return parse
-
-
 def switch(text):
     """An argparse type: on or off."""
     if text not in SWITCH:
@@ -787,61 +709,22 @@ def switch(text):
 
 
 def parse_args(argv):
-    """The command line; bad input exits with status 2 and one line naming the flag, before any
-    process starts."""
-    parser = OneLineParser(
-        prog="python -m benchmarks.studies.rpc_inference", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
-    parser.add_argument(
-        "--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8"
-    )
-    parser.add_argument(
-        "--batch",
-        type=values_of(switch),
-        help="off, on or off,on (default: off,on; on where another flag lists several values)",
-    )
-    parser.add_argument(
-        "--compile", type=values_of(switch), default=[False], help="off, on or off,on"
-    )
-    parser.add_argument(
-        "--backend", default="inductor", help="torch.compile backend (tests use aot_eager)"
-    )
-    parser.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=1,
-        help="runs per policy and axis value, alternating",
-    )
-    parser.add_argument(
-        "--episodes", type=positive_int, default=3, help="timed episodes per observer"
-    )
-    parser.add_argument(
-        "--steps", type=positive_int, default=200, help="steps (action requests) per episode"
-    )
-    parser.add_argument(
-        "--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode"
-    )
-    parser.add_argument(
-        "--check-steps", type=positive_int, default=4, help="answers per observer checked"
-    )
-    parser.add_argument(
-        "--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks"
-    )
-    parser.add_argument(
-        "--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks"
-    )
-    parser.add_argument(
-        "--rpc-timeout", type=positive_float, default=30.0, help="s, each action request"
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=600.0, help="s, one run (setup, episodes, checks)"
-    )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="directory for the json, md and png"
-    )
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help=argparse.SUPPRESS)
+    """The command line; bad input exits 2 with one line, before any process starts."""
+    common = "--backend --seed --out --scripts-dir"
+    parser, add = cli.parser("benchmarks.studies.rpc_inference", __doc__, common, one_line=True)
+    add("--policies", nargs="+", choices=list(ENVS), default=list(ENVS))
+    add("--observers", type=values_of(positive_int), default=[8], help="observers, e.g. 1,2,4,8")
+    add("--batch", type=values_of(switch), help="off, on or off,on (default: off,on)")
+    add("--compile", type=values_of(switch), default=[False], help="off, on or off,on")
+    add("--repeats", type=positive_int, default=1, help="runs per policy and axis value")
+    add("--episodes", type=positive_int, default=3, help="timed episodes per observer")
+    add("--steps", type=positive_int, default=200, help="steps (action requests) per episode")
+    add("--warmup-steps", type=int, default=20, help="steps of the untimed warm-up episode")
+    add("--check-steps", type=positive_int, default=4, help="answers per observer checked")
+    add("--rtol", type=positive_float, default=1e-3, help="relative tolerance of the checks")
+    add("--atol", type=positive_float, default=1e-4, help="absolute tolerance of the checks")
+    add("--rpc-timeout", type=positive_float, default=30.0, help="s, each action request")
+    add("--timeout", type=positive_float, default=600.0, help="s, one run")
     args = parser.parse_args(argv)
     if args.batch is None:
         args.batch = [True] if len(args.observers) > 1 or len(args.compile) > 1 else [False, True]
@@ -861,18 +744,16 @@ def parse_args(argv):
         parser.error(f"--check-steps ({args.check_steps}) cannot exceed --steps ({args.steps})")
     if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
         parser.error(f"--backend {args.backend!r} is not a torch.compile backend")
-    missing = [
+    if missing := [
         p for p in args.policies if not (args.scripts_dir / f"{SPECS[p].script}.py").exists()
-    ]
-    if missing:
+    ]:
         parser.error(f"--policies: no script for {', '.join(missing)} in {args.scripts_dir}")
     args.axis = listed[0] if listed else "batch"
     return args
 
 
 def plan(args):
-    """One config per policy, repeat and axis value: per policy, the axis values alternate, repeat
-    after repeat, so that a noisy machine hits them alike."""
+    """One config per policy, repeat and axis value, the axis values alternating."""
     fixed = {axis: getattr(args, axis)[0] for axis in AXES}
     return [
         {"policy": policy, **fixed, args.axis: value, "repeat": repeat}
@@ -883,8 +764,7 @@ def plan(args):
 
 
 def settings_of(args):
-    """What every process of a run needs to know, as plain values (they cross process
-    boundaries)."""
+    """What every process of a run needs to know, as plain values."""
     keys = (
         "backend",
         "episodes",
@@ -901,8 +781,7 @@ def settings_of(args):
 
 
 def failed_checks(runs):
-    """One line per run whose answers differed from the unbatched eager ones or did not follow a
-    weight update."""
+    """One line per run whose answers differed from eager's or ignored a weight update."""
     lines = []
     for run in runs:
         if not run["check_equal"]["ok"]:
@@ -926,8 +805,7 @@ def raise_interrupt(signum, frame):
 
 
 def main(argv=None):
-    """Run the benchmark, print the table, write the results; exit status 1 if a run or a check
-    failed."""
+    """Run the benchmark, print the table, write the results."""
     args = parse_args(argv)
     settings = settings_of(args)
     stem = f"rpc-inference-{datetime.now():%Y%m%d-%H%M%S}"

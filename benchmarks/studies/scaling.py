@@ -1,34 +1,19 @@
 """Data-parallel PPO on this machine: sps of 1 and N processes of
 ppo_continuous_action_distributed.py side by side, their scaling efficiency, and the
-environment-only limit of as many processes.
+environment-only limit of as many processes (docs/scaling-torchrun.md).
 
     python -m benchmarks.studies.scaling  # 1 and 2 processes, 3 rounds, HalfCheetah-v4, ~2 min
     python -m benchmarks.studies.scaling --processes 1 2 4 --repeats 2 --iterations 8
     python -m benchmarks.studies.scaling -- --compile            # flags after -- go to every run
 
-One process is the script run plainly (`python leanrl/ppo_continuous_action_distributed.py`); N
-processes are `torchrun --standalone --nproc_per_node N` of the same file, on loopback (gloo on
-`lo`). Every process steps `--num-envs` envs (weak scaling: N processes step N times the envs,
-with the same work each) on the CPU with gloo (`--no-cuda --dist-backend gloo`, also on a GPU
-machine) and one intra-op thread (`OMP_NUM_THREADS=1`, what torchrun gives each of several
-processes, so that 1 and N processes compare alike; a value set by the user is kept). The
-process counts alternate run by run (1 2 1 2 ...), each round with its own seed, so a noisy
-machine hits all alike. Each run does `--iterations` iterations of CleanRL's defaults (2048
-steps per env, 10 epochs of 32 minibatches); its sps counts every process's steps after the
-first `--burnin` iterations.
-
-Scaling efficiency = sps(N) / (N x sps(1)), medians over the rounds. The env-only limit of N
-processes is N copies of `benchmarks.env_limit` stepping the script's env with random actions at
-the same time, their sps added: what N processes could reach if acting and learning were free.
-
-Writes benchmarks/results/scaling-<time>.{json,md,png} (or to --out-dir): every run's summary
-(learning curve included), the limits, the machine; the table; sps per process count next to the
-ideal N x sps(1) and the limit, and the episodic return of every run against environment steps.
-A run that fails ends the benchmark with status 1.
+N processes are `torchrun --standalone --nproc_per_node N` on loopback (gloo on `lo`), each
+stepping `--num-envs` envs on the CPU with one intra-op thread (weak scaling); the counts alternate
+run by run, each round with its own seed. A run's sps counts every process's steps after `--burnin`
+iterations. Efficiency = sps(N) / (N x sps(1)), medians over rounds; the env-only limit is N copies
+of `benchmarks.env_limit` at once. Writes benchmarks/results/scaling-<time>.{json,md,png} (or to
+--out-dir); a failed run exits 1.
 """
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -38,10 +23,11 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.plots import save, smooth
 from benchmarks.processes import kill_tree
-from benchmarks.report import machine_line, optional
+from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
 from benchmarks.scripts import SCRIPTS
 
@@ -51,8 +37,7 @@ NUM_STEPS = 2048  # the script's default rollout length per env
 
 
 def loopback_env():
-    """The environment of every run: gloo's connections on the loopback interface, one intra-op
-    thread per process unless the user set `OMP_NUM_THREADS`."""
+    """Every run's environment: gloo on loopback, one thread unless OMP_NUM_THREADS is set."""
     env = {"OMP_NUM_THREADS": "1"} | dict(os.environ)
     return env | {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
 
@@ -95,8 +80,7 @@ def run_command(processes, flags):
 
 
 def run_flags(processes, args, seed):
-    """The script's flags for a run of `processes` processes: `--iterations` iterations of all of
-    them."""
+    """The script's flags for a run of `processes` processes."""
     total = args.iterations * NUM_STEPS * args.num_envs * processes
     return [
         "--env-id",
@@ -117,8 +101,7 @@ def run_flags(processes, args, seed):
 
 
 def env_limit(processes, args):
-    """The env-only sps of `processes` copies of the script's env stepped at the same time: their
-    sps added, and each copy's ENV_ONLY object."""
+    """The env-only sps of `processes` copies of the script's env stepped at the same time."""
     commands = [
         [
             sys.executable,
@@ -255,29 +238,16 @@ def figure(table, runs):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.scaling", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 is always run)"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="rounds: runs of each process count")
-    parser.add_argument("--iterations", type=int, default=5, help="iterations of each run")
-    parser.add_argument(
-        "--burnin", type=int, default=2, help="iterations a run leaves out of its sps"
-    )
-    parser.add_argument("--env-id", default="HalfCheetah-v4")
-    parser.add_argument("--num-envs", type=int, default=1, help="envs of each process")
-    parser.add_argument(
-        "--env-seconds", type=float, default=3.0, help="how long to time the envs alone"
-    )
-    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
-    parser.add_argument(
-        "script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile"
-    )
+    parser, add = cli.parser("benchmarks.studies.scaling", __doc__, "--out-dir")
+    add("--processes", type=int, nargs="+", default=[1, 2], help="process counts (1 always runs)")
+    add("--repeats", type=int, default=3, help="rounds: runs of each process count")
+    add("--iterations", type=int, default=5, help="iterations of each run")
+    add("--burnin", type=int, default=2, help="iterations a run leaves out of its sps")
+    add("--env-id", default="HalfCheetah-v4")
+    add("--num-envs", type=int, default=1, help="envs of each process")
+    add("--env-seconds", type=float, default=3.0, help="how long to time the envs alone")
+    add("--timeout", type=float, default=600, help="seconds one run may take")
+    add("script_flags", nargs="*", help="after --: flags added to every run, e.g. -- --compile")
     args = parser.parse_args(argv)
     if (
         min(args.processes) < 1
@@ -317,24 +287,13 @@ def main(argv=None):
         key: getattr(args, key)
         for key in ("env_id", "num_envs", "iterations", "burnin", "repeats", "script_flags")
     } | {"seeds": seeds, "started": started.isoformat()}
-    machine = machine_info()
     table = rows(runs, limits)
-    table_md = markdown(table, machine, settings)
-    stamp = f"scaling-{started.strftime('%Y%m%d-%H%M%S')}"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    document = {
-        "settings": settings,
-        "machine": machine,
-        "env_limits": limits,
-        "table": table,
-        "runs": runs,
-    }
-    (args.out_dir / f"{stamp}.json").write_text(json.dumps(document, indent=2) + "\n")
-    (args.out_dir / f"{stamp}.md").write_text(table_md)
-    save(figure(table, runs), args.out_dir / f"{stamp}.png")
-    print(table_md, end="")
-    note(f"wrote {args.out_dir / stamp}.json, .md, .png")
-    return 0
+    document = {"settings": settings, "machine": machine_info(), "env_limits": limits}
+    document |= {"table": table, "runs": runs}
+    render = lambda d: markdown(d["table"], d["machine"], d["settings"])  # noqa: E731
+    draw = lambda d, path: save(figure(d["table"], d["runs"]), path)  # noqa: E731
+    stem = f"scaling-{started:%Y%m%d-%H%M%S}"
+    return cli.conclude(render(document), write_result(document, args.out_dir, stem, render, draw))
 
 
 if __name__ == "__main__":

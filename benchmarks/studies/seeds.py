@@ -1,50 +1,21 @@
 """Many seeds in one process: the aggregate sps of a seeds script (`leanrl/<algo>_seeds.py`, N runs
-as one vmapped program) against the best way to run N seeds of the algorithm's fastest
-single-seed script on this machine, beside the env-only limit of the same N x num_envs envs; and
-the "GPU proxy", each member's share of acting and of one update.
+as one vmapped program) against the best way to run N seeds of the fastest single-seed script on
+this machine, beside the env-only limit of the same N x num_envs envs (docs/performance.md).
 
-    # every algorithm with a seeds script, N = 1 2 4 8 16, 2 rounds
-    python -m benchmarks.studies.seeds
+    python -m benchmarks.studies.seeds  # every seeds script, N = 1 2 4 8 16, 2 rounds
     python -m benchmarks.studies.seeds --algos dqn --members 1 8 --repeats 3
-    # per-member cost of acting and of an update, N = 1 8 32 128
-    python -m benchmarks.studies.seeds --gpu-proxy
-    # tiny budgets, N = 1 2, one round: a smoke test of the harness
-    python -m benchmarks.studies.seeds --quick
+    python -m benchmarks.studies.seeds --gpu-proxy  # per-member cost of acting and an update
+    python -m benchmarks.studies.seeds --quick  # a smoke test of the harness
 
-For each N and round, in turn:
-- `seeds`: `<algo>_seeds.py --num-seeds N` under the algorithm's budget, once per way it runs
-  (DQN and PPO: `--threads 1` and `--threads 2`); its `sps` counts all members' env steps per
-  second after the burn-in (compile excluded). The best way is compared.
-- `P at once`: the single-seed script run N times (seeds 1..N) under the same budget, P
-  processes at a time, for each P in `--processes` (default: 1, the number of cores, and N;
-  those up to N). The cores are split between the P processes of a wave: with P <= cores,
-  process i gets cores // P cores of its own (`taskset -c`) and as many intra-op threads
-  (`OMP_NUM_THREADS`; a script may use fewer: dqn_cpu.py takes one); with P > cores, process i
-  gets core i mod cores and one thread. The processes of a wave start together with the same
-  budget, so their measured windows overlap: a wave's aggregate sps is the sum of its processes'
-  sps, and the row's the mean over waves weighted by their processes. The best P of each N is
-  the baseline: `vs best` = seeds / best.
-- `env only`: the seeds script's own vector env of N x num_envs envs (its `make_envs`, from its
-  `Args`), stepped with pre-drawn random actions on one thread: what one process stepping all
-  members' envs could reach.
-
-`--gpu-proxy` builds each seeds script's learner for N members on this CPU (no env), compiles
-the acting function and the update (`fullgraph=True`, as `--compile` does), and times each call
-after warm-up; a row gives the time per call and per member. It also sizes the graphs: the ATen
-ops of one call (`make_fx`: what eager CUDA would launch), the matmuls among them and the
-kernels inductor generates around them (traced with the FX graph cache off), whose sum is what a
-captured CUDA graph replays. The GPU column is an expectation, not a measurement: kernels x
-`--us-per-kernel` (a small kernel replayed from a CUDA graph costs a few microseconds whatever
-its size), divided by N. On this CPU, `matmul bound / time` says how much of a call arithmetic
-explains: the call's FLOPs (FlopCounterMode, its matmuls) at the rate of a [8, 256, 256] fp32
-bmm timed right after it, over the call's time; near 1, a member costs what a run costs, and no
-seeds axis can make the update cheaper on this CPU.
-
-Writes benchmarks/results/seeds-<time>.{json,md,png} (or seeds-proxy-<time>; to --out-dir). A
-failed run stops the benchmark with status 1.
+Per N and round: `seeds` runs the seeds script once per way it runs; `P at once` runs the
+single-seed script N times, P processes at a time (each pinned to its share of the cores with
+`taskset`), summing a wave's sps; the best P is the baseline. `env only` steps the seeds script's
+vector env with random actions. `--gpu-proxy` compiles each seeds learner's acting and update for N
+members, times them, and counts their ATen ops, matmuls and inductor kernels: the GPU column is
+kernels x `--us-per-kernel` / N, an expectation, not a measurement. Writes
+benchmarks/results/seeds[-proxy]-<time>.{json,md,png} (or to --out-dir).
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -58,14 +29,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks import env_limit
+from benchmarks import cli, env_limit
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
-from benchmarks.report import machine_line, optional, write_result
+from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
-from benchmarks.scripts import SCRIPTS, load_script
+from benchmarks.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKSET = shutil.which("taskset") is not None  # pins a single-seed process to its cores
 
 
@@ -127,8 +97,7 @@ ALGOS = (
 
 
 def runnable(algos, scripts_dir):
-    """The algorithms whose seeds and single-seed scripts are both on disk; a note for each one
-    skipped."""
+    """The algorithms whose seeds and single-seed scripts are both on disk."""
     ready = []
     for algo in algos:
         missing = [
@@ -157,8 +126,7 @@ def seeds_command(algo, scripts_dir, members, quick, flags):
 
 
 def process_cores(index, at_once, cores):
-    """The cores of process `index` of `at_once` processes sharing `cores` cores: cores // at_once
-    of its own, or one shared round robin when there are more processes than cores."""
+    """The cores of process `index` of `at_once` processes sharing `cores` cores."""
     if at_once > cores:
         return [index % cores]
     share = cores // at_once
@@ -166,8 +134,7 @@ def process_cores(index, at_once, cores):
 
 
 def single_command(algo, scripts_dir, seed, quick, cores):
-    """One single-seed run with its environment: pinned to `cores` (where `taskset` exists), as many
-    threads."""
+    """One single-seed run and its environment: pinned to `cores`, as many threads."""
     cmd = [
         sys.executable,
         str(scripts_dir / f"{algo.single}.py"),
@@ -180,8 +147,7 @@ def single_command(algo, scripts_dir, seed, quick, cores):
 
 
 def read_summary(cmd, proc):
-    """The summary.json of a finished run (its SUMMARY line names it); a BenchmarkError without a
-    numeric sps."""
+    """The summary.json of a finished run (its SUMMARY line names it)."""
     line = result_line(cmd, proc, "SUMMARY")
     summary = json.loads(Path(line["summary_file"]).read_text())
     if not isinstance(summary.get("sps"), (int, float)):
@@ -192,8 +158,7 @@ def read_summary(cmd, proc):
 
 
 def run_together(commands, timeout, cwd, envs=None):
-    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all; their
-    summaries, in order. A failure kills the rest and raises a BenchmarkError."""
+    """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all."""
     envs = [dict(os.environ, **extra) for extra in envs or [{}] * len(commands)]
     procs = [
         subprocess.Popen(
@@ -220,21 +185,18 @@ def run_together(commands, timeout, cwd, envs=None):
 
 
 def processes_at_once(members, requested, cores):
-    """The process counts P to try for N = `members`: those requested (default 1, the cores, N) up
-    to N."""
+    """The process counts P to try for N = `members`."""
     return sorted({p for p in (requested or (1, cores, members)) if 1 <= p <= members})
 
 
 def waves_sps(summaries, at_once):
-    """The aggregate sps of N runs made `at_once` at a time: each wave's summed sps, averaged over
-    the waves weighted by their processes."""
+    """The aggregate sps of N runs made `at_once` at a time."""
     waves = [summaries[i : i + at_once] for i in range(0, len(summaries), at_once)]
     return sum(len(wave) * sum(s["sps"] for s in wave) for wave in waves) / len(summaries)
 
 
 def env_only(algo, scripts_dir, members, quick, seconds):
-    """The env-only sps of the seeds script's vector env for `members` members, stepped with random
-    actions (`benchmarks.env_limit`)."""
+    """The env-only sps of the seeds script's vector env for `members` members."""
     flags = [*budget(algo, quick), "--num-seeds", str(members)]
     return env_limit.measure(scripts_dir / f"{algo.script}.py", flags, seconds)
 
@@ -343,28 +305,24 @@ def markdown(result):
         f"{settings['cores']} cores, a thread per core (taskset: {settings['taskset']}); started "
         f"{settings['started']}",
         "",
-        "| algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only "
-        "sps | every run (sps) "
-        "| return |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for r in result["table"]:
-        every = ", ".join(
+    rows = [
+        f"{r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | "
+        f"{r['best'] or 'n/a'} | {optional(r['best_sps'], '.0f')} | "
+        f"{optional(r['vs_best'], '.2f', 'x')} | {r['env_only_sps']:.0f} | "
+        + ", ".join(
             f"{v}: {sps:.0f}" for v, sps in (r["seeds_variants"] | r["processes_sps"]).items()
         )
-        lines.append(
-            f"| {r['algo']} | {r['members']} | {r['seeds_sps']:.0f} ({r['best_seeds']}) | "
-            f"{r['best'] or 'n/a'} | "
-            f"{optional(r['best_sps'], '.0f')} | {optional(r['vs_best'], '.2f', 'x')} | "
-            f"{r['env_only_sps']:.0f} | "
-            f"{every} | {optional(r['return_mean'], '.1f')} |"
-        )
-    return "\n".join(lines) + "\n"
+        + f" | {optional(r['return_mean'], '.1f')}"
+        for r in result["table"]
+    ]
+    header = "algo | N | seeds sps (best way) | best P at once | its sps | seeds / best | env-only "
+    header += "sps | every run (sps) | return"
+    return "\n".join(lines + table(header, rows, "lrrrrrrlr")) + "\n"
 
 
 def plot(result, path):
-    """Aggregate sps against N, per algorithm: the seeds script, the best multi-process run, the
-    env-only limit."""
+    """Aggregate sps against N per algorithm: seeds script, best processes, env-only limit."""
     algos = list(dict.fromkeys(r["algo"] for r in result["table"]))
     figure = Figure(figsize=(4.5 * len(algos), 3.8), layout="constrained")
     for ax, algo in zip(figure.subplots(1, len(algos), squeeze=False)[0], algos):
@@ -390,8 +348,7 @@ def plot(result, path):
 
 
 def dqn_proxy(module, members):
-    """DQN's vmapped torch policy and update for `members` members (CartPole's sizes, a batch of 128
-    per member)."""
+    """DQN's vmapped policy and update for `members` members (CartPole, batch 128)."""
     import torch
 
     args = module.Args(num_seeds=members)
@@ -527,8 +484,7 @@ def graph_size(fn, inputs, compiled):
 
 
 def flops(fn, inputs):
-    """The floating-point operations of one call of `fn(*inputs)`, as torch's FlopCounterMode counts
-    them (matmuls)."""
+    """The floating-point operations of one call of `fn(*inputs)` (FlopCounterMode)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -537,8 +493,7 @@ def flops(fn, inputs):
 
 
 def matmul_rate(seconds):
-    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond: a [8, 256, 256]
-    x [8, 256, 256] bmm, timed as `time_calls` times a function."""
+    """This CPU's fp32 matmul rate on the current threads, in FLOP per microsecond."""
     import torch
 
     a = torch.randn(8, 256, 256)
@@ -594,27 +549,22 @@ def proxy_markdown(result):
         f"Compiled: {settings['compiled']}, one thread; the GPU column is unmeasured: kernels x "
         f"{settings['us_per_kernel']} us / N; started {settings['started']}",
         "",
-        "| algo | function | N | us a call | us per member | MFLOP per member | matmul bound / "
-        "time | ATen ops "
-        "| matmuls | fused kernels | kernels | GPU us per member (unmeasured) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in result["table"]:
-        lines.append(
-            f"| {r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | "
-            f"{r['us_per_member']:.1f} | "
-            f"{optional(r.get('mflop_per_member'), '.2f')} | "
-            f"{optional(r.get('matmul_bound_share'), '.2f')} | "
-            f"{r['aten_ops']} | {r['matmuls']} | {optional(r['fused_kernels'], 'd')} | "
-            f"{r['kernels']} | "
-            f"{r['gpu_us_per_member_unmeasured']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [
+        f"{r['algo']} | {r['function']} | {r['members']} | {r['us_per_call']:.0f} | "
+        f"{r['us_per_member']:.1f} | {optional(r.get('mflop_per_member'), '.2f')} | "
+        f"{optional(r.get('matmul_bound_share'), '.2f')} | {r['aten_ops']} | {r['matmuls']} | "
+        f"{optional(r['fused_kernels'], 'd')} | {r['kernels']} | "
+        f"{r['gpu_us_per_member_unmeasured']:.2f}"
+        for r in result["table"]
+    ]
+    header = "algo | function | N | us a call | us per member | MFLOP per member | matmul bound / "
+    header += "time | ATen ops | matmuls | fused kernels | kernels | GPU us per member (unmeasured)"
+    return "\n".join(lines + table(header, rows, "ll" + "r" * 10)) + "\n"
 
 
 def proxy_plot(result, path):
-    """Microseconds per member against N (log-log), a line per algorithm and function; the GPU
-    expectation dotted."""
+    """Microseconds per member against N (log-log), a line per algorithm and function."""
     figure = Figure(figsize=(6, 4), layout="constrained")
     ax = figure.subplots()
     for index, key in enumerate(dict.fromkeys((r["algo"], r["function"]) for r in result["table"])):
@@ -641,50 +591,18 @@ def proxy_plot(result, path):
 
 def parse_args(argv):
     names = [algo.name for algo in ALGOS]
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.seeds", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)"
-    )
-    parser.add_argument(
-        "--members", type=int, nargs="+", help="values of N (default 1 2 4 8 16; proxy 1 8 32 128)"
-    )
-    parser.add_argument(
-        "--processes",
-        type=int,
-        nargs="+",
-        help="single-seed processes at once (default 1, cores, N)",
-    )
-    parser.add_argument("--repeats", type=int, default=2, help="rounds of every run")
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny budgets, N = 1 2, one round (proxy: N = 1 2)"
-    )
-    parser.add_argument(
-        "--env-seconds", type=float, default=2.0, help="how long to time each env alone"
-    )
-    parser.add_argument(
-        "--gpu-proxy", action="store_true", help="time acting and the update per member instead"
-    )
-    parser.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="proxy: time the functions eagerly, no kernel count",
-    )
-    parser.add_argument(
-        "--proxy-seconds", type=float, default=2.0, help="proxy: timing per function and N"
-    )
-    parser.add_argument(
-        "--us-per-kernel",
-        type=float,
-        default=3.0,
-        help="proxy: the GPU expectation's cost per kernel",
-    )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help="where the scripts are")
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
+    parser, add = cli.parser("benchmarks.studies.seeds", __doc__, "--scripts-dir --out-dir")
+    add("--algos", nargs="+", choices=names, default=names, help="algorithms (default: all)")
+    add("--members", type=int, nargs="+", help="N (default 1 2 4 8 16; proxy 1 8 32 128)")
+    add("--processes", type=int, nargs="+", help="single-seed processes at once (1, cores, N)")
+    add("--repeats", type=int, default=2, help="rounds of every run")
+    add("--quick", action="store_true", help="tiny budgets, N = 1 2, one round")
+    add("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
+    add("--gpu-proxy", action="store_true", help="time acting and the update per member instead")
+    add("--no-compile", action="store_true", help="proxy: time eagerly, no kernel count")
+    add("--proxy-seconds", type=float, default=2.0, help="proxy: timing per function and N")
+    add("--us-per-kernel", type=float, default=3.0, help="proxy: GPU cost per kernel")
+    add("--timeout", type=float, default=1800, help="seconds one run may take")
     args = parser.parse_args(argv)
     if args.members is None:
         args.members = (
@@ -698,8 +616,7 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    """Run the benchmark (or the GPU proxy), print the table, write the results; returns the exit
-    status."""
+    """Run the benchmark (or the GPU proxy), print the table, write the results."""
     args = parse_args(argv)
     algos = runnable([algo for algo in ALGOS if algo.name in args.algos], args.scripts_dir)
     if args.gpu_proxy:
@@ -708,54 +625,30 @@ def main(argv=None):
         note("benchmark stopped: no algorithm has its scripts on disk")
         return 1
     started = datetime.now()
-    settings = dict(
-        members=args.members, started=started.isoformat(), budget="quick" if args.quick else "full"
-    )
+    budget = "quick" if args.quick else "full"
+    settings = dict(members=args.members, started=started.isoformat(), budget=budget)
+    result = dict(settings=settings, machine=machine_info())
     if args.gpu_proxy:
-        settings |= dict(compiled=not args.no_compile, us_per_kernel=args.us_per_kernel)
-        table = proxy(
-            algos,
-            args.scripts_dir,
-            args.members,
-            not args.no_compile,
-            args.proxy_seconds,
-            args.us_per_kernel,
+        compiled, us = not args.no_compile, args.us_per_kernel
+        settings |= dict(compiled=compiled, us_per_kernel=us)
+        result["table"] = proxy(
+            algos, args.scripts_dir, args.members, compiled, args.proxy_seconds, us
         )
-        result = dict(settings=settings, machine=machine_info(), table=table)
         stem, render, draw = f"seeds-proxy-{started:%Y%m%d-%H%M%S}", proxy_markdown, proxy_plot
     else:
-        settings |= dict(
-            repeats=args.repeats, processes=args.processes, cores=os.cpu_count(), taskset=TASKSET
-        )
+        settings |= dict(repeats=args.repeats, processes=args.processes, cores=os.cpu_count())
+        settings["taskset"] = TASKSET
         runs_dir = args.out_dir / "runs"  # the runs' run folders
         runs_dir.mkdir(parents=True, exist_ok=True)
+        flags = (args.members, args.processes, args.repeats, args.quick, args.env_seconds)
         try:
-            runs, limits = measure(
-                algos,
-                args.scripts_dir,
-                args.members,
-                args.processes,
-                args.repeats,
-                args.quick,
-                args.env_seconds,
-                args.timeout,
-                runs_dir,
-            )
+            runs, limits = measure(algos, args.scripts_dir, *flags, args.timeout, runs_dir)
         except BenchmarkError as error:
             note(f"benchmark stopped: {error}")
             return 1
-        result = dict(
-            settings=settings,
-            machine=machine_info(),
-            env_limits=limits,
-            table=rows(runs, limits),
-            runs=runs,
-        )
+        result |= dict(env_limits=limits, table=rows(runs, limits), runs=runs)
         stem, render, draw = f"seeds-{started:%Y%m%d-%H%M%S}", markdown, plot
-    paths = write_result(result, args.out_dir, stem, render, draw)
-    print(render(result), end="")
-    note("wrote " + ", ".join(str(path) for path in paths))
-    return 0
+    return cli.conclude(render(result), write_result(result, args.out_dir, stem, render, draw))
 
 
 if __name__ == "__main__":

@@ -1,28 +1,17 @@
 """A sweep in one process against separate runs: a seeds script's sweep (K values of one flag x N
-seeds, one vmapped program) against the same K x N runs of the single-seed `_cpu` script, P
-processes at a time. It measures the wall time of each, whether the sweep ranks the settings as
-the runs do (the same best setting; Spearman's correlation of the settings' mean final returns),
-and a sweep's cost per member against a seeds run of as many members in one setting.
+seeds, one vmapped program) against the same K x N runs of the `_cpu` script, P processes at a
+time: the wall time of each, whether the sweep ranks the settings as the runs do (the same best;
+Spearman's correlation), and a sweep's cost per member against a seeds run of as many members.
 
     # 4 learning rates x 2 seeds of DQN on CartPole-v1 against its 8 runs, 2 at a time
     python -m benchmarks.studies.sweeps --total-timesteps 100000
     python -m benchmarks.studies.sweeps --algo td3 --flag tau --values 0.005 0.05 --seeds 3
     python -m benchmarks.studies.sweeps --quick  # tiny budgets: a smoke test of the harness
 
-The runs, in turn, under the algorithm's budget of benchmarks.studies.seeds (`--total-timesteps`
-replaces its steps):
-- `sweep`: `<algo>_seeds.py --num-seeds N --<flag> v1 ... vK`, one process on every core; its
-  table gives each setting's mean final return (each member's last-20 mean);
-- `seeds`: `<algo>_seeds.py --num-seeds K*N`, one setting: the cost of as many members without a
-  sweep (sps, all members' env steps per second after the burn-in);
-- `runs`: `<algo>_cpu.py --seed s --<flag> v` for each of the K x N members, P at a time (a new
-  one starts when one ends), each pinned to cores // P cores (`taskset`) with as many threads.
-Wall times are the processes' own, start to end, compile included. Writes
-benchmarks/results/sweeps-<time>.{json,md,png} (or to --out-dir); a failed run stops the study
-with status 1.
+Budgets are benchmarks.studies.seeds'. Runs are pinned to cores // P cores (`taskset`). Writes
+benchmarks/results/sweeps-<time>.{json,md,png} (or to --out-dir); a failed run exits 1.
 """
 
-import argparse
 import os
 import queue
 import statistics
@@ -30,18 +19,15 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from benchmarks import cli
 from benchmarks.machine import machine_info
 from benchmarks.plots import save
-from benchmarks.report import machine_line, write_result
+from benchmarks.report import machine_line, table, write_result
 from benchmarks.run import BenchmarkError, note
-from benchmarks.scripts import SCRIPTS
 from benchmarks.studies.seeds import ALGOS, budget, process_cores, run_together, single_command
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def budget_flags(algo, quick, steps):
@@ -99,8 +85,7 @@ def spearman(a, b):
 
 
 def setting_means(values, members, summaries):
-    """Per value, the mean of its runs' final returns (None if none had one); `members[i]` is the
-    (value, seed) of `summaries[i]`."""
+    """Per value, the mean of its runs' final returns (None if none had one)."""
     means = []
     for value in values:
         finals = [s["return_mean"] for (v, _), s in zip(members, summaries) if v == value]
@@ -178,12 +163,13 @@ def markdown(result):
         f"Budget: {settings['budget']}; {r['seeds']} seeds a setting; the runs {r['processes']} "
         f"at a time; started {settings['started']}",
         "",
-        f"| {r['flag']} | sweep: mean final return | runs: mean final return |",
-        "|---:|---:|---:|",
     ]
-    for value, sweep, runs in zip(r["values"], r["sweep_means"], r["run_means"]):
-        cells = ["n/a" if x is None else f"{x:.1f}" for x in (sweep, runs)]
-        lines.append(f"| {value:g} | {cells[0]} | {cells[1]} |")
+    rows = [
+        [f"{value:g}", *("n/a" if x is None else f"{x:.1f}" for x in (sweep, runs))]
+        for value, sweep, runs in zip(r["values"], r["sweep_means"], r["run_means"])
+    ]
+    header = f"{r['flag']} | sweep: mean final return | runs: mean final return"
+    lines += table(header, rows, "rrr")
     spearman = "n/a" if r["spearman"] is None else f"{r['spearman']:.2f}"
     lines += [
         "",
@@ -211,26 +197,16 @@ def plot(result, path):
 
 def parse_args(argv):
     names = [algo.name for algo in ALGOS]
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.sweeps", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--algo", choices=names, default="dqn", help="the algorithm (dqn)")
-    parser.add_argument("--flag", default="learning-rate", help="the flag swept (learning-rate)")
-    parser.add_argument(
-        "--values", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3, 3e-3], help="its values"
-    )
-    parser.add_argument("--seeds", type=int, default=2, help="seeds a setting (2)")
-    parser.add_argument("--processes", type=int, default=2, help="single runs at a time (2)")
-    parser.add_argument("--total-timesteps", type=int, help="steps of each member and run")
-    parser.add_argument("--quick", action="store_true", help="the seeds study's tiny budget")
-    parser.add_argument(
-        "--no-compile", action="store_true", help="every run eagerly (a smoke test's speed)"
-    )
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    parser.add_argument("--scripts-dir", type=Path, default=SCRIPTS, help="where the scripts are")
-    parser.add_argument(
-        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where results go"
-    )
+    parser, add = cli.parser("benchmarks.studies.sweeps", __doc__, "--scripts-dir --out-dir")
+    add("--algo", choices=names, default="dqn", help="the algorithm (dqn)")
+    add("--flag", default="learning-rate", help="the flag swept (learning-rate)")
+    add("--values", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3, 3e-3], help="its values")
+    add("--seeds", type=int, default=2, help="seeds a setting (2)")
+    add("--processes", type=int, default=2, help="single runs at a time (2)")
+    add("--total-timesteps", type=int, help="steps of each member and run")
+    add("--quick", action="store_true", help="the seeds study's tiny budget")
+    add("--no-compile", action="store_true", help="every run eagerly (a smoke test's speed)")
+    add("--timeout", type=float, default=3600, help="seconds one run may take")
     args = parser.parse_args(argv)
     if len(args.values) < 2 or min(args.seeds, args.processes) < 1:
         parser.error("--values needs 2 or more, --seeds and --processes 1 or more")
@@ -252,10 +228,7 @@ def main(argv=None):
     settings["steps"] = args.total_timesteps
     result = dict(settings=settings, machine=machine_info(), table=table)
     stem = f"sweeps-{started:%Y%m%d-%H%M%S}"
-    paths = write_result(result, args.out_dir, stem, markdown, plot)
-    print(markdown(result), end="")
-    note("wrote " + ", ".join(str(path) for path in paths))
-    return 0
+    return cli.conclude(markdown(result), write_result(result, args.out_dir, stem, markdown, plot))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,15 @@
 """Threads chosen by measurement against fixed ones: the `_cpu` and `_seeds` scripts' sps at their
-default (no `--threads`: the run measures), with `--threads 1` and with `--threads 2`, on an idle
-machine and beside one other process that keeps a core busy (a second user, a data loader, another
-run).
+default (no `--threads`: the run measures), with `--threads 1` and `--threads 2`, on an idle
+machine and beside one process that keeps a core busy.
 
     python -m benchmarks.studies.threads  # SAC, TD3, DQN and PPO, quick budgets, 2 rounds
     python -m benchmarks.studies.threads --algos sac --rounds 3
     python -m benchmarks.studies.threads --full --busy-ways default 1  # 2 threads busy: known slow
 
-Each algorithm's runs alternate (default, threads 1, threads 2, per script), `--rounds` times in
-each condition, on the budgets of `benchmarks.studies.seeds` (the seeds scripts with
-`--num-seeds 2`). A row gives the median sps of each, the ratio of two threads to one, the default's
-ratio to the better fixed count, and the counts the default runs ended on. Writes
-benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
+Runs alternate per script, `--rounds` times per condition, at benchmarks.studies.seeds' budgets.
+Writes benchmarks/results/threads-<time>.{json,md} (or to --out-dir).
 """
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -22,7 +17,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks import report
+from benchmarks import cli, report
 from benchmarks.machine import machine_info
 from benchmarks.run import note
 from benchmarks.studies.seeds import ALGOS, budget, read_summary
@@ -104,42 +99,33 @@ def rows(results, chosen=None):
 def markdown(result):
     """The table; results without the default (before threads were measured) in their own form."""
     default = all("default" in r for r in result["rows"])
-    head = "| condition | script | sps, 1 thread | sps, 2 threads | 2 / 1 |"
-    extra = " sps, default | default / best | default ended on |" if default else ""
-    lines = [
-        f"{report.machine_line(result['machine'])}; {result['settings']['rounds']} round(s), "
-        "medians.",
-        "",
-        head + extra,
-        "|---|---|---:|---:|---:|" + ("---:|---:|---|" if default else ""),
-    ]
+    header = "condition | script | sps, 1 thread | sps, 2 threads | 2 / 1"
+    rows = []
     for r in result["rows"]:
         one, two = ("-" if r[k] is None else f"{r[k]:.0f}" for k in ("one", "two"))
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        line = f"| {r['condition']} | {r['script']} | {one} | {two} | {ratio} |"
+        rows.append([r["condition"], r["script"], one, two, ratio])
         if default:
-            ended = " ".join(map(str, r["chosen"]))
-            line += f" {r['default']:.0f} | {r['vs_best']:.2f}x | {ended} |"
-        lines.append(line)
+            rows[-1] += [
+                f"{r['default']:.0f}",
+                f"{r['vs_best']:.2f}x",
+                " ".join(map(str, r["chosen"])),
+            ]
+    if default:
+        header += " | sps, default | default / best | default ended on"
+    head = f"{report.machine_line(result['machine'])}; {result['settings']['rounds']} round(s), "
+    lines = [head + "medians.", "", *report.table(header, rows, "llrrr" + "rrl" * default)]
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", nargs="+", default=[algo.name for algo in ALGOS])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument(
-        "--full", action="store_true", help="the full budgets of benchmarks.studies.seeds"
-    )
-    parser.add_argument(
-        "--busy-ways",
-        nargs="+",
-        default=list(WAYS),
-        type=lambda way: way if way == "default" else int(way),
-        help="the ways run beside the busy core (default: all: default 1 2)",
-    )
-    parser.add_argument("--timeout", type=float, default=900, help="seconds for one run")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser, add = cli.parser("benchmarks.studies.threads", __doc__, "--out-dir")
+    add("--algos", nargs="+", default=[algo.name for algo in ALGOS])
+    add("--rounds", type=int, default=2)
+    add("--full", action="store_true", help="the full budgets of benchmarks.studies.seeds")
+    ways = lambda way: way if way == "default" else int(way)  # noqa: E731
+    add("--busy-ways", nargs="+", default=list(WAYS), type=ways, help="default: default 1 2")
+    add("--timeout", type=float, default=900, help="seconds for one run")
     return parser.parse_args(argv)
 
 
