@@ -257,9 +257,8 @@ def make_host_policy(params, n_act, global_step, start_e, end_e, duration):
 def main(args):
     for setting in settings(args):  # each point of a sweep, as a single run's flags
         check_args(setting)
-    run = SeedsRun(
-        args, "dqn_seeds", tensor_envs=True
-    )  # runs.py: folder, seeds, sweep, threads, ...
+    # seeds.py: folder, seeds, sweep, threads, ...
+    run = SeedsRun(args, "dqn_seeds", tensor_envs=True)
     members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)

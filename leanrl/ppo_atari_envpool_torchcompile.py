@@ -224,7 +224,7 @@ def make_learner(args, n_act, device):
 
 def main(args):
     check_args(args)
-    run = AtariRun(args, "ppo_atari_envpool_torchcompile")  # runs.py: folder, seeds, signals, ...
+    run = AtariRun(args, "ppo_atari_envpool_torchcompile")  # atari.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, run.env_seed, videos)  # fresh games on resume
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")

@@ -353,7 +353,7 @@ def main(args):
     backend = dist_backend(args, device)
     # each rank is the twin with its own seeds: global envs seed + rank * num_envs, ...
     args = replace(args, seed=args.seed + rank * args.num_envs)
-    # runs.py: folder, seeds, signals, ...; rank 0 keeps the folder, wandb and the messages
+    # ranks.py: folder, seeds, signals, ...; rank 0 keeps the folder, wandb and the messages
     free_flags = ("dist_backend", "dist_timeout")
     run = RankRun(args, "ppo_continuous_action_distributed", rank, world_size, free_flags)
     videos = None if args.eval_model else run.videos

@@ -371,7 +371,7 @@ def make_learner(args, n_obs, n_act, seeds, device):
 def main(args):
     for setting in settings(args):  # each point of a sweep, as a single run's flags
         check_args(setting)
-    run = SeedsRun(args, "ppo_continuous_action_seeds")  # runs.py: folder, seeds, sweep, ...
+    run = SeedsRun(args, "ppo_continuous_action_seeds")  # seeds.py: folder, seeds, sweep, ...
     members = len(run.seeds)  # settings x seeds
     # one env first: its id and sizes, before N members'
     probe = make_envs(args.env_id, 1, args.seed, 1, args.gamma)

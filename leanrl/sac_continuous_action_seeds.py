@@ -337,7 +337,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
 def main(args):
     for setting in settings(args):  # each point of a sweep, as a single run's flags
         check_args(setting)
-    run = SeedsRun(args, "sac_continuous_action_seeds")  # runs.py: folder, seeds, sweep, ...
+    run = SeedsRun(args, "sac_continuous_action_seeds")  # seeds.py: folder, seeds, sweep, ...
     members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)
