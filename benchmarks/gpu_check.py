@@ -145,7 +145,9 @@ def seeds_env_cmd(seeds_algo, members):
 
 
 def cuda_test_checks():
+    # -n 0: one process, one file a check, as the plan timed it, without two workers' start
     pytest = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
+    pytest += ["-n", "0"]
     fresh = str(ROOT / "tests" / "test_fresh_noise.py")
     for stem in graphed_runs():
         cmd = [*pytest, fresh, "-k", f"graphed_functions and {stem}"]
