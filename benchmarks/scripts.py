@@ -48,8 +48,8 @@ def script_envs(module, flags):
     if hasattr(module, "observed_indices"):
         args.obs_indices = module.observed_indices(args.env_id, args.obs_indices)
     kwargs = {name: getattr(args, name) for name in required_parameters(module.make_envs)}
-    if hasattr(module, "make_wrap"):  # the memory scripts' wrappers
-        kwargs["wrap"] = module.make_wrap(args.obs_indices)
+    if hasattr(module, "observation_wrap"):  # the memory scripts' wrappers
+        kwargs["wrap"] = module.observation_wrap(args.obs_indices)
     if hasattr(module, "wrap"):
         wrap_flags = {name: getattr(args, name) for name in required_parameters(module.wrap)[1:]}
         kwargs["wrap"] = functools.partial(module.wrap, **wrap_flags)

@@ -31,6 +31,8 @@ from vector_envs import (
     evaluate_recurrent,
     finished_episodes,
     make_envs,
+    obs_rms_of,
+    observation_wrap,
     true_next_obs,
 )
 
@@ -76,35 +78,6 @@ class Args(CudaFlags):
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop an update's epochs once the approximate KL exceeds this"""
-
-
-def make_wrap(obs_indices, obs_rms=None):
-    """vector_envs.make_envs' `wrap`: the observation flattened, cut to the entries `obs_indices`
-    (all if empty), normalized and clipped. A trained agent's `obs_rms` normalize it, frozen. On
-    the tensor envs, the same on the whole batch, with one set of statistics."""
-
-    def wrap(env):
-        tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once
-        env = env if tensor else gym.wrappers.FlattenObservation(env)
-        entries = (env.single_observation_space if tensor else env.observation_space).shape[0]
-        if not all(-entries <= i < entries for i in obs_indices):
-            indices = " ".join(map(str, obs_indices))
-            fail(f"--obs-indices {indices}: the observation has {entries} entries")
-        if tensor:
-            return env.normalized(obs_indices)
-        if obs_indices:
-            space, keep = env.observation_space, list(obs_indices)
-            visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
-            env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
-        # the hidden task's inputs are small: unnormalized, it learned nothing
-        env = gym.wrappers.NormalizeObservation(env)
-        if obs_rms is not None:
-            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
-            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
-        clip = lambda obs: np.clip(obs, -10, 10)  # noqa: E731
-        return gym.wrappers.TransformObservation(env, clip, env.observation_space)
-
-    return wrap
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -195,19 +168,6 @@ def observed_indices(env_id, obs_indices):
     return (0, 2) if env_id == "CartPole-v1" else ()
 
 
-def obs_rms_of(envs):
-    """The first env's normalization statistics (the tensor envs': the batch's), saved with the
-    model."""
-    if hasattr(envs, "obs_rms"):  # the tensor envs
-        return envs.obs_rms
-    rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    return {
-        "mean": torch.tensor(rms.mean),
-        "var": torch.tensor(rms.var),
-        "count": torch.tensor(float(rms.count)),
-    }
-
-
 def gae(rewards, values, next_value, final_values, terminations, truncations, gamma, gae_lambda):
     """Generalized advantage estimation: (advantages, returns), [num_steps, num_envs]
     like the inputs but `next_value` [num_envs]. `final_values[t]`: the value of the
@@ -292,13 +252,12 @@ def make_learner(args, n_obs, n_act, device):
 def main(args):
     check_args(args)
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)
-    run = Run(
-        args, "ppo_mingru", policy_flags=("env_id", "obs_indices", "memory"), tensor_envs=True
-    )
+    policy_flags = ("env_id", "obs_indices", "memory")
+    run = Run(args, "ppo_mingru", policy_flags=policy_flags, tensor_envs=True)
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    wrap = make_wrap(args.obs_indices)
+    wrap = observation_wrap(args.obs_indices)
     tensor = dict(tensor=args.tensor_envs, device=device)
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap, **tensor)
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
@@ -310,7 +269,7 @@ def main(args):
 
     def finish(obs_rms):
         def evaluate_agent(episodes, videos):  # the most likely action
-            wrap = make_wrap(args.obs_indices, obs_rms)
+            wrap = observation_wrap(args.obs_indices, obs_rms)
             eval_envs = make_envs(args.env_id, 1, args.seed, videos, episodes, wrap)
             zeros = agent.zero_state(1, device)
             return evaluate_recurrent(

@@ -162,3 +162,48 @@ def evaluate_recurrent(agent, envs, episodes, seed, state, memory, device):
         returns += finished_episodes(infos)
     envs.close()
     return returns[:episodes]
+
+
+def clip10(obs):
+    return np.clip(obs, -10, 10)
+
+
+def observation_wrap(obs_indices, obs_rms=None):
+    """The recurrent scripts' `wrap` for make_envs: the observation flattened, cut to the entries
+    `obs_indices` (all if empty), normalized and clipped. A trained agent's `obs_rms` normalize
+    it, frozen. On the tensor envs, the same on the whole batch, with one set of statistics."""
+
+    def wrap(env):
+        tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once
+        env = env if tensor else gym.wrappers.FlattenObservation(env)
+        entries = (env.single_observation_space if tensor else env.observation_space).shape[0]
+        if not all(-entries <= i < entries for i in obs_indices):
+            indices = " ".join(map(str, obs_indices))
+            fail(f"--obs-indices {indices}: the observation has {entries} entries")
+        if tensor:
+            return env.normalized(obs_indices)
+        if obs_indices:
+            space, keep = env.observation_space, list(obs_indices)
+            visible = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
+            env = gym.wrappers.TransformObservation(env, lambda obs: obs[keep], visible)
+        # the hidden task's inputs are small: unnormalized, it learned nothing
+        env = gym.wrappers.NormalizeObservation(env)
+        if obs_rms is not None:
+            env.obs_rms.mean, env.obs_rms.var = obs_rms["mean"].numpy(), obs_rms["var"].numpy()
+            env.obs_rms.count, env.update_running_mean = float(obs_rms["count"]), False
+        return gym.wrappers.TransformObservation(env, clip10, env.observation_space)
+
+    return wrap
+
+
+def obs_rms_of(envs):
+    """The first env's normalization statistics (the tensor envs': the batch's), saved with the
+    model."""
+    if hasattr(envs, "obs_rms"):  # the tensor envs
+        return envs.obs_rms
+    rms = envs.envs[0].get_wrapper_attr("obs_rms")
+    return {
+        "mean": torch.tensor(rms.mean),
+        "var": torch.tensor(rms.var),
+        "count": torch.tensor(float(rms.count)),
+    }

@@ -58,8 +58,8 @@ def test_observed_indices_are_cartpoles_positions_there_and_every_entry_elsewher
 def test_observations_keep_only_the_chosen_entries():
     module = load_script(EAGER)
     hidden, full = (
-        module.make_envs("CartPole-v1", 2, 0, wrap=module.make_wrap((0, 2))),
-        module.make_envs("CartPole-v1", 2, 0, wrap=module.make_wrap(())),
+        module.make_envs("CartPole-v1", 2, 0, wrap=module.observation_wrap((0, 2))),
+        module.make_envs("CartPole-v1", 2, 0, wrap=module.observation_wrap(())),
     )
     assert hidden.single_observation_space.shape == (
         2,

@@ -423,11 +423,11 @@ def test_fresh_episodes_start_with_a_zero_recurrent_state(make_run):
     episode start flagged and the LSTM's state (h, c) zeroed, where they are."""
     module = load_script("ppo_lstm")
     run = make_run("ppo_lstm")
-    envs = module.make_envs("CartPole-v1", 2, 1, wrap=module.make_wrap((0, 2)))
+    envs = module.make_envs("CartPole-v1", 2, 1, wrap=module.observation_wrap((0, 2)))
     carried = (envs, torch.ones(2, 2), torch.ones(2), torch.ones(2, 128), torch.ones(2, 128))
     saved = (None, *(x.clone() for x in carried[1:]))
     run.restore(carried, saved, seed=7)
-    expected = module.make_envs("CartPole-v1", 2, 1, wrap=module.make_wrap((0, 2)))
+    expected = module.make_envs("CartPole-v1", 2, 1, wrap=module.observation_wrap((0, 2)))
     expected = expected.reset(seed=7)[0]
     assert torch.equal(carried[1], torch.as_tensor(expected, dtype=torch.float))
     assert all(not x.any() for x in carried[2:]) and not run.envs_restored
