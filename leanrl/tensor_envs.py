@@ -134,9 +134,11 @@ class TensorEnv(gym.vector.VectorEnv):
     def observe(self, state):
         return state.clone()
 
-    def normalized(self, keep=(), obs_rms=None):
-        """These envs with their observations cut, normalized and clipped (NormalizeObservation)."""
-        return NormalizeObservation(self, keep, obs_rms)
+    def normalized(self, keep=(), obs_rms=None, gamma=None):
+        """These envs with their observations cut, normalized and clipped (NormalizeObservation);
+        given `gamma`, also actions clipped, rewards normalized and clipped (NormalizeReward)."""
+        envs = self if gamma is None else NormalizeReward(self, gamma)
+        return NormalizeObservation(envs, keep, obs_rms)
 
     def state_dict(self):
         names = ("state", "elapsed", "episode_return", "episode_length", "keys", "draws")
@@ -377,13 +379,8 @@ class NormalizeObservation(gym.vector.VectorWrapper):
 
     def observations(self, obs, update):
         obs = obs[:, self.keep].double()
-        if update:  # Chan et al.'s parallel update of the mean and variance, in place
-            batch_mean, batch_var, n = obs.mean(0), obs.var(0, correction=0), obs.shape[0]
-            delta, total = batch_mean - self.mean, self.count + n
-            m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
-            self.mean.add_(delta * n / total)
-            self.var.copy_(m2 / total)
-            self.count.copy_(total)
+        if update:
+            update_moments(self, obs)
         normalized = (obs - self.mean) / torch.sqrt(self.var + self.epsilon)
         return normalized.float().clamp(-self.clip, self.clip)
 
@@ -405,6 +402,57 @@ class NormalizeObservation(gym.vector.VectorWrapper):
         self.env.load_state_dict(state["envs"])
         for name in ("mean", "var", "count"):
             getattr(self, name).copy_(state[name])
+
+
+class NormalizeReward(gym.vector.VectorWrapper):
+    """PPO continuous's wrappers of each env's actions and rewards, on the whole batch: actions
+    clipped to the action space (gymnasium's ClipAction), rewards divided by the running standard
+    deviation of a discounted sum of rewards and clipped to [-10, 10] (gymnasium's NormalizeReward,
+    whose sum a truncation does not cut). One set of statistics for the batch, as gymnasium's
+    vector NormalizeReward keeps them."""
+
+    whole_state = True
+    clip, epsilon = 10.0, 1e-8
+    names = ("discounted", "mean", "var", "count")
+
+    def __init__(self, envs, gamma):
+        super().__init__(envs)
+        self.device, self.gamma = envs.device, gamma
+        space = envs.single_action_space
+        self.low, self.high = (
+            torch.as_tensor(x, device=self.device) for x in (space.low, space.high)
+        )
+        like = dict(device=self.device, dtype=torch.float64)
+        self.discounted = torch.zeros(envs.num_envs, **like)
+        self.mean, self.var = torch.zeros((), **like), torch.ones((), **like)
+        self.count = torch.tensor(1e-4, **like)  # gymnasium's RunningMeanStd starts so
+
+    def step(self, actions):
+        actions = torch.as_tensor(actions, device=self.device).clamp(self.low, self.high)
+        obs, reward, terminated, truncated, infos = self.env.step(actions)
+        discounted = torch.where(terminated, 0.0, self.discounted * self.gamma) + reward
+        self.discounted.copy_(discounted)
+        update_moments(self, self.discounted)
+        scaled = (reward / torch.sqrt(self.var + self.epsilon)).clamp(-self.clip, self.clip)
+        return obs, scaled.to(reward.dtype), terminated, truncated, infos
+
+    def state_dict(self):
+        return {"envs": self.env.state_dict()} | {k: getattr(self, k).clone() for k in self.names}
+
+    def load_state_dict(self, state):
+        self.env.load_state_dict(state["envs"])
+        for name in self.names:
+            getattr(self, name).copy_(state[name])
+
+
+def update_moments(rms, x):
+    """Chan et al.'s parallel update of `rms`'s mean, var and count by the batch `x`, in place."""
+    batch_mean, batch_var, n = x.mean(0), x.var(0, correction=0), x.shape[0]
+    delta, total = batch_mean - rms.mean, rms.count + n
+    m2 = rms.var * rms.count + batch_var * n + delta.square() * rms.count * n / total
+    rms.mean.add_(delta * n / total)
+    rms.var.copy_(m2 / total)
+    rms.count.copy_(total)
 
 
 TENSOR_ENVS = {

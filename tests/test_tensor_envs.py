@@ -285,3 +285,35 @@ def test_normalized_observations_follow_gymnasiums_running_statistics():
     )
     frozen.step(actions)
     torch.testing.assert_close(frozen.obs_rms, normalized.obs_rms)
+
+
+def test_normalized_rewards_follow_gymnasiums_running_statistics():
+    """`normalized(gamma=...)`: actions clipped to the action space before the env (gymnasium's
+    ClipAction: MountainCarContinuous charges the clipped action), rewards divided by the running
+    standard deviation of gymnasium's NormalizeReward sum (a termination cuts it, a truncation
+    does not) over the batch, clipped to 10; its state resumes; no host sync."""
+    gamma, n, env_id = 0.99, 16, "MountainCarContinuous-v0"
+    envs = tensor_envs.make_tensor_envs(env_id, n, seed=5)
+    scaled = tensor_envs.make_tensor_envs(env_id, n, seed=5).normalized(gamma=gamma)
+    rms, discounted = gym.wrappers.utils.RunningMeanStd(shape=()), np.zeros(n)
+    envs.reset(), scaled.reset()
+    generator, ends, resumed = torch.Generator().manual_seed(0), [0, 0], None
+    for t in range(1100):  # past the 999-step time limit
+        # half the cars pushed along their velocity reach the flag, the others are cut off
+        push = torch.where(envs.state[:, 1:] >= 0, 1.5, -1.5) * (torch.arange(n)[:, None] < 8)
+        actions = push + torch.randn(n, 1, generator=generator)
+        _, reward, terminated, truncated, _ = envs.step(actions.clamp(-1, 1))
+        _, ours, *_ = scaled.step(actions)
+        discounted = discounted * gamma * (1 - terminated.numpy()) + reward.double().numpy()
+        rms.update(discounted)
+        expected = np.clip(reward.double().numpy() / np.sqrt(rms.var + 1e-8), -10, 10)
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-7)
+        ends[0], ends[1] = ends[0] + int(terminated.sum()), ends[1] + int(truncated.sum())
+        if resumed is not None:
+            torch.testing.assert_close(resumed.step(actions)[1], ours, rtol=0, atol=0)
+        if t == 500:
+            resumed = tensor_envs.make_tensor_envs(env_id, n).normalized(gamma=gamma)
+            resumed.load_state_dict(scaled.state_dict())
+    assert ends[0] > 0 and ends[1] > 0
+    assert (abs(expected) == 10).any() or rms.var > 1
+    assert_no_host_sync(scaled.step, lambda: (actions,), compiled=False)
