@@ -26,7 +26,7 @@ import torch.nn as nn
 import tyro
 from runs import CudaFlags, Run, fail
 from torch.distributions.normal import Normal
-from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
+from vector_envs import evaluate, finished_episodes, make_envs, obs_rms_of, true_next_obs
 
 
 @dataclass
@@ -70,9 +70,13 @@ class Args(CudaFlags):
 def wrap(env, gamma, obs_rms=None):
     """CleanRL's wrappers of one env, after its episode statistics (raw returns): flattened
     observations, clipped actions, observations and rewards normalized and clipped; `obs_rms`, a
-    trained policy's statistics, frozen. Partials, not lambdas: checkpoints pickle the wrappers."""
-    if not isinstance(env.action_space, gym.spaces.Box):
+    trained policy's statistics, frozen. Partials, not lambdas: checkpoints pickle the wrappers.
+    On the tensor envs, the same on the whole batch, with one set of statistics."""
+    tensor = isinstance(env, gym.vector.VectorEnv)  # the tensor envs, all at once
+    if not isinstance(env.single_action_space if tensor else env.action_space, gym.spaces.Box):
         return env  # refused in main
+    if tensor:
+        return env.normalized(obs_rms=obs_rms, gamma=gamma)
     space = env.observation_space
     flatten = functools.partial(gym.spaces.flatten, space)
     env = gym.wrappers.TransformObservation(env, flatten, gym.spaces.flatten_space(space))
@@ -211,14 +215,15 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action")  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "ppo_continuous_action", tensor_envs=True)  # runs.py: folder, seeds, ...
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrappers)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    tensor = dict(tensor=args.tensor_envs, device=device)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrappers, **tensor)
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box):
         fail(f"--env-id {args.env_id!r} has a {space} action space; PPO needs a Box")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, device)
@@ -321,8 +326,7 @@ def main(args):
             break
 
     # the first env's observation normalization is part of the policy, saved with it
-    rms = envs.envs[0].get_wrapper_attr("obs_rms")
-    obs_rms = {key: torch.as_tensor(getattr(rms, key)) for key in ("mean", "var", "count")}
+    obs_rms = obs_rms_of(envs)
     envs.close()
     run.finish(device, {"agent": agent.state_dict(), "obs_rms": obs_rms}, evaluate_agent)
 

@@ -24,6 +24,18 @@ PQN = ("--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32)
 PQN += ("--num-minibatches", 2, "--update-epochs", 2)
 OFF_POLICY = ("--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 32)
 RECURRENT = ("--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32, "--update-epochs", 2)
+PENDULUM = ("--env-id", "Pendulum-v1")
+PPO = (
+    *PENDULUM,
+    "--total-timesteps",
+    512,
+    "--num-envs",
+    2,
+    "--num-steps",
+    32,
+    "--update-epochs",
+    2,
+)
 SMOKE = {
     "dqn": DQN,
     "dqn_torchcompile": DQN,
@@ -42,6 +54,9 @@ SMOKE = {
     "ppo_lstm_torchcompile": RECURRENT,
     "ppo_mingru": (*RECURRENT, "--no-memory"),
     "ppo_mingru_torchcompile": RECURRENT,
+    "ppo_continuous_action": PPO,
+    "ppo_continuous_action_torchcompile": PPO,
+    "ppo_continuous_action_cpu": (*PPO, "--no-compile", "--threads", 1),
 }
 
 
@@ -57,6 +72,7 @@ def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
 
 # script -> the vector step at which the stopped run gets its SIGTERM
 RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64, "ppo_lstm": 48}
+RESUMED |= {"ppo_continuous_action_cpu": 48}
 
 
 @pytest.mark.parametrize("script", RESUMED)
@@ -92,24 +108,27 @@ def test_a_rollout_larger_than_the_device_is_refused(refused):
 
 
 def test_a_script_without_them_refuses_the_flag(refused):
-    """PPO continuous normalizes with gymnasium's wrappers: it trains on gymnasium's envs and says
-    so."""
-    script = "ppo_continuous_action_cpu"
+    """PPO continuous's seeds script trains on gymnasium's envs only, and says so."""
+    script = "ppo_continuous_action_seeds"
     refused(script, ("--tensor-envs",), ("--tensor-envs", script, "gymnasium"))
 
 
-def test_a_recurrent_model_trained_on_them_plays_gymnasiums_env(tmp_path):
+@pytest.mark.parametrize(
+    "script, flags, env, entries",
+    [("ppo_lstm", RECURRENT, (), 2), ("ppo_continuous_action", PPO, PENDULUM, 3)],
+)
+def test_a_normalizing_model_trained_on_them_plays_gymnasiums_env(
+    script, flags, env, entries, tmp_path
+):
     """The batch's normalization statistics travel with the model; its evaluation runs on
     gymnasium's env through the script's own wrappers, frozen at those statistics."""
-    trained = summary(
-        run_script("ppo_lstm", *RECURRENT, "--tensor-envs", "--save-model", cwd=tmp_path)
-    )
+    trained = summary(run_script(script, *flags, "--tensor-envs", "--save-model", cwd=tmp_path))
     obs_rms = torch.load(trained["model_file"], weights_only=True)["model"]["obs_rms"]
-    assert obs_rms["mean"].shape == (2,) and obs_rms["count"] > 256
+    assert obs_rms["mean"].shape == (entries,) and obs_rms["count"] > 256
     assert obs_rms["var"].min() > 0 and obs_rms["mean"].abs().max() > 0
-    flags = ("--eval-model", trained["model_file"], "--eval-episodes", "2")
-    played = summary(run_script("ppo_lstm", *flags, cwd=tmp_path))
-    assert len(played["eval_returns"]) == 2 and min(played["eval_returns"]) >= 1
+    flags = (*env, "--eval-model", trained["model_file"], "--eval-episodes", "2")
+    played = summary(run_script(script, *flags, cwd=tmp_path))
+    assert len(played["eval_returns"]) == 2 and played["episodes"] == 0
 
 
 def pqn_rollout(num_envs, num_steps, seed=1):
