@@ -7,11 +7,13 @@ vector_envs.py's `SyncVectorEnv` and gymnasium's numpy `CartPoleVectorEnv`, at s
 Rows: `sync` (vector_envs.py's vector env of gymnasium's envs, same-step autoreset), `numpy`
 (gymnasium's `CartPoleVectorEnv`, CartPole only, next-step autoreset), `tensor` (tensor_envs.py,
 eager) and `tensor-compiled` (its step compiled whole; on CUDA also recorded as a CUDA graph).
-Prints one `TENSOR_ENVS {json}` line with the machine and every row; `--out` writes it too.
+Each row is the median of `--rounds` timings, the rows of one size in turn. Prints one
+`TENSOR_ENVS {json}` line with the machine and every row; `--out` writes it too.
 """
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -49,22 +51,25 @@ def report(tag, result, out=None):
         out.write_text(line + "\n")
 
 
-def gymnasium_rows(env_id, num_envs, seconds):
+def gymnasium_steppers(env_id, num_envs):
+    """kind -> (step, actions, sync) for vector_envs.py's `SyncVectorEnv` and, for CartPole,
+    gymnasium's numpy `CartPoleVectorEnv`."""
     vector_envs = load_script("vector_envs")
     envs = {"sync": vector_envs.make_envs(env_id, num_envs, 0)}
     if env_id == "CartPole-v1":
         envs["numpy"] = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
-    rows = []
+    steppers = {}
     for kind, env in envs.items():
         env.reset(seed=0)
         space = env.single_action_space
         actions = [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(4)]
-        rows.append(dict(kind=kind, sps=num_envs * timed(env.step, actions, seconds)))
-        env.close()
-    return rows
+        steppers[kind] = (env.step, actions, lambda: None)
+    return steppers
 
 
-def tensor_rows(env_id, num_envs, device, seconds, compiled):
+def tensor_steppers(env_id, num_envs, device, compiled):
+    """kind -> (step, actions, sync) for the tensor envs, eager and compiled (on CUDA, also
+    recorded as a CUDA graph)."""
     tensor_envs = load_script("tensor_envs")
     envs = tensor_envs.make_tensor_envs(env_id, num_envs, device=device, seed=0)
     space = envs.single_action_space
@@ -73,17 +78,27 @@ def tensor_rows(env_id, num_envs, device, seconds, compiled):
         for _ in range(ACTION_BATCHES)
     ]
     sync = torch.cuda.synchronize if envs.device.type == "cuda" else (lambda: None)
-    rows = [dict(kind="tensor", sps=num_envs * timed(envs.step, actions, seconds, sync))]
+    steppers = {"tensor": (envs.step, actions, sync)}
     if compiled:
         step = torch.compile(envs.step, fullgraph=True)
         if envs.device.type == "cuda":
             from tensordict.nn import CudaGraphModule
 
             step = CudaGraphModule(step, warmup=2)
-        rows.append(
-            dict(kind="tensor-compiled", sps=num_envs * timed(step, actions, seconds, sync))
-        )
-    return rows
+        steppers["tensor-compiled"] = (step, actions, sync)
+    return steppers
+
+
+def timed_rows(steppers, num_envs, seconds, rounds):
+    """Each kind's median env steps per second over `rounds` timings, the kinds in turn in each
+    round: a machine whose load drifts slows them alike."""
+    timings = {kind: [] for kind in steppers}
+    for _ in range(rounds):
+        for kind, (step, actions, sync) in steppers.items():
+            timings[kind].append(num_envs * timed(step, actions, seconds, sync))
+    return [
+        dict(kind=kind, sps=statistics.median(sps), rounds=sps) for kind, sps in timings.items()
+    ]
 
 
 def main(argv=None):
@@ -94,7 +109,8 @@ def main(argv=None):
     add("--sizes", nargs="+", type=int, default=[1, 4, 64, 1024, 16384])
     add("--device", default="cpu")
     add("--threads", type=int, default=1, help="torch's threads on the CPU")
-    add("--seconds", type=float, default=1.0, help="each row's timing")
+    add("--seconds", type=float, default=0.5, help="each timing")
+    add("--rounds", type=int, default=3, help="timings of each row, the rows in turn")
     add("--no-compile", action="store_true", help="leave out the compiled rows")
     add("--no-gymnasium", action="store_true", help="the tensor envs' rows only")
     add("--out", type=Path)
@@ -103,11 +119,11 @@ def main(argv=None):
     rows = []
     for env_id in args.env_ids:
         for n in args.sizes:
-            found = []
+            steppers = {}
             if not args.no_gymnasium and n <= 1024:  # past that, gymnasium's envs take minutes
-                found += gymnasium_rows(env_id, n, args.seconds)
-            found += tensor_rows(env_id, n, args.device, args.seconds, not args.no_compile)
-            for row in found:
+                steppers |= gymnasium_steppers(env_id, n)
+            steppers |= tensor_steppers(env_id, n, args.device, not args.no_compile)
+            for row in timed_rows(steppers, n, args.seconds, args.rounds):
                 rows.append(dict(env_id=env_id, num_envs=n, **row))
                 print(f"{env_id:26} {n:6} {row['kind']:16} {row['sps']:14,.0f}", flush=True)
     result = dict(machine=machine_info(), device=args.device, threads=args.threads, rows=rows)

@@ -2,6 +2,7 @@
 random actions, compared step by step; their resets against gymnasium's bounds and distribution;
 their step compiled whole and free of host syncs; their state through a checkpoint."""
 
+import json
 import math
 
 import gymnasium as gym
@@ -317,3 +318,14 @@ def test_normalized_rewards_follow_gymnasiums_running_statistics():
     assert ends[0] > 0 and ends[1] > 0
     assert (abs(expected) == 10).any() or rms.var > 1
     assert_no_host_sync(scaled.step, lambda: (actions,), compiled=False)
+
+
+def test_the_speed_benchmark_times_every_kind_in_rounds(tmp_path, capsys):
+    """`python -m benchmarks.tensor_envs`: a row per kind, each the median of its rounds."""
+    from benchmarks import tensor_envs as benchmark
+
+    flags = ["--env-ids", "CartPole-v1", "--sizes", "4", "--seconds", "0.01", "--rounds", "3"]
+    benchmark.main([*flags, "--no-compile", "--out", str(tmp_path / "out.json")])
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [row["kind"] for row in rows] == ["sync", "numpy", "tensor"]
+    assert all(len(row["rounds"]) == 3 and row["sps"] == np.median(row["rounds"]) for row in rows)
