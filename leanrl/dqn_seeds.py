@@ -34,9 +34,9 @@ import tyro
 from optimizers import Adam
 from runs import CudaFlags, fail
 from seeds import (
+    MemberEpisodes,
     SeedsRun,
     check_memory,
-    finished_member_episodes,
     flat,
     member_values,
     member_view,
@@ -114,35 +114,43 @@ def linear_schedule(start_e, end_e, duration, t):
 
 class ReplayBuffer:
     """dqn_cpu.py's buffer per member, stacked [num_seeds, buffer_size, ...]; each member samples
-    its own, onto `device`."""
+    its own. On `device`: on a CPU written through numpy views, on a GPU with torch."""
 
     def __init__(self, num_seeds, buffer_size, n_obs, device):
+        where = dict(device=device)
         self.storage = dict(
-            obs=torch.zeros(num_seeds, buffer_size, n_obs),
-            next_obs=torch.zeros(num_seeds, buffer_size, n_obs),
-            actions=torch.zeros(num_seeds, buffer_size, dtype=torch.long),
-            rewards=torch.zeros(num_seeds, buffer_size),
-            terminations=torch.zeros(num_seeds, buffer_size),
+            obs=torch.zeros(num_seeds, buffer_size, n_obs, **where),
+            next_obs=torch.zeros(num_seeds, buffer_size, n_obs, **where),
+            actions=torch.zeros(num_seeds, buffer_size, dtype=torch.long, **where),
+            rewards=torch.zeros(num_seeds, buffer_size, **where),
+            terminations=torch.zeros(num_seeds, buffer_size, **where),
         )
-        self.views = {key: column.numpy() for key, column in self.storage.items()}
+        on_cpu = device.type == "cpu"
+        self.views = {key: column.numpy() for key, column in self.storage.items()} if on_cpu else {}
         self.buffer_size, self.cursor, self.size = buffer_size, 0, 0
         # the members' buffers end to end, and where each one starts: one index samples them all
         self.flat = {key: column.flatten(0, 1) for key, column in self.storage.items()}
-        self.starts, self.device = torch.arange(num_seeds).unsqueeze(1) * buffer_size, device
+        self.starts = torch.arange(num_seeds, **where).unsqueeze(1) * buffer_size
 
     def extend(self, transitions):  # the vector env's arrays: member k's envs the k-th slice
         n = sum(len(t["obs"]) for t in transitions) // len(self.starts)
         idx = np.arange(self.cursor, self.cursor + n) % self.buffer_size
-        for key, view in self.views.items():
-            columns = [per_member(t[key], len(view)) for t in transitions]
-            view[:, idx] = np.concatenate(columns, axis=1)  # at its dtype
+        for key, column in self.storage.items():
+            rows = [per_member(t[key], len(column)) for t in transitions]
+            if self.views:  # numpy's writes cost less than torch's on a CPU
+                self.views[key][:, idx] = np.concatenate(rows, axis=1)  # at its dtype
+            else:  # the index made on the device: a host array's copy would wait for the GPU
+                rows = [torch.as_tensor(row, device=column.device) for row in rows]
+                at = torch.arange(self.cursor, self.cursor + n, device=column.device)
+                column[:, at % self.buffer_size] = torch.cat(rows, dim=1).to(column.dtype)
         self.cursor = (self.cursor + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
     def sample(self, batch_size):  # [num_seeds, batch_size, ...]
-        idx = torch.randint(0, self.size, (len(self.starts), batch_size)) + self.starts
+        shape = (len(self.starts), batch_size)
+        idx = torch.randint(0, self.size, shape, device=self.starts.device) + self.starts
         batch = {key: value.index_select(0, idx.flatten()) for key, value in self.flat.items()}
-        return {key: value.unflatten(0, idx.shape).to(self.device) for key, value in batch.items()}
+        return {key: value.unflatten(0, idx.shape) for key, value in batch.items()}
 
     def state_dict(self):  # the filled part (a copy: torch.save writes a view's whole storage)
         storage = {key: value[:, : self.size].clone() for key, value in self.storage.items()}
@@ -268,19 +276,13 @@ def main(args):
     n_obs = int(np.prod(spaces[0].shape))
     n_act = int(spaces[1].n)
     probe.close()
-    # 2 observations, 3 scalars, 8 bytes
-    check_memory(members, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers")
-    videos = None if args.eval_model else run.videos
-    # member k's envs are the k-th slice
-    envs = make_envs(
-        args.env_id,
-        args.num_envs * members,
-        args.seed,
-        videos,
-        tensor=args.tensor_envs,
-        compile=args.compile,
-    )
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # 2 observations, 3 scalars, 8 bytes, on the device
+    check_memory(members, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers", device)
+    videos = None if args.eval_model else run.videos
+    # member k's envs are the k-th slice; the tensor envs on the device
+    tensor = dict(tensor=args.tensor_envs, device=device, compile=args.compile)
+    envs = make_envs(args.env_id, args.num_envs * members, args.seed, videos, **tensor)
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
     params = learner.params
 
@@ -312,7 +314,7 @@ def main(args):
         policy = make_host_policy(params, n_act, learner.global_step, *schedule)
 
     rb = ReplayBuffer(members, args.buffer_size, n_obs, device)
-    transitions = []
+    transitions, episodes = [], MemberEpisodes(members)
     # member k's env i seeded as dqn_cpu.py's with `--seed seeds[k]`: seeds[k] + i
     obs, _ = envs.reset(seed=run.env_seeds)
 
@@ -320,6 +322,7 @@ def main(args):
         if transitions:  # written now, where the next write would put them: the same buffer
             rb.extend(transitions)
             transitions.clear()
+        episodes.flush(run)  # the run's curve, which the checkpoint keeps
         return dict(learner=learner, rb=rb, envs=(envs, obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
@@ -332,17 +335,17 @@ def main(args):
 
         # act
         member_obs = per_member(torch.as_tensor(obs, dtype=torch.float), members)
-        actions = flat(policy(member_obs.to(device)).cpu().numpy())
+        actions = flat(policy(member_obs.to(device)))
 
-        # step the envs
+        # step the envs (gymnasium's take the actions to the host)
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_member_episodes(infos, members))
+        episodes.add(global_step, infos)  # logged with the progress: one host sync
 
         # store: a truncated episode bootstraps from its true last observation
         real_next_obs = true_next_obs(next_obs, infos)
         transition = dict(obs=obs, next_obs=real_next_obs, actions=actions)
         transition |= dict(rewards=rewards, terminations=terminations)
-        transitions.append(transition)  # numpy arrays until the next write
+        transitions.append(transition)  # until the next write
         obs = next_obs
 
         # update
@@ -357,6 +360,7 @@ def main(args):
 
         # log
         if iteration % 100 == 0:
+            episodes.flush(run)
             epsilon = linear_schedule(hp["start_e"], hp["end_e"], exploration_steps, global_step)
             metrics = dict(td_loss=qf_loss, q_values=q_mean, epsilon=epsilon)
             run.log_progress(global_step, metrics)
@@ -366,6 +370,7 @@ def main(args):
         if run.stopped:  # a first Ctrl-C or SIGTERM, or no member left
             break
 
+    episodes.flush(run)
     envs.close()
     # each member's weights as dqn_cpu.py's state dict (copies: a view would save the whole stack)
     models = [{name: p[k].clone() for name, p in params.items()} for k in range(members)]

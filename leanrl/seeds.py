@@ -109,21 +109,48 @@ def finished_member_episodes(infos, num_seeds):
     final_info = infos.get("final_info", {})
     if "episode" not in final_info:
         return [[]] * num_seeds
-    returns = per_member(final_info["episode"]["r"], num_seeds)
-    lengths = per_member(final_info["episode"]["l"], num_seeds)
-    ended = per_member(final_info["_episode"], num_seeds)
-    members = zip(returns, lengths, ended)
+    columns = (final_info["episode"]["r"], final_info["episode"]["l"], final_info["_episode"])
+    members = zip(*(per_member(column, num_seeds) for column in columns))
     return [Episodes(r[ends].tolist(), n[ends].tolist()) for r, n, ends in members]
 
 
-def check_memory(members, per_member, what):
+class MemberEpisodes:
+    """The episodes that end on each step, held until `flush` hands them to the run, each at its
+    step: the tensor envs' stay on their device until then, read in one host sync."""
+
+    def __init__(self, num_seeds):
+        self.num_seeds, self.steps, self.columns = num_seeds, [], []
+
+    def add(self, global_step, infos):
+        final_info = infos.get("final_info", {})
+        if "episode" in final_info:
+            self.steps.append(global_step)
+            episode = final_info["episode"]
+            self.columns.append([episode["r"], episode["l"], final_info["_episode"]])
+
+    def flush(self, run):
+        if not self.steps:
+            return
+        tensors = [torch.stack([torch.as_tensor(x) for x in xs]) for xs in zip(*self.columns)]
+        returns, lengths, ended = (x.cpu() for x in tensors)  # the host sync
+        for step, r, n, ends in zip(self.steps, returns, lengths, ended):
+            infos = {"final_info": {"episode": {"r": r, "l": n}, "_episode": ends}}
+            run.log_episodes(step, finished_member_episodes(infos, self.num_seeds))
+        self.steps.clear()
+        self.columns.clear()
+
+
+def check_memory(members, per_member, what, device=None):
     """Exit status 2 if the `members` members' `what`, `per_member` bytes each, cannot fit in
-    memory."""
+    `device`'s memory (a GPU's free memory; the machine's by default)."""
     need = members * per_member / 2**30
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 2**30
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
+    memory, where = pages / 2**30, "the machine has"
+    if device is not None and device.type == "cuda":
+        memory, where = torch.cuda.mem_get_info(device)[0] / 2**30, "the GPU has free"
     if need > memory:
         members = f"--num-seeds: {members} members' {what} (a sweep's: of every setting)"
-        fail(f"{members} need {need:.1f} GiB, the machine has {memory:.1f} GiB")
+        fail(f"{members} need {need:.1f} GiB, {where} {memory:.1f} GiB")
 
 
 class SeedsRun(Run):

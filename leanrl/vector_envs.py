@@ -15,6 +15,8 @@ class SyncVectorEnv(gym.vector.SyncVectorEnv):
     cost of the general one, which counts where the env step is much of a step (DQN, PQN)."""
 
     def step(self, actions):
+        if isinstance(actions, torch.Tensor):  # a policy's actions on its device, to the host
+            actions = actions.cpu().numpy()
         box = isinstance(self.single_observation_space, gym.spaces.Box)
         if not box or not isinstance(actions, np.ndarray):
             return super().step(actions)

@@ -10,12 +10,14 @@ once); the learning check is long (LEANRL_LONG_TESTS=1). The rest run in a few s
 """
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from conftest import (
     assert_every_member_replays,
+    assert_no_host_sync,
     load_script,
     long_learning,
     run_script,
@@ -333,10 +335,50 @@ def test_finished_episodes_are_counted_per_member():
             "_episode": np.array([False, True, True, True, False, False]),
         }
     }
-    finished_member_episodes = load_script("dqn_seeds").finished_member_episodes  # seeds.py's
-    assert finished_member_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
-    assert [e.lengths for e in finished_member_episodes(infos, 3)] == [[10], [20, 30], []]
-    assert finished_member_episodes({}, 3) == [[], [], []]
+    seeds = load_script("seeds")
+    assert seeds.finished_member_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
+    assert [e.lengths for e in seeds.finished_member_episodes(infos, 3)] == [[10], [20, 30], []]
+    assert seeds.finished_member_episodes({}, 3) == [[], [], []]
+    # held (as tensors, as the tensor envs give them) until a flush logs them, each at its step
+    held, logged = seeds.MemberEpisodes(3), []
+    run = SimpleNamespace(log_episodes=lambda step, returns: logged.append((step, returns)))
+    tensors = {key: torch.as_tensor(value) for key, value in episode.items()}
+    ended = torch.as_tensor(infos["final_info"]["_episode"])
+    held.add(8, {"final_info": {"episode": tensors, "_episode": ended}})
+    held.add(12, {})
+    held.add(16, infos)
+    assert logged == []
+    held.flush(run)
+    assert logged == [(8, [[-5.0], [7.0, 8.0], []]), (16, [[-5.0], [7.0, 8.0], []])]
+    held.flush(run)
+    assert len(logged) == 2
+
+
+def test_the_device_buffer_fills_as_the_host_one_without_host_sync():
+    """On a GPU the buffer is written and sampled with torch on the device (its path run here on
+    the CPU, numpy's views off): the same storage as numpy's writes, past a wrap-around, from the
+    tensor envs' tensors, and neither writes nor samples wait for the device."""
+    dqn_seeds, cpu = load_script("dqn_seeds"), torch.device("cpu")
+    host, device = dqn_seeds.ReplayBuffer(3, 16, 4, cpu), dqn_seeds.ReplayBuffer(3, 16, 4, cpu)
+    device.views = {}
+    generator = torch.Generator().manual_seed(0)
+
+    def step():  # 3 members x 2 envs
+        obs = torch.randn(2, 6, 4, generator=generator)
+        actions = torch.randint(0, 2, (6,), generator=generator)
+        ends = torch.rand(6, generator=generator) < 0.2
+        return dict(
+            obs=obs[0], next_obs=obs[1], actions=actions, rewards=obs[0, :, 0], terminations=ends
+        )
+
+    for _ in range(4):
+        transitions = [step() for _ in range(5)]
+        host.extend(transitions)
+        assert_no_host_sync(device.extend, lambda t=transitions: (t,), compiled=False, calls=1)
+    assert host.cursor == device.cursor == 8 and host.size == device.size == 16
+    assert all(torch.equal(host.storage[key], device.storage[key]) for key in host.storage)
+    batch = assert_no_host_sync(device.sample, lambda: (8,), compiled=False)
+    assert batch["obs"].shape == (3, 8, 4) and batch["actions"].shape == (3, 8)
 
 
 @long_learning
