@@ -183,7 +183,12 @@ def main(args):
     obs, _ = envs.reset(seed=args.seed)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, rb=rb, envs=(envs, obs))
+        state = dict(
+            q_network=learner.q_network,
+            target_network=learner.target_network,
+            optimizer=learner.optimizer,
+        )
+        return dict(learner=state, rb=rb, envs=(envs, obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs

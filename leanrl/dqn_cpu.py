@@ -238,7 +238,13 @@ def main(args):
         if transitions:  # written now, where the next write would put them: the same buffer
             rb.extend(transitions)
             transitions.clear()
-        return dict(learner=learner, rb=rb, envs=(envs, obs))
+        state = dict(
+            global_step=learner.global_step,
+            q_network=learner.q_network,
+            target_network=learner.target_network,
+            optimizer=learner.optimizer,
+        )
+        return dict(learner=state, rb=rb, envs=(envs, obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs

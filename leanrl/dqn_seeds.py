@@ -323,7 +323,14 @@ def main(args):
             rb.extend(transitions)
             transitions.clear()
         episodes.flush(run)  # the run's curve, which the checkpoint keeps
-        return dict(learner=learner, rb=rb, envs=(envs, obs))
+        state = dict(
+            global_step=learner.global_step,
+            hp=learner.hp,
+            params=learner.params,
+            target_params=learner.target_params,
+            optimizer=learner.optimizer,
+        )
+        return dict(learner=state, rb=rb, envs=(envs, obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs

@@ -389,7 +389,8 @@ def main(args):
     state = RolloutState(args.num_envs)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner)
+        state = dict(agent=learner.agent, optimizer=learner.optimizer)
+        return dict(learner=state)
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     state.global_step = run.steps

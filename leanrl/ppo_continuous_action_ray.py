@@ -462,7 +462,8 @@ def main(args):
     rms = ObservationStatistics(shape=(n_obs,))  # of every runner's envs
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, obs_rms=rms)  # the runners' envs: fresh on resume
+        state = dict(agent=learner.agent, optimizer=learner.optimizer)
+        return dict(learner=state, obs_rms=rms)  # the runners' envs: fresh on resume
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step, restarts = run.steps, 0  # run.steps: 0 unless resumed

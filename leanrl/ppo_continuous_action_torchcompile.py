@@ -304,7 +304,8 @@ def main(args):
     num_iterations = args.total_timesteps // batch_size
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, envs=(envs, next_obs))
+        state = dict(agent=learner.agent, optimizer=learner.optimizer)
+        return dict(learner=state, envs=(envs, next_obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step = run.steps  # 0 unless resumed

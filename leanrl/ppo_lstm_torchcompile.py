@@ -339,7 +339,8 @@ def main(args):
     num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, envs=(envs, next_obs, next_done, *next_state))
+        state = dict(agent=learner.agent, optimizer=learner.optimizer)
+        return dict(learner=state, envs=(envs, next_obs, next_done, *next_state))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step = run.steps  # 0, or where the resumed run stopped

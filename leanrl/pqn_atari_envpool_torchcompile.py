@@ -256,7 +256,8 @@ def main(args):
     game_returns = np.zeros(args.num_envs)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner)
+        state = dict(q_network=learner.q_network, optimizer=learner.optimizer)
+        return dict(learner=state | dict(global_step=learner.global_step))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step = run.steps

@@ -276,7 +276,8 @@ def main(args):
     exploration_steps = args.exploration_fraction * args.total_timesteps
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, envs=(envs, next_obs))
+        state = dict(q_network=learner.q_network, optimizer=learner.optimizer)
+        return dict(learner=state | dict(global_step=learner.global_step), envs=(envs, next_obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     global_step = run.steps  # 0 unless resumed

@@ -30,7 +30,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -340,11 +339,8 @@ class Run:
             return obj.state_dict()
         if isinstance(obj, np.random.Generator):
             return obj.bit_generator.state
-        if isinstance(obj, SimpleNamespace):
-            obj = vars(obj)
-        if isinstance(obj, dict):  # what has a state: no functions
-            kept = {k: v for k, v in obj.items() if hasattr(v, "state_dict") or not callable(v)}
-            return {k: self.state_of(v) for k, v in kept.items()}
+        if isinstance(obj, dict):
+            return {k: self.state_of(v) for k, v in obj.items()}
         if isinstance(obj, tuple) and getattr(obj[0], "whole_state", False):  # tensor envs
             return tuple(self.state_of(x) for x in obj)
         if isinstance(obj, tuple):  # (envs, obs, ...)
@@ -376,9 +372,8 @@ class Run:
             obj.load_state_dict(saved)
         elif isinstance(obj, np.random.Generator):
             obj.bit_generator.state = saved
-        elif isinstance(obj, (dict, SimpleNamespace)):
-            items = obj.items() if isinstance(obj, dict) else vars(obj).items()
-            for key, value in items:
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
                 if key in saved:
                     self.restore(value, saved[key], seed)
         elif isinstance(obj, tuple) and getattr(obj[0], "whole_state", False):  # tensor envs

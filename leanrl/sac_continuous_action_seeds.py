@@ -385,7 +385,19 @@ def main(args):
     obs, _ = envs.reset(seed=run.env_seeds)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
-        return dict(learner=learner, rb=rb, envs=(envs, obs))
+        state = dict(
+            actor=learner.actor,
+            actor_params=learner.actor_params,
+            qnet_params=learner.qnet_params,
+            qnet_target=learner.qnet_target,
+            q_optimizer=learner.q_optimizer,
+            actor_optimizer=learner.actor_optimizer,
+            alpha_optimizer=learner.alpha_optimizer,
+            log_alpha=learner.log_alpha,
+            alpha=learner.alpha,
+            hp=learner.hp,
+        )
+        return dict(learner=state, rb=rb, envs=(envs, obs))
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs  # in vector steps
