@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The tensor envs and PQN's whole loop on a GPU, in one call of about 7 minutes:
+# The tensor envs, PQN's whole loop and dqn_seeds on a GPU, in one call of about 10 minutes:
 #   bash benchmarks/gpu_whole_loop.sh OUT_DIR
 # 1. the tensor CartPole alone, eager and compiled + CUDA graph, at N = 4 ... 65,536;
 # 2. pqn_torchcompile.py --tensor-envs --compile --cudagraphs at N = 1,024, 16,384 and 65,536
 #    (--num-steps 32, 20 iterations after compiling), beside the same script on gymnasium's 4 envs;
-# 3. the same on the tensor envs at CleanRL's defaults (4 envs, 500k steps): does it learn.
+# 3. the same on the tensor envs at CleanRL's defaults (4 envs, 500k steps): does it learn;
+# 4. dqn_seeds.py --tensor-envs --compile --cudagraphs at 64, 256 and 1,024 members (20k steps each),
+#    its envs, buffer and acting on the GPU.
 set -u
 out=${1:-benchmarks/results/gpu_whole_loop}
 mkdir -p "$out"
@@ -20,5 +22,10 @@ for n in 1024 16384 65536; do
 done
 pqn gym-4 --total-timesteps 100000
 pqn tensor-defaults --tensor-envs
+for m in 64 256 1024; do
+  python3 leanrl/dqn_seeds.py --tensor-envs --compile --cudagraphs --num-seeds $m \
+    --total-timesteps 20000 --learning-starts 2000 --run-name "dqn-seeds-$m" 2>&1 \
+    | grep SUMMARY | cut -c1-420
+done
 for d in runs/*; do python3 -c "import json,sys; s=json.load(open('$d/summary.json')); \
   print('$d', s['sps'], s['return_mean'], s['episodes'])"; done
