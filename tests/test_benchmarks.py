@@ -15,7 +15,7 @@ from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import scaling, seeds, sweeps, threads
+from benchmarks.studies import scaling, seeds, sweeps
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -600,8 +600,8 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
 # ---------------------------
 
 # A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a
-# seeds run (`--num-seeds N --threads T`; without `--threads` it "measures" and takes 2) and 600 for
-# a single-seed run; imported, its make_envs builds N x num_envs fake envs
+# seeds run (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs
+# builds N x num_envs fake envs
 FAKE_SEEDS_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
@@ -650,10 +650,6 @@ if __name__ == "__main__":
     members = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
     threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 2
     summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
-    summary["threads"] = threads
-    # a default run's turns: one thread, then two, twice as fast
-    trials = [dict(step=10, threads=1, ms=1.0), dict(step=10, threads=2, ms=0.5)]
-    summary["thread_trials"] = [] if "--threads" in argv else trials
     path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
     path.write_text(json.dumps(summary))
     print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
@@ -765,64 +761,6 @@ def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(
     update = [r["matmuls"] for r in table if r["function"] == "update"]
     assert acting == [actor_matmuls] * 2
     assert update[0] == update[1] > update_more_than
-
-
-def test_threads_rows_are_medians_and_their_ratio():
-    """benchmarks.studies.threads: a row per condition and script, the median sps of each thread
-    count."""
-    results = {"idle": {"x_cpu": {1: [100.0, 120.0], 2: [150.0, 170.0, 400.0]}}}
-    results["one core busy"] = {"x_cpu": {1: [90.0], 2: [9.0]}}
-    table = threads.rows(results)
-    assert [(r["condition"], r["one"], r["two"]) for r in table] == [
-        ("idle", 110, 170),
-        ("one core busy", 90, 9),
-    ]
-    assert [r["ratio"] for r in table] == pytest.approx([170 / 110, 0.1])
-    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
-    md = threads.markdown(dict(machine=machine, settings=dict(rounds=2), rows=table))
-    assert (
-        "| idle | x_cpu | 110 | 170 | 1.55x |" in md
-        and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md
-    )
-
-
-def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch):
-    """benchmarks.studies.threads with fake DQN scripts (the seeds one at 1000 x 2 members x
-    threads, its default "measuring" 2): in each condition, every script runs at its default and
-    with --threads 1 and 2; a row's default / best fixed and the counts the default ended on."""
-    (tmp_path / "leanrl").mkdir()
-    for name in ("dqn_cpu", "dqn_seeds"):
-        (tmp_path / "leanrl" / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
-    monkeypatch.setattr(threads, "ROOT", tmp_path)
-    assert threads.command("dqn_cpu", ["--x", "1"], "default")[2:] == ["--x", "1"]
-    results, chosen, trials = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path)
-    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000], 2: [4000]}
-    assert results["idle"]["dqn_cpu"] == {"default": [600], 1: [600], 2: [600]}
-    assert chosen["idle"] == {"dqn_cpu": [2], "dqn_seeds": [2]}
-    # the default runs' turns, one list a run (the fixed counts' runs have none)
-    turns = [dict(step=10, threads=1, ms=1.0), dict(step=10, threads=2, ms=0.5)]
-    assert trials["one core busy"] == {"dqn_cpu": [turns], "dqn_seeds": [turns]}
-    results["idle"]["dqn_seeds"]["default"] = [3000.0]
-    table = threads.rows(results, chosen)
-    assert [(r["condition"], r["script"], r["vs_best"]) for r in table] == [
-        ("idle", "dqn_cpu", 1.0),
-        ("idle", "dqn_seeds", 0.75),
-        ("one core busy", "dqn_cpu", 1.0),
-        ("one core busy", "dqn_seeds", 1.0),
-    ]
-    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
-    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=table))
-    assert "| idle | dqn_seeds | 2000 | 4000 | 2.00x | 3000 | 0.75x | 2 |" in md
-    # two threads beside the busy core left out (--busy-ways default 1): the default against one
-    results, chosen, _ = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path, ("default", 1))
-    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000]}
-    busy = [r for r in threads.rows(results, chosen) if r["condition"] == "one core busy"]
-    assert [(r["two"], r["ratio"], r["vs_best"]) for r in busy] == [
-        (None, None, 1.0),
-        (None, None, 2.0),
-    ]
-    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=busy))
-    assert "| one core busy | dqn_seeds | 2000 | - | - | 4000 | 2.00x | 2 |" in md
 
 
 # --- benchmarks.studies.sweeps: a sweep in one process against its settings' single runs

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.learning import short_markdown
-from benchmarks.studies import seeds, threads
+from benchmarks.studies import seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -29,7 +29,6 @@ SEEDS_RESULTS = {
     + ("dqn_n8_idle_family26_cpu", "ppo_continuous_n8_idle_cpu", "dqn_n8_idle_family25_cpu")
 }
 SEEDS_RESULTS["seeds/gpu_proxy_cpu.json"] = (seeds.proxy_markdown, SEEDS_NOTE)
-SEEDS_RESULTS["threads/idle_and_busy_cpu.json"] = (threads.markdown, PERFORMANCE)
 # CleanRL's TD3 run here beside ours, in the notes
 TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
 TD3_NOTE = ROOT / "docs" / "notes" / "td3-hopper.md"
@@ -288,7 +287,7 @@ def test_the_learning_tables_are_the_learning_report(learning_set):
 
 
 @pytest.mark.parametrize("name", SEEDS_RESULTS)
-def test_the_seeds_and_threads_tables_are_the_benchmarks_tables(name):
+def test_the_seeds_tables_are_the_benchmarks_tables(name):
     write, page = SEEDS_RESULTS[name]
     table = write(json.loads((RESULTS / name).read_text()))
     assert missing_lines(page.read_text(), table.splitlines()) == []
