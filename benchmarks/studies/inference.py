@@ -391,18 +391,11 @@ def markdown(result):
 
 def plot(result, path):
     """Speed-up against batch size, one panel per policy, one line per compiled variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from benchmarks.plots import panels, save
 
     policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
-    cols = min(3, max(1, len(policies)))
-    grid_rows = math.ceil(max(1, len(policies)) / cols)
-    fig, axes = plt.subplots(grid_rows, cols, figsize=(4.5 * cols, 3.5 * grid_rows), squeeze=False)
-    for ax in axes.flat[len(policies) :]:
-        ax.set_visible(False)
-    for ax, policy in zip(axes.flat, policies):
+    fig, axes = panels(max(1, len(policies)), 4.5, 3.5)
+    for ax, policy in zip(axes, policies):
         rows = [r for r in result["rows"] if r["policy"] == policy and r["variant"] != "eager"]
         for variant in dict.fromkeys(r["variant"] for r in rows):
             points = [(r["batch"], r["speedup_pct"]) for r in rows if r["variant"] == variant]
@@ -414,9 +407,7 @@ def plot(result, path):
         ax.set(title=policy, xlabel="batch size", ylabel="speed-up over eager (%)")
         ax.legend(fontsize=7)
     fig.suptitle(f"acting speed-up, {result['device']}, {result['machine']['cpu']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def parse_args(argv):

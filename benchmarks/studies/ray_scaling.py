@@ -285,14 +285,11 @@ def markdown(result):
 
 def plot(result, path):
     """Efficiency against step duration per design and runner count, a panel per env kind."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from benchmarks.plots import panels, save
 
     kinds = list(dict.fromkeys(r["kind"] for r in result["rows"]))
-    fig = Figure(figsize=(6 * len(kinds), 4))
-    FigureCanvasAgg(fig)
-    for index, kind in enumerate(kinds):
-        ax = fig.add_subplot(1, len(kinds), index + 1)
+    fig, axes = panels(len(kinds), 6, 4)
+    for ax, kind in zip(axes, kinds):
         rows = [r for r in result["rows"] if r["kind"] == kind]
         for design, style, color in zip(
             DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")
@@ -307,16 +304,11 @@ def plot(result, path):
                     *zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}"
                 )
         ax.set_xscale("log")
-        ax.set(
-            title=f"{kind} envs",
-            xlabel="step duration (s)",
-            ylabel="efficiency (sps / ideal)",
-            ylim=(0, 1.1),
-        )
+        ax.set(title=f"{kind} envs", xlabel="step duration (s)", ylim=(0, 1.1))
+        ax.set_ylabel("efficiency (sps / ideal)")
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"env runners on Ray, {result['machine']['cpu']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path)
 
 
 def parse_args(argv):

@@ -21,11 +21,9 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from benchmarks import cli
 from benchmarks.machine import machine_info
-from benchmarks.plots import save, smooth
+from benchmarks.plots import panels, save, smooth
 from benchmarks.processes import kill_tree
 from benchmarks.report import machine_line, optional, write_result
 from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
@@ -197,26 +195,17 @@ def figure(table, runs):
     """Left: sps per process count (median, min-max), the ideal N x sps(1) and the env-only limit.
     Right: every run's episodic return (mean of the last 10) against environment steps, one color
     per process count."""
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
-    bars, curves = fig.subplots(1, 2)
-    labels = [str(r["processes"]) for r in table]
-    errors = [
-        [r["sps_median"] - r["sps_min"] for r in table],
-        [r["sps_max"] - r["sps_median"] for r in table],
-    ]
-    drawn = bars.bar(
-        labels,
-        [r["sps_median"] for r in table],
-        yerr=errors,
-        capsize=3,
-        color=[f"C{i}" for i in range(len(table))],
-    )
+    fig, (bars, curves) = panels(2, 5)
+    labels, medians = [str(r["processes"]) for r in table], [r["sps_median"] for r in table]
+    errors = [[r["sps_median"] - r["sps_min"] for r in table]]
+    errors.append([r["sps_max"] - r["sps_median"] for r in table])
+    colors = [f"C{i}" for i in range(len(table))]
+    drawn = bars.bar(labels, medians, yerr=errors, capsize=3, color=colors)
     bars.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
     single = next((r["sps_median"] for r in table if r["processes"] == 1), None)
     if single:
-        bars.plot(
-            labels, [r["processes"] * single for r in table], "k:", marker="o", label="N x sps(1)"
-        )
+        ideal = [r["processes"] * single for r in table]
+        bars.plot(labels, ideal, "k:", marker="o", label="N x sps(1)")
     bars.plot(labels, [r["env_only_sps"] for r in table], "k--", marker="s", label="env only")
     bars.set(xlabel="processes", ylabel="env steps per second, all processes")
     bars.legend(fontsize=8)
@@ -225,13 +214,8 @@ def figure(table, runs):
             points = run["summary"]["curve"]
             if points:
                 steps, _, returns = zip(*points)
-                curves.plot(
-                    steps,
-                    smooth(list(returns)),
-                    color=f"C{index}",
-                    linewidth=1,
-                    label=f"{r['processes']} process(es)" if n == 0 else None,
-                )
+                label = f"{r['processes']} process(es)" if n == 0 else None
+                curves.plot(steps, smooth(list(returns)), color=f"C{index}", lw=1, label=label)
     curves.set(xlabel="environment steps, all processes", ylabel="episodic return (rank 0's envs)")
     curves.legend(fontsize=8)
     return fig

@@ -20,11 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from matplotlib.figure import Figure
-
 from benchmarks import cli
 from benchmarks.machine import machine_info
-from benchmarks.plots import save
+from benchmarks.plots import panels, save
 from benchmarks.report import machine_line, table, write_result
 from benchmarks.run import BenchmarkError, note
 from benchmarks.studies.seeds import ALGOS, budget, process_cores, run_together, single_command
@@ -184,8 +182,7 @@ def markdown(result):
 def plot(result, path):
     """The settings' mean final returns against the flag's values: the sweep's and the runs'."""
     r = result["table"]
-    figure = Figure(figsize=(5, 3.6), layout="constrained")
-    ax = figure.subplots()
+    figure, (ax,) = panels(1, 5, 3.6)
     x = range(len(r["values"]))
     ax.plot(x, r["sweep_means"], "o-", label="sweep, one process")
     ax.plot(x, r["run_means"], "s--", label=f"single runs, {r['processes']} at a time")
