@@ -15,12 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.scripts import (  # noqa: F401 (test modules import them from here)
-    ALL_SCRIPTS,
-    SCRIPTS,
-    export_scripts,
-    load_script,
-)
+from benchmarks.scripts import ALL_SCRIPTS, SCRIPTS, export_scripts, load_script  # noqa: F401 (test modules import them from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 # where script runs make their runs/ folders: one temporary folder per test session (per worker),

@@ -14,13 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    assert_every_member_replays,
-    load_script,
-    long_learning,
-    run_script,
-    summary,
-)
+from conftest import assert_every_member_replays, load_script, long_learning, run_script, summary
 from test_dqn import make_batch
 
 SEEDS = [1, 2, 3]

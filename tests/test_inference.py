@@ -34,10 +34,7 @@ def stale_copy(spec, script, cpu, built):
 
 
 def test_quick_run_writes_json_table_and_plot(tmp_path):
-    argv = [
-        *"--policies dqn --batch-sizes 1 8 --modes default --device cpu".split(),
-        *TINY,
-    ]
+    argv = [*"--policies dqn --batch-sizes 1 8 --modes default --device cpu".split(), *TINY]
     argv += ["--out", str(tmp_path)]
     assert inference.main(argv) == 0
     (json_path,), (md_path,), (png_path,) = (
@@ -119,10 +116,7 @@ def test_benchmark_exits_1_and_marks_stale_when_the_update_does_not_reach_the_po
     monkeypatch.setitem(
         SPECS, "dqn", dataclasses.replace(SPECS["dqn"], perturb=lambda source: None)
     )
-    argv = [
-        *"--policies dqn --batch-sizes 2 --modes default --backend aot_eager".split(),
-        *TINY,
-    ]
+    argv = [*"--policies dqn --batch-sizes 2 --modes default --backend aot_eager".split(), *TINY]
     assert inference.main([*argv, "--out", str(tmp_path)]) == 1
     rows = json.loads(next(tmp_path.glob("*.json")).read_text())["rows"]
     assert [r["check_after_update"]["changed"] for r in rows] == [False, False, False]
