@@ -130,28 +130,15 @@ def measure(args, algo):
     run_means = setting_means(values, members, singles)
     complete = None not in sweep_means and None not in run_means
     best = [values[m.index(max(m))] if complete else None for m in (sweep_means, run_means)]
-    return dict(
-        algo=algo.name,
-        flag=flag,
-        values=values,
-        seeds=args.seeds,
-        processes=args.processes,
-        sweep_means=sweep_means,
-        run_means=run_means,
-        spearman=spearman(sweep_means, run_means) if complete else None,
-        same_best=best[0] == best[1] if complete else None,
-        sweep_s=sweep_s,
-        runs_s=runs_s,
-        runs_vs_sweep=runs_s / sweep_s,
-        sweep_sps=sweep["sps"],
-        seeds_sps=seeds_run["sps"],
-        sweep_vs_seeds=sweep["sps"] / seeds_run["sps"],
-        summaries=dict(
-            sweep=without_curves(sweep),
-            seeds=without_curves(seeds_run),
-            runs=[without_curves(s) for s in singles],
-        ),
-    )
+    found = dict(algo=algo.name, flag=flag, values=values, seeds=args.seeds)
+    found |= dict(processes=args.processes, sweep_means=sweep_means, run_means=run_means)
+    found["spearman"] = spearman(sweep_means, run_means) if complete else None
+    found["same_best"] = best[0] == best[1] if complete else None
+    found |= dict(sweep_s=sweep_s, runs_s=runs_s, runs_vs_sweep=runs_s / sweep_s)
+    found |= dict(sweep_sps=sweep["sps"], seeds_sps=seeds_run["sps"])
+    found["sweep_vs_seeds"] = sweep["sps"] / seeds_run["sps"]
+    summaries = dict(sweep=without_curves(sweep), seeds=without_curves(seeds_run))
+    return found | {"summaries": summaries | {"runs": [without_curves(s) for s in singles]}}
 
 
 def markdown(result):
