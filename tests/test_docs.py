@@ -304,21 +304,16 @@ def windows_markdown(results):
     for group, runs in results["groups"].items():
         for seed, run in runs.items():
             if seed != "mean_std":
-                cells = [f"{value:.1f}" for value in run["windows"]] + [""] * (
-                    len(windows) - len(run["windows"])
-                )
-                lines.append(
-                    f"| {group} | {seed} | " + " | ".join(cells) + f" | {run['last_20']:.1f} |"
-                )
+                cells = [f"{value:.1f}" for value in run["windows"]]
+                cells += [""] * (len(windows) - len(cells)) + [f"{run['last_20']:.1f}"]
+                lines.append(f"| {group} | {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def test_the_td3_windows_table_in_its_note_is_its_json():
     page = TD3_NOTE.read_text()
-    assert (
-        missing_lines(page, windows_markdown(json.loads(TD3_WINDOWS.read_text())).splitlines())
-        == []
-    )
+    table = windows_markdown(json.loads(TD3_WINDOWS.read_text()))
+    assert missing_lines(page, table.splitlines()) == []
 
 
 def test_the_readme_is_short():
@@ -370,15 +365,12 @@ def test_links_commands_and_figures_point_at_what_exists_and_no_issue_is_named(c
 def test_the_figure_check_fails_on_a_bare_figure():
     ok = "![a](a.png)\n\nFigure: `python -m benchmarks.run`; [r](benchmarks/results/run/q.json).\n"
     assert figure_problems(ok) == []
-    assert figure_problems("![a](a.png)\n\nSome text.\n") == [
-        "a.png: no `Figure:` caption after it"
-    ]
-    assert figure_problems("![a](a.png)\n\nFigure: a run.\n") == [
-        "a.png: its caption names no command"
-    ]
-    assert figure_problems("![a](a.png)\n\nFigure: `python -m benchmarks.run`.\n") == [
-        "a.png: its caption names no result file"
-    ]
+    for caption, problem in [
+        ("Some text.", "no `Figure:` caption after it"),
+        ("Figure: a run.", "its caption names no command"),
+        ("Figure: `python -m benchmarks.run`.", "its caption names no result file"),
+    ]:
+        assert figure_problems(f"![a](a.png)\n\n{caption}\n") == [f"a.png: {problem}"]
 
 
 def test_run_sh_sweeps_every_algorithm_with_a_twin():
