@@ -9,11 +9,8 @@ import torch
 from conftest import assert_measured_threads, load_script, run_script, summary
 from tensordict import TensorDict, from_modules
 
-EAGER, TWIN, CPU = (
-    "sac_continuous_action",
-    "sac_continuous_action_torchcompile",
-    "sac_continuous_action_cpu",
-)
+EAGER = "sac_continuous_action"
+TWIN, CPU = f"{EAGER}_torchcompile", f"{EAGER}_cpu"
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
 SMOKE = tuple(
     "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()
