@@ -55,18 +55,10 @@ TIMED = ("eager", "compile", "compile+cudagraphs")
 # LeanRL's published H100 speed-ups of `--compile --cudagraphs` over its eager scripts
 LEANRL_H100 = {"ppo_atari_envpool": 6.8, "ppo_continuous_action": 2.7, "sac": 5.7, "td3": 3.4}
 # test files whose CUDA tests run in one pytest each (test_fresh_noise.py is split by script)
-CUDA_TEST_FILES = (
-    "test_contract.py",
-    "test_cuda_path.py",
-    "test_dqn.py",
-    "test_ppo_continuous_action.py",
-    "test_ppo_atari_envpool.py",
-    "test_ppo_atari_envpool_async.py",
-    "test_ppo_lstm.py",
-    "test_ppo_mingru.py",
-    "test_pqn.py",
-    "test_pqn_atari_envpool.py",
-    "test_resume.py",
+CUDA_TEST_FILES = tuple(
+    f"test_{name}.py"
+    for name in "contract cuda_path dqn ppo_continuous_action ppo_atari_envpool".split()
+    + "ppo_atari_envpool_async ppo_lstm ppo_mingru pqn pqn_atari_envpool resume".split()
 )
 # scripts beyond the twins that record functions, with the registry algorithm whose budget they run
 # (Ray's learner records only its update, which draws no random numbers: it needs a Ray cluster)
@@ -152,9 +144,8 @@ def cuda_test_checks():
     for stem in graphed_runs():
         cmd = [*pytest, fresh, "-k", f"graphed_functions and {stem}"]
         yield Check("tests", f"fresh noise: {stem}", cmd, 300, owner(stem))
-    yield Check(
-        "tests", "graphed updates = eager updates", [*pytest, fresh, "-k", "graphed_updates"], 300
-    )
+    cmd = [*pytest, fresh, "-k", "graphed_updates"]
+    yield Check("tests", "graphed updates = eager updates", cmd, 300)
     for name in CUDA_TEST_FILES:
         cmd = [*pytest, str(ROOT / "tests" / name)]
         yield Check("tests", name, cmd, 300, owner(name.removeprefix("test_")))
@@ -199,13 +190,8 @@ def seeds_checks():
             yield Check("seeds", f"{a.name} N={n}", cmd, 120, a.name, TIMED[-1], n)
 
 
-PLANS = {
-    "tests": cuda_test_checks,
-    "smoke": smoke_checks,
-    "learning": learning_checks,
-    "sps": sps_checks,
-    "seeds": seeds_checks,
-}
+PLANS = dict(tests=cuda_test_checks, smoke=smoke_checks, learning=learning_checks)
+PLANS |= dict(sps=sps_checks, seeds=seeds_checks)
 
 
 def plan(parts, algos=None):
@@ -307,10 +293,8 @@ def cells(checks, part):
     rows = {}
     for c in checks:
         if c.part == part:
-            key = (c.algo, c.members)
-            row = rows.setdefault(
-                key, {"algo": c.algo, "members": c.members, "sps": {}, "status": {}}
-            )
+            row = dict(algo=c.algo, members=c.members, sps={}, status={})
+            row = rows.setdefault((c.algo, c.members), row)
             row["sps"][c.variant] = c.value if c.status == "passed" else None
             row["status"][c.variant] = c.status
     return list(rows.values())
@@ -403,6 +387,11 @@ def markdown(result):
         + [optional(r["vs_env_only"], ".2f", "x")]
         for r in result["seeds"]
     ]
+    speed_header = ["algo", "env-only sps", *(f"{v} sps" for v in TIMED), "compile / eager"]
+    speed_header += ["compile+cudagraphs / eager", "compile+cudagraphs / env only", "LeanRL H100"]
+    seeds_header = (
+        "seeds script, `--compile --cudagraphs` | N | sps | env-only sps | sps / env only"
+    )
     lines = [
         f"# GPU check, {result['started']}",
         "",
@@ -418,19 +407,9 @@ def markdown(result):
         "Env only: the script's env at the same budget, stepped with random actions on this",
         "machine's CPU. A twin near its env-only sps is bound by its env, not by its policy.",
         "",
-        *table(
-            ["algo", "env-only sps", *(f"{v} sps" for v in TIMED), "compile / eager"]
-            + ["compile+cudagraphs / eager", "compile+cudagraphs / env only", "LeanRL H100"],
-            speed,
-            "l" + "r" * 8,
-        ),
+        *table(speed_header, speed, "l" + "r" * 8),
         "",
-        *table(
-            ["seeds script, `--compile --cudagraphs`", "N", "sps", "env-only sps"]
-            + ["sps / env only"],
-            seeds_table,
-            "lrrrr",
-        ),
+        *table(seeds_header, seeds_table, "lrrrr"),
     ]
     return "\n".join(lines) + "\n"
 
@@ -438,17 +417,10 @@ def markdown(result):
 def report(checks, machine, started, seconds, settings):
     """The JSON document of a check: its settings (`minutes`, `jobs`, `parts`, `algos`), each part's
     time and outcome, its checks, the speed and seeds tables, the machine."""
-    return {
-        "started": started,
-        "seconds": seconds,
-        "machine": machine,
-        "settings": settings,
-        "passed": sum(c.status == "passed" for c in checks),
-        "parts": parts_rows(checks, settings["minutes"]),
-        "checks": [asdict(c) for c in checks],
-        "speed": speed_rows(checks),
-        "seeds": seeds_rows(checks),
-    }
+    result = dict(started=started, seconds=seconds, machine=machine, settings=settings)
+    result |= dict(passed=sum(c.status == "passed" for c in checks), speed=speed_rows(checks))
+    result |= dict(parts=parts_rows(checks, settings["minutes"]), seeds=seeds_rows(checks))
+    return result | {"checks": [asdict(c) for c in checks]}
 
 
 def write(result, out_dir):
@@ -485,9 +457,8 @@ def main(argv=None):
     seconds = time.monotonic() - start
     settings = {"minutes": args.minutes, "jobs": args.jobs, "parts": args.only, "algos": args.algos}
     settings["call"] = args.call
-    result = report(
-        checks, machine_info(), started.isoformat(timespec="seconds"), seconds, settings
-    )
+    started_text = started.isoformat(timespec="seconds")
+    result = report(checks, machine_info(), started_text, seconds, settings)
     folder = write(result, args.out_dir / f"gpu_check-{started:%Y%m%d-%H%M%S}")
     print(folder)
     return 0 if result["passed"] == len(checks) else 1

@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from benchmarks import cli, plots
 from benchmarks.machine import cpu_model, machine_info
 from benchmarks.processes import die_with_parent, kill_tree, note
 from benchmarks.report import machine_line, optional
+from benchmarks.report import table as table_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CURVE_POINTS = 500  # at most this many points per stored curve
@@ -71,22 +70,9 @@ class Run:
 
     def command(self, scripts_dir, eval_episodes):
         seeds = ["--num-seeds", str(self.num_seeds)] if self.num_seeds > 1 else []
-        flags = [
-            "--env-id",
-            self.env_id,
-            "--total-timesteps",
-            str(self.steps),
-            "--seed",
-            str(self.seed),
-            *seeds,
-        ]
-        return [
-            sys.executable,
-            str(scripts_dir / f"{self.script}.py"),
-            *flags,
-            "--eval-episodes",
-            str(eval_episodes),
-        ]
+        flags = ["--env-id", self.env_id, "--total-timesteps", str(self.steps)]
+        flags += ["--seed", str(self.seed), *seeds, "--eval-episodes", str(eval_episodes)]
+        return [sys.executable, str(scripts_dir / f"{self.script}.py"), *flags]
 
 
 @dataclass(frozen=True)
@@ -108,16 +94,13 @@ CLEANRL = "https://github.com/vwxyzjn/cleanrl/blob/"
 # the tables of tag pr-424
 BENCHMARK = CLEANRL + "35896b1fefa9898b904f7e09bcbe6e168e15d2a9/docs/benchmark/"
 PPO = BENCHMARK + "ppo_continuous_action.md"
+DQN = CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/dqn.md"
+PQN = CLEANRL + "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/docs/rl-algorithms/pqn.md"
 REFERENCES = {
     ("ppo_continuous_action", "HalfCheetah-v4"): Reference(1442.64, 46.03, 1_000_000, PPO),
     ("ppo_continuous_action", "Hopper-v4"): Reference(2382.86, 271.74, 1_000_000, PPO),
     ("ppo_continuous_action", "Walker2d-v4"): Reference(2287.95, 571.78, 1_000_000, PPO),
-    ("dqn", "CartPole-v1"): Reference(
-        488.69,
-        16.11,
-        500_000,
-        CLEANRL + "08d1c0105e41f3ab435a981d3df901ea8d08cdd5/docs/rl-algorithms/dqn.md",
-    ),
+    ("dqn", "CartPole-v1"): Reference(488.69, 16.11, 500_000, DQN),
     ("td3_continuous_action", "Hopper-v4"): Reference(
         3134.61, 360.18, 1_000_000, BENCHMARK + "td3.md", "its curves are images: no value at 300k"
     ),
@@ -127,18 +110,8 @@ REFERENCES = {
     ("ppo_atari_envpool", "Breakout-v5"): Reference(
         211.24, 151.84, 10_000_000, BENCHMARK + "ppo_atari_envpool.md"
     ),
-    ("pqn", "CartPole-v1"): Reference(
-        495.13,
-        6.89,
-        500_000,
-        CLEANRL + "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/docs/rl-algorithms/pqn.md",
-    ),
-    ("pqn_atari_envpool", "Breakout-v5"): Reference(
-        384.85,
-        12.39,
-        10_000_000,
-        CLEANRL + "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/docs/rl-algorithms/pqn.md",
-    ),
+    ("pqn", "CartPole-v1"): Reference(495.13, 6.89, 500_000, PQN),
+    ("pqn_atari_envpool", "Breakout-v5"): Reference(384.85, 12.39, 10_000_000, PQN),
 }
 
 
@@ -164,12 +137,8 @@ def learning_set(name):
         return runs("pqn", "CartPole-v1", 500_000, (1, 2, 3, 4, 5))
     if name == "pqn_atari":  # the eager reference, 1/20 of CleanRL's budget: about 30 minutes here
         return runs("pqn_atari_envpool", "Breakout-v5", 500_000, (1,))
-    dqn, ppo, td3, sac = (
-        "dqn",
-        "ppo_continuous_action",
-        "td3_continuous_action",
-        "sac_continuous_action",
-    )
+    dqn, ppo = "dqn", "ppo_continuous_action"
+    td3, sac = "td3_continuous_action", "sac_continuous_action"
     return [
         *runs(f"{dqn}_seeds", "CartPole-v1", 500_000, SEEDS),
         *runs(f"{dqn}_cpu", "CartPole-v1", 500_000, SEEDS),
@@ -207,16 +176,9 @@ def start(run, args):
     cmd = run.command(args.scripts_dir, args.eval_episodes)
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
     with open(folder / "output.txt", "w") as output:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=folder,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            # a Ctrl-C in the terminal reaches the harness, which stops the run
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        # a Ctrl-C in the terminal reaches the harness (a new session), which stops the run
+        kwargs = dict(start_new_session=True, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=output, stderr=-2, **kwargs)
     job = {"run": run, "proc": proc, "cmd": cmd, "folder": folder, "threads": args.threads}
     return job | {"started": datetime.now(), "load": os.getloadavg()}
 
@@ -245,17 +207,13 @@ def finish(job):
         summary["curve"] = thin(summary["curve"])
     if "curves" in summary:  # a `_seeds` script's, one per seed
         summary["curves"] = [thin(curve) for curve in summary["curves"]]
-    run = job["run"]
-    record = {
-        "run": run.name,
-        "command": ["python", os.path.relpath(job["cmd"][1], ROOT), *job["cmd"][2:]],
-        "started": job["started"].isoformat(timespec="seconds"),
-        "finished": datetime.now().isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
-        "omp_num_threads": job["threads"],
-        "load_average": {"start": job["load"], "end": os.getloadavg()},
-        "summary": summary,
-    }
+    command = ["python", os.path.relpath(job["cmd"][1], ROOT), *job["cmd"][2:]]
+    record = dict(
+        run=job["run"].name, command=command, started=job["started"].isoformat("T", "seconds")
+    )
+    record |= dict(finished=datetime.now().isoformat(timespec="seconds"), cpu=cpu_model())
+    record |= dict(omp_num_threads=job["threads"], summary=summary)
+    record["load_average"] = {"start": job["load"], "end": os.getloadavg()}
     path = folder / "summary.json"
     path.with_suffix(".tmp").write_text(json.dumps(record) + "\n")
     os.replace(path.with_suffix(".tmp"), path)
@@ -290,10 +248,8 @@ def execute(todo, args):
             minutes = (datetime.now() - job["started"]).total_seconds() / 60
             if problem:
                 failed.append(job["run"].name)
-            note(
-                f"{job['run'].name} {problem or 'done'} after {minutes:.1f} min; "
-                f"{len(queue) + len(active)} to go"
-            )
+            left = len(queue) + len(active)
+            note(f"{job['run'].name} {problem or 'done'} after {minutes:.1f} min; {left} to go")
     finally:
         for job in active:
             kill_tree(job["proc"].pid)
@@ -309,17 +265,15 @@ def members(summary):
     mean and curve, from a one-seed summary or a `_seeds` one (`seeds`, `return_means`,
     `eval_returns`, `curves`)."""
     if "seeds" in summary:
-        columns = zip(
-            summary["seeds"], summary["return_means"], summary["eval_returns"], summary["curves"]
-        )
+        columns = [summary[k] for k in ("seeds", "return_means", "eval_returns", "curves")]
         return [
             {
                 "seed": seed,
                 "return": final,
                 "eval": statistics.fmean(ev) if ev else None,
-                "curve": curve,
+                "curve": c,
             }
-            for seed, final, ev, curve in columns
+            for seed, final, ev, c in zip(*columns)
         ]
     final, ev = summary["return_mean"], summary.get("eval_return_mean")
     return [{"seed": summary["seed"], "return": final, "eval": ev, "curve": summary["curve"]}]
@@ -327,9 +281,8 @@ def members(summary):
 
 def run_seconds(record):
     """How long a done run took, start to summary (compile and evaluation included)."""
-    return (
-        datetime.fromisoformat(record["finished"]) - datetime.fromisoformat(record["started"])
-    ).total_seconds()
+    started, finished = (datetime.fromisoformat(record[k]) for k in ("started", "finished"))
+    return (finished - started).total_seconds()
 
 
 def spread(values):
@@ -354,27 +307,29 @@ def rows(plan, records):
         within = None
         if reference and complete and mean is not None and steps == reference.steps:
             within = abs(mean - reference.mean) <= reference.std
-        table.append(
-            {
-                "script": script,
-                "env_id": env_id,
-                "steps": steps,
-                "seeds_planned": sum(run.num_seeds for run in group),
-                "seeds_done": len(seeds),
-                "return_mean": mean,
-                "return_std": std,
-                "eval_mean": eval_mean,
-                "eval_std": eval_std,
-                "seconds_per_run": spread(map(run_seconds, done))[0],
-                "reference": vars(reference) if reference else None,
-                "within_reference": within,
-            }
-        )
+        row = dict(script=script, env_id=env_id, steps=steps, seeds_done=len(seeds))
+        row["seeds_planned"] = sum(run.num_seeds for run in group)
+        row |= dict(return_mean=mean, return_std=std, eval_mean=eval_mean, eval_std=eval_std)
+        row["seconds_per_run"] = spread(map(run_seconds, done))[0]
+        row |= dict(reference=vars(reference) if reference else None, within_reference=within)
+        table.append(row)
     return table
 
 
 def mean_std(mean, std):
     return "pending" if mean is None else f"{mean:.1f} ± {std:.1f}"
+
+
+def cells(r):
+    """A row's script, env, steps, seeds done of planned and final return."""
+    seeds = f"{r['seeds_done']}/{r['seeds_planned']}"
+    return [
+        r["script"],
+        r["env_id"],
+        steps_text(r["steps"]),
+        seeds,
+        mean_std(r["return_mean"], r["return_std"]),
+    ]
 
 
 def markdown(table, machine, timing):
@@ -384,36 +339,25 @@ def markdown(table, machine, timing):
         hours, first, last = timing["run_hours"], timing["first_start"], timing["last_finish"]
         wall = f"{hours:.2f} h of runs, from {first} to {last}"
     if timing["load_average_1min"]:
-        wall += ", load average {:.1f} to {:.1f} at the runs' starts and ends".format(
-            *timing["load_average_1min"]
-        )
+        start, end = timing["load_average_1min"]
+        wall += f", load average {start:.1f} to {end:.1f} at the runs' starts and ends"
+    rows = []
+    for r in table:
+        ref, evaluation = r["reference"], mean_std(r["eval_mean"], r["eval_std"])
+        published = ref and f"{ref['mean']:.1f} ± {ref['std']:.1f} at {steps_text(ref['steps'])}"
+        within = {True: "yes", False: "**no**", None: "n/a"}[r["within_reference"]]
+        minutes = r["seconds_per_run"] and r["seconds_per_run"] / 60
+        rows.append([*cells(r), evaluation, published or "none", within, optional(minutes, ".1f")])
+    header = "script | env | steps | seeds | final return (last 20) | evaluation (10 episodes) | "
+    header += "CleanRL | within | min per run"
     lines = [
         machine_line(machine),
         f"Wall time: {wall}.",
         "",
-        "| script | env | steps | seeds | final return (last 20) | evaluation (10 episodes) | "
-        "CleanRL | within | "
-        "min per run |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        *table_lines(header, rows, "llrrrrrlr"),
     ]
-    for r in table:
-        ref = r["reference"]
-        published = (
-            f"{ref['mean']:.1f} ± {ref['std']:.1f} at {steps_text(ref['steps'])}" if ref else "none"
-        )
-        within = {True: "yes", False: "**no**", None: "n/a"}[r["within_reference"]]
-        minutes = r["seconds_per_run"] and r["seconds_per_run"] / 60
-        lines.append(
-            f"| {r['script']} | {r['env_id']} | {steps_text(r['steps'])} | "
-            f"{r['seeds_done']}/{r['seeds_planned']} "
-            f"| {mean_std(r['return_mean'], r['return_std'])} | "
-            f"{mean_std(r['eval_mean'], r['eval_std'])} "
-            f"| {published} | {within} | {optional(minutes, '.1f')} |"
-        )
-    lines += [
-        "",
-        "CleanRL's values: mean ± std over 3 seeds of the training return at the end of the run.",
-    ]
+    lines += ["", "CleanRL's values: mean ± std over 3 seeds of the training return at the end of "]
+    lines[-1] += "the run."
     sources = {}
     for r in table:
         if r["reference"]:
@@ -427,42 +371,27 @@ def markdown(table, machine, timing):
 
 def short_markdown(table):
     """The README's table: the fast scripts' final return beside CleanRL's."""
-    lines = [
-        "| script | env | steps | seeds | final return | CleanRL |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for r in table:
-        if r["script"] == algorithm(r["script"]):
-            continue
+    rows = []
+    for r in (r for r in table if r["script"] != algorithm(r["script"])):
         ref = r["reference"]
         published = "none" if ref is None else f"{ref['mean']:.1f} ± {ref['std']:.1f}"
         if ref and ref["steps"] != r["steps"]:
             published += f" at {steps_text(ref['steps'])}"
-        lines.append(
-            f"| `{r['script']}` | {r['env_id']} | {steps_text(r['steps'])} | "
-            f"{r['seeds_done']}/{r['seeds_planned']} "
-            f"| {mean_std(r['return_mean'], r['return_std'])} | {published} |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{r['script']}`", *cells(r)[1:], published])
+    header = "script | env | steps | seeds | final return | CleanRL"
+    return "\n".join(table_lines(header, rows, "llrrrr")) + "\n"
 
 
 def curves_figure(env_id, plan, records):
     """The return curves of every run on `env_id` against env steps, one color per algorithm."""
-    figure = Figure(figsize=(8, 4.5), layout="constrained")
-    ax = figure.subplots()
+    figure, (ax,) = plots.panels(1, 8, 4.5)
     scripts = list(dict.fromkeys(run.script for run in plan if run.env_id == env_id))
     colors = {algo: f"C{i}" for i, algo in enumerate(dict.fromkeys(map(algorithm, scripts)))}
     for script in scripts:
         # the eager script dotted, a `_cpu` script beside a `_seeds` one dash-dotted
         algo = algorithm(script)
-        style = (
-            ":"
-            if script == algo
-            else "-."
-            if script.endswith("_cpu") and f"{algo}_seeds" in scripts
-            else "-"
-        )
-        color = colors[algo]
+        dashed = script.endswith("_cpu") and f"{algo}_seeds" in scripts
+        style, color = ":" if script == algo else "-." if dashed else "-", colors[algo]
         done = [
             records[run.name]
             for run in plan
@@ -472,25 +401,15 @@ def curves_figure(env_id, plan, records):
         for index, curve in enumerate(curves):
             steps, _, returns = zip(*curve)
             label = script if index == 0 else None
-            ax.plot(
-                steps,
-                plots.smooth(list(returns), 5),
-                color=color,
-                linestyle=style,
-                linewidth=1,
-                label=label,
-            )
+            ax.plot(steps, plots.smooth(list(returns), 5), style, color=color, lw=1, label=label)
     for algo, color in colors.items():
         ref = REFERENCES.get((algo, env_id))
         if ref:
             label = f"CleanRL {algo}, {steps_text(ref.steps)} steps"
             ax.axhline(ref.mean, color=color, linestyle="--", linewidth=1.5, label=label)
             ax.axhspan(ref.mean - ref.std, ref.mean + ref.std, color=color, alpha=0.08)
-    ax.set(
-        xlabel="environment steps",
-        ylabel="episodic return (training)",
-        title=f"{env_id}: one line per seed",
-    )
+    ax.set(xlabel="environment steps", ylabel="episodic return (training)")
+    ax.set_title(f"{env_id}: one line per seed")
     ax.legend(fontsize=7)
     return figure
 

@@ -86,8 +86,7 @@ def draw_sps(ax, algo, bars):
 def sps_figure(table):
     """Sps per variant (median, min-max), a panel per algorithm, env-only limit dashed."""
     all_bars = sps_bars(table)
-    figure = Figure(figsize=(3.2 * len(all_bars), 3.6), layout="constrained")
-    axes = figure.subplots(1, len(all_bars), squeeze=False)[0]
+    figure, axes = panels(len(all_bars), 3.2, 3.6)
     for ax, (algo, bars) in zip(axes, all_bars.items()):
         draw_sps(ax, algo, bars)
     axes[0].set_ylabel("env steps per second (log)")
@@ -98,8 +97,7 @@ def curves_figure(algo, curves, window=SMOOTHING, baseline=None):
     """`algo`'s return curves (from `return_curves`) against wall-clock seconds and against steps,
     one line per run, one color per variant; `baseline`, if given, a dashed line (e.g. a random
     policy's return)."""
-    figure = Figure(figsize=(10, 3.8), layout="constrained")
-    by_time, by_steps = figure.subplots(1, 2, sharey=True)
+    figure, (by_time, by_steps) = panels(2, 5, sharey=True)
     for variant, runs in curves.items():
         for index, curve in enumerate(runs):
             label = variant if index == 0 else None
@@ -120,6 +118,13 @@ def curves_figure(algo, curves, window=SMOOTHING, baseline=None):
     by_steps.legend(fontsize=8)
     figure.suptitle(f"{algo}: one line per run")
     return figure
+
+
+def panels(count, width, height=3.8, **kwargs):
+    """A figure of `count` panels side by side, `width` by `height` inches each (constrained
+    layout, Agg: no pyplot); the figure and its axes."""
+    figure = Figure(figsize=(width * count, height), layout="constrained")
+    return figure, figure.subplots(1, count, squeeze=False, **kwargs)[0]
 
 
 def save(figure, path):

@@ -82,26 +82,19 @@ def budget_flags(algo, quick, seed):
 def command(algo, variant, scripts_dir, quick, seed):
     """One run's command: the variant's script, the budget's flags, seed, variant's flags."""
     stem = algo.script(variant)
-    flags = [
-        *budget_flags(algo, quick, seed),
-        *variant.flags,
+    flags = [*budget_flags(algo, quick, seed), *variant.flags]
+    return [
+        sys.executable,
+        str(scripts_dir / f"{stem}.py"),
+        *flags,
         *algo.variant_flags.get(variant.name, ()),
     ]
-    return [sys.executable, str(scripts_dir / f"{stem}.py"), *flags]
 
 
 def env_limit_command(algo, scripts_dir, quick, seed, seconds):
     """The command that times `algo`'s environment alone under the budget."""
-    script = scripts_dir / f"{algo.eager}.py"
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.env_limit",
-        "--seconds",
-        str(seconds),
-        str(script),
-        *budget_flags(algo, quick, seed),
-    ]
+    limit = [sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(seconds)]
+    return [*limit, str(scripts_dir / f"{algo.eager}.py"), *budget_flags(algo, quick, seed)]
 
 
 def failure(cmd, reason, stderr=""):
@@ -115,17 +108,13 @@ def result_line(cmd, proc, prefix):
     """The JSON object of the one `<prefix> ` line of a finished process `proc`."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{prefix} ")]
     if len(lines) != 1:
-        raise failure(
-            cmd,
-            f"exited with status 0 but printed {len(lines)} {prefix} lines, expected 1",
-            proc.stderr,
-        )
+        printed = f"printed {len(lines)} {prefix} lines, expected 1"
+        raise failure(cmd, f"exited with status 0 but {printed}", proc.stderr)
     try:
         result = json.loads(lines[0][len(prefix) + 1 :])
     except json.JSONDecodeError as error:
-        raise failure(
-            cmd, f"printed a {prefix} line that is not JSON ({error})", proc.stderr
-        ) from None
+        why = f"printed a {prefix} line that is not JSON ({error})"
+        raise failure(cmd, why, proc.stderr) from None
     if not isinstance(result, dict):
         raise failure(cmd, f"printed a {prefix} line that is not a JSON object")
     return result
@@ -187,20 +176,10 @@ def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
     for index, (algo, variant, repeat, seed) in enumerate(order, 1):
         cmd = command(algo, variant, scripts_dir, quick, seed)
         summary = run_one(cmd, timeout)
-        note(
-            f"[{index}/{len(order)}] {algo.name} {variant.name} seed {seed}: {summary['sps']:.0f} "
-            "sps"
-        )
-        runs.append(
-            {
-                "algo": algo.name,
-                "variant": variant.name,
-                "repeat": repeat,
-                "seed": seed,
-                "flags": cmd[2:],
-                "summary": summary,
-            }
-        )
+        where = f"[{index}/{len(order)}] {algo.name} {variant.name} seed {seed}"
+        note(f"{where}: {summary['sps']:.0f} sps")
+        run = dict(algo=algo.name, variant=variant.name, repeat=repeat, seed=seed, flags=cmd[2:])
+        runs.append(run | {"summary": summary})
     return runs
 
 
@@ -213,13 +192,8 @@ def parse_args(argv):
     add = parser.add_argument
     add("--algos", nargs="+", choices=names, default=names, help="algorithms to run (default: all)")
     add("--repeats", type=int, default=2, help="runs of each variant (rounds of every variant)")
-    add(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=[1, 2, 3],
-        help="seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]",
-    )
+    cycled = "seeds, cycled over the rounds: round r runs with seeds[r %% len(seeds)]"
+    add("--seeds", type=int, nargs="+", default=[1, 2, 3], help=cycled)
     add("--env-seconds", type=float, default=2.0, help="how long to time each env alone")
     add("--quick", action="store_true", help="the small budget of each algorithm (default: full)")
     add("--timeout", type=float, default=3600, help="seconds one run may take")
@@ -241,31 +215,18 @@ def main(argv=None):
     started = datetime.now()
     seeds = round_seeds(args.repeats, args.seeds)
     try:
-        limits = env_limits(
-            algos, args.scripts_dir, args.quick, seeds[0], args.env_seconds, args.timeout
-        )
-        runs = benchmark(
-            algos, args.scripts_dir, seeds, args.quick, torch.cuda.is_available(), args.timeout
-        )
+        where, cuda = (algos, args.scripts_dir), torch.cuda.is_available()
+        limits = env_limits(*where, args.quick, seeds[0], args.env_seconds, args.timeout)
+        runs = benchmark(*where, seeds, args.quick, cuda, args.timeout)
     except BenchmarkError as error:
         note(f"benchmark stopped: {error}")
         return 1
     machine = machine_info()
-    settings = {
-        "budget": "quick" if args.quick else "full",
-        "repeats": args.repeats,
-        "seeds": seeds,
-        "started": started.isoformat(),
-    }
+    settings = dict(budget="quick" if args.quick else "full", repeats=args.repeats, seeds=seeds)
+    settings["started"] = started.isoformat()
     table = report.rows(runs, limits)
     table_md = report.markdown(table, machine, settings)
-    document = {
-        "settings": settings,
-        "machine": machine,
-        "env_limits": limits,
-        "table": table,
-        "runs": runs,
-    }
+    document = dict(settings=settings, machine=machine, env_limits=limits, table=table, runs=runs)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     paths = [
         *report.write(args.out_dir, stamp, document, table_md),

@@ -15,12 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.scripts import (  # noqa: F401 (test modules import them from here)
-    ALL_SCRIPTS,
-    SCRIPTS,
-    export_scripts,
-    load_script,
-)
+from benchmarks.scripts import ALL_SCRIPTS, SCRIPTS, export_scripts, load_script  # noqa: F401 (test modules import them from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 # where script runs make their runs/ folders: one temporary folder per test session (per worker),
@@ -113,13 +108,9 @@ def run_script(name, *flags, timeout=900, cwd=None, env=None):
     returns the CompletedProcess. It runs in `cwd`, by default a temporary folder of the test
     session, where it makes its `runs/<run_name>/` folder."""
     cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, flags)]
+    env = script_env() | (env or {})
     return subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=script_env() | (env or {}),
-        cwd=cwd or RUNS_CWD,
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd or RUNS_CWD
     )
 
 
@@ -132,9 +123,7 @@ def summary(proc, returncode=0):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}\n{proc.stdout[-2000:]}"
     line = json.loads(lines[0][len("SUMMARY ") :])
-    assert "curve" not in line and "curves" not in line, (
-        "the printed SUMMARY keeps the curves out (in summary.json)"
-    )
+    assert not {"curve", "curves"} & set(line), "the printed SUMMARY keeps the curves out"
     path = Path(line.pop("summary_file"))
     assert path.name == "summary.json" and path.parent.parent.name == "runs"
     result = json.loads(path.read_text())
@@ -155,9 +144,7 @@ def assert_curve(result):
     for curve in curves:
         assert all(len(point) == 3 for point in curve)
         steps, seconds = [point[0] for point in curve], [point[1] for point in curve]
-        assert steps == sorted(steps) and seconds == sorted(seconds), (
-            "curve steps or seconds go backwards"
-        )
+        assert steps == sorted(steps) and seconds == sorted(seconds), "the curve goes backwards"
         assert all(0 <= step <= result["total_timesteps"] for step in steps)
         assert all(0 <= second <= result["wall_s"] for second in seconds)
 
@@ -165,17 +152,9 @@ def assert_curve(result):
 def actor_critic_seeds_smoke_run(script, cwd):
     """Two members of SAC's or TD3's seeds script on Pendulum, eagerly, 20 iterations past the
     random phase (2 episodes each), saving their models and evaluating each for one episode."""
-    flags = (
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        420,
-        "--learning-starts",
-        400,
-        "--batch-size",
-        32,
-    )
-    flags += ("--num-seeds", 2, "--no-compile", "--save-model", "--eval-episodes", 1)
+    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", 420, "--learning-starts", 400)
+    flags += ("--batch-size", 32, "--num-seeds", 2, "--no-compile", "--save-model")
+    flags += ("--eval-episodes", 1)
     return summary(run_script(script, *flags, cwd=cwd))
 
 
@@ -197,9 +176,8 @@ def assert_seeds_smoke_summary(s, script, actor):
     assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
     assert [len(returns) for returns in s["eval_returns"]] == [1, 1]
     assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [
-        f"{script}_seed{k}.pt" for k in (1, 2)
-    ]
+    files = [path.rsplit("/", 1)[1] for path in s["model_files"]]
+    assert files == [f"{script}_seed{k}.pt" for k in (1, 2)]
     saved = torch.load(s["model_files"][1], weights_only=True)
     assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (script, 2, 2)
     expected = {name: value.shape for name, value in actor.state_dict().items()}
@@ -255,17 +233,8 @@ class HostSync(AssertionError):
 
 # Python-level reads of a tensor's value or memory by the host; on a CPU `.cpu()` and `.numpy()`
 # sync nothing, but on CUDA they wait for the device, so they are refused here too
-SYNC_METHODS = (
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "__array__",
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-)
+SYNC_METHODS = ("__bool__", "__int__", "__float__", "__index__", "__array__", "item", "tolist")
+SYNC_METHODS += ("cpu", "numpy")
 # ops whose output (a Python scalar, or a shape) depends on the data: the host must wait for the
 # device
 SYNC_OPS = {
@@ -289,12 +258,8 @@ MASKABLE_OPS = {
 # why dynamo breaks a graph at an op whose result the host must wait for (the first line of its
 # graph-break record, with torch's defaults `capture_scalar_outputs=False` and
 # `capture_dynamic_output_shape_ops=False`)
-SYNC_GRAPH_BREAKS = (
-    "Data dependent operator",
-    "Dynamic shape operator",
-    "Tensor.item()",
-    "Tensor.tolist()",
-)
+SYNC_GRAPH_BREAKS = ("Data dependent operator", "Dynamic shape operator")
+SYNC_GRAPH_BREAKS += ("Tensor.item()", "Tensor.tolist()")
 
 
 def _is_mask(index):
@@ -363,30 +328,16 @@ def _refuse_host_copies(to, getitem, setitem, as_tensor):
 
 @contextlib.contextmanager
 def no_host_sync(compiled=False):
-    """Any host-device synchronization inside raises HostSync.
-
-    Eager code (`compiled=False`) runs under RefuseSyncOps, which sees every op (syncing ops,
-    boolean-mask indexing and writes, `torch.equal`, also when called from C++), with
-    `torch.distributions`' argument checks on as in a fresh process (the first `torch.compile` turns
-    them off for the whole process); the tensor methods that read a value on the host (SYNC_METHODS)
-    raise, and so do `Tensor.to` and `torch.as_tensor` to the CPU named as a string (`.to("cpu")`,
-    `torch.as_tensor(t, device="cpu")`). A `torch.device("cpu")` destination is let through: on this
-    machine the device IS the CPU, and `.to(device)` (as in torch's `clip_grad_norm_`) must pass.
-
-    Compiled code (`compiled=True`) can only sync where its graph breaks (with torch's defaults
-    dynamo puts no op whose result the host needs in a graph), and there the code runs as Python:
-    the same tensor methods raise, and indexing or writing with a boolean mask and
-    `Tensor.to("cpu")` raise too. `assert_no_host_sync` also refuses a graph break that dynamo made
-    for such an op (SYNC_GRAPH_BREAKS: `torch.equal`, `nonzero`, `masked_select`, ...), which then
-    runs in C++, unseen here. What this cannot see: in compiled code, a copy to the host traced INTO
-    a graph (`.cpu()`, `.to("cpu")`, `torch.as_tensor(t, device="cpu")` compile as ordinary ops,
-    which on a CPU copy nothing); anywhere, a copy to a `torch.device("cpu")` held in a variable.
-    tests/test_fake_cuda.py runs the same functions on a fake CUDA device, where each of these
-    fails."""
-    saved = {
-        name: getattr(torch.Tensor, name)
-        for name in (*SYNC_METHODS, "to", "__getitem__", "__setitem__")
-    }
+    """Any host-device synchronization inside raises HostSync: in eager code (`compiled=False`)
+    every syncing op RefuseSyncOps sees (also from C++, `torch.distributions`' argument checks on),
+    and in both the SYNC_METHODS, boolean-mask indexing and writes, and `Tensor.to` or
+    `torch.as_tensor` to the CPU named as a string (a `torch.device("cpu")` passes: here the device
+    IS the CPU, and torch's `clip_grad_norm_` does `.to(device)`). Compiled code syncs only where
+    its graph breaks, which runs as Python; `assert_no_host_sync` also refuses a graph break made
+    for a syncing op (SYNC_GRAPH_BREAKS). Unseen here, and failing on test_fake_cuda.py's fake CUDA
+    device: a copy to the host traced into a graph, or to a `torch.device("cpu")` in a variable."""
+    names = (*SYNC_METHODS, "to", "__getitem__", "__setitem__")
+    saved = {name: getattr(torch.Tensor, name) for name in names}
     as_tensor = torch.as_tensor
     validate = torch.distributions.Distribution._validate_args
     try:
@@ -433,9 +384,8 @@ def assert_no_host_sync(fn, inputs, compiled, calls=3):
                 fn(*inputs())
             breaks = sync_graph_breaks()
             if breaks:
-                raise HostSync(
-                    f"host sync: compiled code breaks its graph for {breaks[0].splitlines()[0]!r}"
-                )
+                why = breaks[0].splitlines()[0]
+                raise HostSync(f"host sync: compiled code breaks its graph for {why!r}")
             stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
         stack.enter_context(no_host_sync(compiled))
         for _ in range(calls):
@@ -472,13 +422,10 @@ def exported(tmp_path_factory):
 
 @pytest.fixture
 def train(tmp_path, monkeypatch):
-    """`train(script, *flags, stop_at=k, counted=(owner, name), directory=d)`: the script's `main`
-    (of `d/<script>.py`, by default leanrl/'s) in this process, in a temporary working folder;
-    with `stop_at`, a SIGTERM arrives during its k-th vector step (counted from 1 in this call):
-    its k-th call of the method `owner.name`, `owner` a class or the name of one of the script's
-    (by default the vector env's step: vector_envs.py's `SyncVectorEnv.step`, or an exported
-    copy's).
-    Returns the exit status (0 when `main` returns)."""
+    """`train(script, *flags, stop_at=k, counted=(owner, name), directory=d)`: the exit status of
+    the script's `main` (of `d/<script>.py`, by default leanrl/'s) run in this process in a
+    temporary folder; with `stop_at`, a SIGTERM arrives during the k-th call of `owner.name`
+    (`owner` a class or a name of the script's; by default the vector env's `step`)."""
     import tyro
 
     monkeypatch.chdir(tmp_path)

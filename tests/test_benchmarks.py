@@ -15,7 +15,7 @@ from gymnasium.spaces import Discrete
 
 from benchmarks import env_limit, machine, plots, report, run
 from benchmarks.registry import ALGOS, VARIANTS, Algo
-from benchmarks.studies import scaling, seeds, sweeps, threads
+from benchmarks.studies import scaling, seeds, sweeps
 
 SAC = next(algo for algo in ALGOS if algo.name == "sac")
 FAKE = Algo("fake", "fake", quick=("--budget", "quick"), full=("--budget", "full"))
@@ -144,30 +144,15 @@ def calls(directory):
 def main_args(scripts, out, *extra):
     """`benchmarks.run` arguments for SAC's quick budget with the scripts in `scripts`, results into
     `out`."""
-    return [
-        *"--algos sac --quick --env-seconds".split(),
-        ENV_SECONDS,
-        "--scripts-dir",
-        str(scripts),
-        "--out-dir",
-        str(out),
-        *extra,
-    ]
+    flags = ["--env-seconds", ENV_SECONDS, "--scripts-dir", str(scripts), "--out-dir", str(out)]
+    return ["--algos", "sac", "--quick", *flags, *extra]
 
 
 def table_row(algo, variant, sps_median, sps_min, sps_max, return_mean, env_only_sps, vs_eager):
     """A row of `report.rows`, from its values."""
-    return {
-        "algo": algo,
-        "variant": variant,
-        "runs": 2,
-        "sps_median": sps_median,
-        "sps_min": sps_min,
-        "sps_max": sps_max,
-        "return_mean": return_mean,
-        "vs_eager": vs_eager,
-        "env_only_sps": env_only_sps,
-    }
+    row = dict(algo=algo, variant=variant, runs=2, sps_median=sps_median, sps_min=sps_min)
+    row |= dict(sps_max=sps_max, return_mean=return_mean, vs_eager=vs_eager)
+    return row | {"env_only_sps": env_only_sps}
 
 
 def curve_run(algo, variant, curve):
@@ -183,19 +168,13 @@ def test_plan_alternates_variants_with_one_seed_per_round_and_cuda_variants_only
         for algo, variant, repeat, seed in run.plan([FAKE, other], [7, 8], cuda)
     ]
     variants = [v.name for v in VARIANTS if (cuda or not v.needs_cuda) and v.name != "cpu"]
-    expected = [
-        (name, v, r, seed)
-        for name in ("fake", "other")
-        for r, seed in enumerate([7, 8])
-        for v in variants
-    ]
+    rounds = [(0, 7), (1, 8)]
+    expected = [(name, v, *r) for name in ("fake", "other") for r in rounds for v in variants]
     assert order == expected
     assert ("cudagraphs" in variants) == cuda and ("compile+cudagraphs" in variants) == cuda
     with_cpu = Algo("with_cpu", "with_cpu", quick=(), full=(), cpu=True)
-    assert [variant.name for _, variant, _, _ in run.plan([with_cpu], [7], cuda)] == [
-        *variants,
-        "cpu",
-    ]
+    planned = [variant.name for _, variant, _, _ in run.plan([with_cpu], [7], cuda)]
+    assert planned == [*variants, "cpu"]
 
 
 def test_round_seeds_cycle_through_the_seeds():
@@ -204,48 +183,34 @@ def test_round_seeds_cycle_through_the_seeds():
 
 
 def test_command_adds_budget_seed_then_variant_flags(tmp_path):
-    algo = Algo(
-        "fake", "fake", quick=("--q",), full=("--f",), variant_flags={"compile": ("--threads", "1")}
-    )
+    flags = {"compile": ("--threads", "1")}
+    algo = Algo("fake", "fake", quick=("--q",), full=("--f",), variant_flags=flags)
     compile_variant = next(v for v in VARIANTS if v.name == "compile")
     cmd = run.command(algo, compile_variant, tmp_path, quick=True, seed=5)
-    assert cmd == [
-        sys.executable,
-        str(tmp_path / "fake_torchcompile.py"),
-        *"--q --seed 5 --compile --threads 1".split(),
-    ]
+    twin = str(tmp_path / "fake_torchcompile.py")
+    assert cmd == [sys.executable, twin, *"--q --seed 5 --compile --threads 1".split()]
     eager_variant = next(v for v in VARIANTS if v.name == "eager")
+    eager = str(tmp_path / "fake.py")
     assert run.command(algo, eager_variant, tmp_path, quick=False, seed=1)[1:] == [
-        str(tmp_path / "fake.py"),
+        eager,
         "--f",
         "--seed",
         "1",
     ]
-    assert run.env_limit_command(algo, tmp_path, quick=True, seed=5, seconds=2.0)[1:] == [
-        "-m",
-        "benchmarks.env_limit",
-        "--seconds",
-        "2.0",
-        str(tmp_path / "fake.py"),
-        "--q",
-        "--seed",
-        "5",
-    ]
+    limit = run.env_limit_command(algo, tmp_path, quick=True, seed=5, seconds=2.0)[1:]
+    assert limit == ["-m", "benchmarks.env_limit", "--seconds", "2.0", eager, "--q", "--seed", "5"]
 
 
 def test_rows_medians_spread_ratios_returns_and_env_limits():
-    def record(variant, sps, return_mean):
-        return {
-            "algo": "fake",
-            "variant": variant,
-            "summary": {"sps": sps, "return_mean": return_mean},
-        }
-
     runs = [
-        record("eager", 100, 1.0),
-        record("compile", 300, None),
-        record("eager", 200, 3.0),
-        record("compile", 600, None),
+        ("eager", 100, 1.0),
+        ("compile", 300, None),
+        ("eager", 200, 3.0),
+        ("compile", 600, None),
+    ]
+    runs = [
+        {"algo": "fake", "variant": variant, "summary": {"sps": sps, "return_mean": return_mean}}
+        for variant, sps, return_mean in runs
     ]
     assert report.rows(runs, {"fake": {"sps": 900.0}}) == [
         table_row("fake", "eager", 150, 100, 200, 2.0, 900.0, 1.0),
@@ -278,9 +243,8 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     document = json.loads(json_path.read_text())
     limit = document["env_limits"]["sac"]
     assert (limit["env_id"], limit["num_envs"]) == ("HalfCheetah-v4", 2)
-    assert limit["env_steps"] % 2 == 0 and limit["sps"] == pytest.approx(
-        limit["env_steps"] / limit["seconds"]
-    )
+    assert limit["env_steps"] % 2 == 0
+    assert limit["sps"] == pytest.approx(limit["env_steps"] / limit["seconds"])
 
     table = capsys.readouterr().out
     assert "Budget: quick, 3 repeats per variant (seeds 7 8 7)" in table
@@ -291,60 +255,28 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
     assert "cudagraphs" not in table.split("| algo |")[1]
 
     stamp = json_path.stem
-    assert sorted(path.name for path in out.iterdir()) == sorted(
-        [f"{stamp}.json", f"{stamp}.md", f"{stamp}-sps.png", f"{stamp}-sac-returns.png"]
-    )
+    written = [f"{stamp}.json", f"{stamp}.md", f"{stamp}-sps.png", f"{stamp}-sac-returns.png"]
+    assert sorted(path.name for path in out.iterdir()) == sorted(written)
     assert json_path.with_suffix(".md").read_text() == table
-    assert [r["variant"] for r in document["runs"]] == [
-        "eager",
-        "torchcompile",
-        "compile",
-        "cpu",
-    ] * 3
+    variants = ["eager", "torchcompile", "compile", "cpu"]
+    assert [r["variant"] for r in document["runs"]] == variants * 3
     assert [r["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
     assert [r["summary"]["seed"] for r in document["runs"]] == [7] * 4 + [8] * 4 + [7] * 4
-    assert [r["summary"]["sps"] for r in document["runs"]] == [
-        100,
-        150,
-        300,
-        800,
-        120,
-        200,
-        500,
-        700,
-        90,
-        250,
-        400,
-        600,
-    ]
-    assert document["runs"][0]["summary"]["curve"] == [
-        [100, 0.1, -11.0],
-        [200, 0.2, -10.0],
-        [300, 0.3, -9.0],
-    ]
+    sps = [100, 150, 300, 800, 120, 200, 500, 700, 90, 250, 400, 600]
+    assert [r["summary"]["sps"] for r in document["runs"]] == sps
+    curve = [[100, 0.1, -11.0], [200, 0.2, -10.0], [300, 0.3, -9.0]]
+    assert document["runs"][0]["summary"]["curve"] == curve
     assert document["runs"][2]["flags"] == [*SAC.quick, "--seed", "7", "--compile"]
     assert document["runs"][0]["summary"]["script"] == SAC.eager
-    assert document["settings"] | {"started": None} == {
-        "budget": "quick",
-        "repeats": 3,
-        "seeds": [7, 8, 7],
-        "started": None,
-    }
+    settings = {"budget": "quick", "repeats": 3, "seeds": [7, 8, 7], "started": None}
+    assert document["settings"] | {"started": None} == settings
     machine = document["machine"]
     assert machine["cores"] >= 1 and machine["gpu"] is None
-    assert (
-        machine["versions"]["torch"]
-        and machine["versions"]["gymnasium"]
-        and machine["versions"]["tensordict"]
-    )
-    assert [
-        (r["variant"], r["sps_median"], r["vs_eager"], r["env_only_sps"]) for r in document["table"]
-    ] == [
-        ("eager", 100, 1.0, limit["sps"]),
-        ("torchcompile", 200, 2.0, limit["sps"]),
-        ("compile", 400, 4.0, limit["sps"]),
-        ("cpu", 700, 7.0, limit["sps"]),
-    ]
+    assert all(machine["versions"][name] for name in ("torch", "gymnasium", "tensordict"))
+    rows = [(r["variant"], r["sps_median"], r["vs_eager"]) for r in document["table"]]
+    assert {r["env_only_sps"] for r in document["table"]} == {limit["sps"]}
+    medians = zip(variants, (100, 200, 400, 700), (1.0, 2.0, 4.0, 7.0))
+    assert rows == list(medians)
 
 
 @pytest.mark.parametrize(
@@ -388,9 +320,8 @@ def test_command_line_failure_exits_1_and_writes_nothing(tmp_path):
     scripts = fake_scripts(tmp_path, SAC, twin_source=FAILING_SCRIPT)
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "benchmarks.run", *main_args(scripts, out, "--repeats", "1")]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120
-    )
+    kwargs = dict(capture_output=True, text=True, cwd=ROOT, env=script_env(), timeout=120)
+    proc = subprocess.run(cmd, **kwargs)
     assert proc.returncode == 1
     stopped = [line for line in proc.stderr.splitlines() if line.startswith("benchmark stopped: ")]
     assert stopped == [
@@ -425,15 +356,11 @@ def test_env_limit_builds_the_env_from_the_scripts_own_args_and_steps_it_with_pr
     steps, seconds = env_limit.step_for(envs, actions, seconds=0.1, clock=clock)
     assert steps == 100 and seconds == pytest.approx(0.1)
     timed = envs.actions[env_limit.WARMUP_STEPS :]
-    assert len(timed) == 100 and all(
-        batch is actions[index % 3] for index, batch in enumerate(timed)
-    )
+    assert len(timed) == 100 and all(batch is actions[i % 3] for i, batch in enumerate(timed))
 
 
 def test_random_actions_are_reproducible_batches_of_the_single_env_space():
-    first, again = (
-        env_limit.random_actions(Discrete(4), num_envs=5, seed=0, batches=4) for _ in range(2)
-    )
+    first, again = (env_limit.random_actions(Discrete(4), 5, seed=0, batches=4) for _ in range(2))
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert all(batch.shape == (5,) and set(batch.tolist()) <= {0, 1, 2, 3} for batch in first)
     assert len({tuple(batch.tolist()) for batch in first}) > 1
@@ -446,13 +373,9 @@ def test_env_limit_measures_every_registered_scripts_own_env(algo):
         pytest.skip(f"{script.name} is not on disk")
     flags = [*algo.quick, "--seed", "1"]
     result = env_limit.measure(script, flags, seconds=0.05)
-    env_id = dict(zip(flags[::2], flags[1::2])).get(
-        "--env-id", load_script(algo.eager).Args().env_id
-    )
-    assert (result["env_id"], result["num_envs"]) == (
-        env_id,
-        load_script(algo.eager).Args().num_envs,
-    )
+    defaults = load_script(algo.eager).Args()
+    env_id = dict(zip(flags[::2], flags[1::2])).get("--env-id", defaults.env_id)
+    assert (result["env_id"], result["num_envs"]) == (env_id, defaults.num_envs)
     assert result["env_steps"] > 0 and result["env_steps"] % result["num_envs"] == 0
     assert result["sps"] == pytest.approx(result["env_steps"] / result["seconds"])
 
@@ -463,16 +386,9 @@ def test_sps_bars_give_medians_asymmetric_spread_and_env_limit_per_algorithm():
         table_row("b", "eager", 5, 5, 5, None, None, 1.0),
         table_row("a", "compile", 200, 150, 210, None, 1000.0, 2.0),
     ]
-    assert plots.sps_bars(table) == {
-        "a": {
-            "variants": ["eager", "compile"],
-            "median": [100, 200],
-            "down": [10, 50],
-            "up": [30, 10],
-            "env_only": 1000.0,
-        },
-        "b": {"variants": ["eager"], "median": [5], "down": [0], "up": [0], "env_only": None},
-    }
+    a = dict(variants=["eager", "compile"], median=[100, 200], down=[10, 50], up=[30, 10])
+    b = {"variants": ["eager"], "median": [5], "down": [0], "up": [0], "env_only": None}
+    assert plots.sps_bars(table) == {"a": a | {"env_only": 1000.0}, "b": b}
 
 
 def test_smooth_is_a_trailing_mean():
@@ -505,10 +421,9 @@ def test_plots_write_the_sps_png_and_a_returns_png_per_algorithm_with_episodes(t
     runs = [curve_run("a", "eager", [[10, 0.5, 1.0], [20, 1.5, 3.0]]), curve_run("b", "eager", [])]
     paths = plots.write(tmp_path / "out", "stamp", table, runs)
     assert [path.name for path in paths] == ["stamp-sps.png", "stamp-a-returns.png"]
-    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
-        "stamp-a-returns.png",
-        "stamp-sps.png",
-    ]
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(
+        p.name for p in paths
+    )
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -551,27 +466,13 @@ def test_scaling_efficiency_is_sps_over_n_times_the_single_process_median():
     ]
     limits = {1: {"sps": 1000.0}, 2: {"sps": 1900.0}}
     single, double = scaling.rows(runs, limits)
-    assert (single["sps_median"], single["efficiency"], single["env_only_sps"]) == (
-        100.0,
-        1.0,
-        1000.0,
-    )
+    assert (single["sps_median"], single["efficiency"], single["env_only_sps"]) == (100, 1, 1000)
     assert (double["sps_median"], double["sps_min"], double["sps_max"]) == (170.0, 150.0, 190.0)
     assert double["speedup"] == pytest.approx(1.7) and double["efficiency"] == pytest.approx(0.85)
-    assert "| 2 | 170 | 150-190 | 1.70x | 85% | 1900 |" in scaling.markdown(
-        [single, double],
-        machine.machine_info(),
-        {
-            "env_id": "X",
-            "num_envs": 1,
-            "iterations": 5,
-            "burnin": 2,
-            "repeats": 3,
-            "seeds": [1, 2, 3],
-            "script_flags": [],
-            "started": "now",
-        },
-    )
+    settings = dict(env_id="X", num_envs=1, iterations=5, burnin=2, repeats=3, seeds=[1, 2, 3])
+    settings |= dict(script_flags=[], started="now")
+    table = scaling.markdown([single, double], machine.machine_info(), settings)
+    assert "| 2 | 170 | 150-190 | 1.70x | 85% | 1900 |" in table
 
 
 def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
@@ -580,10 +481,8 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
     pid_file = tmp_path / "child.pid"
     launcher = (
         "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import "
-        "time; "
-        f"time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, "
-        "'w').write(str(child.pid)); "
-        "time.sleep(600)"
+        f"time; time.sleep(600)'], start_new_session=True); open({str(pid_file)!r}, "
+        "'w').write(str(child.pid)); time.sleep(600)"
     )
     with pytest.raises(run.BenchmarkError, match="timeout"):
         scaling.execute([sys.executable, "-c", launcher], timeout=5)
@@ -600,8 +499,8 @@ def test_scaling_run_past_its_timeout_leaves_no_process_behind(tmp_path):
 # ---------------------------
 
 # A fake seeds or single-seed script: run, it prints a SUMMARY whose sps is 1000 x N x threads for a
-# seeds run (`--num-seeds N --threads T`; without `--threads` it "measures" and takes 2) and 600 for
-# a single-seed run; imported, its make_envs builds N x num_envs fake envs
+# seeds run (`--num-seeds N --threads T`) and 600 for a single-seed run; imported, its make_envs
+# builds N x num_envs fake envs
 FAKE_SEEDS_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
@@ -650,10 +549,6 @@ if __name__ == "__main__":
     members = int(argv[argv.index("--num-seeds") + 1]) if "--num-seeds" in argv else None
     threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 2
     summary = dict(sps=600.0 if members is None else 1000.0 * members * threads, return_mean=10.0)
-    summary["threads"] = threads
-    # a default run's turns: one thread, then two, twice as fast
-    trials = [dict(step=10, threads=1, ms=1.0), dict(step=10, threads=2, ms=0.5)]
-    summary["thread_trials"] = [] if "--threads" in argv else trials
     path = Path(__file__).with_name(f"summary-{Path(__file__).stem}-{members}-{argv[-1]}.json")
     path.write_text(json.dumps(summary))
     print("SUMMARY " + json.dumps(dict(summary_file=str(path))))
@@ -765,64 +660,6 @@ def test_seeds_gpu_proxy_sizes_the_actor_critic_graphs_the_same_for_every_n(
     update = [r["matmuls"] for r in table if r["function"] == "update"]
     assert acting == [actor_matmuls] * 2
     assert update[0] == update[1] > update_more_than
-
-
-def test_threads_rows_are_medians_and_their_ratio():
-    """benchmarks.studies.threads: a row per condition and script, the median sps of each thread
-    count."""
-    results = {"idle": {"x_cpu": {1: [100.0, 120.0], 2: [150.0, 170.0, 400.0]}}}
-    results["one core busy"] = {"x_cpu": {1: [90.0], 2: [9.0]}}
-    table = threads.rows(results)
-    assert [(r["condition"], r["one"], r["two"]) for r in table] == [
-        ("idle", 110, 170),
-        ("one core busy", 90, 9),
-    ]
-    assert [r["ratio"] for r in table] == pytest.approx([170 / 110, 0.1])
-    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
-    md = threads.markdown(dict(machine=machine, settings=dict(rounds=2), rows=table))
-    assert (
-        "| idle | x_cpu | 110 | 170 | 1.55x |" in md
-        and "| one core busy | x_cpu | 90 | 9 | 0.10x |" in md
-    )
-
-
-def test_threads_measures_the_default_beside_fixed_counts(tmp_path, monkeypatch):
-    """benchmarks.studies.threads with fake DQN scripts (the seeds one at 1000 x 2 members x
-    threads, its default "measuring" 2): in each condition, every script runs at its default and
-    with --threads 1 and 2; a row's default / best fixed and the counts the default ended on."""
-    (tmp_path / "leanrl").mkdir()
-    for name in ("dqn_cpu", "dqn_seeds"):
-        (tmp_path / "leanrl" / f"{name}.py").write_text(FAKE_SEEDS_SCRIPT)
-    monkeypatch.setattr(threads, "ROOT", tmp_path)
-    assert threads.command("dqn_cpu", ["--x", "1"], "default")[2:] == ["--x", "1"]
-    results, chosen, trials = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path)
-    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000], 2: [4000]}
-    assert results["idle"]["dqn_cpu"] == {"default": [600], 1: [600], 2: [600]}
-    assert chosen["idle"] == {"dqn_cpu": [2], "dqn_seeds": [2]}
-    # the default runs' turns, one list a run (the fixed counts' runs have none)
-    turns = [dict(step=10, threads=1, ms=1.0), dict(step=10, threads=2, ms=0.5)]
-    assert trials["one core busy"] == {"dqn_cpu": [turns], "dqn_seeds": [turns]}
-    results["idle"]["dqn_seeds"]["default"] = [3000.0]
-    table = threads.rows(results, chosen)
-    assert [(r["condition"], r["script"], r["vs_best"]) for r in table] == [
-        ("idle", "dqn_cpu", 1.0),
-        ("idle", "dqn_seeds", 0.75),
-        ("one core busy", "dqn_cpu", 1.0),
-        ("one core busy", "dqn_seeds", 1.0),
-    ]
-    machine = dict(cpu="a CPU", cores=2, gpu=None, versions={"torch": "2.13.0"})
-    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=table))
-    assert "| idle | dqn_seeds | 2000 | 4000 | 2.00x | 3000 | 0.75x | 2 |" in md
-    # two threads beside the busy core left out (--busy-ways default 1): the default against one
-    results, chosen, _ = threads.measure(seeds.ALGOS[:1], 1, True, 60, tmp_path, ("default", 1))
-    assert results["one core busy"]["dqn_seeds"] == {"default": [4000], 1: [2000]}
-    busy = [r for r in threads.rows(results, chosen) if r["condition"] == "one core busy"]
-    assert [(r["two"], r["ratio"], r["vs_best"]) for r in busy] == [
-        (None, None, 1.0),
-        (None, None, 2.0),
-    ]
-    md = threads.markdown(dict(machine=machine, settings=dict(rounds=1), rows=busy))
-    assert "| one core busy | dqn_seeds | 2000 | - | - | 4000 | 2.00x | 2 |" in md
 
 
 # --- benchmarks.studies.sweeps: a sweep in one process against its settings' single runs

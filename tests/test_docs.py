@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.learning import short_markdown
-from benchmarks.studies import seeds, threads
+from benchmarks.studies import seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -29,7 +29,6 @@ SEEDS_RESULTS = {
     + ("dqn_n8_idle_family26_cpu", "ppo_continuous_n8_idle_cpu", "dqn_n8_idle_family25_cpu")
 }
 SEEDS_RESULTS["seeds/gpu_proxy_cpu.json"] = (seeds.proxy_markdown, SEEDS_NOTE)
-SEEDS_RESULTS["threads/idle_and_busy_cpu.json"] = (threads.markdown, PERFORMANCE)
 # CleanRL's TD3 run here beside ours, in the notes
 TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
 TD3_NOTE = ROOT / "docs" / "notes" / "td3-hopper.md"
@@ -288,7 +287,7 @@ def test_the_learning_tables_are_the_learning_report(learning_set):
 
 
 @pytest.mark.parametrize("name", SEEDS_RESULTS)
-def test_the_seeds_and_threads_tables_are_the_benchmarks_tables(name):
+def test_the_seeds_tables_are_the_benchmarks_tables(name):
     write, page = SEEDS_RESULTS[name]
     table = write(json.loads((RESULTS / name).read_text()))
     assert missing_lines(page.read_text(), table.splitlines()) == []
@@ -305,21 +304,16 @@ def windows_markdown(results):
     for group, runs in results["groups"].items():
         for seed, run in runs.items():
             if seed != "mean_std":
-                cells = [f"{value:.1f}" for value in run["windows"]] + [""] * (
-                    len(windows) - len(run["windows"])
-                )
-                lines.append(
-                    f"| {group} | {seed} | " + " | ".join(cells) + f" | {run['last_20']:.1f} |"
-                )
+                cells = [f"{value:.1f}" for value in run["windows"]]
+                cells += [""] * (len(windows) - len(cells)) + [f"{run['last_20']:.1f}"]
+                lines.append(f"| {group} | {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def test_the_td3_windows_table_in_its_note_is_its_json():
     page = TD3_NOTE.read_text()
-    assert (
-        missing_lines(page, windows_markdown(json.loads(TD3_WINDOWS.read_text())).splitlines())
-        == []
-    )
+    table = windows_markdown(json.loads(TD3_WINDOWS.read_text()))
+    assert missing_lines(page, table.splitlines()) == []
 
 
 def test_the_readme_is_short():
@@ -371,15 +365,12 @@ def test_links_commands_and_figures_point_at_what_exists_and_no_issue_is_named(c
 def test_the_figure_check_fails_on_a_bare_figure():
     ok = "![a](a.png)\n\nFigure: `python -m benchmarks.run`; [r](benchmarks/results/run/q.json).\n"
     assert figure_problems(ok) == []
-    assert figure_problems("![a](a.png)\n\nSome text.\n") == [
-        "a.png: no `Figure:` caption after it"
-    ]
-    assert figure_problems("![a](a.png)\n\nFigure: a run.\n") == [
-        "a.png: its caption names no command"
-    ]
-    assert figure_problems("![a](a.png)\n\nFigure: `python -m benchmarks.run`.\n") == [
-        "a.png: its caption names no result file"
-    ]
+    for caption, problem in [
+        ("Some text.", "no `Figure:` caption after it"),
+        ("Figure: a run.", "its caption names no command"),
+        ("Figure: `python -m benchmarks.run`.", "its caption names no result file"),
+    ]:
+        assert figure_problems(f"![a](a.png)\n\n{caption}\n") == [f"a.png: {problem}"]
 
 
 def test_run_sh_sweeps_every_algorithm_with_a_twin():

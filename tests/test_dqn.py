@@ -6,13 +6,7 @@ models that load across the scripts, learning, bad inputs."""
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    assert_measured_threads,
-    load_script,
-    requires_cuda,
-    run_script,
-    summary,
-)
+from conftest import assert_measured_threads, load_script, requires_cuda, run_script, summary
 
 SCRIPTS = ("dqn", "dqn_torchcompile", "dqn_cpu")
 # 3000 env steps, learning from 1000, one update every 10 iterations: ~200 updates and 3 target

@@ -61,9 +61,7 @@ def build_cpu_update(params, target_params, member, setting):
     learner = mod.make_learner(mod.Args(**{flag: getattr(setting, flag) for flag in SWEEP}), 4, 2)
     # in place: Adam's parameters are the network's tensors
     learner.q_network.load_state_dict({name: param[member] for name, param in params.items()})
-    learner.target_network.load_state_dict(
-        {name: param[member] for name, param in target_params.items()}
-    )
+    learner.target_network.load_state_dict({n: param[member] for n, param in target_params.items()})
     return learner.update, learner.q_network, learner.update_target, learner.target_network
 
 
@@ -72,18 +70,14 @@ def test_each_member_starts_from_the_weights_of_the_single_seed_script_with_its_
     Run does), and building the members leaves the global generator as it was."""
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    params = (
-        load_script("dqn_seeds")
-        .make_learner(load_script("dqn_seeds").Args(), 4, 2, SEEDS, CPU)
-        .params
-    )
+    seeds = load_script("dqn_seeds")
+    params = seeds.make_learner(seeds.Args(), 4, 2, SEEDS, CPU).params
     assert torch.equal(torch.get_rng_state(), before)
     for member, seed in enumerate(SEEDS):
         torch.manual_seed(seed)
         expected = load_script("dqn_cpu").QNetwork(4, 2).state_dict()
-        assert all(torch.equal(params[name][member], value) for name, value in expected.items()), (
-            seed
-        )
+        same = [torch.equal(params[name][member], value) for name, value in expected.items()]
+        assert all(same), seed
 
 
 def test_each_members_update_is_the_single_seed_update_on_its_inputs_eager_and_compiled():
@@ -150,9 +144,8 @@ def test_a_members_update_depends_on_its_own_batch_alone():
         losses, q_means = update(stacked)
         outcomes.append((losses, q_means, params))
     (losses, q_means, params), (losses_changed, q_means_changed, params_changed) = outcomes
-    assert torch.equal(losses[1:], losses_changed[1:]) and torch.equal(
-        q_means[1:], q_means_changed[1:]
-    )
+    assert torch.equal(losses[1:], losses_changed[1:])
+    assert torch.equal(q_means[1:], q_means_changed[1:])
     assert all(torch.equal(params[name][1:], params_changed[name][1:]) for name in params)
     assert losses[0] != losses_changed[0]
     assert not torch.equal(params["network.0.weight"][0], params_changed["network.0.weight"][0])
@@ -168,9 +161,8 @@ def test_host_policy_is_the_vmapped_torch_q_network_also_after_an_in_place_step(
     learner = mod.make_learner(args, 4, 3, SEEDS, CPU)
     params, policy = learner.params, learner.policy
     host_policy = mod.make_host_policy(params, 3, torch.zeros((), dtype=torch.long), 0.0, 0.0, 1000)
-    obs = torch.from_numpy(
-        np.random.default_rng(0).standard_normal((len(SEEDS), 256, 4), dtype=np.float32)
-    )
+    obs = np.random.default_rng(0).standard_normal((len(SEEDS), 256, 4), dtype=np.float32)
+    obs = torch.from_numpy(obs)
     for _ in range(2):  # before and after an in-place change
         expected = []
         for member in range(len(SEEDS)):
@@ -180,9 +172,8 @@ def test_host_policy_is_the_vmapped_torch_q_network_also_after_an_in_place_step(
                 expected.append(q_network(obs[member]).argmax(dim=1))
         expected = torch.stack(expected)
         assert torch.equal(host_policy(obs), expected) and torch.equal(policy(obs), expected)
-        assert len(set(expected.flatten().tolist())) > 1 and not torch.equal(
-            expected[0], expected[1]
-        )
+        assert len(set(expected.flatten().tolist())) > 1
+        assert not torch.equal(expected[0], expected[1])
         for param in params.values():
             param.add_(torch.randn_like(param))
 
@@ -268,9 +259,8 @@ def test_replay_buffer_keeps_each_members_transitions_apart_and_wraps_around():
     assert set(batch["rewards"][0].tolist()) == {7.0, 8.0, 9.0, 10.0, 11.0}
     assert set(batch["rewards"][1].tolist()) == {107.0, 108.0, 109.0, 110.0, 111.0}
     torch.testing.assert_close(batch["next_obs"][..., 0], batch["rewards"] + 0.5)
-    assert batch["actions"].dtype == torch.long and torch.equal(
-        batch["actions"], batch["rewards"].long() % 2
-    )
+    assert batch["actions"].dtype == torch.long
+    assert torch.equal(batch["actions"], batch["rewards"].long() % 2)
     torch.testing.assert_close(batch["terminations"], (batch["rewards"] > 10).float())
 
 
@@ -329,12 +319,8 @@ def test_finished_episodes_are_counted_per_member():
     """Three members with 2 envs each: episodes of envs 1, 2 and 3 end on the same step; member 0
     gets env 1's, member 1 both of its own, member 2 none."""
     episode = {"r": np.array([0.0, -5.0, 7.0, 8.0, 0.0, 0.0]), "l": np.array([0, 10, 20, 30, 0, 0])}
-    infos = {
-        "final_info": {
-            "episode": episode,
-            "_episode": np.array([False, True, True, True, False, False]),
-        }
-    }
+    ended = np.array([False, True, True, True, False, False])
+    infos = {"final_info": {"episode": episode, "_episode": ended}}
     seeds = load_script("seeds")
     assert seeds.finished_member_episodes(infos, 3) == [[-5.0], [7.0, 8.0], []]
     assert [e.lengths for e in seeds.finished_member_episodes(infos, 3)] == [[10], [20, 30], []]
@@ -343,8 +329,7 @@ def test_finished_episodes_are_counted_per_member():
     held, logged = seeds.MemberEpisodes(3), []
     run = SimpleNamespace(log_episodes=lambda step, returns: logged.append((step, returns)))
     tensors = {key: torch.as_tensor(value) for key, value in episode.items()}
-    ended = torch.as_tensor(infos["final_info"]["_episode"])
-    held.add(8, {"final_info": {"episode": tensors, "_episode": ended}})
+    held.add(8, {"final_info": {"episode": tensors, "_episode": torch.as_tensor(ended)}})
     held.add(12, {})
     held.add(16, infos)
     assert logged == []
@@ -420,19 +405,15 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
     )
     assert s["compile"] is False and s["cudagraphs"] is False and s["device"] == "cpu"
     assert s["sps_wall"] == pytest.approx(2 * 3000 / s["wall_s"], rel=0.01) and s["sps"] > 0
-    assert len(s["return_means"]) == 2 and s["return_mean"] == pytest.approx(
-        np.mean(s["return_means"])
-    )
-    assert s["episodes"] == sum(map(len, s["curves"])) and all(
-        len(curve) > 10 for curve in s["curves"]
-    )
+    assert len(s["return_means"]) == 2
+    assert s["return_mean"] == pytest.approx(np.mean(s["return_means"]))
+    assert s["episodes"] == sum(map(len, s["curves"]))
+    assert all(len(curve) > 10 for curve in s["curves"])
     assert [len(returns) for returns in s["eval_returns"]] == [2, 2]
     assert s["eval_return_means"] == [np.mean(returns) for returns in s["eval_returns"]]
     assert s["eval_return_mean"] == pytest.approx(np.mean(s["eval_return_means"]))
-    assert [path.rsplit("/", 1)[1] for path in s["model_files"]] == [
-        "dqn_seeds_seed1.pt",
-        "dqn_seeds_seed2.pt",
-    ]
+    files = [path.rsplit("/", 1)[1] for path in s["model_files"]]
+    assert files == ["dqn_seeds_seed1.pt", "dqn_seeds_seed2.pt"]
     assert s["model_file"] == s["model_files"][0]
     saved = torch.load(s["model_files"][1], weights_only=True)
     assert (saved["script"], saved["args"]["seed"], saved["args"]["num_seeds"]) == (
@@ -440,9 +421,8 @@ def test_smoke_summary_reports_every_member_and_saves_a_file_each(smoke_run):
         2,
         2,
     )
-    shapes = {
-        name: value.shape for name, value in load_script("dqn").QNetwork(4, 2).state_dict().items()
-    }
+    network = load_script("dqn").QNetwork(4, 2)
+    shapes = {name: value.shape for name, value in network.state_dict().items()}
     assert {name: value.shape for name, value in saved["model"].items()} == shapes
 
 
@@ -466,14 +446,10 @@ def test_a_sweep_reports_its_settings_and_saves_each_members_file(tmp_path):
     flags = ("--num-seeds", 1, *SMOKE, "--no-compile", "--save-model", "--eval-episodes", 1)
     proc = run_script("dqn_seeds", *flags, "--learning-rate", 1e-3, 2.5e-4, cwd=tmp_path)
     s = summary(proc)
-    assert s["seeds"] == [1, 1] and [h["learning_rate"] for h in s["hyperparameters"]] == [
-        1e-3,
-        2.5e-4,
-    ]
-    assert [(row["learning_rate"], row["members"]) for row in s["settings"]] == [
-        (1e-3, [0]),
-        (2.5e-4, [1]),
-    ]
+    assert s["seeds"] == [1, 1]
+    assert [h["learning_rate"] for h in s["hyperparameters"]] == [1e-3, 2.5e-4]
+    settings = [(row["learning_rate"], row["members"]) for row in s["settings"]]
+    assert settings == [(1e-3, [0]), (2.5e-4, [1])]
     folder = tmp_path / "runs" / Path(s["summary_file"]).parent.name
     assert (folder / "sweep.md").read_text() in proc.stdout and (folder / "sweep.png").exists()
     names = [Path(path).name for path in s["model_files"]]

@@ -14,15 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import (
-    ALL_SCRIPTS,
-    ROOT,
-    SCRIPTS,
-    assert_user_error,
-    load_script,
-    script_env,
-    summary,
-)
+from conftest import ALL_SCRIPTS, ROOT, SCRIPTS, assert_user_error, load_script, script_env, summary
 
 from benchmarks.scripts import RUN_MODULES
 

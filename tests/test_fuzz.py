@@ -403,7 +403,7 @@ FOUND = {
     "sac_continuous_action_seeds": [
         "--env-id Pendulum-v1 --num-envs 2 --learning-starts 0 --total-timesteps 4 --batch-size 2 "
         "--buffer-size 2 --policy-lr 1e12 --gamma 0 --tau 1 --policy-frequency 1 --autotune False "
-        "--num-seeds 2 --no-compile",
+        "--num-seeds 2 --no-compile"
     ],
     "ppo_continuous": [
         f"{PPO_BUDGET} --learning-rate nan",  # Adam refused it

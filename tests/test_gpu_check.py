@@ -67,7 +67,7 @@ def test_each_env_only_check_times_its_rows_env_under_the_rows_budget():
     checks = gpu_check.plan(["sps", "seeds"])
     rows = [(c.part, c.algo, c.members) for c in checks]
     assert [c.variant == ENV_ONLY for c in checks] == [
-        i == rows.index(row) for i, row in enumerate(rows)
+        i == rows.index(r) for i, r in enumerate(rows)
     ]
     for env, run in zip(checks, checks[1:]):
         if env.variant == ENV_ONLY:
@@ -225,18 +225,13 @@ def synthetic_checks():
     """A passed, a failed, a stopped and a not-run check of each kind, with the values a GPU would
     fill in (the Atari figures of docs/cuda.md's H200 run)."""
     checks = {(c.part, c.name): c for c in gpu_check.plan(PARTS)}
-    values = {
-        ("sps", "sac env only"): 10000.0,
-        ("sps", "sac eager"): 1000.0,
-        ("sps", "sac compile"): 2000.0,
-        ("sps", "sac compile+cudagraphs"): 5000.0,
+    values = {("sps", f"sac {v}"): sps for v, sps in zip((ENV_ONLY, *TIMED), (1e4, 1e3, 2e3, 5e3))}
+    values |= {
         ("sps", "ppo_atari_envpool env only"): 4467.0,
         ("sps", "ppo_atari_envpool eager"): 1952.0,
-        ("seeds", "dqn N=1 env only"): 3000.0,
-        ("seeds", "dqn N=1"): 300.0,
-        ("seeds", "dqn N=64"): 9000.0,
-        ("learning", "sac > -400"): -150.0,
     }
+    values |= {("seeds", "dqn N=1 env only"): 3000.0, ("seeds", "dqn N=1"): 300.0}
+    values |= {("seeds", "dqn N=64"): 9000.0, ("learning", "sac > -400"): -150.0}
     for key, value in values.items():
         checks[key].status, checks[key].value, checks[key].seconds = "passed", value, 12.3
     failed = checks[("tests", "fresh noise: sac_continuous_action_torchcompile")]
@@ -260,26 +255,21 @@ def test_the_report_from_synthetic_results(tmp_path):
     assert [sac[key] for key in ratios] == [10000.0, 2.0, 5.0, 0.5]
     assert sac["leanrl_h100"] == 5.7
     assert (atari["env_only_sps"], atari["sps"]["eager"], atari["sps"]["compile"]) == (
-        4467.0,
-        1952.0,
+        4467,
+        1952,
         None,
     )
     assert atari["status"]["compile"] == "not run" and dqn["status"]["eager"] == "stopped"
     seeds_rows = {(r["algo"], r["members"]): r for r in document["seeds"]}
     assert len(seeds_rows) == len(seeds.ALGOS) * len(SEEDS_MEMBERS)
-    assert (seeds_rows[("dqn", 1)]["env_only_sps"], seeds_rows[("dqn", 1)]["vs_env_only"]) == (
-        3000.0,
-        0.1,
-    )
+    dqn_1 = seeds_rows[("dqn", 1)]
+    assert (dqn_1["env_only_sps"], dqn_1["vs_env_only"]) == (3000.0, 0.1)
     assert seeds_rows[("dqn", 64)]["status"] == {ENV_ONLY: "not run", TIMED[-1]: "passed"}
     parts = {r["part"]: r for r in document["parts"]}
     assert (parts["sps"]["share"], parts["sps"]["ends_s"]) == (0.25, pytest.approx(384))
     sps_checks = sum(c.part == "sps" for c in checks)  # the rest of every algorithm's are not run
-    assert (parts["sps"]["passed"], parts["sps"]["stopped"], parts["sps"]["not run"]) == (
-        6,
-        1,
-        sps_checks - 7,
-    )
+    counts = (parts["sps"]["passed"], parts["sps"]["stopped"], parts["sps"]["not run"])
+    assert counts == (6, 1, sps_checks - 7)
     assert sum(r["checks"] for r in document["parts"]) == len(checks)
     md = (folder / "gpu_check.md").read_text()
     assert "GPU: NVIDIA H100" in md and "10 of" in md

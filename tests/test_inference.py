@@ -34,26 +34,19 @@ def stale_copy(spec, script, cpu, built):
 
 
 def test_quick_run_writes_json_table_and_plot(tmp_path):
-    argv = [
-        *"--policies dqn --batch-sizes 1 8 --modes default --device cpu".split(),
-        *TINY,
-    ]
-    argv += ["--out", str(tmp_path)]
+    argv = "--policies dqn --batch-sizes 1 8 --modes default --device cpu --backend aot_eager"
+    argv = [*argv.split(), *TINY, "--out", str(tmp_path)]
     assert inference.main(argv) == 0
-    (json_path,), (md_path,), (png_path,) = (
-        sorted(tmp_path.glob(f"*.{ext}")) for ext in ("json", "md", "png")
-    )
+    paths = [sorted(tmp_path.glob(f"*.{ext}")) for ext in ("json", "md", "png")]
+    (json_path,), (md_path,), (png_path,) = paths
     result = json.loads(json_path.read_text())
     rows = result["rows"]
     # numpy: the twin's CPU policy
     expected = [(b, v) for b in (1, 8) for v in ("eager", "compile:default", "numpy")]
     assert [(r["batch"], r["variant"]) for r in rows] == expected
     for r in rows:
-        assert (
-            r["check_equal"]["ok"]
-            and r["check_after_update"]["ok"]
-            and r["check_after_update"]["changed"]
-        )
+        assert r["check_equal"]["ok"] and r["check_after_update"]["ok"]
+        assert r["check_after_update"]["changed"]
         assert r["calls"] >= 6 and r["p10_us"] <= r["median_us"] <= r["p90_us"]
         assert r["samples_per_s"] == pytest.approx(r["calls_per_s"] * r["batch"])
         assert r["threads"] == 1  # the DQN twin's single intra-op thread on a CPU
@@ -62,17 +55,13 @@ def test_quick_run_writes_json_table_and_plot(tmp_path):
     reasons = {s["reason"] for s in result["skipped"]}
     assert reasons == {"cudagraphs needs a CUDA device", "compile+cudagraphs needs a CUDA device"}
     table = md_path.read_text()
-    assert (
-        "| policy | batch | variant | median µs |" in table
-        and "| dqn | 8 | compile:default |" in table
-    )
+    assert "| policy | batch | variant | median µs |" in table
+    assert "| dqn | 8 | compile:default |" in table
     eager_8, compiled_8, numpy_8 = rows[3:]
     median, p10, p90 = (eager_8[k] for k in ("median_us", "p10_us", "p90_us"))
     summary_line = f"| dqn | 8 | {median:.0f} ({p10:.0f}-{p90:.0f}) | "
-    assert (
-        summary_line + f"{compiled_8['speedup_pct']:+.0f}% | {numpy_8['speedup_pct']:+.0f}% |"
-        in table.splitlines()
-    )
+    summary_line += f"{compiled_8['speedup_pct']:+.0f}% | {numpy_8['speedup_pct']:+.0f}% |"
+    assert summary_line in table.splitlines()
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -119,10 +108,7 @@ def test_benchmark_exits_1_and_marks_stale_when_the_update_does_not_reach_the_po
     monkeypatch.setitem(
         SPECS, "dqn", dataclasses.replace(SPECS["dqn"], perturb=lambda source: None)
     )
-    argv = [
-        *"--policies dqn --batch-sizes 2 --modes default --backend aot_eager".split(),
-        *TINY,
-    ]
+    argv = [*"--policies dqn --batch-sizes 2 --modes default --backend aot_eager".split(), *TINY]
     assert inference.main([*argv, "--out", str(tmp_path)]) == 1
     rows = json.loads(next(tmp_path.glob("*.json")).read_text())["rows"]
     assert [r["check_after_update"]["changed"] for r in rows] == [False, False, False]

@@ -70,14 +70,8 @@ def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_othe
     assert not list(second.glob("runs/*/summary.json"))
     assert not (second / "summary.json").exists()
 
-    resumed = subprocess.run(
-        harness(tmp_path, "--threads", "1"),
-        cwd=ROOT,
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    kwargs = dict(cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(harness(tmp_path, "--threads", "1"), **kwargs)
     assert resumed.returncode == 0, resumed.stderr
     assert "2 runs in the set, 1 done, 1 to run" in resumed.stderr
     assert f"started {SMOKE[0].name}" not in resumed.stderr
@@ -87,10 +81,8 @@ def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_othe
     ) == done
     record = json.loads((second / "summary.json").read_text())
     assert record["summary"]["total_timesteps"] == 1000 and record["summary"]["seed"] == 2
-    assert (
-        record["command"][:2] == ["python", "leanrl/dqn_cpu.py"]
-        and "--eval-episodes" in record["command"]
-    )
+    assert record["command"][:2] == ["python", "leanrl/dqn_cpu.py"]
+    assert "--eval-episodes" in record["command"]
     assert len(record["summary"]["eval_returns"]) == 10
     assert record["omp_num_threads"] == 1 and record["summary"]["threads"] == 1
     assert "| dqn_cpu | CartPole-v1 | 1k | 2/2 |" in resumed.stdout
@@ -117,12 +109,9 @@ def curve(returns, start_step=1000):
 
 
 def record(summary):
-    return {
-        "run": "x",
-        "started": "2026-01-01T00:00:00",
-        "finished": "2026-01-01T00:10:00",
-        "summary": summary,
-    }
+    return dict(
+        run="x", started="2026-01-01T00:00:00", finished="2026-01-01T00:10:00", summary=summary
+    )
 
 
 def write_record(out_dir, run, summary):
@@ -131,12 +120,9 @@ def write_record(out_dir, run, summary):
 
 
 def one_seed(seed, final, evaluation):
-    return {
-        "seed": seed,
-        "return_mean": final,
-        "eval_return_mean": evaluation,
-        "curve": curve([10.0, final]),
-    }
+    return dict(
+        seed=seed, return_mean=final, eval_return_mean=evaluation, curve=curve([10.0, final])
+    )
 
 
 def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_compares_at_the_budget(
@@ -152,43 +138,26 @@ def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_com
     ]
     write_record(tmp_path, dqn[0], one_seed(1, 500.0, 500.0))
     write_record(tmp_path, dqn[1], one_seed(2, 480.0, 490.0))
-    seeds = {
-        "seeds": [1, 2, 3],
-        "return_means": [2300.0, 2400.0, 2500.0],
-        "curves": [curve([1.0, 2.0])] * 3,
-    }
+    seeds = dict(seeds=[1, 2, 3], return_means=[2300.0, 2400.0, 2500.0], curves=[curve([1, 2])] * 3)
     write_record(tmp_path, ppo[0], seeds | {"eval_returns": [[1900.0, 2100.0], [2200.0], [2300.0]]})
     write_record(tmp_path, td3[0], seeds | {"eval_returns": [[], [], []]})
     write_record(tmp_path, walker[0], one_seed(1, 1000.0, None))
-    plan = [
-        *dqn,
-        *ppo,
-        *td3,
-        *walker,
-        *learning.runs("sac_continuous_action_cpu", "Hopper-v4", 300_000, (1, 2)),
-    ]
+    sac = learning.runs("sac_continuous_action_cpu", "Hopper-v4", 300_000, (1, 2))
+    plan = [*dqn, *ppo, *td3, *walker, *sac]
 
     table_md = learning.report(plan, tmp_path, "test")
-    table = {
-        row["script"]: row for row in json.loads((tmp_path / "test.json").read_text())["table"]
-    }
-    assert table["dqn_cpu"] | {"reference": None} == {
-        **table["dqn_cpu"],
-        "seeds_planned": 3,
-        "seeds_done": 2,
-        "return_mean": 490.0,
-        "return_std": 10.0,
-        "eval_mean": 495.0,
-        "eval_std": 5.0,
-        "seconds_per_run": 600.0,
-        "within_reference": None,  # a seed is pending
-        "reference": None,
+    rows = json.loads((tmp_path / "test.json").read_text())["table"]
+    table = {row["script"]: row for row in rows}
+    dqn_row = dict(seeds_planned=3, seeds_done=2, return_mean=490.0, return_std=10.0)
+    dqn_row |= dict(eval_mean=495.0, eval_std=5.0, seconds_per_run=600.0, reference=None)
+    # a seed is pending: no comparison
+    assert table["dqn_cpu"] | {"reference": None} == table["dqn_cpu"] | dqn_row | {
+        "within_reference": None
     }
     assert table["ppo_continuous_action_seeds"]["seeds_done"] == 3
     assert table["ppo_continuous_action_seeds"]["return_mean"] == pytest.approx(2400.0)
-    assert table["ppo_continuous_action_seeds"]["eval_mean"] == pytest.approx(
-        (2000.0 + 2200.0 + 2300.0) / 3
-    )
+    evaluation = (2000.0 + 2200.0 + 2300.0) / 3
+    assert table["ppo_continuous_action_seeds"]["eval_mean"] == pytest.approx(evaluation)
     assert table["ppo_continuous_action_seeds"]["within_reference"] is True  # 2382.86 ± 271.74
     assert table["td3_continuous_action_seeds"]["eval_mean"] is None
     # 300k steps, CleanRL's value is at 1M

@@ -18,10 +18,7 @@ def test_memory_benchmark_checks_and_reports_every_variant(tmp_path):
     """`benchmarks.studies.memory --quick` (compiled with aot_eager: no inductor build here) times
     every variant and candidate in every cell, each checked against the loop first, and writes the
     json, markdown and png."""
-    argv = [
-        *"--quick --candidates --backend aot_eager --device cpu --out".split(),
-        str(tmp_path),
-    ]
+    argv = [*"--quick --candidates --backend aot_eager --device cpu --out".split(), str(tmp_path)]
     assert memory.main(argv) == 0
     result = json.loads(next(tmp_path.glob("memory-*.json")).read_text())
     cells = {(2, 8), (2, 16)}

@@ -40,16 +40,8 @@ def test_one_env_plays_lives_games_and_truncation_with_next_step_resets():
     assert [a.tolist() for a in decode(obs)] == [[0], [0], [0]]
     assert (info["lives"].tolist(), info["elapsed_step"].tolist()) == ([2], [0])
     got = [
-        (
-            int(e[0]),
-            int(s[0]),
-            float(r[0]),
-            bool(te[0]),
-            bool(tr[0]),
-            int(i["terminated"][0]),
-            int(i["lives"][0]),
-        )
-        for (_, e, s), r, te, tr, i in play(envs, np.full((10, 1), 3))
+        (int(e), int(s), float(r), bool(te), bool(tr), int(i["terminated"][0]), int(i["lives"][0]))
+        for (_, (e,), (s,)), (r,), (te,), (tr,), i in play(envs, np.full((10, 1), 3))
     ]
     envs.close()
     # (episode, step, reward, termination, truncation, game over, lives)
@@ -84,9 +76,8 @@ def test_sync_steps_return_every_env_in_order_with_seeded_lives_games_and_unclip
         assert env.tolist() == list(range(num_envs)) == info["env_id"].tolist()
         step = np.where(ended, 0, step + 1)
         episode += ended
-        assert (
-            got_step.tolist() == step.tolist() and episode_byte.tolist() == (episode % 256).tolist()
-        )
+        assert got_step.tolist() == step.tolist()
+        assert episode_byte.tolist() == (episode % 256).tolist()
         # the step after an end is a reset: reward 0 and no flag; every other step scores its
         # action, clipped
         np.testing.assert_array_equal(info["reward"], np.where(ended, 0, actions[t]))
@@ -131,10 +122,11 @@ def test_async_recv_returns_the_first_batch_of_envs_done_and_only_envs_that_were
     second = envs.recv()
     for obs, rewards, _, _, info in (first, second):
         assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8 and rewards.shape == (2,)
-        assert (
-            info["env_id"].dtype == np.int32 and decode(obs)[0].tolist() == info["env_id"].tolist()
-        )
-        assert decode(obs)[2].tolist() == [0, 0]
+        assert info["env_id"].dtype == np.int32
+        assert decode(obs)[0].tolist() == info["env_id"].tolist() and decode(obs)[2].tolist() == [
+            0,
+            0,
+        ]
     assert sorted([*first[4]["env_id"], *second[4]["env_id"]]) == [0, 1, 2, 3]
     envs.send(np.array([1, 2]), first[4]["env_id"])
     with pytest.raises(RuntimeError, match="sent twice"):
@@ -201,9 +193,7 @@ def test_bounds_follow_from_the_measured_costs():
     assert sync["bound_sps"] == pytest.approx(5000) and sync["pipeline_bound_sps"] is None
     assert sync["acting_ms"] == pytest.approx(0.8)
     async_4 = overlap.bounds("async 4", 8, 4, env_sps=10_000, acting_sps=10_000)
-    assert async_4["bound_sps"] == pytest.approx(10_000) and async_4["acting_ms"] == pytest.approx(
-        0.4
-    )
+    assert (async_4["bound_sps"], async_4["acting_ms"]) == pytest.approx((10_000, 0.4))
     # two batches: each steps for 8 x 100 µs, then waits 4 x 100 µs for its actions: 1.2 ms per 8
     # steps
     assert async_4["pipeline_bound_sps"] == pytest.approx(8 / 1.2e-3)
@@ -222,22 +212,14 @@ def test_design_rows_take_medians_of_the_alternated_blocks_and_compare_with_sync
         "acting 1": [500.0, 500.0, 1.0],
     }
     sync, async_1 = overlap.design_rows("case", [("sync", 2), ("async 1", 1)], 2, rates)
-    assert (sync["sps_median"], sync["sps_min"], sync["sps_max"], sync["vs_sync"]) == (
-        100.0,
-        90.0,
-        400.0,
-        1.0,
-    )
+    medians = (sync["sps_median"], sync["sps_min"], sync["sps_max"], sync["vs_sync"])
+    assert medians == (100.0, 90.0, 400.0, 1.0)
     assert (sync["env_only_sps"], sync["acting_sps"]) == (200.0, 1e9)
     assert sync["bound_sps"] == pytest.approx(1 / (1 / 200 + 1 / 1e9))
     assert async_1["bound_sps"] == pytest.approx(250.0) and async_1["vs_sync"] == pytest.approx(1.3)
     assert async_1["ratio_to_bound"] == pytest.approx(130 / 250)
-    no_pipeline = overlap.design_rows(
-        "case", [("sync", 2), ("async 1", 1)], 2, rates, pipeline=False
-    )[1]
-    assert (
-        no_pipeline["pipeline_bound_sps"] is None and no_pipeline["ratio_to_pipeline_bound"] is None
-    )
+    no_pipeline = overlap.design_rows("case", [("sync", 2), ("async 1", 1)], 2, rates, False)[1]
+    assert no_pipeline["pipeline_bound_sps"] is no_pipeline["ratio_to_pipeline_bound"] is None
 
 
 def test_the_twin_rollout_stores_each_env_step_in_its_slot():
@@ -258,13 +240,11 @@ def test_the_twin_rollout_stores_each_env_step_in_its_slot():
 
     game_returns = np.zeros(num_envs)
     next_obs = torch.from_numpy(envs.reset()[0])
-    next_obs = overlap.twin_rollout(
-        envs, policy, rollout, next_obs, game_returns, lambda *_: [], "cpu"
-    )
+    finished = lambda *_: []  # noqa: E731
+    next_obs = overlap.twin_rollout(envs, policy, rollout, next_obs, game_returns, finished, "cpu")
     envs.close()
-    env, _, step = (
-        torch.as_tensor(a).view(shape) for a in decode(rollout["obs"].flatten(0, 1).numpy())
-    )
+    decoded = decode(rollout["obs"].flatten(0, 1).numpy())
+    env, _, step = (torch.as_tensor(a).view(shape) for a in decoded)
     assert env.tolist() == [list(range(num_envs))] * num_steps
     torch.testing.assert_close(rollout["values"], 10.0 * env + step, check_dtype=False)
     torch.testing.assert_close(rollout["actions"], (env + step) % 4)
@@ -280,51 +260,28 @@ def test_the_twin_rollout_stores_each_env_step_in_its_slot():
 def test_the_twin_rollout_is_the_twins_loop_line_for_line():
     """Every statement of the benchmark's copy of the loop is a line of the twin (its comments
     aside), but the loop's header and the episode logging, which the copy drops."""
-    twin = [
-        line.split("  #")[0].strip()
-        for line in (SCRIPTS / f"{overlap.TWIN}.py").read_text().splitlines()
-    ]
+    twin = (SCRIPTS / f"{overlap.TWIN}.py").read_text().splitlines()
+    twin = [line.split("  #")[0].strip() for line in twin]
     copy = inspect.getsource(overlap.twin_rollout).split('"""')[2].splitlines()
-    statements = [
-        line.strip()
-        for line in copy
-        if line.strip() and not line.strip().startswith(("for ", "return"))
-    ]
-    missing = [
-        line for line in statements if line not in twin and not line.startswith("finished_games(")
-    ]
+    statements = [line.strip() for line in copy if line.strip()]
+    statements = [line for line in statements if not line.startswith(("for ", "return"))]
+    missing = [s for s in statements if s not in twin and not s.startswith("finished_games(")]
     assert len(statements) == 12 and not missing, missing
 
 
-def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.studies.overlap", "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=script_env(),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    files = sorted(tmp_path.iterdir())
-    assert [f.suffix for f in files] == [".json", ".md", ".png"] and all(
-        f.stat().st_size > 0 for f in files
-    )
-    result = json.loads(files[0].read_text())
-    assert result["machine"]["cores"] >= 1 and result["device"] == "cpu"
-    rows = result["standin"]["rows"] + result["atari"]["rows"]
-    cases = {r["case"] for r in rows}
-    assert cases == {
-        "stand-in d=0.1 ms",
-        "stand-in d=1 ms",
-        "stand-in d=10 ms",
-        "Breakout-v5, 8 envs",
-    }
+def written(out):
+    """The JSON result and the table a run wrote into `out`, beside its plot."""
+    files = sorted(out.iterdir())
+    assert [f.suffix for f in files if f.stat().st_size > 0] == [".json", ".md", ".png"]
+    return json.loads(files[0].read_text()), files[1].read_text()
+
+
+def assert_rows_and_bounds(rows, cases):
+    """Each case's designs, sync then async 4 of 8 envs, their sps and bounds from their costs."""
+    assert {r["case"] for r in rows} == cases
     for case in cases:
-        assert [(r["design"], r["batch"]) for r in rows if r["case"] == case] == [
-            ("sync", 8),
-            ("async 4", 4),
-        ]
+        designs = [(r["design"], r["batch"]) for r in rows if r["case"] == case]
+        assert designs == [("sync", 8), ("async 4", 4)]
     for r in rows:
         assert r["sps_min"] <= r["sps_median"] <= r["sps_max"] and r["ratio_to_bound"] > 0
         # stepping and acting one after the other
@@ -334,20 +291,50 @@ def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_p
         # overlapped: the larger cost alone, at least as fast as the two in turn; the pipeline in
         # between
         else:
-            assert r["bound_sps"] == pytest.approx(
-                1e6 / max(r["env_us_per_step"], r["acting_us_per_step"])
-            )
+            larger = max(r["env_us_per_step"], r["acting_us_per_step"])
+            assert r["bound_sps"] == pytest.approx(1e6 / larger)
             assert r["bound_sps"] >= serial
             if r["pipeline_bound_sps"] is not None:
                 assert serial <= r["pipeline_bound_sps"] <= r["bound_sps"]
         assert r["ratio_to_bound"] == pytest.approx(r["sps_median"] / r["bound_sps"])
+
+
+STANDIN_CASES = {f"stand-in d={d} ms" for d in (0.1, 1, 10)}
+
+
+def test_quick_standin_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_path):
+    """The stand-in part in this process (the Atari part and its script runs: the next test)."""
+    assert overlap.main(["--quick", "--skip-atari", "--out", str(tmp_path)]) == 0
+    result, table = written(tmp_path)
+    assert result["machine"]["cores"] >= 1 and result["device"] == "cpu"
+    assert result["atari"] is None and result["standin"]["policy_rounds"] >= 1
+    assert_rows_and_bounds(result["standin"]["rows"], STANDIN_CASES)
+    assert "| stand-in d=10 ms | async 4 |" in table
+
+
+@pytest.mark.slow  # PPO Atari's rollouts and two script runs on envpool (40 s here)
+def test_quick_benchmark_writes_table_plot_and_json_with_consistent_bounds(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.studies.overlap",
+        "--quick",
+        "--out",
+        str(tmp_path),
+    ]
+    kwargs = dict(capture_output=True, text=True, timeout=600, cwd=ROOT, env=script_env())
+    proc = subprocess.run(command, **kwargs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result, table = written(tmp_path)
+    rows = result["standin"]["rows"] + result["atari"]["rows"]
+    assert_rows_and_bounds(rows, STANDIN_CASES | {"Breakout-v5, 8 envs"})
     whole = result["atari"]["whole_iteration"]
     assert [w["script"] for w in whole] == [overlap.TWIN, overlap.ASYNC]
     assert all(w["sps"] > 0 for w in whole) and whole[1]["async_batch_size"] == 4
     # the twin takes its 512 steps; the async script counts the steps it sent, a few more when envs
     # run ahead
     assert whole[0]["total_timesteps"] == 512 <= whole[1]["total_timesteps"] < 512 + 128
-    assert "| Breakout-v5, 8 envs | async 4 |" in files[1].read_text()
+    assert "| Breakout-v5, 8 envs | async 4 |" in table
 
 
 @pytest.mark.parametrize(

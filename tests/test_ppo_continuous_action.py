@@ -22,18 +22,13 @@ from conftest import (
 )
 from tensordict import TensorDict
 
-EAGER, TWIN, CPU = (
-    "ppo_continuous_action",
-    "ppo_continuous_action_torchcompile",
-    "ppo_continuous_action_cpu",
-)
+EAGER = "ppo_continuous_action"
+TWIN, CPU = f"{EAGER}_torchcompile", f"{EAGER}_cpu"
 # Pendulum-v1 truncates every 200 steps: 640 steps are 10 iterations of 64, 3 episodes, 40 minibatch
 # updates
 PENDULUM = ("--env-id", "Pendulum-v1")
-SMOKE = (
-    *PENDULUM,
-    *"--total-timesteps 640 --num-steps 64 --num-minibatches 2 --update-epochs 2".split(),
-)
+SMOKE = (*PENDULUM, *"--total-timesteps 640 --num-steps 64 --num-minibatches 2".split())
+SMOKE += ("--update-epochs", "2")
 CPU_DEVICE = torch.device("cpu")
 # gymnasium's `module:EnvId` form: gym.make imports the module, then makes the env it registers
 MODULE_PENDULUM = "gymnasium.envs.classic_control:Pendulum-v1"
@@ -193,9 +188,8 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling():
     # Adam moves a parameter by about lr * g / (|g| + eps): where g is tiny a last-bit difference in
     # g shows up as up to ~lr * 1e-2 in the parameter, so parameters agree to 1e-5 absolute (3% of
     # lr)
-    torch.testing.assert_close(
-        flat_parameters(compiled_agent), flat_parameters(eager_agent), rtol=1e-5, atol=1e-5
-    )
+    compiled, eager = flat_parameters(compiled_agent), flat_parameters(eager_agent)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     gae = torch.compile(module.gae, fullgraph=True)
     for seed in range(2):
         gae(**hand_made_rollout(final_value_truncated=float(seed)), gamma=0.99, gae_lambda=0.95)
@@ -258,9 +252,8 @@ def test_host_policy_is_the_agents_policy_on_its_current_weights():
                 obs, torch.from_numpy(action)
             )
         draws = torch.from_numpy(noise.standard_normal((256, 2), dtype=np.float32))
-        torch.testing.assert_close(
-            torch.from_numpy(action), mean + std * draws, rtol=1e-5, atol=1e-5
-        )
+        action = torch.from_numpy(action)
+        torch.testing.assert_close(action, mean + std * draws, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(logprob), agent_logprob, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(entropy), agent_entropy, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(torch.from_numpy(value), agent_value, rtol=1e-5, atol=1e-6)
@@ -278,9 +271,8 @@ def test_cpu_wrappers_normalize_as_cleanrls_bit_for_bit():
     envs = [
         load_script(script).wrap(gym.make("Pendulum-v1"), gamma=0.99) for script in (EAGER, CPU)
     ]
-    assert type(envs[1].get_wrapper_attr("obs_rms")) is not type(
-        envs[0].get_wrapper_attr("obs_rms")
-    )
+    statistics = [env.get_wrapper_attr("obs_rms") for env in envs]
+    assert type(statistics[1]) is not type(statistics[0])
     steps = [[env.reset(seed=5)[0]] for env in envs]
     actions = np.random.default_rng(0).uniform(-3, 3, size=(450, 1)).astype(np.float32)
     for action in actions:  # Pendulum-v1 truncates at 200 steps

@@ -40,29 +40,17 @@ from conftest import (
 SCRIPT = "ppo_continuous_action_ray"
 # Pendulum-v1 truncates every 200 steps: 2 runners x 1 env x 200 steps an iteration, 4 iterations, 8
 # episodes
-SMOKE = (
-    "--no-cuda",
-    "--env-id",
-    "Pendulum-v1",
-    "--total-timesteps",
-    "1600",
-    "--num-steps",
-    "200",
-    "--num-minibatches",
-    "4",
-    "--update-epochs",
-    "2",
-    "--measure-burnin",
-    "1",
-)
+SMOKE = ("--no-cuda", "--env-id", "Pendulum-v1", "--total-timesteps", "1600", "--num-steps", "200")
+SMOKE += ("--num-minibatches", "4", "--update-epochs", "2", "--measure-burnin", "1")
 # what the head, this process and the scripts joining the head run with: Ray keeps to 127.0.0.1 only
 # with the first (see connect_ray); the head requires a token (Ray 2.60's default for a new
 # cluster), this session's own
-CLUSTER = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "token",
-    "RAY_AUTH_TOKEN": secrets.token_hex(32),
-}
+CLUSTER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
+CLUSTER["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+
+
+BENCHMARK = [sys.executable, "-m", "benchmarks.studies.ray_scaling"]
+CAPTURED = dict(cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def free_port():
@@ -91,7 +79,7 @@ def test_local_instance_leaves_no_ray_process(tmp_path):
     is the run's."""
     before = ray_processes()
     result = summary(
-        run_script(SCRIPT, *SMOKE, "--total-timesteps", "800", cwd=tmp_path, timeout=300)
+        run_script(SCRIPT, *SMOKE, "--total-timesteps", 800, cwd=tmp_path, timeout=300)
     )
     assert (result["total_timesteps"], result["episodes"], result["runner_restarts"]) == (800, 4, 0)
     time.sleep(2)
@@ -105,31 +93,12 @@ def ray_head():
     killed at the end."""
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="lrt-")  # short: Ray's socket paths live under it
-    head = subprocess.Popen(
-        [
-            sys.executable,  # this interpreter's Ray, not the first `ray` on the PATH
-            "-m",
-            "ray.scripts.scripts",
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--num-cpus",
-            "2",
-            "--include-dashboard",
-            "false",
-            "--disable-usage-stats",
-            "--temp-dir",
-            temp_dir,
-        ],
-        env=script_env() | CLUSTER,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    # this interpreter's Ray, not the first `ray` on the PATH
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block"]
+    cmd += ["--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2"]
+    cmd += ["--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir]
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    head = subprocess.Popen(cmd, env=script_env() | CLUSTER, **quiet)
     try:
         deadline = time.time() + 90
         while True:
@@ -137,9 +106,7 @@ def ray_head():
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert head.poll() is None and time.time() < deadline, (
-                    "the Ray head did not start within 90 s"
-                )
+                assert head.poll() is None and time.time() < deadline, "no Ray head within 90 s"
                 time.sleep(0.5)
         yield f"127.0.0.1:{port}"
     finally:
@@ -431,34 +398,15 @@ def test_a_resumed_run_restores_the_learner_and_its_runners_start_fresh_episodes
 
 
 def test_benchmark_tiny_budget(ray_head, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.studies.ray_scaling",
-        "--quick",
-        "--kinds",
-        "sleep",
-        "--durations",
-        "0.002",
-        "--ray-address",
-        ray_head,
-        "--out",
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=script_env() | CLUSTER, capture_output=True, text=True, timeout=300
-    )
+    cmd = [*BENCHMARK, "--quick", "--kinds", "sleep", "--durations", "0.002"]
+    cmd += ["--ray-address", ray_head, "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=script_env() | CLUSTER, **CAPTURED | {"timeout": 300})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(tmp_path.glob("*.json")).read_text())
     rows = result["rows"]
-    assert [(r["design"], r["runners"], r["envs"]) for r in rows] == [
-        ("per-step", 1, 1),
-        ("batched", 1, 4),
-        ("double-buffered", 1, 4),
-        ("per-step", 2, 2),
-        ("batched", 2, 8),
-        ("double-buffered", 2, 8),
-    ]
+    envs = {"per-step": 1, "batched": 4, "double-buffered": 4}  # per runner
+    cells = [(design, n, n * k) for n in (1, 2) for design, k in envs.items()]
+    assert [(r["design"], r["runners"], r["envs"]) for r in rows] == cells
     for r in rows:
         # sleeping: one env at a time per runner
         assert r["ideal_sps"] == pytest.approx(r["runners"] / 0.002)
@@ -496,43 +444,17 @@ def test_unreachable_address_exits_2_at_once():
     """Nothing listens on the port: one line, exit 2, well within the 60 s timeout (Ray alone
     retries for minutes)."""
     port = free_port()
-    assert_user_error(
-        run_script(SCRIPT, "--ray-address", f"127.0.0.1:{port}", timeout=60),
-        "--ray-address",
-        str(port),
-    )
-    bench = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.studies.ray_scaling",
-            "--ray-address",
-            f"127.0.0.1:{port}",
-        ],
-        cwd=ROOT,
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    address = f"127.0.0.1:{port}"
+    proc = run_script(SCRIPT, "--ray-address", address, timeout=60)
+    assert_user_error(proc, "--ray-address", str(port))
+    bench = subprocess.run([*BENCHMARK, "--ray-address", address], env=script_env(), **CAPTURED)
     assert_user_error(bench, "--ray-address")
 
 
 def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
-    assert_user_error(
-        run_script(
-            SCRIPT,
-            *SMOKE,
-            "--num-runners",
-            "3",
-            "--ray-address",
-            ray_head,
-            timeout=120,
-            env=CLUSTER,
-        ),
-        "--num-runners 3",
-        "the Ray cluster has 2",
-    )
+    flags = (*SMOKE, "--num-runners", 3, "--ray-address", ray_head)
+    proc = run_script(SCRIPT, *flags, env=CLUSTER, timeout=120)
+    assert_user_error(proc, "--num-runners 3", "the Ray cluster has 2")
 
 
 @pytest.mark.parametrize(
@@ -542,12 +464,5 @@ def test_more_runners_than_the_cluster_has_cpus_exits_2(ray_head):
 )
 @pytest.mark.slow  # the benchmark imports Ray (5-6 s here)
 def test_benchmark_bad_input_exits_2(flags, words):
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.studies.ray_scaling", *flags],
-        cwd=ROOT,
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = subprocess.run([*BENCHMARK, *flags], env=script_env(), **CAPTURED)
     assert_user_error(proc, *words)

@@ -21,27 +21,10 @@ from benchmarks.studies.rpc_inference import QUANTILES, Batcher
 from tests.conftest import ROOT, assert_user_error, script_env
 
 TINY = "--observers 2 --episodes 2 --steps 12 --warmup-steps 2 --check-steps 3".split()
-RUN_KEYS = {
-    "policy",
-    "observers",
-    "batch",
-    "compile",
-    "setup_s",
-    "agent_latency_ms",
-    "agent_throughput",
-    "observer_latency_ms",
-    "observer_throughput",
-    "served_per_s",
-    "policy_us_per_request",
-    "agent_cpu_us_per_request",
-    "observer_cpu_us_per_request",
-    "requests",
-    "batches",
-    "wall_s",
-    "check_equal",
-    "check_after_update",
-    "repeat",
-}
+RUN_KEYS = set("policy observers batch compile setup_s served_per_s requests batches".split())
+RUN_KEYS |= set("agent_latency_ms agent_throughput observer_latency_ms observer_throughput".split())
+RUN_KEYS |= {"policy_us_per_request", "agent_cpu_us_per_request", "observer_cpu_us_per_request"}
+RUN_KEYS |= {"wall_s", "check_equal", "check_after_update", "repeat"}
 FAULT_RUN = (
     "--policies dqn --observers 2 --episodes 1000 --steps 200 --rpc-timeout 3 --timeout 120"
 ).split()
@@ -56,22 +39,13 @@ def tiny_run(tmp_path_factory):
     """PPO continuous served to 2 observers stepping HalfCheetah-v4, unbatched then batched: exit
     status, result."""
     out = tmp_path_factory.mktemp("rpc")
-    status = rpc_inference.main(
-        ["--policies", "ppo_continuous", "--batch", "off,on", *TINY, "--out", str(out)]
-    )
-    assert list(out.glob("*.json")), (
-        f"exit status {status} and no results: a run failed (its line is on stderr)"
-    )
-    (json_path,), (md_path,), (png_path,) = (
-        sorted(out.glob(f"*.{ext}")) for ext in ("json", "md", "png")
-    )
-    return (
-        status,
-        json.loads(json_path.read_text()),
-        md_path.read_text(),
-        png_path.read_bytes(),
-        out,
-    )
+    argv = ["--policies", "ppo_continuous", "--batch", "off,on", *TINY, "--out", str(out)]
+    status = rpc_inference.main(argv)
+    assert list(out.glob("*.json")), f"exit status {status} and no results: a run failed (stderr)"
+    paths = [sorted(out.glob(f"*.{ext}")) for ext in ("json", "md", "png")]
+    (json_path,), (md_path,), (png_path,) = paths
+    result = json.loads(json_path.read_text())
+    return status, result, md_path.read_text(), png_path.read_bytes(), out
 
 
 @pytest.mark.slow  # the agent and its observers, several processes (20-40 s here)
@@ -87,27 +61,17 @@ def test_tiny_run_serves_every_request_batched_and_not(tiny_run):
         assert run["requests"] == 2 * 2 * 12  # observers x episodes x steps, warm-up not counted
         # batched: one forward per step
         assert run["batches"] == (12 * 2 if run["batch"] else 2 * 2 * 12)
-        for metric in (
-            "agent_latency_ms",
-            "observer_latency_ms",
-            "agent_throughput",
-            "observer_throughput",
-        ):
+        for metric in rpc_inference.DISTRIBUTIONS:
             values = [run[metric][q] for q in QUANTILES]
             assert values == sorted(values) and values[0] > 0, f"{metric}: {values}"
         assert run["served_per_s"] == pytest.approx(run["requests"] / run["wall_s"])
-        assert run["check_equal"] == {
-            "ok": True,
-            "diff": run["check_equal"]["diff"],
-            "samples": 2 * 3,
-        }
+        assert run["check_equal"] == {"ok": True, "diff": run["check_equal"]["diff"], "samples": 6}
         assert run["check_after_update"]["ok"] and run["check_after_update"]["changed"]
         assert run["policy_us_per_request"] > 0 and run["agent_cpu_us_per_request"] > 0
         assert run["observer_cpu_us_per_request"] > 0 and run["setup_s"] > 0
     assert rows[0]["vs_first"]["served_per_s"] == 1.0
-    assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(
-        runs[1]["served_per_s"] / runs[0]["served_per_s"]
-    )
+    served = runs[1]["served_per_s"] / runs[0]["served_per_s"]
+    assert rows[1]["vs_first"]["served_per_s"] == pytest.approx(served)
     assert not list(out.glob("*-logs")), "a successful run keeps no logs"
 
 
@@ -125,10 +89,8 @@ def test_json_schema_table_and_plot(tiny_run):
     # one repeat: each row is its run
     for row, run in zip(result["rows"], result["runs"], strict=True):
         assert set(row) == RUN_KEYS - {"repeat"} | {"repeats", "vs_first"} and row["repeats"] == 1
-        assert (
-            row["agent_latency_ms"] == run["agent_latency_ms"]
-            and row["served_per_s"] == run["served_per_s"]
-        )
+        assert row["agent_latency_ms"] == run["agent_latency_ms"]
+        assert row["served_per_s"] == run["served_per_s"]
     fast = result["rows"][1]
     cells = " / ".join(f"{fast['agent_latency_ms'][q]:.2f}" for q in QUANTILES)
     assert f"| ppo_continuous | 2 | on | off | {cells} |" in table
@@ -146,9 +108,8 @@ def test_batcher_answers_each_slot_with_its_own_row():
     assert all(future.done() for future in futures.values()), "the full batch was not answered"
     for slot, future in futures.items():
         row = future.wait()
-        assert (
-            torch.equal(row["value"], torch.full((3,), 10.0 * slot)) and int(row["first"]) == slot
-        )
+        assert torch.equal(row["value"], torch.full((3,), 10.0 * slot))
+        assert int(row["first"]) == slot
     assert len(batcher.batches) == 1 and batcher.batches[0][1] == 4
     latency, _, policy_s = batcher.batches[0]
     assert latency >= policy_s > 0
@@ -182,9 +143,7 @@ def test_unbatched_serving_answers_each_request_alone():
     futures = [batcher.submit(0, torch.full((2,), float(i))) for i in range(3)]
     assert all(future.done() for future in futures), "a lone request was left waiting"
     assert [future.wait()["value"].tolist() for future in futures] == [
-        [1.0, 1.0],
-        [2.0, 2.0],
-        [3.0, 3.0],
+        [i, i] for i in (1.0, 2.0, 3.0)
     ]
     assert [size for _, size, _ in batcher.batches] == [1, 1, 1]
 
@@ -193,9 +152,8 @@ def test_unbatched_serving_answers_each_request_alone():
 def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(policy):
     try:
         agent = rpc_inference.AgentServer(policy, 3, True, True, "aot_eager", 1, str(SCRIPTS))
-        observations = rpc_inference.SPECS[policy].observe(
-            3, torch.device("cpu"), torch.Generator().manual_seed(2)
-        )
+        g = torch.Generator().manual_seed(2)
+        observations = rpc_inference.SPECS[policy].observe(3, torch.device("cpu"), g)
 
         def serve():
             futures = [agent.act(slot, obs) for slot, obs in enumerate(observations)]
@@ -207,63 +165,41 @@ def test_compiled_batched_agent_matches_eager_unbatched_and_follows_weights(poli
         agent.perturb()
         after = serve()
         assert rpc_inference.compare(after, agent.reference(list(observations)), 1e-3, 1e-4)[0]
-        assert all(
-            not rpc_inference.difference(new, old, 1e-3, 1e-4)[0]
-            for new, old in zip(after, answers)
-        )
+        changed = [
+            not rpc_inference.difference(a, b, 1e-3, 1e-4)[0] for a, b in zip(after, answers)
+        ]
+        assert all(changed)
     finally:
         # the agent sets fail_on_recompile for its whole process
         torch.compiler.set_stance("default")
 
 
 def test_repeats_alternate_and_combine_to_medians():
-    args = rpc_inference.parse_args(
-        ["--policies", "dqn", "td3", "--compile", "off,on", "--repeats", "2"]
-    )
+    args = rpc_inference.parse_args("--policies dqn td3 --compile off,on --repeats 2".split())
     plan = [(c["policy"], c["batch"], c["compile"], c["repeat"]) for c in rpc_inference.plan(args)]
-    assert plan == [
-        ("dqn", True, False, 0),
-        ("dqn", True, True, 0),
-        ("dqn", True, False, 1),
-        ("dqn", True, True, 1),
-        ("td3", True, False, 0),
-        ("td3", True, True, 0),
-        ("td3", True, False, 1),
-        ("td3", True, True, 1),
-    ]
+    # the compile values alternate within each policy's repeat
+    expected = [(p, True, c, r) for p in ("dqn", "td3") for r in (0, 1) for c in (False, True)]
+    assert plan == expected
     runs = [fake_run(served, ok) for served, ok in ((100.0, True), (300.0, True), (200.0, False))]
     (row,) = rpc_inference.combine(runs, "batch")
-    assert row["served_per_s"] == 200.0 and row["agent_latency_ms"] == {
-        "p50": 2.0,
-        "p75": 3.0,
-        "p90": 4.0,
-        "p95": 5.0,
-    }
+    assert row["served_per_s"] == 200.0
+    assert row["agent_latency_ms"] == {"p50": 2.0, "p75": 3.0, "p90": 4.0, "p95": 5.0}
     assert row["repeats"] == 3 and row["check_equal"] == {"ok": False, "diff": 0.5, "samples": 12}
 
 
 def fake_run(served, ok):
     """A run record with `served` requests/s, latencies proportional to it and check `ok`."""
     stats = {q: served / 100.0 + i for i, q in enumerate(QUANTILES)}
-    return {
-        "policy": "dqn",
-        "observers": 2,
-        "batch": True,
-        "compile": False,
-        **{key: stats for key in rpc_inference.DISTRIBUTIONS},
-        **{key: served for key in rpc_inference.SCALARS},
-        "check_equal": {"ok": ok, "diff": 0.5 if not ok else 0.0, "samples": 4},
-        "check_after_update": {"ok": True, "changed": True, "diff": 0.0},
-    }
+    run = dict(policy="dqn", observers=2, batch=True, compile=False)
+    run |= {key: stats for key in rpc_inference.DISTRIBUTIONS}
+    run |= {key: served for key in rpc_inference.SCALARS}
+    run["check_equal"] = {"ok": ok, "diff": 0.5 if not ok else 0.0, "samples": 4}
+    return run | {"check_after_update": {"ok": True, "changed": True, "diff": 0.0}}
 
 
 def test_percentiles_and_error_lines():
-    assert rpc_inference.percentiles([float(v) for v in range(1, 22)]) == {
-        "p50": 11,
-        "p75": 16,
-        "p90": 19,
-        "p95": 20,
-    }
+    cuts = {"p50": 11, "p75": 16, "p90": 19, "p95": 20}
+    assert rpc_inference.percentiles([float(v) for v in range(1, 22)]) == cuts
     assert rpc_inference.percentiles([3.0]) == {"p50": 3.0, "p75": 3.0, "p90": 3.0, "p95": 3.0}
     wrapped = RuntimeError(
         "RuntimeError: On WorkerInfo(id=2, name=observer0):\nRuntimeError('observer0: no answer "
@@ -275,14 +211,8 @@ def test_percentiles_and_error_lines():
 def start_benchmark(tmp_path, *argv):
     """The benchmark as a user starts it, its stderr read line by line."""
     cmd = [sys.executable, "-m", "benchmarks.studies.rpc_inference", *argv, "--out", str(tmp_path)]
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=script_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    pipes = dict(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, cwd=ROOT, env=script_env(), **pipes)
 
 
 def read_until(proc, words, timeout):
@@ -381,15 +311,9 @@ def test_bad_input_exits_2_with_one_line(argv, flag, capsys):
 
 
 def test_bad_input_from_the_shell_starts_nothing(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.studies.rpc_inference",
-        *"--observers 4 --compile off,on --batch off,on --out".split(),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120
-    )
+    cmd = [sys.executable, "-m", "benchmarks.studies.rpc_inference", "--observers", "4"]
+    cmd += ["--compile", "off,on", "--batch", "off,on", "--out", str(tmp_path)]
+    kwargs = dict(cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, **kwargs)
     assert_user_error(proc, "--batch", "--compile")
     assert not list(tmp_path.iterdir())

@@ -9,11 +9,8 @@ import torch
 from conftest import assert_measured_threads, load_script, run_script, summary
 from tensordict import TensorDict, from_modules
 
-EAGER, TWIN, CPU = (
-    "sac_continuous_action",
-    "sac_continuous_action_torchcompile",
-    "sac_continuous_action_cpu",
-)
+EAGER = "sac_continuous_action"
+TWIN, CPU = f"{EAGER}_torchcompile", f"{EAGER}_cpu"
 # 3 Pendulum episodes of 200 steps; 100 gradient steps after the random phase
 SMOKE = tuple(
     "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()
@@ -51,23 +48,20 @@ def test_smoke(script, flags):
         assert_measured_threads(result)
 
 
-def test_the_cpu_script_takes_the_threads_it_is_given():
-    """Threads measured are the default (test_smoke); `--threads 2` fixes them, with no trial."""
-    proc = run_script(CPU, *SMOKE, "--no-compile", "--threads", "2", env={"OMP_NUM_THREADS": "3"})
-    s = summary(proc)
-    assert (s["threads"], s["thread_trials"]) == (2, [])
-
-
 @pytest.mark.parametrize(
     "script, flags",
-    [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))],
+    [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile", "--threads", "2"))],
     ids=["eager", "twin", "cpu"],
 )
 def test_several_envs_log_every_episode(script, flags):
-    # two Pendulum envs truncate on the same step: 400 vector steps, 2 episodes per env
+    # two Pendulum envs truncate on the same step: 400 vector steps, 2 episodes per env; the CPU
+    # script takes the threads it is given, with no trial (measured ones are the default: smoke)
     budget = ("--total-timesteps", "800", "--learning-starts", "700", "--num-envs", "2")
-    result = summary(run_script(script, *SMOKE[:2], *budget, *flags))
+    env = {"OMP_NUM_THREADS": "3"} if script == CPU else None
+    result = summary(run_script(script, *SMOKE[:2], *budget, *flags, env=env))
     assert (result["num_envs"], result["total_timesteps"], result["episodes"]) == (2, 800, 4)
+    if script == CPU:
+        assert (result["threads"], result["thread_trials"]) == (2, [])
 
 
 def build(script, autotune=True, compile_updates=False, seed=0):

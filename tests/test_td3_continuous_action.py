@@ -8,11 +8,8 @@ import torch
 from conftest import assert_measured_threads, load_script, run_script, summary
 from tensordict import TensorDict, from_module, from_modules
 
-EAGER, TWIN, CPU = (
-    "td3_continuous_action",
-    "td3_continuous_action_torchcompile",
-    "td3_continuous_action_cpu",
-)
+EAGER = "td3_continuous_action"
+TWIN, CPU = f"{EAGER}_torchcompile", f"{EAGER}_cpu"
 # 3 Pendulum episodes of 200 steps; 100 critic steps and 50 actor steps after the random phase
 SMOKE = tuple(
     "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 500 --batch-size 32".split()

@@ -90,12 +90,9 @@ VARIANTS = {
     "compile": ("_torchcompile", ("--compile",)),
 }
 DEFAULT_VARIANTS = ("cleanrl", "eager", "cpu", "cpu --bf16")
-BF16_ALGOS = ("sac", "td3")
+BF16_ALGOS = ("sac", "td3")  # PPO's and DQN's networks are too small for bfloat16 to pay
 # left out of every run's environment: each script runs on its own default threads
-THREAD_VARIABLES = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-)  # PPO's and DQN's networks are too small for bfloat16 to pay
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 COMPAT = """
 class SummaryWriter:  # tensorboard left out: every call does nothing
@@ -158,9 +155,7 @@ def cleanrl_copy(checkout, names, into):
 
 
 def flags(budget):
-    return [
-        word for key, value in budget.items() for word in (f"--{key.replace('_', '-')}", str(value))
-    ]
+    return [word for k, v in budget.items() for word in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def print_steps(budget):
@@ -265,10 +260,8 @@ def rows(results):
     table = []
     for algo, variants in results.items():
         medians = {
-            variant: {
-                key: statistics.median(run[key] for run in runs) for key in ("sps", "sps_run")
-            }
-            for variant, runs in variants.items()
+            v: {k: statistics.median(r[k] for r in runs) for k in ("sps", "sps_run")}
+            for v, runs in variants.items()
         }
         cleanrl = medians["cleanrl"]
         for variant, runs in variants.items():
@@ -301,10 +294,8 @@ def markdown(result):
 
 def checkout_commit(checkout):
     """The commit of a CleanRL git checkout, or None (a plain copy)."""
-    proc = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return proc.stdout.strip() or None
+    cmd = ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
 
 
 def parse_args(argv):
@@ -335,18 +326,13 @@ def main(argv=None):
     except BenchmarkError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
-    settings = dict(
-        rounds=args.rounds,
-        budget="quick" if args.quick else "full",
-        budgets={algo.name: algo.quick if args.quick else algo.full for algo in algos},
-        cleanrl_commit=checkout_commit(args.cleanrl) or "unknown",
-        started=started.isoformat(),
-    )
+    budgets = {algo.name: algo.quick if args.quick else algo.full for algo in algos}
+    settings = dict(rounds=args.rounds, budget="quick" if args.quick else "full", budgets=budgets)
+    commit = checkout_commit(args.cleanrl) or "unknown"
+    settings |= dict(cleanrl_commit=commit, started=started.isoformat())
     result = dict(machine=machine_info(), settings=settings, results=results, rows=rows(results))
-    cli.conclude(
-        markdown(result),
-        write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown),
-    )
+    paths = write_result(result, args.out_dir, f"cleanrl-{started:%Y%m%d-%H%M%S}", markdown)
+    cli.conclude(markdown(result), paths)
 
 
 if __name__ == "__main__":

@@ -207,14 +207,9 @@ def latency_stats(latencies, batch):
     """Median, p10 and p90 latency in µs, calls/s and samples/s."""
     deciles = statistics.quantiles(latencies, n=10, method="inclusive")
     calls_s = len(latencies) / sum(latencies)
-    return {
-        "calls": len(latencies),
-        "median_us": statistics.median(latencies) * 1e6,
-        "p10_us": deciles[0] * 1e6,
-        "p90_us": deciles[-1] * 1e6,
-        "calls_per_s": calls_s,
-        "samples_per_s": calls_s * batch,
-    }
+    stats = dict(calls=len(latencies), median_us=statistics.median(latencies) * 1e6)
+    stats |= dict(p10_us=deciles[0] * 1e6, p90_us=deciles[-1] * 1e6)
+    return stats | dict(calls_per_s=calls_s, samples_per_s=calls_s * batch)
 
 
 def speedup_pct(eager_median, median):
@@ -234,31 +229,21 @@ def bench_unit(spec, script, batch, args, device):
     with torch.no_grad():
         setup = {v.name: warm_up(v, obs, cuda) for v in variants}
         before = check_equal(spec, variants, obs, args.rtol, args.atol)
-        calls = calls_per_block(
-            statistics.median(time_block(built.act, obs, 5, cuda)), args.block_ms / 1e3
-        )
-        first_half = args.rounds // 2
+        once = statistics.median(time_block(built.act, obs, 5, cuda))
+        calls, half = calls_per_block(once, args.block_ms / 1e3), args.rounds // 2
+        tolerance = (args.rtol, args.atol)
         with torch.compiler.set_stance("fail_on_recompile"):
-            latencies = timed_rounds(variants, obs, first_half, calls, cuda)
-            after = check_after_update(
-                spec, built.source, variants, obs, before, args.rtol, args.atol
-            )
-            rest = timed_rounds(
-                variants, obs, args.rounds - first_half, calls, cuda, offset=first_half
-            )
-    rows = [
-        {
-            "policy": spec.name,
-            "batch": batch,
-            "variant": v.name,
-            "threads": torch.get_num_threads(),
-            **latency_stats(latencies[v.name] + rest[v.name], batch),
-            "setup_s": setup[v.name],
-            "check_equal": {k: before[v.name][k] for k in ("ok", "diff")},
-            "check_after_update": after[v.name],
-        }
-        for v in variants
-    ]
+            latencies = timed_rounds(variants, obs, half, calls, cuda)
+            after = check_after_update(spec, built.source, variants, obs, before, *tolerance)
+            rest = timed_rounds(variants, obs, args.rounds - half, calls, cuda, offset=half)
+    rows = []
+    for v in variants:
+        rows.append(
+            dict(policy=spec.name, batch=batch, variant=v.name, threads=torch.get_num_threads())
+        )
+        rows[-1] |= latency_stats(latencies[v.name] + rest[v.name], batch)
+        equal = {k: before[v.name][k] for k in ("ok", "diff")}
+        rows[-1] |= dict(setup_s=setup[v.name], check_equal=equal, check_after_update=after[v.name])
     for row in rows:
         row["speedup_pct"] = speedup_pct(rows[0]["median_us"], row["median_us"])
     return rows
@@ -279,13 +264,8 @@ def available(names, scripts_dir):
 
 def cpu_script(spec, scripts_dir, device):
     """The module of `spec`'s CPU script, whose numpy policy is timed beside the twin's on a CPU."""
-    if (
-        device.type != "cpu"
-        or spec.cpu_script is None
-        or not (Path(scripts_dir) / f"{spec.cpu_script}.py").exists()
-    ):
-        return None
-    return load_script(spec.cpu_script, scripts_dir)
+    found = spec.cpu_script and (Path(scripts_dir) / f"{spec.cpu_script}.py").exists()
+    return load_script(spec.cpu_script, scripts_dir) if device.type == "cpu" and found else None
 
 
 def run_policy(spec, args, device):
@@ -312,10 +292,8 @@ def failed_checks(rows):
         if not row["check_equal"]["ok"]:
             lines.append(f"{where}: outputs differ from eager by {row['check_equal']['diff']:.3g}")
         if not row["check_after_update"]["ok"]:
-            lines.append(
-                f"{where}: after an in-place weight update, "
-                f"{stale_reason(row['check_after_update'])}"
-            )
+            why = stale_reason(row["check_after_update"])
+            lines.append(f"{where}: after an in-place weight update, {why}")
     return lines
 
 
@@ -391,18 +369,11 @@ def markdown(result):
 
 def plot(result, path):
     """Speed-up against batch size, one panel per policy, one line per compiled variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from benchmarks.plots import panels, save
 
     policies = list(dict.fromkeys(r["policy"] for r in result["rows"]))
-    cols = min(3, max(1, len(policies)))
-    grid_rows = math.ceil(max(1, len(policies)) / cols)
-    fig, axes = plt.subplots(grid_rows, cols, figsize=(4.5 * cols, 3.5 * grid_rows), squeeze=False)
-    for ax in axes.flat[len(policies) :]:
-        ax.set_visible(False)
-    for ax, policy in zip(axes.flat, policies):
+    fig, axes = panels(max(1, len(policies)), 4.5, 3.5)
+    for ax, policy in zip(axes, policies):
         rows = [r for r in result["rows"] if r["policy"] == policy and r["variant"] != "eager"]
         for variant in dict.fromkeys(r["variant"] for r in rows):
             points = [(r["batch"], r["speedup_pct"]) for r in rows if r["variant"] == variant]
@@ -414,9 +385,7 @@ def plot(result, path):
         ax.set(title=policy, xlabel="batch size", ylabel="speed-up over eager (%)")
         ax.legend(fontsize=7)
     fig.suptitle(f"acting speed-up, {result['device']}, {result['machine']['cpu']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def parse_args(argv):

@@ -35,6 +35,7 @@ from torch._higher_order_ops.associative_scan import associative_scan
 from benchmarks import cli
 from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.machine import machine_info
+from benchmarks.plots import panels, save
 from benchmarks.processes import note
 from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.scripts import load_script
@@ -144,9 +145,8 @@ def model_variant(name, agent, get_states, state, obs, done, width, seed):
     features and the gradients."""
     # the heads are unused
     params = [p for n, p in agent.named_parameters() if not n.startswith(("actor", "critic"))]
-    weights = torch.randn(*done.shape, width, generator=torch.Generator().manual_seed(seed)).to(
-        done.device
-    )
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.randn(*done.shape, width, generator=g).to(done.device)
 
     def forward_backward(_):
         features, _ = get_states(obs, state, done)
@@ -167,19 +167,15 @@ def model_variants(scripts, steps, batch, seed, device, backend):
     twin.load_state_dict(mingru.state_dict())
     g = torch.Generator().manual_seed(seed + 1)
     state = torch.randn(2, batch, mingru.state_size, generator=g).to(device)  # two layers' h
-    lstm_state = (
-        torch.randn(batch, HIDDEN, generator=g).to(device),
-        torch.randn(batch, HIDDEN, generator=g).to(device),
-    )
+    lstm_state = tuple(torch.randn(batch, HIDDEN, generator=g).to(device) for _ in range(2))
     compiled = torch.compile(twin.get_states, backend=backend)
+    # features: the LSTM's outputs; the minGRU's tanh layer after it
+    shared = dict(state=state, obs=obs, done=done, width=mingru.width, seed=seed)
     return [
-        # the LSTM's outputs
         model_variant("lstm-loop", lstm, lstm.get_states, lstm_state, obs, done, HIDDEN, seed),
-        model_variant(
-            "mingru-loop", mingru, mingru.get_states, state, obs, done, mingru.width, seed
-        ),  # the tanh layer after the minGRU
-        model_variant("mingru-scan", twin, twin.get_states, state, obs, done, mingru.width, seed),
-        model_variant("mingru-scan-compiled", twin, compiled, state, obs, done, mingru.width, seed),
+        model_variant("mingru-loop", mingru, mingru.get_states, **shared),
+        model_variant("mingru-scan", twin, twin.get_states, **shared),
+        model_variant("mingru-scan-compiled", twin, compiled, **shared),
     ]
 
 
@@ -193,14 +189,11 @@ def candidate_variants(scripts, steps, batch, seed, device, backend):
     h0 = torch.rand(batch, HIDDEN, generator=g).to(device).requires_grad_()
     weights = torch.randn(steps, batch, HIDDEN, generator=g).to(device)
     variants = []
-    loop, chunked = (
-        scripts["ppo_mingru"].linear_recurrence,
-        scripts["ppo_mingru_torchcompile"].linear_recurrence,
-    )
+    loop = scripts["ppo_mingru"].linear_recurrence
+    chunked = scripts["ppo_mingru_torchcompile"].linear_recurrence
     for name, (scan, compiles) in candidates(loop, chunked).items():
-        for fn, label in [(scan, name)] + (
-            [(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []
-        ):
+        compiled = [(torch.compile(scan, backend=backend), f"{name}-compiled")] if compiles else []
+        for fn, label in [(scan, name), *compiled]:
 
             def forward_backward(_, fn=fn):
                 h = fn(a_raw * keep, b, h0)
@@ -232,34 +225,23 @@ def check_against(reference, variants, rtol, atol):
 def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
     """Warm up, check and time every variant at one (T, batch); returns one row per variant."""
     setup = {v.name: warm_up(v, None, cuda) for v in variants}
-    checks = check_against(
-        reference, [v for v in variants if v.name != "lstm-loop"], args.rtol, args.atol
-    )
+    compared = [v for v in variants if v.name != "lstm-loop"]
+    checks = check_against(reference, compared, args.rtol, args.atol)
     failed = []
     for name, (ok, worst) in checks.items():
         if not ok:
+            tolerance = f"(rtol {args.rtol:g}, atol {args.atol:g})"
             note(
                 f"check failed: T {steps} batch {batch} {name}: outputs or gradients differ from "
-                f"{reference.name}'s by {worst:.3g} of their scale (rtol {args.rtol:g}, atol "
-                f"{args.atol:g})"
+                f"{reference.name}'s by {worst:.3g} of their scale {tolerance}"
             )
             if fatal:
                 sys.exit(1)
-            failed.append(
-                {
-                    "steps": steps,
-                    "batch": batch,
-                    "variant": name,
-                    "check": {"ok": False, "diff": worst},
-                }
-            )
+            failed.append(dict(steps=steps, batch=batch, variant=name))
+            failed[-1]["check"] = {"ok": False, "diff": worst}
     variants = [v for v in variants if v.name not in {row["variant"] for row in failed}]
-    calls = {
-        v.name: calls_per_block(
-            statistics.median(time_block(v.fn, None, 2, cuda)), args.block_ms / 1e3, 1, 1000
-        )
-        for v in variants
-    }
+    once = {v.name: statistics.median(time_block(v.fn, None, 2, cuda)) for v in variants}
+    calls = {name: calls_per_block(s, args.block_ms / 1e3, 1, 1000) for name, s in once.items()}
     latencies = {v.name: [] for v in variants}
     with torch.compiler.set_stance("fail_on_recompile"):
         for r in range(args.rounds):
@@ -269,22 +251,13 @@ def bench_cell(variants, reference, steps, batch, args, cuda, fatal):
     base = "mingru-loop" if "mingru-loop" in latencies else "loop"
     rows = []
     for v in variants:
-        quantiles = statistics.quantiles(latencies[v.name], n=10, method="inclusive")
-        rows.append(
-            {
-                "steps": steps,
-                "batch": batch,
-                "variant": v.name,
-                "calls": len(latencies[v.name]),
-                "median_ms": statistics.median(latencies[v.name]) * 1e3,
-                "p10_ms": quantiles[0] * 1e3,
-                "p90_ms": quantiles[-1] * 1e3,
-                "setup_s": setup[v.name],
-                "check": {"ok": checks[v.name][0], "diff": checks[v.name][1]}
-                if v.name in checks
-                else None,
-            }
-        )
+        times = latencies[v.name]
+        quantiles = statistics.quantiles(times, n=10, method="inclusive")
+        rows.append(dict(steps=steps, batch=batch, variant=v.name, calls=len(times)))
+        rows[-1] |= dict(median_ms=statistics.median(times) * 1e3, setup_s=setup[v.name])
+        rows[-1] |= dict(p10_ms=quantiles[0] * 1e3, p90_ms=quantiles[-1] * 1e3)
+        check = checks.get(v.name)
+        rows[-1]["check"] = {"ok": check[0], "diff": check[1]} if check else None
     base_median = next(row["median_ms"] for row in rows if row["variant"] == base)
     for row in rows:
         row["speedup_vs_loop"] = base_median / row["median_ms"]
@@ -301,15 +274,8 @@ def run_grid(kind, scripts, args, device):
             torch._dynamo.reset()
             variants = build(scripts, steps, batch, args.seed, device, args.backend)
             reference = next(v for v in variants if v.name in ("mingru-loop", "loop"))
-            rows += bench_cell(
-                variants,
-                reference,
-                steps,
-                batch,
-                args,
-                device.type == "cuda",
-                fatal=kind == "models",
-            )
+            cuda = device.type == "cuda"
+            rows += bench_cell(variants, reference, steps, batch, args, cuda, kind == "models")
     return rows
 
 
@@ -331,18 +297,10 @@ def final_return_mean(summary):
 
 def learning_run(script, flags, steps, seed, scripts_dir):
     """One training run of `script`: its late mean return, return_mean and sps."""
-    cmd = [
-        sys.executable,
-        str(Path(scripts_dir) / f"{script}.py"),
-        "--total-timesteps",
-        str(steps),
-        "--seed",
-        str(seed),
-        *flags,
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=3600
-    )
+    cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py")]
+    cmd += ["--total-timesteps", str(steps), "--seed", str(seed), *flags]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     line = next((line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")), None)
     if proc.returncode != 0 or line is None:
         note(f"{' '.join(cmd)} failed with status {proc.returncode}: {proc.stderr.strip()[-300:]}")
@@ -350,12 +308,10 @@ def learning_run(script, flags, steps, seed, scripts_dir):
     summary = json.loads(line.removeprefix("SUMMARY "))
     with open(summary["summary_file"]) as f:
         summary = json.load(f)
-    return {
-        "late_return_mean": late_return_mean(summary),
-        "final_return_mean": final_return_mean(summary),
-        "return_mean": summary["return_mean"],
-        "sps": summary["sps"],
-    }
+    found = dict(late_return_mean=late_return_mean(summary), sps=summary["sps"])
+    return found | dict(
+        final_return_mean=final_return_mean(summary), return_mean=summary["return_mean"]
+    )
 
 
 def learning(args):
@@ -364,15 +320,8 @@ def learning(args):
     for seed in args.seeds:
         for name, script, flags in LEARNING:
             note(f"learning: {name} seed {seed}")
-            rows.append(
-                {
-                    "agent": name,
-                    "script": script,
-                    "flags": list(flags),
-                    "seed": seed,
-                    **learning_run(script, flags, args.learning_steps, seed, args.scripts_dir),
-                }
-            )
+            found = learning_run(script, flags, args.learning_steps, seed, args.scripts_dir)
+            rows.append(dict(agent=name, script=script, flags=list(flags), seed=seed) | found)
     return rows
 
 
@@ -400,40 +349,18 @@ def task_runs(args):
     """Every (task, seed, agent) run, `--jobs` at a time (each run one thread: returns do not
     depend on timing)."""
     jobs = [
-        # a run folder per agent: two runs of one script, seed and task started in the same second
-        # share a name
-        (
-            task,
-            seed,
-            agent,
-            script,
-            (
-                "--env-id",
-                TASKS[task][0],
-                "--exp-name",
-                f"{script}-{agent}",
-                *TASKS[task][2],
-                *flags,
-            ),
-        )
-        for task in args.tasks
-        for seed in args.seeds
-        for agent, script, flags in TASK_AGENTS
+        (task, seed, *agent) for task in args.tasks for seed in args.seeds for agent in TASK_AGENTS
     ]
 
     def run(job):
         task, seed, agent, script, flags = job
+        # a run folder per agent: two runs of one script, seed and task started in the same second
+        # share a name
+        env_id, steps, extra = TASKS[task]
+        flags = ("--env-id", env_id, "--exp-name", f"{script}-{agent}", *extra, *flags)
         note(f"tasks: {task} {agent} seed {seed}")
-        steps = args.task_steps or TASKS[task][1]
-        result = learning_run(script, flags, steps, seed, args.scripts_dir)
-        return {
-            "task": task,
-            "agent": agent,
-            "script": script,
-            "flags": list(flags),
-            "seed": seed,
-            **result,
-        }
+        result = learning_run(script, flags, args.task_steps or steps, seed, args.scripts_dir)
+        return dict(task=task, agent=agent, script=script, flags=list(flags), seed=seed) | result
 
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run, job) for job in jobs]
@@ -450,9 +377,8 @@ def compiled_sps(args):
     sps = {}
     for agent, script in COMPILED:
         note(f"tasks: {script} --compile, {args.compiled_steps} steps")
-        sps[agent] = learning_run(
-            script, ("--compile",), args.compiled_steps, args.seed, args.scripts_dir
-        )["sps"]
+        run = learning_run(script, ("--compile",), args.compiled_steps, args.seed, args.scripts_dir)
+        sps[agent] = run["sps"]
     return sps
 
 
@@ -464,22 +390,14 @@ def task_table(rows, randoms):
     for task in dict.fromkeys(r["task"] for r in rows):
         cells = {}
         for agent, _, _ in TASK_AGENTS:
-            values = [
-                r["final_return_mean"] for r in rows if r["task"] == task and r["agent"] == agent
-            ]
+            mine = [r for r in rows if r["task"] == task and r["agent"] == agent]
+            values = [r["final_return_mean"] for r in mine]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            sps = [
-                r["sps"]
-                for r in rows
-                if r["task"] == task and r["agent"] == agent and r["sps"] is not None
-            ]
+            sps = [r["sps"] for r in mine if r["sps"] is not None]
             sps = statistics.median(sps) if sps else None  # None: no run outlasted its burn-in
-            cells[agent] = {
-                "mean": statistics.fmean(values),
-                "spread": spread,
-                "values": values,
-                "sps": sps,
-            }
+            cells[agent] = dict(
+                mean=statistics.fmean(values), spread=spread, values=values, sps=sps
+            )
         best = max(c["mean"] for c in cells.values())
         for cell in cells.values():
             gap = best - randoms[task]
@@ -494,12 +412,8 @@ def tasks(args):
         task: random_return(TASKS[task][0], RANDOM_EPISODES, args.seed) for task in args.tasks
     }
     rows = task_runs(args)
-    return {
-        "random": randoms,
-        "runs": rows,
-        "table": task_table(rows, randoms),
-        "compiled_sps": compiled_sps(args) if args.compiled_steps else {},
-    }
+    found = dict(random=randoms, runs=rows, table=task_table(rows, randoms))
+    return found | {"compiled_sps": compiled_sps(args) if args.compiled_steps else {}}
 
 
 def tasks_markdown(result):
@@ -529,38 +443,25 @@ def tasks_markdown(result):
     lines += ["", "Speed, env steps per second after burn-in (each eager run's sps: median over "]
     lines[-1] += "its task's runs)"
     lines += ["", *table(["task", *agents], speeds, "lrrr")]
+    steps = settings["compiled_steps"]
     for agent, sps in found["compiled_sps"].items():
-        lines.append(
-            f"\n{dict(COMPILED)[agent]} --compile, cartpole-velocity-hidden, "
-            f"{settings['compiled_steps']} steps: {sps:.0f} sps"
-        )
+        twin = dict(COMPILED)[agent]
+        lines.append(f"\n{twin} --compile, cartpole-velocity-hidden, {steps} steps: {sps:.0f} sps")
     return "\n".join(lines) + "\n"
 
 
 def tasks_plot(result, path):
     """One panel per task: each agent's final return per seed (dots) and mean ± spread (a bar from
     random's return, the dashed line)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     found = result["tasks"]
     agents = [agent for agent, _, _ in TASK_AGENTS]
-    fig = Figure(figsize=(3.2 * len(found["table"]), 3.6))
-    FigureCanvasAgg(fig)
-    for i, (task, cells) in enumerate(found["table"].items()):
-        ax = fig.add_subplot(1, len(found["table"]), i + 1)
+    fig, axes = panels(len(found["table"]), 3.2, 3.6)
+    for ax, (task, cells) in zip(axes, found["table"].items()):
         for x, agent in enumerate(agents):
             cell = cells[agent]
             random = found["random"][task]  # bars rise (or fall) from the random policy's return
-            ax.bar(
-                x,
-                cell["mean"] - random,
-                bottom=random,
-                yerr=cell["spread"],
-                color=f"C{x}",
-                alpha=0.6,
-                capsize=3,
-            )
+            bar = dict(bottom=random, yerr=cell["spread"], color=f"C{x}", alpha=0.6, capsize=3)
+            ax.bar(x, cell["mean"] - random, **bar)
             ax.plot([x] * len(cell["values"]), cell["values"], "k.", markersize=4)
         ax.axhline(found["random"][task], color="gray", linestyle="--", label="random")
         ax.set_xticks(range(len(agents)), agents, fontsize=7)
@@ -571,8 +472,7 @@ def tasks_plot(result, path):
         f"{result['machine']['cpu']}",
         fontsize=8,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path)
 
 
 # ---- output ----
@@ -600,10 +500,8 @@ def learning_table(rows, steps):
     seeds = list(dict.fromkeys(r["seed"] for r in rows))
     lines = []
     for agent in dict.fromkeys(r["agent"] for r in rows):
-        values = [
-            next(r["late_return_mean"] for r in rows if r["agent"] == agent and r["seed"] == s)
-            for s in seeds
-        ]
+        late = {r["seed"]: r["late_return_mean"] for r in rows if r["agent"] == agent}
+        values = [late[s] for s in seeds]
         lines.append([agent, *(f"{v:.1f}" for v in [*values, statistics.mean(values)])])
     header = ["agent", *(f"seed {s}" for s in seeds), "mean"]
     return [
@@ -616,15 +514,11 @@ def learning_table(rows, steps):
 
 def markdown(result):
     settings, timed = result["settings"], result["models"] or result["candidates"]
+    rounds = f"; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms"
     lines = [
         f"{machine_line(result['machine'])}; device {result['device']}, {settings['threads']} "
         "intra-op thread(s)",
-        f"Started {result['started']}"
-        + (
-            f"; {settings['rounds']} alternating rounds of blocks of ~{settings['block_ms']:g} ms"
-            if timed
-            else ""
-        ),
+        f"Started {result['started']}" + (rounds if timed else ""),
         "",
     ]
     what = " ms: median [p10-p90] (speed-up over "
@@ -641,19 +535,14 @@ def markdown(result):
 
 def plot(result, path):
     """Median time against T (log-log), with p10-p90 bars; one panel per batch size and table."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    panels = [
+    cells = [
         (kind, batch)
         for kind in ("models", "candidates")
         if result[kind]
         for batch in dict.fromkeys(r["batch"] for r in result[kind])
     ]
-    fig = Figure(figsize=(5 * len(panels), 4))
-    FigureCanvasAgg(fig)
-    for i, (kind, batch) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), i + 1)
+    fig, axes = panels(len(cells), 5, 4)
+    for ax, (kind, batch) in zip(axes, cells):
         rows = [r for r in result[kind] if r["batch"] == batch and "median_ms" in r]
         for variant in dict.fromkeys(r["variant"] for r in rows):
             mine = [r for r in rows if r["variant"] == variant]
@@ -676,8 +565,7 @@ def plot(result, path):
         )
         ax.legend(fontsize=7)
     fig.suptitle(f"{result['device']}, {result['machine']['cpu']}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path)
 
 
 def parse_args(argv):
@@ -713,9 +601,7 @@ def parse_args(argv):
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (p10 and p90 need two timings)")
     if not (args.models or args.candidates or args.learning or args.tasks):
-        parser.error(
-            "--no-models with neither --candidates, --learning nor --tasks leaves nothing to do"
-        )
+        parser.error("--no-models with neither --candidates, --learning nor --tasks: nothing to do")
     return args
 
 
@@ -725,10 +611,8 @@ def main(argv=None):
     device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    scripts = {
-        name: load_script(name, args.scripts_dir)
-        for name in ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
-    }
+    names = ("ppo_lstm", "ppo_mingru", "ppo_mingru_torchcompile")
+    scripts = {name: load_script(name, args.scripts_dir) for name in names}
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir")}
     head = {"machine": machine_info(), "started": f"{datetime.now():%Y-%m-%dT%H:%M:%S}"}
     head["settings"] = settings
@@ -746,9 +630,8 @@ def main(argv=None):
         "learning": learning(args) if args.learning else [],
     }
     figure = plot if result["models"] or result["candidates"] else None
-    return conclude(
-        markdown(result), write_result(result, args.out, f"memory-{stamp}", markdown, figure)
-    )
+    paths = write_result(result, args.out, f"memory-{stamp}", markdown, figure)
+    return conclude(markdown(result), paths)
 
 
 if __name__ == "__main__":

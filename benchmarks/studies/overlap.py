@@ -39,7 +39,7 @@ from benchmarks import cli
 from benchmarks.cli import conclude, pick_device, positive_float, positive_int
 from benchmarks.env_limit import random_actions
 from benchmarks.machine import machine_info
-from benchmarks.plots import save
+from benchmarks.plots import panels, save
 from benchmarks.processes import note
 from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.run import BenchmarkError, failure, parse_summary
@@ -48,23 +48,11 @@ from benchmarks.standin import StandInEnvs
 from benchmarks.studies.inference import time_block
 
 TWIN, ASYNC = "ppo_atari_envpool_torchcompile", "ppo_atari_envpool_async"
-FULL = {
-    "step_ms": [0.1, 1.0, 10.0],
-    "rounds": 5,
-    "seconds": 2.0,
-    "atari_steps": 128,
-    "atari_rollouts": 2,
-    # 20 iterations of 8 x 128 steps
-    "script_flags": "--total-timesteps 20480 --measure-burnin 3",
-}
-QUICK = {
-    "step_ms": [0.1, 1.0, 10.0],
-    "rounds": 2,
-    "seconds": 0.2,
-    "atari_steps": 8,
-    "atari_rollouts": 1,
-    "script_flags": "--total-timesteps 512 --num-steps 16 --update-epochs 1 --measure-burnin 1",
-}
+# the scripts' flags: 20 iterations of 8 x 128 steps
+FULL = dict(step_ms=[0.1, 1.0, 10.0], rounds=5, seconds=2.0, atari_steps=128, atari_rollouts=2)
+FULL["script_flags"] = "--total-timesteps 20480 --measure-burnin 3"
+QUICK = dict(step_ms=[0.1, 1.0, 10.0], rounds=2, seconds=0.2, atari_steps=8, atari_rollouts=1)
+QUICK["script_flags"] = "--total-timesteps 512 --num-steps 16 --update-epochs 1 --measure-burnin 1"
 WARMUP_CALLS = 5  # loop steps (or rollouts: 1) before a block's clock starts
 WIDTH = 64  # the stand-in policy's matmul: [WIDTH, WIDTH] per frame
 
@@ -147,18 +135,11 @@ def bounds(design, num_envs, batch, env_sps, acting_sps):
     1 / max(E, A) for async; for async also the pipeline bound of k = num_envs / batch batches,
     1 / max(E + A / k, A), which holds where a batch steps in E x num_envs (a thread per env)."""
     env_us, act_us = 1e6 / env_sps, 1e6 / acting_sps
-    row = {
-        "env_us_per_step": env_us,
-        "acting_us_per_step": act_us,
-        "acting_ms": batch * act_us / 1e3,
-    }
+    row = dict(env_us_per_step=env_us, acting_us_per_step=act_us, acting_ms=batch * act_us / 1e3)
     if design == "sync":
         return row | {"bound_sps": 1e6 / (env_us + act_us), "pipeline_bound_sps": None}
-    k = num_envs / batch
-    return row | {
-        "bound_sps": 1e6 / max(env_us, act_us),
-        "pipeline_bound_sps": 1e6 / max(env_us + act_us / k, act_us),
-    }
+    pipeline = 1e6 / max(env_us + act_us / (num_envs / batch), act_us)
+    return row | {"bound_sps": 1e6 / max(env_us, act_us), "pipeline_bound_sps": pipeline}
 
 
 def design_rows(case, plan, num_envs, rates, pipeline=True):
@@ -167,20 +148,10 @@ def design_rows(case, plan, num_envs, rates, pipeline=True):
     `pipeline`: whether the pipeline bound holds (a thread per env)."""
     rows = []
     for name, batch in plan:
-        env_sps, acting_sps = (
-            statistics.median(rates[key]) for key in (f"env-only {name}", f"acting {batch}")
-        )
-        row = {
-            "case": case,
-            "design": name,
-            "batch": batch,
-            "env_only_sps": env_sps,
-            "acting_sps": acting_sps,
-        }
-        row |= {
-            "env_only_blocks": rates[f"env-only {name}"],
-            "acting_blocks": rates[f"acting {batch}"],
-        }
+        env_blocks, acting_blocks = rates[f"env-only {name}"], rates[f"acting {batch}"]
+        env_sps, acting_sps = statistics.median(env_blocks), statistics.median(acting_blocks)
+        row = dict(case=case, design=name, batch=batch, env_only_sps=env_sps, acting_sps=acting_sps)
+        row |= dict(env_only_blocks=env_blocks, acting_blocks=acting_blocks)
         row |= bounds(name, num_envs, batch, env_sps, acting_sps)
         if not pipeline:
             row["pipeline_bound_sps"] = None
@@ -194,9 +165,8 @@ def summarize(row, sps):
     median = statistics.median(sps)
     row |= {"sps": sps, "sps_median": median, "sps_min": min(sps), "sps_max": max(sps)}
     row["ratio_to_bound"] = median / row["bound_sps"]
-    row["ratio_to_pipeline_bound"] = (
-        median / row["pipeline_bound_sps"] if row["pipeline_bound_sps"] else None
-    )
+    pipeline = row["pipeline_bound_sps"]
+    row["ratio_to_pipeline_bound"] = median / pipeline if pipeline else None
     return row
 
 
@@ -230,9 +200,8 @@ def matmul_policy(policy_ms, num_envs, n_actions, seed=0):
 
     probe = 20
     work(num_envs, probe)  # the first calls allocate
-    per_round = (
-        statistics.median(time_block(lambda _: work(num_envs, probe), None, 10, False)) / probe
-    )
+    per_round = statistics.median(time_block(lambda _: work(num_envs, probe), None, 10, False))
+    per_round /= probe
     rounds = max(1, round(policy_ms / 1e3 / per_round))
 
     def act(obs):
@@ -375,20 +344,14 @@ def atari(args, device, scripts_dir):
     """Rows of the twin's and the async script's rollout phases, with costs and bounds."""
     twin, asynchronous = load_script(TWIN, scripts_dir), load_script(ASYNC, scripts_dir)
     plan = designs(args.num_envs, args.async_batch_sizes)
-    agent_args = twin.Args(
-        env_id=args.env_id,
-        num_envs=args.num_envs,
-        num_steps=args.atari_steps,
-        seed=args.seed,
-        compile=args.compile,
-    )
+    agent_args = dict(env_id=args.env_id, num_envs=args.num_envs, seed=args.seed)
+    agent_args = twin.Args(**agent_args, num_steps=args.atari_steps, compile=args.compile)
+    env_id, num_envs = args.env_id, args.num_envs
 
     def pool(name, batch):
         if name == "sync":
-            return twin.make_envs(args.env_id, args.num_envs, args.seed)
-        return asynchronous.make_envs(
-            args.env_id, args.num_envs, batch, args.seed, args.env_threads
-        )
+            return twin.make_envs(env_id, num_envs, args.seed)
+        return asynchronous.make_envs(env_id, num_envs, batch, args.seed, args.env_threads)
 
     torch.manual_seed(args.seed)
     with ExitStack() as stack:
@@ -397,14 +360,12 @@ def atari(args, device, scripts_dir):
             envs = stack.enter_context(closing(pool(name, batch)))
             if name == "sync":
                 frames = torch.from_numpy(envs.reset()[0]).to(device)
-                policy, get_value = atari_policy(
-                    twin, agent_args, envs.single_action_space.n, device, args.compile
-                )
-                one = twin_rollouts(twin, args.atari_steps, envs, policy, get_value, device)
+                n_act = envs.single_action_space.n
+                policy, get_value = atari_policy(twin, agent_args, n_act, device, args.compile)
+                rollouts = functools.partial(twin_rollouts, twin)
             else:
-                one = async_rollouts(
-                    asynchronous, args.atari_steps, envs, policy, get_value, device
-                )
+                rollouts = functools.partial(async_rollouts, asynchronous)
+            one = rollouts(args.atari_steps, envs, policy, get_value, device)
             one()  # untimed: the first rollout warms up (and compiles)
             blocks[f"rollout {name}"] = rollouts_block(one, args.atari_rollouts)
             envs_alone = stack.enter_context(closing(pool(name, batch)))
@@ -413,9 +374,7 @@ def atari(args, device, scripts_dir):
             step = acting_step(policy, frames[:batch], device.type == "cuda")
             blocks[f"acting {batch}"] = functools.partial(steps_per_second, step, args.seconds / 4)
         rates = alternate(blocks, args.rounds)
-    return design_rows(
-        f"{args.env_id}, {args.num_envs} envs", plan, args.num_envs, rates, pipeline=False
-    )
+    return design_rows(f"{env_id}, {num_envs} envs", plan, num_envs, rates, pipeline=False)
 
 
 def whole_iteration(args, scripts_dir, timeout=1800):
@@ -428,34 +387,23 @@ def whole_iteration(args, scripts_dir, timeout=1800):
     ]
     for script, flags in runs:
         cmd = [sys.executable, str(Path(scripts_dir) / f"{script}.py"), "--env-id", args.env_id]
-        cmd += [
-            "--num-envs",
-            str(args.num_envs),
-            "--seed",
-            str(args.seed),
-            *args.script_flags.split(),
-            *flags,
-        ]
+        cmd += ["--num-envs", str(args.num_envs), "--seed", str(args.seed)]
+        cmd += [*args.script_flags.split(), *flags]
         cmd += ["--compile"] if args.compile else []
         cmd += ["--no-cuda"] if args.device == "cpu" else []
         note("whole iterations: " + " ".join(cmd[1:]))
         with tempfile.TemporaryDirectory() as cwd:
             try:
                 env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
-                proc = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
-                )
+                kwargs = dict(capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+                proc = subprocess.run(cmd, **kwargs)
             except subprocess.TimeoutExpired:
                 raise failure(cmd, f"ran past the {timeout} s timeout") from None
             if proc.returncode != 0:
                 raise failure(cmd, f"exited with status {proc.returncode}", proc.stderr)
             summary = parse_summary(cmd, proc)
-        rows.append(
-            {
-                k: summary.get(k)
-                for k in ("script", "sps", "sps_wall", "total_timesteps", "async_batch_size")
-            }
-        )
+        keys = ("script", "sps", "sps_wall", "total_timesteps", "async_batch_size")
+        rows.append({k: summary.get(k) for k in keys})
     return rows
 
 
@@ -532,37 +480,23 @@ def markdown(result):
 def plot(result, path):
     """Per case, each design's median sps (bar, min-max whiskers) with its bound (a black tick) and,
     for stand-in async designs, the pipeline bound (a grey tick)."""
-    from matplotlib.figure import Figure
-
     rows = (result["standin"]["rows"] if result["standin"] else []) + (
         result["atari"]["rows"] if result["atari"] else []
     )
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    figure = Figure(figsize=(3.4 * len(cases), 3.8), layout="constrained")
-    axes = figure.subplots(1, len(cases), squeeze=False)[0]
+    figure, axes = panels(len(cases), 3.4)
     for ax, case in zip(axes, cases):
         mine = [r for r in rows if r["case"] == case]
         x = range(len(mine))
         medians = [r["sps_median"] for r in mine]
-        spread = [
-            [m - r["sps_min"] for m, r in zip(medians, mine)],
-            [r["sps_max"] - m for m, r in zip(medians, mine)],
-        ]
+        spread = [[m - r["sps_min"] for m, r in zip(medians, mine)]]
+        spread.append([r["sps_max"] - m for m, r in zip(medians, mine)])
         drawn = ax.bar(x, medians, yerr=spread, color=[f"C{i}" for i in x], capsize=3)
-        ax.bar_label(
-            drawn,
-            labels=[f"{r['ratio_to_bound']:.2f}" for r in mine],
-            fontsize=7,
-            label_type="center",
-        )
-        left, right = [i - 0.4 for i in x], [i + 0.4 for i in x]
-        ax.hlines(
-            [r["bound_sps"] for r in mine],
-            left,
-            right,
-            colors="black",
-            label="bound: E + A, max(E, A)",
-        )
+        labels = [f"{r['ratio_to_bound']:.2f}" for r in mine]
+        ax.bar_label(drawn, labels=labels, fontsize=7, label_type="center")
+        ends = [i - 0.4 for i in x], [i + 0.4 for i in x]
+        bounds = [r["bound_sps"] for r in mine]
+        ax.hlines(bounds, *ends, colors="black", label="bound: E + A, max(E, A)")
         pipeline = [
             (i, r["pipeline_bound_sps"]) for i, r in zip(x, mine) if r["pipeline_bound_sps"]
         ]
@@ -607,8 +541,9 @@ def parse_args(argv):
         args.async_batch_sizes = list(dict.fromkeys(b for b in halves if b > 0))
     bad = [b for b in args.async_batch_sizes if b >= args.num_envs or args.num_envs % b]
     if bad:
+        envs = args.num_envs
         parser.error(
-            f"--async-batch-sizes {bad[0]}: must divide --num-envs ({args.num_envs}) and be smaller"
+            f"--async-batch-sizes {bad[0]}: must divide --num-envs ({envs}) and be smaller"
         )
     return args
 
@@ -618,25 +553,17 @@ def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
     torch.set_num_threads(args.threads)
-    result = {
-        "machine": machine_info(),
-        "device": str(device),
-        "started": datetime.now().isoformat(timespec="seconds"),
-        "settings": {
-            k: (str(v) if isinstance(v, Path) else v)
-            for k, v in vars(args).items()
-            if k != "scripts_dir"
-        },
-        "standin": standin(args),
-        "atari": None,
-    }
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    del settings["scripts_dir"]
+    result = dict(machine=machine_info(), device=str(device), settings=settings, atari=None)
+    result |= dict(started=datetime.now().isoformat(timespec="seconds"), standin=standin(args))
     if not args.skip_atari:
         note(f"PPO Atari rollout phase: {args.env_id}, {args.num_envs} envs")
         try:
-            result["atari"] = {
-                "rows": atari(args, device, args.scripts_dir),
-                "whole_iteration": whole_iteration(args, args.scripts_dir),
-            }
+            rows = atari(args, device, args.scripts_dir)
+            result["atari"] = dict(
+                rows=rows, whole_iteration=whole_iteration(args, args.scripts_dir)
+            )
         except BenchmarkError as error:
             note(f"error: {error}")
             return 1

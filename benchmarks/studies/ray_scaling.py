@@ -37,20 +37,9 @@ from benchmarks.scripts import load_script
 N_OBS, N_ACT, EPISODE_STEPS = 17, 6, 1000
 DESIGNS = ("per-step", "batched", "double-buffered")
 KINDS = ("sleep", "busy")
-FULL = {
-    "durations": [0.1, 0.01, 0.001],
-    "runners": [1, 2, 4, 8],
-    "seconds": 1.5,
-    "fragment_s": 0.5,
-    "update_s": 0.05,
-}
-QUICK = {
-    "durations": [0.01, 0.001],
-    "runners": [1, 2],
-    "seconds": 0.1,
-    "fragment_s": 0.04,
-    "update_s": 0.004,
-}
+FULL = dict(durations=[0.1, 0.01, 0.001], runners=[1, 2, 4, 8], seconds=1.5, fragment_s=0.5)
+FULL["update_s"] = 0.05
+QUICK = dict(durations=[0.01, 0.001], runners=[1, 2], seconds=0.1, fragment_s=0.04, update_s=0.004)
 
 
 class DelayEnv(gym.Env):
@@ -83,9 +72,8 @@ class DelayEnv(gym.Env):
 
 def actor_network():
     """PPO continuous's actor mean: 17-64-64-6 with tanh."""
-    return nn.Sequential(
-        nn.Linear(N_OBS, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, N_ACT)
-    )
+    layers = nn.Linear(N_OBS, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, N_ACT)
+    return nn.Sequential(*layers)
 
 
 def act(actor, obs):
@@ -108,9 +96,8 @@ class Worker:
     def configure(self, num_envs, duration, busy):
         """Fresh environments: `num_envs` of them, each step taking `duration` s."""
         thunks = [lambda: DelayEnv(duration, busy)] * num_envs
-        self.envs = gym.vector.SyncVectorEnv(
-            thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-        )
+        same_step = gym.vector.AutoresetMode.SAME_STEP
+        self.envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=same_step)
         self.next_obs, _ = self.envs.reset(seed=self.seed)
         return self.next_obs[0]
 
@@ -123,30 +110,20 @@ class Worker:
         """A fragment of `num_steps` vector steps acting with `weights`."""
         self.actor.load_state_dict(weights)
         n = self.envs.num_envs
-        fragment = {
-            "obs": np.zeros((num_steps, n, N_OBS), np.float32),
-            "final_obs": np.zeros((num_steps, n, N_OBS), np.float32),
-            "actions": np.zeros((num_steps, n, N_ACT), np.float32),
-            "logprobs": np.zeros((num_steps, n), np.float32),
-            "rewards": np.zeros((num_steps, n), np.float32),
-            "terminations": np.zeros((num_steps, n), bool),
-            "truncations": np.zeros((num_steps, n), bool),
-        }
+        shapes = dict(obs=(N_OBS,), final_obs=(N_OBS,), actions=(N_ACT,), logprobs=(), rewards=())
+        fragment = {k: np.zeros((num_steps, n, *shape), np.float32) for k, shape in shapes.items()}
+        fragment |= {k: np.zeros((num_steps, n), bool) for k in ("terminations", "truncations")}
         for t in range(num_steps):
             fragment["obs"][t] = self.next_obs
             fragment["actions"][t], fragment["logprobs"][t] = act(self.actor, self.next_obs)
-            (
-                self.next_obs,
-                fragment["rewards"][t],
-                fragment["terminations"][t],
-                fragment["truncations"][t],
-                infos,
-            ) = self.envs.step(fragment["actions"][t])
-            fragment["final_obs"][t] = self.next_obs
+            self.next_obs, rewards, terminations, truncations, infos = self.envs.step(
+                fragment["actions"][t]
+            )
+            fragment["rewards"][t], fragment["terminations"][t] = rewards, terminations
+            fragment["truncations"][t], fragment["final_obs"][t] = truncations, self.next_obs
             if "_final_obs" in infos:
-                fragment["final_obs"][t][infos["_final_obs"]] = np.stack(
-                    infos["final_obs"][infos["_final_obs"]]
-                )
+                ended = infos["_final_obs"]
+                fragment["final_obs"][t][ended] = np.stack(infos["final_obs"][ended])
         return fragment
 
     def resident_memory_mib(self):
@@ -178,21 +155,15 @@ def per_step_iteration(ray, workers, obs, actor, num_steps, timeout):
 def measure(ray, workers, design, cell, settings):
     """sps of one cell: `design` with these `workers`, each stepping the cell's envs."""
     actor, timeout = actor_network(), settings["timeout"]
-    obs = np.stack(
-        ray.get(
-            [w.configure.remote(cell["num_envs"], cell["duration"], cell["busy"]) for w in workers],
-            timeout=timeout,
-        )
-    )
+    envs = (cell["num_envs"], cell["duration"], cell["busy"])
+    obs = np.stack(ray.get([w.configure.remote(*envs) for w in workers], timeout=timeout))
     # per iteration, the same in every design
     steps_per_worker = cell["num_steps"] * cell["envs_per_runner"]
     steps_per_iteration = steps_per_worker * len(workers)
     weights = ray.put(actor.state_dict())
-    calls = (
-        [w.sample.remote(weights, cell["num_steps"]) for w in workers]
-        if design != "per-step"
-        else None
-    )
+    calls = None
+    if design != "per-step":
+        calls = [w.sample.remote(weights, cell["num_steps"]) for w in workers]
     iterations, start = -1, None  # iteration 0 is untimed
     while iterations < 2 or time.perf_counter() - start < settings["seconds"]:
         if iterations == 0:
@@ -221,19 +192,11 @@ def cells(args):
         for duration in args.durations:
             for runners in args.runners:
                 for design in DESIGNS:
-                    num_envs = 1 if design == "per-step" else args.envs_per_runner
-                    yield {
-                        "kind": kind,
-                        "busy": kind == "busy",
-                        "duration": duration,
-                        "runners": runners,
-                        "design": design,
-                        "num_envs": num_envs,
-                        "envs_per_runner": args.envs_per_runner,
-                        "num_steps": steps_per_call(
-                            duration, args.envs_per_runner, args.fragment_s
-                        ),
-                    }
+                    k = args.envs_per_runner
+                    num_envs = 1 if design == "per-step" else k
+                    cell = dict(kind=kind, busy=kind == "busy", duration=duration, runners=runners)
+                    cell |= dict(design=design, num_envs=num_envs, envs_per_runner=k)
+                    yield cell | {"num_steps": steps_per_call(duration, k, args.fragment_s)}
 
 
 def run(ray, args):
@@ -246,12 +209,8 @@ def run(ray, args):
         sps = measure(ray, workers[: cell["runners"]], cell["design"], cell, vars(args))
         ideal = ideal_sps(cell["runners"], cell["duration"], cell["busy"], cores)
         row = {key: cell[key] for key in ("kind", "design", "runners", "duration", "num_steps")}
-        row |= {
-            "envs": cell["runners"] * cell["num_envs"],
-            "sps": sps,
-            "ideal_sps": ideal,
-            "efficiency": sps / ideal,
-        }
+        envs = cell["runners"] * cell["num_envs"]
+        row |= dict(envs=envs, sps=sps, ideal_sps=ideal, efficiency=sps / ideal)
         note(
             f"{row['kind']:5} d={row['duration']:<6g} R={row['runners']:<3} {row['design']:15} "
             f"{sps:9.0f} sps  {row['efficiency']:6.1%}"
@@ -285,14 +244,11 @@ def markdown(result):
 
 def plot(result, path):
     """Efficiency against step duration per design and runner count, a panel per env kind."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from benchmarks.plots import panels, save
 
     kinds = list(dict.fromkeys(r["kind"] for r in result["rows"]))
-    fig = Figure(figsize=(6 * len(kinds), 4))
-    FigureCanvasAgg(fig)
-    for index, kind in enumerate(kinds):
-        ax = fig.add_subplot(1, len(kinds), index + 1)
+    fig, axes = panels(len(kinds), 6, 4)
+    for ax, kind in zip(axes, kinds):
         rows = [r for r in result["rows"] if r["kind"] == kind]
         for design, style, color in zip(
             DESIGNS, (":", "--", "-"), ("tab:red", "tab:blue", "tab:green")
@@ -307,16 +263,11 @@ def plot(result, path):
                     *zip(*line), style, color=color, marker=marker, label=f"{design}, R={runners}"
                 )
         ax.set_xscale("log")
-        ax.set(
-            title=f"{kind} envs",
-            xlabel="step duration (s)",
-            ylabel="efficiency (sps / ideal)",
-            ylim=(0, 1.1),
-        )
+        ax.set(title=f"{kind} envs", xlabel="step duration (s)", ylim=(0, 1.1))
+        ax.set_ylabel("efficiency (sps / ideal)")
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"env runners on Ray, {result['machine']['cpu']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path)
 
 
 def parse_args(argv):

@@ -56,22 +56,9 @@ ENVS = {  # policy -> (the environment its observers step, the answer they step 
 AXES = ("observers", "batch", "compile")
 # indices into the 19 cut points of n=20 quantiles
 QUANTILES = {"p50": 9, "p75": 14, "p90": 17, "p95": 18}
-DISTRIBUTIONS = (
-    "agent_latency_ms",
-    "agent_throughput",
-    "observer_latency_ms",
-    "observer_throughput",
-)
-SCALARS = (
-    "served_per_s",
-    "policy_us_per_request",
-    "agent_cpu_us_per_request",
-    "observer_cpu_us_per_request",
-    "setup_s",
-    "requests",
-    "batches",
-    "wall_s",
-)
+DISTRIBUTIONS = "agent_latency_ms agent_throughput observer_latency_ms observer_throughput".split()
+SCALARS = "served_per_s policy_us_per_request agent_cpu_us_per_request observer_cpu_us_per_request"
+SCALARS = (*SCALARS.split(), "setup_s", "requests", "batches", "wall_s")
 MAX_OBSERVERS = 64
 SWITCH = {"on": True, "off": False}
 GRACE_S = 20.0  # how long finished processes get to leave rpc.shutdown before they are killed
@@ -342,20 +329,9 @@ def run_metrics(batches, agent_cpu_s, episodes, wall_s):
 def start_roles(config, settings):
     """Create the agent (built, compiled, warmed up) and the observers."""
     timeout = settings["timeout"]
-    agent = rpc.remote(
-        "agent",
-        AgentServer,
-        timeout=timeout,
-        args=(
-            config["policy"],
-            config["observers"],
-            config["batch"],
-            config["compile"],
-            settings["backend"],
-            settings["seed"],
-            settings["scripts_dir"],
-        ),
-    )
+    served = [config[key] for key in ("policy", "observers", "batch", "compile")]
+    served += [settings[key] for key in ("backend", "seed", "scripts_dir")]
+    agent = rpc.remote("agent", AgentServer, timeout=timeout, args=tuple(served))
     setup_s = agent.rpc_sync(timeout=timeout).setup_seconds()
     observers = [
         rpc.remote(
@@ -526,20 +502,9 @@ def run_one(config, settings, log_dir):
     failure = "interrupted"
     try:
         for rank, name in enumerate(names):
-            processes[name] = context.Process(
-                target=process_main,
-                name=name,
-                args=(
-                    name,
-                    rank,
-                    len(names),
-                    port,
-                    config,
-                    settings,
-                    str(log_dir / f"{name}.log"),
-                    str(result_path),
-                ),
-            )
+            log = str(log_dir / f"{name}.log")
+            main_args = (name, rank, len(names), port, config, settings, log, str(result_path))
+            processes[name] = context.Process(target=process_main, name=name, args=main_args)
             processes[name].start()
         note(
             f"{label(config)}: " + ", ".join(f"{name} pid {p.pid}" for name, p in processes.items())
@@ -570,25 +535,15 @@ def combine(runs, axis):
 
 def combined(group):
     """The row of one policy and axis value from its repeats (see `combine`)."""
-    row = {key: group[0][key] for key in ("policy", "observers", "batch", "compile")} | {
-        "repeats": len(group)
-    }
+    row = {key: group[0][key] for key in ("policy", *AXES)} | {"repeats": len(group)}
     for key in DISTRIBUTIONS:
         row[key] = {q: statistics.median(run[key][q] for run in group) for q in QUANTILES}
     for key in SCALARS:
         row[key] = statistics.median(run[key] for run in group)
-    checks = [run["check_equal"] for run in group]
-    row["check_equal"] = {
-        "ok": all(c["ok"] for c in checks),
-        "diff": max(c["diff"] for c in checks),
-        "samples": sum(c["samples"] for c in checks),
-    }
-    updates = [run["check_after_update"] for run in group]
-    row["check_after_update"] = {
-        "ok": all(u["ok"] for u in updates),
-        "changed": all(u["changed"] for u in updates),
-        "diff": max(u["diff"] for u in updates),
-    }
+    for check, total in (("check_equal", "samples"), ("check_after_update", "changed")):
+        runs = [run[check] for run in group]
+        row[check] = {"ok": all(c["ok"] for c in runs), "diff": max(c["diff"] for c in runs)}
+        row[check][total] = (sum if total == "samples" else all)(c[total] for c in runs)
     return row
 
 
@@ -599,12 +554,10 @@ def add_speedups(runs, axis):
         first.setdefault(run["policy"], run)
     for run in runs:
         base = first[run["policy"]]
-        run["vs_first"] = {
-            "axis_value": base[axis],
-            "agent_throughput_p50": run["agent_throughput"]["p50"]
-            / base["agent_throughput"]["p50"],
-            "served_per_s": run["served_per_s"] / base["served_per_s"],
-        }
+        throughput = run["agent_throughput"]["p50"] / base["agent_throughput"]["p50"]
+        served = run["served_per_s"] / base["served_per_s"]
+        run["vs_first"] = dict(axis_value=base[axis], agent_throughput_p50=throughput)
+        run["vs_first"]["served_per_s"] = served
 
 
 def onoff(value):
@@ -671,34 +624,26 @@ def markdown(result):
 
 def plot(result, path):
     """Agent throughput, served/s and observer latency (p50s) against the axis, per policy."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from benchmarks.plots import panels, save  # here: the processes of a run need no matplotlib
 
     axis = result["axis"]
-    panels = (
+    metrics = (
         ("agent throughput p50 (requests/s)", lambda r: r["agent_throughput"]["p50"]),
         ("served/s (whole run)", lambda r: r["served_per_s"]),
         ("observer latency p50 (ms)", lambda r: r["observer_latency_ms"]["p50"]),
     )
     values = list(dict.fromkeys(r[axis] for r in result["rows"]))
-    fig = Figure(figsize=(13, 3.8))
-    FigureCanvasAgg(fig)
-    for index, (title, metric) in enumerate(panels):
-        ax = fig.add_subplot(1, 3, index + 1)
+    fig, axes = panels(3, 4.3)
+    for ax, (title, metric) in zip(axes, metrics):
         for policy in dict.fromkeys(r["policy"] for r in result["rows"]):
             rows = [r for r in result["rows"] if r["policy"] == policy]
-            ax.plot(
-                [values.index(r[axis]) for r in rows],
-                [metric(r) for r in rows],
-                marker="o",
-                label=policy,
-            )
+            x = [values.index(r[axis]) for r in rows]
+            ax.plot(x, [metric(r) for r in rows], marker="o", label=policy)
         ax.set_xticks(range(len(values)), [onoff(v) for v in values])
         ax.set(title=title, xlabel=axis)
         ax.legend(fontsize=7)
     fig.suptitle(f"policy served over RPC, {result['machine']['cpu']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path)
 
 
 def switch(text):
@@ -730,23 +675,19 @@ def parse_args(argv):
         args.batch = [True] if len(args.observers) > 1 or len(args.compile) > 1 else [False, True]
     listed = [axis for axis in AXES if len(getattr(args, axis)) > 1]
     if len(listed) > 1:
-        parser.error(
-            "only one of --observers, --batch, --compile may list several values, got "
-            f"{', '.join(listed)}"
-        )
+        many = ", ".join(listed)
+        parser.error(f"only one of --observers, --batch, --compile may list several, got {many}")
     if max(args.observers) > MAX_OBSERVERS:
-        parser.error(
-            f"--observers: at most {MAX_OBSERVERS} (one process each), got {max(args.observers)}"
-        )
+        most = max(args.observers)
+        parser.error(f"--observers: at most {MAX_OBSERVERS} (one process each), got {most}")
     if args.warmup_steps < 0:
         parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.check_steps > args.steps:
         parser.error(f"--check-steps ({args.check_steps}) cannot exceed --steps ({args.steps})")
     if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
         parser.error(f"--backend {args.backend!r} is not a torch.compile backend")
-    if missing := [
-        p for p in args.policies if not (args.scripts_dir / f"{SPECS[p].script}.py").exists()
-    ]:
+    scripts = {p: args.scripts_dir / f"{SPECS[p].script}.py" for p in args.policies}
+    if missing := [p for p, script in scripts.items() if not script.exists()]:
         parser.error(f"--policies: no script for {', '.join(missing)} in {args.scripts_dir}")
     args.axis = listed[0] if listed else "batch"
     return args
@@ -765,36 +706,24 @@ def plan(args):
 
 def settings_of(args):
     """What every process of a run needs to know, as plain values."""
-    keys = (
-        "backend",
-        "episodes",
-        "steps",
-        "warmup_steps",
-        "check_steps",
-        "rtol",
-        "atol",
-        "rpc_timeout",
-        "timeout",
-        "seed",
-    )
-    return {key: getattr(args, key) for key in keys} | {"scripts_dir": str(args.scripts_dir)}
+    keys = "backend episodes steps warmup_steps check_steps rtol atol rpc_timeout timeout seed"
+    return {key: getattr(args, key) for key in keys.split()} | {
+        "scripts_dir": str(args.scripts_dir)
+    }
 
 
 def failed_checks(runs):
     """One line per run whose answers differed from eager's or ignored a weight update."""
     lines = []
     for run in runs:
-        if not run["check_equal"]["ok"]:
-            diff = run["check_equal"]["diff"]
+        equal, update = run["check_equal"], run["check_after_update"]
+        if not equal["ok"]:
+            diff = equal["diff"]
             lines.append(
                 f"{label(run)}: answers differ from the eager unbatched policy by {diff:.3g}"
             )
-        if not run["check_after_update"]["ok"]:
-            what = (
-                "did not change"
-                if not run["check_after_update"]["changed"]
-                else "differ from the eager policy"
-            )
+        if not update["ok"]:
+            what = "differ from the eager policy" if update["changed"] else "did not change"
             lines.append(f"{label(run)}: after an in-place weight update the answers {what}")
     return lines
 
@@ -825,18 +754,9 @@ def main(argv=None):
     shutil.rmtree(logs, ignore_errors=True)
     rows = combine(runs, args.axis)
     add_speedups(rows, args.axis)
-    arguments = {
-        key: value for key, value in vars(args).items() if key not in ("out", "scripts_dir", "axis")
-    }
-    result = {
-        "arguments": arguments,
-        "axis": args.axis,
-        "settings": settings,
-        "started": started,
-        "machine": machine_info(),
-        "rows": rows,
-        "runs": runs,
-    }
+    arguments = {k: v for k, v in vars(args).items() if k not in ("out", "scripts_dir", "axis")}
+    result = dict(arguments=arguments, axis=args.axis, settings=settings, started=started)
+    result |= dict(machine=machine_info(), rows=rows, runs=runs)
     return conclude(
         markdown(result), write_result(result, args.out, stem, markdown, plot), failed_checks(runs)
     )

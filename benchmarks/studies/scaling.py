@@ -21,13 +21,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from benchmarks import cli
 from benchmarks.machine import machine_info
-from benchmarks.plots import save, smooth
+from benchmarks.plots import panels, save, smooth
 from benchmarks.processes import kill_tree
 from benchmarks.report import machine_line, optional, write_result
+from benchmarks.report import table as report_table
 from benchmarks.run import BenchmarkError, failure, note, parse_summary, result_line
 from benchmarks.scripts import SCRIPTS
 
@@ -45,9 +44,8 @@ def loopback_env():
 def execute(cmd, timeout, env=None):
     """Run `cmd` from the repository root; the finished process, or a BenchmarkError if it fails or
     runs past `timeout` seconds (then it and every process it started are killed)."""
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
-    )
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, **pipes)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -67,71 +65,33 @@ def run_command(processes, flags):
     """The command line of one run of `processes` processes."""
     if processes == 1:
         return [sys.executable, str(SCRIPT), *flags]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(processes),
-        str(SCRIPT),
-        *flags,
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*torchrun, "--nproc_per_node", str(processes), str(SCRIPT), *flags]
 
 
 def run_flags(processes, args, seed):
     """The script's flags for a run of `processes` processes."""
     total = args.iterations * NUM_STEPS * args.num_envs * processes
-    return [
-        "--env-id",
-        args.env_id,
-        "--num-envs",
-        str(args.num_envs),
-        "--total-timesteps",
-        str(total),
-        "--measure-burnin",
-        str(args.burnin),
-        "--seed",
-        str(seed),
-        "--no-cuda",
-        "--dist-backend",
-        "gloo",
-        *args.script_flags,
-    ]
+    flags = ["--env-id", args.env_id, "--num-envs", str(args.num_envs)]
+    flags += ["--total-timesteps", str(total), "--measure-burnin", str(args.burnin)]
+    return [*flags, "--seed", str(seed), "--no-cuda", "--dist-backend", "gloo", *args.script_flags]
 
 
 def env_limit(processes, args):
     """The env-only sps of `processes` copies of the script's env stepped at the same time."""
-    commands = [
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.env_limit",
-            "--seconds",
-            str(args.env_seconds),
-            str(SCRIPT),
-            "--env-id",
-            args.env_id,
-            "--num-envs",
-            str(args.num_envs),
-            "--seed",
-            str(1 + copy * args.num_envs),
-        ]
-        for copy in range(processes)
-    ]
-    procs = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        for cmd in commands
-    ]
+    limit = [sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(args.env_seconds)]
+    limit += [str(SCRIPT), "--env-id", args.env_id, "--num-envs", str(args.num_envs), "--seed"]
+    commands = [[*limit, str(1 + copy * args.num_envs)] for copy in range(processes)]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    procs = [subprocess.Popen(cmd, **pipes) for cmd in commands]
     results = []
     try:
         for cmd, proc in zip(commands, procs):
             stdout, stderr = proc.communicate(timeout=args.timeout)
             if proc.returncode != 0:
                 raise failure(cmd, f"exited with status {proc.returncode}", stderr)
-            results.append(
-                result_line(cmd, subprocess.CompletedProcess(cmd, 0, stdout, stderr), "ENV_ONLY")
-            )
+            done = subprocess.CompletedProcess(cmd, 0, stdout, stderr)
+            results.append(result_line(cmd, done, "ENV_ONLY"))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -152,19 +112,11 @@ def rows(runs, limits):
         sps = [s["sps"] for s in summaries]
         median = statistics.median(sps)
         returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
-        table.append(
-            {
-                "processes": processes,
-                "runs": len(summaries),
-                "sps_median": median,
-                "sps_min": min(sps),
-                "sps_max": max(sps),
-                "speedup": median / single if single else None,
-                "efficiency": median / (processes * single) if single else None,
-                "env_only_sps": limits[processes]["sps"],
-                "return_mean": statistics.fmean(returns) if returns else None,
-            }
-        )
+        row = dict(processes=processes, runs=len(summaries), sps_median=median)
+        row |= dict(sps_min=min(sps), sps_max=max(sps), speedup=median / single if single else None)
+        row["efficiency"] = median / (processes * single) if single else None
+        row["env_only_sps"] = limits[processes]["sps"]
+        table.append(row | {"return_mean": statistics.fmean(returns) if returns else None})
     return table
 
 
@@ -179,44 +131,32 @@ def markdown(table, machine, settings):
         f"script flags: {' '.join(settings['script_flags']) or 'none'}; started "
         f"{settings['started']}",
         "",
-        "| processes | sps median | sps min-max | speed-up | efficiency | env-only sps | return "
-        "mean | runs |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in table:
-        lines.append(
-            f"| {r['processes']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} "
-            f"| {optional(r['speedup'], '.2f', 'x')} | {optional(r['efficiency'], '.0%')} | "
-            f"{r['env_only_sps']:.0f} "
-            f"| {optional(r['return_mean'], '.1f')} | {r['runs']} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [
+        f"{r['processes']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}-{r['sps_max']:.0f} | "
+        f"{optional(r['speedup'], '.2f', 'x')} | {optional(r['efficiency'], '.0%')} | "
+        f"{r['env_only_sps']:.0f} | {optional(r['return_mean'], '.1f')} | {r['runs']}"
+        for r in table
+    ]
+    header = "processes | sps median | sps min-max | speed-up | efficiency | env-only sps | return "
+    return "\n".join(lines + report_table(header + "mean | runs", rows, "r" * 8)) + "\n"
 
 
 def figure(table, runs):
     """Left: sps per process count (median, min-max), the ideal N x sps(1) and the env-only limit.
     Right: every run's episodic return (mean of the last 10) against environment steps, one color
     per process count."""
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
-    bars, curves = fig.subplots(1, 2)
-    labels = [str(r["processes"]) for r in table]
-    errors = [
-        [r["sps_median"] - r["sps_min"] for r in table],
-        [r["sps_max"] - r["sps_median"] for r in table],
-    ]
-    drawn = bars.bar(
-        labels,
-        [r["sps_median"] for r in table],
-        yerr=errors,
-        capsize=3,
-        color=[f"C{i}" for i in range(len(table))],
-    )
+    fig, (bars, curves) = panels(2, 5)
+    labels, medians = [str(r["processes"]) for r in table], [r["sps_median"] for r in table]
+    errors = [[r["sps_median"] - r["sps_min"] for r in table]]
+    errors.append([r["sps_max"] - r["sps_median"] for r in table])
+    colors = [f"C{i}" for i in range(len(table))]
+    drawn = bars.bar(labels, medians, yerr=errors, capsize=3, color=colors)
     bars.bar_label(drawn, fmt="%.0f", fontsize=7, label_type="center")
     single = next((r["sps_median"] for r in table if r["processes"] == 1), None)
     if single:
-        bars.plot(
-            labels, [r["processes"] * single for r in table], "k:", marker="o", label="N x sps(1)"
-        )
+        ideal = [r["processes"] * single for r in table]
+        bars.plot(labels, ideal, "k:", marker="o", label="N x sps(1)")
     bars.plot(labels, [r["env_only_sps"] for r in table], "k--", marker="s", label="env only")
     bars.set(xlabel="processes", ylabel="env steps per second, all processes")
     bars.legend(fontsize=8)
@@ -225,13 +165,8 @@ def figure(table, runs):
             points = run["summary"]["curve"]
             if points:
                 steps, _, returns = zip(*points)
-                curves.plot(
-                    steps,
-                    smooth(list(returns)),
-                    color=f"C{index}",
-                    linewidth=1,
-                    label=f"{r['processes']} process(es)" if n == 0 else None,
-                )
+                label = f"{r['processes']} process(es)" if n == 0 else None
+                curves.plot(steps, smooth(list(returns)), color=f"C{index}", lw=1, label=label)
     curves.set(xlabel="environment steps, all processes", ylabel="episodic return (rank 0's envs)")
     curves.legend(fontsize=8)
     return fig

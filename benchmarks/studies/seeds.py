@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from benchmarks import cli, env_limit
 from benchmarks.machine import machine_info
-from benchmarks.plots import save
+from benchmarks.plots import panels, save
 from benchmarks.report import machine_line, optional, table, write_result
 from benchmarks.run import BenchmarkError, failure, note, result_line
 from benchmarks.scripts import load_script
@@ -76,16 +74,8 @@ ALGOS = (
         "ppo_continuous_action_seeds",
         "ppo_continuous_action_cpu",
         ("--env-id", "HalfCheetah-v4", "--total-timesteps", "40960", "--measure-burnin", "5"),
-        (
-            "--env-id",
-            "HalfCheetah-v4",
-            "--total-timesteps",
-            "6144",
-            "--measure-burnin",
-            "1",
-            "--num-steps",
-            "512",
-        ),
+        ("--env-id", "HalfCheetah-v4", "--total-timesteps", "6144", "--measure-burnin", "1")
+        + ("--num-steps", "512"),
         # the second thread: in the update, idle envs
         seeds_variants=(("--threads", "1"), ("--threads", "2")),
     ),
@@ -101,10 +91,10 @@ def runnable(algos, scripts_dir):
     ready = []
     for algo in algos:
         missing = [
-            name for name in (algo.script, algo.single) if not (scripts_dir / f"{name}.py").exists()
+            f"{n}.py" for n in (algo.script, algo.single) if not (scripts_dir / f"{n}.py").exists()
         ]
         if missing:
-            note(f"skipping {algo.name}: missing {', '.join(f'{name}.py' for name in missing)}")
+            note(f"skipping {algo.name}: missing {', '.join(missing)}")
         else:
             ready.append(algo)
     return ready
@@ -115,14 +105,8 @@ def budget(algo, quick):
 
 
 def seeds_command(algo, scripts_dir, members, quick, flags):
-    cmd = [
-        sys.executable,
-        str(scripts_dir / f"{algo.script}.py"),
-        *budget(algo, quick),
-        "--num-seeds",
-        str(members),
-    ]
-    return cmd + list(flags)
+    script = str(scripts_dir / f"{algo.script}.py")
+    return [sys.executable, script, *budget(algo, quick), "--num-seeds", str(members), *flags]
 
 
 def process_cores(index, at_once, cores):
@@ -135,13 +119,8 @@ def process_cores(index, at_once, cores):
 
 def single_command(algo, scripts_dir, seed, quick, cores):
     """One single-seed run and its environment: pinned to `cores`, as many threads."""
-    cmd = [
-        sys.executable,
-        str(scripts_dir / f"{algo.single}.py"),
-        *budget(algo, quick),
-        "--seed",
-        str(seed),
-    ]
+    script = str(scripts_dir / f"{algo.single}.py")
+    cmd = [sys.executable, script, *budget(algo, quick), "--seed", str(seed)]
     pin = ["taskset", "-c", ",".join(map(str, cores))] if TASKSET else []
     return pin + cmd, {"OMP_NUM_THREADS": str(len(cores))}
 
@@ -151,21 +130,15 @@ def read_summary(cmd, proc):
     line = result_line(cmd, proc, "SUMMARY")
     summary = json.loads(Path(line["summary_file"]).read_text())
     if not isinstance(summary.get("sps"), (int, float)):
-        raise failure(
-            cmd, "printed a SUMMARY without a numeric sps (does the run end inside the burn-in?)"
-        )
+        raise failure(cmd, "printed a SUMMARY without a numeric sps (does it end in the burn-in?)")
     return summary
 
 
 def run_together(commands, timeout, cwd, envs=None):
     """Start `commands` at once (`envs[i]` added to command i's environment) and wait for all."""
     envs = [dict(os.environ, **extra) for extra in envs or [{}] * len(commands)]
-    procs = [
-        subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env
-        )
-        for cmd, env in zip(commands, envs)
-    ]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    procs = [subprocess.Popen(cmd, env=env, **pipes) for cmd, env in zip(commands, envs)]
     try:
         summaries = []
         for cmd, proc in zip(commands, procs):
@@ -201,6 +174,15 @@ def env_only(algo, scripts_dir, members, quick, seconds):
     return env_limit.measure(scripts_dir / f"{algo.script}.py", flags, seconds)
 
 
+def add(runs, run, summaries, sps=None):
+    """Note a run (its algo, members, repeat and variant) and add it to `runs` with its summaries
+    and sps (the one summary's without `sps`)."""
+    run |= dict(sps=summaries[0]["sps"] if sps is None else sps, summaries=summaries)
+    where = f"{run['algo']} N={run['members']} round {run['repeat'] + 1}"
+    note(f"{where}: {run['variant']} {run['sps']:.0f} sps")
+    runs.append(run)
+
+
 def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_seconds, timeout, cwd):
     """Every run, in order (per algorithm, per round, per N: the seeds script, then each P), and the
     env-only limits."""
@@ -213,50 +195,24 @@ def measure(algos, scripts_dir, members_list, processes, repeats, quick, env_sec
             )
         for repeat in range(repeats):
             for members in members_list:
+                key = dict(algo=algo.name, members=members, repeat=repeat)
                 for flags in algo.seeds_variants:
-                    (summary,) = run_together(
-                        [seeds_command(algo, scripts_dir, members, quick, flags)], timeout, cwd
-                    )
-                    variant = " ".join(["seeds", *flags])
-                    note(
-                        f"{algo.name} N={members} round {repeat + 1}: {variant} "
-                        f"{summary['sps']:.0f} sps"
-                    )
-                    run = dict(
-                        algo=algo.name,
-                        members=members,
-                        variant=variant,
-                        repeat=repeat,
-                        sps=summary["sps"],
-                    )
-                    runs.append(run | dict(summaries=[summary]))
+                    cmd = seeds_command(algo, scripts_dir, members, quick, flags)
+                    (summary,) = run_together([cmd], timeout, cwd)
+                    add(runs, key | dict(variant=" ".join(["seeds", *flags])), [summary])
                 for at_once in processes_at_once(members, processes, cores):
                     summaries = []
                     for first in range(1, members + 1, at_once):
                         wave = range(first, min(first + at_once, members + 1))
                         cores_of = [process_cores(seed - first, at_once, cores) for seed in wave]
-                        cmds, envs = zip(
-                            *(
-                                single_command(algo, scripts_dir, s, quick, c)
-                                for s, c in zip(wave, cores_of)
-                            )
-                        )
+                        single = [
+                            single_command(algo, scripts_dir, s, quick, c)
+                            for s, c in zip(wave, cores_of)
+                        ]
+                        cmds, envs = zip(*single)
                         summaries += run_together(cmds, timeout, cwd, envs)
-                    sps = waves_sps(summaries, at_once)
-                    note(
-                        f"{algo.name} N={members} round {repeat + 1}: {at_once} at once {sps:.0f} "
-                        "sps"
-                    )
-                    runs.append(
-                        dict(
-                            algo=algo.name,
-                            members=members,
-                            variant=f"{at_once} at once",
-                            repeat=repeat,
-                            sps=sps,
-                            summaries=summaries,
-                        )
-                    )
+                    run = key | dict(variant=f"{at_once} at once")
+                    add(runs, run, summaries, waves_sps(summaries, at_once))
     return runs, limits
 
 
@@ -272,27 +228,15 @@ def rows(runs, limits):
             medians[variant] = statistics.median(r["sps"] for r in mine if r["variant"] == variant)
         seeds = {variant: sps for variant, sps in medians.items() if variant.startswith("seeds")}
         processes = {variant: sps for variant, sps in medians.items() if variant not in seeds}
-        best_seeds, best = (
-            max(seeds, key=seeds.get),
-            max(processes, key=processes.get) if processes else None,
-        )
+        best_seeds = max(seeds, key=seeds.get)
+        best = max(processes, key=processes.get) if processes else None
         summaries = [s for r in mine if r["variant"] in seeds for s in r["summaries"]]
         returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
-        table.append(
-            dict(
-                algo=algo,
-                members=members,
-                seeds_variants=seeds,
-                best_seeds=best_seeds,
-                seeds_sps=seeds[best_seeds],
-                processes_sps=processes,
-                best=best,
-                best_sps=processes.get(best),
-                vs_best=seeds[best_seeds] / processes[best] if best else None,
-                env_only_sps=limits[f"{algo} {members}"]["sps"],
-                return_mean=statistics.fmean(returns) if returns else None,
-            )
-        )
+        row = dict(algo=algo, members=members, seeds_variants=seeds, best_seeds=best_seeds)
+        row |= dict(seeds_sps=seeds[best_seeds], processes_sps=processes, best=best)
+        row |= dict(best_sps=processes.get(best), env_only_sps=limits[f"{algo} {members}"]["sps"])
+        row["vs_best"] = seeds[best_seeds] / processes[best] if best else None
+        table.append(row | dict(return_mean=statistics.fmean(returns) if returns else None))
     return table
 
 
@@ -324,20 +268,15 @@ def markdown(result):
 def plot(result, path):
     """Aggregate sps against N per algorithm: seeds script, best processes, env-only limit."""
     algos = list(dict.fromkeys(r["algo"] for r in result["table"]))
-    figure = Figure(figsize=(4.5 * len(algos), 3.8), layout="constrained")
-    for ax, algo in zip(figure.subplots(1, len(algos), squeeze=False)[0], algos):
+    figure, axes = panels(len(algos), 4.5)
+    for ax, algo in zip(axes, algos):
         table = [r for r in result["table"] if r["algo"] == algo]
         members = [r["members"] for r in table]
         ax.plot(members, [r["seeds_sps"] for r in table], "o-", label="one process, N members")
         ax.plot(members, [r["best_sps"] for r in table], "s-", label="N processes, best P at once")
         ax.plot(members, [r["env_only_sps"] for r in table], "k--", label="env only (one process)")
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="N (seeds)",
-            ylabel="env steps per second, all seeds",
-            title=algo,
-        )
+        ax.set(xscale="log", yscale="log", xlabel="N (seeds)", title=algo)
+        ax.set_ylabel("env steps per second, all seeds")
         ax.set_xticks(members, [str(n) for n in members])
         ax.legend(fontsize=7)
     save(figure, path)
@@ -565,25 +504,14 @@ def proxy_markdown(result):
 
 def proxy_plot(result, path):
     """Microseconds per member against N (log-log), a line per algorithm and function."""
-    figure = Figure(figsize=(6, 4), layout="constrained")
-    ax = figure.subplots()
+    figure, (ax,) = panels(1, 6, 4)
     for index, key in enumerate(dict.fromkeys((r["algo"], r["function"]) for r in result["table"])):
         table = [r for r in result["table"] if (r["algo"], r["function"]) == key]
-        members = [r["members"] for r in table]
-        ax.plot(
-            members,
-            [r["us_per_member"] for r in table],
-            "o-",
-            color=f"C{index}",
-            label=f"{' '.join(key)}, this CPU",
-        )
-        ax.plot(
-            members,
-            [r["gpu_us_per_member_unmeasured"] for r in table],
-            ":",
-            color=f"C{index}",
-            label=f"{' '.join(key)}, GPU (unmeasured)",
-        )
+        members, name = [r["members"] for r in table], " ".join(key)
+        keys = ("us_per_member", "gpu_us_per_member_unmeasured")
+        cpu, gpu = ([r[k] for r in table] for k in keys)
+        ax.plot(members, cpu, "o-", color=f"C{index}", label=f"{name}, this CPU")
+        ax.plot(members, gpu, ":", color=f"C{index}", label=f"{name}, GPU (unmeasured)")
     ax.set(xscale="log", yscale="log", xlabel="N (members)", ylabel="microseconds per member")
     ax.legend(fontsize=7)
     save(figure, path)

@@ -20,11 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from matplotlib.figure import Figure
-
 from benchmarks import cli
 from benchmarks.machine import machine_info
-from benchmarks.plots import save
+from benchmarks.plots import panels, save
 from benchmarks.report import machine_line, table, write_result
 from benchmarks.run import BenchmarkError, note
 from benchmarks.studies.seeds import ALGOS, budget, process_cores, run_together, single_command
@@ -132,28 +130,15 @@ def measure(args, algo):
     run_means = setting_means(values, members, singles)
     complete = None not in sweep_means and None not in run_means
     best = [values[m.index(max(m))] if complete else None for m in (sweep_means, run_means)]
-    return dict(
-        algo=algo.name,
-        flag=flag,
-        values=values,
-        seeds=args.seeds,
-        processes=args.processes,
-        sweep_means=sweep_means,
-        run_means=run_means,
-        spearman=spearman(sweep_means, run_means) if complete else None,
-        same_best=best[0] == best[1] if complete else None,
-        sweep_s=sweep_s,
-        runs_s=runs_s,
-        runs_vs_sweep=runs_s / sweep_s,
-        sweep_sps=sweep["sps"],
-        seeds_sps=seeds_run["sps"],
-        sweep_vs_seeds=sweep["sps"] / seeds_run["sps"],
-        summaries=dict(
-            sweep=without_curves(sweep),
-            seeds=without_curves(seeds_run),
-            runs=[without_curves(s) for s in singles],
-        ),
-    )
+    found = dict(algo=algo.name, flag=flag, values=values, seeds=args.seeds)
+    found |= dict(processes=args.processes, sweep_means=sweep_means, run_means=run_means)
+    found["spearman"] = spearman(sweep_means, run_means) if complete else None
+    found["same_best"] = best[0] == best[1] if complete else None
+    found |= dict(sweep_s=sweep_s, runs_s=runs_s, runs_vs_sweep=runs_s / sweep_s)
+    found |= dict(sweep_sps=sweep["sps"], seeds_sps=seeds_run["sps"])
+    found["sweep_vs_seeds"] = sweep["sps"] / seeds_run["sps"]
+    summaries = dict(sweep=without_curves(sweep), seeds=without_curves(seeds_run))
+    return found | {"summaries": summaries | {"runs": [without_curves(s) for s in singles]}}
 
 
 def markdown(result):
@@ -184,8 +169,7 @@ def markdown(result):
 def plot(result, path):
     """The settings' mean final returns against the flag's values: the sweep's and the runs'."""
     r = result["table"]
-    figure = Figure(figsize=(5, 3.6), layout="constrained")
-    ax = figure.subplots()
+    figure, (ax,) = panels(1, 5, 3.6)
     x = range(len(r["values"]))
     ax.plot(x, r["sweep_means"], "o-", label="sweep, one process")
     ax.plot(x, r["run_means"], "s--", label=f"single runs, {r['processes']} at a time")
