@@ -80,6 +80,7 @@ def tensor_steppers(env_id, num_envs, device, compiled):
     sync = torch.cuda.synchronize if envs.device.type == "cuda" else (lambda: None)
     steppers = {"tensor": (envs.step, actions, sync)}
     if compiled:
+        torch._dynamo.reset()  # the envs share one `step`: each size and env compiles it afresh
         step = torch.compile(envs.step, fullgraph=True)
         if envs.device.type == "cuda":
             from tensordict.nn import CudaGraphModule
