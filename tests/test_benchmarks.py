@@ -721,3 +721,20 @@ def test_sweeps_rank_correlation_is_spearmans():
     assert sweeps.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
     assert sweeps.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert sweeps.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_path):
+    from benchmarks.studies import tensorboard_cost
+
+    runs = []
+
+    def run_one(cmd, timeout):
+        runs.append(cmd)
+        return {"sps": 80.0 + len(runs) if "--no-tensorboard" in cmd else 50.0 + len(runs)}
+
+    monkeypatch.setattr(tensorboard_cost, "run_one", run_one)
+    tensorboard_cost.main(["--rounds", "3", "--algos", "dqn", "--out", str(tmp_path)])
+    assert [("--no-tensorboard" in cmd) for cmd in runs] == [False, True] * 3
+    assert all("dqn_cpu.py" in cmd[1] for cmd in runs)
+    (row,) = json.loads((tmp_path / "cost_cpu.json").read_text())["rows"]
+    assert row["median"] == {"tensorboard": 53.0, "none": 84.0}

@@ -1,0 +1,49 @@
+"""What CleanRL's TensorBoard scalars cost the `_cpu` scripts: each at its quick budget with and
+without `--no-tensorboard`, in turn, `--rounds` times; the median sps of each and their ratio.
+
+    python -m benchmarks.studies.tensorboard_cost --rounds 5 --out benchmarks/results/tensorboard
+
+Results: benchmarks/results/tensorboard/cost_cpu.json; docs/performance.md, "TensorBoard's cost".
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.machine import machine_info
+from benchmarks.registry import ALGOS, VARIANTS
+from benchmarks.run import command, run_one
+
+CPU = next(variant for variant in VARIANTS if variant.name == "cpu")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--algos", nargs="+", default=[a.name for a in ALGOS if a.cpu])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    rows = []
+    for algo in (a for a in ALGOS if a.name in args.algos):
+        base = [*command(algo, CPU, Path("leanrl").resolve(), True, 1), "--threads", "1"]
+        sps = {"tensorboard": [], "none": []}
+        for _ in range(args.rounds):
+            sps["tensorboard"].append(run_one(base, None)["sps"])
+            sps["none"].append(run_one([*base, "--no-tensorboard"], None)["sps"])
+        medians = {kind: statistics.median(values) for kind, values in sps.items()}
+        rows.append(dict(script=algo.script(CPU), sps=sps, median=medians))
+        ratio = medians["tensorboard"] / medians["none"]
+        print(
+            f"{algo.script(CPU):28} {medians['tensorboard']:10,.0f} {medians['none']:10,.0f}"
+            f" {ratio:6.3f}",
+            flush=True,
+        )
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        result = dict(machine=machine_info(), rounds=args.rounds, rows=rows)
+        (args.out / "cost_cpu.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
