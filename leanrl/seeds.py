@@ -119,25 +119,19 @@ class MemberEpisodes:
     step: the tensor envs' stay on their device until then, read in one host sync."""
 
     def __init__(self, num_seeds):
-        self.num_seeds, self.steps, self.columns = num_seeds, [], []
+        self.num_seeds, self.held = num_seeds, []
 
     def add(self, global_step, infos):
-        final_info = infos.get("final_info", {})
-        if "episode" in final_info:
-            self.steps.append(global_step)
-            episode = final_info["episode"]
-            self.columns.append([episode["r"], episode["l"], final_info["_episode"]])
+        if "episode" in infos.get("final_info", {}):
+            self.held.append((global_step, infos["final_info"]))
 
     def flush(self, run):
-        if not self.steps:
-            return
-        tensors = [torch.stack([torch.as_tensor(x) for x in xs]) for xs in zip(*self.columns)]
-        returns, lengths, ended = (x.cpu() for x in tensors)  # the host sync
-        for step, r, n, ends in zip(self.steps, returns, lengths, ended):
+        columns = [[f["episode"]["r"], f["episode"]["l"], f["_episode"]] for _, f in self.held]
+        stacked = [torch.stack([torch.as_tensor(x) for x in xs]).cpu() for xs in zip(*columns)]
+        for (step, _), r, n, ends in zip(self.held, *stacked):  # after the one host sync
             infos = {"final_info": {"episode": {"r": r, "l": n}, "_episode": ends}}
             run.log_episodes(step, finished_member_episodes(infos, self.num_seeds))
-        self.steps.clear()
-        self.columns.clear()
+        self.held.clear()
 
 
 def check_memory(members, per_member, what, device=None):
