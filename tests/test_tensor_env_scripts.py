@@ -60,7 +60,14 @@ SMOKE = {
 }
 
 
-@pytest.mark.parametrize("script", SMOKE)
+# a script whose resume or evaluation test trains it the same way: slow (that test runs quick)
+GUARDED = {"dqn", "pqn", "pqn_torchcompile", "ppo_lstm", "ppo_continuous_action"}
+GUARDED |= {"ppo_continuous_action_cpu"}
+
+
+@pytest.mark.parametrize(
+    "script", [pytest.param(s, marks=[pytest.mark.slow] if s in GUARDED else []) for s in SMOKE]
+)
 def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
     assert train(script, *SMOKE[script], "--tensor-envs", "--run-name", "t") == 0
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
