@@ -25,17 +25,8 @@ PQN += ("--num-minibatches", 2, "--update-epochs", 2)
 OFF_POLICY = ("--total-timesteps", 400, "--learning-starts", 200, "--batch-size", 32)
 RECURRENT = ("--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32, "--update-epochs", 2)
 PENDULUM = ("--env-id", "Pendulum-v1")
-PPO = (
-    *PENDULUM,
-    "--total-timesteps",
-    512,
-    "--num-envs",
-    2,
-    "--num-steps",
-    32,
-    "--update-epochs",
-    2,
-)
+PPO = (*PENDULUM, "--total-timesteps", 512, "--num-envs", 2, "--num-steps", 32)
+PPO += ("--update-epochs", 2)
 SMOKE = {
     "dqn": DQN,
     "dqn_torchcompile": DQN,
@@ -61,8 +52,8 @@ SMOKE = {
 
 
 # a script whose resume or evaluation test trains it the same way: slow (that test runs quick)
-GUARDED = {"dqn", "pqn", "pqn_torchcompile", "ppo_lstm", "ppo_continuous_action"}
-GUARDED |= {"ppo_continuous_action_cpu"}
+GUARDED = {"dqn", "pqn", "pqn_torchcompile", "ppo_lstm"}
+GUARDED |= {"ppo_continuous_action", "ppo_continuous_action_cpu"}
 
 
 @pytest.mark.parametrize(
