@@ -30,8 +30,10 @@ MASK32 = 0xFFFFFFFF
 
 
 def mul32(x, c):
-    """(x * c) mod 2**32 for int64 `x` < 2**32 and a constant `c` < 2**32, without overflowing."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & MASK32
+    """(x * c) mod 2**32 for int64 `x` < 2**32 and a constant `c` < 2**32, without overflowing:
+    `c` is taken as c - 2**32 where it is 2**31 or more, and the product as two's complement.
+    `x` is read once: a step's compiled graph holds each read of it whole, nested in each hash."""
+    return (x * (c - 2**32 if c >= 2**31 else c)) & MASK32
 
 
 def hash32(x):
@@ -226,11 +228,13 @@ class Acrobot(TensorEnv):
 
     @staticmethod
     def wrap(x):
-        """gymnasium's `wrap` to [-pi, pi] by whole turns, unrolled: a step turns less than 4."""
+        """gymnasium's `wrap` to [-pi, pi] by whole turns, unrolled: a step turns less than 4. A
+        turn is subtracted times 0 or 1, not chosen by `where`: each of those reads `x` thrice, and
+        torch.compile inlines the 3**8 reads of the step before it (minutes to compile)."""
         for _ in range(4):
-            x = torch.where(x > math.pi, x - 2 * math.pi, x)
+            x = x - (x > math.pi).to(x.dtype) * (2 * math.pi)
         for _ in range(4):
-            x = torch.where(x < -math.pi, x + 2 * math.pi, x)
+            x = x + (x < -math.pi).to(x.dtype) * (2 * math.pi)
         return x
 
     def dynamics(self, state, action):

@@ -246,6 +246,19 @@ def test_seeds_give_each_env_its_own_stream():
     assert len(set(one[:, 0].tolist())) == 8
 
 
+def test_the_reset_hash_multiplies_modulo_2_to_the_32_exactly():
+    """`mul32` is (x * c) mod 2**32 for every 32-bit `x` and the hash's constants, the edges
+    included, eager and compiled: no int64 overflow, and the reset draws stay the same stream."""
+    rng = np.random.default_rng(0)
+    xs = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, *rng.integers(0, 2**32, 1000).tolist()]
+    x = torch.tensor(xs)
+    compiled = torch.compile(tensor_envs.mul32, fullgraph=True)
+    for c in (0x7FEB352D, 0x846CA68B, 1, 2**31, 2**32 - 1):
+        expected = torch.tensor([v * c % 2**32 for v in xs])
+        assert torch.equal(tensor_envs.mul32(x, c), expected), hex(c)
+        assert torch.equal(compiled(x, c), expected), hex(c)
+
+
 def test_gymnasium_makes_them():
     """`gym.make_vec("tensor/<id>", ...)` makes the tensor env, with its device and seed."""
     envs = gym.make_vec("tensor/Pendulum-v1", num_envs=3, device="cpu", seed=4)
