@@ -13,7 +13,7 @@ from collections import deque
 import numpy as np
 import torch
 import tqdm
-from runs import Run, fail, summary_writer, write_episodes, write_scalars
+from runs import Run, Scalars, fail
 from vector_envs import Episodes
 
 
@@ -182,7 +182,7 @@ class SeedsRun(Run):
             flags = [vars(s) | {"seed": seed} for s, seed in zip(self.member_settings, self.seeds)]
             for label, member_flags in zip(self.labels, flags):
                 folder = os.path.join(self.dir, label)
-                self.writers.append(summary_writer(folder, member_flags, purge_step))
+                self.writers.append(Scalars(folder, member_flags, purge_step))
 
     def close_writers(self):
         for writer in self.writers:
@@ -233,7 +233,7 @@ class SeedsRun(Run):
                     self.wandb.log({f"charts/episodic_return_{label}": r}, step=global_step)
         for writer, episodes in zip(self.writers, member_returns):
             if episodes:  # most steps end no episode
-                write_episodes(writer, global_step, episodes)
+                writer.add_episodes(global_step, episodes)
 
     def log_progress(self, global_step, metrics):
         """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
@@ -253,7 +253,7 @@ class SeedsRun(Run):
             self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
         for member, writer in enumerate(self.writers):
             losses = {f"losses/{k}": v[member] for k, v in metrics.items()}
-            write_scalars(writer, global_step, (losses | self.sps_chart(sps)).items())
+            writer.add(global_step, (losses | self.sps_chart(sps)).items())
         for name, member_values in metrics.items():
             for member, value in enumerate(member_values):
                 if name.endswith("loss") and not np.isfinite(value):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SCRIPTS, run_script, script_env, summary
+from conftest import SCRIPTS, load_script, run_script, script_env, summary
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # DQN on CartPole past its first updates, eagerly: short episodes, losses logged every 100 steps
@@ -99,3 +99,28 @@ def test_a_resumed_run_continues_the_series_without_repeating_a_step(train, tmp_
     result = json.loads((folder / "summary.json").read_text())
     assert len(result["resumes"]) == 1
     assert_cleanrl_charts(events(folder), result["curve"], ["td_loss"], dict(seed=1))
+
+
+def test_events_go_to_the_writer_once_a_second_and_all_of_them_at_close(tmp_path, monkeypatch):
+    """`Scalars` keeps a second's events, then hands them to the writer's thread in their order
+    with their steps; `close` hands off the rest. Each event's checksum (google-crc32c's, not
+    TensorBoard's pure-Python one) is TensorBoard's: its reader checks them."""
+    runs = load_script("runs")
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    for data in (b"", b"x", bytes(range(256)) * 3):
+        assert runs.masked_crc32c(data) == masked_crc32c(data)
+    clock = [100.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    writer = runs.Scalars(str(tmp_path), {"seed": 1})
+    writer.add(1, [("losses/td_loss", 0.5)])
+    writer.add_episodes(2, [10.0, 12.0])
+    assert len(writer.pending) == 2
+    clock[0] += 1.5
+    writer.add(3, [("losses/td_loss", 0.25)])
+    assert writer.pending == []
+    writer.add(4, [("losses/td_loss", 0.125)])
+    writer.close()
+    accumulator = events(tmp_path)
+    assert scalars(accumulator, "losses/td_loss") == [(1, 0.5), (3, 0.25), (4, 0.125)]
+    assert scalars(accumulator, "charts/episodic_return") == [(2, 10.0), (2, 12.0)]

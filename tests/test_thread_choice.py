@@ -219,3 +219,20 @@ def test_every_script_with_threads_chooses_them_in_its_loop(script, train, monke
     assert train(script, *flags, "--threads", 1, "--run-name", "fixed", counted=counted) == 0
     s = json.loads(Path("runs/fixed/summary.json").read_text())
     assert (s["threads"], s["thread_trials"]) == (1, [])
+
+
+def test_training_starts_with_what_setup_made_kept_from_full_garbage_collections(make_run):
+    """`progress` freezes the objects made so far (modules, networks, the writer): a full garbage
+    collection in the loop scans only what the loop made (before: 0.25 s, a quarter of dqn_cpu's
+    timed steps at its quick budget)."""
+    import gc
+
+    gc.unfreeze()
+    run = make_run("dqn_cpu", tensorboard=False)
+    try:
+        assert gc.get_freeze_count() == 0
+        run.progress(range(2))
+        assert gc.get_freeze_count() > 10_000  # torch's modules alone
+        assert len(gc.get_objects()) < 1_000  # what a full collection still scans
+    finally:
+        gc.unfreeze()
