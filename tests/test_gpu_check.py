@@ -153,6 +153,7 @@ def test_each_part_ends_by_its_share_and_the_next_keeps_its_own():
     assert gpu_check.deadlines(["seeds"], 10) == {"seeds": pytest.approx(600)}
 
 
+@pytest.mark.slow  # waits for a part to pass its share (12 s here)
 def test_a_part_past_its_share_is_stopped_and_the_next_part_still_runs(tmp_path, monkeypatch):
     """A timed check that would overrun its part is stopped at the part's end, the part's next
     check is not run, and the part after it runs in its own share; a check cut by its own cap

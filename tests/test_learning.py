@@ -54,6 +54,7 @@ def harness(out_dir, *flags):
     ]
 
 
+@pytest.mark.slow  # three processes, two of them training (13 s here)
 def test_a_harness_killed_between_runs_skips_the_done_run_and_completes_the_other(tmp_path):
     first, second = (tmp_path / run.name for run in SMOKE)
     killed = subprocess.Popen(

@@ -35,7 +35,20 @@ RUNS = [
 ]
 
 
-@pytest.mark.parametrize("script, env_id, flags", RUNS, ids=[f"{s}-{e}" for s, e, _ in RUNS])
+# the quick tier keeps the eager scripts (Hopper) and SAC's twin (HalfCheetah)
+QUICK = ("sac_continuous_action", "sac_continuous_action_torchcompile", "td3_continuous_action")
+QUICK += ("ppo_continuous_action",)
+
+
+@pytest.mark.parametrize(
+    "script, env_id, flags",
+    [
+        pytest.param(
+            *run, marks=() if run[0] in QUICK else pytest.mark.slow, id=f"{run[0]}-{run[1]}"
+        )
+        for run in RUNS
+    ],
+)
 def test_script_trains_on_v5(script, env_id, flags, tmp_path):
     # one thread: the networks are small, and on a shared machine a second thread waits for a core
     proc = run_script(script, "--env-id", env_id, *flags, cwd=tmp_path, timeout=300, env=ONE_THREAD)

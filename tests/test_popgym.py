@@ -69,6 +69,7 @@ def test_random_return_of_the_recall_task():
     assert memory.random_return(RECALL, 40, seed=0) == pytest.approx(-0.5, abs=0.06)
 
 
+@pytest.mark.slow  # trains on every task (13 s here)
 def test_tasks_tiny_run_writes_the_table(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the scripts' runs/ folders
     flags = "--tasks repeat-first --task-steps 1024 --seeds 1 --compiled-steps 0".split()

@@ -195,6 +195,7 @@ def flat_parameters(agent):
     return torch.cat([p.detach().flatten() for p in agent.parameters()])
 
 
+@pytest.mark.slow  # compiles the update twice (12 s here)
 def test_twin_update_compiled_or_not_equals_the_eager_twins():
     eager_module, twin_module = load_script(EAGER), load_script(TWIN)
     updates = {

@@ -72,6 +72,7 @@ def test_each_member_starts_from_the_weights_of_the_cpu_script_with_its_seed():
         ), seed
 
 
+@pytest.mark.slow  # compiles both updates (16 s here)
 def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs_eager_and_compiled():
     """Four steps of a 16-member sweep (SWEEP), lr annealed in place, eager and compiled as main
     compiles it, against the CPU script's update with each member's flags on its own state and

@@ -218,6 +218,7 @@ def assert_no_recompilation_after_warmup(twin, make_minibatch, state):
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(4e-4)
 
 
+@pytest.mark.slow  # compiles the sequence loss (27 s here)
 def test_compiled_sequence_loss_equals_eager_loss():
     assert_compiled_loss_equals_eager(TWIN, make_minibatch)
 

@@ -90,7 +90,8 @@ def make_learner(script, args):
     return module.make_learner(args, 4, 2, *device)
 
 
-@pytest.mark.parametrize("script", [EAGER, TWIN, CPU])
+# the twin's compiles its acting (36 s here)
+@pytest.mark.parametrize("script", [EAGER, pytest.param(TWIN, marks=pytest.mark.slow), CPU])
 def test_acting_flips_a_coin_per_env_on_the_schedule(script):
     """With Q = [1, 0], an env plays 1 with probability epsilon / 2 and all 8 play 0 with (1 -
     epsilon / 2)^8 (one coin for all, DQN's, would give 0.09 against 0.48 at 0.525); the twin's
@@ -262,6 +263,7 @@ def test_twin_update_compiled_or_not_takes_the_eager_twins_steps():
     assert all(moved), "every parameter moved"
 
 
+@pytest.mark.slow  # compiles the functional update (16 s here)
 def test_cpu_functional_update_takes_the_eager_twins_steps_without_recompiling():
     """Eight steps (RAdam's rectification begins at the sixth, gradients clipped, lr annealed in
     place from the fourth): the CPU script's functional update, eager and compiled as `main` does,

@@ -86,6 +86,7 @@ def build_update(module, seed=0, compile=False):
     return torch.compile(update) if compile else update, q_network
 
 
+@pytest.mark.slow  # compiles the update twice (24 s here)
 def test_twin_update_compiled_or_not_equals_the_eager_twins():
     """Two steps on PPO Atari's minibatches: losses and mean Qs within 1e-5 relative, parameters
     within 1e-5 (float32 convolutions in another memory layout)."""

@@ -272,6 +272,7 @@ SHORT = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts
 SHORT += ("--batch-size", 32, "--buffer-size", 1000)
 
 
+@pytest.mark.slow  # two runs that record videos (19 s here)
 def test_a_resumed_run_records_its_videos_beside_the_first(train, tmp_path):
     """A video recorder cannot be saved, so the resumed run's counts episodes from 0 again: its
     videos go to a folder of their own, and the stopped run's stay as they were."""
