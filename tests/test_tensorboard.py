@@ -6,7 +6,9 @@ TensorBoard's own reader; `--no-tensorboard` writes no event file and imports no
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from conftest import SCRIPTS, load_script, run_script, script_env, summary
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -111,7 +113,7 @@ def test_events_go_to_the_writer_once_a_second_and_all_of_them_at_close(tmp_path
     for data in (b"", b"x", bytes(range(256)) * 3):
         assert runs.masked_crc32c(data) == masked_crc32c(data)
     clock = [100.0]
-    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(runs, "time", SimpleNamespace(time=time.time, monotonic=lambda: clock[0]))
     writer = runs.Scalars(str(tmp_path), {"seed": 1})
     writer.add(1, [("losses/td_loss", 0.5)])
     writer.add_episodes(2, [10.0, 12.0])
