@@ -53,6 +53,18 @@ def long_learning(test):
     return pytest.mark.learning(skip(test))
 
 
+def slow_unless(quick, values, ids=None):
+    """`values` as parametrize's, each marked `slow` unless `quick(value)`: the quick tier keeps
+    those, the full suite runs all."""
+    ids = ids or [None] * len(values)
+    return [
+        pytest.param(
+            *(v if isinstance(v, tuple) else (v,)), marks=() if quick(v) else pytest.mark.slow, id=i
+        )
+        for v, i in zip(values, ids)
+    ]
+
+
 def compiles_a_whole_run(item):
     """Whether `item` is a smoke run that compiles (20-77 s here, most of it compiling): a twin
     with `--compile`, or a `_cpu` script, which compiles unless told `--no-compile`. The

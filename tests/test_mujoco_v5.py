@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, run_script, summary
+from conftest import load_script, run_script, slow_unless, summary
 
 # off-policy: 8 gradient steps after 40 random steps; on-policy: 2 iterations of 32 steps
 OFF_POLICY = ("--total-timesteps", 48, "--learning-starts", 40, "--batch-size", 16)
@@ -42,12 +42,7 @@ QUICK += ("ppo_continuous_action",)
 
 @pytest.mark.parametrize(
     "script, env_id, flags",
-    [
-        pytest.param(
-            *run, marks=() if run[0] in QUICK else pytest.mark.slow, id=f"{run[0]}-{run[1]}"
-        )
-        for run in RUNS
-    ],
+    slow_unless(lambda run: run[0] in QUICK, RUNS, [f"{s}-{e}" for s, e, _ in RUNS]),
 )
 def test_script_trains_on_v5(script, env_id, flags, tmp_path):
     # one thread: the networks are small, and on a shared machine a second thread waits for a core

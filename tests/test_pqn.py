@@ -13,6 +13,7 @@ from conftest import (
     load_script,
     requires_cuda,
     run_script,
+    slow_unless,
     summary,
 )
 from tensordict import TensorDict
@@ -91,7 +92,7 @@ def make_learner(script, args):
 
 
 # the twin's compiles its acting (36 s here)
-@pytest.mark.parametrize("script", [EAGER, pytest.param(TWIN, marks=pytest.mark.slow), CPU])
+@pytest.mark.parametrize("script", slow_unless(lambda s: s != TWIN, [EAGER, TWIN, CPU]))
 def test_acting_flips_a_coin_per_env_on_the_schedule(script):
     """With Q = [1, 0], an env plays 1 with probability epsilon / 2 and all 8 play 0 with (1 -
     epsilon / 2)^8 (one coin for all, DQN's, would give 0.09 against 0.48 at 0.525); the twin's

@@ -12,7 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, assert_user_error, load_script, run_script, script_env, summary
+from conftest import (
+    SCRIPTS,
+    assert_user_error,
+    load_script,
+    run_script,
+    script_env,
+    slow_unless,
+    summary,
+)
 
 PENDULUM = ("--env-id", "Pendulum-v1")
 RECURRENT = tuple("--total-timesteps 96 --num-envs 2 --num-steps 8 --num-minibatches 1".split())
@@ -50,15 +58,10 @@ def training_flags(script, algo):
 
 
 # the quick tier keeps each family's first link (its eager script's model, replayed by its twin)
-QUICK_RING = [
-    pytest.param(
-        *link, marks=() if link[0] == link[2] else pytest.mark.slow, id=f"{link[0]}->{link[1]}"
-    )
-    for link in RING
-]
-
-
-@pytest.mark.parametrize("script, replayer, algo", QUICK_RING)
+@pytest.mark.parametrize(
+    "script, replayer, algo",
+    slow_unless(lambda link: link[0] == link[2], RING, [f"{s}->{r}" for s, r, _ in RING]),
+)
 def test_a_saved_model_evaluates_as_the_live_policy_also_in_a_sibling_script(
     script, replayer, algo, tmp_path
 ):

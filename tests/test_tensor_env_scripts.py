@@ -14,6 +14,7 @@ from conftest import (
     checkpoint,
     load_script,
     run_script,
+    slow_unless,
     summary,
 )
 
@@ -56,9 +57,7 @@ GUARDED = {"dqn", "pqn", "pqn_torchcompile", "ppo_lstm"}
 GUARDED |= {"ppo_continuous_action", "ppo_continuous_action_cpu"}
 
 
-@pytest.mark.parametrize(
-    "script", [pytest.param(s, marks=[pytest.mark.slow] if s in GUARDED else []) for s in SMOKE]
-)
+@pytest.mark.parametrize("script", slow_unless(lambda s: s not in GUARDED, list(SMOKE)))
 def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
     assert train(script, *SMOKE[script], "--tensor-envs", "--run-name", "t") == 0
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
