@@ -103,10 +103,10 @@ def test_a_resumed_run_continues_the_series_without_repeating_a_step(train, tmp_
     assert_cleanrl_charts(events(folder), result["curve"], ["td_loss"], dict(seed=1))
 
 
-def test_events_go_to_the_writer_once_a_second_and_all_of_them_at_close(tmp_path, monkeypatch):
-    """`Scalars` keeps a second's events, then hands them to the writer's thread in their order
-    with their steps; `close` hands off the rest. Each event's checksum (google-crc32c's, not
-    TensorBoard's pure-Python one) is TensorBoard's: its reader checks them."""
+def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, monkeypatch):
+    """`Scalars` writes each event as it comes, in its order with its step, and flushes the file
+    once a second and at close. Each record's checksum (google-crc32c's, not TensorBoard's
+    pure-Python one) is TensorBoard's: its reader checks them."""
     runs = load_script("runs")
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
@@ -117,10 +117,10 @@ def test_events_go_to_the_writer_once_a_second_and_all_of_them_at_close(tmp_path
     writer = runs.Scalars(str(tmp_path), {"seed": 1})
     writer.add(1, [("losses/td_loss", 0.5)])
     writer.add_episodes(2, [10.0, 12.0])
-    assert len(writer.pending) == 2
+    assert "losses/td_loss" not in events(tmp_path).Tags()["scalars"]  # not flushed yet
     clock[0] += 1.5
     writer.add(3, [("losses/td_loss", 0.25)])
-    assert writer.pending == []
+    assert scalars(events(tmp_path), "losses/td_loss") == [(1, 0.5), (3, 0.25)]
     writer.add(4, [("losses/td_loss", 0.125)])
     writer.close()
     accumulator = events(tmp_path)

@@ -1,7 +1,8 @@
-"""What CleanRL's TensorBoard scalars cost the `_cpu` scripts: each at its quick budget with and
-without `--no-tensorboard`, in turn, `--rounds` times; the median sps of each and their ratio.
+"""What CleanRL's TensorBoard scalars cost the `_cpu` scripts: each at its quick budget times
+`--scale` with and without `--no-tensorboard`, in turn, `--rounds` times; the median sps of each,
+and the mean of the rounds' paired ratios with its 95% interval.
 
-    python -m benchmarks.studies.tensorboard_cost --rounds 5 --out benchmarks/results/tensorboard
+    python -m benchmarks.studies.tensorboard_cost --rounds 12 --scale 4 --out benchmarks/results/tensorboard
 
 Results: benchmarks/results/tensorboard/cost_cpu.json; docs/performance.md, "TensorBoard's cost".
 """
@@ -22,26 +23,33 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--algos", nargs="+", default=[a.name for a in ALGOS if a.cpu])
+    parser.add_argument("--scale", type=int, default=1, help="times the quick budget's steps")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     rows = []
     for algo in (a for a in ALGOS if a.name in args.algos):
         base = [*command(algo, CPU, Path("leanrl").resolve(), True, 1), "--threads", "1"]
+        steps = base.index("--total-timesteps") + 1
+        base[steps] = str(int(base[steps]) * args.scale)
         sps = {"tensorboard": [], "none": []}
         for _ in range(args.rounds):
             sps["tensorboard"].append(run_one(base, None)["sps"])
             sps["none"].append(run_one([*base, "--no-tensorboard"], None)["sps"])
         medians = {kind: statistics.median(values) for kind, values in sps.items()}
+        paired = [on / off for on, off in zip(sps["tensorboard"], sps["none"])]
+        mean, half = statistics.mean(paired), 0.0
+        if len(paired) > 1:  # a normal interval: the rounds' ratios spread about 5% here
+            half = 1.96 * statistics.stdev(paired) / len(paired) ** 0.5
         rows.append(dict(script=algo.script(CPU), sps=sps, median=medians))
-        ratio = medians["tensorboard"] / medians["none"]
+        rows[-1] |= dict(paired_ratio_mean=mean, paired_ratio_95=[mean - half, mean + half])
         print(
             f"{algo.script(CPU):28} {medians['tensorboard']:10,.0f} {medians['none']:10,.0f}"
-            f" {ratio:6.3f}",
+            f" {mean:6.3f} ({mean - half:.3f}-{mean + half:.3f})",
             flush=True,
         )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        result = dict(machine=machine_info(), rounds=args.rounds, rows=rows)
+        result = dict(machine=machine_info(), rounds=args.rounds, scale=args.scale, rows=rows)
         (args.out / "cost_cpu.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
