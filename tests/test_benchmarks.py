@@ -2,6 +2,7 @@
 in all; the env-only limit also on each real script's env, for a fraction of a second."""
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -733,8 +734,14 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
         return {"sps": 80.0 + len(runs) if "--no-tensorboard" in cmd else 50.0 + len(runs)}
 
     monkeypatch.setattr(tensorboard_cost, "run_one", run_one)
-    tensorboard_cost.main(["--rounds", "3", "--algos", "dqn", "--out", str(tmp_path)])
+    flags = ["--rounds", "3", "--scale", "4", "--algos", "dqn", "--out", str(tmp_path)]
+    tensorboard_cost.main(flags)
     assert [("--no-tensorboard" in cmd) for cmd in runs] == [False, True] * 3
     assert all("dqn_cpu.py" in cmd[1] for cmd in runs)
+    assert all(cmd[cmd.index("--total-timesteps") + 1] == "80000" for cmd in runs)  # 4 x 20,000
     (row,) = json.loads((tmp_path / "cost_cpu.json").read_text())["rows"]
     assert row["median"] == {"tensorboard": 53.0, "none": 84.0}
+    paired = [51 / 82, 53 / 84, 55 / 86]
+    assert row["paired_ratio_mean"] == pytest.approx(sum(paired) / 3)
+    half = 1.96 * statistics.stdev(paired) / 3**0.5
+    assert row["paired_ratio_95"] == pytest.approx([sum(paired) / 3 - half, sum(paired) / 3 + half])

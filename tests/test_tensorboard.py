@@ -4,6 +4,7 @@
 TensorBoard's own reader; `--no-tensorboard` writes no event file and imports no TensorBoard."""
 
 import json
+import struct
 import subprocess
 import sys
 import time
@@ -111,7 +112,7 @@ def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, mon
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     for data in (b"", b"x", bytes(range(256)) * 3):
-        assert runs.masked_crc32c(data) == masked_crc32c(data)
+        assert runs.masked_crc32c(data) == struct.pack("<I", masked_crc32c(data))
     clock = [100.0]
     monkeypatch.setattr(runs, "time", SimpleNamespace(time=time.time, monotonic=lambda: clock[0]))
     writer = runs.Scalars(str(tmp_path), {"seed": 1})

@@ -2,7 +2,7 @@
 `--scale` with and without `--no-tensorboard`, in turn, `--rounds` times; the median sps of each,
 and the mean of the rounds' paired ratios with its 95% interval.
 
-    python -m benchmarks.studies.tensorboard_cost --rounds 12 --scale 4 --out benchmarks/results/tensorboard
+    python -m benchmarks.studies.tensorboard_cost --rounds 12 --scale 4 --out FOLDER
 
 Results: benchmarks/results/tensorboard/cost_cpu.json; docs/performance.md, "TensorBoard's cost".
 """
