@@ -586,22 +586,35 @@ class Scalars:
     own, and each hand-off switched threads: 31 µs of the loop an event here, against 6 µs to write
     it.) A resumed run hides what was logged past `purge_step`."""
 
+    opened = 0  # the event files this process has opened (TensorBoard's names count them)
+
     def __init__(self, folder, flags, purge_step=None):
         from tensorboard.compat.proto import event_pb2, summary_pb2  # only with --tensorboard
-        from torch.utils.tensorboard.summary import text
 
         self.Event, self.Summary = event_pb2.Event, summary_pb2.Summary
         os.makedirs(folder, exist_ok=True)
-        # TensorBoard's name, but to the microsecond: a resumed run in the same process gets its own
-        name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
-        self.file = open(os.path.join(folder, name), "xb")
+        name = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{Scalars.opened}"
+        self.file = open(os.path.join(folder, f"events.out.tfevents.{name}"), "xb")
+        Scalars.opened += 1
         self.write(self.Event(file_version="brain.Event:2"))
         if purge_step is not None:  # a session's start hides the later steps of earlier files
             start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
             self.write(self.Event(step=purge_step, session_log=start))
-        rows = "\n".join(f"|{key}|{value}|" for key, value in flags.items())
-        self.write(self.Event(summary=text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")))
+        self.write(self.Event(summary=self.table("hyperparameters", flags)))
         self.flushed = time.monotonic()
+
+    def table(self, tag, flags):
+        """`flags` as a text summary's table, as torch's `add_text` writes it (without importing
+        torch's writer: 0.2 s and 300 modules)."""
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.plugins.text.metadata import create_summary_metadata
+
+        rows = "".join(f"\n|{key}|{value}|" for key, value in flags.items())
+        tensor = TensorProto(dtype="DT_STRING", string_val=[f"|param|value|\n|-|-|{rows}".encode()])
+        tensor.tensor_shape.dim.add(size=1)
+        metadata = create_summary_metadata(display_name=None, description=None)
+        value = self.Summary.Value(tag=f"{tag}/text_summary", metadata=metadata, tensor=tensor)
+        return self.Summary(value=[value])
 
     def write(self, event):
         """One TFRecord: the length, its checksum, the event, its checksum."""

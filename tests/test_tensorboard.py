@@ -106,13 +106,20 @@ def test_a_resumed_run_continues_the_series_without_repeating_a_step(train, tmp_
 
 def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, monkeypatch):
     """`Scalars` writes each event as it comes, in its order with its step, and flushes the file
-    once a second and at close. Each record's checksum (google-crc32c's, not TensorBoard's
-    pure-Python one) is TensorBoard's: its reader checks them."""
+    once a second and at close; the flags' table is the one torch's `add_text` writes. Each
+    record's checksum (google-crc32c's, not TensorBoard's pure-Python one) is TensorBoard's: its
+    reader checks them."""
     runs = load_script("runs")
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from torch.utils.tensorboard.summary import text
 
     for data in (b"", b"x", bytes(range(256)) * 3):
         assert runs.masked_crc32c(data) == struct.pack("<I", masked_crc32c(data))
+    flags = {"seed": 1, "env_id": "CartPole-v1"}
+    table = "|param|value|\n|-|-|\n|seed|1|\n|env_id|CartPole-v1|"
+    writer = runs.Scalars(str(tmp_path / "table"), flags)
+    assert writer.table("hyperparameters", flags) == text("hyperparameters", table)  # add_text's
+    writer.close()
     clock = [100.0]
     monkeypatch.setattr(runs, "time", SimpleNamespace(time=time.time, monotonic=lambda: clock[0]))
     writer = runs.Scalars(str(tmp_path), {"seed": 1})
