@@ -134,6 +134,7 @@ CAPS = {
     "ppo_continuous_action": 46_000,
     "ppo_continuous_action_cpu": 57_000,
     "ppo_continuous_action_seeds": 74_000,
+    "ppo_continuous_action_torchcompile": 48_500,
     "ppo_lstm": 49_000,
     "ppo_mingru": 50_000,
     "pqn": 42_000,
