@@ -586,16 +586,15 @@ class Scalars:
     own, and each hand-off switched threads: 31 µs of the loop an event here, against 6 µs to write
     it.) A resumed run hides what was logged past `purge_step`."""
 
-    opened = 0  # the event files this process has opened (TensorBoard's names count them)
-
     def __init__(self, folder, flags, purge_step=None):
         from tensorboard.compat.proto import event_pb2, summary_pb2  # only with --tensorboard
 
         self.Event, self.Summary = event_pb2.Event, summary_pb2.Summary
         os.makedirs(folder, exist_ok=True)
-        name = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{Scalars.opened}"
+        # TensorBoard's name, which ends with a count: here, of the event files already in `folder`
+        count = sum(name.startswith("events.out.tfevents.") for name in os.listdir(folder))
+        name = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{count}"
         self.file = open(os.path.join(folder, f"events.out.tfevents.{name}"), "xb")
-        Scalars.opened += 1
         self.write(self.Event(file_version="brain.Event:2"))
         if purge_step is not None:  # a session's start hides the later steps of earlier files
             start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
