@@ -617,7 +617,7 @@ class Scalars:
 
     def write(self, event):
         """One TFRecord: the length, its checksum, the event, its checksum."""
-        event.wall_time = event.wall_time or time.time()
+        event.wall_time = time.time()
         data = event.SerializeToString()
         length = struct.pack("<Q", len(data))
         self.file.write(length + masked_crc32c(length) + data + masked_crc32c(data))

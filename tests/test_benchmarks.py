@@ -742,6 +742,6 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
     (row,) = json.loads((tmp_path / "cost_cpu.json").read_text())["rows"]
     assert row["median"] == {"tensorboard": 53.0, "none": 84.0}
     paired = [51 / 82, 53 / 84, 55 / 86]
-    assert row["paired_ratio_mean"] == pytest.approx(sum(paired) / 3)
-    half = 1.96 * statistics.stdev(paired) / 3**0.5
-    assert row["paired_ratio_95"] == pytest.approx([sum(paired) / 3 - half, sum(paired) / 3 + half])
+    mean, half = statistics.mean(paired), 1.96 * statistics.stdev(paired) / 3**0.5
+    assert row["paired_ratio_mean"] == pytest.approx(mean)
+    assert row["paired_ratio_95"] == pytest.approx([mean - half, mean + half])
