@@ -581,10 +581,12 @@ class Run:
 
 
 class Scalars:
-    """CleanRL's TensorBoard charts, written to an event file in `folder` from the loop's own thread
-    and flushed at most once a second. (torch's `SummaryWriter` hands each event to a thread of its
-    own, and each hand-off switched threads: 31 µs of the loop an event here, against 6 µs to write
-    it.) A resumed run hides what was logged past `purge_step`."""
+    """CleanRL's TensorBoard charts, written to an event file in `folder` from the loop's thread
+    once a second: the loop keeps each event's numbers, and the events are built and written
+    together. (torch's `SummaryWriter` hands each event to a thread of its own, and each hand-off
+    switched threads: 31 µs of the loop an event here. Built one by one between steps, an event
+    took 25-30 µs of the loop, 6 µs in a batch.) A resumed run hides what was logged past
+    `purge_step`."""
 
     def __init__(self, folder, flags, purge_step=None):
         from tensorboard.compat.proto import event_pb2, summary_pb2  # only with --tensorboard
@@ -600,7 +602,7 @@ class Scalars:
             start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
             self.write(self.Event(step=purge_step, session_log=start))
         self.write(self.Event(summary=self.table("hyperparameters", flags)))
-        self.flushed = time.monotonic()
+        self.pending, self.flushed = [], time.monotonic()  # (step, wall time, scalars) to write
 
     def table(self, tag, flags):
         """`flags` as a text summary's table, as torch's `add_text` writes it (without importing
@@ -615,21 +617,27 @@ class Scalars:
         value = self.Summary.Value(tag=f"{tag}/text_summary", metadata=metadata, tensor=tensor)
         return self.Summary(value=[value])
 
-    def write(self, event):
+    def write(self, event, wall_time=None):
         """One TFRecord: the length, its checksum, the event, its checksum."""
-        event.wall_time = time.time()
+        event.wall_time = wall_time or time.time()
         data = event.SerializeToString()
         length = struct.pack("<Q", len(data))
         self.file.write(length + masked_crc32c(length) + data + masked_crc32c(data))
 
     def add(self, step, scalars):
         """(tag, number) pairs at `step`, one event."""
-        values = [self.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
-        if values:
-            self.write(self.Event(step=step, summary=self.Summary(value=values)))
+        self.pending.append((step, time.time(), scalars))
         if time.monotonic() > self.flushed + 1.0:
-            self.file.flush()
-            self.flushed = time.monotonic()
+            self.flush()
+
+    def flush(self):
+        for step, wall_time, scalars in self.pending:
+            values = [self.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
+            if values:
+                self.write(self.Event(step=step, summary=self.Summary(value=values)), wall_time)
+        self.pending = []
+        self.file.flush()
+        self.flushed = time.monotonic()
 
     def add_episodes(self, step, returns):
         lengths = getattr(returns, "lengths", [])  # `Episodes` have them
@@ -637,6 +645,7 @@ class Scalars:
         self.add(step, scalars + [("charts/episodic_length", n) for n in lengths])
 
     def close(self):
+        self.flush()
         self.file.close()
 
 

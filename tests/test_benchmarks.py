@@ -734,6 +734,8 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
         return {"sps": 80.0 + len(runs) if "--no-tensorboard" in cmd else 50.0 + len(runs)}
 
     monkeypatch.setattr(tensorboard_cost, "run_one", run_one)
+    writer = {"seconds": 0.01, "calls": 100, "share": 0.004}
+    monkeypatch.setattr(tensorboard_cost, "writer_share", lambda cmd: writer)
     flags = ["--rounds", "3", "--scale", "4", "--algos", "dqn", "--out", str(tmp_path)]
     tensorboard_cost.main(flags)
     assert [("--no-tensorboard" in cmd) for cmd in runs] == [False, True] * 3
@@ -745,3 +747,19 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
     mean, half = statistics.mean(paired), 1.96 * statistics.stdev(paired) / 3**0.5
     assert row["paired_ratio_mean"] == pytest.approx(mean)
     assert row["paired_ratio_95"] == pytest.approx([mean - half, mean + half])
+    assert row["writer"] == writer
+
+
+def test_writer_timed_counts_the_writers_calls_in_a_real_run(tmp_path, monkeypatch):
+    """dqn_cpu run under writer_timed: one call at least per episode, each timed, and the share
+    the study derives from them."""
+    from benchmarks.studies import tensorboard_cost
+
+    monkeypatch.setattr(run, "ROOT", tmp_path)  # the run's folder: runs/timed here
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    flags = ["--total-timesteps", "1500", "--learning-starts", "1000", "--run-name", "timed"]
+    cmd = [sys.executable, str(SCRIPTS / "dqn_cpu.py"), *flags, "--threads", "1"]
+    writer = tensorboard_cost.writer_share(cmd)
+    episodes = json.loads((tmp_path / "runs/timed/summary.json").read_text())["episodes"]
+    assert writer["calls"] >= episodes > 10
+    assert 0 < writer["seconds"] < 1 and 0 < writer["share"] < 0.1

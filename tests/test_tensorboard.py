@@ -7,7 +7,6 @@ import json
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -105,10 +104,10 @@ def test_a_resumed_run_continues_the_series_without_repeating_a_step(train, tmp_
 
 
 def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, monkeypatch):
-    """`Scalars` writes each event as it comes, in its order with its step, and flushes the file
-    once a second and at close; the flags' table is the one torch's `add_text` writes. Each
-    record's checksum (google-crc32c's, not TensorBoard's pure-Python one) is TensorBoard's: its
-    reader checks them."""
+    """`Scalars` writes the events once a second and at close, in their order, each with its step
+    and the time it came (not the time it was written); the flags' table is the one torch's
+    `add_text` writes. Each record's checksum (google-crc32c's, not TensorBoard's pure-Python one)
+    is TensorBoard's: its reader checks them."""
     runs = load_script("runs")
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
     from torch.utils.tensorboard.summary import text
@@ -121,7 +120,9 @@ def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, mon
     assert writer.table("hyperparameters", flags) == text("hyperparameters", table)  # add_text's
     writer.close()
     clock = [100.0]
-    monkeypatch.setattr(runs, "time", SimpleNamespace(time=time.time, monotonic=lambda: clock[0]))
+    monkeypatch.setattr(
+        runs, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    )
     writer = runs.Scalars(str(tmp_path), {"seed": 1})
     writer.add(1, [("losses/td_loss", 0.5)])
     writer.add_episodes(2, [10.0, 12.0])
@@ -134,3 +135,5 @@ def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, mon
     accumulator = events(tmp_path)
     assert scalars(accumulator, "losses/td_loss") == [(1, 0.5), (3, 0.25), (4, 0.125)]
     assert scalars(accumulator, "charts/episodic_return") == [(2, 10.0), (2, 12.0)]
+    times = [event.wall_time for event in accumulator.Scalars("losses/td_loss")]
+    assert times == [100.0, 101.5, 101.5]

@@ -1,6 +1,8 @@
 """What CleanRL's TensorBoard scalars cost the `_cpu` scripts: each at its quick budget times
 `--scale` with and without `--no-tensorboard`, in turn, `--rounds` times; the median sps of each,
-and the mean of the rounds' paired ratios with its 95% interval.
+and the mean of the rounds' paired ratios with its 95% interval. Then one more run with TensorBoard
+on and its writer's calls timed (benchmarks.studies.writer_timed): the writer's share of the timed
+loop, its seconds a step times sps, which two runs' sps (5% apart run to run here) cannot resolve.
 
     python -m benchmarks.studies.tensorboard_cost --rounds 12 --scale 4 --out FOLDER
 
@@ -14,9 +16,18 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info
 from benchmarks.registry import ALGOS, VARIANTS
-from benchmarks.run import command, run_one
+from benchmarks.run import command, execute, parse_summary, result_line, run_one
 
 CPU = next(variant for variant in VARIANTS if variant.name == "cpu")
+
+
+def writer_share(cmd):
+    """`cmd` run once under writer_timed: its writer's seconds and calls, and their share of the
+    timed loop."""
+    timed = [cmd[0], "-m", "benchmarks.studies.writer_timed", *cmd[1:]]
+    proc = execute(timed, None)
+    run, writer = parse_summary(timed, proc), result_line(timed, proc, "WRITER")
+    return writer | dict(share=writer["seconds"] / run["total_timesteps"] * run["sps"])
 
 
 def main(argv=None):
@@ -40,11 +51,12 @@ def main(argv=None):
         mean, half = statistics.mean(paired), 0.0
         if len(paired) > 1:  # a normal interval: the rounds' ratios spread about 5% here
             half = 1.96 * statistics.stdev(paired) / len(paired) ** 0.5
-        rows.append(dict(script=algo.script(CPU), sps=sps, median=medians))
+        writer = writer_share(base)
+        rows.append(dict(script=algo.script(CPU), sps=sps, median=medians, writer=writer))
         rows[-1] |= dict(paired_ratio_mean=mean, paired_ratio_95=[mean - half, mean + half])
         print(
             f"{algo.script(CPU):28} {medians['tensorboard']:10,.0f} {medians['none']:10,.0f}"
-            f" {mean:6.3f} ({mean - half:.3f}-{mean + half:.3f})",
+            f" {mean:6.3f} ({mean - half:.3f}-{mean + half:.3f}) writer {writer['share']:.2%}",
             flush=True,
         )
     if args.out:
