@@ -141,7 +141,7 @@ CAPS = {
     "pqn": 42_000,
     "pqn_atari_envpool": 43_000,
     "pqn_atari_envpool_torchcompile": 45_500,
-    "pqn_cpu": 50_000,
+    "pqn_cpu": 50_500,
     "sac_continuous_action": 44_000,
     "sac_continuous_action_cpu": 55_500,
     "sac_continuous_action_seeds": 72_500,
