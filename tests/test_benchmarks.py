@@ -734,7 +734,8 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
         return {"sps": 80.0 + len(runs) if "--no-tensorboard" in cmd else 50.0 + len(runs)}
 
     monkeypatch.setattr(tensorboard_cost, "run_one", run_one)
-    writer = {"seconds": 0.01, "calls": 100, "share": 0.004}
+    writer = {"seconds": 0.01, "calls": 100, "share": 0.004, "ratio_mean": 0.99}
+    writer |= {"ratio_95": [0.98, 1.0], "ratio_totals": 0.99, "turns": 30}
     monkeypatch.setattr(tensorboard_cost, "writer_share", lambda cmd: writer)
     flags = ["--rounds", "3", "--scale", "4", "--algos", "dqn", "--out", str(tmp_path)]
     tensorboard_cost.main(flags)
@@ -750,16 +751,22 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
     assert row["writer"] == writer
 
 
-def test_writer_timed_counts_the_writers_calls_in_a_real_run(tmp_path, monkeypatch):
-    """dqn_cpu run under writer_timed: one call at least per episode, each timed, and the share
-    the study derives from them."""
+def test_writer_timed_turns_the_writer_on_and_off_in_a_real_run(tmp_path, monkeypatch):
+    """dqn_cpu under writer_timed in turns of 5 ms: its calls timed in the turns it is on in, and
+    only those turns' episodes in the event file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from benchmarks.studies import tensorboard_cost
 
     monkeypatch.setattr(run, "ROOT", tmp_path)  # the run's folder: runs/timed here
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     flags = ["--total-timesteps", "1500", "--learning-starts", "1000", "--run-name", "timed"]
     cmd = [sys.executable, str(SCRIPTS / "dqn_cpu.py"), *flags, "--threads", "1"]
-    writer = tensorboard_cost.writer_share(cmd)
-    episodes = json.loads((tmp_path / "runs/timed/summary.json").read_text())["episodes"]
-    assert writer["calls"] >= episodes > 10
-    assert 0 < writer["seconds"] < 1 and 0 < writer["share"] < 0.1
+    writer = tensorboard_cost.writer_share(cmd, turn=0.005)
+    assert writer["turns"] >= 2 and writer["calls"] > 0 and 0 < writer["share"] < 1
+    assert writer["ratio_95"][0] <= writer["ratio_mean"] <= writer["ratio_95"][1]
+    folder = tmp_path / "runs" / "timed"
+    episodes = len(json.loads((folder / "summary.json").read_text())["curve"])
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    assert 0 < len(accumulator.Scalars("charts/episodic_return")) < episodes

@@ -1,8 +1,9 @@
 """What CleanRL's TensorBoard scalars cost the `_cpu` scripts: each at its quick budget times
 `--scale` with and without `--no-tensorboard`, in turn, `--rounds` times; the median sps of each,
-and the mean of the rounds' paired ratios with its 95% interval. Then one more run with TensorBoard
-on and its writer's calls timed (benchmarks.studies.writer_timed): the writer's share of the timed
-loop, its seconds a step times sps, which two runs' sps (5% apart run to run here) cannot resolve.
+and the mean of the rounds' paired ratios with its 95% interval. Two runs' sps differ by 5-15%
+here, more than the writer costs; so one more run turns the writer on and off in turns of 0.1 s of
+its loop (benchmarks.studies.writer_timed): the writer's share of the turns it was on in, and the
+mean of neighbouring turns' sps ratios (on / off) with its 95% interval.
 
     python -m benchmarks.studies.tensorboard_cost --rounds 12 --scale 4 --out FOLDER
 
@@ -21,13 +22,36 @@ from benchmarks.run import command, execute, parse_summary, result_line, run_one
 CPU = next(variant for variant in VARIANTS if variant.name == "cpu")
 
 
-def writer_share(cmd):
-    """`cmd` run once under writer_timed: its writer's seconds and calls, and their share of the
-    timed loop."""
-    timed = [cmd[0], "-m", "benchmarks.studies.writer_timed", *cmd[1:]]
+def writer_share(cmd, turn=0.1):
+    """`cmd` run once under writer_timed, its writer on and off in turns of `turn` seconds: the
+    writer's share of the turns it was on in, and the loop's speed with it on over with it off,
+    as the mean of neighbouring turns' ratios with its 95% interval and as the ratio of all turns'
+    totals."""
+    timed = [cmd[0], "-m", "benchmarks.studies.writer_timed", "--turn", str(turn), *cmd[1:]]
     proc = execute(timed, None)
-    run, writer = parse_summary(timed, proc), result_line(timed, proc, "WRITER")
-    return writer | dict(share=writer["seconds"] / run["total_timesteps"] * run["sps"])
+    parse_summary(timed, proc)  # the run finished as a run does
+    writer = result_line(timed, proc, "WRITER")
+    turns = {on: [(s, t) for kind, s, t in writer["turns"] if kind == on] for on in (True, False)}
+    pairs = [(s / t) / (s_off / t_off) for (s, t), (s_off, t_off) in zip(*turns.values())]
+    mean, half = paired_mean(pairs)
+    (steps, seconds), (steps_off, seconds_off) = ([*map(sum, zip(*turns[on]))] for on in turns)
+    return dict(
+        seconds=writer["seconds"],
+        calls=writer["calls"],
+        share=writer["seconds"] / seconds,
+        turns=len(pairs),
+        ratio_mean=mean,
+        ratio_95=[mean - half, mean + half],
+        ratio_totals=(steps / seconds) / (steps_off / seconds_off),
+    )
+
+
+def paired_mean(ratios):
+    """The mean of `ratios` and half its normal 95% interval."""
+    mean, half = statistics.mean(ratios), 0.0
+    if len(ratios) > 1:
+        half = 1.96 * statistics.stdev(ratios) / len(ratios) ** 0.5
+    return mean, half
 
 
 def main(argv=None):
@@ -47,16 +71,15 @@ def main(argv=None):
             sps["tensorboard"].append(run_one(base, None)["sps"])
             sps["none"].append(run_one([*base, "--no-tensorboard"], None)["sps"])
         medians = {kind: statistics.median(values) for kind, values in sps.items()}
-        paired = [on / off for on, off in zip(sps["tensorboard"], sps["none"])]
-        mean, half = statistics.mean(paired), 0.0
-        if len(paired) > 1:  # a normal interval: the rounds' ratios spread about 5% here
-            half = 1.96 * statistics.stdev(paired) / len(paired) ** 0.5
+        mean, half = paired_mean([on / off for on, off in zip(sps["tensorboard"], sps["none"])])
         writer = writer_share(base)
+        low, high = writer["ratio_95"]
         rows.append(dict(script=algo.script(CPU), sps=sps, median=medians, writer=writer))
         rows[-1] |= dict(paired_ratio_mean=mean, paired_ratio_95=[mean - half, mean + half])
         print(
             f"{algo.script(CPU):28} {medians['tensorboard']:10,.0f} {medians['none']:10,.0f}"
-            f" {mean:6.3f} ({mean - half:.3f}-{mean + half:.3f}) writer {writer['share']:.2%}",
+            f" {mean:6.3f} ({mean - half:.3f}-{mean + half:.3f}) writer {writer['share']:.2%}"
+            f" turns {writer['ratio_mean']:.3f} ({low:.3f}-{high:.3f})",
             flush=True,
         )
     if args.out:

@@ -1,10 +1,15 @@
-"""A run as `python <script> <flags>` makes it, with the time inside its TensorBoard writer's calls
-counted (`runs.Scalars`: the events built, checksummed, written and flushed); after the SUMMARY line
-it prints `WRITER {"seconds": ..., "calls": ...}`.
+"""A run as `python <script> <flags>` makes it, with its TensorBoard writer on and off in turns, in
+one process: once the run's clock starts, the writer's calls (`runs.Scalars`: the events kept,
+built, checksummed, written and flushed) are made, then skipped, for about `--turn` seconds of
+iterations each. After the SUMMARY line it prints `WRITER {"seconds", "calls", "turns"}`: the
+time inside the calls made in the turns, their number, and each turn's [writer on, steps,
+seconds]. Two runs' sps differ by 5-15% here; neighbouring turns of one process compare the loop
+with and without the writer, its caches' cost included.
 
-    python -m benchmarks.studies.writer_timed leanrl/dqn_cpu.py --total-timesteps 80000
+    python -m benchmarks.studies.writer_timed --turn 0.1 leanrl/dqn_cpu.py --total-timesteps 80000
 """
 
+import argparse
 import atexit
 import json
 import runpy
@@ -13,37 +18,69 @@ import time
 from pathlib import Path
 
 
-def count_time(cls, names, spent):
-    """Wrap `cls`'s methods `names` to add their time and calls to `spent`; a call inside another
-    counts once."""
-    depth = [0]
+class Turns:
+    """The writer's calls timed, and made or skipped in turns of `seconds`."""
 
-    def timed(method):
+    def __init__(self, seconds):
+        self.seconds, self.on = seconds, True
+        self.spent, self.calls, self.turns, self.start = 0.0, 0, [], None
+
+    def writer_call(self, method):
+        """`method` made and timed while the writer is on (a call inside another counts once)."""
+        depth = [0]
+
         def call(*args):
+            if not self.on:
+                return None
             start, depth[0] = time.perf_counter(), depth[0] + 1
             try:
                 return method(*args)
             finally:
                 depth[0] -= 1
-                if not depth[0]:
-                    spent["seconds"] += time.perf_counter() - start
-                    spent["calls"] += 1
+                if not depth[0] and self.start is not None:  # in a turn
+                    self.spent, self.calls = (
+                        self.spent + time.perf_counter() - start,
+                        self.calls + 1,
+                    )
 
         return call
 
-    for name in names:
-        setattr(cls, name, timed(getattr(cls, name)))
+    def after_iteration(self, checkpoint):
+        """`Run.checkpoint`, which every iteration calls, then a turn's end once it is due."""
+
+        def call(run, iteration, state, steps):
+            checkpoint(run, iteration, state, steps)
+            now = time.perf_counter()
+            if run.measure_start is None:  # the clock has not started
+                return
+            if self.start is None:
+                self.start, self.steps = now, steps
+            elif now - self.start >= self.seconds:
+                self.turns.append([self.on, steps - self.steps, now - self.start])
+                self.on, self.start, self.steps = not self.on, now, steps
+
+        return call
+
+    def result(self):
+        return dict(seconds=self.spent, calls=self.calls, turns=self.turns)
 
 
 def main():
-    script = Path(sys.argv[1]).resolve()
-    sys.argv = sys.argv[1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turn", type=float, default=0.1, help="seconds of iterations a turn")
+    parser.add_argument("script", type=Path)
+    parser.add_argument("flags", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    script = args.script.resolve()
+    sys.argv = [str(script), *args.flags]
     sys.path.insert(0, str(script.parent))  # as `python <script>` puts its folder first
     import runs
 
-    spent = dict(seconds=0.0, calls=0)
-    count_time(runs.Scalars, ("add", "add_episodes"), spent)
-    atexit.register(lambda: print("WRITER " + json.dumps(spent), flush=True))
+    turns = Turns(args.turn)
+    for name in ("add", "add_episodes"):
+        setattr(runs.Scalars, name, turns.writer_call(getattr(runs.Scalars, name)))
+    runs.Run.checkpoint = turns.after_iteration(runs.Run.checkpoint)
+    atexit.register(lambda: print("WRITER " + json.dumps(turns.result()), flush=True))
     runpy.run_path(str(script), run_name="__main__")
 
 
