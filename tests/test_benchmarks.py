@@ -735,7 +735,7 @@ def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_pat
 
     monkeypatch.setattr(tensorboard_cost, "run_one", run_one)
     writer = {"seconds": 0.01, "calls": 100, "share": 0.004, "ratio_mean": 0.99}
-    writer |= {"ratio_95": [0.98, 1.0], "ratio_totals": 0.99, "turns": 30}
+    writer |= {"ratio_95": [0.98, 1.0], "turns": 30}
     monkeypatch.setattr(tensorboard_cost, "writer_share", lambda cmd: writer)
     flags = ["--rounds", "3", "--scale", "4", "--algos", "dqn", "--out", str(tmp_path)]
     tensorboard_cost.main(flags)
@@ -764,7 +764,6 @@ def test_writer_timed_turns_the_writer_on_and_off_in_a_real_run(tmp_path, monkey
     cmd = [sys.executable, str(SCRIPTS / "dqn_cpu.py"), *flags, "--threads", "1"]
     writer = tensorboard_cost.writer_share(cmd, turn=0.005)
     assert writer["turns"] >= 2 and writer["calls"] > 0 and 0 < writer["share"] < 1
-    assert writer["ratio_95"][0] <= writer["ratio_mean"] <= writer["ratio_95"][1]
     folder = tmp_path / "runs" / "timed"
     episodes = len(json.loads((folder / "summary.json").read_text())["curve"])
     accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})

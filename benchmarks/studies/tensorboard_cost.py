@@ -24,26 +24,17 @@ CPU = next(variant for variant in VARIANTS if variant.name == "cpu")
 
 def writer_share(cmd, turn=0.1):
     """`cmd` run once under writer_timed, its writer on and off in turns of `turn` seconds: the
-    writer's share of the turns it was on in, and the loop's speed with it on over with it off,
-    as the mean of neighbouring turns' ratios with its 95% interval and as the ratio of all turns'
-    totals."""
+    writer's share of the turns it was on in, and the mean of neighbouring turns' sps ratios (on /
+    off) with its 95% interval."""
     timed = [cmd[0], "-m", "benchmarks.studies.writer_timed", "--turn", str(turn), *cmd[1:]]
     proc = execute(timed, None)
     parse_summary(timed, proc)  # the run finished as a run does
     writer = result_line(timed, proc, "WRITER")
-    turns = {on: [(s, t) for kind, s, t in writer["turns"] if kind == on] for on in (True, False)}
-    pairs = [(s / t) / (s_off / t_off) for (s, t), (s_off, t_off) in zip(*turns.values())]
-    mean, half = paired_mean(pairs)
-    (steps, seconds), (steps_off, seconds_off) = ([*map(sum, zip(*turns[on]))] for on in turns)
-    return dict(
-        seconds=writer["seconds"],
-        calls=writer["calls"],
-        share=writer["seconds"] / seconds,
-        turns=len(pairs),
-        ratio_mean=mean,
-        ratio_95=[mean - half, mean + half],
-        ratio_totals=(steps / seconds) / (steps_off / seconds_off),
-    )
+    sps = {on: [s / t for kind, s, t in writer["turns"] if kind == on] for on in (True, False)}
+    mean, half = paired_mean([on / off for on, off in zip(sps[True], sps[False])])
+    share = writer["seconds"] / sum(t for on, _, t in writer["turns"] if on)
+    ratios = dict(ratio_mean=mean, ratio_95=[mean - half, mean + half])
+    return writer | dict(turns=len(sps[False]), share=share) | ratios
 
 
 def paired_mean(ratios):

@@ -1,10 +1,8 @@
-"""A run as `python <script> <flags>` makes it, with its TensorBoard writer on and off in turns, in
-one process: once the run's clock starts, the writer's calls (`runs.Scalars`: the events kept,
-built, checksummed, written and flushed) are made, then skipped, for about `--turn` seconds of
-iterations each. After the SUMMARY line it prints `WRITER {"seconds", "calls", "turns"}`: the
-time inside the calls made in the turns, their number, and each turn's [writer on, steps,
-seconds]. Two runs' sps differ by 5-15% here; neighbouring turns of one process compare the loop
-with and without the writer, its caches' cost included.
+"""A run as `python <script> <flags>` makes it, its TensorBoard writer's calls (`runs.Scalars`)
+made, then skipped, in turns of `--turn` seconds of the timed loop: neighbouring turns of one
+process compare the loop with and without the writer, caches included, where two runs' sps differ
+by 5-15% here. After the SUMMARY line: `WRITER {"seconds", "calls", "turns"}`, the time inside the
+calls made in the turns, their number, and each turn's [writer on, steps, seconds].
 
     python -m benchmarks.studies.writer_timed --turn 0.1 leanrl/dqn_cpu.py --total-timesteps 80000
 """
@@ -22,26 +20,21 @@ class Turns:
     """The writer's calls timed, and made or skipped in turns of `seconds`."""
 
     def __init__(self, seconds):
-        self.seconds, self.on = seconds, True
-        self.spent, self.calls, self.turns, self.start = 0.0, 0, [], None
+        self.seconds, self.on, self.depth, self.start = seconds, True, 0, None
+        self.result = dict(seconds=0.0, calls=0, turns=[])
 
     def writer_call(self, method):
         """`method` made and timed while the writer is on (a call inside another counts once)."""
-        depth = [0]
 
         def call(*args):
             if not self.on:
                 return None
-            start, depth[0] = time.perf_counter(), depth[0] + 1
-            try:
-                return method(*args)
-            finally:
-                depth[0] -= 1
-                if not depth[0] and self.start is not None:  # in a turn
-                    self.spent, self.calls = (
-                        self.spent + time.perf_counter() - start,
-                        self.calls + 1,
-                    )
+            start, self.depth = time.perf_counter(), self.depth + 1
+            method(*args)
+            self.depth -= 1
+            if not self.depth and self.start is not None:  # in a turn
+                self.result["seconds"] += time.perf_counter() - start
+                self.result["calls"] += 1
 
         return call
 
@@ -56,13 +49,10 @@ class Turns:
             if self.start is None:
                 self.start, self.steps = now, steps
             elif now - self.start >= self.seconds:
-                self.turns.append([self.on, steps - self.steps, now - self.start])
+                self.result["turns"].append([self.on, steps - self.steps, now - self.start])
                 self.on, self.start, self.steps = not self.on, now, steps
 
         return call
-
-    def result(self):
-        return dict(seconds=self.spent, calls=self.calls, turns=self.turns)
 
 
 def main():
@@ -80,7 +70,7 @@ def main():
     for name in ("add", "add_episodes"):
         setattr(runs.Scalars, name, turns.writer_call(getattr(runs.Scalars, name)))
     runs.Run.checkpoint = turns.after_iteration(runs.Run.checkpoint)
-    atexit.register(lambda: print("WRITER " + json.dumps(turns.result()), flush=True))
+    atexit.register(lambda: print("WRITER " + json.dumps(turns.result), flush=True))
     runpy.run_path(str(script), run_name="__main__")
 
 
