@@ -20,6 +20,7 @@ new tensors, so a step compiles with `fullgraph=True`; inside a CUDA graph that 
 engine's kernels are recorded too, on torch's stream.
 """
 
+import importlib.util
 import itertools
 import weakref
 
@@ -30,13 +31,24 @@ import torch
 from gymnasium.envs.mujoco.mujoco_env import expand_model_path
 from tensor_envs import TensorEnv
 
-try:  # requirements/requirements-mujoco-warp.txt
-    import warp as wp
+wp = mjw = None  # Warp and MuJoCo Warp (requirements-mujoco-warp.txt), with the first env: 3-4 s
 
-    wp.config.log_level = wp.LOG_WARNING  # before Warp starts: no banner, no line a kernel
-    import mujoco_warp as mjw
-except ModuleNotFoundError:
-    mjw = wp = None
+
+def start_warp():
+    global wp, mjw
+    if mjw is None:
+        import warp
+
+        warp.config.log_level = warp.LOG_WARNING  # before Warp starts: no banner, no line a kernel
+        import mujoco_warp
+
+        wp, mjw = warp, mujoco_warp
+
+
+def installed():
+    """Whether MuJoCo Warp is installed (without importing it)."""
+    return importlib.util.find_spec("mujoco_warp") is not None
+
 
 # each env by its handle (a string, which torch.compile takes as a constant): what the ops step
 ENGINES = weakref.WeakValueDictionary()
@@ -86,7 +98,8 @@ class MujocoEnv(TensorEnv):
     def __init__(self, num_envs, device="cpu", dtype=torch.float32, seed=0, max_episode_steps=None):
         if dtype != torch.float32:
             raise ValueError("MuJoCo Warp computes in float32")
-        model = load_model(self.xml_file)
+        start_warp()
+        model = self.load_model()
         self.nq, self.nv, self.dt = model.nq, model.nv, model.opt.timestep * self.frame_skip
         low, high = model.actuator_ctrlrange.astype(np.float32).T
         self.single_action_space = gym.spaces.Box(low, high, dtype=np.float32)
@@ -103,6 +116,14 @@ class MujocoEnv(TensorEnv):
         self.handle = str(next(HANDLES))
         ENGINES[self.handle] = self
         self.reset()
+
+    def load_model(self):
+        """gymnasium's model file, as its MuJoCo envs load it; PGS, which MuJoCo Warp lacks,
+        replaced by Newton's solver."""
+        model = mujoco.MjModel.from_xml_path(expand_model_path(self.xml_file))
+        if model.opt.solver == mujoco.mjtSolver.mjSOL_PGS:
+            model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+        return model
 
     def start_engine(self, model, num_envs):
         """The engine's model and worlds on this device, torch's views of what it reads and writes,
@@ -218,15 +239,6 @@ def record(fn):
     with wp.ScopedCapture() as capture:
         fn()
     return capture.graph
-
-
-def load_model(xml_file):
-    """gymnasium's model file, as its MuJoCo envs load it; PGS, which MuJoCo Warp lacks, replaced
-    by Newton's solver."""
-    model = mujoco.MjModel.from_xml_path(expand_model_path(xml_file))
-    if model.opt.solver == mujoco.mjtSolver.mjSOL_PGS:
-        model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
-    return model
 
 
 class Planar(MujocoEnv):
