@@ -6,6 +6,8 @@ whole and free of host syncs; the state through a checkpoint; the step in a CUDA
 work. MuJoCo Warp's kernels compile once (about a minute cold, all five tasks), then load from
 Warp's cache (~/.cache/warp) in about a second."""
 
+import json
+
 import gymnasium as gym
 import mujoco
 import numpy as np
@@ -266,6 +268,20 @@ def test_refused_without_mujoco_warp_or_in_float64(monkeypatch, capsys):
     assert "requirements/requirements-mujoco-warp.txt" in capsys.readouterr().err
     with pytest.raises(ValueError, match="float32"):
         mujoco_envs.Hopper(2, dtype=torch.float64)
+
+
+def test_the_speed_benchmark_times_the_mujoco_tasks(tmp_path):
+    """`python -m benchmarks.tensor_envs --env-ids mujoco`: gymnasium's envs and the batched ones,
+    every task, in rounds."""
+    from benchmarks import tensor_envs as benchmark
+
+    flags = ["--env-ids", "mujoco", "--sizes", "2", "--seconds", "0.01", "--rounds", "2"]
+    benchmark.main([*flags, "--no-compile", "--out", str(tmp_path / "out.json")])
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [(row["env_id"], row["kind"]) for row in rows] == [
+        (env_id, kind) for env_id in ENV_IDS for kind in ("sync", "tensor")
+    ]
+    assert all(len(row["rounds"]) == 2 and row["sps"] > 0 for row in rows)
 
 
 @requires_cuda
