@@ -141,12 +141,12 @@ class MujocoEnv(TensorEnv):
             for name in names:
                 setattr(self, name, wp.to_torch(getattr(self.data, name)))
             # the frame starts by keeping what the reward measures progress from
-            self.before = {name: wp.clone(getattr(self.data, name)) for name in ("qpos", "xpos")}
-            self.before["xipos"] = wp.clone(self.data.xipos)
+            before = ("qpos", "xpos", "xipos")
+            self.before = {name: wp.clone(getattr(self.data, name)) for name in before}
             self.frame, self.kinematics = record(self.record_frame), record(self.record_kinematics)
             wp.synchronize_device()  # torch's stream reads what Warp's wrote
-        self.qpos_before, self.xpos_before, self.xipos_before = (
-            wp.to_torch(self.before[name]) for name in ("qpos", "xpos", "xipos")
+        self.qpos_before, self.xpos_before, self.xipos_before = map(
+            wp.to_torch, self.before.values()
         )
         self.streams = {}  # Warp's handle of each torch stream the engine ran on
 
