@@ -59,6 +59,7 @@ CUDA_TEST_FILES = tuple(
     f"test_{name}.py"
     for name in "contract cuda_path dqn ppo_continuous_action ppo_atari_envpool".split()
     + "ppo_atari_envpool_async ppo_lstm ppo_mingru pqn pqn_atari_envpool resume".split()
+    + ["mujoco_envs"]
 )
 # scripts beyond the twins that record functions, with the registry algorithm whose budget they run
 # (Ray's learner records only its update, which draws no random numbers: it needs a Ray cluster)

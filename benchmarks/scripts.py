@@ -16,7 +16,7 @@ RUN_MODULE = "runs"  # leanrl/runs.py, the run: not a script
 # the modules beside the scripts, not scripts: the run plumbing by purpose and the optimizers (the
 # ones an export inlines), the tensor envs it makes, and the exporter
 RUN_MODULES = (RUN_MODULE, "vector_envs", "threads", "seeds", "atari", "ranks", "optimizers")
-MODULES = (*RUN_MODULES, "tensor_envs", "export")
+MODULES = (*RUN_MODULES, "tensor_envs", "mujoco_envs", "export")
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 
 

@@ -1,12 +1,14 @@
 """The tensor envs' speed, env steps per second with random actions drawn before the clock, beside
 vector_envs.py's `SyncVectorEnv` and gymnasium's numpy `CartPoleVectorEnv`, at several batch sizes.
 
-    python -m benchmarks.tensor_envs --threads 1  # every env id, on the CPU
+    python -m benchmarks.tensor_envs --threads 1  # every classic-control env id, on the CPU
     python -m benchmarks.tensor_envs --env-ids CartPole-v1 --device cuda --sizes 4 1024 65536
+    python -m benchmarks.tensor_envs --env-ids mujoco --sizes 1 4 64  # the MuJoCo Warp tasks
 
 Rows: `sync` (vector_envs.py's vector env of gymnasium's envs, same-step autoreset), `numpy`
-(gymnasium's `CartPoleVectorEnv`, CartPole only, next-step autoreset), `tensor` (tensor_envs.py,
-eager) and `tensor-compiled` (its step compiled whole; on CUDA also recorded as a CUDA graph).
+(gymnasium's `CartPoleVectorEnv`, CartPole only, next-step autoreset), `tensor` (tensor_envs.py or
+mujoco_envs.py, eager) and `tensor-compiled` (its step compiled whole; on CUDA also recorded as a
+CUDA graph). `--env-ids mujoco` names the five MuJoCo tasks.
 Each row is the median of `--rounds` timings, the rows of one size in turn. Prints one
 `TENSOR_ENVS {json}` line with the machine and every row; `--out` writes it too.
 """
@@ -70,8 +72,7 @@ def gymnasium_steppers(env_id, num_envs):
 def tensor_steppers(env_id, num_envs, device, compiled):
     """kind -> (step, actions, sync) for the tensor envs, eager and compiled (on CUDA, also
     recorded as a CUDA graph)."""
-    tensor_envs = load_script("tensor_envs")
-    envs = tensor_envs.make_tensor_envs(env_id, num_envs, device=device, seed=0)
+    envs = make_tensor_envs(env_id, num_envs, device)
     space = envs.single_action_space
     actions = [
         torch.as_tensor(np.stack([space.sample() for _ in range(num_envs)]), device=device)
@@ -88,6 +89,13 @@ def tensor_steppers(env_id, num_envs, device, compiled):
             step = CudaGraphModule(step, warmup=2)
         steppers["tensor-compiled"] = (step, actions, sync)
     return steppers
+
+
+def make_tensor_envs(env_id, num_envs, device):
+    mujoco_envs = load_script("mujoco_envs")
+    if env_id in mujoco_envs.MUJOCO_ENVS:
+        return mujoco_envs.make_mujoco_envs(env_id, num_envs, device=device, seed=0)
+    return load_script("tensor_envs").make_tensor_envs(env_id, num_envs, device=device, seed=0)
 
 
 def timed_rows(steppers, num_envs, seconds, rounds):
@@ -116,6 +124,8 @@ def main(argv=None):
     add("--no-gymnasium", action="store_true", help="the tensor envs' rows only")
     add("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.env_ids == ["mujoco"]:
+        args.env_ids = list(load_script("mujoco_envs").MUJOCO_ENVS)
     torch.set_num_threads(args.threads)
     rows = []
     for env_id in args.env_ids:

@@ -73,7 +73,7 @@ class RunFlags:
     run_name: str | None = None
     """the run folder's name under runs/ (default: <env_id>__<exp_name>__<seed>__<unix time>)"""
     tensor_envs: bool = False
-    """train on classic control as batched tensors (tensor_envs.py) instead of gymnasium's envs"""
+    """train on batched tensor envs (classic control, MuJoCo Warp's tasks) instead of gymnasium's"""
     tensorboard: bool = True
     """write CleanRL's TensorBoard scalars to runs/<run_name>/ (`tensorboard --logdir runs`)"""
 

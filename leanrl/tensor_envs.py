@@ -65,11 +65,13 @@ def as_float32(x):
 
 
 class TensorEnv(gym.vector.VectorEnv):
-    """A batch of `num_envs` envs as tensors on `device`; subclasses give the dynamics."""
+    """A batch of `num_envs` envs as tensors on `device`: what every such env shares, the time
+    limit, each episode's return and length, same-step autoreset and the reset draws. A subclass
+    holds the state: `advance` steps it, `restart` starts fresh episodes where `done`."""
 
     max_episode_steps: int
-    reset_bounds: tuple  # (low, high) of the state a reset draws
     whole_state = True  # state_dict() holds every episode as it is: a checkpoint resumes them
+    state_names: tuple  # the subclass's state, beside the counters
 
     def __init__(self, num_envs, device="cpu", dtype=torch.float32, seed=0):
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
@@ -78,17 +80,13 @@ class TensorEnv(gym.vector.VectorEnv):
         self.action_space = batch(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         self.render_mode, self.closed = None, False
-        size = len(self.reset_bounds[0])
         kwargs = dict(device=self.device)
-        self.state = torch.zeros(num_envs, size, dtype=dtype, **kwargs)
         self.elapsed = torch.zeros(num_envs, dtype=torch.long, **kwargs)
         self.episode_return = torch.zeros(num_envs, dtype=dtype, **kwargs)
         self.episode_length = torch.zeros(num_envs, dtype=torch.long, **kwargs)
-        self.low, self.high = (torch.tensor(x, **kwargs, dtype=dtype) for x in self.reset_bounds)
         self.keys = torch.zeros(num_envs, dtype=torch.long, **kwargs)  # each env's seed, hashed
         self.draws = torch.zeros((), dtype=torch.long, **kwargs)  # the reset draws so far
         self.seed(seed)
-        self.reset_states(torch.ones(num_envs, dtype=torch.bool, **kwargs))
 
     def seed(self, seed):
         """Env i draws from `seed + i`, or from `seed[i]` if `seed` is a list, as gymnasium's."""
@@ -99,28 +97,21 @@ class TensorEnv(gym.vector.VectorEnv):
         self.keys.copy_(hash32(torch.tensor(seeds, dtype=torch.long) & MASK32))
         self.draws.zero_()
 
-    def reset_states(self, done):
-        """Fresh episodes where `done`, in place: a draw for every env, kept where done."""
-        fresh = self.initial_state(uniform(self.keys, self.draws, self.low, self.high))
+    def draw(self, low, high):
+        """A fresh draw for every env, uniform in [low, high) (tensors of the draws' dtype)."""
+        draws = uniform(self.keys, self.draws, low, high)
         self.draws.add_(1)
-        self.state.copy_(torch.where(done[:, None], fresh, self.state))
-        for counter in (self.elapsed, self.episode_return, self.episode_length):
-            counter.masked_fill_(done, 0)
-
-    def initial_state(self, draws):
-        """The state a reset starts from, given uniform draws in the reset bounds."""
         return draws
 
     def reset(self, *, seed=None, options=None):
         if seed is not None:
             self.seed(seed)
-        self.reset_states(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
-        return self.observe(self.state), {}
+        done = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        return self.start_episodes(done, None), {}
 
     def step(self, actions):
         actions = torch.as_tensor(actions, device=self.device)
-        state, reward, terminated = self.dynamics(self.state, actions)
-        self.state.copy_(state)
+        final_obs, reward, terminated = self.advance(actions)
         self.elapsed.add_(1)
         self.episode_return.add_(reward)
         self.episode_length.add_(1)
@@ -128,13 +119,16 @@ class TensorEnv(gym.vector.VectorEnv):
         done = terminated | truncated
         episode = dict(r=self.episode_return.clone(), l=self.episode_length.clone())
         final_info = {"episode": episode, "_episode": done}
-        infos = {"final_obs": self.observe(state), "_final_obs": done}
+        infos = {"final_obs": final_obs, "_final_obs": done}
         infos |= {"final_info": final_info, "_final_info": done}
-        self.reset_states(done)
-        return self.observe(self.state), reward, terminated, truncated, infos
+        obs = self.start_episodes(done, final_obs)
+        return obs, reward, terminated, truncated, infos
 
-    def observe(self, state):
-        return state.clone()
+    def start_episodes(self, done, obs):
+        """Fresh episodes where `done`, in place; the observations (`obs` where not done)."""
+        for counter in (self.elapsed, self.episode_return, self.episode_length):
+            counter.masked_fill_(done, 0)
+        return self.restart(done, obs)
 
     def normalized(self, keep=(), obs_rms=None, gamma=None):
         """These envs with their observations cut, normalized and clipped (NormalizeObservation);
@@ -143,7 +137,7 @@ class TensorEnv(gym.vector.VectorEnv):
         return NormalizeObservation(envs, keep, obs_rms)
 
     def state_dict(self):
-        names = ("state", "elapsed", "episode_return", "episode_length", "keys", "draws")
+        names = ("elapsed", "episode_return", "episode_length", "keys", "draws", *self.state_names)
         return {name: getattr(self, name).clone() for name in names}
 
     def load_state_dict(self, saved):
@@ -154,12 +148,47 @@ class TensorEnv(gym.vector.VectorEnv):
         self.closed = True
 
 
+class ClassicEnv(TensorEnv):
+    """A classic-control task: its state one tensor [num_envs, size], stepped by `dynamics`."""
+
+    reset_bounds: tuple  # (low, high) of the state a reset draws
+    state_names = ("state",)
+
+    def __init__(self, num_envs, device="cpu", dtype=torch.float32, seed=0):
+        super().__init__(num_envs, device, dtype, seed)
+        kwargs = dict(device=self.device, dtype=dtype)
+        self.low, self.high = (torch.tensor(x, **kwargs) for x in self.reset_bounds)
+        self.state = torch.zeros(num_envs, len(self.reset_bounds[0]), **kwargs)
+        self.reset_states(torch.ones(num_envs, dtype=torch.bool, device=self.device))
+
+    def advance(self, actions):
+        state, reward, terminated = self.dynamics(self.state, actions)
+        self.state.copy_(state)
+        return self.observe(state), reward, terminated
+
+    def restart(self, done, obs):
+        self.reset_states(done)
+        return self.observe(self.state)
+
+    def reset_states(self, done):
+        """Fresh states where `done`, in place: a draw for every env, kept where done."""
+        fresh = self.initial_state(self.draw(self.low, self.high))
+        self.state.copy_(torch.where(done[:, None], fresh, self.state))
+
+    def initial_state(self, draws):
+        """The state a reset starts from, given uniform draws in the reset bounds."""
+        return draws
+
+    def observe(self, state):
+        return state.clone()
+
+
 def box(high, dtype=np.float32):
     high = np.array(high, dtype=dtype)
     return gym.spaces.Box(-high, high, dtype=dtype)
 
 
-class CartPole(TensorEnv):
+class CartPole(ClassicEnv):
     """CartPole-v1: gymnasium's Euler integration of the cart and pole."""
 
     max_episode_steps = 500
@@ -190,7 +219,7 @@ class CartPole(TensorEnv):
         return torch.stack([x, x_dot, theta, theta_dot], dim=1), reward, terminated
 
 
-class Acrobot(TensorEnv):
+class Acrobot(ClassicEnv):
     """Acrobot-v1: gymnasium's "book" dynamics, RK4 steps of 0.2 s, angles kept in [-pi, pi]."""
 
     max_episode_steps = 500
@@ -259,7 +288,7 @@ class Acrobot(TensorEnv):
         return torch.stack([*angles, dtheta1, dtheta2], dim=1)
 
 
-class MountainCar(TensorEnv):
+class MountainCar(ClassicEnv):
     """MountainCar-v0: a car pushed left, not at all or right, reaching the flag on the hill."""
 
     max_episode_steps = 200
@@ -284,7 +313,7 @@ class MountainCar(TensorEnv):
         return torch.stack([position, velocity], dim=1), reward, terminated
 
 
-class MountainCarContinuous(TensorEnv):
+class MountainCarContinuous(ClassicEnv):
     """MountainCarContinuous-v0: the car pushed with a force in [-1, 1], 100 at the flag less
     0.1 a^2 a step. gymnasium keeps this env's state in float32, and so do its roundings here."""
 
@@ -319,7 +348,7 @@ class MountainCarContinuous(TensorEnv):
         return f32(torch.stack([position, velocity], dim=1)), reward, terminated
 
 
-class Pendulum(TensorEnv):
+class Pendulum(ClassicEnv):
     """Pendulum-v1: swing up and hold a pendulum; the cost is the angle from upright (normalized to
     [-pi, pi)) squared, plus speed and torque penalties. It never terminates, only truncates."""
 

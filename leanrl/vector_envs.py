@@ -53,21 +53,11 @@ def make_envs(
     in `infos`), each env counting its episodes' returns, then `wrap(env)`, the script's own
     wrappers; its first env records videos to the folder `videos`: gymnasium's schedule in
     training, the first `video_episodes` in an evaluation. With `tensor`, the same as batched
-    tensors on `device` (tensor_envs.py), which take and return tensors, their step compiled whole
-    with `compile` (a few envs step faster so than gymnasium's on a CPU), and `wrap(envs)` takes
-    the whole batch."""
+    tensors on `device` (tensor_envs.py, mujoco_envs.py), which take and return tensors, their step
+    compiled whole with `compile` (a few envs step faster so than gymnasium's on a CPU), and
+    `wrap(envs)` takes the whole batch."""
     if tensor:
-        try:
-            from tensor_envs import TENSOR_ENVS, make_tensor_envs
-        except ModuleNotFoundError:  # an exported copy, without leanrl/tensor_envs.py beside it
-            fail("--tensor-envs needs tensor_envs.py (leanrl/tensor_envs.py) beside this script")
-        if env_id not in TENSOR_ENVS:
-            there = ", ".join(TENSOR_ENVS)
-            fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
-        if videos is not None:
-            fail("--tensor-envs cannot record videos")
-        envs = make_tensor_envs(env_id, num_envs, device, seed)
-        envs.action_space.seed(seed)
+        envs = make_batched_envs(env_id, num_envs, seed, device, videos)
         if compile:
             envs.step = torch.compile(envs.step, fullgraph=True)
         return wrap(envs) if wrap else envs
@@ -97,6 +87,28 @@ def make_envs(
     except (gym.error.Error, ModuleNotFoundError) as e:  # ModuleNotFoundError: `module:EnvId`
         fail(f"--env-id {env_id!r} cannot be made: {e}")
     envs.action_space.seed(seed)  # random actions, where an algorithm takes them
+    return envs
+
+
+def make_batched_envs(env_id, num_envs, seed, device, videos):
+    """The tensor version of `env_id`: classic control (tensor_envs.py) or a MuJoCo task on MuJoCo
+    Warp (mujoco_envs.py)."""
+    try:
+        from mujoco_envs import MUJOCO_ENVS, installed, make_mujoco_envs
+        from tensor_envs import TENSOR_ENVS, make_tensor_envs
+    except ModuleNotFoundError:  # an exported copy, without leanrl/'s env modules beside it
+        fail("--tensor-envs needs tensor_envs.py and mujoco_envs.py (leanrl/) beside this script")
+    if env_id not in TENSOR_ENVS | MUJOCO_ENVS:
+        there = ", ".join(TENSOR_ENVS | MUJOCO_ENVS)
+        fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
+    if videos is not None:
+        fail("--tensor-envs cannot record videos")
+    if env_id in MUJOCO_ENVS and not installed():
+        need = "pip install -r requirements/requirements-mujoco-warp.txt"
+        fail(f"--tensor-envs --env-id {env_id} runs on MuJoCo Warp, not installed here: {need}")
+    make = make_mujoco_envs if env_id in MUJOCO_ENVS else make_tensor_envs
+    envs = make(env_id, num_envs, device, seed)
+    envs.action_space.seed(seed)
     return envs
 
 

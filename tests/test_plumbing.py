@@ -65,11 +65,12 @@ def test_a_script_imports_from_the_project_only_names_of_the_run_modules(script)
 def test_the_run_modules_import_no_script_and_no_run_imports_the_exporter():
     """Each run module imports only run modules before it in `RUN_MODULES` (so an export can inline
     them in that order) and the tensor envs (when --tensor-envs asks), which import nothing of the
-    project; the exporter imports none of them."""
+    project but classic control's base (the MuJoCo tasks); the exporter imports none of them."""
     for index, name in enumerate(RUN_MODULES):
         imported = {module for module, _ in project_imports(name)}
-        assert imported <= {*RUN_MODULES[:index], "tensor_envs"}, name
+        assert imported <= {*RUN_MODULES[:index], "tensor_envs", "mujoco_envs"}, name
     assert project_imports("tensor_envs") == []
+    assert project_imports("mujoco_envs") == [("tensor_envs", ["TensorEnv"])]
     assert project_imports("export") == []
     assert load_script("export").MODULES == RUN_MODULES  # the exporter inlines every run module
 

@@ -79,14 +79,23 @@ def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
 RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64, "ppo_lstm": 48}
 RESUMED |= {"ppo_continuous_action_cpu": 48, "ppo_continuous_action_torchcompile": 112}
 RESUMED |= {"sac_continuous_action_torchcompile": 355, "td3_continuous_action_torchcompile": 355}
+# and on a MuJoCo task of MuJoCo Warp (Ant: its resets run the engine's kinematics)
+MUJOCO = ("--env-id", "Ant-v5", "--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32)
+RESUMED_RUNS = [
+    (script, (*SMOKE[script], "--tensor-envs"), step) for script, step in RESUMED.items()
+]
+RESUMED_RUNS.append(("ppo_continuous_action_cpu", (*MUJOCO, "--no-compile", "--tensor-envs"), 48))
 
 
-@pytest.mark.parametrize("script", RESUMED)
-def test_a_resumed_run_on_tensor_envs_ends_as_one_that_went_through(script, train, tmp_path):
-    flags = (*SMOKE[script], "--tensor-envs")
+@pytest.mark.parametrize(
+    "script, flags, stop_at", RESUMED_RUNS, ids=[*RESUMED, "ppo_continuous_action_cpu-Ant-v5"]
+)
+def test_a_resumed_run_on_tensor_envs_ends_as_one_that_went_through(
+    script, flags, stop_at, train, tmp_path
+):
     assert train(script, *flags, "--run-name", "through") == 0
     step = (tensor_envs.TensorEnv, "step")
-    stopped = train(script, *flags, "--run-name", "stopped", stop_at=RESUMED[script], counted=step)
+    stopped = train(script, *flags, "--run-name", "stopped", stop_at=stop_at, counted=step)
     assert stopped == 143
     resume = ("--resume", tmp_path / "runs" / "stopped")
     assert train(script, *flags, *resume) == 0
