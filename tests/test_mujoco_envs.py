@@ -112,7 +112,7 @@ def test_one_step_agrees_with_gymnasiums_from_its_state(env_id):
 
 
 # shorter time limits than gymnasium's 1,000 steps, on both sides, for the suite's budget
-TIME_LIMITS = {"HalfCheetah-v5": 50, "Ant-v5": 100}
+TIME_LIMITS = {"HalfCheetah-v5": 50, "Ant-v5": 50}
 
 
 def first_episodes(envs, seed):
@@ -147,18 +147,20 @@ def gymnasiums_episodes(env_id, n, seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_random_policy_episodes_follow_gymnasiums(env_id):
-    """256 episodes of random actions on each side: their returns and (where they vary) lengths
-    pass a two-sample Mann-Whitney test at 1%; the p-values print."""
+    """200 episodes of random actions on each side: their returns and (where they vary) lengths
+    pass a two-sample Mann-Whitney test at 0.1% (on another CPU the engine's roundings, and so the
+    chaotic episodes, may differ: nine tests at 1% would fail one run in ten by chance); the
+    p-values print."""
     limit = TIME_LIMITS.get(env_id)
-    envs = mujoco_envs.make_mujoco_envs(env_id, 256, seed=1, max_episode_steps=limit)
-    ours, theirs = first_episodes(envs, seed=1), gymnasiums_episodes(env_id, 256, seed=1)
+    envs = mujoco_envs.make_mujoco_envs(env_id, 200, seed=1, max_episode_steps=limit)
+    ours, theirs = first_episodes(envs, seed=1), gymnasiums_episodes(env_id, 200, seed=1)
     for name, a, b in zip(("returns", "lengths"), ours, theirs):
         if np.ptp(a) == np.ptp(b) == 0:
             assert a[0] == b[0], name
             continue
         p = stats.mannwhitneyu(a, b).pvalue
         print(f"{env_id} {name}: ours {np.mean(a):.2f}, gymnasium's {np.mean(b):.2f}, p = {p:.3f}")
-        assert p >= 0.01, f"{name}: p = {p:.4f}"
+        assert p >= 0.001, f"{name}: p = {p:.4f}"
 
 
 def test_a_wrong_reward_fails_the_episode_test():
@@ -167,16 +169,30 @@ def test_a_wrong_reward_fails_the_episode_test():
     class Eager(mujoco_envs.Hopper):
         healthy_reward = 1.5
 
-    ours = first_episodes(Eager(256, seed=1), seed=1)[0]
-    theirs = gymnasiums_episodes("Hopper-v5", 256, seed=1)[0]
-    assert stats.mannwhitneyu(ours, theirs).pvalue < 0.01
+    ours = first_episodes(Eager(200, seed=1), seed=1)[0]
+    theirs = gymnasiums_episodes("Hopper-v5", 200, seed=1)[0]
+    assert stats.mannwhitneyu(ours, theirs).pvalue < 0.001
 
 
 @pytest.mark.parametrize("env_id", slow_unless(lambda e: e == "Ant-v5", ENV_IDS))
 def test_resets_follow_gymnasiums_noise(env_id):
+    assert_resets_like_gymnasiums(mujoco_envs.MUJOCO_ENVS[env_id], env_id)
+
+
+def test_a_wrong_reset_noise_fails():
+    """The check above can fail: HalfCheetah's noise twice as wide is caught."""
+
+    class Wider(mujoco_envs.HalfCheetah):
+        reset_noise_scale = 0.2
+
+    with pytest.raises(AssertionError):
+        assert_resets_like_gymnasiums(Wider, "HalfCheetah-v5")
+
+
+def assert_resets_like_gymnasiums(env_class, env_id):
     """2,000 reset states on each side: every qpos and qvel entry passes a two-sample
-    Kolmogorov-Smirnov test at 1% against gymnasium's resets."""
-    envs = mujoco_envs.make_mujoco_envs(env_id, 200, seed=0)
+    Kolmogorov-Smirnov test at 0.1% against gymnasium's resets."""
+    envs = env_class(200, seed=0)
     ours = []
     for seed in range(10):
         envs.reset(seed=200 * seed)
@@ -187,7 +203,7 @@ def test_resets_follow_gymnasiums_noise(env_id):
     for column in range(ours.shape[1]):
         if np.ptp(theirs[:, column]) > 0:
             p = stats.ks_2samp(ours[:, column], theirs[:, column]).pvalue
-            assert p >= 0.01, f"state entry {column}: p = {p:.4f}"
+            assert p >= 0.001, f"state entry {column}: p = {p:.4f}"
 
 
 def test_same_step_autoreset_and_episode_statistics():
