@@ -15,7 +15,10 @@ Same algorithm, defaults and loop as the eager twin. What changes for speed:
 - the Gaussian's log-density and entropy are written out, and GAE is solved by doubling;
 - a fused Adam whose learning rate is a tensor, annealed in place;
 - `--compile` compiles GAE, acting and the update's loss;
-- `--cudagraphs` records acting and the update as CUDA graphs (needs a CUDA device).
+- `--cudagraphs` records acting, GAE and the update as CUDA graphs (needs a CUDA device);
+- with `--tensor-envs` the envs are tensors on the device, and one function acts, steps them and
+  stores the step: compiled whole and recorded as one CUDA graph, the rollout never leaves the
+  GPU. Many envs: docs/tensor-envs.md.
 On a CPU, run ppo_continuous_action_cpu.py instead. A resumed run (`--resume`) goes on exactly,
 but with `--capture-video`, whose recorder cannot be saved: then its episodes and its observation
 and reward normalization start afresh.
@@ -34,7 +37,14 @@ import tyro
 from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
-from vector_envs import evaluate, finished_episodes, make_envs, obs_rms_of, true_next_obs
+from vector_envs import (
+    EpisodeLog,
+    evaluate,
+    finished_episodes,
+    make_envs,
+    obs_rms_of,
+    true_next_obs,
+)
 
 
 @dataclass
@@ -176,6 +186,26 @@ def gae(rewards, values, next_value, final_values, terminations, truncations, ga
     return advantages, advantages + values
 
 
+def make_rollout_step(envs, policy, get_value, rollout, episode_log):
+    """With the tensor envs, one step of the rollout on the device as one function: act, step every
+    env, store the step at index `step` (a tensor) of `rollout` (a dict of tensors [num_steps,
+    num_envs]) and its episodes in `episode_log`. It compiles whole, and a CUDA graph records it."""
+
+    def rollout_step(obs, step):
+        action, logprob, _, value = policy(obs)
+        next_obs, reward, terminations, truncations, infos = envs.step(action)
+        # every env's, but GAE reads it only where an episode was cut off: no branch
+        final_value = get_value(infos["final_obs"])
+        row = dict(obs=obs, actions=action, logprobs=logprob, values=value.flatten())
+        row |= dict(rewards=reward, terminations=terminations, truncations=truncations)
+        for key, x in (row | dict(final_values=final_value.flatten())).items():
+            rollout[key].index_copy_(0, step, x.unsqueeze(0).to(rollout[key].dtype))
+        episode_log.record(step, infos)
+        return next_obs
+
+    return rollout_step
+
+
 def make_learner(args, n_obs, n_act, device):
     """PPO's agent, optimizer and steps on `device`."""
     agent = Agent(n_obs, n_act, device=device)
@@ -275,30 +305,36 @@ def main(args):
         envs.close()
         return run.finish(device, run.saved_model, evaluate_agent)
 
-    policy, get_value, update = learner.policy, learner.get_value, learner.update
-    compute_gae = gae
-    if args.compile:
-        # GAE is one small graph; make_learner compiled the loss
-        compute_gae = torch.compile(gae, fullgraph=True)
-        policy = torch.compile(policy)
-    if args.cudagraphs:
-        # the first `warmup - 1` calls run as they are (Adam makes its state, compile compiles once
-        # more), the next records a CUDA graph, later calls replay it
-        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
-        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
-
-    def to_tensor(x):  # the envs' numpy arrays, as float32 on the device
-        return torch.as_tensor(x, device=device, dtype=torch.float)
-
     # the rollout, [num_steps, num_envs, ...], one TensorDict
     scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
     rollout = {key: torch.zeros(args.num_steps, args.num_envs, device=device) for key in scalars}
     rollout["obs"] = torch.zeros(args.num_steps, args.num_envs, n_obs, device=device)
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
+    episode_log = EpisodeLog(args.num_steps, args.num_envs, device)  # the tensor envs' episodes
+    policy, get_value, update = learner.policy, learner.get_value, learner.update
+    rollout_step = make_rollout_step(envs, policy, get_value, rollout, episode_log)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
+
+    compute_gae = gae
+    if args.compile:
+        # GAE is one small graph; make_learner compiled the loss
+        compute_gae = torch.compile(gae, fullgraph=True)
+        policy = torch.compile(policy)
+        rollout_step = torch.compile(rollout_step, fullgraph=True)
+    if args.cudagraphs:
+        # the first `warmup - 1` calls run as they are (Adam makes its state, compile compiles once
+        # more), the next records a CUDA graph, later calls replay it
+        policy = CudaGraphModule(policy, warmup=3 if args.compile else 2)
+        rollout_step = CudaGraphModule(rollout_step, warmup=3 if args.compile else 2)
+        compute_gae = CudaGraphModule(compute_gae, warmup=3 if args.compile else 2)
+        update = CudaGraphModule(update, warmup=3 if args.compile else 2)
+
+    def to_tensor(x):  # the envs' numpy arrays, as float32 on the device
+        return torch.as_tensor(x, device=device, dtype=torch.float)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = to_tensor(next_obs)
+    steps = torch.arange(args.num_steps, device=device).split(1)  # the index of each step
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -318,26 +354,33 @@ def main(args):
             optimizer.param_groups[0]["lr"].copy_(frac * args.learning_rate)
 
         # rollout
-        for step in range(args.num_steps):
-            global_step += args.num_envs
-            rollout["obs"][step] = next_obs
+        if args.tensor_envs:  # on the device, a step a call; the episodes read once an iteration
             with torch.no_grad():
-                action, logprob, _, value = policy(next_obs)
-            rollout["values"][step] = value.flatten()
-            rollout["actions"][step] = action
-            rollout["logprobs"][step] = logprob
-
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            run.log_episodes(global_step, finished_episodes(infos))
-            rollout["rewards"][step] = to_tensor(reward)
-            rollout["terminations"][step] = to_tensor(terminations)
-            rollout["truncations"][step] = to_tensor(truncations)
-            if truncations.any():
-                # the value where each truncated episode was cut (gae reads it only there)
-                final_obs = to_tensor(true_next_obs(next_obs, infos))
+                for step in steps:
+                    next_obs = rollout_step(next_obs, step)
+            episode_log.log(run, global_step + args.num_envs, args.num_envs, args.num_steps)
+            global_step += batch_size
+        else:
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                rollout["obs"][step] = next_obs
                 with torch.no_grad():
-                    rollout["final_values"][step] = get_value(final_obs).flatten()
-            next_obs = to_tensor(next_obs)
+                    action, logprob, _, value = policy(next_obs)
+                rollout["values"][step] = value.flatten()
+                rollout["actions"][step] = action
+                rollout["logprobs"][step] = logprob
+
+                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+                run.log_episodes(global_step, finished_episodes(infos))
+                rollout["rewards"][step] = to_tensor(reward)
+                rollout["terminations"][step] = to_tensor(terminations)
+                rollout["truncations"][step] = to_tensor(truncations)
+                if truncations.any():
+                    # the value where each truncated episode was cut (gae reads it only there)
+                    final_obs = to_tensor(true_next_obs(next_obs, infos))
+                    with torch.no_grad():
+                        rollout["final_values"][step] = get_value(final_obs).flatten()
+                next_obs = to_tensor(next_obs)
 
         # advantages
         with torch.no_grad():

@@ -43,6 +43,8 @@ class Args(CudaFlags):
     """target smoothing coefficient"""
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
+    num_updates: int = 1
+    """gradient steps (critic updates) per vector step, as FastTD3's `num_updates`"""
     learning_starts: int = 5_000
     """environment steps of random actions before learning starts"""
     policy_lr: float = 3e-4
@@ -300,15 +302,17 @@ def main(args):
         rb.add(transition | dict(terminations=terminations))
         obs = next_obs
 
-        # update
+        # update: --num-updates gradient steps a vector step, counted over the run
         if iteration >= learning_starts:
-            data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
-            if iteration % args.policy_frequency == 0:  # delayed, as in TD3
-                for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
-                    actor_loss, alpha_loss = learner.update_actor(data)
-            if iteration % args.target_network_frequency == 0:
-                learner.update_targets()
+            first = iteration * args.num_updates
+            for gradient_step in range(first, first + args.num_updates):
+                data = rb.sample(args.batch_size)
+                qf_loss = learner.update_critic(data)
+                if gradient_step % args.policy_frequency == 0:  # delayed, as in TD3
+                    for _ in range(args.policy_frequency):  # on the critic's batch, as CleanRL
+                        actor_loss, alpha_loss = learner.update_actor(data)
+                if gradient_step % args.target_network_frequency == 0:
+                    learner.update_targets()
 
             # log
             if iteration % 100 == 0:
@@ -328,7 +332,7 @@ def check_args(args):
     """This script's flags: a value that makes no sense ends the run before training, with one line
     that names the flag (exit status 2); the run flags are the Run's to check."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
-    for flag in (*sizes, "target_network_frequency", "policy_lr", "q_lr"):
+    for flag in (*sizes, "num_updates", "target_network_frequency", "policy_lr", "q_lr"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:

@@ -14,7 +14,10 @@ What changes from the eager twin (on a CPU, sac_continuous_action_cpu.py is the 
 - both Q-networks' parameters are stacked and run by `torch.vmap`, the targets move by one `lerp_`;
 - the Gaussian is written out, and acting uses a copy of the actor without autograd state;
 - `--compile` wraps acting and both updates in `torch.compile`, `--cudagraphs` records them as CUDA
-  graphs (tensordict's `CudaGraphModule`).
+  graphs (tensordict's `CudaGraphModule`);
+- with `--tensor-envs` the envs are tensors on the device, and one function acts, steps them and
+  stores the step in the buffer, whose cursor is a tensor there: compiled whole and recorded as one
+  CUDA graph. `--num-envs 1024 --num-updates 2 --batch-size 32768`: docs/tensor-envs.md.
 """
 
 import math
@@ -30,7 +33,7 @@ import tyro
 from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
-from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
+from vector_envs import EpisodeLog, evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Args(CudaFlags):
     """target smoothing coefficient"""
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
+    num_updates: int = 1
+    """gradient steps (critic updates) per vector step, as FastTD3's `num_updates`"""
     learning_starts: int = 5_000
     """environment steps of random actions before learning starts"""
     policy_lr: float = 3e-4
@@ -127,35 +132,58 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions on `device`, sampled uniformly with replacement."""
+    """A circular buffer of transitions on `device`, sampled uniformly with replacement. Its cursor
+    and size are tensors there: a write or a sample makes no host sync, and a graph can hold it."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
-        self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
-        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
+        self.columns = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
+        self.storage = TensorDict(self.columns, batch_size=[buffer_size], device=device)
+        self.buffer_size, self.device = buffer_size, device
+        self.cursor, self.size = torch.zeros(2, dtype=torch.long, device=device).unbind()
 
     def add(self, transition):
-        """Write one vector step: a dict of arrays, one row per env."""
+        """Write one vector step: a dict of arrays or tensors, one row per env."""
         n = len(transition["obs"])
-        idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        transition = {k: torch.as_tensor(v, dtype=torch.float) for k, v in transition.items()}
-        self.storage[idx] = TensorDict(transition, batch_size=[n], device=self.device)
-        self.cursor = (self.cursor + n) % self.buffer_size
-        self.size = min(self.size + n, self.buffer_size)
+        idx = (self.cursor + torch.arange(n, device=self.device)) % self.buffer_size
+        for key, value in transition.items():
+            value = torch.as_tensor(value, device=self.device, dtype=torch.float)
+            self.columns[key].index_copy_(0, idx, value)
+        self.cursor.copy_((self.cursor + n) % self.buffer_size)
+        self.size.copy_((self.size + n).clamp(max=self.buffer_size))
 
     def sample(self, batch_size):
-        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
+        # uniform in [0, size) without reading the size on the host
+        idx = torch.randint(0, 2**62, (batch_size,), device=self.device) % self.size
         return self.storage[idx]
 
     def state_dict(self):  # the filled part (a copy: torch.save writes a view's whole storage)
-        storage = {key: value[: self.size].clone() for key, value in self.storage.items()}
-        return dict(storage=storage, cursor=self.cursor, size=self.size)
+        storage = {key: value[: self.size].clone() for key, value in self.columns.items()}
+        return dict(storage=storage, cursor=self.cursor.clone(), size=self.size.clone())
 
     def load_state_dict(self, state):
-        self.cursor, self.size = state["cursor"], state["size"]
+        self.cursor.copy_(state["cursor"])
+        self.size.copy_(state["size"])
         for key, value in state["storage"].items():
-            self.storage[key][: self.size] = value
+            self.columns[key][: self.size] = value
+
+
+def make_rollout_step(envs, act, rb, episode_log):
+    """With the tensor envs, one vector step on the device as one function: act (`act(obs)`: the
+    actions), step every env, store the transitions in `rb` and the episodes that ended at row
+    `row` (a tensor) of `episode_log`. It compiles whole, and a CUDA graph records it."""
+
+    def rollout_step(obs, row):
+        actions = act(obs)
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        # a truncated episode bootstraps from its true last observation
+        real_next_obs = true_next_obs(next_obs, infos)
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards)
+        rb.add(transition | dict(terminations=terminations))
+        episode_log.record(row, infos)
+        return next_obs
+
+    return rollout_step
 
 
 def make_ensemble_qf(n_obs, n_act):
@@ -238,11 +266,17 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         # target + tau * (params - target), i.e. tau * params + (1 - tau) * target, on all leaves
         qnet_target.lerp_(qnet_params.data, args.tau)
 
+    def random_policy(obs):
+        """Actions drawn uniformly within the bounds, on the device: before learning starts."""
+        uniform = torch.rand(obs.shape[0], n_act, device=device)
+        return actor.action_bias + actor.action_scale * (2 * uniform - 1)
+
     # acting reads the actor's weights through a copy that shares them without autograd state
     actor_detach = Actor(n_obs, n_act, action_low, action_high, device=device)
     from_module(actor).data.to_module(actor_detach)
     return SimpleNamespace(
         policy=actor_detach.get_action,
+        random_policy=random_policy,
         actor=actor,
         qnet_params=qnet_params,
         qnet_target=qnet_target,
@@ -263,11 +297,13 @@ def main(args):
         args, "sac_continuous_action_torchcompile", tensor_envs=True
     )  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # the tensor envs on the device: acting, stepping and storing stay there
+    tensor = dict(tensor=args.tensor_envs, device=device)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, **tensor)
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
         fail(f"--env-id {args.env_id!r} has a {space} action space; SAC needs a bounded Box")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
@@ -283,18 +319,29 @@ def main(args):
         actor.load_state_dict(run.saved_model)
         return run.finish(device, actor.state_dict(), evaluate_actor)
 
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    if args.tensor_envs:  # the episodes stay on the device for 100 steps, then reach the run
+        episode_log = EpisodeLog(100, args.num_envs, device)
+        rows = torch.arange(100, device=device).split(1)
+        explore_step = make_rollout_step(envs, learner.random_policy, rb, episode_log)
+        policy = learner.policy
+        rollout_step = make_rollout_step(envs, lambda obs: policy(obs)[0], rb, episode_log)
+
     if args.compile:
         learner.policy = torch.compile(learner.policy)
         learner.update_critic = torch.compile(learner.update_critic)
         learner.update_actor = torch.compile(learner.update_actor)
+        if args.tensor_envs:
+            rollout_step = torch.compile(rollout_step, fullgraph=True)
     if args.cudagraphs:
         # warm-up calls first (optimizers create their state, compiled code compiles), then capture
         warmup = 3 if args.compile else 2
         learner.policy = CudaGraphModule(learner.policy, warmup=warmup)
         learner.update_critic = CudaGraphModule(learner.update_critic, warmup=warmup)
         learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
+        if args.tensor_envs:
+            rollout_step = CudaGraphModule(rollout_step, warmup=warmup)
 
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
@@ -308,44 +355,55 @@ def main(args):
             log_alpha=learner.log_alpha,
             alpha=learner.alpha,
         )
-        return dict(learner=state, rb=rb, envs=(envs, obs))
+        logged = dict(episode_log=episode_log) if args.tensor_envs else {}
+        return dict(learner=state, rb=rb, envs=(envs, obs)) | logged
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs  # in vector steps
+    num_iterations = args.total_timesteps // args.num_envs
     # logged before the first delayed policy update
     actor_loss = alpha_loss = torch.zeros((), device=device)
-    for iteration in run.progress(range(start, args.total_timesteps // args.num_envs)):
+    for iteration in run.progress(range(start, num_iterations)):
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
             run.start_clock(global_step)  # sps counts from here, after compiling and warm-up
 
-        # act
-        if iteration < learning_starts:
-            actions = envs.action_space.sample()
-        else:
+        # act, step the envs, store
+        if args.tensor_envs:  # on the device, in one call; the episodes read every 100 steps
+            step = explore_step if iteration < learning_starts else rollout_step
+            row = iteration % 100
             with torch.no_grad():
-                actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))[0]
-            actions = actions.cpu().numpy()
+                obs = step(obs, rows[row])
+            if row == 99 or iteration == num_iterations - 1 or run.stopped:
+                episode_log.log(run, global_step - row * args.num_envs, args.num_envs, row + 1)
+        else:
+            if iteration < learning_starts:
+                actions = envs.action_space.sample()
+            else:
+                with torch.no_grad():
+                    actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))
+                actions = actions[0].cpu().numpy()
 
-        # step the envs
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_episodes(infos))
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            run.log_episodes(global_step, finished_episodes(infos))
 
-        # store: a truncated episode bootstraps from its true last observation
-        real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards)
-        rb.add(transition | dict(terminations=terminations))
-        obs = next_obs
+            # a truncated episode bootstraps from its true last observation
+            real_next_obs = true_next_obs(next_obs, infos)
+            transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards)
+            rb.add(transition | dict(terminations=terminations))
+            obs = next_obs
 
-        # update
+        # update: --num-updates gradient steps a vector step, counted over the run
         if iteration >= learning_starts:
-            data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
-            if iteration % args.policy_frequency == 0:  # delayed, as in TD3
-                for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
-                    actor_loss, alpha_loss = learner.update_actor(data)
-            if iteration % args.target_network_frequency == 0:
-                learner.update_targets()
+            first = iteration * args.num_updates
+            for gradient_step in range(first, first + args.num_updates):
+                data = rb.sample(args.batch_size)
+                qf_loss = learner.update_critic(data)
+                if gradient_step % args.policy_frequency == 0:  # delayed, as in TD3
+                    for _ in range(args.policy_frequency):  # on the critic's batch, as CleanRL
+                        actor_loss, alpha_loss = learner.update_actor(data)
+                if gradient_step % args.target_network_frequency == 0:
+                    learner.update_targets()
 
             # log
             if iteration % 100 == 0:
@@ -365,11 +423,12 @@ def check_args(args):
     """This script's flags: a value that makes no sense ends the run before training, with one line
     that names the flag (exit status 2); the run flags are the Run's to check."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
-    for flag in (*sizes, "target_network_frequency", "policy_lr", "q_lr"):
+    for flag in (*sizes, "num_updates", "target_network_frequency", "policy_lr", "q_lr"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    for flag in ("batch_size", "num_envs"):  # a vector step's rows must not overwrite each other
+        if getattr(args, flag) > args.buffer_size:
+            fail(f"--{flag.replace('_', '-')} is larger than --buffer-size {args.buffer_size}")
     if args.learning_starts < 0 or not 0 < args.tau <= 1 or not 0 <= args.gamma <= 1:
         fail("--learning-starts must be >= 0, --tau in (0, 1] and --gamma in [0, 1]")
     if not args.autotune and args.alpha <= 0:

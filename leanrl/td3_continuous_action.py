@@ -45,6 +45,8 @@ class Args(CudaFlags):
     """target smoothing coefficient"""
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
+    num_updates: int = 1
+    """gradient steps (critic updates) per vector step, as FastTD3's `num_updates`"""
     policy_noise: float = 0.2
     """the std of the target policy's smoothing noise, in half action ranges"""
     exploration_noise: float = 0.1
@@ -265,13 +267,16 @@ def main(args):
         rb.add(transition | dict(terminations=terminations))
         obs = next_obs
 
-        # update: the actor and the targets are delayed, and use the critic's batch
+        # update: --num-updates gradient steps a vector step, counted over the run; the actor
+        # and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
-            data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
-            if iteration % args.policy_frequency == 0:
-                actor_loss = learner.update_actor(data)
-                learner.update_targets()
+            first = iteration * args.num_updates
+            for gradient_step in range(first, first + args.num_updates):
+                data = rb.sample(args.batch_size)
+                qf_loss = learner.update_critic(data)
+                if gradient_step % args.policy_frequency == 0:
+                    actor_loss = learner.update_actor(data)
+                    learner.update_targets()
 
             # log
             if iteration % 100 == 0:
@@ -290,7 +295,7 @@ def check_args(args):
     """This script's flags: a value that makes no sense ends the run before training, with one line
     that names the flag (exit status 2); the run flags are the Run's to check."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
-    for flag in (*sizes, "learning_rate"):
+    for flag in (*sizes, "num_updates", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.batch_size > args.buffer_size:

@@ -15,7 +15,9 @@ The eager twin's algorithm, defaults and loop, with its data flow rewritten for 
 TensorDict replay buffer on the device, the twin critics as one vmapped ensemble, `lerp_` target
 updates and a fused Adam. `--compile` wraps acting and both updates in `torch.compile`,
 `--cudagraphs` in tensordict's `CudaGraphModule`. On a CPU, td3_continuous_action_cpu.py is
-faster.
+faster. With `--tensor-envs` the envs are tensors on the device, and one function acts, steps them
+and stores the step in the buffer, whose cursor is a tensor there: compiled whole and recorded as
+one CUDA graph. `--num-envs 1024 --num-updates 2 --batch-size 32768`: docs/tensor-envs.md.
 """
 
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ import tyro
 from runs import CudaFlags, Run, fail
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
-from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
+from vector_envs import EpisodeLog, evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Args(CudaFlags):
     """target smoothing coefficient"""
     batch_size: int = 256
     """the batch size of sample from the replay memory"""
+    num_updates: int = 1
+    """gradient steps (critic updates) per vector step, as FastTD3's `num_updates`"""
     policy_noise: float = 0.2
     """the std of the target policy's smoothing noise, in half action ranges"""
     exploration_noise: float = 0.1
@@ -106,34 +110,59 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """A circular buffer of transitions in one TensorDict on `device`, sampled uniformly."""
+    """A circular buffer of transitions in one TensorDict on `device`, sampled uniformly. Its
+    cursor and size are tensors there: a write or a sample makes no host sync, and a graph can
+    hold it."""
 
     def __init__(self, buffer_size, n_obs, n_act, device):
         shapes = dict(obs=[n_obs], next_obs=[n_obs], actions=[n_act], rewards=[], terminations=[])
-        storage = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
-        self.storage = TensorDict(storage, batch_size=[buffer_size], device=device)
-        self.buffer_size, self.cursor, self.size, self.device = buffer_size, 0, 0, device
+        self.columns = {k: torch.zeros(buffer_size, *s, device=device) for k, s in shapes.items()}
+        self.storage = TensorDict(self.columns, batch_size=[buffer_size], device=device)
+        self.buffer_size, self.device = buffer_size, device
+        self.cursor, self.size = torch.zeros(2, dtype=torch.long, device=device).unbind()
 
     def add(self, transition):
-        """Write one vector step's transitions, a dict of arrays."""
+        """Write one vector step's transitions, a dict of arrays or tensors."""
         n = len(transition["obs"])
-        idx = torch.arange(self.cursor, self.cursor + n, device=self.device) % self.buffer_size
-        self.storage[idx] = TensorDict(transition, [n], device=self.device).float()
-        self.cursor = (self.cursor + n) % self.buffer_size
-        self.size = min(self.size + n, self.buffer_size)
+        idx = (self.cursor + torch.arange(n, device=self.device)) % self.buffer_size
+        for key, value in transition.items():
+            value = torch.as_tensor(value, device=self.device, dtype=torch.float)
+            self.columns[key].index_copy_(0, idx, value)
+        self.cursor.copy_((self.cursor + n) % self.buffer_size)
+        self.size.copy_((self.size + n).clamp(max=self.buffer_size))
 
     def sample(self, batch_size):
-        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
+        # uniform in [0, size) without reading the size on the host
+        idx = torch.randint(0, 2**62, (batch_size,), device=self.device) % self.size
         return self.storage[idx]
 
     def state_dict(self):  # the filled part (a copy: torch.save writes a view's whole storage)
-        storage = {key: value[: self.size].clone() for key, value in self.storage.items()}
-        return dict(storage=storage, cursor=self.cursor, size=self.size)
+        storage = {key: value[: self.size].clone() for key, value in self.columns.items()}
+        return dict(storage=storage, cursor=self.cursor.clone(), size=self.size.clone())
 
     def load_state_dict(self, state):
-        self.cursor, self.size = state["cursor"], state["size"]
+        self.cursor.copy_(state["cursor"])
+        self.size.copy_(state["size"])
         for key, value in state["storage"].items():
-            self.storage[key][: self.size] = value
+            self.columns[key][: self.size] = value
+
+
+def make_rollout_step(envs, act, rb, episode_log):
+    """With the tensor envs, one vector step on the device as one function: act (`act(obs)`: the
+    actions), step every env, store the transitions in `rb` and the episodes that ended at row
+    `row` (a tensor) of `episode_log`. It compiles whole, and a CUDA graph records it."""
+
+    def rollout_step(obs, row):
+        actions = act(obs)
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        # a truncated episode bootstraps from its true last observation
+        real_next_obs = true_next_obs(next_obs, infos)
+        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards)
+        rb.add(transition | dict(terminations=terminations))
+        episode_log.record(row, infos)
+        return next_obs
+
+    return rollout_step
 
 
 def make_ensemble_qf(n_obs, n_act):
@@ -177,6 +206,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         noise = torch.randn_like(actions) * actor_detach.action_scale * args.exploration_noise
         return actor_detach.clip(actions + noise)
 
+    def random_policy(obs):
+        """Actions drawn uniformly within the bounds, on the device: before learning starts."""
+        uniform = torch.rand(obs.shape[0], n_act, device=device)
+        return actor.action_bias + actor.action_scale * (2 * uniform - 1)
+
     def update_critic(data):
         with torch.no_grad():
             # target policy smoothing: clipped noise on the target action
@@ -214,6 +248,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
     return SimpleNamespace(
         policy=policy,
+        random_policy=random_policy,
         actor=actor,
         actor_target=actor_target,
         qnet_params=qnet_params,
@@ -232,11 +267,13 @@ def main(args):
         args, "td3_continuous_action_torchcompile", tensor_envs=True
     )  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # the tensor envs on the device: acting, stepping and storing stay there
+    tensor = dict(tensor=args.tensor_envs, device=device)
+    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, **tensor)
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
         fail(f"--env-id {args.env_id!r} has a {space} action space; TD3 needs a bounded Box")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(space.shape))
     learner = make_learner(args, n_obs, n_act, space.low, space.high, device)
@@ -250,10 +287,19 @@ def main(args):
         actor.load_state_dict(run.saved_model)
         return run.finish(device, actor.state_dict(), evaluate_actor)
 
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    if args.tensor_envs:  # the episodes stay on the device for 100 steps, then reach the run
+        episode_log = EpisodeLog(100, args.num_envs, device)
+        rows = torch.arange(100, device=device).split(1)
+        explore_step = make_rollout_step(envs, learner.random_policy, rb, episode_log)
+        rollout_step = make_rollout_step(envs, learner.policy, rb, episode_log)
+
     if args.compile:
         learner.policy = torch.compile(learner.policy)
         learner.update_critic = torch.compile(learner.update_critic)
         learner.update_actor = torch.compile(learner.update_actor)
+        if args.tensor_envs:
+            rollout_step = torch.compile(rollout_step, fullgraph=True)
     if args.cudagraphs:
         # calls run as they are until the optimizers have state (and compiled for it), the next
         # records, later ones replay
@@ -261,8 +307,9 @@ def main(args):
         learner.policy = CudaGraphModule(learner.policy, warmup=warmup)
         learner.update_critic = CudaGraphModule(learner.update_critic, warmup=warmup)
         learner.update_actor = CudaGraphModule(learner.update_actor, warmup=warmup)
+        if args.tensor_envs:
+            rollout_step = CudaGraphModule(rollout_step, warmup=warmup)
 
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
     obs, _ = envs.reset(seed=args.seed)
 
     def training_state():  # what a checkpoint keeps, beside the run's counters and generators
@@ -274,41 +321,53 @@ def main(args):
             q_optimizer=learner.q_optimizer,
             actor_optimizer=learner.actor_optimizer,
         )
-        return dict(learner=state, rb=rb, envs=(envs, obs))
+        logged = dict(episode_log=episode_log) if args.tensor_envs else {}
+        return dict(learner=state, rb=rb, envs=(envs, obs)) | logged
 
     start = run.resume(training_state())  # 0, or the iteration after the checkpoint's
     learning_starts = args.learning_starts // args.num_envs
+    num_iterations = args.total_timesteps // args.num_envs
     actor_loss = torch.zeros((), device=device)
-    for iteration in run.progress(range(start, args.total_timesteps // args.num_envs)):
+    for iteration in run.progress(range(start, num_iterations)):
         global_step = iteration * args.num_envs
         if iteration == learning_starts + args.measure_burnin:
             run.start_clock(global_step)  # sps counts from here, after compile and warm-up
 
-        # act
-        if iteration < learning_starts:
-            actions = envs.action_space.sample()
-        else:
+        # act, step the envs, store
+        if args.tensor_envs:  # on the device, in one call; the episodes read every 100 steps
+            step = explore_step if iteration < learning_starts else rollout_step
+            row = iteration % 100
             with torch.no_grad():
-                actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))
-            actions = actions.cpu().numpy()
+                obs = step(obs, rows[row])
+            if row == 99 or iteration == num_iterations - 1 or run.stopped:
+                episode_log.log(run, global_step - row * args.num_envs, args.num_envs, row + 1)
+        else:
+            if iteration < learning_starts:
+                actions = envs.action_space.sample()
+            else:
+                with torch.no_grad():
+                    actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))
+                actions = actions.cpu().numpy()
 
-        # step the envs
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        run.log_episodes(global_step, finished_episodes(infos))
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            run.log_episodes(global_step, finished_episodes(infos))
 
-        # store: a truncated episode bootstraps from its true last observation
-        real_next_obs = true_next_obs(next_obs, infos)
-        transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards)
-        rb.add(transition | dict(terminations=terminations))
-        obs = next_obs
+            # a truncated episode bootstraps from its true last observation
+            real_next_obs = true_next_obs(next_obs, infos)
+            transition = dict(obs=obs, next_obs=real_next_obs, actions=actions, rewards=rewards)
+            rb.add(transition | dict(terminations=terminations))
+            obs = next_obs
 
-        # update: the actor and the targets are delayed, and use the critic's batch
+        # update: --num-updates gradient steps a vector step, counted over the run; the actor
+        # and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
-            data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
-            if iteration % args.policy_frequency == 0:
-                actor_loss = learner.update_actor(data)
-                learner.update_targets()
+            first = iteration * args.num_updates
+            for gradient_step in range(first, first + args.num_updates):
+                data = rb.sample(args.batch_size)
+                qf_loss = learner.update_critic(data)
+                if gradient_step % args.policy_frequency == 0:
+                    actor_loss = learner.update_actor(data)
+                    learner.update_targets()
 
             # log
             if iteration % 100 == 0:
@@ -327,11 +386,12 @@ def check_args(args):
     """This script's flags: a value that makes no sense ends the run before training, with one line
     that names the flag (exit status 2); the run flags are the Run's to check."""
     sizes = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
-    for flag in (*sizes, "learning_rate"):
+    for flag in (*sizes, "num_updates", "learning_rate"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    for flag in ("batch_size", "num_envs"):  # a vector step's rows must not overwrite each other
+        if getattr(args, flag) > args.buffer_size:
+            fail(f"--{flag.replace('_', '-')} is larger than --buffer-size {args.buffer_size}")
     for flag in ("learning_starts", "policy_noise", "exploration_noise", "noise_clip"):
         if getattr(args, flag) < 0:
             fail(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")

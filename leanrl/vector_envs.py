@@ -1,7 +1,10 @@
 """The envs of a run: gymnasium's vector env with same-step autoreset and each env's episode
 statistics (`make_envs`, which also makes the tensor envs of tensor_envs.py), the episodes that end
-on a step (`finished_episodes`), the true last observation of an episode (`true_next_obs`), and the
-evaluation of a policy (`evaluate`; `evaluate_recurrent` for a policy with a state)."""
+on a step (`finished_episodes`; `EpisodeLog`: the tensor envs', kept on their device), the true
+last observation of an episode (`true_next_obs`), and the evaluation of a policy (`evaluate`;
+`evaluate_recurrent` for a policy with a state)."""
+
+import itertools
 
 import gymnasium as gym
 import numpy as np
@@ -125,6 +128,46 @@ def finished_episodes(infos):
         return []
     ended, episode = final_info["_episode"], final_info["episode"]
     return Episodes(episode["r"][ended].tolist(), episode["l"][ended].tolist())
+
+
+class EpisodeLog:
+    """The episodes that end in `rows` vector steps of the tensor envs, kept on their device:
+    `record` writes a step's at its row (a tensor) with no host sync, so a CUDA graph can hold it;
+    `log` hands the rows not yet logged to the run in one host sync. A checkpoint keeps them."""
+
+    def __init__(self, rows, num_envs, device):
+        self.ended = torch.zeros(rows, num_envs, dtype=torch.bool, device=device)
+        self.returns = torch.zeros(rows, num_envs, device=device)
+        self.lengths = torch.zeros(rows, num_envs, dtype=torch.long, device=device)
+        self.first = 0  # the first row not yet logged
+
+    def record(self, row, infos):
+        episode = infos["final_info"]["episode"]
+        for log, x in zip(self.columns(), (infos["_final_obs"], episode["r"], episode["l"])):
+            log.index_copy_(0, row, x.unsqueeze(0).to(log.dtype))
+
+    def columns(self):
+        return self.ended, self.returns, self.lengths
+
+    def log(self, run, step, num_envs, end):
+        """Rows `first` to `end - 1` to the run, row t's episodes at env step `step + t *
+        num_envs`; the next log starts at row `end` (0 past the last)."""
+        ended_at, env = self.ended[self.first : end].nonzero(as_tuple=True)
+        returns = self.returns[self.first : end][ended_at, env].tolist()
+        lengths = self.lengths[self.first : end][ended_at, env].tolist()
+        episodes = zip((ended_at + self.first).tolist(), returns, lengths)
+        for t, group in itertools.groupby(episodes, key=lambda x: x[0]):
+            _, step_returns, step_lengths = zip(*group)
+            run.log_episodes(step + t * num_envs, Episodes(step_returns, step_lengths))
+        self.first = end % len(self.ended)
+
+    def state_dict(self):
+        return dict(columns=[x.clone() for x in self.columns()], first=self.first)
+
+    def load_state_dict(self, state):
+        for log, saved in zip(self.columns(), state["columns"]):
+            log.copy_(saved)
+        self.first = state["first"]
 
 
 def true_next_obs(next_obs, infos):

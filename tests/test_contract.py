@@ -168,6 +168,19 @@ def test_off_policy_bad_input_exits_2(script, refused):
     assert_user_error(run_script(script, *BAD_FLAGS[2][0], timeout=120), *BAD_FLAGS[2][1])
 
 
+@pytest.mark.parametrize(
+    "script", [name for name in OFF_POLICY_CONTINUOUS if not name.endswith("_cpu")]
+)
+def test_updates_per_step_and_envs_past_the_buffer_exit_2(script, refused):
+    """`--num-updates` (the eager scripts and twins of SAC and TD3) must be positive; more envs than
+    the buffer holds would write one vector step's rows over each other: refused."""
+    refused(script, ("--num-updates", "0"), ("--num-updates",))
+    if script.endswith("_torchcompile"):  # the eager scripts check the batch alone, as CleanRL
+        refused(
+            script, ("--num-envs", "8", "--buffer-size", "4", "--batch-size", "4"), ("--num-envs",)
+        )
+
+
 @requires_cuda
 @pytest.mark.parametrize(
     "script", [name for name in OFF_POLICY_CONTINUOUS if name.endswith("_torchcompile")]

@@ -1,11 +1,14 @@
 """The scripts with `--tensor-envs`: each trains and logs its episodes, a stopped run resumes bit
 for bit (the envs' state, reset draws and observation statistics travel in the checkpoint), a
 recurrent model trained on them plays gymnasium's env, a value they cannot serve is
-refused before training, and PQN's rollout step on the device compiles whole without a host
-sync."""
+refused before training, and the rollout steps on the device (PQN's; SAC's, TD3's and PPO
+continuous's) compile whole without a host sync; at one env the device loops of SAC, TD3 and PPO
+take their host loops' steps."""
 
+import itertools
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import (
@@ -13,6 +16,7 @@ from conftest import (
     assert_same_state,
     checkpoint,
     load_script,
+    no_host_sync,
     run_script,
     slow_unless,
     summary,
@@ -52,9 +56,12 @@ SMOKE = {
 }
 
 
-# a script whose resume or evaluation test trains it the same way: slow (that test runs quick)
+# a script whose resume, evaluation or device loop test trains it the same way: slow (that test
+# runs quick)
 GUARDED = {"dqn", "pqn", "pqn_torchcompile", "ppo_lstm"}
 GUARDED |= {"ppo_continuous_action", "ppo_continuous_action_cpu"}
+GUARDED |= {f"{algo}_torchcompile" for algo in ("sac_continuous_action", "td3_continuous_action")}
+GUARDED |= {"ppo_continuous_action_torchcompile"}
 
 
 @pytest.mark.parametrize("script", slow_unless(lambda s: s not in GUARDED, list(SMOKE)))
@@ -67,9 +74,11 @@ def test_a_script_trains_on_the_tensor_envs(script, train, tmp_path):
     assert summary["return_mean"] is not None and abs(summary["return_mean"]) < 1e5
 
 
-# script -> the vector step at which the stopped run gets its SIGTERM
+# script -> the vector step at which the stopped run gets its SIGTERM (the off-policy twins' in
+# the middle of their episode log's 100 steps, PPO's in its 4th rollout of 8)
 RESUMED = {"dqn": 355, "pqn": 64, "pqn_torchcompile": 64, "ppo_lstm": 48}
-RESUMED |= {"ppo_continuous_action_cpu": 48}
+RESUMED |= {"ppo_continuous_action_cpu": 48, "ppo_continuous_action_torchcompile": 112}
+RESUMED |= {"sac_continuous_action_torchcompile": 355, "td3_continuous_action_torchcompile": 355}
 # and on a MuJoCo task of MuJoCo Warp (Ant: its resets run the engine's kinematics)
 MUJOCO = ("--env-id", "Ant-v5", "--total-timesteps", 256, "--num-envs", 2, "--num-steps", 32)
 RESUMED_RUNS = [
@@ -209,3 +218,157 @@ def test_the_learning_comparison_tests_with_an_exact_mann_whitney(monkeypatch):
     assert report.mann_whitney([1, 1], [1, 1]) == (2.0, 1.0)
     monkeypatch.setattr(report, "EXACT_SPLITS", 200)  # below C(11, 5) = 462
     assert report.mann_whitney(a, b)[1] == pytest.approx(expected.pvalue, abs=0.1)
+
+
+# the twins whose loop runs on the device with --tensor-envs -> a short run at one env: 200 random
+# steps, then 200 of learning (SAC, TD3); 4 rollouts of 64 steps (PPO)
+DEVICE_LOOPS = {
+    "sac_continuous_action_torchcompile": (*PENDULUM, *OFF_POLICY),
+    "td3_continuous_action_torchcompile": (*PENDULUM, *OFF_POLICY),
+    "ppo_continuous_action_torchcompile": (*PENDULUM, "--total-timesteps", 256, "--num-steps", 64),
+}
+
+
+@pytest.mark.parametrize("script", DEVICE_LOOPS)
+def test_the_device_loop_at_one_env_takes_the_host_loops_steps(
+    script, train, tmp_path, monkeypatch
+):
+    """At one env, on the same seed and the same tensor envs, the twin's loop on the device (one
+    function acts, steps the envs and stores the step) takes the actions and stores the transitions
+    of its host loop (acting, handing the actions to the envs, storing), bit for bit, eagerly: the
+    same replay buffer (every transition, its actions too), learner, envs and episodes. The host
+    loop draws its random phase from the action space's numpy generator; here it draws as the
+    device loop does, uniform in the bounds from torch's generator."""
+    vector_envs = load_script("vector_envs")
+    make_envs = vector_envs.make_envs
+
+    def host_envs(*args, **kwargs):  # the tensor envs, stepped by the host loop
+        envs = make_envs(*args, **kwargs | dict(tensor=True))
+        space = envs.single_action_space
+        high, low = (torch.as_tensor(x, dtype=torch.float32) for x in (space.high, space.low))
+        scale, bias = (high - low) / 2.0, (high + low) / 2.0
+        draw = lambda: bias + scale * (2 * torch.rand(envs.num_envs, len(high)) - 1)  # noqa: E731
+        envs.action_space.sample = draw
+        return envs
+
+    flags = DEVICE_LOOPS[script]
+    assert train(script, *flags, "--tensor-envs", "--run-name", "device") == 0
+    monkeypatch.setattr(vector_envs, "make_envs", host_envs)
+    assert train(script, *flags, "--run-name", "host") == 0
+    device, host = (checkpoint(tmp_path / "runs" / name) for name in ("device", "host"))
+    assert device["state"].keys() - host["state"].keys() <= {"episode_log"}
+    assert_same_state({k: device["state"][k] for k in host["state"]}, host["state"])
+    assert [(s, r) for s, _, r in device["curve"]] == [(s, r) for s, _, r in host["curve"]]
+    assert len(host["curve"]) >= 1
+
+
+def rollout_step_of(script, num_envs, seed=1):
+    """`script`'s rollout step on `num_envs` tensor Pendulums, as `main` builds it with
+    `--tensor-envs`; the envs' first observation, the step's storage (the replay buffer's columns,
+    or the rollout) and its episode log."""
+    module = load_script(script)
+    args = module.Args(tensor_envs=True, num_envs=num_envs)
+    torch.manual_seed(seed)
+    envs = tensor_envs.make_tensor_envs("Pendulum-v1", num_envs, seed=seed)
+    log, cpu = load_script("vector_envs").EpisodeLog(300, num_envs, "cpu"), torch.device("cpu")
+    if script.startswith("ppo"):
+        envs = envs.normalized(gamma=args.gamma)
+        # the normalization's 0-d float64 statistics as 1-element views: on a CPU (not a GPU)
+        # dynamo guards such a tensor's value with `.item()` before each call, which the sync
+        # check would refuse
+        for wrapper, name in itertools.product((envs, envs.env), ("mean", "var", "count")):
+            statistic = getattr(wrapper, name)
+            setattr(wrapper, name, statistic.view(-1) if statistic.dim() == 0 else statistic)
+        learner = module.make_learner(args, 3, 1, cpu)
+        scalars = ("logprobs", "values", "rewards", "terminations", "truncations", "final_values")
+        storage = {key: torch.zeros(300, num_envs) for key in scalars}
+        storage |= dict(obs=torch.zeros(300, num_envs, 3), actions=torch.zeros(300, num_envs, 1))
+        step = module.make_rollout_step(envs, learner.policy, learner.get_value, storage, log)
+    else:
+        learner = module.make_learner(args, 3, 1, -2 * np.ones(1), 2 * np.ones(1), cpu)
+        rb = module.ReplayBuffer(1000, 3, 1, cpu)
+        sac = script.startswith("sac")
+        act = (lambda obs: learner.policy(obs)[0]) if sac else learner.policy  # noqa: E731
+        step, storage = module.make_rollout_step(envs, act, rb, log), rb.columns
+    return step, envs.reset()[0], storage, log
+
+
+@pytest.mark.slow  # compiles three rollout steps (about 20 s each here)
+@pytest.mark.parametrize("script", DEVICE_LOOPS)
+def test_a_rollout_step_compiled_takes_the_eager_steps_without_host_sync(script, monkeypatch):
+    """The rollout step compiled whole, as `--compile` runs it, against the same step eagerly: over
+    250 steps of 4 Pendulums (truncated at step 200) the same episodes, and observations, actions,
+    rewards and values within 1e-4 (inductor's `fallback_random` draws the noise with torch's
+    generator, as the eager step does, but the compiled networks round otherwise, by about 1e-7,
+    and 250 steps of the pendulum grow that to 5e-5 in TD3's observations). Then it runs on
+    without a host sync, eagerly and compiled, and without recompiling."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    runs = []
+    for compile in (False, True):
+        step, obs, storage, log = rollout_step_of(script, 4)
+        step = torch.compile(step, fullgraph=True) if compile else step
+        torch.manual_seed(3)
+        with torch.no_grad():
+            for row in torch.arange(250).split(1):
+                obs = step(obs, row)
+        runs.append(({k: v.clone() for k, v in storage.items()}, log.state_dict()["columns"]))
+        with torch.no_grad():
+            assert_no_host_sync(step, lambda o=obs: (o, torch.tensor([260])), compiled=compile)
+    (eager, eager_log), (compiled, compiled_log) = runs
+    for key in eager:
+        torch.testing.assert_close(compiled[key], eager[key], rtol=1e-4, atol=1e-4, msg=key)
+    for a, b in zip(eager_log, compiled_log):
+        torch.testing.assert_close(a[:250], b[:250], rtol=1e-4, atol=1e-4)
+    assert eager_log[0][:250].sum() == 4 and eager_log[0][199].all()
+
+
+@pytest.mark.parametrize("script", list(DEVICE_LOOPS)[:2])
+def test_a_truncated_step_stores_the_true_last_observation(script):
+    """SAC's and TD3's rollout step at Pendulum's time limit: the transition of the 200th step of
+    each env holds the observation the dynamics reached, not the next episode's first, and is not
+    terminal; recomputed here from the stored observation and action by another tensor Pendulum."""
+    step, obs, rb, _ = rollout_step_of(script, 2)
+    with torch.no_grad():
+        for row in torch.arange(201).split(1):
+            obs = step(obs, row)
+    cut = slice(2 * 199, 2 * 200)  # the buffer's rows of the 200th vector step
+    probe = tensor_envs.make_tensor_envs("Pendulum-v1", 2)
+    cos, sin, speed = rb["obs"][cut].unbind(1)
+    probe.state.copy_(torch.stack([torch.atan2(sin, cos), speed], dim=1))
+    reached = probe.step(rb["actions"][cut])[4]["final_obs"]
+    torch.testing.assert_close(rb["next_obs"][cut], reached, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(rb["next_obs"][cut], rb["obs"][2 * 200 : 2 * 201], atol=1e-3)
+    # elsewhere an env's next observation is its next step's
+    assert torch.equal(rb["next_obs"][: 2 * 199], rb["obs"][2 : 2 * 200])
+    assert not rb["terminations"][: 2 * 201].any()
+
+
+@pytest.mark.parametrize("script", list(DEVICE_LOOPS)[:2])
+def test_the_replay_buffer_writes_and_samples_on_the_device_without_host_sync(script):
+    """SAC's and TD3's buffer, its cursor and size tensors: 7 writes of 3 rows into 16 wrap around
+    (the 6th overwrites the first write's rows 0 and 1, the 7th its row 2 and the second's 3 and
+    4), each write and sample without a host sync; samples come from the filled rows only, from all
+    of them, also when only one write has filled 3 rows."""
+    module = load_script(script)
+    rb = module.ReplayBuffer(16, 1, 1, torch.device("cpu"))
+    with no_host_sync():
+        for k in range(7):
+            obs = torch.full((3, 1), float(k))
+            rb.add(
+                dict(obs=obs, next_obs=obs, actions=obs, rewards=obs[:, 0], terminations=obs[:, 0])
+            )
+            batch = rb.sample(64)
+    assert (int(rb.cursor), int(rb.size)) == (5, 16)
+    assert rb.columns["obs"][:, 0].tolist() == [5.0] * 2 + [6.0] * 3 + [
+        k // 3 for k in range(5, 16)
+    ]
+    assert set(rb.sample(4096)["obs"][:, 0].tolist()) == set(range(1, 7)) and batch.batch_size == (
+        64,
+    )
+    empty = module.ReplayBuffer(16, 1, 1, torch.device("cpu"))
+    with no_host_sync():
+        empty.add(
+            dict(obs=obs, next_obs=obs, actions=obs, rewards=obs[:, 0], terminations=obs[:, 0])
+        )
+        sampled = empty.sample(256)["obs"][:, 0]
+    assert set(sampled.tolist()) == {6.0} and int(empty.size) == 3

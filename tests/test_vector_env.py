@@ -1,11 +1,12 @@
 """vector_envs.py's vector env: its step, written out for Box observations and array actions,
 returns what gymnasium's SyncVectorEnv returns (same-step autoreset), array for array and info for
 info, over episodes that end at different steps in different envs, by termination and by
-truncation."""
+truncation; and the tensor envs' episode log hands each episode to the run once, at its step."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import load_script
 
 vector_envs = load_script("vector_envs")
@@ -69,3 +70,42 @@ def test_what_it_does_not_write_out_is_gymnasiums():
     reference, ours = pair("CartPole-v1", num_envs=2)
     for a, b in zip(reference.step([0, 1]), ours.step([0, 1])):
         assert_same(a, b, "list actions")
+
+
+class Logged:
+    """A stand-in run: the (step, returns, lengths) it is handed."""
+
+    def __init__(self):
+        self.episodes = []
+
+    def log_episodes(self, step, returns):
+        self.episodes.append((step, list(returns), returns.lengths))
+
+
+def test_the_episode_log_hands_each_episode_to_the_run_once_at_its_step():
+    """`EpisodeLog` over 4 rows of 3 envs: a log of the rows so far, then of the rest, hands each
+    episode over once, at its step, several on one step together; a state dict taken between the
+    two logs (as a stopped run's checkpoint holds it) restores a log that goes on as the first
+    does, without handing over again what was handed over before."""
+    log = vector_envs.EpisodeLog(4, 3, "cpu")
+    ends = torch.tensor([[0, 1, 0], [1, 0, 1], [0, 0, 0], [0, 1, 0]], dtype=torch.bool)
+    for row, ended in enumerate(ends):
+        episode = dict(r=torch.arange(3.0) + 10 * row, l=torch.full((3,), row + 1))
+        infos = {"_final_obs": ended, "final_info": {"episode": episode}}
+        log.record(torch.tensor([row]), infos)
+        if row == 1:  # as a run stopped here: log, then checkpoint
+            first = Logged()
+            log.log(first, 100, 3, 2)
+            saved = log.state_dict()
+    second = Logged()
+    log.log(second, 100, 3, 4)
+    assert first.episodes == [(100, [1.0], [1]), (103, [10.0, 12.0], [2, 2])]
+    assert second.episodes == [(109, [31.0], [4])] and log.first == 0
+    restored = vector_envs.EpisodeLog(4, 3, "cpu")
+    restored.load_state_dict(saved)
+    for row in (2, 3):
+        restored.ended[row], restored.returns[row] = ends[row], log.returns[row]
+        restored.lengths[row] = log.lengths[row]
+    again = Logged()
+    restored.log(again, 100, 3, 4)
+    assert again.episodes == second.episodes
