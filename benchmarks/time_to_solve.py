@@ -24,9 +24,10 @@ what it would have done next is not measured. A run that ends or passes `--timeo
 unsolved: its seconds count as infinite in the median.
 
 Inductor's cache: `warm` runs share one cache folder, filled by a first, uncounted run of each
-variant; `cold` gives each run an empty one (TORCHINDUCTOR_CACHE_DIR). `--device cpu` hides the
-GPUs from every run. The runs inherit the environment (OMP_NUM_THREADS included). Writes
-`time_to_solve-<time>.{json,md}` to `--out-dir`; exit status 1 if a run failed, 2 for bad input.
+variant (or `--warm-dir`, used as it is); `cold` gives each run an empty one
+(TORCHINDUCTOR_CACHE_DIR). `--device cpu` hides the GPUs from every run. The runs inherit the
+environment (OMP_NUM_THREADS included). Writes `time_to_solve-<time>.{json,md}` to `--out-dir`;
+exit status 1 if a run failed, 2 for bad input.
 """
 
 import os
@@ -304,6 +305,7 @@ def parse_args(argv):
     add("--cache", nargs="+", choices=CACHES, default=["warm"], help="inductor's cache")
     add("--timeout", type=cli.positive_float, default=600, help="seconds a run may take")
     add("--cleanrl", type=Path, help="a CleanRL checkout: its script beside ours")
+    add("--warm-dir", type=Path, help="the warm cache's folder, used as it is (default: a new one)")
     args = cli.parse(made, argv)
     if args.threshold is None:
         if args.env_id not in THRESHOLDS:
@@ -332,16 +334,17 @@ def main(argv=None):
             cleanrl_copy(args.cleanrl, [v["algo"] for v in cleanrl], work / "cleanrl")
             variants = cleanrl + variants
         try:
-            if "warm" in args.cache:
+            warm = args.warm_dir or work / "warm"
+            if "warm" in args.cache and not args.warm_dir:
                 for k, variant in enumerate(variants):  # fills the warm cache, not counted
                     if variant["cleanrl"]:  # CleanRL's scripts compile nothing
                         continue
-                    run = measure(variant, seeds[0], work / "warm", settings, work / f"fill{k}")
+                    run = measure(variant, seeds[0], warm, settings, work / f"fill{k}")
                     note(f"{variant['label']}: cache filled in {run['run_seconds']:.1f} s")
             for seed in seeds:
                 for k, variant in enumerate(variants):
                     for cache in args.cache:
-                        inductor = work / (f"cold{k}-{seed}" if cache == "cold" else "warm")
+                        inductor = work / f"cold{k}-{seed}" if cache == "cold" else warm
                         folder = work / f"{k}-{seed}-{cache}"
                         run = measure(variant, seed, inductor, settings, folder)
                         results.setdefault((variant["label"], cache), []).append(
