@@ -91,8 +91,9 @@ def tf_records(data):
 
 class EventEpisodes:
     """The episodes that our runs in `folder` log to TensorBoard, read as the events are written:
-    `read()` returns {member: [(seconds since `launched`, step, return)]}, a member per event file
-    (a `_seeds` script writes one per member)."""
+    `read(ended)` returns {member: [(seconds since `launched`, step, return)]}, a member per event
+    file (a `_seeds` script writes one per member); `ended` (the run has ended, its events are all
+    in the files) changes nothing here."""
 
     def __init__(self, folder, launched):
         from tensorboard.compat.proto.event_pb2 import Event
@@ -100,7 +101,7 @@ class EventEpisodes:
         self.folder, self.launched, self.Event = Path(folder), launched, Event
         self.offsets, self.episodes = {}, {}
 
-    def read(self):
+    def read(self, ended=False):
         for path in sorted(self.folder.glob("runs/**/events.out.tfevents.*")):
             member = str(path.parent.relative_to(self.folder))
             with open(path, "rb") as f:
@@ -120,7 +121,8 @@ class EventEpisodes:
 
 class PrintedEpisodes:
     """The episodes a CleanRL script prints on `stream` (its stdout), each stamped when its line
-    arrives: `read()` returns {"cleanrl": [(seconds since `launched`, step, return)]}."""
+    arrives: `read(ended)` returns {"cleanrl": [(seconds since `launched`, step, return)]}, once the
+    run has `ended` with the lines that were still in the pipe."""
 
     def __init__(self, stream, launched):
         self.launched, self.episodes = launched, {"cleanrl": []}
@@ -134,7 +136,9 @@ class PrintedEpisodes:
                 seconds = time.time() - self.launched
                 self.episodes["cleanrl"].append((seconds, int(found[1]), float(found[2])))
 
-    def read(self):
+    def read(self, ended=False):
+        if ended:  # the lines still in the pipe
+            self.thread.join(timeout=30)
         return {member: list(episodes) for member, episodes in self.episodes.items()}
 
 
@@ -146,7 +150,7 @@ def watch(proc, reader, threshold, window, timeout, launched):
         ended = proc.poll() is not None
         solved = {
             member: solve_point(episodes, threshold, window)
-            for member, episodes in reader.read().items()
+            for member, episodes in reader.read(ended).items()
         }
         done = solved and all(solved.values())
         if ended or done or time.time() - launched > timeout:
@@ -163,11 +167,11 @@ def start(cmd, folder, env, printing):
     its episodes), in a session of its own that dies with this process; returns the process and
     its launch time."""
     folder.mkdir(parents=True, exist_ok=True)
-    output = open(folder / "output.txt", "w")
-    stdout = subprocess.PIPE if printing else output
     kwargs = dict(start_new_session=True, preexec_fn=die_with_parent, text=True)
-    launched = time.time()
-    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=stdout, stderr=output, **kwargs)
+    with open(folder / "output.txt", "w") as output:  # the process keeps its own copy
+        stdout = subprocess.PIPE if printing else output
+        launched = time.time()
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=stdout, stderr=output, **kwargs)
     return proc, launched
 
 

@@ -387,6 +387,25 @@ def test_what_a_cuda_graph_records_never_syncs_with_the_host(compile):
         assert all(torch.isfinite(x).all() for x in leaves), f"{name}: {out}"
 
 
+@pytest.mark.parametrize("script, flags", [(EAGER, ()), (TWIN, ()), (CPU, ("--no-compile",))])
+def test_the_returns_see_the_rewards_times_reward_scale(script, flags, train, monkeypatch):
+    """`--reward-scale` multiplies every reward the Q(lambda) returns read, in each script alike:
+    CartPole's rewards are all 1."""
+    module, seen = load_script(script), []
+    returns = module.q_lambda_returns
+
+    def spy(rewards, *args, **kwargs):
+        seen.append(np.asarray(rewards))
+        return returns(rewards, *args, **kwargs)
+
+    monkeypatch.setattr(module, "q_lambda_returns", spy)
+    # train runs this module
+    scripts = lambda name, *rest: module if name == script else load_script(name, *rest)  # noqa: E731
+    monkeypatch.setattr("conftest.load_script", scripts)
+    assert train(script, *SMOKE, "--reward-scale", 0.25, "--no-tensorboard", *flags) == 0
+    assert len(seen) == 4 and all(np.array_equal(r, np.full((128, 4), 0.25)) for r in seen)
+
+
 # --- divergence and learning
 
 
@@ -430,6 +449,7 @@ BAD_INPUTS = [
     (("--total-timesteps", 511), ("--total-timesteps", "one rollout")),
     (("--q-lambda", 1.5), ("--q-lambda",)),
     (("--exploration-fraction", 0), ("--exploration-fraction",)),
+    (("--reward-scale", 0), ("--reward-scale", "positive")),
 ]
 
 
