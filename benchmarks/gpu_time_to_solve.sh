@@ -15,7 +15,7 @@ set -u
 out=${1:-benchmarks/results/time_to_solve}
 mkdir -p "$out"
 nvidia-smi -L
-many="--end-e 0.05 --exploration-fraction 0.1 --q-lambda 0.95 --reward-scale 0.1"
+many="--exploration-fraction 0.1 --q-lambda 0.95 --reward-scale 0.1"
 pqn="pqn_torchcompile --tensor-envs --cudagraphs $many --num-steps 8"
 tts() { python3 -m benchmarks.time_to_solve --device cuda --out-dir "$out" "$@"; }
 tts --seeds 5 --timeout 40 --variants \
