@@ -258,6 +258,7 @@ def markdown(result):
         f"the start, {s['load'][1]:.1f} at the end. Seconds from launch, compile included.",
         "",
     ]
+    seeds_rows = any("all_members_median" in r for r in result["rows"])  # a `_seeds` script's
     body = []
     for r in result["rows"]:
         span = "n/a"
@@ -266,10 +267,11 @@ def markdown(result):
         cells = [f"`{r['variant']}`", r["cache"], f"{r['solved']:.0%} of {r['members']}"]
         cells += [optional(r["seconds_median"], ".1f"), span, optional(r["steps_median"], ",.0f")]
         cells += [optional(r["vs_cleanrl"], ".2f", "x")]
-        cells += [optional(r.get("all_members_median"), ".1f")]
+        cells += [optional(r.get("all_members_median"), ".1f")] if seeds_rows else []
         body.append(cells)
     header = "variant | cache | solved | median s | min-max s | median steps | CleanRL's s / ours"
-    lines += table(header + " | all members s", body, "llrrrrrr")
+    header += " | all members s" if seeds_rows else ""
+    lines += table(header, body, "llrrrrr" + ("r" if seeds_rows else ""))
     return "\n".join(lines) + "\n"
 
 
