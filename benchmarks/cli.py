@@ -62,7 +62,7 @@ def parse(made, argv, quick=None, full=None):
     """Parse `argv`; each flag left unset (None) takes its value in `quick` (with --quick) or
     `full`; --device cuda without CUDA is an error."""
     args = made.parse_args(argv)
-    for key, value in ((quick if args.quick else full) or {}).items():
+    for key, value in ((quick if getattr(args, "quick", False) else full) or {}).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     if getattr(args, "device", None) == "cuda" and not torch.cuda.is_available():

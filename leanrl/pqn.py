@@ -59,6 +59,8 @@ class Args(CudaFlags):
     """the maximum norm for the gradient clipping"""
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) returns"""
+    reward_scale: float = 1.0
+    """the factor on every reward in the returns (purejaxql's reward scaling; 1: CleanRL's)"""
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -238,8 +240,9 @@ def main(args):
         # returns
         with torch.no_grad():
             next_value = get_value(next_obs)
-            keys = ("rewards", "values", "final_values", "terminations", "truncations")
+            keys = ("values", "final_values", "terminations", "truncations")
             returns = compute_returns(
+                args.reward_scale * rollout["rewards"],
                 **{key: rollout[key] for key in keys},
                 next_value=next_value,
                 gamma=args.gamma,
@@ -270,7 +273,7 @@ def check_args(args):
     """This script's flags: a value that makes no sense ends the run before training, with one line
     that names the flag (exit status 2); the run flags are the Run's to check."""
     flags = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
-    for flag in (*flags, "learning_rate", "max_grad_norm"):
+    for flag in (*flags, "learning_rate", "max_grad_norm", "reward_scale"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     batch_size = args.num_steps * args.num_envs

@@ -126,7 +126,7 @@ RATIO = {script: 2.0 if script in EAGER else 2.5 for script in ALL_SCRIPTS}
 # copies near their caps 0.5-1.5 KB more when `Scalars` began writing its event file itself,
 # and 0.5 KB more when it began writing once a second. The SAC, TD3 and PPO continuous twins' grew
 # 3.5-5 KB with their loops on the device and `EpisodeLog`; the eager SAC and TD3 0.5 KB with
-# `--num-updates`.)
+# `--num-updates`; pqn's 0.5 KB with `--reward-scale`.)
 CAPS = {
     "dqn": 40_500,
     "dqn_cpu": 50_500,
@@ -140,7 +140,7 @@ CAPS = {
     "ppo_continuous_action_torchcompile": 52_000,
     "ppo_lstm": 49_000,
     "ppo_mingru": 50_500,
-    "pqn": 42_000,
+    "pqn": 42_500,
     "pqn_atari_envpool": 43_000,
     "pqn_atari_envpool_torchcompile": 45_500,
     "pqn_cpu": 50_500,

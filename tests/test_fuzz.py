@@ -211,6 +211,7 @@ FIELDS = {
     "ent_coef": (floats(0, 0.1), None),
     "vf_coef": (floats(0, 1), None),
     "max_grad_norm": positive_float(0.01, 10.0),
+    "reward_scale": positive_float(1e-3, 10.0),
     "target_kl": (st.none() | floats(1e-3, 0.1), st.sampled_from([0.0, -0.01, math.nan])),
     "obs_indices": (
         st.sampled_from([None, (), (0, 2), (1,), (-1, 0)]),
