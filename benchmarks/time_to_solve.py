@@ -34,7 +34,6 @@ import os
 import re
 import shlex
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -75,42 +74,27 @@ def solve_point(episodes, threshold, window):
     return None
 
 
-def tf_records(data):
-    """The payloads of the whole TFRecords at the start of `data` (bytes) and how many bytes they
-    take: a record is its length (8 bytes), a checksum, the payload, a checksum."""
-    payloads, used = [], 0
-    while used + 12 <= len(data):
-        (length,) = struct.unpack("<Q", data[used : used + 8])
-        end = used + 12 + length + 4
-        if end > len(data):  # written in part: read again later
-            break
-        payloads.append(data[used + 12 : used + 12 + length])
-        used = end
-    return payloads, used
-
-
 class EventEpisodes:
-    """The episodes that our runs in `folder` log to TensorBoard, read as the events are written:
+    """The episodes that our runs in `folder` log to TensorBoard, read as the events are written
+    (TensorBoard's loader follows each file; a record written in part waits for the rest):
     `read(ended)` returns {member: [(seconds since `launched`, step, return)]}, a member per event
     file (a `_seeds` script writes one per member); `ended` (the run has ended, its events are all
     in the files) changes nothing here."""
 
     def __init__(self, folder, launched):
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
         from tensorboard.compat.proto.event_pb2 import Event
 
-        self.folder, self.launched, self.Event = Path(folder), launched, Event
-        self.offsets, self.episodes = {}, {}
+        self.folder, self.launched = Path(folder), launched
+        self.Loader, self.Event = RawEventFileLoader, Event
+        self.loaders, self.episodes = {}, {}
 
     def read(self, ended=False):
         for path in sorted(self.folder.glob("runs/**/events.out.tfevents.*")):
             member = str(path.parent.relative_to(self.folder))
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                payloads, used = tf_records(f.read())
-            self.offsets[path] = self.offsets.get(path, 0) + used
+            loader = self.loaders.setdefault(path, self.Loader(str(path)))
             episodes = self.episodes.setdefault(member, [])
-            for payload in payloads:
-                event = self.Event.FromString(payload)
+            for event in map(self.Event.FromString, loader.Load()):
                 for value in event.summary.value:
                     if value.tag == RETURN_TAG:
                         episodes.append(

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, assert_user_error, load_script
+from conftest import ROOT, assert_user_error
 
 from benchmarks import time_to_solve as tts
 
@@ -69,30 +69,29 @@ def test_the_stopping_rule_is_the_first_full_window_whose_mean_reaches_the_thres
     assert tts.solve_point(spike, 25.1, 20) is None
 
 
-def test_the_events_of_a_made_up_run_are_read_as_they_are_written(tmp_path, monkeypatch):
-    runs, now = load_script("runs"), {"time": 100.0}  # the wall clock of the made-up run
-    monkeypatch.setattr(runs, "time", type(time)("made_up_time"))
-    runs.time.time, runs.time.monotonic = lambda: now["time"], lambda: 0.0  # flushed by hand
-    writer = runs.Scalars(tmp_path / "runs" / "made_up", {"seed": 1})
+def test_the_events_of_a_made_up_run_are_read_as_they_are_written(tmp_path):
+    """Episodes as the runs log them (torch's SummaryWriter, each stamped with its wall time),
+    read once they reach the file, the new ones appended; a record written in part waits."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path / "runs" / "made_up"
+    writer = SummaryWriter(folder)
     reader = tts.EventEpisodes(tmp_path, launched=90.0)
-    writer.add_episodes(4, [10.0])
-    now["time"] = 101.5
-    writer.add_episodes(8, [20.0, 30.0])  # two episodes that ended on one step
-    writer.add(8, [("losses/td_loss", 1.0)])  # not an episode
+    writer.add_scalar("charts/episodic_return", 10.0, 4, walltime=100.0)
+    for value in (20.0, 30.0):  # two episodes that ended on one step
+        writer.add_scalar("charts/episodic_return", value, 8, walltime=101.5)
+    writer.add_scalar("losses/td_loss", 1.0, 8, walltime=101.5)  # not an episode
     writer.flush()
     assert reader.read() == {"runs/made_up": [(10.0, 4, 10.0), (11.5, 8, 20.0), (11.5, 8, 30.0)]}
-    now["time"] = 107.25
-    writer.add_episodes(12, [40.0])
+    (path,) = folder.glob("events.out.tfevents.*")
+    written = path.read_bytes()
+    writer.add_scalar("charts/episodic_return", 40.0, 12, walltime=107.25)
     writer.close()
-    assert reader.read()["runs/made_up"][3:] == [(17.25, 12, 40.0)]  # the new ones, appended
-
-
-def test_a_record_written_in_part_waits_for_the_rest():
-    record = lambda payload: len(payload).to_bytes(8, "little") + b"c" * 4 + payload + b"c" * 4  # noqa: E731
-    data = record(b"first") + record(b"second")
-    assert tts.tf_records(data) == ([b"first", b"second"], len(data))
-    assert tts.tf_records(data[:-3]) == ([b"first"], len(record(b"first")))
-    assert tts.tf_records(data[:5]) == ([], 0)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(written) + (len(whole) - len(written)) // 2])
+    assert reader.read()["runs/made_up"][3:] == []
+    path.write_bytes(whole)
+    assert reader.read()["runs/made_up"][3:] == [(17.25, 12, 40.0)]
 
 
 def test_cleanrls_printed_episodes_are_stamped_as_they_arrive():
