@@ -18,7 +18,7 @@ from conftest import ALL_SCRIPTS, ROOT, SCRIPTS, assert_user_error, load_script,
 
 from benchmarks.scripts import RUN_MODULES
 
-RUFF = shutil.which("ruff")
+RUFF = shutil.which("ruff")  # requirements/requirements-dev.txt pins it
 PENDULUM_SMOKE = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 200)
 PENDULUM_SMOKE += ("--batch-size", 32)
 EAGER = ("sac_continuous_action", "dqn", "td3_continuous_action", "pqn", "ppo_continuous_action")
@@ -102,7 +102,6 @@ def test_a_copy_holds_only_what_its_script_uses(script, exported):
     assert set(defs) - reached == set()
 
 
-@pytest.mark.skipif(RUFF is None, reason="ruff is not installed (requirements-dev.txt pins it)")
 def test_every_copy_passes_the_projects_ruff_rules_and_format(exported):
     """The project's ruff configuration (import order included) and its format, on every copy."""
     copies = [str(exported / f"{script}.py") for script in ALL_SCRIPTS]
