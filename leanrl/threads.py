@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from runs import RunFlags, fail
+from flags import RunFlags, fail
 
 
 @dataclass

@@ -71,35 +71,59 @@ def test_a_script_says_it_needs_the_run_modules_and_its_copy_what_it_is(script, 
     assert export.EXPORTED.format(script) in copy.splitlines() and export.NEEDS not in copy
 
 
+def named(nodes):
+    """The names, attributes and strings (`hasattr(args, "check_threads")`) that `nodes` use."""
+    found = set()
+    for n in (n for node in nodes for n in ast.walk(node)):
+        if isinstance(n, ast.Name | ast.Attribute):
+            found.add(n.id if isinstance(n, ast.Name) else n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            found.add(n.value)
+    return found
+
+
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_a_copy_holds_only_what_its_script_uses(script, exported):
-    """Each top-level definition of a copy that came from the run modules is used by the script's
-    own code or by another such definition that is."""
+def test_a_copy_holds_no_function_or_method_that_nothing_in_it_reaches(script, exported):
+    """Each function, class and method of a copy that came from the run modules is named by the
+    script's own code or by a definition or method so reached: a function or class by its name, a
+    method as an attribute (or a string, as `hasattr` takes it). A special method (`__init__`)
+    is reached with its class, and every method of a class whose base is not the copy's (a
+    library's code may call them)."""
     copy = ast.parse((exported / f"{script}.py").read_text())
     own = {
-        node.name
-        for node in ast.parse((SCRIPTS / f"{script}.py").read_text()).body
-        if isinstance(node, ast.FunctionDef | ast.ClassDef)
+        n.name for n in ast.parse((SCRIPTS / f"{script}.py").read_text()).body if hasattr(n, "name")
     }
     defs = {n.name: n for n in copy.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
-    uses = {
-        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        for name, node in defs.items()
+    methods = {
+        (cls.name, m.name): m
+        for cls in defs.values()
+        if isinstance(cls, ast.ClassDef)
+        for m in cls.body
+        if isinstance(m, ast.FunctionDef)
     }
-    reached, todo = set(), list(own)
-    todo += [
-        n.id
-        for node in copy.body
-        if not isinstance(node, ast.FunctionDef | ast.ClassDef)
-        for n in ast.walk(node)
-        if isinstance(n, ast.Name)
-    ]
-    while todo:
-        name = todo.pop()
-        if name in defs and name not in reached:
-            reached.add(name)
-            todo += uses[name]
-    assert set(defs) - reached == set()
+    used = named([n for n in copy.body if not isinstance(n, ast.FunctionDef | ast.ClassDef)])
+    used |= named([defs[name] for name in own])
+    reached = set(own)
+    while True:
+        before = len(reached)
+        for name, node in defs.items():
+            if name in used and name not in reached:
+                reached.add(name)
+                outside = [n for n in ast.iter_child_nodes(node) if n not in node.body]
+                outside += [n for n in node.body if not isinstance(n, ast.FunctionDef)]
+                used |= named(outside if isinstance(node, ast.ClassDef) else [node])
+        for (cls, name), node in methods.items():
+            base_outside = any(
+                not isinstance(b, ast.Name) or b.id not in defs for b in defs[cls].bases
+            )
+            wanted = name in used or name.startswith("__") or base_outside
+            if cls in reached and (cls, name) not in reached and wanted:
+                reached.add((cls, name))
+                used |= named([node])
+        if len(reached) == before:
+            break
+    unreached = (set(defs) | {m for m in methods if m[0] not in own}) - reached
+    assert not unreached, sorted(unreached, key=str)
 
 
 def test_every_copy_passes_the_projects_ruff_rules_and_format(exported):
