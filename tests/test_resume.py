@@ -252,7 +252,7 @@ def test_an_envpool_run_resumes_its_learner_and_statistics_with_fresh_episodes(t
     stop = dict(stop_at=20, counted=COUNTED[script])  # in the second 16-step rollout
     assert train(script, *flags, 64, "--run-name", "run", **stop) == 143
     stopped = checkpoint("runs/run")
-    assert stopped["step"] == 32 and stopped["state"]["envs"][0] is None
+    assert stopped["step"] == 32 and stopped["ranks"][0][1][0] is None  # its envs: not saved
     resume = ("--save-model", "--resume", "runs/run")
     assert train(script, *flags, 32, *resume, counted=COUNTED[script]) == 0
     summary = json.loads(Path("runs/run/summary.json").read_text())
