@@ -32,7 +32,7 @@ class Log:
         if self.flags.tensorboard and not self.quiet:
             from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
 
-            self.writer = SummaryWriter(folder, purge_step=purge_step)
+            self.writer = SummaryWriter(folder, purge_step=purge_step or None)
             rows = "\n".join(f"|{key}|{value}|" for key, value in vars(self.flags).items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
 
@@ -55,19 +55,24 @@ class Log:
         """`metrics` as `losses/<name>` (CleanRL's charts as `charts/<name>`); a loss or
         `weight_norm` that is not finite diverges the run."""
         self.add(step, {self.CHARTS.get(k, f"losses/{k}"): v for k, v in metrics.items()})
-        for name, value in metrics.items():
-            if ("loss" in name or name == "weight_norm") and not math.isfinite(value):
-                self.diverge(step, name, value)
+        self.check(step, {k: v for k, v in metrics.items() if "loss" in k or k == "weight_norm"})
 
     def check_end(self, step, model):
         """The sum of `model`'s weights (a dict of tensors and dicts of them) and the mean return
         must be finite."""
         weights = [w for v in model.values() for w in (v.values() if isinstance(v, dict) else [v])]
         weight_sum = float(sum(w.double().sum() for w in weights))  # host sync, once
-        if not math.isfinite(weight_sum):
-            self.diverge(step, "weight_sum", weight_sum)
-        if self.returns and not np.isfinite(np.mean(self.returns)):
-            self.diverge(step, "return_mean", np.mean(self.returns))
+        self.check(step, dict(weight_sum=weight_sum, return_mean=self.return_mean() or 0.0))
+
+    def check(self, step, numbers):
+        """A number that is not finite diverges the run."""
+        for name, value in numbers.items():
+            if not math.isfinite(value):
+                self.diverge(step, name, value)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
 
     def return_mean(self):
         return float(np.mean(self.returns)) if self.returns else None

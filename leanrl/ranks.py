@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 from checkpoints import OneProcess
 from runs import Run
+from signals import Signals
 
 
 def collective(function, tensor, **kwargs):
@@ -46,12 +47,24 @@ class Ranks(OneProcess):
         return due[0]
 
 
+class RankSignals(Signals):
+    """A signal stops torchrun's ranks after the same iteration: each rank's first one is in
+    `received`, and the script sets `agreed`, the one they stop on, alike on every rank after each
+    iteration (an all-reduce), so that a rank whose signal comes after that waits for the next
+    iteration as the others."""
+
+    agreed = 0
+
+    @property
+    def stop(self):
+        return self.agreed
+
+
 class RankRun(Run):
-    """The run of one rank, `rank` of `world_size`. Rank 0 alone keeps the folder, wandb and the
-    messages. A signal stops the ranks after the same iteration: each rank's first one is in
-    `signals.received`, and the script sets `signals.agreed`, the one they stop on, alike on every
-    rank after each iteration (an all-reduce), so that a rank whose signal comes after that waits
-    for the next iteration as the others."""
+    """The run of one rank, `rank` of `world_size`: its checkpoint holds every rank's part
+    (`Ranks`), and its signals stop the ranks alike (`RankSignals`). Rank 0 alone keeps the folder,
+    wandb and the messages."""
 
     def __init__(self, args, script, rank, world_size, free_flags=()):
         super().__init__(args, script, free_flags, processes=Ranks(rank, world_size))
+        self.signals = RankSignals()

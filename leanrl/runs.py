@@ -66,10 +66,10 @@ class Run:
         check_flags(self.processes.first_flags(args))
         args.exp_name = args.exp_name or script
         model = args.eval_model and load_model(args.eval_model, script, args, policy_flags)
-        self.saved_model, self.folder = model, RunFolder(args)
-        self.free_flags = self.FREE_FLAGS + free_flags
+        self.saved_model = model  # --eval-model's
+        self.folder, free_flags = RunFolder(args), self.FREE_FLAGS + free_flags
         # the checkpoint of a resumed run (its folder becomes the run's), None in a fresh run
-        self.saved = read_checkpoint(args, script, self.folder, self.free_flags, self.processes)
+        self.saved = read_checkpoint(args, script, self.folder, free_flags, self.processes)
         self.videos = self.video_folder() if args.capture_video and self.main else None
         self.wandb = self.start_wandb() if args.track and self.main else None
         random.seed(args.seed)
@@ -79,7 +79,7 @@ class Run:
         # the thread choice, where the flags leave it to the run (threads.py's ThreadFlags)
         self.threads = args.start_threads() if hasattr(args, "start_threads") else None
         self.logs = [Log(args, quiet=not self.main)]  # one series; a seeds run's: one per member
-        self.signals = Signals(agree=processes is not None)
+        self.signals = Signals()
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.resumes, self.last_iteration, self.pbar = 0, [], None, None
         self.next_checkpoint = self.start_time + 60 * (args.checkpoint_minutes or float("inf"))
@@ -87,20 +87,17 @@ class Run:
     def start_wandb(self):
         """wandb's run, which gets TensorBoard's scalars as CleanRL's does; a resumed run logs to
         the same one."""
-        wandb = __import__("wandb")  # only with --track
-        wandb.init(
-            project=self.args.wandb_project_name,
-            entity=self.args.wandb_entity,
-            config=vars(self.args),
-            name=os.path.basename(self.folder.dir),
-            id=self.saved and self.saved["wandb_id"],
-            resume="allow",
-            sync_tensorboard=True,
+        args, wandb = self.args, __import__("wandb")  # only with --track
+        run = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args))
+        run |= dict(
+            name=os.path.basename(self.folder.dir), id=self.saved and self.saved["wandb_id"]
         )
+        wandb.init(**run, resume="allow", sync_tensorboard=True)
         return wandb
 
     def video_folder(self):
-        """runs/<run_name>/videos, once we know that this machine can record the env."""
+        """runs/<run_name>/videos, once we know that this machine can record the env (a resumed
+        run's recorder counts episodes from 0 again: a folder of its own keeps the first's)."""
         os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders without a display
         # torch's compiler loads triton's LLVM (CUDA builds); after Mesa's EGL has loaded its own,
         # that crashes the process, so it comes first
@@ -110,7 +107,6 @@ class Run:
         except Exception as e:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
         videos = os.path.join(self.folder.dir, "videos")
-        # a resumed run's recorder counts episodes from 0 again: a folder of its own keeps the first
         return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
 
     def check_video(self):
@@ -132,14 +128,12 @@ class Run:
         if saved is None:
             return 0
         own_generators, envs = saved["ranks"][self.processes.rank]
-        state_saved = saved["state"] | dict(envs=envs)
-        restored = restore(state, state_saved, self.args.seed + saved["step"])
+        restored = restore(state, saved["state"] | dict(envs=envs), self.args.seed + saved["step"])
         set_generators(own_generators)
-        self.steps = saved["step"]
         for k, log in enumerate(self.logs):
             log.curve, log.diverged = saved["curves"][k], saved["diverged"][k]
             log.returns.extend(saved["returns"][k])
-        self.start_time = time.time() - saved["wall_s"]
+        self.steps, self.start_time = saved["step"], time.time() - saved["wall_s"]
         self.resumes = saved["resumes"] + [dict(step=self.steps, fresh_episodes=not restored)]
         self.start_clock(self.steps)
         return saved["iteration"]
@@ -150,21 +144,12 @@ class Run:
         its checkpoint)."""
         if self.main:
             os.makedirs(self.folder.dir, exist_ok=True)
-            purge_step = self.steps if self.resumes else None
             for log in self.logs:
-                log.open(os.path.join(self.folder.dir, log.name), purge_step)
+                log.open(os.path.join(self.folder.dir, log.name), self.resumes and self.steps)
         gc.freeze()  # the loop's full garbage collections skip what setup made (0.25 s each here)
         self.last_iteration = iterations.stop - 1
         self.pbar = tqdm.tqdm(iterations, mininterval=1.0, disable=not self.main)
-        return self.timed(self.pbar) if self.threads else self.pbar
-
-    def timed(self, iterations):
-        """`iterations`, each timed for the thread choice."""
-        for iteration in iterations:
-            yield iteration
-            line = self.threads.tick(time.perf_counter(), self.steps)
-            if line:
-                tqdm.tqdm.write(line, file=sys.stderr)
+        return self.threads.timed(self.pbar, self) if self.threads else self.pbar
 
     def checkpoint(self, iteration, state, steps):
         """After `iteration`, which brought the env steps to `steps` (every iteration tells the run
@@ -178,16 +163,15 @@ class Run:
         self.next_checkpoint = now + 60 * (self.args.checkpoint_minutes or float("inf"))
         state = state_of(state())
         ranks = self.processes.gather((generators(), state.pop("envs", None)))
-        if not self.main:
-            return
-        args = vars(self.processes.first_flags(self.args))
-        saved = dict(script=self.script, args=args, iteration=iteration + 1, step=steps)
-        saved |= dict(final=final, wall_s=now - self.start_time, resumes=self.resumes)
-        saved |= dict(wandb_id=self.wandb and self.wandb.run.id, ranks=ranks, state=state)
-        saved["curves"] = [log.curve for log in self.logs]
-        saved["returns"] = [list(log.returns) for log in self.logs]
-        saved["diverged"] = [log.diverged for log in self.logs]
-        self.folder.save(saved, "checkpoint.pt")
+        if self.main:
+            args = vars(self.processes.first_flags(self.args))
+            saved = dict(script=self.script, args=args, iteration=iteration + 1, step=steps)
+            saved |= dict(final=final, wall_s=now - self.start_time, resumes=self.resumes)
+            saved |= dict(wandb_id=self.wandb and self.wandb.run.id, ranks=ranks, state=state)
+            saved |= dict(curves=[log.curve for log in self.logs])
+            saved |= dict(returns=[list(log.returns) for log in self.logs])
+            saved |= dict(diverged=[log.diverged for log in self.logs])
+            self.folder.save(saved, "checkpoint.pt")
 
     def start_clock(self, global_step):
         """sps counts from here: compile and warm-up are behind. Where threads are the run's to
@@ -209,18 +193,18 @@ class Run:
         self.logs[0].add_episodes(global_step, time.time() - self.start_time, returns)
 
     def log_progress(self, global_step, metrics):
-        """Show sps and the mean return, and log `metrics` (numbers, arrays or tensors, each one
-        value or one per series) with `charts/SPS`, in one host sync."""
-        arrays = {k: torch.as_tensor(v) for k, v in metrics.items() if hasattr(v, "shape")}
-        device = next((v.device for v in arrays.values() if v.device.type != "cpu"), "cpu")
-        series = len(self.logs)
-        values = [v.to(device, torch.float64).expand(series) for v in arrays.values()]
-        values = torch.stack(values).tolist() if values else []  # host sync
-        columns = {k: [v] * series for k, v in metrics.items()} | dict(zip(arrays, values))
+        """Show sps and the mean return, and log `metrics` (numbers and tensors on one device) with
+        `charts/SPS`, in one host sync."""
+        tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
+        values = torch.stack([*tensors.values()]).tolist() if tensors else []  # host sync
+        self.show(global_step, [metrics | dict(zip(tensors, values))])
+
+    def show(self, global_step, metrics):
+        """`metrics[k]`, the numbers of series k, with `charts/SPS` once its clock has started; the
+        bar shows sps and the series' mean return (of those that did not diverge)."""
         sps = self.sps(global_step)
-        chart = {} if sps is None else {"SPS": sps}  # once the clock has started
-        for k, log in enumerate(self.logs):
-            log.add_metrics(global_step, {name: v[k] for name, v in columns.items()} | chart)
+        for log, numbers in zip(self.logs, metrics):
+            log.add_metrics(global_step, numbers | ({} if sps is None else {"SPS": sps}))
         means = [np.mean(log.returns) for log in self.logs if log.returns and not log.diverged]
         if self.pbar:  # none before `progress`
             line = f"sps {sps or 0:5.0f} | return {np.mean(means) if means else np.nan:8.1f}"
@@ -230,8 +214,7 @@ class Run:
         """Save `model` (--save-model), write summary.json, play --eval-episodes with
         `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
         nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
-        args, log = self.args, self.logs[0]
-        summary = self.summary(device)
+        args, log, summary = self.args, self.logs[0], self.summary(device)
         log.check_end(self.steps, model)
         model_file = None
         if args.save_model and not log.diverged:  # torch.load(model_file, weights_only=True)
@@ -250,36 +233,24 @@ class Run:
 
     def summary(self, device):
         """The SUMMARY's fields that every script has."""
-        args, end_time = self.args, time.time()
-        wall_s = end_time - self.start_time
-        summary = dict(
-            script=self.script,
-            env_id=args.env_id,
-            seed=args.seed,
-            device=str(device),
-            compile=getattr(args, "compile", False),
-            cudagraphs=getattr(args, "cudagraphs", False),
-            num_envs=args.num_envs,
-            total_timesteps=self.steps,
-            sps=self.sps(self.steps, end_time),
-            sps_wall=len(self.logs) * self.steps / wall_s,
-            wall_s=wall_s,
-            torch_version=torch.__version__,
-            interrupted=self.signals.stop > 0,
-            resumes=self.resumes,
+        args, now = self.args, time.time()
+        summary = dict(script=self.script, env_id=args.env_id, seed=args.seed, device=str(device))
+        summary |= dict(compile=getattr(args, "compile", False), num_envs=args.num_envs)
+        summary |= dict(cudagraphs=getattr(args, "cudagraphs", False), total_timesteps=self.steps)
+        wall_s = now - self.start_time
+        summary |= dict(
+            sps=self.sps(self.steps, now), sps_wall=len(self.logs) * self.steps / wall_s
         )
-        if hasattr(args, "threads"):
-            summary["threads"] = torch.get_num_threads()
-            summary["thread_trials"] = self.threads.trials if self.threads else []
-        return summary
+        summary |= dict(wall_s=wall_s, torch_version=torch.__version__, resumes=self.resumes)
+        summary["interrupted"] = self.signals.stop > 0
+        return summary | (args.thread_summary(self.threads) if hasattr(args, "threads") else {})
 
     def end(self, summary, curves, status):
         """Print the SUMMARY line (summary.json: with the learning `curves`), close the event files
         and wandb, and exit with `status` (a signal's, if stopped)."""
         print("SUMMARY " + json.dumps(self.folder.write_summary(summary, curves)), flush=True)
         for log in self.logs:
-            if log.writer:
-                log.writer.close()
+            log.close()
         if self.wandb:
             self.wandb.finish()
         signum = self.signals.stop or self.signals.received  # or one after the last iteration

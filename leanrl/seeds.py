@@ -187,6 +187,16 @@ class SeedsRun(Run):
         for log, returns in zip(self.logs, member_returns):
             log.add_episodes(global_step, seconds, returns)
 
+    def log_progress(self, global_step, metrics):
+        """Show sps and the mean return, and log `metrics` (numbers, arrays or tensors, each one
+        value or one per member) in one host sync."""
+        arrays = {k: torch.as_tensor(v) for k, v in metrics.items() if hasattr(v, "shape")}
+        device = next((v.device for v in arrays.values() if v.device.type != "cpu"), "cpu")
+        members = range(len(self.logs))
+        values = [v.to(device, torch.float64).expand(len(members)) for v in arrays.values()]
+        values = dict(zip(arrays, torch.stack(values).tolist()))  # host sync
+        self.show(global_step, [metrics | {k: v[m] for k, v in values.items()} for m in members])
+
     def finish(self, device, models, evaluate):
         """Save each member's model (--save-model), write summary.json, play --eval-episodes per
         member with `evaluate(member, episodes, videos)`, print a sweep's table (and plot it), print

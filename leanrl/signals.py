@@ -6,12 +6,11 @@ import signal
 
 
 class Signals:
-    """`received`: this process's first Ctrl-C or SIGTERM (0: none). `stop`: the signal the loop
-    stops on: the same, or with `agree` (torchrun's ranks) the one the ranks agreed on, which the
-    script sets in `agreed` after each iteration, so that all stop after the same one."""
+    """`received`: this process's first Ctrl-C or SIGTERM (0: none); `stop`: the signal the loop
+    stops on, the same (ranks.py's `RankSignals`: the one torchrun's ranks agreed on)."""
 
-    def __init__(self, agree=False):
-        self.received, self.agreed, self.agree = 0, 0, agree
+    def __init__(self):
+        self.received = 0
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
 
@@ -22,4 +21,4 @@ class Signals:
 
     @property
     def stop(self):
-        return self.agreed if self.agree else self.received
+        return self.received
