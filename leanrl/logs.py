@@ -5,6 +5,7 @@ wandb) and its divergence, a loss that is not finite."""
 
 import math
 import sys
+import time
 from collections import deque
 
 import numpy as np
@@ -33,13 +34,23 @@ class Log:
             from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
 
             self.writer = SummaryWriter(folder, purge_step=purge_step or None)
+            self.pending, self.flushed = [], time.time()  # what `add` holds, since when
             rows = "\n".join(f"|{key}|{value}|" for key, value in vars(self.flags).items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
 
     def add(self, step, scalars):
-        """TensorBoard's `scalars`, a dict of numbers by tag, at `step`."""
-        for tag, value in scalars.items() if self.writer else ():
-            self.writer.add_scalar(tag, value, step)
+        """TensorBoard's `scalars`, a dict of numbers by tag, at `step`, handed to the writer once a
+        second: its thread then takes the interpreter once for all of them, not once each."""
+        if self.writer:
+            now = time.time()
+            self.pending += [(tag, value, step, now) for tag, value in scalars.items()]
+            if now > self.flushed + 1.0:
+                self.flush()
+
+    def flush(self):
+        for tag, value, step, wall_time in self.pending:
+            self.writer.add_scalar(tag, value, step, wall_time)
+        self.pending, self.flushed = [], time.time()
 
     def add_episodes(self, step, seconds, returns):
         """The episodes that ended at `step`, `seconds` into the run (`Episodes`: with their
@@ -72,6 +83,7 @@ class Log:
 
     def close(self):
         if self.writer:
+            self.flush()
             self.writer.close()
 
     def return_mean(self):
