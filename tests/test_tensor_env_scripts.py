@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from conftest import (
+    ALL_SCRIPTS,
     assert_no_host_sync,
     assert_same_state,
     checkpoint,
@@ -104,10 +105,26 @@ def test_a_rollout_larger_than_the_device_is_refused(refused):
     refused("pqn_torchcompile", flags, ("--num-envs", "--num-steps", "GiB"))
 
 
-def test_a_script_without_them_refuses_the_flag(refused):
-    """PPO continuous's seeds script trains on gymnasium's envs only, and says so."""
-    script = "ppo_continuous_action_seeds"
-    refused(script, ("--tensor-envs",), ("--tensor-envs", script, "gymnasium"))
+# the scripts that train on gymnasium's or envpool's envs only
+WITHOUT = {"ppo_continuous_action_distributed", "ppo_continuous_action_ray"}
+WITHOUT |= {f"{algo}_seeds" for algo in ("sac_continuous_action", "td3_continuous_action")}
+WITHOUT |= {"ppo_continuous_action_seeds"} | {s for s in ALL_SCRIPTS if "envpool" in s}
+
+
+def test_only_the_scripts_that_train_on_them_have_the_flag(capsys):
+    """`--tensor-envs` is a flag of the scripts that honour it (`TensorEnvFlags`), and of no other:
+    there it is not in `--help`, and tyro refuses it (exit status 2)."""
+    import tyro
+
+    has_flag = {s for s in ALL_SCRIPTS if "tensor_envs" in vars(load_script(s).Args())}
+    assert has_flag == set(ALL_SCRIPTS) - WITHOUT and set(SMOKE) <= has_flag
+    Args = load_script("ppo_continuous_action_seeds").Args
+    with pytest.raises(SystemExit) as stop:
+        tyro.cli(Args, args=["--help"])
+    assert stop.value.code == 0 and "--tensor-envs" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        tyro.cli(Args, args=["--tensor-envs"])
+    assert stop.value.code == 2
 
 
 @pytest.mark.parametrize(
