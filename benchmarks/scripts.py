@@ -12,10 +12,10 @@ from pathlib import Path
 import tyro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
-RUN_MODULE = "runs"  # leanrl/runs.py, the run: not a script
 # the modules beside the scripts, not scripts: the run plumbing by purpose and the optimizers (the
-# ones an export inlines), the tensor envs it makes, and the exporter
-RUN_MODULES = (RUN_MODULE, "vector_envs", "threads", "seeds", "atari", "ranks", "optimizers")
+# ones an export inlines, each after those it imports), the tensor envs it makes, and the exporter
+RUN_MODULES = ("flags", "signals", "folders", "checkpoints", "logs", "runs", "vector_envs")
+RUN_MODULES += ("threads", "seeds", "atari", "ranks", "optimizers")
 MODULES = (*RUN_MODULES, "tensor_envs", "mujoco_envs", "export")
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from flags import CudaFlags, TensorEnvFlags, fail
 from optimizers import Adam
-from runs import CudaFlags, fail
 from seeds import (
     MemberEpisodes,
     SeedsRun,
@@ -51,7 +51,7 @@ from vector_envs import evaluate, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CudaFlags, ThreadFlags):
+class Args(TensorEnvFlags, CudaFlags, ThreadFlags):
     num_seeds: int = 8
     """the number of independent runs (members) trained together; in a sweep, of each setting"""
     env_id: str = "CartPole-v1"
@@ -266,7 +266,7 @@ def main(args):
     for setting in settings(args):  # each point of a sweep, as a single run's flags
         check_args(setting)
     # seeds.py: folder, seeds, sweep, threads, ...
-    run = SeedsRun(args, "dqn_seeds", tensor_envs=True)
+    run = SeedsRun(args, "dqn_seeds")
     members = len(run.seeds)  # settings x seeds
     # one env first: its spaces and sizes, before N members' envs
     probe = make_envs(args.env_id, 1, args.seed)

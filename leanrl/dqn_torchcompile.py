@@ -21,14 +21,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     total_timesteps: int = 500_000
@@ -180,7 +181,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "dqn_torchcompile", tensor_envs=True)  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "dqn_torchcompile")  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     spaces = envs.single_observation_space, envs.single_action_space

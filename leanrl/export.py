@@ -15,11 +15,13 @@ import ast
 import io
 import os
 import sys
+import textwrap
 import tokenize
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 # the modules a copy inlines, each after those it imports
-MODULES = ("runs", "vector_envs", "threads", "seeds", "atari", "ranks", "optimizers")
+MODULES = ("flags", "signals", "folders", "checkpoints", "logs", "runs", "vector_envs")
+MODULES += ("threads", "seeds", "atari", "ranks", "optimizers")
 # every script's docstring says what it needs, and a copy's what it is
 NEEDS = (
     "It imports the run modules beside it in leanrl/; "
@@ -45,19 +47,56 @@ def binding(alias):
     return (alias.asname or alias.name).split(".")[0]
 
 
-def top_level(source):
-    """A module's definitions and import bindings: name -> (source text, the names it uses), and
-    name -> its import statement, leaving out the imports of the run modules."""
+def uses(nodes):
+    """The names that `nodes` use, and the attributes and strings they name: the definitions and
+    the methods they may reach (a string, as `hasattr(args, "check_threads")` names a method)."""
+    names, attrs = set(), set()
+    for n in (n for node in nodes for n in ast.walk(node)):
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            attrs.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+            attrs.add(n.value)
+    return names, attrs
+
+
+def definition(node, lines, module_defs):
+    """A function's or class's source lines, what it uses outside its methods, and its methods: by
+    name, their lines (counted from its first) and what each uses. `open`: a class with a base from
+    outside the modules, whose methods its base's code may call, keeps them all."""
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+    methods, outside = {}, [node]
+    if isinstance(node, ast.ClassDef):
+        outside = node.bases + node.keywords + node.decorator_list
+        for n in node.body:
+            if isinstance(n, ast.FunctionDef):
+                start = min([d.lineno for d in n.decorator_list] + [n.lineno]) - first
+                methods[n.name] = (start, n.end_lineno - first, *uses([n]))
+            else:
+                outside.append(n)
+    bases = getattr(node, "bases", [])
+    names, attrs = uses(outside)
+    return dict(
+        lines=lines[first - 1 : node.end_lineno],
+        names=names,
+        attrs=attrs,
+        methods=methods,
+        open=any(not (isinstance(b, ast.Name) and b.id in module_defs) for b in bases),
+    )
+
+
+def top_level(source, module_defs=()):
+    """A module's definitions (name -> `definition`; `module_defs`: the names the run modules
+    define) and import bindings (name -> its import statement), leaving out the imports of the run
+    modules."""
     lines, defs, imports = source.splitlines(), {}, {}
     for node in ast.parse(source).body:
-        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-        text = "\n".join(lines[first - 1 : node.end_lineno])
-        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
         if isinstance(node, ast.Import | ast.ImportFrom):
             if getattr(node, "module", None) not in MODULES:
                 imports |= {binding(alias): statement(node, alias) for alias in node.names}
         elif isinstance(node, ast.FunctionDef | ast.ClassDef):
-            defs[node.name] = (text, used)
+            defs[node.name] = definition(node, lines, module_defs)
     return defs, imports
 
 
@@ -77,22 +116,57 @@ def import_time_names(tree):
 
 
 def closure(names, defs):
-    """`names` and every definition of `defs` they use, and those use."""
+    """`names` and every definition of `defs` they use outside methods, and those use."""
     found, todo = set(), list(names)
     while todo:
         name = todo.pop()
         if name in defs and name not in found:
             found.add(name)
-            todo += defs[name][1]
+            todo += defs[name]["names"]
     return found
 
 
-def inlined(script_source, modules):
-    """The definitions of `modules` (name -> source) that a copy of `script_source` inlines: those
-    it imports and those they use; and of them, the ones its top level needs as it is imported."""
-    defs = {}
+def reach(names, attrs, defs):
+    """What `names` and `attrs` reach: the definitions of `defs` named, the methods of their classes
+    named as attributes (and the special ones, and every method of an open class), and what those
+    use in turn. Returns the definitions, the methods as (class, method) and the names used."""
+    names, attrs, found, methods = set(names), set(attrs), set(), set()
+    while True:
+        before = len(found) + len(methods)
+        for name in [n for n in defs if n in names and n not in found]:
+            found.add(name)
+            names |= defs[name]["names"]
+            attrs |= defs[name]["attrs"]
+        for name in found:
+            d = defs[name]
+            for method, (_, _, method_names, method_attrs) in d["methods"].items():
+                special = method.startswith("__")
+                if (name, method) not in methods and (d["open"] or special or method in attrs):
+                    methods.add((name, method))
+                    names |= method_names
+                    attrs |= method_attrs
+        if len(found) + len(methods) == before:
+            return found, methods, names
+
+
+def module_definitions(modules):
+    """Every definition of `modules` (name -> source), and their import bindings, by name."""
+    module_defs = {
+        n.name for s in modules.values() for n in ast.parse(s).body if hasattr(n, "name")
+    }
+    defs, imports = {}, {}
     for source in modules.values():
-        defs |= top_level(source)[0]
+        module_defs_, module_imports = top_level(source, module_defs)
+        defs |= module_defs_
+        imports |= module_imports
+    return defs, imports
+
+
+def inlined(script_source, modules):
+    """What a copy of `script_source` inlines of `modules` (name -> source): the definitions it
+    imports, the methods its code names and what those use, in turn; of the definitions, the ones
+    its top level needs as it is imported; and the names they use."""
+    defs = module_definitions(modules)[0]
     tree = ast.parse(script_source)
     wanted = [
         alias.name
@@ -100,7 +174,19 @@ def inlined(script_source, modules):
         if isinstance(node, ast.ImportFrom) and node.module in modules
         for alias in node.names
     ]
-    return closure(wanted, defs), closure(set(wanted) & import_time_names(tree), defs)
+    needed, methods, names = reach(wanted, uses([tree])[1], defs)
+    return needed, closure(set(wanted) & import_time_names(tree), defs), methods, names
+
+
+def pruned(name, d, methods):
+    """Definition `d`'s source without the methods that `methods` does not hold, and the blank line
+    before each."""
+    lines, drop = d["lines"], set()
+    for method, (start, end, _, _) in d["methods"].items():
+        if (name, method) not in methods:
+            blank = start > 0 and not lines[start - 1].strip()
+            drop |= set(range(start - blank, end + 1))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
 def bare(text):
@@ -141,15 +227,10 @@ def export(script_source, modules, script_name, copy_name):
     """`script_source` (leanrl/`script_name`.py) as one file, `copy_name`: the definitions of
     `modules` (name -> source) it imports, and those they use, inlined (the ones its top level
     needs before its own definitions, the rest after `main`), without docstrings and comments."""
-    defs, imports, origin = {}, {}, {}
-    for module, source in modules.items():
-        module_defs, module_imports = top_level(source)
-        defs |= module_defs
-        imports |= module_imports
-        origin |= dict.fromkeys(module_defs, module)
+    defs, imports = module_definitions(modules)
+    origin = {name: m for m, source in modules.items() for name in top_level(source)[0]}
     tree = ast.parse(script_source)
-    needed, early = inlined(script_source, modules)
-    used = set().union(*(defs[name][1] for name in needed))
+    needed, early, methods, used = inlined(script_source, modules)
     usage = f"leanrl/{script_name}.py"
     docstring = tree.body[0]
     lines = script_source.splitlines()
@@ -171,10 +252,11 @@ def export(script_source, modules, script_name, copy_name):
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
     start = own_imports[0].lineno
     names = ", ".join(f"{m}.py" for m in modules if m in {origin[name] for name in needed})
-    banner = f"# {'=' * 98}\n# The run plumbing, from leanrl/: {names}"
+    title = textwrap.wrap(f"The run plumbing, from leanrl/: {names}", 98)
+    banner = f"# {'=' * 98}\n" + "\n".join(f"# {line}" for line in title)
     in_order = [name for name in defs if name in needed]
-    before = [bare(defs[name][0]) for name in in_order if name in early]
-    after = [bare(defs[name][0]) for name in in_order if name not in early]
+    before = [bare(pruned(name, defs[name], methods)) for name in in_order if name in early]
+    after = [bare(pruned(name, defs[name], methods)) for name in in_order if name not in early]
     head = "\n".join(lines[: start - 1]).rstrip()
     parts = [
         head + "\n\n" + "\n\n".join("\n".join(section) for section in sections if section),

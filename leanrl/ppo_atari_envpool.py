@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import tyro
 from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
-from runs import CudaFlags, fail
+from flags import CudaFlags, fail
 from torch.distributions.categorical import Categorical
 
 

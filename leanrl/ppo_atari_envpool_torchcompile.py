@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import tyro
 from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
-from runs import CudaFlags, fail
+from flags import CudaFlags, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 

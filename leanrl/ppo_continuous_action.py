@@ -24,13 +24,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from torch.distributions.normal import Normal
 from vector_envs import evaluate, finished_episodes, make_envs, obs_rms_of, true_next_obs
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -215,7 +216,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action", tensor_envs=True)  # runs.py: folder, seeds, ...
+    run = Run(args, "ppo_continuous_action")  # runs.py: folder, seeds, ...
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -321,6 +322,7 @@ def main(args):
         # checked like a loss: at the next rollout, Normal.sample raises on a nan standard deviation
         weight_norm = nn.utils.get_total_norm(agent.parameters())
         metrics = dict(zip(names, stats), explained_variance=explained_var, weight_norm=weight_norm)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence

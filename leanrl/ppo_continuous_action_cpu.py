@@ -29,15 +29,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from flags import TensorEnvFlags, fail
 from optimizers import Adam
-from runs import Run, fail
+from runs import Run
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
 from vector_envs import evaluate, finished_episodes, make_envs, obs_rms_of, true_next_obs
 
 
 @dataclass
-class Args(CPUFlags):
+class Args(TensorEnvFlags, CPUFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -302,7 +303,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action_cpu", tensor_envs=True)  # runs.py: folder, seeds, ...
+    run = Run(args, "ppo_continuous_action_cpu")  # runs.py: folder, seeds, ...
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
     tensor = dict(tensor=args.tensor_envs, compile=args.compile)
@@ -412,6 +413,7 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), explained_variance=explained_var)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence

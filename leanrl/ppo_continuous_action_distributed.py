@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
+from flags import CudaFlags, fail
 from ranks import RankRun, collective
-from runs import CudaFlags, fail
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
@@ -479,10 +479,11 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), explained_variance=explained_var)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         # torchrun forwards a Ctrl-C or SIGTERM to every rank, each at its own moment: all stop here
         # (a signal that comes after this all-reduce waits for the next iteration's)
-        run.stop_signal = max_over_ranks(run.signal, world_size, device)
+        run.signals.agreed = max_over_ranks(run.signals.received, world_size, device)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         # a divergence is on every rank at once: the losses it checks are all-reduced, the same
         if run.stopped:
@@ -496,7 +497,8 @@ def main(args):
     if world_size > 1:
         dist.destroy_process_group()
     if rank > 0:  # rank 0 alone saves, evaluates and reports
-        sys.exit(3 if run.diverged else 128 + run.stop_signal if run.stop_signal else 0)
+        signum = run.signals.stop
+        sys.exit(3 if run.logs[0].diverged else 128 + signum if signum else 0)
     model = {"agent": agent.state_dict(), "obs_rms": obs_rms}
     run.finish(device, model, evaluate_agent, world_size=world_size, parameter_spread=spread)
 

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from flags import CudaFlags, fail
 from gymnasium.wrappers.utils import RunningMeanStd
-from runs import CudaFlags, Run, fail
+from runs import Run
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
@@ -540,6 +541,7 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), explained_variance=explained_var)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence

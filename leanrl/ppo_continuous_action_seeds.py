@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from flags import CudaFlags, fail
 from optimizers import Adam
-from runs import CudaFlags, fail
 from seeds import (
     SeedsRun,
     check_memory,
@@ -507,6 +507,7 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var(1) / b["returns"].var(1)
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats.T), explained_variance=explained_var)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or no member left

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from vector_envs import (
@@ -48,7 +49,7 @@ from vector_envs import (
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -280,7 +281,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "ppo_continuous_action_torchcompile", tensor_envs=True)  # runs.py: folder, ...
+    run = Run(args, "ppo_continuous_action_torchcompile")  # runs.py: folder, ...
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -408,6 +409,7 @@ def main(args):
         explained_var = 1 - (b["returns"] - b["values"]).var() / b["returns"].var()
         names = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
         metrics = dict(zip(names, stats), explained_variance=explained_var)
+        metrics["learning_rate"] = optimizer.param_groups[0]["lr"]
         run.log_progress(global_step, metrics)
         run.checkpoint(iteration, training_state, global_step)  # when due, on a signal, at the end
         if run.stopped:  # a first Ctrl-C or SIGTERM, or divergence

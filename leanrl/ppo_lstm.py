@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from torch.distributions.categorical import Categorical
 from vector_envs import (
     episode_starts,
@@ -42,7 +43,7 @@ from vector_envs import (
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     obs_indices: tuple[int, ...] | None = None
@@ -227,7 +228,7 @@ def main(args):
     check_args(args)
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)
     policy_flags = ("env_id", "obs_indices", "memory")
-    run = Run(args, "ppo_lstm", policy_flags=policy_flags, tensor_envs=True)
+    run = Run(args, "ppo_lstm", policy_flags=policy_flags)
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")

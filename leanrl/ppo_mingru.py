@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from torch.distributions.categorical import Categorical
 from vector_envs import (
     episode_starts,
@@ -38,7 +39,7 @@ from vector_envs import (
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     obs_indices: tuple[int, ...] | None = None
@@ -253,7 +254,7 @@ def main(args):
     check_args(args)
     args.obs_indices = observed_indices(args.env_id, args.obs_indices)
     policy_flags = ("env_id", "obs_indices", "memory")
-    run = Run(args, "ppo_mingru", policy_flags=policy_flags, tensor_envs=True)
+    run = Run(args, "ppo_mingru", policy_flags=policy_flags)
     # evaluating a saved model records no training episode
     videos = None if args.eval_model else run.videos
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")

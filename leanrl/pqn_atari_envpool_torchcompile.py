@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from atari import AtariRun, VideoRecorder, evaluate_games, finished_games
-from runs import CudaFlags, fail
+from flags import CudaFlags, fail
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 

@@ -23,15 +23,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from flags import TensorEnvFlags, fail
 from optimizers import RAdam
-from runs import Run, fail
+from runs import Run
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
 from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CPUFlags):
+class Args(TensorEnvFlags, CPUFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     total_timesteps: int = 500_000
@@ -201,7 +202,7 @@ def make_learner(args, n_obs, n_act):
 
 def main(args):
     check_args(args)
-    run = Run(args, "pqn_cpu", tensor_envs=True)  # runs.py: folder, seeds, threads, ...
+    run = Run(args, "pqn_cpu")  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(
         args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, compile=args.compile

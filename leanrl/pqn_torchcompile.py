@@ -31,14 +31,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
 from vector_envs import Episodes, evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "CartPole-v1"
     """the id of the environment"""
     total_timesteps: int = 500_000
@@ -209,7 +210,7 @@ def make_learner(args, n_obs, n_act, device):
 
 def main(args):
     check_args(args)
-    run = Run(args, "pqn_torchcompile", tensor_envs=True)  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "pqn_torchcompile")  # runs.py: folder, seeds, signals, ...
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     videos = None if args.eval_model else run.videos
     # the tensor envs on the device: the whole rollout stays there

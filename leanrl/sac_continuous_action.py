@@ -23,12 +23,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -148,6 +149,14 @@ class ReplayBuffer:
             self.storage[key][: self.size] = value
 
 
+def qf_stats(qf_values, qf_losses):
+    """CleanRL's critic charts from each Q-network's mean value and loss (the networks on the last
+    axis): those, and the mean of the two losses."""
+    stats = dict(qf1_values=qf_values[..., 0], qf2_values=qf_values[..., 1])
+    stats |= dict(qf1_loss=qf_losses[..., 0], qf2_loss=qf_losses[..., 1])
+    return stats | dict(qf_loss=qf_losses.mean(-1))
+
+
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
     """SAC's networks, optimizers and update steps on `device`."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
@@ -180,12 +189,15 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
         qf1_a_values = qf1(data["obs"], data["actions"]).view(-1)
         qf2_a_values = qf2(data["obs"], data["actions"]).view(-1)
-        qf_loss = F.mse_loss(qf1_a_values, next_q_value) + F.mse_loss(qf2_a_values, next_q_value)
+        qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
+        qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
+        qf_loss = qf1_loss + qf2_loss
 
         q_optimizer.zero_grad()
         qf_loss.backward()
         q_optimizer.step()
-        return qf_loss.detach()
+        qf_values = torch.stack([qf1_a_values.mean(), qf2_a_values.mean()])
+        return qf_stats(qf_values.detach(), torch.stack([qf1_loss, qf2_loss]).detach())
 
     def update_actor(data):
         pi, log_pi, _ = actor.get_action(data["obs"])
@@ -233,9 +245,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "sac_continuous_action", tensor_envs=True
-    )  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "sac_continuous_action")  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs)
     space = envs.single_action_space
@@ -307,7 +317,7 @@ def main(args):
             first = iteration * args.num_updates
             for gradient_step in range(first, first + args.num_updates):
                 data = rb.sample(args.batch_size)
-                qf_loss = learner.update_critic(data)
+                critic_stats = learner.update_critic(data)
                 if gradient_step % args.policy_frequency == 0:  # delayed, as in TD3
                     for _ in range(args.policy_frequency):  # on the critic's batch, as CleanRL
                         actor_loss, alpha_loss = learner.update_actor(data)
@@ -316,7 +326,7 @@ def main(args):
 
             # log
             if iteration % 100 == 0:
-                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
+                losses = critic_stats | dict(actor_loss=actor_loss, alpha_loss=alpha_loss)
                 run.log_progress(global_step, losses | dict(alpha=learner.alpha))
 
         # the env steps so far; a checkpoint when due, on a signal, at the end

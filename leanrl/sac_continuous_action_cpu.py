@@ -28,8 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from flags import TensorEnvFlags, fail
 from optimizers import Adam
-from runs import Run, fail
+from runs import Run
 from tensordict import TensorDict, from_modules
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
@@ -37,7 +38,7 @@ from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CPUFlags):
+class Args(TensorEnvFlags, CPUFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -210,6 +211,14 @@ def make_host_policy(actor, rng):
     return get_action
 
 
+def qf_stats(qf_values, qf_losses):
+    """CleanRL's critic charts from each Q-network's mean value and loss (the networks on the last
+    axis): those, and the mean of the two losses."""
+    stats = dict(qf1_values=qf_values[..., 0], qf2_values=qf_values[..., 1])
+    stats |= dict(qf1_loss=qf_losses[..., 0], qf2_loss=qf_losses[..., 1])
+    return stats | dict(qf_loss=qf_losses.mean(-1))
+
+
 def make_learner(args, n_obs, n_act, action_low, action_high):
     """SAC's networks, optimizers and update steps, each update a function of the parameters."""
     actor = Actor(n_obs, n_act, action_low, action_high)
@@ -248,10 +257,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-            # the sum of both networks' mean squared errors, as in the eager twin
-            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+            # each network's mean squared error, and their sum, as in the eager twin
+            qf_losses = (qf_a_values - next_q_value).pow(2).mean(1)
+            return qf_losses.sum(), (qf_a_values.mean(1), qf_losses)
 
-        return grad_and_value(qf_loss_fn)(q_params)
+        return grad_and_value(qf_loss_fn, has_aux=True)(q_params)
 
     def actor_grads(actor_params, q_params, alpha, data):
         def actor_loss_fn(actor_params):
@@ -276,9 +286,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
     def update_critic(data):
         with autocast:
-            grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data)
+            grads, (_, (qf_values, qf_losses)) = critic_grads(
+                q_params, actor_params, q_target, alpha, data
+            )
         q_optimizer.step(grads)
-        return qf_loss
+        return qf_stats(qf_values, qf_losses)
 
     def update_actor(data):
         with autocast:
@@ -302,7 +314,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
         TD3) `policy_frequency` actor updates on the critic's batch; on a target step, the
         targets. `main` compiles it as one graph for each value of the two flags: one call a step
         (each call of compiled code costs its guard checks and its wrapper)."""
-        losses = dict(qf_loss=update_critic(data))
+        losses = update_critic(data)
         if policy_step:
             for _ in range(args.policy_frequency):
                 losses["actor_loss"], losses["alpha_loss"] = update_actor(data)
@@ -332,9 +344,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "sac_continuous_action_cpu", tensor_envs=True
-    )  # runs.py: folder, seeds, threads, ...
+    run = Run(args, "sac_continuous_action_cpu")  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(
         args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, compile=args.compile

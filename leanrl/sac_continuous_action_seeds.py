@@ -34,8 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from flags import CudaFlags, fail
 from optimizers import Adam
-from runs import CudaFlags, fail
 from seeds import (
     SeedsRun,
     check_memory,
@@ -210,6 +210,14 @@ def make_ensemble_qf(n_obs, n_act):
     return torch.vmap(qf, (0, None, None))
 
 
+def qf_stats(qf_values, qf_losses):
+    """CleanRL's critic charts from each Q-network's mean value and loss (the networks on the last
+    axis): those, and the mean of the two losses."""
+    stats = dict(qf1_values=qf_values[..., 0], qf2_values=qf_values[..., 1])
+    stats |= dict(qf1_loss=qf_losses[..., 0], qf2_loss=qf_losses[..., 1])
+    return stats | dict(qf_loss=qf_losses.mean(-1))
+
+
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     """SAC's networks, optimizers and update steps for the members `seeds`, stacked on a leading
     seeds axis on `device`: member k starts from the weights sac_continuous_action_cpu.py draws with
@@ -259,10 +267,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-            # the sum of both networks' mean squared errors, as in the eager twin
-            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+            # each network's mean squared error, and their sum, as in the eager twin
+            qf_losses = (qf_a_values - next_q_value).pow(2).mean(1)
+            return qf_losses.sum(), (qf_a_values.mean(1), qf_losses)
 
-        return grad_and_value(qf_loss_fn)(q_params)
+        return grad_and_value(qf_loss_fn, has_aux=True)(q_params)
 
     def actor_grads(actor_params, q_params, alpha, data):
         def actor_loss_fn(actor_params):
@@ -294,9 +303,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     # ---- end of the N seeds block ----
 
     def update_critic(data):
-        grads, qf_loss = critic_grads(q_params, actor_params, q_target, alpha, data, hp["gamma"])
+        critic = critic_grads(q_params, actor_params, q_target, alpha, data, hp["gamma"])
+        grads, (_, (qf_values, qf_losses)) = critic
         q_optimizer.step(grads)
-        return qf_loss
+        return qf_stats(qf_values, qf_losses)
 
     def update_actor(data):
         grads, actor_loss = actor_grads(actor_params, q_params, alpha, data)
@@ -428,7 +438,7 @@ def main(args):
         # update
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
+            critic_stats = learner.update_critic(data)
             if iteration % args.policy_frequency == 0:  # delayed, as in TD3
                 for _ in range(args.policy_frequency):  # on the critic's batch, as in CleanRL
                     actor_loss, alpha_loss = learner.update_actor(data)
@@ -437,7 +447,7 @@ def main(args):
 
             # log
             if iteration % 100 == 0:
-                losses = dict(qf_loss=qf_loss, actor_loss=actor_loss, alpha_loss=alpha_loss)
+                losses = critic_stats | dict(actor_loss=actor_loss, alpha_loss=alpha_loss)
                 run.log_progress(global_step, losses | dict(alpha=learner.alpha))
 
         # the env steps so far; a checkpoint when due, on a signal, at the end

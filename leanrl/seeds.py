@@ -8,12 +8,12 @@ import itertools
 import os
 import sys
 import time
-from collections import deque
 
 import numpy as np
 import torch
-import tqdm
-from runs import Run, Scalars, fail
+from flags import check_flags, fail
+from logs import Log
+from runs import Run
 from vector_envs import Episodes
 
 
@@ -149,14 +149,17 @@ def check_memory(members, per_member, what, device=None):
 
 class SeedsRun(Run):
     """The run of N members, or of a sweep: each setting's `--num-seeds` members. Member k has seed
-    `seeds[k]`, the flags `member_settings[k]` (a single run's), its last 20 returns `returns[k]`
-    and its curve `curves[k]`; a non-finite loss or weight sets `diverged[k]`, and the others go
-    on; the run stops once every member has diverged."""
+    `seeds[k]`, the flags `member_settings[k]` (a single run's) and its own series, `logs[k]`
+    (`runs/<run_name>/<member>/` for TensorBoard); a non-finite loss or weight diverges it, and the
+    others go on; the run stops once every member has diverged."""
 
-    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",), tensor_envs=False):
+    def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
         # each setting's members are `--num-seeds` single runs of it: within a setting, no two
         # share an env seed; across settings, the same seeds, so that the settings compare
         self.settings = settings(args)
+        for setting in self.settings:  # each value of a sweep's flags
+            check_flags(setting, seeds=args.num_seeds * args.num_envs)
+        super().__init__(args, script, free_flags, policy_flags)
         seeds = [args.seed + k * args.num_envs for k in range(args.num_seeds)]
         self.seeds = seeds * len(self.settings)
         self.member_settings = [setting for setting in self.settings for _ in seeds]
@@ -168,107 +171,31 @@ class SeedsRun(Run):
         ]
         # env i of member k is seeded seeds[k] + i
         self.env_seeds = [seed + i for seed in self.seeds for i in range(args.num_envs)]
-        super().__init__(args, script, free_flags, policy_flags, tensor_envs)
-        self.returns = [deque(maxlen=20) for _ in self.seeds]  # the last 20 episodic returns
-        self.curves = [[] for _ in self.seeds]  # [step, seconds, return] of every episode
-        self.diverged, self.writers = {}, []
-
-    def open_writers(self):
-        """A TensorBoard writer per member, in runs/<run_name>/<member>/, as a single run's with
-        its flags; `charts/SPS` counts every member's steps."""
-        self.writers = []
-        if self.args.tensorboard:
-            purge_step = self.steps if self.resumes else None
-            flags = [vars(s) | {"seed": seed} for s, seed in zip(self.member_settings, self.seeds)]
-            for label, member_flags in zip(self.labels, flags):
-                folder = os.path.join(self.dir, label)
-                self.writers.append(Scalars(folder, member_flags, purge_step))
-
-    def close_writers(self):
-        for writer in self.writers:
-            writer.close()
-
-    def check(self, args):
-        for setting in self.settings:  # each value of a sweep's flags
-            super().check(setting)
-
-    def check_seed(self, args):
-        if not 0 <= args.seed <= 2**31 - args.num_seeds * args.num_envs:  # env seeds below 2**31
-            fail(f"--seed must be in [0, 2**31 - num_seeds x num_envs], got {args.seed}")
-
-    @property
-    def stopped(self):
-        """A first Ctrl-C or SIGTERM, or every member diverged."""
-        return bool(self.stop_signal) or self.all_diverged()
-
-    def all_diverged(self):
-        return len(self.diverged) == len(self.seeds)
-
-    def restore_results(self, saved):
-        self.curves, self.diverged = saved["curves"], saved["diverged"]
-        for returns, saved_returns in zip(self.returns, saved["returns"]):
-            returns.extend(saved_returns)
-
-    def results(self):
-        returns = [list(returns) for returns in self.returns]
-        return dict(curves=self.curves, returns=returns, diverged=self.diverged)
-
-    def curve_fields(self):
-        return {"curves": self.curves}
-
-    def sps(self, global_step, now=None):
-        """Every member's env steps per second (`global_step` counts one member's)."""
-        sps = super().sps(global_step, now)
-        return sps and len(self.seeds) * sps
+        members = zip(self.member_settings, self.seeds, self.labels)
+        self.logs = [  # as a single run's, with its own flags and seed
+            Log(
+                dataclasses.replace(s, seed=seed),
+                label,
+                (f"member {k} (seed {seed}) ", "; the others go on"),
+            )
+            for k, (s, seed, label) in enumerate(members)
+        ]
 
     def log_episodes(self, global_step, member_returns):
         """`member_returns[k]`: the returns of member k's episodes that ended on this step."""
-        members = zip(self.labels, self.returns, self.curves, member_returns)
-        for label, returns, curve, episode_returns in members:
-            for r in episode_returns:  # a diverged policy's nan goes to its curve, as a string
-                returns.extend([r] if np.isfinite(r) else [])
-                value = r if np.isfinite(r) else str(r)
-                curve.append([global_step, time.time() - self.start_time, value])
-                if self.wandb:
-                    self.wandb.log({f"charts/episodic_return_{label}": r}, step=global_step)
-        for writer, episodes in zip(self.writers, member_returns):
-            if episodes:  # most steps end no episode
-                writer.add_episodes(global_step, episodes)
+        seconds = time.time() - self.start_time
+        for log, returns in zip(self.logs, member_returns):
+            log.add_episodes(global_step, seconds, returns)
 
     def log_progress(self, global_step, metrics):
-        """Show sps and the mean return; log `metrics` (numbers, or tensors on one device with one
-        value or one per member) to wandb. A member whose loss is not finite diverges."""
-        device = next(v.device for v in metrics.values() if isinstance(v, torch.Tensor))
-        values = [torch.as_tensor(v, dtype=torch.float, device=device) for v in metrics.values()]
-        values = torch.stack([v.expand(len(self.seeds)) for v in values]).tolist()  # host sync
-        metrics = dict(zip(metrics, values))  # a list per metric: a value per member
-        sps = self.sps(global_step) or 0.0
-        means = [np.mean(r) for k, r in enumerate(self.returns) if r and k not in self.diverged]
-        return_mean = np.mean(means) if means else float("nan")
-        if self.pbar:  # none before `progress`
-            self.pbar.set_description(f"sps {sps:5.0f} | return {return_mean:8.1f}", refresh=False)
-        if self.wandb:
-            members = list(enumerate(self.labels))
-            losses = {f"losses/{k}_{s}": v[m] for k, v in metrics.items() for m, s in members}
-            self.wandb.log(losses | {"charts/SPS": sps}, step=global_step)
-        for member, writer in enumerate(self.writers):
-            losses = {f"losses/{k}": v[member] for k, v in metrics.items()}
-            writer.add(global_step, (losses | self.sps_chart(sps)).items())
-        for name, member_values in metrics.items():
-            for member, value in enumerate(member_values):
-                if name.endswith("loss") and not np.isfinite(value):
-                    self.diverge(member, global_step, name, value)
-
-    def diverge(self, member, step, metric, value):
-        if member in self.diverged:
-            return
-        flags = vars(self.member_settings[member]).items()
-        rates = [(k, v) for k, v in flags if k.endswith(("lr", "learning_rate"))]
-        rates = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rates if isinstance(v, float))
-        seed = self.seeds[member]
-        line = f"error: member {member} (seed {seed}) diverged at step {step}: {metric} is {value}"
-        tqdm.tqdm.write(f"{line}; the others go on; maybe too large: {rates}", file=sys.stderr)
-        self.diverged[member] = dict(step=step, metric=metric, value=str(value), seed=seed)
+        """Show sps and the mean return, and log `metrics` (numbers, arrays or tensors, each one
+        value or one per member) in one host sync."""
+        arrays = {k: torch.as_tensor(v) for k, v in metrics.items() if hasattr(v, "shape")}
+        device = next((v.device for v in arrays.values() if v.device.type != "cpu"), "cpu")
+        members = range(len(self.logs))
+        values = [v.to(device, torch.float64).expand(len(members)) for v in arrays.values()]
+        values = dict(zip(arrays, torch.stack(values).tolist()))  # host sync
+        self.show(global_step, [metrics | {k: v[m] for k, v in values.items()} for m in members])
 
     def finish(self, device, models, evaluate):
         """Save each member's model (--save-model), write summary.json, play --eval-episodes per
@@ -276,27 +203,22 @@ class SeedsRun(Run):
         the SUMMARY line. A diverged member has no model file, evaluation or return mean; a run
         whose every member diverged exits 3, a stopped one evaluates nothing and exits as a shell
         reports a signal (130 or 143)."""
-        args, end_time, seeds = self.args, time.time(), self.seeds
-        for member, model in enumerate(models):
-            parts = [v.values() if isinstance(v, dict) else [v] for v in model.values()]
-            weight_sum = float(sum(w.double().sum() for part in parts for w in part))  # host sync
-            if not np.isfinite(weight_sum):
-                self.diverge(member, self.steps, "weight_sum", weight_sum)
-        kept = [member not in self.diverged for member in range(len(seeds))]
+        args, seeds = self.args, self.seeds
+        summary = self.summary(device)
+        for log, model in zip(self.logs, models):
+            log.check_end(self.steps, model)
+        kept = [not log.diverged for log in self.logs]
         model_files = [None] * len(seeds)
-        for member, model in enumerate(models):
+        for member, (log, model) in enumerate(zip(self.logs, models)):
             if args.save_model and kept[member]:  # torch.load(model_file, weights_only=True)
-                # as a single-seed run's
-                flags = vars(self.member_settings[member]) | {"seed": seeds[member]}
-                name = f"{self.script}_{self.labels[member]}.pt"
-                model_files[member] = self.save_model(model, name, flags)
-        means = [float(np.mean(r)) if r and ok else None for r, ok in zip(self.returns, kept)]
+                saved = dict(script=self.script, args=vars(log.flags), model=model)
+                model_files[member] = self.folder.save(saved, f"{self.script}_{log.name}.pt")
+        means = [log.return_mean() if ok else None for log, ok in zip(self.logs, kept)]
         kept_means = [m for m, ok in zip(means, kept) if ok]
         return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
-        wall_s = end_time - self.start_time
         swept = sweep_flags(args)
-        summary = self.summary(device, end_time) | dict(
-            episodes=sum(map(len, self.curves)),
+        summary |= dict(
+            episodes=sum(len(log.curve) for log in self.logs),
             return_mean=return_mean,
             model_file=next(filter(None, model_files), None),
             eval_returns=[],
@@ -307,12 +229,16 @@ class SeedsRun(Run):
             hyperparameters=[{k: getattr(s, k) for k in swept} for s in self.member_settings],
             settings=self.setting_rows(means),
             model_files=model_files if args.save_model else [],
-            diverged=[self.diverged[k] | dict(member=k) for k in sorted(self.diverged)],
+            diverged=[
+                log.diverged | dict(seed=seeds[k], member=k)
+                for k, log in enumerate(self.logs)
+                if log.diverged
+            ],
             eval_return_means=[],
         )
-        summary["sps_wall"], summary["wall_s"] = len(seeds) * self.steps / wall_s, wall_s
-        if args.eval_episodes and not self.stop_signal:
-            self.write_summary(summary)  # kept if a second signal kills the evaluation
+        curves = dict(curves=[log.curve for log in self.logs])
+        if args.eval_episodes and not self.signals.stop:
+            self.folder.write_summary(summary, curves)  # kept if a second signal kills it
             videos = [self.videos and f"{self.videos}/{label}" for label in self.labels]
             episodes, members = args.eval_episodes, range(len(seeds))
             returns = [evaluate(k, episodes, videos[k]) if kept[k] else None for k in members]
@@ -321,7 +247,7 @@ class SeedsRun(Run):
             summary |= dict(eval_returns=returns, eval_return_means=means, eval_return_mean=mean)
         if len(self.settings) > 1:
             self.report_sweep(summary["settings"])
-        self.end(summary, 0 if any(kept) else 3)
+        self.end(summary, curves, 0 if any(kept) else 3)
 
     def swept_flags(self):
         """The flags given several values."""
@@ -365,7 +291,7 @@ class SeedsRun(Run):
         )
         table = "\n".join([title, "", *lines]) + "\n"
         print(table, flush=True)
-        with open(self.path("sweep.md"), "w") as f:
+        with open(self.folder.path("sweep.md"), "w") as f:
             f.write(table)
         try:
             from matplotlib.figure import Figure
@@ -384,7 +310,7 @@ class SeedsRun(Run):
             ax.set_xticks(range(len(values)), [number(v) for v in values])
             ax.set(xlabel=flag, ylabel="final return")
         figure.suptitle("each member a dot, each setting's mean a bar", fontsize=9)
-        figure.savefig(self.path("sweep.png"), dpi=120)
+        figure.savefig(self.folder.path("sweep.png"), dpi=120)
 
 
 def number(value):

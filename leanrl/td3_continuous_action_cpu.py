@@ -28,8 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from flags import TensorEnvFlags, fail
 from optimizers import Adam
-from runs import Run, fail
+from runs import Run
 from tensordict import TensorDict, from_modules
 from threads import CPUFlags
 from torch.func import functional_call, grad_and_value
@@ -37,7 +38,7 @@ from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CPUFlags):
+class Args(TensorEnvFlags, CPUFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -150,6 +151,14 @@ class ReplayBuffer:
             self.storage[key][: self.size] = value
 
 
+def qf_stats(qf_values, qf_losses):
+    """CleanRL's critic charts from each Q-network's mean value and loss (the networks on the last
+    axis): those, and the mean of the two losses."""
+    stats = dict(qf1_values=qf_values[..., 0], qf2_values=qf_values[..., 1])
+    stats |= dict(qf1_loss=qf_losses[..., 0], qf2_loss=qf_losses[..., 1])
+    return stats | dict(qf_loss=qf_losses.mean(-1))
+
+
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
     """TD3's networks, optimizers and steps, by name."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
@@ -204,10 +213,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-            # qf1's plus qf2's mean squared error
-            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+            # qf1's and qf2's mean squared errors, and their sum
+            qf_losses = (qf_a_values - next_q_value).pow(2).mean(1)
+            return qf_losses.sum(), (qf_a_values.mean(1), qf_losses)
 
-        return grad_and_value(qf_loss_fn)(q_params)
+        return grad_and_value(qf_loss_fn, has_aux=True)(q_params)
 
     def actor_grads(actor_params, q_params, obs):
         def actor_loss_fn(actor_params):
@@ -223,9 +233,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
     def update_critic(data):
         with autocast:
-            grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data)
+            grads, (_, (qf_values, qf_losses)) = critic_grads(
+                q_params, actor_target_params, q_target, data
+            )
         q_optimizer.step(grads)
-        return qf_loss
+        return qf_stats(qf_values, qf_losses)
 
     def update_actor(data):
         with autocast:
@@ -243,7 +255,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
         """A step's updates: the critic's; on a policy step (delayed) the actor's, on the critic's
         batch, and the targets'. `main` compiles it as one graph for each value of `policy_step`:
         one call a step (each call of compiled code costs its guard checks and its wrapper)."""
-        losses = dict(qf_loss=update_critic(data))
+        losses = update_critic(data)
         if policy_step:
             losses["actor_loss"] = update_actor(data)
             update_targets()
@@ -267,9 +279,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "td3_continuous_action_cpu", tensor_envs=True
-    )  # runs.py: folder, seeds, threads, ...
+    run = Run(args, "td3_continuous_action_cpu")  # runs.py: folder, seeds, threads, ...
     videos = None if args.eval_model else run.videos
     envs = make_envs(
         args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, compile=args.compile

@@ -35,8 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from flags import CudaFlags, fail
 from optimizers import Adam
-from runs import CudaFlags, fail
 from seeds import (
     SeedsRun,
     check_memory,
@@ -169,6 +169,14 @@ class ReplayBuffer:
             self.views[key][:, : self.size] = value.numpy()
 
 
+def qf_stats(qf_values, qf_losses):
+    """CleanRL's critic charts from each Q-network's mean value and loss (the networks on the last
+    axis): those, and the mean of the two losses."""
+    stats = dict(qf1_values=qf_values[..., 0], qf2_values=qf_values[..., 1])
+    stats |= dict(qf1_loss=qf_losses[..., 0], qf2_loss=qf_losses[..., 1])
+    return stats | dict(qf_loss=qf_losses.mean(-1))
+
+
 def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     """TD3's networks, optimizers and steps for the members `seeds`, stacked on a leading seeds axis
     on `device`, by name: member k starts from the weights td3_continuous_action_cpu.py draws with
@@ -223,10 +231,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
 
         def qf_loss_fn(q_params):
             qf_a_values = ensemble_qf(q_params, data["obs"], data["actions"]).view(2, -1)
-            # qf1's plus qf2's mean squared error
-            return (qf_a_values - next_q_value).pow(2).mean(1).sum()
+            # qf1's and qf2's mean squared errors, and their sum
+            qf_losses = (qf_a_values - next_q_value).pow(2).mean(1)
+            return qf_losses.sum(), (qf_a_values.mean(1), qf_losses)
 
-        return grad_and_value(qf_loss_fn)(q_params)
+        return grad_and_value(qf_loss_fn, has_aux=True)(q_params)
 
     def actor_grads(actor_params, q_params, obs):
         def actor_loss_fn(actor_params):
@@ -254,9 +263,11 @@ def make_learner(args, n_obs, n_act, action_low, action_high, seeds, device):
     # ---- end of the N seeds block ----
 
     def update_critic(data):
-        grads, qf_loss = critic_grads(q_params, actor_target_params, q_target, data, hp)
+        grads, (_, (qf_values, qf_losses)) = critic_grads(
+            q_params, actor_target_params, q_target, data, hp
+        )
         q_optimizer.step(grads)
-        return qf_loss
+        return qf_stats(qf_values, qf_losses)
 
     def update_actor(data):
         grads, actor_loss = actor_grads(actor_params, q_params, data["obs"])
@@ -374,14 +385,14 @@ def main(args):
         # update: the actor and the targets are delayed, and use the critic's batch
         if iteration >= learning_starts:
             data = rb.sample(args.batch_size)
-            qf_loss = learner.update_critic(data)
+            critic_stats = learner.update_critic(data)
             if iteration % args.policy_frequency == 0:
                 actor_loss = learner.update_actor(data)
                 learner.update_targets()
 
             # log
             if iteration % 100 == 0:
-                run.log_progress(global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
+                run.log_progress(global_step, critic_stats | dict(actor_loss=actor_loss))
 
         # the env steps so far; a checkpoint when due, on a signal, at the end
         run.checkpoint(iteration, training_state, global_step + args.num_envs)

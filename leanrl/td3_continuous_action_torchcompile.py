@@ -29,14 +29,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from runs import CudaFlags, Run, fail
+from flags import CudaFlags, TensorEnvFlags, fail
+from runs import Run
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
 from vector_envs import EpisodeLog, evaluate, finished_episodes, make_envs, true_next_obs
 
 
 @dataclass
-class Args(CudaFlags):
+class Args(TensorEnvFlags, CudaFlags):
     env_id: str = "HalfCheetah-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
@@ -177,6 +178,14 @@ def make_ensemble_qf(n_obs, n_act):
     return torch.vmap(qf, (0, None, None))
 
 
+def qf_stats(qf_values, qf_losses):
+    """CleanRL's critic charts from each Q-network's mean value and loss (the networks on the last
+    axis): those, and the mean of the two losses."""
+    stats = dict(qf1_values=qf_values[..., 0], qf2_values=qf_values[..., 1])
+    stats |= dict(qf1_loss=qf_losses[..., 0], qf2_loss=qf_losses[..., 1])
+    return stats | dict(qf_loss=qf_losses.mean(-1))
+
+
 def make_learner(args, n_obs, n_act, action_low, action_high, device):
     """TD3's networks, optimizers and steps, by name."""
     actor = Actor(n_obs, n_act, action_low, action_high, device=device)
@@ -224,13 +233,14 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
             next_q_value = data["rewards"] + not_done * args.gamma * min_qf_next_target.view(-1)
 
         qf_a_values = ensemble_qf(qnet_params, data["obs"], data["actions"]).view(2, -1)
-        # qf1's plus qf2's mean squared error
-        qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
+        # qf1's and qf2's mean squared errors, and their sum
+        qf_losses = (qf_a_values - next_q_value).pow(2).mean(1)
+        qf_loss = qf_losses.sum()
 
         q_optimizer.zero_grad()
         qf_loss.backward()
         q_optimizer.step()
-        return qf_loss.detach()
+        return qf_stats(qf_a_values.detach().mean(1), qf_losses.detach())
 
     def update_actor(data):
         # the actor climbs the first Q-network only; .data: no Q grads
@@ -263,9 +273,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
 def main(args):
     check_args(args)
-    run = Run(
-        args, "td3_continuous_action_torchcompile", tensor_envs=True
-    )  # runs.py: folder, seeds, signals, ...
+    run = Run(args, "td3_continuous_action_torchcompile")  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # the tensor envs on the device: acting, stepping and storing stay there
@@ -364,14 +372,14 @@ def main(args):
             first = iteration * args.num_updates
             for gradient_step in range(first, first + args.num_updates):
                 data = rb.sample(args.batch_size)
-                qf_loss = learner.update_critic(data)
+                critic_stats = learner.update_critic(data)
                 if gradient_step % args.policy_frequency == 0:
                     actor_loss = learner.update_actor(data)
                     learner.update_targets()
 
             # log
             if iteration % 100 == 0:
-                run.log_progress(global_step, dict(qf_loss=qf_loss, actor_loss=actor_loss))
+                run.log_progress(global_step, critic_stats | dict(actor_loss=actor_loss))
 
         # the env steps so far; a checkpoint when due, on a signal, at the end
         run.checkpoint(iteration, training_state, global_step + args.num_envs)

@@ -4,10 +4,12 @@
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
-from runs import RunFlags, fail
+import tqdm
+from flags import RunFlags, fail
 
 
 @dataclass
@@ -18,6 +20,10 @@ class ThreadFlags(RunFlags):
     def check_threads(self):
         if self.threads is not None and self.threads <= 0:
             fail(f"--threads must be positive, got {self.threads}")
+
+    def thread_summary(self, choice):
+        """The SUMMARY's threads: the count at the end and the trials of the `ThreadChoice`."""
+        return dict(threads=torch.get_num_threads(), thread_trials=choice.trials if choice else [])
 
     def start_threads(self):
         """Sets torch's threads; returns the `ThreadChoice` that measures them, where the run is to
@@ -127,6 +133,15 @@ class ThreadChoice:
             else:
                 self.start(now, step)
         return None
+
+    def timed(self, iterations, run):
+        """`iterations`, each timed: after each, a `tick` at the `run`'s env steps; a line when a
+        trial ends."""
+        for iteration in iterations:
+            yield iteration
+            line = self.tick(time.perf_counter(), run.steps)
+            if line:
+                tqdm.tqdm.write(line, file=sys.stderr)
 
     def leave_out(self, spent):
         self.excluded = [a + b for a, b in zip(self.excluded, spent)]

@@ -5,11 +5,12 @@ last observation of an episode (`true_next_obs`), and the evaluation of a policy
 `evaluate_recurrent` for a policy with a state)."""
 
 import itertools
+import pickle
 
 import gymnasium as gym
 import numpy as np
 import torch
-from runs import fail
+from flags import fail
 
 
 class SyncVectorEnv(gym.vector.SyncVectorEnv):
@@ -36,6 +37,37 @@ class SyncVectorEnv(gym.vector.SyncVectorEnv):
                 infos = self._add_info(infos, info, i)
         arrays = self._observations, self._rewards, self._terminations, self._truncations
         return *(array.copy() for array in arrays), infos
+
+    whole_state = True  # state_dict() holds every episode as it is, where it can be pickled
+
+    def state_dict(self):
+        """The attributes of this vector env, of each env's wrappers and of each env, but their
+        links and functions (which the same flags make again), pickled; None where they cannot be
+        (a video recorder's renderer)."""
+        links = ("env", "envs", "env_fns", "_saved_kwargs")
+        try:
+            return pickle.dumps(
+                [
+                    {k: v for k, v in vars(layer).items() if k not in links and not callable(v)}
+                    for layer in self.layers()
+                ]
+            )
+        except Exception:
+            return None
+
+    def load_state_dict(self, state):
+        for layer, attributes in zip(self.layers(), pickle.loads(state)):
+            vars(layer).update(attributes)
+
+    def layers(self):
+        """This vector env, then each env's wrappers and the env itself, outermost first."""
+        layers = [self]
+        for env in self.envs:
+            layers.append(env)
+            while hasattr(env, "env"):
+                env = env.env
+                layers.append(env)
+        return layers
 
 
 def make_envs(

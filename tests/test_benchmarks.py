@@ -2,7 +2,6 @@
 in all; the env-only limit also on each real script's env, for a fraction of a second."""
 
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -722,50 +721,3 @@ def test_sweeps_rank_correlation_is_spearmans():
     assert sweeps.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
     assert sweeps.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert sweeps.spearman([1, 1, 1], [1, 2, 3]) is None
-
-
-def test_the_tensorboard_study_alternates_and_takes_medians(monkeypatch, tmp_path):
-    from benchmarks.studies import tensorboard_cost
-
-    runs = []
-
-    def run_one(cmd, timeout):
-        runs.append(cmd)
-        return {"sps": 80.0 + len(runs) if "--no-tensorboard" in cmd else 50.0 + len(runs)}
-
-    monkeypatch.setattr(tensorboard_cost, "run_one", run_one)
-    writer = {"seconds": 0.01, "calls": 100, "share": 0.004, "ratio_mean": 0.99}
-    writer |= {"ratio_95": [0.98, 1.0], "turns": 30}
-    monkeypatch.setattr(tensorboard_cost, "writer_share", lambda cmd: writer)
-    flags = ["--rounds", "3", "--scale", "4", "--algos", "dqn", "--out", str(tmp_path)]
-    tensorboard_cost.main(flags)
-    assert [("--no-tensorboard" in cmd) for cmd in runs] == [False, True] * 3
-    assert all("dqn_cpu.py" in cmd[1] for cmd in runs)
-    assert all(cmd[cmd.index("--total-timesteps") + 1] == "80000" for cmd in runs)  # 4 x 20,000
-    (row,) = json.loads((tmp_path / "cost_cpu.json").read_text())["rows"]
-    assert row["median"] == {"tensorboard": 53.0, "none": 84.0}
-    paired = [51 / 82, 53 / 84, 55 / 86]
-    mean, half = statistics.mean(paired), 1.96 * statistics.stdev(paired) / 3**0.5
-    assert row["paired_ratio_mean"] == pytest.approx(mean)
-    assert row["paired_ratio_95"] == pytest.approx([mean - half, mean + half])
-    assert row["writer"] == writer
-
-
-def test_writer_timed_turns_the_writer_on_and_off_in_a_real_run(tmp_path, monkeypatch):
-    """dqn_cpu under writer_timed in turns of 5 ms: its calls timed in the turns it is on in, and
-    only those turns' episodes in the event file."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from benchmarks.studies import tensorboard_cost
-
-    monkeypatch.setattr(run, "ROOT", tmp_path)  # the run's folder: runs/timed here
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    flags = ["--total-timesteps", "1500", "--learning-starts", "1000", "--run-name", "timed"]
-    cmd = [sys.executable, str(SCRIPTS / "dqn_cpu.py"), *flags, "--threads", "1"]
-    writer = tensorboard_cost.writer_share(cmd, turn=0.005)
-    assert writer["turns"] >= 2 and writer["calls"] > 0 and 0 < writer["share"] < 1
-    folder = tmp_path / "runs" / "timed"
-    episodes = len(json.loads((folder / "summary.json").read_text())["curve"])
-    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    assert 0 < len(accumulator.Scalars("charts/episodic_return")) < episodes

@@ -41,7 +41,7 @@ def finish(run, model, capsys):
     assert len(lines) == 1
     printed = strict_json(lines[0][len("SUMMARY ") :])
     written = strict_json(Path(printed.pop("summary_file")).read_text())
-    files = sorted(path.name for path in Path(run.dir).iterdir())
+    files = sorted(path.name for path in Path(run.folder.dir).iterdir())
     return status, printed, written, files, error_lines(err)
 
 
@@ -51,11 +51,11 @@ def test_a_loss_not_finite_stops_the_run_with_exit_3(script, make_run, capsys):
     # explained_variance is nan where the returns all tie: a diagnostic, not a divergence
     tie = torch.tensor(NAN)
     run.log_progress(100, dict(policy_loss=torch.tensor(1.0), explained_variance=tie))
-    assert run.diverged is None and capsys.readouterr().err == ""
+    assert run.logs[0].diverged is None and capsys.readouterr().err == ""
     losses = dict(policy_loss=torch.tensor(1.0), value_loss=torch.tensor(INF))
     run.log_progress(1200, losses | dict(explained_variance=tie, learning_rate=2.5e-4))
     run.log_progress(1300, dict(policy_loss=torch.tensor(NAN)))  # the first one is kept
-    assert run.diverged == {"step": 1200, "metric": "value_loss", "value": "inf"}
+    assert run.logs[0].diverged == {"step": 1200, "metric": "value_loss", "value": "inf"}
     rate = f"--learning-rate {run.args.learning_rate}"  # the only rate: --anneal-lr is a switch
     line = f"error: diverged at step 1200: value_loss is inf; maybe too large: {rate}"
     assert error_lines(capsys.readouterr().err) == [line]
@@ -73,9 +73,9 @@ def test_a_loss_not_finite_stops_the_run_with_exit_3(script, make_run, capsys):
 def test_the_weight_norm_is_checked_and_the_line_names_every_rate(make_run, capsys):
     run = make_run("sac_continuous_action")
     run.log_progress(300, dict(qf_loss=torch.tensor(2.0), alpha=torch.tensor(NAN)))
-    assert run.diverged is None
+    assert run.logs[0].diverged is None
     run.log_progress(400, dict(qf_loss=torch.tensor(2.0), weight_norm=torch.tensor(NAN)))
-    assert run.diverged == {"step": 400, "metric": "weight_norm", "value": "nan"}
+    assert run.logs[0].diverged == {"step": 400, "metric": "weight_norm", "value": "nan"}
     rates = "--policy-lr 0.0003 --q-lr 0.001"
     line = f"error: diverged at step 400: weight_norm is nan; maybe too large: {rates}"
     assert error_lines(capsys.readouterr().err) == [line]
@@ -120,18 +120,18 @@ def test_the_summary_is_on_disk_before_the_evaluation_starts(make_run, capsys):
     it is written before the first episode, then again with the evaluation's returns."""
     run = make_run("td3_continuous_action", eval_episodes=2)
     run.log_episodes(10, [-5.0])
-    run.steps, run.stop_signal = 20, signal.SIGTERM
+    run.steps, run.signals.received = 20, signal.SIGTERM
     seen = []
 
     def evaluate(episodes, videos):
-        seen.append(strict_json((Path(run.dir) / "summary.json").read_text()))
+        seen.append(strict_json((Path(run.folder.dir) / "summary.json").read_text()))
         return [1.0, 3.0]
 
     with pytest.raises(SystemExit) as stop:
         run.finish("cpu", {"w": torch.ones(1)}, evaluate)
     assert stop.value.code == 128 + signal.SIGTERM
     assert len(seen) == 1 and seen[0]["eval_returns"] == [] and seen[0]["return_mean"] == -5.0
-    written = strict_json((Path(run.dir) / "summary.json").read_text())
+    written = strict_json((Path(run.folder.dir) / "summary.json").read_text())
     assert written["eval_returns"] == [1.0, 3.0] and written["eval_return_mean"] == 2.0
     assert written["interrupted"] is True
 

@@ -30,7 +30,7 @@ SEEDS_RESULTS = {
 }
 SEEDS_RESULTS["seeds/gpu_proxy_cpu.json"] = (seeds.proxy_markdown, SEEDS_NOTE)
 # CleanRL's TD3 run here beside ours, in the notes
-TD3_WINDOWS = ROOT / "docs" / "notes" / "td3_cleanrl_hopper.json"
+TD3_WINDOWS = ROOT / "benchmarks" / "results" / "learning" / "td3_cleanrl_hopper.json"
 TD3_NOTE = ROOT / "docs" / "notes" / "td3-hopper.md"
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -294,8 +294,8 @@ def test_the_seeds_tables_are_the_benchmarks_tables(name):
 
 
 def windows_markdown(results):
-    """One row per run of docs/td3_cleanrl_hopper.json: its mean return in each window, then its
-    last 20 episodes'."""
+    """One row per run of benchmarks/results/learning/td3_cleanrl_hopper.json: its mean return in
+    each window, then its last 20 episodes'."""
     windows = results["windows"]
     lines = [
         "| run | seed | " + " | ".join(windows) + " | last 20 |",
@@ -316,6 +316,54 @@ def test_the_td3_windows_table_in_its_note_is_its_json():
     assert missing_lines(page, table.splitlines()) == []
 
 
+# a command of the README: `python leanrl/<script>.py` and its flags, `<algo>` standing for every
+# algorithm with such a script, and `N` for a number the reader picks
+README_COMMAND = re.compile(r"python leanrl/([\w<>]+)\.py((?: +[^\s`|#]+)*)")
+
+
+def readme_commands(text):
+    """(script, its flags) for each command in `text` that runs a training script."""
+    from benchmarks.scripts import ALL_SCRIPTS
+
+    commands = []
+    for name, flags in README_COMMAND.findall(text):
+        pattern = re.compile(name.replace("<algo>", r"\w+") + "$")
+        flags = ["2" if flag == "N" else flag for flag in flags.split()]
+        commands += [(script, flags) for script in ALL_SCRIPTS if pattern.match(script)]
+    return commands
+
+
+def refused(commands, capsys):
+    """The commands that their script refuses: tyro does not parse them (a seeds script checks a
+    sweep's flags first), or the run flags' checks exit."""
+    import tyro
+    from conftest import load_script
+
+    found = []
+    for script, flags in commands:
+        module = load_script(script)
+        try:
+            argv = module.sweep_argv(module.Args, flags) if hasattr(module, "sweep_argv") else flags
+            load_script("flags").check_flags(tyro.cli(module.Args, args=argv))
+        except SystemExit:
+            found.append((script, " ".join(flags), capsys.readouterr().err.strip()[-200:]))
+    return found
+
+
+def test_every_readme_command_is_one_its_script_takes(capsys):
+    commands = readme_commands((ROOT / "README.md").read_text())
+    assert len({script for script, _ in commands}) > 10
+    assert refused(commands, capsys) == []
+
+
+def test_a_readme_command_its_script_refuses_is_found(capsys):
+    """A sweep that gives SAC's seeds script a flag it lacks (it has --policy-lr and --q-lr)."""
+    text = "`python leanrl/<algo>_seeds.py --num-seeds N --learning-rate 1e-4 3e-4`"
+    commands = readme_commands(text)
+    assert ("dqn_seeds", ["--num-seeds", "2", "--learning-rate", "1e-4", "3e-4"]) in commands
+    assert [script for script, _, _ in refused(commands, capsys)] == ["sac_continuous_action_seeds"]
+
+
 def test_the_readme_is_short():
     """The README is read in five minutes; reference goes to docs/, dated notes to docs/notes/."""
     assert len((ROOT / "README.md").read_text().splitlines()) <= 180
@@ -323,10 +371,13 @@ def test_the_readme_is_short():
 
 def test_docs_holds_pages_not_results():
     """A user opening docs/ finds the reference pages, figures under docs/images/ and the notes: at
-    most 20 entries at its top level and no result file (those live under benchmarks/results/)."""
+    most 20 entries at its top level and no result file anywhere under it (those live under
+    benchmarks/results/): pages, figures and the Slurm example only."""
     entries = sorted(p.name for p in (ROOT / "docs").iterdir())
     assert len(entries) <= 20, entries
-    assert [name for name in entries if not name.endswith(".md") and "." in name] == []
+    files = [p.relative_to(ROOT) for p in (ROOT / "docs").rglob("*") if p.is_file()]
+    kept = (".md", ".png", ".sbatch")
+    assert [str(path) for path in files if path.suffix not in kept] == []
     assert [p.name for p in (ROOT / "docs" / "images").iterdir() if p.suffix != ".png"] == []
 
 

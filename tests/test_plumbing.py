@@ -2,9 +2,10 @@
 purpose), and every script is its algorithm plus named calls into them: no script defines a name of
 a module it uses, imports anything of the project but names of the run modules (each from the
 module that defines it), or sets threads it has a flag for; the modules import no script, and no
-run imports the exporter; each module is short enough to read at a sitting; the flags a resumed run
-may change are flags of the scripts; every script stays within its size budget. Scripts are found
-on disk, so a new one is held to these at once. Parsing only: ~1 s."""
+run imports the exporter; each module is short enough to read at a sitting, `Run` too, and no class
+of theirs rewrites another's methods wholesale; the flags a resumed run may change are flags of the
+scripts; every script stays within its size budget. Scripts are found on disk, so a new one is held
+to these at once. Parsing only: ~1 s."""
 
 import ast
 import functools
@@ -13,8 +14,6 @@ import pytest
 from conftest import ALL_SCRIPTS, SCRIPTS, load_script
 
 from benchmarks.scripts import MODULES, RUN_MODULES
-
-MODULE = "runs"
 
 
 @functools.cache
@@ -49,7 +48,7 @@ def test_a_script_defines_nothing_its_export_inlines(script):
     for envpool is its own as long as nothing it imports uses the module's)."""
     export = load_script("export")
     source = (SCRIPTS / f"{script}.py").read_text()
-    needed, _ = export.inlined(source, export.run_modules())
+    needed = export.inlined(source, export.run_modules())[0]
     assert not top_level_names(script) & needed
 
 
@@ -75,10 +74,56 @@ def test_the_run_modules_import_no_script_and_no_run_imports_the_exporter():
     assert load_script("export").MODULES == RUN_MODULES  # the exporter inlines every run module
 
 
+# the modules over the limit, each capped at its length: tensor_envs.py is being reworked beside
+# the MuJoCo Warp envs, and is to split there
+LONGER = {"tensor_envs": 480}
+
+
 @pytest.mark.parametrize("module", MODULES)
 def test_every_module_reads_at_a_sitting(module):
     lines = len((SCRIPTS / f"{module}.py").read_text().splitlines())
-    assert lines <= 700, f"{module}.py: {lines} lines"
+    assert lines <= LONGER.get(module, 400), f"{module}.py: {lines} lines"
+
+
+def test_the_run_reads_at_a_sitting():
+    node = next(n for n in tree("runs").body if isinstance(n, ast.ClassDef) and n.name == "Run")
+    assert node.end_lineno - node.lineno + 1 <= 250
+
+
+def methods(name, cls):
+    """The methods that class `cls` of module `name` defines, but `__init__`."""
+    node = next(n for n in tree(name).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return {n.name for n in node.body if isinstance(n, ast.FunctionDef)} - {"__init__"}
+
+
+def classes():
+    """(module, class, [(base module, base), ...]) of every class of the run modules."""
+    found = []
+    for name in MODULES:
+        for node in tree(name).body:
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                known = [
+                    (module_of(b), b)
+                    for b in bases
+                    if any(b in top_level_names(m) for m in RUN_MODULES)
+                ]
+                found.append((name, node.name, known))
+    return found
+
+
+def test_no_class_rewrites_more_than_three_methods_of_another():
+    """A run is composed of parts: a class of the run modules that extends another overrides at most
+    three of its methods (and its ancestors'), `__init__` aside."""
+    overrides = {}
+    for name, cls, bases in classes():
+        inherited, todo = set(), list(bases)
+        while todo:
+            module, base = todo.pop()
+            inherited |= methods(module, base)
+            todo += next(known for m, c, known in classes() if (m, c) == (module, base))
+        overrides[cls] = sorted(methods(name, cls) & inherited)
+    assert overrides["SeedsRun"] and not [c for c, o in overrides.items() if len(o) > 3], overrides
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -122,18 +167,12 @@ def free_flags_of(script):
 
 
 def test_the_flags_a_resumed_run_may_change_are_flags():
-    """`Run.FREE_FLAGS` are run flags (or a flag every script has); each script's own `free_flags`
-    are flags of that script."""
-    node = next(n for n in tree(MODULE).body if isinstance(n, ast.ClassDef) and n.name == "Run")
-    free = set()
-    for statement in node.body:
-        if isinstance(statement, ast.Assign | ast.AugAssign) and "FREE_FLAGS" in ast.unparse(
-            statement.targets[0] if isinstance(statement, ast.Assign) else statement.target
-        ):
-            free |= set(ast.literal_eval(statement.value))
+    """`Run.FREE_FLAGS` are run flags (or a flag every script has); each script's own
+    `free_flags` are flags of that script."""
+    free = set(load_script("runs").Run.FREE_FLAGS)
     every_script = set.intersection(*map(flags_of, ALL_SCRIPTS))
     run_flags = set.union(*(fields(module_of(cls), cls)[0] for cls in ("CudaFlags", "ThreadFlags")))
-    assert free <= every_script | run_flags | fields(MODULE, "RunFlags")[0]
+    assert free <= every_script | run_flags | fields("flags", "RunFlags")[0]
     for script in ALL_SCRIPTS:
         assert free_flags_of(script) <= flags_of(script), script
 
@@ -162,7 +201,7 @@ OWN_BUDGETS = {
     "td3_continuous_action_seeds": 22_600,
     "ppo_continuous_action_seeds": 30_400,
     "ppo_continuous_action_ray": 29_000,
-    "pqn_torchcompile": 19_800,
+    "pqn_torchcompile": 19_900,  # with --reward-scale and its import of TensorEnvFlags
     "sac_continuous_action_torchcompile": 21_000,
     "td3_continuous_action_torchcompile": 19_500,
     "ppo_continuous_action_torchcompile": 21_400,

@@ -12,8 +12,6 @@ from conftest import run_script, summary
 
 from benchmarks.studies import memory
 
-pytest.importorskip("popgym", reason="needs requirements/requirements-popgym.txt")
-
 # one-hot cards (Discrete(4)); repeat the first card of a 51-step episode
 RECALL = "popgym:popgym-RepeatFirstEasy-v0"
 # the same cards; repeat the card 4 steps back

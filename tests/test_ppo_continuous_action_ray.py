@@ -393,7 +393,7 @@ def test_a_resumed_run_restores_the_learner_and_its_runners_start_fresh_episodes
     adam_steps = [s["step"] for s in resumed["state"]["learner"]["optimizer"]["state"].values()]
     assert adam_steps == [s["step"] + 2 * 2 * 4 for s in learner["optimizer"]["state"].values()]
     # 2 runners x 1 env, 200 steps an episode: fresh ones end 400 and 800 steps after the resume
-    ends = [s for s, _, _ in resumed["curve"] if s > step]
+    ends = [s for s, _, _ in resumed["curves"][0] if s > step]
     assert ends == [step + 400, step + 400, step + 800, step + 800]
 
 

@@ -250,7 +250,6 @@ def test_recalls_the_card_four_steps_back_beyond_a_memoryless_policy():
     """61,440 steps on POPGym's RepeatPreviousEasy (the LSTM's task and bar, twice its budget): the
     last 20 episodes above -0.40. Seeds 1-10 gave -0.312 to -0.123 (Xeon); without memory a
     policy gets -0.5 in expectation (spread ~0.03; `--no-memory` -0.535)."""
-    pytest.importorskip("popgym", reason="needs requirements/requirements-popgym.txt")
     recall = "popgym:popgym-RepeatPreviousEasy-v0"
     flags = ("--env-id", recall, "--total-timesteps", "61440", "--seed", "1")
     result = summary(run_script(EAGER, *flags, env={"OMP_NUM_THREADS": "1"}))

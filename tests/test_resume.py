@@ -103,18 +103,16 @@ EXACT["dqn_seeds sweep"] = (*EXACT["dqn_seeds"][:2], ("--learning-rate", 1e-3, 2
 
 
 def same_runs(a, b):
-    """Runs that end in the same state: the final checkpoints' training states (but the pickled
-    envs, whose episode statistics hold clock times), steps, curves (steps and returns; a seeds
-    script's: one per member) and last returns."""
+    """Runs that end in the same state: the final checkpoints' training states and each process's
+    envs (but the pickled envs, whose episode statistics hold clock times), steps, curves (steps
+    and returns; a seeds script's: one per member) and last returns."""
     assert a["final"] and b["final"]
-    for saved in (a, b):
-        envs = saved["state"].get("envs")
-        saved["state"]["envs"] = envs and (type(envs[0]), *envs[1:])
+    envs = [[envs and (type(envs[0]), *envs[1:]) for _, envs in s["ranks"]] for s in (a, b)]
+    assert_same_state(envs[0], envs[1], "envs")
     assert_same_state(a["state"], b["state"])
     assert (a["step"], a["returns"]) == (b["step"], b["returns"])
-    curves = [saved.get("curves", [saved.get("curve")]) for saved in (a, b)]
-    assert [[(s, r) for s, _, r in curve] for curve in curves[0]] == [
-        [(s, r) for s, _, r in curve] for curve in curves[1]
+    assert [[(s, r) for s, _, r in curve] for curve in a["curves"]] == [
+        [(s, r) for s, _, r in curve] for curve in b["curves"]
     ]
 
 
@@ -254,7 +252,7 @@ def test_an_envpool_run_resumes_its_learner_and_statistics_with_fresh_episodes(t
     stop = dict(stop_at=20, counted=COUNTED[script])  # in the second 16-step rollout
     assert train(script, *flags, 64, "--run-name", "run", **stop) == 143
     stopped = checkpoint("runs/run")
-    assert stopped["step"] == 32 and stopped["state"]["envs"][0] is None
+    assert stopped["step"] == 32 and stopped["ranks"][0][1][0] is None  # its envs: not saved
     resume = ("--save-model", "--resume", "runs/run")
     assert train(script, *flags, 32, *resume, counted=COUNTED[script]) == 0
     summary = json.loads(Path("runs/run/summary.json").read_text())
@@ -406,32 +404,31 @@ def test_a_checkpoint_keeps_the_filled_part_of_the_buffer():
 
 
 @pytest.mark.parametrize("script", ["ppo_lstm_torchcompile", "ppo_continuous_action_torchcompile"])
-def test_a_tensor_learning_rate_is_restored_in_place(script, make_run):
+def test_a_tensor_learning_rate_is_restored_in_place(script):
     """The PPO twins anneal a tensor learning rate in place, and a CUDA graph reads it there:
     restoring their optimizer copies the checkpoint's rate into that tensor."""
-    run = make_run(script)
+    checkpoints = load_script("checkpoints")
     lr = torch.tensor(1e-3)
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=lr)
-    saved = run.state_of(dict(optimizer=optimizer))
+    saved = checkpoints.state_of(dict(optimizer=optimizer))
     resumed_lr = torch.tensor(5e-4)
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=resumed_lr)
-    run.restore(dict(optimizer=optimizer), saved, seed=1)
+    checkpoints.restore(dict(optimizer=optimizer), saved, seed=1)
     assert optimizer.param_groups[0]["lr"] is resumed_lr and torch.equal(resumed_lr, lr)
 
 
-def test_fresh_episodes_start_with_a_zero_recurrent_state(make_run):
+def test_fresh_episodes_start_with_a_zero_recurrent_state():
     """Envs that a checkpoint could not hold start fresh episodes: the observations of a reset, no
     episode start flagged and the LSTM's state (h, c) zeroed, where they are."""
     module = load_script("ppo_lstm")
-    run = make_run("ppo_lstm")
     envs = module.make_envs("CartPole-v1", 2, 1, wrap=module.observation_wrap((0, 2)))
     carried = (envs, torch.ones(2, 2), torch.ones(2), torch.ones(2, 128), torch.ones(2, 128))
     saved = (None, *(x.clone() for x in carried[1:]))
-    run.restore(carried, saved, seed=7)
+    restored = load_script("checkpoints").restore(carried, saved, seed=7)
     expected = module.make_envs("CartPole-v1", 2, 1, wrap=module.observation_wrap((0, 2)))
     expected = expected.reset(seed=7)[0]
     assert torch.equal(carried[1], torch.as_tensor(expected, dtype=torch.float))
-    assert all(not x.any() for x in carried[2:]) and not run.envs_restored
+    assert all(not x.any() for x in carried[2:]) and restored is False
 
 
 def test_a_resumed_atari_run_gets_its_learner_back_and_fresh_games(train, tmp_path, monkeypatch):
@@ -460,7 +457,10 @@ def test_a_resumed_atari_run_gets_its_learner_back_and_fresh_games(train, tmp_pa
     assert loaded["Adam"]["state"][0]["step"] == 6  # 3 iterations of 1 epoch of 2 minibatches
     resumed = checkpoint(tmp_path / "runs" / "job")
     assert resumed["resumes"] == [dict(step=96, fresh_episodes=True)]
-    assert resumed["step"] == 128 and resumed["curve"][: len(stopped["curve"])] == stopped["curve"]
+    assert (
+        resumed["step"] == 128
+        and resumed["curves"][0][: len(stopped["curves"][0])] == stopped["curves"][0]
+    )
     # the last of 4 iterations anneals the learning rate to a quarter
     lr = resumed["state"]["learner"]["optimizer"]["param_groups"][0]["lr"]
     assert float(lr) == pytest.approx(2.5e-4 / 4)

@@ -129,10 +129,10 @@ def take_steps(learner, first, steps):
     torch.manual_seed(123)
     losses = []
     for step in range(first, first + steps):
-        qf_loss = update_critic(make_batch(2 * step + 1))
+        critic = update_critic(make_batch(2 * step + 1))  # CleanRL's qf1_values, ..., qf_loss
         actor_loss, alpha_loss = update_actor(make_batch(2 * step + 2))
         update_targets()
-        losses += [qf_loss, actor_loss, alpha_loss]
+        losses += [*critic.values(), actor_loss, alpha_loss]
     return torch.stack(losses)
 
 
@@ -204,7 +204,8 @@ def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch)
             got = update(make_batch(step), policy_step, True)
         torch.manual_seed(step)
         want = eager.update(make_batch(step), policy_step, True)
-        keys = {"qf_loss", "actor_loss", "alpha_loss"} if policy_step else {"qf_loss"}
+        keys = {"qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss"}
+        keys |= {"actor_loss", "alpha_loss"} if policy_step else set()
         assert got.keys() == want.keys() == keys
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         after = state(eager)

@@ -113,10 +113,10 @@ def take_step(functions, batch):
     """One iteration's updates (critic, actor and entropy, targets) on `batch`; returns the
     losses."""
     update_critic, update_actor, update_targets = functions
-    qf_loss = update_critic(batch)
+    critic = update_critic(batch)  # CleanRL's qf1_values, ..., qf_loss
     actor_loss, alpha_loss = update_actor(batch)
     update_targets()
-    return torch.stack([qf_loss, actor_loss, alpha_loss], -1)
+    return torch.stack([*critic.values(), actor_loss, alpha_loss], -1)
 
 
 def stacked_batches(step, members=3):
@@ -155,7 +155,7 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(flags, seed
         for step in range(3):
             batches, stacked = stacked_batches(step, len(seeds))
             losses = take_step(seeds_functions, stacked)
-            assert losses.shape == (len(seeds), 3) and losses.dtype == torch.float64
+            assert losses.shape == (len(seeds), 7) and losses.dtype == torch.float64
             for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
                 torch.testing.assert_close(
                     losses[member], take_step(functions, batch), rtol=1e-10, atol=1e-10
@@ -264,7 +264,7 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
     for param in actor_params.values():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
     batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
-    critic_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][0](batch)  # the same state
+    critic_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][0](batch)["qf_loss"]
     actor_losses = build_seeds(autotune=True, seeds=[1, 1, 1])[0][1](batch)
     for values in (policy(obs)[0], critic_losses, *actor_losses):
         assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
@@ -285,7 +285,8 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
         losses = torch.stack([take_step(functions, stacked) for _ in range(2)])
         outcomes.append((losses, [flat(state, member) for member in range(len(SEEDS))]))
     (losses, members), (losses_nan, members_nan) = outcomes
-    assert losses_nan[:, 0].isnan().all() and members_nan[0]["actor"].isnan().any()
+    # member 0's mean critic loss and its actor's (one clean critic's may be finite at first)
+    assert losses_nan[:, 0, 4:].isnan().all() and members_nan[0]["actor"].isnan().any()
     assert torch.equal(losses[:, 1:], losses_nan[:, 1:])
     assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])
 

@@ -74,7 +74,7 @@ def test_a_diverged_member_is_recorded_once_and_left_out(script, make_run, capsy
     evaluated = []
 
     def evaluate(member, episodes, videos):
-        written = strict_json((Path(run.dir) / "summary.json").read_text())
+        written = strict_json((Path(run.folder.dir) / "summary.json").read_text())
         assert written["eval_returns"] == [] and len(written["diverged"]) == 2
         evaluated.append(member)
         return [10.0 * member] * episodes
@@ -94,7 +94,7 @@ def test_a_diverged_member_is_recorded_once_and_left_out(script, make_run, capsy
     files = [f"{script}_seed10.pt", None, None, f"{script}_seed13.pt"]
     assert [path and Path(path).name for path in s["model_files"]] == files
     assert s["model_file"] == s["model_files"][0] and not s["interrupted"]
-    assert sorted(path.name for path in Path(run.dir).glob("*.pt")) == [files[0], files[3]]
+    assert sorted(path.name for path in Path(run.folder.dir).glob("*.pt")) == [files[0], files[3]]
 
 
 def never_evaluate(member, episodes, videos):
@@ -105,7 +105,7 @@ def test_a_run_whose_every_member_diverged_exits_3_without_files_or_evaluation(m
     run = make_run("dqn_seeds", num_seeds=2, save_model=True, eval_episodes=1)
     run.log_progress(100, dict(td_loss=torch.tensor([NAN, 1.0]), q_values=torch.zeros(2)))
     run.log_progress(200, dict(td_loss=torch.tensor([NAN, -INF]), q_values=torch.zeros(2)))
-    assert len(run.diverged) == 2  # what the training loops stop on
+    assert all(log.diverged for log in run.logs) and run.stopped  # the loops stop on it
     with pytest.raises(SystemExit) as stop:
         run.finish(CPU, [{"w": torch.ones(1)}] * 2, never_evaluate)
     out, err = capsys.readouterr()
@@ -115,7 +115,7 @@ def test_a_run_whose_every_member_diverged_exits_3_without_files_or_evaluation(m
     assert s["return_means"] == [None, None] and s["return_mean"] is None
     assert s["model_files"] == [None, None] and s["model_file"] is None
     assert s["eval_returns"] == [None, None] and s["eval_return_mean"] is None
-    assert not list(Path(run.dir).glob("*.pt"))
+    assert not list(Path(run.folder.dir).glob("*.pt"))
 
 
 def test_after_a_signal_the_summary_is_written_without_evaluating(make_run, capsys):
@@ -123,7 +123,7 @@ def test_after_a_signal_the_summary_is_written_without_evaluating(make_run, caps
     and printed without evaluating, and the run exits 143."""
     run = make_run("dqn_seeds", num_seeds=2, save_model=True, eval_episodes=5)
     run.log_episodes(10, [[1.0], [2.0]])
-    run.stop_signal = signal.SIGTERM
+    run.signals.received = signal.SIGTERM
     with pytest.raises(SystemExit) as stop:
         run.finish(CPU, [{"w": torch.ones(1)}] * 2, never_evaluate)
     s = summary_line(capsys.readouterr().out)
@@ -200,7 +200,7 @@ def test_a_sweep_reports_each_members_flags_and_a_table_of_the_settings(make_run
     assert (rows[1]["return_mean"], rows[1]["return_std"]) == (2.5, 0.5)
     assert (rows[2]["return_mean"], rows[2]["return_min"], rows[2]["return_max"]) == (4.0, 4, 4)
     assert rows[3]["return_mean"] is None and rows[3]["return_means"] == [None, None]
-    table = (Path(run.dir) / "sweep.md").read_text()
+    table = (Path(run.folder.dir) / "sweep.md").read_text()
     assert table in out and "4 settings x 2 seeds" in table
     lines = [line for line in table.splitlines() if line.startswith("| 0.")]
     assert lines == [
@@ -209,7 +209,7 @@ def test_a_sweep_reports_each_members_flags_and_a_table_of_the_settings(make_run
         "| 0.001 | True | 0.5 | 0.5 | 0.0 | 1.0 | 2/2 |",
         "| 0.01 | False | - | - | - | - | 0/2 |",
     ]
-    assert (Path(run.dir) / "sweep.png").stat().st_size > 1000
+    assert (Path(run.folder.dir) / "sweep.png").stat().st_size > 1000
     assert (
         "member 5 (seed 2) diverged at step 100" in err and "--policy-lr 0.0003 --q-lr 0.01" in err
     )
@@ -224,7 +224,9 @@ def test_a_sweep_without_matplotlib_writes_its_table_and_skips_the_plot(
     for module in ("matplotlib", "matplotlib.figure"):  # importing them raises ImportError
         monkeypatch.setitem(sys.modules, module, None)
     run, s, out, err = sweep_run(make_run, capsys)
-    assert (Path(run.dir) / "sweep.md").exists() and not (Path(run.dir) / "sweep.png").exists()
+    assert (Path(run.folder.dir) / "sweep.md").exists() and not (
+        Path(run.folder.dir) / "sweep.png"
+    ).exists()
     assert "sweep.png skipped: matplotlib is not installed" in err
 
 

@@ -5,13 +5,9 @@ columns, with no line longer (comments and docstrings too), and passes its lint 
 import shutil
 import subprocess
 
-import pytest
 from conftest import ROOT
 
-RUFF = shutil.which("ruff")
-needs_ruff = pytest.mark.skipif(
-    RUFF is None, reason="ruff is not installed (requirements/requirements-dev.txt pins it)"
-)
+RUFF = shutil.which("ruff")  # requirements/requirements-dev.txt pins it
 
 
 def ruff(*args, cwd=ROOT):

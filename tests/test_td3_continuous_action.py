@@ -136,10 +136,10 @@ def one_step(updates, step=0, as_dict=False):
     if as_dict:
         critic_batch, actor_batch = critic_batch.to_dict(), actor_batch.to_dict()
     torch.manual_seed(123 + step)
-    qf_loss = update_critic(critic_batch)
+    critic = update_critic(critic_batch)  # CleanRL's qf1_values, ..., qf_loss
     actor_loss = update_actor(actor_batch)
     update_targets()
-    return torch.stack([qf_loss, actor_loss])
+    return torch.stack([*critic.values(), actor_loss])
 
 
 def assert_same_steps(updates, reference, steps=1, as_dict=False):
@@ -247,7 +247,8 @@ def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch)
             got = update(make_batch(step), policy_step)
         torch.manual_seed(step)
         want = eager.update(make_batch(step), policy_step)
-        keys = {"qf_loss", "actor_loss"} if policy_step else {"qf_loss"}
+        keys = {"qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss"}
+        keys |= {"actor_loss"} if policy_step else set()
         assert got.keys() == want.keys() == keys
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         after = parameters(stacked_state(eager))

@@ -101,12 +101,12 @@ def take_step(functions, batch, step):
     and the targets' (`--policy-frequency 2`); returns the critic's and the actor's losses (the
     actor's nan when it waits)."""
     update_critic, update_actor, update_targets = functions
-    qf_loss = update_critic(batch)
-    actor_loss = torch.full_like(qf_loss, float("nan"))
+    critic = update_critic(batch)  # CleanRL's qf1_values, ..., qf_loss
+    actor_loss = torch.full_like(critic["qf_loss"], float("nan"))
     if step % 2 == 0:
         actor_loss = update_actor(batch)
         update_targets()
-    return torch.stack([qf_loss, actor_loss], -1)
+    return torch.stack([*critic.values(), actor_loss], -1)
 
 
 def stacked_batches(step, members=3):
@@ -140,7 +140,7 @@ def test_each_members_update_is_the_cpu_scripts_update_on_its_inputs(flags, seed
         for step in range(4):
             batches, stacked = stacked_batches(step, len(seeds))
             losses = take_step(seeds_functions, stacked, step)
-            assert losses.shape == (len(seeds), 2) and losses.dtype == torch.float64
+            assert losses.shape == (len(seeds), 6) and losses.dtype == torch.float64
             for member, ((functions, state), batch) in enumerate(zip(singles, batches)):
                 want = take_step(functions, batch, step)
                 torch.testing.assert_close(
@@ -251,7 +251,7 @@ def test_members_draw_their_own_noise_and_act_with_their_own_actors():
         param.copy_(param[0].expand_as(param).clone())  # every member is member 0
     (update_critic, _, _), _, _ = build_seeds(seeds=[1, 1, 1])
     batch = {key: x[:1].expand_as(x).clone() for key, x in stacked_batches(0)[1].items()}
-    for values in (policy(obs), update_critic(batch)):
+    for values in (policy(obs), update_critic(batch)["qf_loss"]):
         assert not torch.equal(values[0], values[1]) and not torch.equal(values[1], values[2])
 
 
@@ -272,7 +272,8 @@ def test_a_nan_member_leaves_the_others_as_they_were_bit_for_bit():
         actions = policy(obs)
         outcomes.append((losses, actions, [flat(state, member) for member in range(len(SEEDS))]))
     (losses, actions, members), (losses_nan, actions_nan, members_nan) = outcomes
-    assert losses_nan[:, 0].isnan().all() and actions_nan[0].isnan().all()
+    # member 0's mean critic loss and its actor's (one clean critic's may be finite at first)
+    assert losses_nan[:, 0, 4:].isnan().all() and actions_nan[0].isnan().all()
     assert torch.equal(losses[:, 1:], losses_nan[:, 1:])
     assert torch.equal(actions[1:], actions_nan[1:])
     assert all(torch.equal(members[k][x], members_nan[k][x]) for k in (1, 2) for x in members[0])

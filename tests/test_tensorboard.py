@@ -1,20 +1,55 @@
-"""CleanRL's TensorBoard scalars: every run writes `charts/episodic_return`,
-`charts/episodic_length`, `charts/SPS`, `losses/<metric>` and the hyperparameters' table to
+"""CleanRL's TensorBoard scalars, written by torch's `SummaryWriter`: every run writes its
+algorithm's tags as CleanRL's script writes them, and the hyperparameters' table, to
 `runs/<run_name>/` (a seeds script: one folder per member under it), read back here with
-TensorBoard's own reader; `--no-tensorboard` writes no event file and imports no TensorBoard."""
+TensorBoard's own reader and from TensorBoard's server over HTTP; `--no-tensorboard` writes no event
+file and imports no TensorBoard."""
 
 import json
-import struct
+import queue
+import re
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
-from conftest import SCRIPTS, load_script, run_script, script_env, summary
+import pytest
+from conftest import SCRIPTS, run_script, script_env, slow_unless, summary
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 # DQN on CartPole past its first updates, eagerly: short episodes, losses logged every 100 steps
 DQN = ("--total-timesteps", 1500, "--learning-starts", 1000, "--no-compile")
+# CleanRL's tags, each `writer.add_scalar` of its script (cleanrl/<script>.py of vwxyzjn/cleanrl
+# at fe8d8a0, 2026-04-20); `eval/episodic_return` where it evaluates the trained policy
+CHARTS = ("charts/episodic_return", "charts/episodic_length", "charts/SPS")
+QF = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss")
+QF += ("losses/qf_loss", "losses/actor_loss")
+CLEANRL_TAGS = {
+    "sac_continuous_action": (*CHARTS, *QF, "losses/alpha", "losses/alpha_loss"),
+    "td3_continuous_action": (*CHARTS, *QF, "eval/episodic_return"),
+    "dqn": (*CHARTS, "losses/td_loss", "losses/q_values", "eval/episodic_return"),
+    "pqn": (*CHARTS, "losses/td_loss", "losses/q_values"),
+    "ppo_continuous_action": (
+        *CHARTS,
+        "charts/learning_rate",
+        *("losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl"),
+        *("losses/approx_kl", "losses/clipfrac", "losses/explained_variance"),
+        "eval/episodic_return",
+    ),
+}
+PENDULUM = ("--env-id", "Pendulum-v1", "--total-timesteps", 300, "--learning-starts", 100)
+# runs that reach the updates, log with the sps clock started, end an episode and, where CleanRL
+# evaluates, evaluate one episode
+TINY = {
+    "sac_continuous_action": (*PENDULUM, "--batch-size", 32),
+    "td3_continuous_action": (*PENDULUM, "--batch-size", 32, "--eval-episodes", 1),
+    "dqn": (*DQN[:4], "--eval-episodes", 1),
+    "pqn": ("--total-timesteps", 512, "--num-envs", 4, "--num-steps", 32),
+    "ppo_continuous_action": ("--env-id", "Pendulum-v1", "--total-timesteps", 1024)
+    + ("--num-steps", 64, "--num-minibatches", 2, "--eval-episodes", 1),
+}
+SCRIPT_TAGS = [(algo + variant, algo) for algo in TINY for variant in ("", "_torchcompile", "_cpu")]
 
 
 def events(folder):
@@ -47,13 +82,71 @@ def assert_cleanrl_charts(accumulator, curve, losses, flags):
     assert all(f"|{flag}|{value}|" in table for flag, value in flags.items())
 
 
-def test_a_run_writes_cleanrls_scalars_and_its_returns_are_the_summarys_curve(tmp_path):
-    result = summary(run_script("dqn_cpu", *DQN, "--run-name", "tb", cwd=tmp_path))
-    folder = tmp_path / "runs" / "tb"
+@pytest.fixture(scope="module")
+def dqn_run(tmp_path_factory):
+    """A short dqn_cpu run's summary and folder."""
+    cwd = tmp_path_factory.mktemp("tensorboard")
+    result = summary(run_script("dqn_cpu", *DQN, "--run-name", "tb", cwd=cwd))
+    return result, cwd / "runs" / "tb"
+
+
+def test_a_run_writes_cleanrls_scalars_and_its_returns_are_the_summarys_curve(dqn_run):
+    result, folder = dqn_run
     assert len(list(folder.glob("events.out.tfevents.*"))) == 1
     assert result["episodes"] > 10
     flags = dict(env_id="CartPole-v1", seed=1, learning_starts=1000, tensorboard=True)
     assert_cleanrl_charts(events(folder), result["curve"], ["td_loss", "q_values"], flags)
+
+
+# the quick tier keeps each algorithm's eager script
+@pytest.mark.parametrize(
+    "script, algo",
+    slow_unless(lambda case: case[0] == case[1], SCRIPT_TAGS, [s for s, _ in SCRIPT_TAGS]),
+)
+def test_every_script_writes_the_tags_of_cleanrls_script(script, algo, tmp_path):
+    """Each script of SAC, TD3, DQN, PQN and PPO continuous writes every tag that CleanRL's script
+    of its algorithm writes (more of its own may come beside them)."""
+    flags = (*TINY[algo], "--no-compile") if script.endswith("_cpu") else TINY[algo]
+    summary(run_script(script, *flags, "--run-name", "tags", cwd=tmp_path))
+    tags = set(events(tmp_path / "runs" / "tags").Tags()["scalars"])
+    assert not set(CLEANRL_TAGS[algo]) - tags, sorted(tags)
+
+
+def tensorboard_url(proc, timeout):
+    """The address that a starting `tensorboard` prints on stderr: it chose a free port itself."""
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        found = re.search(r"http://127\.0\.0\.1:\d+", line)
+        if found:
+            return found.group(0)
+    pytest.fail(f"tensorboard printed no address in {timeout} s")
+
+
+def test_tensorboard_serves_a_runs_tags_over_http(dqn_run):
+    """The pinned tensorboard starts (2.20.0 did not beside today's setuptools) on the run folder,
+    on loopback and a free port, and its scalars API lists the run's tags; it is killed at the
+    end, whatever happens."""
+    _, folder = dqn_run
+    command = [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(folder)]
+    command += ["--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=script_env())
+    try:
+        url = tensorboard_url(proc, timeout=60) + "/data/plugin/scalars/tags"
+        deadline, tags = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and "losses/td_loss" not in tags:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                tags = json.load(response).get(".", {})
+            time.sleep(0.5)
+        assert {"charts/episodic_return", "charts/SPS", "losses/td_loss"} <= set(tags), tags
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_a_seeds_run_writes_one_series_per_member(tmp_path):
@@ -93,7 +186,7 @@ def test_no_tensorboard_writes_no_event_file_and_imports_no_tensorboard(tmp_path
 
 def test_a_resumed_run_continues_the_series_without_repeating_a_step(train, tmp_path):
     """Stopped by SIGTERM, then resumed: one series, the whole run's curve once (what the first
-    process logged past its checkpoint would be hidden: `purge_step`)."""
+    process logged past its checkpoint is hidden: `purge_step`)."""
     assert train("dqn_cpu", *DQN, "--run-name", "job", stop_at=1200) == 143
     assert train("dqn_cpu", *DQN, "--run-name", "job", "--resume", "auto") == 0
     folder = tmp_path / "runs" / "job"
@@ -101,39 +194,3 @@ def test_a_resumed_run_continues_the_series_without_repeating_a_step(train, tmp_
     result = json.loads((folder / "summary.json").read_text())
     assert len(result["resumes"]) == 1
     assert_cleanrl_charts(events(folder), result["curve"], ["td_loss"], dict(seed=1))
-
-
-def test_events_are_flushed_once_a_second_and_all_of_them_at_close(tmp_path, monkeypatch):
-    """`Scalars` writes the events once a second and at close, in their order, each with its step
-    and the time it came (not the time it was written); the flags' table is the one torch's
-    `add_text` writes. Each record's checksum (google-crc32c's, not TensorBoard's pure-Python one)
-    is TensorBoard's: its reader checks them."""
-    runs = load_script("runs")
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-    from torch.utils.tensorboard.summary import text
-
-    for data in (b"", b"x", bytes(range(256)) * 3):
-        assert runs.masked_crc32c(data) == struct.pack("<I", masked_crc32c(data))
-    flags = {"seed": 1, "env_id": "CartPole-v1"}
-    table = "|param|value|\n|-|-|\n|seed|1|\n|env_id|CartPole-v1|"
-    writer = runs.Scalars(str(tmp_path / "table"), flags)
-    assert writer.table("hyperparameters", flags) == text("hyperparameters", table)  # add_text's
-    writer.close()
-    clock = [100.0]
-    monkeypatch.setattr(
-        runs, "time", SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
-    )
-    writer = runs.Scalars(str(tmp_path), {"seed": 1})
-    writer.add(1, [("losses/td_loss", 0.5)])
-    writer.add_episodes(2, [10.0, 12.0])
-    assert "losses/td_loss" not in events(tmp_path).Tags()["scalars"]  # not flushed yet
-    clock[0] += 1.5
-    writer.add(3, [("losses/td_loss", 0.25)])
-    assert scalars(events(tmp_path), "losses/td_loss") == [(1, 0.5), (3, 0.25)]
-    writer.add(4, [("losses/td_loss", 0.125)])
-    writer.close()
-    accumulator = events(tmp_path)
-    assert scalars(accumulator, "losses/td_loss") == [(1, 0.5), (3, 0.25), (4, 0.125)]
-    assert scalars(accumulator, "charts/episodic_return") == [(2, 10.0), (2, 12.0)]
-    times = [event.wall_time for event in accumulator.Scalars("losses/td_loss")]
-    assert times == [100.0, 101.5, 101.5]

@@ -112,6 +112,7 @@ def run_with_threads(make_run, monkeypatch, compiles):
     fake_time = SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0])
     fake_time.monotonic = fake_time.perf_counter
     monkeypatch.setattr(runs, "time", fake_time)
+    monkeypatch.setattr(threads, "time", fake_time)  # ThreadChoice.timed's clock
     monkeypatch.setattr(
         threads, "ThreadChoice", functools.partial(threads.ThreadChoice, compiles=compiles)
     )
