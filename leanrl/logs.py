@@ -33,7 +33,8 @@ class Log:
         if self.flags.tensorboard and not self.quiet:
             from torch.utils.tensorboard import SummaryWriter  # only with --tensorboard
 
-            self.writer = SummaryWriter(folder, purge_step=purge_step or None)
+            # its thread writes the file each second: a live run shows, a solved one is seen
+            self.writer = SummaryWriter(folder, purge_step=purge_step or None, flush_secs=1)
             self.pending, self.flushed = [], time.time()  # what `add` holds, since when
             rows = "\n".join(f"|{key}|{value}|" for key, value in vars(self.flags).items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
