@@ -16,7 +16,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "leanrl"
 # ones an export inlines, each after those it imports), the tensor envs it makes, and the exporter
 RUN_MODULES = ("flags", "signals", "folders", "checkpoints", "logs", "runs", "vector_envs")
 RUN_MODULES += ("threads", "seeds", "atari", "ranks", "optimizers")
-MODULES = (*RUN_MODULES, "tensor_envs", "mujoco_envs", "export")
+MODULES = (*RUN_MODULES, "tensor_envs", "tensor_wrappers", "mujoco_envs", "export")
 ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 
 

@@ -7,8 +7,8 @@ The copy holds the script's own lines in their order, then the definitions it im
 they use (the ones its top level needs as it is imported come before its own). The inlined code
 is the modules' code without their docstrings and comments, which stay in the modules; the
 copy's docstring says what it is an export of, and its usage lines name the copy. A copy run with
-`--tensor-envs` needs tensor_envs.py and mujoco_envs.py beside it, and says so in one line
-without. No run imports this file.
+`--tensor-envs` needs tensor_envs.py, tensor_wrappers.py and mujoco_envs.py beside it, and says so
+in one line without. No run imports this file.
 """
 
 import ast

@@ -14,8 +14,9 @@ module named for its purpose. A script imports what it uses, as CleanRL's script
 Beside them, by purpose: vector_envs.py (gymnasium's vector env, episodes, evaluation), threads.py
 (the thread choice and bf16), seeds.py (`SeedsRun`: N members in one program, sweeps), atari.py
 (`AtariRun`: envpool's games), ranks.py (`RankRun`: torchrun's ranks), tensor_envs.py (classic
-control as tensors). To copy one script without them, export it (export.py): the copy has the
-parts it uses inlined and imports nothing from the project.
+control as tensors), mujoco_envs.py (MuJoCo's tasks on MuJoCo Warp). To copy one script without
+them, export it (export.py): the copy has the parts it uses inlined and imports nothing from the
+project.
 
     python leanrl/export.py leanrl/sac_continuous_action.py my_sac.py
 """

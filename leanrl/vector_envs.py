@@ -129,7 +129,7 @@ def make_batched_envs(env_id, num_envs, seed, device, videos):
         from mujoco_envs import MUJOCO_ENVS, installed, make_mujoco_envs
         from tensor_envs import TENSOR_ENVS, make_tensor_envs
     except ModuleNotFoundError:  # an exported copy, without leanrl/'s env modules beside it
-        fail("--tensor-envs needs tensor_envs.py and mujoco_envs.py (leanrl/) beside this script")
+        fail("--tensor-envs needs leanrl/'s tensor_envs.py, tensor_wrappers.py, mujoco_envs.py")
     if env_id not in TENSOR_ENVS | MUJOCO_ENVS:
         there = ", ".join(TENSOR_ENVS | MUJOCO_ENVS)
         fail(f"--tensor-envs: no tensor version of {env_id!r}; there are {there}")
