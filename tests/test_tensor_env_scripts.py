@@ -271,8 +271,9 @@ def test_the_device_loop_at_one_env_takes_the_host_loops_steps(
     device, host = (checkpoint(tmp_path / "runs" / name) for name in ("device", "host"))
     assert device["state"].keys() - host["state"].keys() <= {"episode_log"}
     assert_same_state({k: device["state"][k] for k in host["state"]}, host["state"])
-    assert [(s, r) for s, _, r in device["curve"]] == [(s, r) for s, _, r in host["curve"]]
-    assert len(host["curve"]) >= 1
+    (device_curve,), (host_curve,) = device["curves"], host["curves"]
+    assert [(s, r) for s, _, r in device_curve] == [(s, r) for s, _, r in host_curve]
+    assert len(host_curve) >= 1
 
 
 def rollout_step_of(script, num_envs, seed=1):
