@@ -438,17 +438,17 @@ def test_the_cpu_script_learns_cartpole():
 
 # the many-env settings (docs/time-to-solve.md): the flags every size shares, then a size's
 MANY_ENVS = ("--exploration-fraction", 0.1, "--q-lambda", 0.95, "--reward-scale", 0.1)
-SIZE_32 = ("--num-envs", 32, "--num-steps", 64, "--num-minibatches", 16)
+SIZE_32 = ("--num-envs", 32, "--num-steps", 64, "--num-minibatches", 16, "--learning-rate", 5e-4)
 SIZE_256 = ("--tensor-envs", "--num-envs", 256, "--num-steps", 8, "--num-minibatches", 16)
 
 
 @pytest.mark.learning
 def test_the_many_env_settings_learn_cartpole_at_32_envs():
     """The README's fastest command on a CPU, 40,960 steps (20 iterations), seed 1: the last 20
-    episodes' mean above 120. Seeds 1-10 gave 166.45 to 500 (median 298.8; 2-core EPYC, busy);
-    CleanRL's flags at that budget gave 89.95 and 9.7 (seeds 1, 2)."""
+    episodes' mean above 100. Seeds 1-10 gave 118.5 to 500 (median 379.95; 2-core EPYC); CleanRL's
+    flags at that budget gave 89.95 and 9.7 (seeds 1, 2)."""
     s = summary(run_script(EAGER, *MANY_ENVS, *SIZE_32, "--seed", 1, "--total-timesteps", 40_960))
-    assert s["return_mean"] > 120, s
+    assert s["return_mean"] > 100, s
 
 
 @pytest.mark.learning
