@@ -152,11 +152,11 @@ def policy(module, n_obs, n_act, seed=0):
 
 
 def test_runners_import_the_run_modules_that_the_job_ships(ray_here):
-    """A runner imports `vector_envs`, and it `runs`, by name. Ray puts the driver's folder on its
+    """A runner imports `vector_envs`, and it `flags`, by name. Ray puts the driver's folder on its
     workers' paths, which another machine may not have, and this driver's is not leanrl/: the
     modules the workers find are the copies that `connect_ray` ships with the job."""
     ray, _ = ray_here
-    for name in ("vector_envs", "runs"):
+    for name in ("vector_envs", "flags"):
         where = ray.get(ray.remote(lambda n: __import__(n).__file__).remote(name), timeout=120)
         assert os.path.basename(where) == f"{name}.py", where
         assert os.path.dirname(where) != str(SCRIPTS), where
