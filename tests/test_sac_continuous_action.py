@@ -6,7 +6,7 @@ range exit 2; the eager and CPU scripts learn Pendulum-v1."""
 import numpy as np
 import pytest
 import torch
-from conftest import assert_measured_threads, load_script, run_script, summary
+from conftest import assert_measured_threads, load_script, long_learning, run_script, summary
 from tensordict import TensorDict, from_modules
 
 EAGER = "sac_continuous_action"
@@ -268,7 +268,7 @@ def test_the_cpu_script_learns_pendulum():
     assert result["return_mean"] > -400, result
 
 
-@pytest.mark.learning
+@long_learning  # 75 s in the suite; test_tensor_env_scripts checks the loop's steps bit for bit
 def test_the_twins_loop_on_the_device_learns_the_batched_pendulum():
     """The twin with `--tensor-envs` (its loop on the device, eager), 8 envs and 4 updates a vector
     step, 8,000 steps, one thread: the last 20 episodes (the 8 envs' episodes ending at 4,800, 6,400
