@@ -17,6 +17,7 @@ from conftest import (
     assert_same_state,
     checkpoint,
     load_script,
+    long_learning,
     no_host_sync,
     run_script,
     slow_unless,
@@ -213,7 +214,7 @@ def test_pqns_rollout_compiled_takes_the_eager_steps_without_host_sync(monkeypat
     assert learner.global_step.item() == (64 + 6) * 64
 
 
-@pytest.mark.learning
+@long_learning  # 30 s; in the suite, test_pqn's 256-env check learns on the tensor envs
 def test_pqn_learns_cartpole_on_the_tensor_envs():
     """pqn_cpu.py with `--tensor-envs`, at its learning test's budget and bar (seed 1, 122,880
     steps, the last 20 episodes' mean above 50). Seeds 1-10 on a 2-core AMD EPYC (Zen 4): 61.0 to
