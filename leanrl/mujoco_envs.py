@@ -29,7 +29,7 @@ import mujoco
 import numpy as np
 import torch
 from gymnasium.envs.mujoco.mujoco_env import expand_model_path
-from tensor_envs import TensorEnv
+from tensor_envs import TensorEnv, register
 
 wp = mjw = None  # Warp and MuJoCo Warp (requirements-mujoco-warp.txt), with the first env: 3-4 s
 
@@ -366,10 +366,7 @@ MUJOCO_ENVS = {
 }
 
 
-# gymnasium's way to them: gym.make_vec("tensor/HalfCheetah-v5", num_envs=4096, device="cuda")
-for _env_id, _env_class in MUJOCO_ENVS.items():
-    if f"tensor/{_env_id}" not in gym.registry:
-        gym.register(f"tensor/{_env_id}", vector_entry_point=_env_class)
+register(MUJOCO_ENVS)  # gym.make_vec("tensor/HalfCheetah-v5", num_envs=4096, device="cuda")
 
 
 def make_mujoco_envs(env_id, num_envs, device="cpu", seed=0, max_episode_steps=None):

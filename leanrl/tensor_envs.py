@@ -12,12 +12,11 @@ vector env with `RecordEpisodeStatistics` reports them. A step makes no host syn
 branch on a tensor, and updates its state in place: it compiles with `fullgraph=True` and a CUDA
 graph can record it.
 
-Reset states come from a counter-based hash of (seed, env, draw): a pure function of tensors, so
-a compiled step or a CUDA graph draws them (a `torch.Generator` can be neither traced by
-torch.compile nor replayed by a graph it was not registered with), the CPU and a GPU draw the
-same ones, and `state_dict()` holds the whole env. In float64 on a CPU the dynamics are
-gymnasium's operation for operation, float32 roundings included where gymnasium makes them
-(tests/test_tensor_envs.py).
+Reset states come from a counter-based hash of (seed, env, draw): a pure function of tensors, so a
+compiled step or a CUDA graph draws them (a `torch.Generator` can be neither traced by torch.compile
+nor replayed by a graph it was not registered with), the CPU and a GPU draw the same ones, and
+`state_dict()` holds the whole env. In float64 on a CPU the dynamics are gymnasium's operation for
+operation, float32 roundings included where gymnasium makes them (tests/test_tensor_envs.py).
 """
 
 import math
@@ -386,10 +385,14 @@ TENSOR_ENVS = {
 }
 
 
-# gymnasium's way to them: gym.make_vec("tensor/CartPole-v1", num_envs=4096, device="cuda")
-for _env_id, _env_class in TENSOR_ENVS.items():
-    if f"tensor/{_env_id}" not in gym.registry:
-        gym.register(f"tensor/{_env_id}", vector_entry_point=_env_class)
+def register(envs):
+    """gymnasium's way to `envs` (id -> class): gym.make_vec("tensor/CartPole-v1", num_envs=8)."""
+    for env_id, env_class in envs.items():
+        if f"tensor/{env_id}" not in gym.registry:
+            gym.register(f"tensor/{env_id}", vector_entry_point=env_class)
+
+
+register(TENSOR_ENVS)
 
 
 def make_tensor_envs(env_id, num_envs, device="cpu", seed=0, dtype=torch.float32):

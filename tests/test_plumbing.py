@@ -72,7 +72,7 @@ def test_the_run_modules_import_no_script_and_no_run_imports_the_exporter():
     assert project_imports("tensor_wrappers") == []
     wrappers = ("tensor_wrappers", ["NormalizeObservation", "NormalizeReward"])
     assert project_imports("tensor_envs") == [wrappers]
-    assert project_imports("mujoco_envs") == [("tensor_envs", ["TensorEnv"])]
+    assert project_imports("mujoco_envs") == [("tensor_envs", ["TensorEnv", "register"])]
     assert project_imports("export") == []
     assert load_script("export").MODULES == RUN_MODULES  # the exporter inlines every run module
 
