@@ -15,6 +15,7 @@ per `train_frequency` iterations. Threads: runs.py measures (`--threads` fixes t
 update in bfloat16 where the CPU has it. On a GPU, run dqn_torchcompile.py.
 """
 
+import contextlib
 import random
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -72,6 +73,8 @@ def float32_output(net, x):
     """`net(x)`, its output layer in float32 under --bf16's autocast too: the values the loss
     reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
     x = net[:-1](x)
+    if not torch.is_autocast_enabled("cpu"):  # no autocast in the graph: AOTAutograd caches it
+        return net[-1](x)
     with torch.autocast("cpu", enabled=False):
         return net[-1](x.to(net[-1].weight.dtype))  # the weights' float32
 
@@ -176,7 +179,7 @@ def make_learner(args, n_obs, n_act):
 
     # --bf16: the hidden layers in bfloat16 (the outputs in `float32_output`), the parameters,
     # gradients and Adam's moments in float32
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def update(data):
         """One TD step as a function of the parameters: `torch.compile(fullgraph=True)` makes it

@@ -19,6 +19,7 @@ A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose re
 saved: then its episodes and its observation and reward normalization start afresh.
 """
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -130,6 +131,8 @@ def float32_output(net, x):
     """`net(x)`, its output layer in float32 under --bf16's autocast too: the values the loss
     reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
     x = net[:-1](x)
+    if not torch.is_autocast_enabled("cpu"):  # no autocast in the graph: AOTAutograd caches it
+        return net[-1](x)
     with torch.autocast("cpu", enabled=False):
         return net[-1](x.to(net[-1].weight.dtype))  # the weights' float32
 
@@ -254,7 +257,7 @@ def make_learner(args, n_obs, n_act, device):
 
     # --bf16: the hidden layers in bfloat16 (the outputs in `float32_output`), the parameters,
     # gradients and Adam's moments in float32
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def update(mb):
         """One gradient step on a minibatch (a dict of tensors); returns its statistics."""

@@ -14,6 +14,7 @@ out, optimizers.py's RAdam) compiled as one graph. Threads: runs.py measures (`-
 them); `--bf16`: the update in bfloat16 where the CPU has it. On a GPU, run pqn_torchcompile.py.
 """
 
+import contextlib
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -78,6 +79,8 @@ def float32_output(net, x):
     """`net(x)`, its output layer in float32 under --bf16's autocast too: the values the loss
     reads keep their precision (bfloat16 would round a Q-value of 100 to a multiple of 0.5)."""
     x = net[:-1](x)
+    if not torch.is_autocast_enabled("cpu"):  # no autocast in the graph: AOTAutograd caches it
+        return net[-1](x)
     with torch.autocast("cpu", enabled=False):
         return net[-1](x.to(net[-1].weight.dtype))  # the weights' float32
 
@@ -181,7 +184,7 @@ def make_learner(args, n_obs, n_act):
 
     # --bf16: the hidden layers in bfloat16 (the outputs in `float32_output`), the parameters,
     # gradients and RAdam's moments in float32
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def update(mb):
         """One gradient step on a minibatch as a function of the parameters:

@@ -18,6 +18,7 @@ What changes from the twin:
 - the replay buffer is written through numpy views of its tensors, cheaper than a torch write.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -77,6 +78,8 @@ def float32(layer, x):
     the outputs the losses read keep their precision. In bfloat16 a Q-value of 500 would round to
     a multiple of 4, and tanh to 1 from x = 4 on, where the log-density's log(1 - tanh(x)^2)
     would fall to log(1e-6)."""
+    if not torch.is_autocast_enabled("cpu"):  # no autocast in the graph: AOTAutograd caches it
+        return layer(x)
     with torch.autocast("cpu", enabled=False):
         return layer(x.to(layer.weight.dtype))
 
@@ -282,7 +285,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high):
 
     # --bf16: the hidden layers in bfloat16 (the outputs in `float32`), the parameters, gradients
     # and Adam's moments in float32
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def update_critic(data):
         with autocast:

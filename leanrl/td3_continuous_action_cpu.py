@@ -19,6 +19,7 @@ torch. The intra-op threads are chosen by measurement unless `--threads` fixes t
 (docs/performance.md); `--bf16` computes the updates in bfloat16 on a CPU that has it.
 """
 
+import contextlib
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -74,6 +75,8 @@ def float32(layer, x):
     """`layer(x)` in float32, under --bf16's autocast too, its input upcast to the weights' dtype:
     the outputs the losses read keep their precision (in bfloat16 a Q-value of 500 would round to
     a multiple of 4)."""
+    if not torch.is_autocast_enabled("cpu"):  # no autocast in the graph: AOTAutograd caches it
+        return layer(x)
     with torch.autocast("cpu", enabled=False):
         return layer(x.to(layer.weight.dtype))
 
@@ -229,7 +232,7 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
 
     # --bf16: the hidden layers in bfloat16 (the outputs in `float32`), the parameters, gradients
     # and Adam's moments in float32
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.bf16)
+    autocast = torch.autocast("cpu", torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def update_critic(data):
         with autocast:

@@ -25,30 +25,35 @@ def test_bf16_is_refused_on_a_cpu_without_it(script, train, capsys, monkeypatch)
     assert len(lines) == 1 and "--bf16" in lines[0] and "AVX-512 BF16" in lines[0], lines
 
 
-def learner_steps(script, bf16):
-    """`script`'s learner from seed 0, its updates compiled as `main` compiles them: `step(k)` takes
-    the k-th step on batches of seed k (its losses, stacked), and the learner's Adams."""
+def main_compile(update):
+    return torch.compile(update, fullgraph=True, options={"cpp_wrapper": True})
+
+
+def learner_steps(script, bf16, compile=main_compile):
+    """`script`'s learner from seed 0, its update compiled by `compile`, by default as `main`
+    compiles it: `step(k)` takes the k-th step on batches of seed k (its losses, stacked), and the
+    learner's Adams."""
     module = load_script(script)
     args = module.Args(bf16=bf16)
     torch.manual_seed(0)
     if script == "dqn_cpu":
         learner = module.make_learner(args, 4, 2)
-        update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
+        update = compile(learner.update)
         return lambda k: torch.stack(update(dqn_batch(seed=k))), [learner.optimizer]
     if script == "pqn_cpu":
         learner = module.make_learner(args, 4, 2)
-        update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
+        update = compile(learner.update)
         return lambda k: torch.stack(update(dict(pqn_minibatch(k).items()))), [learner.optimizer]
     if script == "ppo_continuous_action_cpu":
         learner = module.make_learner(args, 3, 2, torch.device("cpu"))
-        update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
+        update = compile(learner.update)
         return lambda k: update(make_minibatch(k)), [learner.optimizer]
     # SAC and TD3: a policy step (the critic, the actor, the targets), as `main` compiles it
     td3 = script == "td3_continuous_action_cpu"
     n_act, make_batch = (2, td3_batch) if td3 else (1, sac_batch)
     bounds = -2 * np.ones(n_act), 2 * np.ones(n_act)
     learner = module.make_learner(args, 3, n_act, *bounds, *[torch.device("cpu")] * td3)
-    update = torch.compile(learner.update, fullgraph=True, options={"cpp_wrapper": True})
+    update = compile(learner.update)
     policy_step = (True,) if td3 else (True, True)  # SAC's: and a target step
     adams = [learner.q_optimizer, learner.actor_optimizer]
     adams += [] if td3 else [learner.alpha_optimizer]
@@ -58,6 +63,23 @@ def learner_steps(script, bf16):
 def state(adams, part="params"):
     """The Adams' parameters (or moments, `exp_avg`), flat, in one copy."""
     return torch.cat([t.detach().flatten() for adam in adams for t in getattr(adam, part).values()])
+
+
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_autocast_enters_the_update_graph_only_under_bf16(script):
+    """Without `--bf16` the update's graph holds no autocast context: AOTAutograd's cache refuses a
+    graph that enters one, and each warm start would trace the update again (2.5 s of pqn_cpu's)."""
+    entered = {}
+    for bf16 in (False, True):
+
+        def record(graph, example_inputs, bf16=bf16):
+            targets = {getattr(node.target, "__name__", "") for node in graph.graph.nodes}
+            entered[bf16] = entered.get(bf16, False) or "_enter_autocast" in targets
+            return graph.forward
+
+        step, _ = learner_steps(script, bf16, lambda f: torch.compile(f, backend=record))
+        step(0)
+    assert entered == {False: False, True: True}
 
 
 @pytest.mark.skipif(not threads.bf16_native(), reason="this CPU computes no bfloat16 natively")
