@@ -20,7 +20,6 @@ A resumed run (`--resume`) goes on exactly, but with `--capture-video`, whose re
 saved: then its episodes start afresh.
 """
 
-import itertools
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -35,7 +34,7 @@ from flags import CudaFlags, TensorEnvFlags, fail
 from runs import Run
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
-from vector_envs import Episodes, evaluate, finished_episodes, make_envs, true_next_obs
+from vector_envs import evaluate, finished_episodes, log_ended, make_envs, true_next_obs
 
 
 @dataclass
@@ -297,7 +296,9 @@ def main(args):
             with torch.no_grad():
                 for step in steps:
                     next_obs = rollout_step(next_obs, step)
-            global_step = log_episodes(run, rollout, global_step, args.num_envs)
+            episodes = rollout["ended"], rollout["episode_returns"], rollout["episode_lengths"]
+            log_ended(run, *episodes, global_step + args.num_envs, args.num_envs)  # a host sync
+            global_step += args.num_steps * args.num_envs
         else:
             for step in range(args.num_steps):
                 global_step += args.num_envs
@@ -352,19 +353,6 @@ def main(args):
 
     envs.close()
     run.finish(device, q_network.state_dict(), evaluate_greedy)
-
-
-def log_episodes(run, rollout, global_step, num_envs):
-    """The episodes that ended in the rollout to the run, each at its step (one host sync); returns
-    the global step after the rollout."""
-    ended_at, env = rollout["ended"].nonzero(as_tuple=True)
-    returns = rollout["episode_returns"][ended_at, env].tolist()
-    lengths = rollout["episode_lengths"][ended_at, env].tolist()
-    episodes = zip(ended_at.tolist(), returns, lengths)
-    for t, group in itertools.groupby(episodes, key=lambda x: x[0]):
-        _, step_returns, step_lengths = zip(*group)
-        run.log_episodes(global_step + (t + 1) * num_envs, Episodes(step_returns, step_lengths))
-    return global_step + len(rollout) * num_envs
 
 
 def check_memory(args, n_obs, device):

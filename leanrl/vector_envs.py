@@ -184,13 +184,9 @@ class EpisodeLog:
     def log(self, run, step, num_envs, end):
         """Rows `first` to `end - 1` to the run, row t's episodes at env step `step + t *
         num_envs`; the next log starts at row `end` (0 past the last)."""
-        ended_at, env = self.ended[self.first : end].nonzero(as_tuple=True)
-        returns = self.returns[self.first : end][ended_at, env].tolist()
-        lengths = self.lengths[self.first : end][ended_at, env].tolist()
-        episodes = zip((ended_at + self.first).tolist(), returns, lengths)
-        for t, group in itertools.groupby(episodes, key=lambda x: x[0]):
-            _, step_returns, step_lengths = zip(*group)
-            run.log_episodes(step + t * num_envs, Episodes(step_returns, step_lengths))
+        rows = slice(self.first, end)
+        episodes = self.ended[rows], self.returns[rows], self.lengths[rows]
+        log_ended(run, *episodes, step + self.first * num_envs, num_envs)
         self.first = end % len(self.ended)
 
     def state_dict(self):
@@ -200,6 +196,18 @@ class EpisodeLog:
         for log, saved in zip(self.columns(), state["columns"]):
             log.copy_(saved)
         self.first = state["first"]
+
+
+def log_ended(run, ended, returns, lengths, first_step, num_envs):
+    """The episodes that `ended` marks (a row a vector step, a column an env), with their
+    `returns` and `lengths`, to the run in one host sync: row t's at env step `first_step + t *
+    num_envs`."""
+    ended_at, env = ended.nonzero(as_tuple=True)
+    returns, lengths = returns[ended_at, env].tolist(), lengths[ended_at, env].tolist()
+    episodes = zip(ended_at.tolist(), returns, lengths)
+    for t, group in itertools.groupby(episodes, key=lambda x: x[0]):
+        _, step_returns, step_lengths = zip(*group)
+        run.log_episodes(first_step + t * num_envs, Episodes(step_returns, step_lengths))
 
 
 def true_next_obs(next_obs, infos):
