@@ -259,10 +259,10 @@ def test_sac_flags_out_of_range_exit_2(script, capsys):
 
 @pytest.mark.learning
 def test_the_cpu_script_learns_pendulum():
-    """The CPU script, 8,000 steps, batches of 64 (2.6x cheaper an update than 256), one thread:
-    the last 20 episodes above -400. Seeds 1-10 gave -267.7 to -147.5 (AMD EPYC, Zen 4; at the
-    default batch of 256, -282.8 to -145.4 on a Xeon, -280.1 to -145.6 on an EPYC); random play
-    ~-1200, a broken update below -600."""
+    """The CPU script, 8,000 steps, batches of 64 (264 sps after the random phase, 107 at 256),
+    one thread: the last 20 episodes above -400. Seeds 1-10 gave -267.7 to -147.5 (AMD EPYC, Zen
+    4; at the default batch of 256, -282.8 to -145.4 on a Xeon, -280.1 to -145.6 on an EPYC);
+    random play ~-1200, a broken update below -600."""
     flags = "--env-id Pendulum-v1 --total-timesteps 8000 --learning-starts 1000 --seed 1".split()
     flags += ["--batch-size", "64"]
     result = summary(run_script(CPU, *flags, env={"OMP_NUM_THREADS": "1"}))
