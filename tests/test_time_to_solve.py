@@ -199,4 +199,8 @@ def test_every_known_task_has_its_threshold():
         "Acrobot-v1": -100,
         "MountainCar-v0": -110,
         "Pendulum-v1": -200,
+        "InvertedDoublePendulum-v5": 9100,
+        "HalfCheetah-v5": 4800,
+        "Hopper-v5": 3000,
+        "Walker2d-v5": 3000,
     }
