@@ -7,24 +7,45 @@ import statistics
 from scipy import stats
 
 
-def rows(runs, env_limits):
+def rows(runs, env_limits, update_limits=None):
     """One row per (algorithm, variant), in the order the runs came, with sps statistics, the ratio
-    of each variant's median sps to the median of its algorithm's eager variant, and the
-    algorithm's env-only sps (from `env_limits`, by algorithm; None where it has none)."""
+    of each variant's median sps to the median of its algorithm's eager variant, the algorithm's
+    env-only sps (from `env_limits`, by algorithm; None where it has none) and, for a `_cpu`
+    script, its update limit (from `update_limits`, by algorithm) at the threads its runs ended on,
+    and the median of its runs' sps over that limit."""
     groups = {}
     for run in runs:
-        groups.setdefault((run["algo"], run["variant"]), []).append(run["summary"])
-    table = [row(algo, variant, summaries) for (algo, variant), summaries in groups.items()]
+        groups.setdefault((run["algo"], run["variant"]), []).append(run)
+    table = [row(algo, variant, group) for (algo, variant), group in groups.items()]
     eager = {r["algo"]: r["sps_median"] for r in table if r["variant"] == "eager"}
-    for r in table:
+    for r, group in zip(table, groups.values()):
         r["vs_eager"] = r["sps_median"] / eager[r["algo"]] if r["algo"] in eager else None
         r["env_only_sps"] = env_limits[r["algo"]]["sps"] if r["algo"] in env_limits else None
+        limits = [update_limit(run, (update_limits or {}).get(r["algo"])) for run in group]
+        known = None not in limits
+        r["update_limit_sps"] = statistics.median(limits) if known else None
+        r["of_update_limit"] = (
+            statistics.median(run["summary"]["sps"] / limit for run, limit in zip(group, limits))
+            if known
+            else None
+        )
     return table
 
 
-def row(algo, variant, summaries):
-    """The statistics of one variant's runs: sps median, min and max, mean return (None if no run
+def update_limit(run, limits):
+    """The update limit (sps) of a `_cpu` script's `run` at the threads it ended on, in its
+    dtype, from its algorithm's `limits` (benchmarks.update_limit's); None for another script."""
+    if limits is None or run["summary"].get("script") != limits["script"]:
+        return None
+    dtype = "bfloat16" if "--bf16" in run["flags"] else "float32"
+    by_threads = limits["limits"].get(dtype, {})
+    return by_threads.get(str(run["summary"].get("threads")), {}).get("sps")
+
+
+def row(algo, variant, runs):
+    """The statistics of one variant's `runs`: sps median, min and max, mean return (None if no run
     had one)."""
+    summaries = [run["summary"] for run in runs]
     sps = [s["sps"] for s in summaries]
     returns = [s["return_mean"] for s in summaries if s["return_mean"] is not None]
     return {
@@ -72,15 +93,17 @@ def markdown(table_rows, machine, settings):
         f"started {settings['started']}",
         "",
     ]
-    header = "algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean"
+    header = "algo | variant | sps median | sps min-max | vs eager | env-only sps"
+    header += " | update limit sps | of limit | return mean | runs"
     rows = [
         f"{r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}"
         f"-{r['sps_max']:.0f} | {optional(r['vs_eager'], '.2f', 'x')}"
-        f" | {optional(r['env_only_sps'], '.0f')} | {optional(r['return_mean'], '.1f')}"
+        f" | {optional(r['env_only_sps'], '.0f')} | {optional(r.get('update_limit_sps'), '.0f')}"
+        f" | {optional(r.get('of_update_limit'), '.0%')} | {optional(r['return_mean'], '.1f')}"
         f" | {r['runs']}"
         for r in table_rows
     ]
-    lines += table(f"{header} | runs", rows, "llrrrrrr")
+    lines += table(header, rows, "llrrrrrrrr")
     return "\n".join(lines) + "\n"
 
 

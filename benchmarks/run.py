@@ -9,10 +9,12 @@ Each run is `python leanrl/<script>.py <budget flags> --seed <seed> <variant fla
 interpreter; the harness reads only its `SUMMARY {...}` line. Round r (every variant once) runs with
 seed `seeds[r % len(seeds)]`, so the variants compare on the same seeds. Before its runs, each
 algorithm's environment alone is timed with random actions (`benchmarks.env_limit`, its `ENV_ONLY`
-line): the limit its scripts could reach. The table goes to stdout and, with every run's summary and
-the machine, to `benchmarks/results/<timestamp>.{md,json}`, next to PNG plots of sps and of the
-return curves. Variants that need CUDA run only where there is a CUDA device. A failed run stops the
-benchmark with exit status 1.
+line): the limit its scripts could reach. After them, each `_cpu` script's updates are bounded by
+their matmuls' FLOPs over this CPU's rate at their shapes (`benchmarks.update_limit`, its
+`UPDATE_LIMIT` line): the limit its updates could reach. The table goes to stdout and, with every
+run's summary and the machine, to `benchmarks/results/<timestamp>.{md,json}`, next to PNG plots of
+sps and of the return curves. Variants that need CUDA run only where there is a CUDA device. A
+failed run stops the benchmark with exit status 1.
 """
 
 import argparse
@@ -28,7 +30,7 @@ import torch
 from benchmarks import plots, report
 from benchmarks.machine import machine_info
 from benchmarks.processes import note
-from benchmarks.registry import ALGOS, VARIANTS
+from benchmarks.registry import ALGOS, CPU_SUFFIX, VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 STDERR_TAIL_LINES = 20
@@ -95,6 +97,13 @@ def env_limit_command(algo, scripts_dir, quick, seed, seconds):
     """The command that times `algo`'s environment alone under the budget."""
     limit = [sys.executable, "-m", "benchmarks.env_limit", "--seconds", str(seconds)]
     return [*limit, str(scripts_dir / f"{algo.eager}.py"), *budget_flags(algo, quick, seed)]
+
+
+def update_limit_command(algo, scripts_dir, quick, seed):
+    """The command that measures the matmul limit of `algo`'s `_cpu` script under the budget."""
+    limit = [sys.executable, "-m", "benchmarks.update_limit"]
+    script = scripts_dir / f"{algo.eager}{CPU_SUFFIX}.py"
+    return [*limit, str(script), *budget_flags(algo, quick, seed)]
 
 
 def failure(cmd, reason, stderr=""):
@@ -169,6 +178,19 @@ def env_limits(algos, scripts_dir, quick, seed, seconds, timeout=None):
     return limits
 
 
+def update_limits(algos, scripts_dir, quick, seed, timeout=None):
+    """The matmul limit of each `_cpu` script's updates (`benchmarks.update_limit`'s
+    UPDATE_LIMIT), by algorithm name."""
+    limits = {}
+    for algo in (algo for algo in algos if algo.cpu):
+        cmd = update_limit_command(algo, scripts_dir, quick, seed)
+        limits[algo.name] = result_line(cmd, execute(cmd, timeout), "UPDATE_LIMIT")
+        by_threads = limits[algo.name]["limits"]["float32"].items()
+        sps = ", ".join(f"{limit['sps']:.0f} sps at {n} thread(s)" for n, limit in by_threads)
+        note(f"{algo.name} update limit: {sps}")
+    return limits
+
+
 def benchmark(algos, scripts_dir, seeds, quick, cuda, timeout=None):
     """Run the plan for `algos` with scripts from `scripts_dir`, one round per seed in `seeds`."""
     order = plan(algos, seeds, cuda)
@@ -218,15 +240,17 @@ def main(argv=None):
         where, cuda = (algos, args.scripts_dir), torch.cuda.is_available()
         limits = env_limits(*where, args.quick, seeds[0], args.env_seconds, args.timeout)
         runs = benchmark(*where, seeds, args.quick, cuda, args.timeout)
+        matmul_limits = update_limits(*where, args.quick, seeds[0], args.timeout)
     except BenchmarkError as error:
         note(f"benchmark stopped: {error}")
         return 1
     machine = machine_info()
     settings = dict(budget="quick" if args.quick else "full", repeats=args.repeats, seeds=seeds)
     settings["started"] = started.isoformat()
-    table = report.rows(runs, limits)
+    table = report.rows(runs, limits, matmul_limits)
     table_md = report.markdown(table, machine, settings)
     document = dict(settings=settings, machine=machine, env_limits=limits, table=table, runs=runs)
+    document["update_limits"] = matmul_limits
     stamp = started.strftime("%Y%m%d-%H%M%S")
     paths = [
         *report.write(args.out_dir, stamp, document, table_md),

@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import env_limit, machine, plots, report, run
+from benchmarks import env_limit, machine, plots, report, run, update_limit
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 from benchmarks.studies import scaling, seeds, sweeps
 
@@ -89,7 +89,8 @@ def main():
     summary = dict(script=stem, env_id="Fake-v0", seed=seed, device="cpu",
                    compile="--compile" in argv, cudagraphs="--cudagraphs" in argv, num_envs=2,
                    total_timesteps=300, sps=sps, sps_wall=sps / 2, episodes=len(curve),
-                   return_mean=return_mean, wall_s=0.4, torch_version="fake", curve=curve)
+                   return_mean=return_mean, wall_s=0.4, torch_version="fake", curve=curve,
+                   threads=1)
     # a real script's is runs/<run_name>/summary.json
     path = Path(__file__).with_name("summary-%d.json" % len(calls))
     path.write_text(json.dumps(summary))
@@ -149,10 +150,10 @@ def main_args(scripts, out, *extra):
 
 
 def table_row(algo, variant, sps_median, sps_min, sps_max, return_mean, env_only_sps, vs_eager):
-    """A row of `report.rows`, from its values."""
+    """A row of `report.rows`, from its values (no update limit: not a `_cpu` script's)."""
     row = dict(algo=algo, variant=variant, runs=2, sps_median=sps_median, sps_min=sps_min)
     row |= dict(sps_max=sps_max, return_mean=return_mean, vs_eager=vs_eager)
-    return row | {"env_only_sps": env_only_sps}
+    return row | dict(env_only_sps=env_only_sps, update_limit_sps=None, of_update_limit=None)
 
 
 def curve_run(algo, variant, curve):
@@ -209,7 +210,8 @@ def test_rows_medians_spread_ratios_returns_and_env_limits():
         ("compile", 600, None),
     ]
     runs = [
-        {"algo": "fake", "variant": variant, "summary": {"sps": sps, "return_mean": return_mean}}
+        dict(algo="fake", variant=variant, flags=["fake.py"])
+        | dict(summary=dict(sps=sps, return_mean=return_mean))
         for variant, sps, return_mean in runs
     ]
     assert report.rows(runs, {"fake": {"sps": 900.0}}) == [
@@ -219,13 +221,46 @@ def test_rows_medians_spread_ratios_returns_and_env_limits():
     assert [r["env_only_sps"] for r in report.rows(runs, {})] == [None, None]
 
 
+def test_rows_give_a_cpu_scripts_update_limit_at_its_runs_threads_and_dtype():
+    limits = dict(script="fake_cpu", threads=[1, 2])
+    limits["limits"] = dict(
+        float32={"1": dict(sps=100.0), "2": dict(sps=200.0)},
+        bfloat16={"1": dict(sps=300.0), "2": dict(sps=400.0)},
+    )
+    runs = [  # (variant, script, flags, sps, the threads it ended on)
+        ("eager", "fake", [], 50, None),
+        ("cpu", "fake_cpu", [], 80, 1),
+        ("cpu", "fake_cpu", [], 150, 2),
+        ("cpu --bf16", "fake_cpu", ["--bf16"], 240, 1),
+        ("cpu --bf16", "fake_cpu", ["--bf16"], 200, 2),
+    ]
+    runs = [
+        dict(algo="fake", variant=variant, flags=flags)
+        | dict(summary=dict(script=script, sps=sps, threads=threads, return_mean=None))
+        for variant, script, flags, sps, threads in runs
+    ]
+    table = report.rows(runs, {}, {"fake": limits})
+    limit = [(r["variant"], r["update_limit_sps"], r["of_update_limit"]) for r in table]
+    # each run over its own limit: (0.8, 0.75) and (0.8, 0.5), medians of the two
+    assert limit == [("eager", None, None), ("cpu", 150.0, 0.775), ("cpu --bf16", 350.0, 0.65)]
+
+
 def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_and_plots(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    measured = []  # the update limit is measured by its own module, tested below
+
+    def update_limits(algos, scripts_dir, quick, seed, timeout):
+        measured.append(([algo.name for algo in algos], scripts_dir, quick, seed))
+        limits = {"float32": {"1": dict(sps=1400.0)}}
+        return {"sac": dict(script=f"{SAC.eager}_cpu", threads=[1], limits=limits)}
+
+    monkeypatch.setattr(run, "update_limits", update_limits)
     scripts = fake_scripts(tmp_path, SAC)
     out = tmp_path / "results"
     assert run.main(main_args(scripts, out, "--repeats", "3", "--seeds", "7", "8")) == 0
+    assert measured == [(["sac"], scripts, True, 7)]
 
     budget = " ".join(SAC.quick)
     assert calls(scripts) == [
@@ -248,10 +283,12 @@ def test_main_runs_alternately_with_seeds_prints_the_table_and_writes_results_an
 
     table = capsys.readouterr().out
     assert "Budget: quick, 3 repeats per variant (seeds 7 8 7)" in table
-    assert f"| sac | eager | 100 | 90-120 | 1.00x | {limit['sps']:.0f} | -15.0 | 3 |" in table
-    assert f"| sac | torchcompile | 200 | 150-250 | 2.00x | {limit['sps']:.0f} | 2.0 | 3 |" in table
-    assert f"| sac | compile | 400 | 300-500 | 4.00x | {limit['sps']:.0f} | n/a | 3 |" in table
-    assert f"| sac | cpu | 700 | 600-800 | 7.00x | {limit['sps']:.0f} | 6.0 | 3 |" in table
+    env = f"{limit['sps']:.0f}"
+    assert f"| sac | eager | 100 | 90-120 | 1.00x | {env} | n/a | n/a | -15.0 | 3 |" in table
+    assert f"| sac | torchcompile | 200 | 150-250 | 2.00x | {env} | n/a | n/a | 2.0 | 3 |" in table
+    assert f"| sac | compile | 400 | 300-500 | 4.00x | {env} | n/a | n/a | n/a | 3 |" in table
+    # the cpu runs' sps over the update limit, 800, 700 and 600 over 1400: median 50%
+    assert f"| sac | cpu | 700 | 600-800 | 7.00x | {env} | 1400 | 50% | 6.0 | 3 |" in table
     assert "cudagraphs" not in table.split("| algo |")[1]
 
     stamp = json_path.stem
@@ -378,6 +415,47 @@ def test_env_limit_measures_every_registered_scripts_own_env(algo):
     assert (result["env_id"], result["num_envs"]) == (env_id, defaults.num_envs)
     assert result["env_steps"] > 0 and result["env_steps"] % result["num_envs"] == 0
     assert result["sps"] == pytest.approx(result["env_steps"] / result["seconds"])
+
+
+def matmul_flops(name, layouts):
+    """A recorded matmul's FLOPs: 2 m k n per product of its batch."""
+    first, second = [shape for shape, *_ in layouts[-2:]]
+    return 2 * np.prod(first) * second[-1]
+
+
+def test_update_limit_counts_the_learning_phase_of_a_cpu_scripts_own_main(monkeypatch):
+    # TD3 on Pendulum: 300 random steps, 10 burn-in updates, then 20 counted steps
+    flags = "--env-id Pendulum-v1 --total-timesteps 330 --learning-starts 300 --measure-burnin 10"
+    script = SCRIPTS / "td3_continuous_action_cpu.py"
+    flops, matmuls = update_limit.record(script, [*flags.split(), "--batch-size", "32"])
+    # FlopCounterMode and the recorder saw the same updates: the recorded matmuls' FLOPs
+    assert flops == pytest.approx(sum(matmul_flops(*k) * n for k, n in matmuls.items()))
+    # per env step, the critic's 14 matmuls (the target actor's and the two target Q-networks'
+    # 3 layers, the Q-networks' 3 and their backward's 5) and half the actor's 14
+    calls = sum(matmuls.values())
+    assert calls == 14 + 14 / 2
+    assert all(dtype == "float32" for _, layouts in matmuls for *_, dtype in layouts[-2:])
+    # one env step's matmuls at a stub millisecond a call: the limit is 1 / their time
+    monkeypatch.setattr(update_limit, "seconds_per_call", lambda op, operands: 1e-3)
+    assert update_limit.matmul_seconds(matmuls, threads=1) == pytest.approx(calls * 1e-3)
+
+
+def test_update_limit_times_each_matmul_on_operands_of_its_own_layout():
+    expanded = update_limit.operand((2, 3, 4), (0, 4, 1), "bfloat16")  # a broadcast operand
+    assert (expanded.shape, expanded.stride(), expanded.dtype) == (
+        (2, 3, 4),
+        (0, 4, 1),
+        torch.bfloat16,
+    )
+    assert torch.equal(expanded[0], expanded[1])
+    transposed = update_limit.operand((3, 5), (1, 3), "float32")
+    assert transposed.stride() == (1, 3) and torch.isfinite(transposed).all()
+    now = [0.0]  # a clock that only the op moves: 10 ms a call
+
+    def op():
+        now[0] += 0.01
+
+    assert update_limit.seconds_per_call(op, (), clock=lambda: now[0]) == pytest.approx(0.01)
 
 
 def test_sps_bars_give_medians_asymmetric_spread_and_env_limit_per_algorithm():
