@@ -62,17 +62,24 @@ class Run:
     steps: int
     seed: int
     num_seeds: int = 1
+    flags: tuple[str, ...] = ()  # the script's own, beyond env, steps and seed
+
+    @property
+    def variant(self):
+        """The script and its own flags, as the report's rows name them."""
+        return " ".join([self.script, *self.flags])
 
     @property
     def name(self):
         seeds = f"{self.seed}x{self.num_seeds}" if self.num_seeds > 1 else str(self.seed)
-        return f"{self.script}__{self.env_id}__{steps_text(self.steps)}__{seeds}"
+        variant = "_".join([self.script, *(flag.lstrip("-") for flag in self.flags)])
+        return f"{variant}__{self.env_id}__{steps_text(self.steps)}__{seeds}"
 
     def command(self, scripts_dir, eval_episodes):
         seeds = ["--num-seeds", str(self.num_seeds)] if self.num_seeds > 1 else []
         flags = ["--env-id", self.env_id, "--total-timesteps", str(self.steps)]
         flags += ["--seed", str(self.seed), *seeds, "--eval-episodes", str(eval_episodes)]
-        return [sys.executable, str(scripts_dir / f"{self.script}.py"), *flags]
+        return [sys.executable, str(scripts_dir / f"{self.script}.py"), *flags, *self.flags]
 
 
 @dataclass(frozen=True)
@@ -116,15 +123,17 @@ REFERENCES = {
 
 
 def algorithm(script):
-    """The algorithm a script runs: its name without the variant suffix (`dqn_cpu` -> `dqn`)."""
-    return VARIANT_SUFFIX.sub("", script)
+    """The algorithm a script runs: its name without the variant suffix (`dqn_cpu` -> `dqn`) and
+    without the flags a run's variant adds."""
+    return VARIANT_SUFFIX.sub("", script.split()[0])
 
 
-def runs(script, env_id, steps, seeds):
-    """The runs of `script` on `env_id` for `seeds` (one for all of them if `_seeds`)."""
+def runs(script, env_id, steps, seeds, flags=()):
+    """The runs of `script` with its `flags` on `env_id` for `seeds` (one for all of them if
+    `_seeds`)."""
     if script.endswith("_seeds"):
-        return [Run(script, env_id, steps, seeds[0], len(seeds))]
-    return [Run(script, env_id, steps, seed) for seed in seeds]
+        return [Run(script, env_id, steps, seeds[0], len(seeds), flags)]
+    return [Run(script, env_id, steps, seed, flags=flags) for seed in seeds]
 
 
 def learning_set(name):
@@ -137,6 +146,13 @@ def learning_set(name):
         return runs("pqn", "CartPole-v1", 500_000, (1, 2, 3, 4, 5))
     if name == "pqn_atari":  # the eager reference, 1/20 of CleanRL's budget: about 30 minutes here
         return runs("pqn_atari_envpool", "Breakout-v5", 500_000, (1,))
+    if (
+        name == "td3_plateau"
+    ):  # compiled or not, does TD3 leave Hopper's plateau? (notes/td3-hopper.md)
+        seeds, td3 = tuple(range(1, 11)), "td3_continuous_action_cpu"
+        compiled = runs(td3, "Hopper-v4", 200_000, seeds)
+        uncompiled = runs(td3, "Hopper-v4", 200_000, seeds, ("--no-compile",))
+        return [run for pair in zip(compiled, uncompiled) for run in pair]
     dqn, ppo = "dqn", "ppo_continuous_action"
     td3, sac = "td3_continuous_action", "sac_continuous_action"
     return [
@@ -153,7 +169,7 @@ def learning_set(name):
     ]
 
 
-SETS = ("default", "atari", "pqn", "pqn_atari", "smoke")
+SETS = ("default", "atari", "pqn", "pqn_atari", "td3_plateau", "smoke")
 
 
 # Running
@@ -295,7 +311,7 @@ def rows(plan, records):
     """One row per (script, env, steps) of `plan`, in its order."""
     groups = {}
     for run in plan:
-        groups.setdefault((run.script, run.env_id, run.steps), []).append(run)
+        groups.setdefault((run.variant, run.env_id, run.steps), []).append(run)
     table = []
     for (script, env_id, steps), group in groups.items():
         done = [records[run.name] for run in group if run.name in records]
@@ -385,17 +401,20 @@ def short_markdown(table):
 def curves_figure(env_id, plan, records):
     """The return curves of every run on `env_id` against env steps, one color per algorithm."""
     figure, (ax,) = plots.panels(1, 8, 4.5)
-    scripts = list(dict.fromkeys(run.script for run in plan if run.env_id == env_id))
+    scripts = list(dict.fromkeys(run.variant for run in plan if run.env_id == env_id))
     colors = {algo: f"C{i}" for i, algo in enumerate(dict.fromkeys(map(algorithm, scripts)))}
     for script in scripts:
-        # the eager script dotted, a `_cpu` script beside a `_seeds` one dash-dotted
+        # the eager script dotted, a `_cpu` script beside a `_seeds` one dash-dotted, a script
+        # with flags of its own dashed
         algo = algorithm(script)
         dashed = script.endswith("_cpu") and f"{algo}_seeds" in scripts
-        style, color = ":" if script == algo else "-." if dashed else "-", colors[algo]
+        flagged = " " in script
+        style = ":" if script == algo else "-." if dashed else "--" if flagged else "-"
+        color = colors[algo]
         done = [
             records[run.name]
             for run in plan
-            if run.script == script and run.env_id == env_id and run.name in records
+            if run.variant == script and run.env_id == env_id and run.name in records
         ]
         curves = [m["curve"] for record in done for m in members(record["summary"]) if m["curve"]]
         for index, curve in enumerate(curves):

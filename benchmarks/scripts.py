@@ -7,6 +7,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import tempfile
+from contextlib import chdir
 from pathlib import Path
 
 import tyro
@@ -74,3 +76,28 @@ def export_scripts(names, directory):
         copy = export.export(source, modules, name, f"{name}.py")
         (Path(directory) / f"{name}.py").write_text(copy)
     return Path(directory)
+
+
+def run_learning_phase(module, args, *contexts):
+    """Run a script `module`'s own `main(args)` in a temporary folder (its runs/), with its learning
+    phase, from its sps clock's start (after the random steps and the burn-in) to its end, inside
+    the context managers `contexts`; returns the env steps of that phase."""
+    steps = {}
+
+    class Run(module.Run):
+        def start_clock(self, global_step):
+            super().start_clock(global_step)
+            steps["first"] = global_step
+            for context in contexts:
+                context.__enter__()
+
+        def finish(self, *args, **kwargs):
+            for context in reversed(contexts):
+                context.__exit__(None, None, None)
+            steps["phase"] = self.steps - steps["first"]
+            return super().finish(*args, **kwargs)
+
+    module.Run = Run
+    with tempfile.TemporaryDirectory() as folder, chdir(folder):
+        module.main(args)
+    return steps["phase"]

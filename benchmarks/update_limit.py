@@ -23,10 +23,8 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections import Counter
-from contextlib import chdir
 from pathlib import Path
 
 import torch
@@ -35,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import cli
-from benchmarks.scripts import load_script
+from benchmarks.scripts import load_script, run_learning_phase
 
 MATMULS = {
     torch.ops.aten.mm.default,
@@ -67,26 +65,6 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def counting_run(Run, recording):
-    """`Run`, whose learning phase, from `start_clock` to `finish`, runs under `recording`'s
-    modes, and which notes the env steps of that phase in it."""
-
-    class CountingRun(Run):
-        def start_clock(self, global_step):
-            super().start_clock(global_step)
-            recording["first_step"] = global_step
-            for mode in recording["modes"]:
-                mode.__enter__()
-
-        def finish(self, *args, **kwargs):
-            for mode in reversed(recording["modes"]):
-                mode.__exit__(None, None, None)
-            recording["steps"] = self.steps - recording.pop("first_step")
-            return super().finish(*args, **kwargs)
-
-    return CountingRun
-
-
 def record(script, flags):
     """Run `script` (a path) uncompiled on `flags`: its learning phase's FLOPs per env step and its
     matmuls' counts per env step, by op and layout."""
@@ -94,11 +72,7 @@ def record(script, flags):
     uncompiled = ["--no-compile", "--threads", "1", "--no-tensorboard"]
     args = tyro.cli(module.Args, args=[*flags, *uncompiled])
     flops, matmuls = FlopCounterMode(display=False), MatmulRecorder()
-    recording = dict(modes=[flops, matmuls])
-    module.Run = counting_run(module.Run, recording)
-    with tempfile.TemporaryDirectory() as folder, chdir(folder):  # its runs/ folder
-        module.main(args)
-    steps = recording["steps"]
+    steps = run_learning_phase(module, args, flops, matmuls)
     return flops.get_total_flops() / steps, {k: n / steps for k, n in matmuls.calls.items()}
 
 

@@ -188,6 +188,28 @@ def test_the_table_reads_one_seed_and_seeds_summaries_marks_pending_runs_and_com
     }
 
 
+def test_a_run_with_flags_of_its_own_has_its_own_folder_command_and_row(tmp_path):
+    compiled = learning.runs("td3_continuous_action_cpu", "Hopper-v4", 200_000, (1, 2))
+    uncompiled = learning.runs(
+        "td3_continuous_action_cpu", "Hopper-v4", 200_000, (1, 2), ("--no-compile",)
+    )
+    assert uncompiled[0].name == "td3_continuous_action_cpu_no-compile__Hopper-v4__200k__1"
+    assert uncompiled[0].command(Path("s"), 10)[-3:] == ["--eval-episodes", "10", "--no-compile"]
+    assert compiled[0].name == "td3_continuous_action_cpu__Hopper-v4__200k__1"
+    for run, final in zip([*compiled, *uncompiled], (300.0, 400.0, 900.0, 1100.0)):
+        write_record(tmp_path, run, one_seed(run.seed, final, None))
+    learning.report([*compiled, *uncompiled], tmp_path, "test")
+    rows = json.loads((tmp_path / "test.json").read_text())["table"]
+    means = {row["script"]: row["return_mean"] for row in rows}
+    assert means == {
+        "td3_continuous_action_cpu": 350.0,
+        "td3_continuous_action_cpu --no-compile": 1000.0,
+    }
+    plateau = learning.learning_set("td3_plateau")
+    assert [run.name for run in plateau[:2]] == [compiled[0].name, uncompiled[0].name]
+    assert len(plateau) == 20 and {run.steps for run in plateau} == {200_000}
+
+
 def test_thin_averages_consecutive_episodes_into_at_most_the_given_points():
     episodes = curve([float(i) for i in range(1200)], start_step=10)
     thinned = learning.thin(episodes, points=500)
