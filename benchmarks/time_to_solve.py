@@ -12,7 +12,8 @@ at a time.
 A variant is a script of leanrl/ and its flags, as one string; `--env-id`, `--seed` and
 `--run-name` are the benchmark's. With `--cleanrl DIR` (a CleanRL checkout, fe8d8a0), CleanRL's
 script of each variant's algorithm runs first in every round at its defaults, from the patched copy
-of benchmarks/studies/cleanrl.py.
+of benchmarks/studies/cleanrl.py, and again with each string of `--cleanrl-flags` (ours are compared
+with its defaults).
 
 Seconds count from the launch, taken just before the process starts, so that the interpreter, the
 imports and compilation count, to the wall-clock time at which the run logged the episode that
@@ -227,7 +228,7 @@ def rows(results, variants):
     cleanrl = {
         (by_label[r["variant"]]["algo"], r["cache"]): r["seconds_median"]
         for r in table_rows
-        if by_label[r["variant"]]["cleanrl"]
+        if by_label[r["variant"]].get("reference")
     }
     for r in table_rows:
         reference = cleanrl.get((by_label[r["variant"]]["algo"], r["cache"]))
@@ -275,15 +276,20 @@ def variant_of(text, scripts_dir, parser):
     return dict(label=text, command=command, algo=algorithm(words[0]), cleanrl=False)
 
 
-def cleanrl_variants(variants, checkout, copy):
-    """CleanRL's script of each algorithm among `variants` that it has, at its defaults."""
+def cleanrl_variants(variants, checkout, copy, flag_sets=()):
+    """CleanRL's script of each algorithm among `variants` that it has, at its defaults and then
+    with each string of flags of `flag_sets`; the first is the one ours are compared with."""
     found = []
     for algo in dict.fromkeys(v["algo"] for v in variants):
         if not (Path(checkout) / "cleanrl" / f"{algo}.py").is_file():
             note(f"CleanRL has no {algo}.py: no CleanRL row for it")
             continue
-        command = [sys.executable, str(Path(copy) / "cleanrl" / f"{algo}.py")]
-        found.append(dict(label=f"CleanRL {algo}.py", command=command, algo=algo, cleanrl=True))
+        script = [sys.executable, str(Path(copy) / "cleanrl" / f"{algo}.py")]
+        for flags in ["", *flag_sets]:
+            label = " ".join([f"CleanRL {algo}.py", flags]).strip()
+            command = [*script, *shlex.split(flags)]
+            found.append(dict(label=label, command=command, algo=algo, cleanrl=True))
+            found[-1]["reference"] = not flags
     return found
 
 
@@ -299,6 +305,8 @@ def parse_args(argv):
     add("--cache", nargs="+", choices=CACHES, default=["warm"], help="inductor's cache")
     add("--timeout", type=cli.positive_float, default=600, help="seconds a run may take")
     add("--cleanrl", type=Path, help="a CleanRL checkout: its script beside ours")
+    flags = "CleanRL's script again with these flags, one string a row (with --cleanrl)"
+    add("--cleanrl-flags", nargs="+", default=[], help=flags)
     add("--warm-dir", type=Path, help="the warm cache's folder, used as it is (default: a new one)")
     args = cli.parse(made, argv)
     if args.threshold is None:
@@ -307,6 +315,8 @@ def parse_args(argv):
         args.threshold = THRESHOLDS[args.env_id]
     if args.cleanrl and not (args.cleanrl / "cleanrl").is_dir():
         made.error(f"--cleanrl {args.cleanrl}: not a CleanRL checkout (no cleanrl/ folder)")
+    if args.cleanrl_flags and not args.cleanrl:
+        made.error("--cleanrl-flags: CleanRL's flags need --cleanrl")
     args.variants = [variant_of(text, args.scripts_dir, made) for text in args.variants]
     return args
 
@@ -324,7 +334,7 @@ def main(argv=None):
         variants = args.variants
         if args.cleanrl:
             settings["cleanrl_copy"] = work / "cleanrl"
-            cleanrl = cleanrl_variants(variants, args.cleanrl, work / "cleanrl")
+            cleanrl = cleanrl_variants(variants, args.cleanrl, work / "cleanrl", args.cleanrl_flags)
             cleanrl_copy(args.cleanrl, [v["algo"] for v in cleanrl], work / "cleanrl")
             variants = cleanrl + variants
         try:

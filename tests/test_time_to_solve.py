@@ -50,7 +50,8 @@ PATCHED = '''from torch.utils.tensorboard import SummaryWriter
 gym.vector.SyncVectorEnv(
 for info in infos["final_info"]:
 '''
-for k, r in enumerate([10, 20, 480, 490, 500]):
+returns = [480, 490, 500] if "--fast" in sys.argv else [10, 20, 480, 490, 500]
+for k, r in enumerate(returns):
     print(f"global_step={k * 4}, episodic_return=[{r}.]")
 print("SPS: 100")
 time.sleep(600)
@@ -128,10 +129,11 @@ def test_a_call_kills_runs_once_solved_counts_from_launch_and_keeps_unsolved_one
     unsolved = "fake --returns 10,20"
     flags = ["--threshold", "475", "--window", "2", "--seeds", "2", "--timeout", "60"]
     variants = ["--variants", solving, members, unsolved]
-    status, result, output = call(tmp_path, capsys, *flags, "--cleanrl", str(checkout), *variants)
+    cleanrl = ["--cleanrl", str(checkout), "--cleanrl-flags=--fast"]
+    status, result, output = call(tmp_path, capsys, *flags, *cleanrl, *variants)
     assert status == 0, output.err
     rows = {r["variant"]: r for r in result["rows"]}
-    assert list(rows) == ["CleanRL fake.py", solving, members, unsolved]
+    assert list(rows) == ["CleanRL fake.py", "CleanRL fake.py --fast", solving, members, unsolved]
     # fill runs aside, each variant ran once per seed, in turn
     assert {key: len(runs) for key, runs in result["runs"].items()} == {
         f"{v} (warm)": 2 for v in rows
@@ -157,6 +159,11 @@ def test_a_call_kills_runs_once_solved_counts_from_launch_and_keeps_unsolved_one
     assert rows[solving]["vs_cleanrl"] == pytest.approx(
         row["seconds_median"] / rows[solving]["seconds_median"]
     )
+    # with flags, CleanRL's script solves at step 4, and ours are still compared with its defaults
+    assert rows["CleanRL fake.py --fast"]["steps_median"] == 4
+    assert rows["CleanRL fake.py --fast"]["vs_cleanrl"] == pytest.approx(
+        row["seconds_median"] / rows["CleanRL fake.py --fast"]["seconds_median"]
+    )
     assert "| `fake --returns 10,20` | warm | 0% of 2 | n/a |" in output.out
 
 
@@ -175,6 +182,7 @@ def test_a_run_that_fails_fails_the_call(tmp_path, capsys):
         (["--variants", "pqn_cpu --seed 3"], ["--seed", "benchmark's"]),
         (["--variants", "pqn_cpu", "--cleanrl", "/nonexistent"], ["--cleanrl"]),
         (["--variants", "pqn_cpu", "--window", "0"], ["--window"]),
+        (["--variants", "pqn_cpu", "--cleanrl-flags=--fast"], ["--cleanrl-flags", "--cleanrl"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line(flags, words, capsys):
