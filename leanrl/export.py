@@ -258,7 +258,8 @@ def import_key(line):
 def export(script_source, modules, script_name, copy_name):
     """`script_source` (leanrl/`script_name`.py) as one file, `copy_name`: the definitions of
     `modules` (name -> source) it imports, and those they use, inlined (the ones its top level
-    needs before its own definitions, the rest after `main`), without docstrings and comments."""
+    needs before its own definitions, the rest after `main` in `reading_order`), with their
+    comments and without their docstrings."""
     defs, imports = module_definitions(modules)
     origin = {name: m for m, source in modules.items() for name in top_level(source)[0]}
     tree = ast.parse(script_source)
