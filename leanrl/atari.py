@@ -10,7 +10,8 @@ class AtariRun(Run):
     def __init__(self, args, script, free_flags=(), policy_flags=("env_id",)):
         super().__init__(args, script, free_flags, policy_flags)
         # envpool's seeds are below 2**31
-        self.env_seed = (args.seed + (self.saved["step"] if self.saved else 0)) % 2**31
+        resumed = self.last_checkpoint.step if self.last_checkpoint else 0
+        self.env_seed = (args.seed + resumed) % 2**31
 
     def check_video(self):
         __import__("gymnasium.utils.save_video")  # the writer, moviepy's

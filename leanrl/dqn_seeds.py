@@ -281,8 +281,15 @@ def main(args):
     check_memory(members, args.buffer_size * (2 * n_obs + 3) * 8, "replay buffers", device)
     videos = None if args.eval_model else run.videos
     # member k's envs are the k-th slice; the tensor envs on the device
-    tensor = dict(tensor=args.tensor_envs, device=device, compile=args.compile)
-    envs = make_envs(args.env_id, args.num_envs * members, args.seed, videos, **tensor)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs * members,
+        args.seed,
+        videos,
+        tensor=args.tensor_envs,
+        device=device,
+        compile=args.compile,
+    )
     learner = make_learner(args, n_obs, n_act, run.seeds, device)
     params = learner.params
 

@@ -3,20 +3,20 @@ modules beside it inlined, so that the copy imports nothing from the project:
 
     python leanrl/export.py leanrl/sac_continuous_action.py my_sac.py
 
-The copy holds the script's own lines in their order, then the definitions it imports and those
-they use (the ones its top level needs as it is imported come before its own). The inlined code
-is the modules' code without their docstrings and comments, which stay in the modules; the
-copy's docstring says what it is an export of, and its usage lines name the copy. A copy run with
-`--tensor-envs` needs tensor_envs.py, tensor_wrappers.py and mujoco_envs.py beside it, and says so
-in one line without. No run imports this file.
+The copy reads top down: the script's own lines in their order, then the definitions it imports in
+the order its code names them (`Run`, `make_envs`, ...), then the parts those use, level by level,
+each class after its base (the few its top level needs as it is imported, the flags its `Args`
+extends, come before its own). The inlined code keeps its comments, which explain the lines that
+are not obvious, and leaves its docstrings in the modules; the copy's docstring says what it is an
+export of, and its usage lines name the copy. A copy run with `--tensor-envs` needs tensor_envs.py,
+tensor_wrappers.py and mujoco_envs.py beside it, and says so in one line without. No run imports
+this file.
 """
 
 import ast
-import io
 import os
 import sys
 import textwrap
-import tokenize
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 # the modules a copy inlines, each after those it imports
@@ -82,6 +82,7 @@ def definition(node, lines, module_defs):
         names=names,
         attrs=attrs,
         methods=methods,
+        needs=sorted(definition_time_names(node) & set(module_defs)),
         open=any(not (isinstance(b, ast.Name) and b.id in module_defs) for b in bases),
     )
 
@@ -113,6 +114,21 @@ def import_time_names(tree):
         elif not isinstance(node, ast.Import | ast.ImportFrom | ast.If | ast.Expr):
             parts.append(node)
     return {n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)}
+
+
+def definition_time_names(node):
+    """The names a function or class uses as it is defined: its bases, decorators and defaults,
+    its class body's and its methods' (not what runs when it is called)."""
+    parts = node.decorator_list + getattr(node, "bases", []) + getattr(node, "keywords", [])
+    names = set()
+    if isinstance(node, ast.FunctionDef):
+        parts += [d for d in node.args.defaults + node.args.kw_defaults if d]
+    for n in node.body if isinstance(node, ast.ClassDef) else []:
+        if isinstance(n, ast.FunctionDef):
+            names |= definition_time_names(n)
+        else:
+            parts.append(n)
+    return names | {n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)}
 
 
 def closure(names, defs):
@@ -189,29 +205,45 @@ def pruned(name, d, methods):
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
-def bare(text):
-    """A definition's source without its docstrings and comments (a docstring that is a body's only
-    statement stays; a dataclass's field docstrings, its flags' help, stay)."""
+def without_docstrings(text, fields=False):
+    """A definition's source without its docstrings, which stay in the modules (one that is a
+    body's only statement stays), nor a dataclass's field docstrings unless `fields` (a flags
+    class's: its help, which tyro reads). Its comments stay: they explain what is not obvious."""
     lines = text.splitlines()
-    drop, cut = set(), {}
+    drop = set()
     for node in ast.walk(ast.parse(text)):
         if not isinstance(node, ast.FunctionDef | ast.ClassDef) or len(node.body) < 2:
             continue
-        first = node.body[0]
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-            if isinstance(first.value.value, str):
-                drop |= set(range(first.lineno - 1, first.end_lineno))
-                if not lines[first.end_lineno].strip():  # and the blank line after it
-                    drop.add(first.end_lineno)
-    for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type == tokenize.COMMENT:
-            row, col = token.start
-            if lines[row - 1][:col].strip():
-                cut[row - 1] = col
-            else:
-                drop.add(row - 1)
-    kept = [line[: cut[i]].rstrip() if i in cut else line for i, line in enumerate(lines)]
-    return "\n".join(line for i, line in enumerate(kept) if i not in drop)
+        fields_too = isinstance(node, ast.ClassDef) and not fields
+        for n in node.body if fields_too else node.body[:1]:
+            if isinstance(n, ast.Expr) and isinstance(getattr(n.value, "value", None), str):
+                drop |= set(range(n.lineno - 1, n.end_lineno))
+                if n is node.body[0] and not lines[n.end_lineno].strip():
+                    drop.add(n.end_lineno)  # and the blank line after a docstring
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def named_in_order(source):
+    """The names that `source` uses, in the order it first names them."""
+    found = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)]
+    return list(dict.fromkeys(n.id for n in sorted(found, key=lambda n: (n.lineno, n.col_offset))))
+
+
+def reading_order(first, texts, needs):
+    """The definitions of `texts` (name -> source) in the order a reader looks for them: those
+    named in `first` (the script's code), in the order it names them, then the ones those name,
+    level by level; each after those it `needs` (name -> names) as it is defined (its bases, its
+    defaults)."""
+    order, queue = [], [name for name in named_in_order(first) if name in texts]
+    while queue:
+        name = queue.pop(0)
+        before = [need for need in needs[name] if need in texts and need not in order]
+        if before:
+            queue[:0] = [*before, name]
+        elif name not in order:
+            order.append(name)
+            queue += [n for n in named_in_order(texts[name]) if n in texts and n not in order]
+    return order
 
 
 def import_key(line):
@@ -226,7 +258,8 @@ def import_key(line):
 def export(script_source, modules, script_name, copy_name):
     """`script_source` (leanrl/`script_name`.py) as one file, `copy_name`: the definitions of
     `modules` (name -> source) it imports, and those they use, inlined (the ones its top level
-    needs before its own definitions, the rest after `main`), without docstrings and comments."""
+    needs before its own definitions, the rest after `main` in `reading_order`), with their
+    comments and without their docstrings."""
     defs, imports = module_definitions(modules)
     origin = {name: m for m, source in modules.items() for name in top_level(source)[0]}
     tree = ast.parse(script_source)
@@ -252,11 +285,19 @@ def export(script_source, modules, script_name, copy_name):
     guard = next(n.lineno for n in tree.body if isinstance(n, ast.If))
     start = own_imports[0].lineno
     names = ", ".join(f"{m}.py" for m in modules if m in {origin[name] for name in needed})
-    title = textwrap.wrap(f"The run plumbing, from leanrl/: {names}", 98)
+    order = "what the script uses, in the order it names it, then what that uses"
+    title = textwrap.wrap(f"The run plumbing, from leanrl/ ({names}): {order}", 98)
     banner = f"# {'=' * 98}\n" + "\n".join(f"# {line}" for line in title)
     in_order = [name for name in defs if name in needed]
-    before = [bare(pruned(name, defs[name], methods)) for name in in_order if name in early]
-    after = [bare(pruned(name, defs[name], methods)) for name in in_order if name not in early]
+    texts = {
+        name: without_docstrings(pruned(name, defs[name], methods), fields=name in early)
+        for name in in_order
+    }
+    before = [texts[name] for name in in_order if name in early]
+    late = {name: text for name, text in texts.items() if name not in early}
+    needs = {name: defs[name]["needs"] for name in late}
+    named = "\n\n".join([script_source, *before])  # the script, and the flags its Args extends
+    after = [late[name] for name in reading_order(named, late, needs)]
     head = "\n".join(lines[: start - 1]).rstrip()
     parts = [
         head + "\n\n" + "\n\n".join("\n".join(section) for section in sections if section),

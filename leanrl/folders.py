@@ -11,14 +11,19 @@ import torch
 from flags import fail
 
 
-class RunFolder:
+def named_folder(args):
     """runs/<run_name>/ under the working folder, `run_name` being --run-name or
-    <env_id>__<exp_name>__<seed>__<unix time>. It is made when a run first writes to it, so that a
-    run refused before training leaves none."""
+    <env_id>__<exp_name>__<seed>__<unix time>."""
+    name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    return os.path.join("runs", (args.run_name or name).replace(":", "_"))
 
-    def __init__(self, args):
-        name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.dir = os.path.join("runs", (args.run_name or name).replace(":", "_"))
+
+class RunFolder:
+    """The run's folder, `dir`: `named_folder`'s, or that of the checkpoint a run resumes. It is
+    made when a run first writes to it, so that a run refused before training leaves none."""
+
+    def __init__(self, folder):
+        self.dir = folder
 
     def path(self, name):
         os.makedirs(self.dir, exist_ok=True)
@@ -31,6 +36,13 @@ class RunFolder:
         torch.save(obj, path + ".tmp")
         os.replace(path + ".tmp", path)
         return path
+
+    def save_model(self, script, log, model):
+        """`model`, the policy's tensors, with the series' flags (`log`'s) to <script>.pt, a
+        member's to <script>_<member>.pt; returns its path. It loads with `torch.load(path,
+        weights_only=True)`."""
+        name = f"{script}_{log.name}" if log.name else script
+        return self.save(dict(script=script, args=vars(log.flags), model=model), f"{name}.pt")
 
     def write_summary(self, summary, curves):
         """summary.json, atomically, its numbers that are not finite as strings; returns the SUMMARY
@@ -45,9 +57,10 @@ class RunFolder:
         return line | {"summary_file": os.path.abspath(path)}
 
 
-def load_model(path, script, args, policy_flags):
-    """The model of --eval-model `path`, saved by a script of this algorithm with the same
-    `policy_flags` (what the policy acts on)."""
+def load_model(args, script, policy_flags):
+    """The model of --eval-model, saved by a script of this algorithm with the same `policy_flags`
+    (what the policy acts on)."""
+    path = args.eval_model
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         saved_by, trained = saved["script"], dict(saved["args"])

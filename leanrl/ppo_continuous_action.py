@@ -220,8 +220,15 @@ def main(args):
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    tensor = dict(tensor=args.tensor_envs, device=device)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrappers, **tensor)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        args.seed,
+        videos,
+        wrap=wrappers,
+        tensor=args.tensor_envs,  # the tensor envs, on the device
+        device=device,
+    )
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box):
         fail(f"--env-id {args.env_id!r} has a {space} action space; PPO needs a Box")

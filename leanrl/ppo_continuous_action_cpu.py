@@ -309,8 +309,15 @@ def main(args):
     run = Run(args, "ppo_continuous_action_cpu")  # runs.py: folder, seeds, ...
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
-    tensor = dict(tensor=args.tensor_envs, compile=args.compile)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrappers, **tensor)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        args.seed,
+        videos,
+        wrap=wrappers,
+        tensor=args.tensor_envs,  # the tensor envs, their step compiled with --compile
+        compile=args.compile,
+    )
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box):
         fail(f"--env-id {args.env_id!r} has a {space} action space; PPO needs a Box")

@@ -285,8 +285,15 @@ def main(args):
     videos = None if args.eval_model else run.videos
     wrappers = functools.partial(wrap, gamma=args.gamma)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    tensor = dict(tensor=args.tensor_envs, device=device)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrappers, **tensor)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        args.seed,
+        videos,
+        wrap=wrappers,
+        tensor=args.tensor_envs,  # the tensor envs, on the device
+        device=device,
+    )
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box):
         fail(f"--env-id {args.env_id!r} has a {space} action space; PPO needs a Box")
@@ -313,6 +320,8 @@ def main(args):
     rollout["actions"] = torch.zeros(args.num_steps, args.num_envs, n_act, device=device)
     episode_log = EpisodeLog(args.num_steps, args.num_envs, device)  # the tensor envs' episodes
     policy, get_value, update = learner.policy, learner.get_value, learner.update
+    # with the tensor envs one function acts, steps and stores; it is compiled whole, so it holds
+    # the policy and the critic as they are here, before they are wrapped on their own below
     rollout_step = make_rollout_step(envs, policy, get_value, rollout, episode_log)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
 
@@ -359,8 +368,9 @@ def main(args):
             with torch.no_grad():
                 for step in steps:
                     next_obs = rollout_step(next_obs, step)
+            # in one host sync, each step's episodes at the env steps after it, as below
             episode_log.log(run, global_step + args.num_envs, args.num_envs, args.num_steps)
-            global_step += batch_size
+            global_step += batch_size  # the rollout's env steps, as the loop below counts them
         else:
             for step in range(args.num_steps):
                 global_step += args.num_envs

@@ -259,8 +259,15 @@ def main(args):
     videos = None if args.eval_model else run.videos
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     wrap = observation_wrap(args.obs_indices)
-    tensor = dict(tensor=args.tensor_envs, device=device)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, wrap=wrap, **tensor)
+    envs = make_envs(
+        args.env_id,
+        args.num_envs,
+        args.seed,
+        videos,
+        wrap=wrap,
+        tensor=args.tensor_envs,
+        device=device,
+    )
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         space = type(envs.single_action_space).__name__
         fail(f"--env-id {args.env_id!r} has a {space} action space; this PPO needs a Discrete one")

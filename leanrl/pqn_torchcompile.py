@@ -246,6 +246,8 @@ def main(args):
         )
         rollout["episode_returns"] = torch.zeros(args.num_steps, args.num_envs, device=device)
         rollout["episode_lengths"] = torch.zeros_like(rollout["actions"])
+    # with the tensor envs one function acts, steps and stores; it is compiled whole, so it holds
+    # the policy and the values as they are here, before they are wrapped on their own below
     rollout_step = make_rollout_step(envs, learner.policy, learner.get_value, rollout)
     rollout = TensorDict(rollout, batch_size=[args.num_steps, args.num_envs], device=device)
 
@@ -296,9 +298,10 @@ def main(args):
             with torch.no_grad():
                 for step in steps:
                     next_obs = rollout_step(next_obs, step)
+            # in one host sync, each step's episodes at the env steps after it, as below
             episodes = rollout["ended"], rollout["episode_returns"], rollout["episode_lengths"]
-            log_ended(run, *episodes, global_step + args.num_envs, args.num_envs)  # a host sync
-            global_step += args.num_steps * args.num_envs
+            log_ended(run, *episodes, global_step + args.num_envs, args.num_envs)
+            global_step += batch_size  # the rollout's env steps, as the loop below counts them
         else:
             for step in range(args.num_steps):
                 global_step += args.num_envs

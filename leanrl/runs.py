@@ -21,10 +21,10 @@ project.
     python leanrl/export.py leanrl/sac_continuous_action.py my_sac.py
 """
 
+import dataclasses
 import gc
 import json
 import os
-import random
 import sys
 import time
 
@@ -33,15 +33,17 @@ import numpy as np
 import torch
 import tqdm
 from checkpoints import (
+    Checkpoint,
     OneProcess,
     generators,
     read_checkpoint,
     restore,
+    seed_generators,
     set_generators,
     state_of,
 )
 from flags import check_flags, fail
-from folders import RunFolder, load_model
+from folders import RunFolder, load_model, named_folder
 from logs import Log
 from signals import Signals
 
@@ -61,25 +63,26 @@ class Run:
     FREE_FLAGS += ("checkpoint_minutes", "resume", "run_name", "threads", "tensorboard")
 
     def __init__(self, args, script, free_flags=(), policy_flags=("env_id",), processes=None):
-        self.args, self.script = args, script
+        self.script = script
+        # a copy: the caller's args stay as given
+        self.args = dataclasses.replace(args, exp_name=args.exp_name or script)
         self.processes = processes or OneProcess()
         self.main = self.processes.rank == 0  # the process that keeps the folder and the messages
-        check_flags(self.processes.first_flags(args))
-        args.exp_name = args.exp_name or script
-        model = args.eval_model and load_model(args.eval_model, script, args, policy_flags)
-        self.saved_model = model  # --eval-model's
-        self.folder, free_flags = RunFolder(args), self.FREE_FLAGS + free_flags
-        # the checkpoint of a resumed run (its folder becomes the run's), None in a fresh run
-        self.saved = read_checkpoint(args, script, self.folder, free_flags, self.processes)
+        check_flags(self.processes.first_flags(self.args))
+        # --eval-model's policy, which the run plays instead of training (None without it)
+        self.saved_model = load_model(args, script, policy_flags) if args.eval_model else None
+        free = self.FREE_FLAGS + free_flags
+        named = named_folder(self.args)
+        # the checkpoint a resumed run continues (None in a fresh run), and the folder it lives in
+        checkpoint, folder = read_checkpoint(self.args, script, named, free, self.processes)
+        self.last_checkpoint = checkpoint
+        self.folder = RunFolder(folder)
         self.videos = self.video_folder() if args.capture_video and self.main else None
         self.wandb = self.start_wandb() if args.track and self.main else None
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
+        seed_generators(args.seed, args.torch_deterministic)
         # the thread choice, where the flags leave it to the run (threads.py's ThreadFlags)
         self.threads = args.start_threads() if hasattr(args, "start_threads") else None
-        self.logs = [Log(args, quiet=not self.main)]  # one series; a seeds run's: one per member
+        self.logs = [Log(self.args, quiet=not self.main)]  # one series; a seeds run's: one each
         self.signals = Signals()
         self.start_time, self.measure_start, self.measure_step = time.time(), None, 0
         self.steps, self.resumes, self.last_iteration, self.pbar = 0, [], None, None
@@ -90,9 +93,8 @@ class Run:
         the same one."""
         args, wandb = self.args, __import__("wandb")  # only with --track
         run = dict(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args))
-        run |= dict(
-            name=os.path.basename(self.folder.dir), id=self.saved and self.saved["wandb_id"]
-        )
+        resumed = self.last_checkpoint and self.last_checkpoint.wandb_id
+        run |= dict(name=os.path.basename(self.folder.dir), id=resumed)
         wandb.init(**run, resume="allow", sync_tensorboard=True)
         return wandb
 
@@ -107,8 +109,8 @@ class Run:
             self.check_video()
         except Exception as e:
             fail(f"--capture-video: {self.args.env_id} cannot record video here ({e!r})")
-        videos = os.path.join(self.folder.dir, "videos")
-        return os.path.join(videos, f"resumed-{self.saved['step']}") if self.saved else videos
+        videos, checkpoint = os.path.join(self.folder.dir, "videos"), self.last_checkpoint
+        return os.path.join(videos, f"resumed-{checkpoint.step}") if checkpoint else videos
 
     def check_video(self):
         """Raises if the env cannot draw a frame here."""
@@ -125,19 +127,21 @@ class Run:
     def resume(self, state):
         """Copy the checkpoint's training state into `state` (in place), and its counters, curves
         and generators into the run; returns the iteration to start from (0 in a fresh run)."""
-        saved, self.saved = self.saved, None  # the buffer once
-        if saved is None:
+        checkpoint, self.last_checkpoint = self.last_checkpoint, None  # the buffer once
+        if checkpoint is None:
             return 0
-        own_generators, envs = saved["ranks"][self.processes.rank]
-        restored = restore(state, saved["state"] | dict(envs=envs), self.args.seed + saved["step"])
+        own_generators, envs = checkpoint.ranks[self.processes.rank]
+        restore(state, checkpoint.state | dict(envs=envs), self.args.seed + checkpoint.step)
         set_generators(own_generators)
-        for k, log in enumerate(self.logs):
-            log.curve, log.diverged = saved["curves"][k], saved["diverged"][k]
-            log.returns.extend(saved["returns"][k])
-        self.steps, self.start_time = saved["step"], time.time() - saved["wall_s"]
-        self.resumes = saved["resumes"] + [dict(step=self.steps, fresh_episodes=not restored)]
+        series = zip(self.logs, checkpoint.curves, checkpoint.diverged, checkpoint.returns)
+        for log, curve, diverged, returns in series:
+            log.curve, log.diverged = curve, diverged
+            log.returns.extend(returns)
+        self.steps, self.start_time = checkpoint.step, time.time() - checkpoint.wall_s
+        fresh_episodes = envs is None or envs[0] is None  # envs that could not be saved
+        self.resumes = checkpoint.resumes + [dict(step=self.steps, fresh_episodes=fresh_episodes)]
         self.start_clock(self.steps)
-        return saved["iteration"]
+        return checkpoint.iteration
 
     def progress(self, iterations):
         """`iterations` (a range) under a progress bar; the last one ends the run. Training starts:
@@ -163,16 +167,26 @@ class Run:
             return
         self.next_checkpoint = now + 60 * (self.args.checkpoint_minutes or float("inf"))
         state = state_of(state())
-        ranks = self.processes.gather((generators(), state.pop("envs", None)))
-        if self.main:
-            args = vars(self.processes.first_flags(self.args))
-            saved = dict(script=self.script, args=args, iteration=iteration + 1, step=steps)
-            saved |= dict(final=final, wall_s=now - self.start_time, resumes=self.resumes)
-            saved |= dict(wandb_id=self.wandb and self.wandb.run.id, ranks=ranks, state=state)
-            saved |= dict(curves=[log.curve for log in self.logs])
-            saved |= dict(returns=[list(log.returns) for log in self.logs])
-            saved |= dict(diverged=[log.diverged for log in self.logs])
-            self.folder.save(saved, "checkpoint.pt")
+        envs = state.pop("envs", None)  # each process's own
+        ranks = self.processes.gather((generators(), envs))
+        if not self.main:
+            return
+        checkpoint = Checkpoint(
+            script=self.script,
+            args=vars(self.processes.first_flags(self.args)),
+            iteration=iteration + 1,
+            step=steps,
+            final=final,
+            wall_s=now - self.start_time,
+            resumes=self.resumes,
+            wandb_id=self.wandb and self.wandb.run.id,
+            state=state,
+            ranks=ranks,
+            curves=[log.curve for log in self.logs],
+            returns=[list(log.returns) for log in self.logs],
+            diverged=[log.diverged for log in self.logs],
+        )
+        self.folder.save(vars(checkpoint), "checkpoint.pt")
 
     def start_clock(self, global_step):
         """sps counts from here: compile and warm-up are behind. Where threads are the run's to
@@ -211,26 +225,53 @@ class Run:
             line = f"sps {sps or 0:5.0f} | return {np.mean(means) if means else np.nan:8.1f}"
             self.pbar.set_description(line, refresh=False)
 
-    def finish(self, device, model, evaluate, **extra):
+    def finish(self, device, model, evaluate, results=None, report=None, **extra):
         """Save `model` (--save-model), write summary.json, play --eval-episodes with
-        `evaluate(episodes, videos)`, print the SUMMARY line. A diverged run saves and plays
-        nothing and exits 3; a stopped one exits as a shell reports a signal (130 or 143)."""
-        args, log, summary = self.args, self.logs[0], self.summary(device)
-        log.check_end(self.steps, model)
-        model_file = None
-        if args.save_model and not log.diverged:  # torch.load(model_file, weights_only=True)
-            saved = dict(script=self.script, args=vars(args), model=model)
-            model_file = self.folder.save(saved, f"{self.script}.pt")
-        summary |= dict(episodes=len(log.curve), return_mean=log.return_mean())
-        summary |= dict(model_file=model_file, eval_returns=[], eval_return_mean=None)
-        summary |= dict(diverged=log.diverged, **extra)  # a script's own fields may override
-        if args.eval_episodes and not log.diverged:
-            self.folder.write_summary(summary, dict(curve=log.curve))  # kept if a signal kills
-            returns = evaluate(args.eval_episodes, self.videos)
-            for episode, episodic_return in enumerate(returns):
-                log.add(episode, {"eval/episodic_return": episodic_return})
-            summary |= dict(eval_returns=returns, eval_return_mean=float(np.mean(returns)))
-        self.end(summary, dict(curve=log.curve), 3 if log.diverged else 0)
+        `evaluate(episodes, videos)`, print the SUMMARY line with the script's `extra` fields. A
+        diverged series (the run, or a member) saves and plays nothing; a run whose every series
+        diverged exits 3; a stopped one, once evaluated, as a shell reports a signal (130, 143).
+        A seeds run (seeds.py) gives its members' as lists and its own `results(files, returns)`,
+        the fields of their model files and evaluation returns ([] before; `run_results` by
+        default), and `report(summary)`, what it prints before the SUMMARY (a sweep's table)."""
+        members = isinstance(model, list)
+        models, evaluates = (model, evaluate) if members else ([model], [evaluate])
+        results, logs = results or self.run_results, self.logs
+        summary = self.summary(device)
+        for log, policy in zip(logs, models):
+            log.check_end(self.steps, policy)
+        saved = [self.args.save_model and not log.diverged for log in logs]
+        files = [
+            self.folder.save_model(self.script, log, policy) if save else None
+            for log, policy, save in zip(logs, models, saved)
+        ]
+        summary |= results(files, []) | extra  # a script's own fields may override
+        curves = dict(curves=[log.curve for log in logs]) if members else dict(curve=logs[0].curve)
+        if self.args.eval_episodes:
+            self.folder.write_summary(summary, curves)  # kept if a second signal kills the run
+            played = [self.play(log, evaluate) for log, evaluate in zip(logs, evaluates)]
+            summary |= results(files, played) | extra
+        if report:
+            report(summary)
+        self.end(summary, curves, 0 if any(not log.diverged for log in logs) else 3)
+
+    def play(self, log, evaluate):
+        """The returns of `evaluate(episodes, videos)` for series `log` (None where it diverged),
+        logged as `eval/episodic_return`; a member's videos go to a folder of its own."""
+        if log.diverged:
+            return None
+        videos = os.path.join(self.videos, log.name) if self.videos and log.name else self.videos
+        returns = evaluate(self.args.eval_episodes, videos)
+        for episode, episodic_return in enumerate(returns):
+            log.add(episode, {"eval/episodic_return": episodic_return})
+        return returns
+
+    def run_results(self, files, returns):
+        """A single run's fields of its model file and evaluation `returns` (one list, or none)."""
+        log, played = self.logs[0], returns[0] if returns else None
+        summary = dict(episodes=len(log.curve), return_mean=log.return_mean(), model_file=files[0])
+        mean = float(np.mean(played)) if played else None
+        summary |= dict(eval_returns=played or [], eval_return_mean=mean)
+        return summary | dict(diverged=log.diverged)
 
     def summary(self, device):
         """The SUMMARY's fields that every script has."""

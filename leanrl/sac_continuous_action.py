@@ -243,6 +243,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     )
 
 
+# the losses are logged every LOG_EVERY vector steps, with one host sync
+LOG_EVERY = 100
+
+
 def main(args):
     check_args(args)
     run = Run(args, "sac_continuous_action")  # runs.py: folder, seeds, signals, ...
@@ -299,8 +303,8 @@ def main(args):
             actions = envs.action_space.sample()
         else:
             with torch.no_grad():
-                actions = learner.policy(torch.as_tensor(obs, device=device, dtype=torch.float))[0]
-            actions = actions.cpu().numpy()
+                observed = torch.as_tensor(obs, device=device, dtype=torch.float)
+                actions = learner.policy(observed)[0].cpu().numpy()
 
         # step the envs
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
@@ -325,7 +329,7 @@ def main(args):
                     learner.update_targets()
 
             # log
-            if iteration % 100 == 0:
+            if iteration % LOG_EVERY == 0:
                 losses = critic_stats | dict(actor_loss=actor_loss, alpha_loss=alpha_loss)
                 run.log_progress(global_step, losses | dict(alpha=learner.alpha))
 

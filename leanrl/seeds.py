@@ -4,6 +4,7 @@ slice of its rows. A sweep: the flags a member may have of its own (a field whos
 tuple) given several values make a grid of settings, each trained by `--num-seeds` members."""
 
 import dataclasses
+import functools
 import itertools
 import os
 import sys
@@ -198,56 +199,43 @@ class SeedsRun(Run):
         self.show(global_step, [metrics | {k: v[m] for k, v in values.items()} for m in members])
 
     def finish(self, device, models, evaluate):
-        """Save each member's model (--save-model), write summary.json, play --eval-episodes per
-        member with `evaluate(member, episodes, videos)`, print a sweep's table (and plot it), print
-        the SUMMARY line. A diverged member has no model file, evaluation or return mean; a run
-        whose every member diverged exits 3, a stopped one evaluates nothing and exits as a shell
-        reports a signal (130 or 143)."""
-        args, seeds = self.args, self.seeds
-        summary = self.summary(device)
-        for log, model in zip(self.logs, models):
-            log.check_end(self.steps, model)
-        kept = [not log.diverged for log in self.logs]
-        model_files = [None] * len(seeds)
-        for member, (log, model) in enumerate(zip(self.logs, models)):
-            if args.save_model and kept[member]:  # torch.load(model_file, weights_only=True)
-                saved = dict(script=self.script, args=vars(log.flags), model=model)
-                model_files[member] = self.folder.save(saved, f"{self.script}_{log.name}.pt")
-        means = [log.return_mean() if ok else None for log, ok in zip(self.logs, kept)]
-        kept_means = [m for m, ok in zip(means, kept) if ok]
-        return_mean = float(np.mean(kept_means)) if kept_means and None not in kept_means else None
+        """`Run.finish` of the members: member k's model `models[k]`, played by `evaluate(k,
+        episodes, videos)`, its own file, evaluation and results in the summary, beside each
+        setting's; a sweep prints its table (and plots it). A diverged member has no model file,
+        evaluation or return mean."""
+        evaluates = [functools.partial(evaluate, k) for k in range(len(models))]
+        report = self.report_sweep if len(self.settings) > 1 else None
+        super().finish(device, models, evaluates, self.member_results, report)
+
+    def member_results(self, files, returns):
+        """The members' fields of their model `files` and evaluation `returns` (a list per member,
+        None where one diverged; [] before evaluating), their flags and each setting's results."""
+        args, seeds, logs = self.args, self.seeds, self.logs
+        means = [None if log.diverged else log.return_mean() for log in logs]
+        kept = [mean for mean, log in zip(means, logs) if not log.diverged]
+        return_mean = float(np.mean(kept)) if kept and None not in kept else None
+        eval_means = [None if r is None else float(np.mean(r)) for r in returns]
+        played = [mean for mean in eval_means if mean is not None]
         swept = sweep_flags(args)
-        summary |= dict(
-            episodes=sum(len(log.curve) for log in self.logs),
+        return dict(
+            episodes=sum(len(log.curve) for log in logs),
             return_mean=return_mean,
-            model_file=next(filter(None, model_files), None),
-            eval_returns=[],
-            eval_return_mean=None,
+            model_file=next(filter(None, files), None),
+            eval_returns=returns,
+            eval_return_mean=float(np.mean(played)) if played else None,
             num_seeds=args.num_seeds,
             seeds=seeds,
             return_means=means,
             hyperparameters=[{k: getattr(s, k) for k in swept} for s in self.member_settings],
             settings=self.setting_rows(means),
-            model_files=model_files if args.save_model else [],
+            model_files=files if args.save_model else [],
             diverged=[
                 log.diverged | dict(seed=seeds[k], member=k)
-                for k, log in enumerate(self.logs)
+                for k, log in enumerate(logs)
                 if log.diverged
             ],
-            eval_return_means=[],
+            eval_return_means=eval_means,
         )
-        curves = dict(curves=[log.curve for log in self.logs])
-        if args.eval_episodes and not self.signals.stop:
-            self.folder.write_summary(summary, curves)  # kept if a second signal kills it
-            videos = [self.videos and f"{self.videos}/{label}" for label in self.labels]
-            episodes, members = args.eval_episodes, range(len(seeds))
-            returns = [evaluate(k, episodes, videos[k]) if kept[k] else None for k in members]
-            means = [None if r is None else float(np.mean(r)) for r in returns]
-            mean = float(np.mean([m for m in means if m is not None])) if any(kept) else None
-            summary |= dict(eval_returns=returns, eval_return_means=means, eval_return_mean=mean)
-        if len(self.settings) > 1:
-            self.report_sweep(summary["settings"])
-        self.end(summary, curves, 0 if any(kept) else 3)
 
     def swept_flags(self):
         """The flags given several values."""
@@ -272,10 +260,10 @@ class SeedsRun(Run):
             )
         return rows
 
-    def report_sweep(self, rows):
-        """The settings, best first, as a table printed and written to sweep.md, and the final
-        returns against each flag swept in sweep.png (where matplotlib is installed)."""
-        flags = self.swept_flags()
+    def report_sweep(self, summary):
+        """The summary's settings, best first, as a table printed and written to sweep.md, and the
+        final returns against each flag swept in sweep.png (where matplotlib is installed)."""
+        rows, flags = summary["settings"], self.swept_flags()
         # the best first, settings whose every member diverged last
         ranked = sorted(rows, key=lambda r: (r["return_mean"] is None, -(r["return_mean"] or 0)))
         lines = [f"| {' | '.join(flags)} | return mean | std | min | max | members |"]

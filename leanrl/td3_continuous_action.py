@@ -213,6 +213,10 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     )
 
 
+# the losses are logged every LOG_EVERY vector steps, with one host sync
+LOG_EVERY = 100
+
+
 def main(args):
     check_args(args)
     run = Run(args, "td3_continuous_action")  # runs.py: folder, seeds, signals, ...
@@ -289,7 +293,7 @@ def main(args):
                     learner.update_targets()
 
             # log
-            if iteration % 100 == 0:
+            if iteration % LOG_EVERY == 0:
                 run.log_progress(global_step, critic_stats | dict(actor_loss=actor_loss))
 
         # the env steps so far; a checkpoint when due, on a signal, at the end

@@ -271,14 +271,20 @@ def make_learner(args, n_obs, n_act, action_low, action_high, device):
     )
 
 
+# the losses are logged every LOG_EVERY vector steps, with one host sync (with --tensor-envs, the
+# episodes too: they wait on the device until then)
+LOG_EVERY = 100
+
+
 def main(args):
     check_args(args)
     run = Run(args, "td3_continuous_action_torchcompile")  # runs.py: folder, seeds, signals, ...
     videos = None if args.eval_model else run.videos
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # the tensor envs on the device: acting, stepping and storing stay there
-    tensor = dict(tensor=args.tensor_envs, device=device)
-    envs = make_envs(args.env_id, args.num_envs, args.seed, videos, **tensor)
+    envs = make_envs(
+        args.env_id, args.num_envs, args.seed, videos, tensor=args.tensor_envs, device=device
+    )
     space = envs.single_action_space
     if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
         fail(f"--env-id {args.env_id!r} has a {space} action space; TD3 needs a bounded Box")
@@ -296,11 +302,16 @@ def main(args):
         return run.finish(device, actor.state_dict(), evaluate_actor)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
-    if args.tensor_envs:  # the episodes stay on the device for 100 steps, then reach the run
-        episode_log = EpisodeLog(100, args.num_envs, device)
-        rows = torch.arange(100, device=device).split(1)
-        explore_step = make_rollout_step(envs, learner.random_policy, rb, episode_log)
+    if args.tensor_envs:
+        # a row of episodes a vector step, on the device until the next log
+        episode_log = EpisodeLog(LOG_EVERY, args.num_envs, device)
+        log_rows = torch.arange(LOG_EVERY, device=device).split(1)  # each row's index, a tensor
+        # one function acts, steps the envs and stores; it is compiled whole, so it holds the
+        # policy as it is here, before the host loop's is wrapped below
         rollout_step = make_rollout_step(envs, learner.policy, rb, episode_log)
+        # the random actions before learning starts run eagerly: at many envs that phase lasts a
+        # few vector steps (one compile, not two)
+        explore_step = make_rollout_step(envs, learner.random_policy, rb, episode_log)
 
     if args.compile:
         learner.policy = torch.compile(learner.policy)
@@ -342,12 +353,13 @@ def main(args):
             run.start_clock(global_step)  # sps counts from here, after compile and warm-up
 
         # act, step the envs, store
-        if args.tensor_envs:  # on the device, in one call; the episodes read every 100 steps
-            step = explore_step if iteration < learning_starts else rollout_step
-            row = iteration % 100
+        if args.tensor_envs:  # on the device, in one call
+            vector_step = explore_step if iteration < learning_starts else rollout_step
+            row = iteration % LOG_EVERY  # the episode log's row for this vector step
             with torch.no_grad():
-                obs = step(obs, rows[row])
-            if row == 99 or iteration == num_iterations - 1 or run.stopped:
+                obs = vector_step(obs, log_rows[row])
+            if row == LOG_EVERY - 1 or iteration == num_iterations - 1 or run.stopped:
+                # the rows since the last log, in one host sync: row 0 at this log's first step
                 episode_log.log(run, global_step - row * args.num_envs, args.num_envs, row + 1)
         else:
             if iteration < learning_starts:
@@ -378,7 +390,7 @@ def main(args):
                     learner.update_targets()
 
             # log
-            if iteration % 100 == 0:
+            if iteration % LOG_EVERY == 0:
                 run.log_progress(global_step, critic_stats | dict(actor_loss=actor_loss))
 
         # the env steps so far; a checkpoint when due, on a signal, at the end

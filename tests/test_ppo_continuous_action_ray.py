@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import pytest
@@ -437,6 +438,29 @@ def test_benchmark_tiny_budget(ray_head, tmp_path):
 )
 def test_bad_input_exits_2(flags, words, refused):
     refused(SCRIPT, flags, words)
+
+
+def test_a_silent_runner_ends_the_run_in_one_line_naming_it_and_the_timeout():
+    """`gather` waits --ray-timeout for each runner's fragment; past it the run ends with exit
+    status 1 (a `sys.exit` with the line) and one line that names the runner and the flag, the
+    contract for a timeout, which valid flags meet on a machine too busy to answer in time."""
+    import ray
+
+    module = load_script(SCRIPT)
+    waited = []
+
+    def get(call, timeout):
+        waited.append((call, timeout))
+        if call == "second":
+            raise ray.exceptions.GetTimeoutError()
+        return call
+
+    fake = types.SimpleNamespace(get=get, exceptions=ray.exceptions)
+    args = module.Args(ray_timeout=30.5)
+    with pytest.raises(SystemExit) as stop:
+        module.gather(fake, [None, None], ["first", "second"], None, args)
+    assert stop.value.code == "error: runner 1 sent nothing in --ray-timeout 30.5 s"
+    assert waited == [("first", 30.5), ("second", 30.5)]
 
 
 @pytest.mark.slow  # waits out Ray's connection attempt (9 s here)

@@ -3,6 +3,7 @@ went through ends, bit for bit on the CPU where the envs can be saved; and the f
 foreign or mismatched checkpoint exits 2 in one line, a finished run is not run again."""
 
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -336,6 +337,43 @@ def test_bad_checkpoints_exit_2_in_one_line(train, capsys, tmp_path):
     assert checkpoint("runs/a")["step"] == 300
 
 
+def test_a_checkpoint_gives_back_every_field_and_refuses_an_older_format(make_run, capsys):
+    """`Run.checkpoint` writes every field of `checkpoints.Checkpoint` (with its format) and no
+    other; a run that resumes it reads each one back as the first run had it and restores the
+    state in place; a checkpoint of the format before (it had no number: 1) exits 2 in one line."""
+    checkpoints = load_script("checkpoints")
+    flags = dict(run_name="a", tensorboard=False, total_timesteps=500)
+    run = make_run("sac_continuous_action", **flags)
+    run.progress(range(3))
+    run.log_episodes(5, [1.5])
+    run.signals.received = signal.SIGTERM  # a checkpoint now, before the last iteration
+    run.checkpoint(0, lambda: dict(learner=dict(w=torch.arange(3.0))), 7)
+    written = checkpoint("runs/a")
+    fields = [field.name for field in dataclasses.fields(checkpoints.Checkpoint)]
+    assert sorted(written) == sorted(fields)
+    assert written["version"] == checkpoints.Checkpoint.FORMAT == 2
+    resumed = make_run("sac_continuous_action", resume="auto", **flags)
+    read = resumed.last_checkpoint
+    assert_same_state(vars(read), written)
+    expected = dict(script="sac_continuous_action", args=vars(run.args), iteration=1, step=7)
+    expected |= dict(final=False, resumes=[], wandb_id=None, returns=[[1.5]], diverged=[None])
+    assert {key: getattr(read, key) for key in expected} == expected
+    assert [[(step, r) for step, _, r in curve] for curve in read.curves] == [[(5, 1.5)]]
+    assert read.ranks[0][1] is None and len(read.ranks) == 1  # no envs named
+    assert resumed.folder.dir == os.path.abspath("runs/a") and read.wall_s >= 0
+    state = dict(learner=dict(w=torch.zeros(3)))
+    assert resumed.resume(state) == 1 and resumed.steps == 7
+    assert torch.equal(state["learner"]["w"], torch.arange(3.0))
+    assert resumed.resumes == [dict(step=7, fresh_episodes=True)]
+    older = {key: value for key, value in written.items() if key != "version"}
+    torch.save(older, "older.pt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        make_run("sac_continuous_action", resume="older.pt", total_timesteps=500)
+    assert stop.value.code == 2
+    assert_one_error_line(capsys, "--resume older.pt is a checkpoint of format 1", "read 2")
+
+
 def test_the_slurm_batch_script_checkpoints_requeues_and_continues(tmp_path):
     """docs/slurm/train.sbatch as Slurm would run it, without Slurm: signalled as `--signal=B:TERM`
     does, it checkpoints, exits 0 and asks `scontrol` (a stand-in) to requeue the job; started
@@ -424,11 +462,11 @@ def test_fresh_episodes_start_with_a_zero_recurrent_state():
     envs = module.make_envs("CartPole-v1", 2, 1, wrap=module.observation_wrap((0, 2)))
     carried = (envs, torch.ones(2, 2), torch.ones(2), torch.ones(2, 128), torch.ones(2, 128))
     saved = (None, *(x.clone() for x in carried[1:]))
-    restored = load_script("checkpoints").restore(carried, saved, seed=7)
+    load_script("checkpoints").restore(carried, saved, seed=7)
     expected = module.make_envs("CartPole-v1", 2, 1, wrap=module.observation_wrap((0, 2)))
     expected = expected.reset(seed=7)[0]
     assert torch.equal(carried[1], torch.as_tensor(expected, dtype=torch.float))
-    assert all(not x.any() for x in carried[2:]) and restored is False
+    assert all(not x.any() for x in carried[2:])
 
 
 def test_a_resumed_atari_run_gets_its_learner_back_and_fresh_games(train, tmp_path, monkeypatch):

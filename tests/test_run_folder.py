@@ -131,6 +131,19 @@ def test_videos_of_training_and_of_every_evaluation_episode(script, env_id, flag
     assert all(size > 1000 for size in sizes.values()), sizes
 
 
+def test_a_run_leaves_the_callers_flags_as_given(tmp_path, monkeypatch):
+    """`Run` fills in --exp-name (the script's name) and names its folder on a copy of the flags:
+    the `args` its caller holds stay as parsed."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    args = load_script("dqn").Args(seed=3)
+    given = dict(vars(args))
+    run = load_script("runs").Run(args, "dqn")
+    assert vars(args) == given and args.exp_name is None
+    assert run.args.exp_name == "dqn" and run.args.seed == 3 and run.args is not args
+    assert Path(run.folder.dir).name.startswith("CartPole-v1__dqn__3__")
+
+
 def start_training(script, tmp_path, *flags):
     """`script` started on a budget too large to end, once its run folder exists (made after the
     signal handlers are installed) and it has trained a few seconds; the Popen."""

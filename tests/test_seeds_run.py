@@ -2,8 +2,9 @@
 is refused before a run folder exists; member k is seeded `seed + k * num_envs`; a member whose loss
 or weights turn non-finite is recorded once, with one line on stderr, and left out of the results
 while the others go on; a run exits 3 only when every member diverged; the summary is written before
-evaluation, and a signal skips evaluation. `Run` is driven by hand in the test's process, without
-training, except in one short dqn_seeds run in which every member diverges. About 15 s."""
+evaluation, which a signal does not skip (`Run.finish`'s rule). `Run` is driven by hand in the
+test's process, without training, except in one short dqn_seeds run in which every member diverges.
+About 15 s."""
 
 import dataclasses
 import functools
@@ -118,18 +119,26 @@ def test_a_run_whose_every_member_diverged_exits_3_without_files_or_evaluation(m
     assert not list(Path(run.folder.dir).glob("*.pt"))
 
 
-def test_after_a_signal_the_summary_is_written_without_evaluating(make_run, capsys):
-    """A first SIGTERM (Slurm's, 30 s before its SIGKILL): the models are saved, the summary written
-    and printed without evaluating, and the run exits 143."""
+def test_after_a_signal_the_summary_is_written_then_each_member_evaluated(make_run, capsys):
+    """A first SIGTERM (Slurm's, 30 s before its SIGKILL): as a single run, the models are saved,
+    the summary written (kept should the job be killed while it evaluates), each member evaluated,
+    and the run exits 143."""
     run = make_run("dqn_seeds", num_seeds=2, save_model=True, eval_episodes=5)
     run.log_episodes(10, [[1.0], [2.0]])
     run.signals.received = signal.SIGTERM
+    written = []
+
+    def evaluate(member, episodes, videos):
+        written.append(strict_json((Path(run.folder.dir) / "summary.json").read_text()))
+        return [float(member)] * episodes
+
     with pytest.raises(SystemExit) as stop:
-        run.finish(CPU, [{"w": torch.ones(1)}] * 2, never_evaluate)
+        run.finish(CPU, [{"w": torch.ones(1)}] * 2, evaluate)
     s = summary_line(capsys.readouterr().out)
     assert stop.value.code == 143 and s["interrupted"] and s["diverged"] == []
-    assert s["eval_returns"] == [] and s["return_mean"] == 1.5
-    assert all(Path(path).exists() for path in s["model_files"])
+    assert written[0]["interrupted"] and written[0]["eval_returns"] == []
+    assert s["eval_returns"] == [[0.0] * 5, [1.0] * 5] and s["eval_return_mean"] == 0.5
+    assert s["return_mean"] == 1.5 and all(Path(path).exists() for path in s["model_files"])
 
 
 def test_a_run_in_which_every_member_diverges_stops_and_exits_3():
