@@ -33,7 +33,7 @@ from flags import TensorEnvFlags, fail
 from optimizers import Adam
 from runs import Run
 from tensordict import TensorDict, from_modules
-from threads import CPUFlags
+from threads import CPUFlags, step_guards
 from torch.func import functional_call, grad_and_value
 from vector_envs import evaluate, finished_episodes, make_envs, true_next_obs
 
@@ -371,7 +371,7 @@ def main(args):
         actor.load_state_dict(run.saved_model)
         return run.finish(device, actor.state_dict(), evaluate_actor)
     if args.compile:  # one graph per kind of step, whose C++ wrapper calls its kernels
-        options = {"cpp_wrapper": True}
+        options = {"cpp_wrapper": True, "guard_filter_fn": step_guards}
         learner.update = torch.compile(learner.update, fullgraph=True, options=options)
 
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act)

@@ -1,6 +1,7 @@
 """The CPU scripts' threads: `ThreadFlags` (`--threads`) and `CPUFlags` (adds `--bf16`), and
 `ThreadChoice`, which measures whether one thread or every core runs the run faster where
-`--threads` is not given."""
+`--threads` is not given; and `step_guards`, what dynamo checks before each call of their
+compiled updates."""
 
 import os
 import sys
@@ -57,6 +58,16 @@ def bf16_native():
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def step_guards(guards):
+    """torch.compile's `guard_filter_fn` for an update called every step: dynamo checks before each
+    call what the graph read, and here only the tensors and the flags can change, not the imported
+    modules and functions (globals) nor the modules the update calls: most of its checks go, the
+    thread count's and the flags' stay."""
+    globals_kept = torch.compiler.skip_guard_on_globals_unsafe(guards)
+    modules_kept = torch.compiler.skip_guard_on_all_nn_modules_unsafe(guards)
+    return [a and b for a, b in zip(globals_kept, modules_kept)]
 
 
 def compiled_graphs():

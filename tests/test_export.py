@@ -183,11 +183,11 @@ PLUMBING = {
     "pqn_cpu": 35_900,
     "pqn_torchcompile": 29_600,
     "sac_continuous_action": 29_200,
-    "sac_continuous_action_cpu": 36_000,
+    "sac_continuous_action_cpu": 36_200,
     "sac_continuous_action_seeds": 45_600,
     "sac_continuous_action_torchcompile": 30_800,
     "td3_continuous_action": 29_200,
-    "td3_continuous_action_cpu": 36_000,
+    "td3_continuous_action_cpu": 36_200,
     "td3_continuous_action_seeds": 45_600,
     "td3_continuous_action_torchcompile": 30_800,
 }

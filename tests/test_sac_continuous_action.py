@@ -180,10 +180,10 @@ def test_compiled_update_equals_eager_update_and_never_recompiles(monkeypatch):
 @pytest.mark.slow  # compiles both kinds of step, with a C++ wrapper (27 s here)
 def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch):
     """What the CPU script's `--compile` compiles: `update`, a step's three updates, one graph for
-    each kind of step (with a C++ wrapper, as `main` has it). A policy step returns the critic's
-    and the actor's losses, the step between only the critic's (the loop logs the last actor
-    losses); compiled, each kind of step takes its eager step (losses and parameters, the targets
-    too); after each kind has run once, nothing recompiles."""
+    each kind of step (with a C++ wrapper and its guards, as `main` has them). A policy step returns
+    the critic's and the actor's losses, the step between only the critic's (the loop logs the last
+    actor losses); compiled, each kind of step takes its eager step (losses and parameters, the
+    targets too); after each kind has run once, nothing recompiles."""
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     module = load_script(CPU)
     learners = []
@@ -191,7 +191,8 @@ def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch)
         torch.manual_seed(0)
         learners.append(module.make_learner(module.Args(), N_OBS, N_ACT, LOW, HIGH))
     compiled, eager = learners
-    update = torch.compile(compiled.update, fullgraph=True, options={"cpp_wrapper": True})
+    options = {"cpp_wrapper": True, "guard_filter_fn": load_script("threads").step_guards}
+    update = torch.compile(compiled.update, fullgraph=True, options=options)
 
     def state(learner):
         parts = dict(actor=learner.actor, qnet=learner.qnet_params, log_alpha=learner.log_alpha)

@@ -232,14 +232,15 @@ def test_twin_compiled_update_equals_eager_update_without_recompiling(monkeypatc
 @pytest.mark.slow  # compiles both kinds of step, with a C++ wrapper (27 s here)
 def test_cpu_update_compiled_is_its_eager_self_and_never_recompiles(monkeypatch):
     """What the CPU script's `--compile` compiles: `update`, a step's updates, one graph for each
-    kind of step (with a C++ wrapper, as `main` has it). A policy step returns the critic's and
-    the actor's losses and moves the targets, the step between returns the critic's alone (the
-    loop logs the last actor loss); compiled, each kind of step takes its eager step (the noise
-    from torch's generator in both); after each kind has run once, nothing recompiles."""
+    kind of step (with a C++ wrapper and its guards, as `main` has them). A policy step returns the
+    critic's and the actor's losses and moves the targets, the step between returns the critic's
+    alone (the loop logs the last actor loss); compiled, each kind of step takes its eager step (the
+    noise from torch's generator in both); after each kind has run once, nothing recompiles."""
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     module = load_script(CPU)
     compiled, eager = build_learner(module), build_learner(module)
-    update = torch.compile(compiled.update, fullgraph=True, options={"cpp_wrapper": True})
+    options = {"cpp_wrapper": True, "guard_filter_fn": load_script("threads").step_guards}
+    update = torch.compile(compiled.update, fullgraph=True, options=options)
     before = parameters(stacked_state(eager))
     for step, policy_step in enumerate([True, False, True, False]):
         with torch.compiler.set_stance("fail_on_recompile" if step >= 2 else "default"):

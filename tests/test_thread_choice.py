@@ -183,6 +183,36 @@ def test_counting_compiled_graphs_imports_nothing_where_nothing_compiled():
     assert out.stdout.split() == ["0", "False", "1"], out.stderr
 
 
+SCALE = 2.0  # a global the compiled function reads: its guard is one that step_guards drops
+
+
+def test_step_guards_keep_the_flags_and_the_thread_count_and_drop_the_globals():
+    # the guards kept tell the two kinds of step apart, and a new thread count compiles again;
+    # a global's is dropped: the compiled step keeps the value it was compiled with
+    global SCALE
+    torch.set_num_threads(1)
+    state = torch.zeros(3)
+
+    def step(x, flag):
+        state.add_(x * SCALE)
+        return state * 2 if flag else state
+
+    compiled = torch.compile(step, fullgraph=True, options={"guard_filter_fn": threads.step_guards})
+    before = threads.compiled_graphs()
+    assert torch.equal(compiled(torch.ones(3), True), torch.full((3,), 4.0))
+    assert torch.equal(compiled(torch.ones(3), False), torch.full((3,), 4.0))
+    assert threads.compiled_graphs() == before + 2
+    SCALE = 10.0
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            assert torch.equal(compiled(torch.ones(3), False), torch.full((3,), 6.0))
+    finally:
+        SCALE = 2.0
+    torch.set_num_threads(2)
+    compiled(torch.ones(3), False)
+    assert threads.compiled_graphs() == before + 3
+
+
 def test_a_window_that_compiled_does_not_start_a_new_trial():
     graphs = [0]
     choice = threads.ThreadChoice(2, compiles=lambda: graphs[0])
