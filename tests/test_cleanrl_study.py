@@ -141,3 +141,18 @@ def test_the_study_runs_every_algorithm_beside_cleanrl(tmp_path):
     assert all(r["sps"] > 0 and r["run_vs_cleanrl"] > 0 for r in table.values())
     assert result["settings"]["budgets"]["sac"] == cleanrl.ALGOS[0].quick
     assert result["machine"]["cores"] == os.cpu_count()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_variants_run_for_sac_and_td3_only_where_the_cpu_computes_bfloat16(
+    native, monkeypatch, capsys
+):
+    threads = cleanrl.load_script("threads")
+    monkeypatch.setattr(threads, "bf16_native", lambda: native)
+    algos = [algo for algo in cleanrl.ALGOS if algo.name in ("sac", "ppo")]
+    variants = ["cleanrl", "cpu --bf16", "cpu --bf16 --threads 2"]
+    planned = [(algo.name, variant) for algo, variant in cleanrl.plan(algos, variants)]
+    bf16 = [("sac", "cpu --bf16"), ("sac", "cpu --bf16 --threads 2")] if native else []
+    assert planned == [("sac", "cleanrl"), *bf16, ("ppo", "cleanrl")]
+    skipped = capsys.readouterr().err.count("computes no bfloat16 natively")
+    assert skipped == (0 if native else 2)

@@ -8,12 +8,13 @@ and their ratios, in one run, rounds alternating, on this machine's CPU (GPUs hi
         cpu compile --rounds 4  # PQN, its twin's --compile too
 
 Variants: CleanRL's script, our eager script, our `_cpu` script (with `--bf16` where the CPU has
-it); `--variants` adds `_cpu --threads 1|2` and `compile`. Ours report the SUMMARY's `sps`;
-CleanRL's print `SPS: int(step / elapsed)` at known steps, so elapsed(step) = step / (SPS + 0.5)
-and the phase's sps is the steps between the first print after learning starts (PPO: the third
-iteration) and the last, over the time between them. CleanRL's scripts, written for gymnasium 0.29,
-run from a copy changed by the text substitutions in `patched` (none in the algorithm). Writes
-benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir); a failed run exits 1.
+it); `--variants` adds `_cpu --threads 1|2`, `_cpu --bf16 --threads 2` and `compile`. Ours report
+the SUMMARY's `sps`; CleanRL's print `SPS: int(step / elapsed)` at known steps, so elapsed(step) =
+step / (SPS + 0.5) and the phase's sps is the steps between the first print after learning starts
+(PPO: the third iteration) and the last, over the time between them. CleanRL's scripts, written for
+gymnasium 0.29, run from a copy changed by the text substitutions in `patched` (none in the
+algorithm). Writes benchmarks/results/cleanrl-<time>.{json,md} (or to --out-dir); a failed run exits
+1.
 """
 
 import os
@@ -87,6 +88,7 @@ VARIANTS = {
     "cpu --bf16": ("_cpu", ("--bf16",)),
     "cpu --threads 1": ("_cpu", ("--threads", "1")),
     "cpu --threads 2": ("_cpu", ("--threads", "2")),
+    "cpu --bf16 --threads 2": ("_cpu", ("--bf16", "--threads", "2")),
     "compile": ("_torchcompile", ("--compile",)),
 }
 DEFAULT_VARIANTS = ("cleanrl", "eager", "cpu", "cpu --bf16")
@@ -226,14 +228,14 @@ def plan(algos, variants):
     """(algo, variant) of one round, in order; `--bf16` only for SAC and TD3, and only where this
     CPU computes bfloat16 natively (a note otherwise); a variant only where its script exists."""
     bf16 = load_script("threads").bf16_native()
-    if "cpu --bf16" in variants and not bf16:
-        note("skipping cpu --bf16: this CPU computes no bfloat16 natively")
+    for variant in (v for v in variants if "--bf16" in v and not bf16):
+        note(f"skipping {variant}: this CPU computes no bfloat16 natively")
     runs = []
     for algo in algos:
         for variant in variants:
             if not has_script(algo, variant):
                 note(f"skipping {algo.name} {variant}: it has no such script")
-            elif variant != "cpu --bf16" or (bf16 and algo.name in BF16_ALGOS):
+            elif "--bf16" not in variant or (bf16 and algo.name in BF16_ALGOS):
                 runs.append((algo, variant))
     return runs
 
