@@ -156,3 +156,27 @@ def test_bf16_variants_run_for_sac_and_td3_only_where_the_cpu_computes_bfloat16(
     assert planned == [("sac", "cleanrl"), *bf16, ("ppo", "cleanrl")]
     skipped = capsys.readouterr().err.count("computes no bfloat16 natively")
     assert skipped == (0 if native else 2)
+
+
+def test_budget_flags_change_every_algorithms_budget_and_bad_ones_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "cleanrl").mkdir()  # a checkout's folder: measure, faked, reads no script
+    seen = {}
+
+    def measure(algos, variants, rounds, budgets, checkout, timeout):
+        seen.update(budgets)
+        run = dict(sps=100.0, sps_run=90.0, threads=None)
+        return {algo.name: {variant: [run] for variant in variants} for algo in algos}
+
+    monkeypatch.setattr(cleanrl, "measure", measure)
+    argv = ["--cleanrl", str(tmp_path), "--algos", "sac", "ppo", "--variants", "cleanrl"]
+    cleanrl.main([*argv, "--out-dir", str(tmp_path), "--budget", "env_id=Hopper-v5", "num_envs=4"])
+    full = {algo.name: algo.full for algo in cleanrl.ALGOS}
+    assert seen == {
+        "sac": full["sac"] | dict(env_id="Hopper-v5", num_envs=4),
+        "ppo": full["ppo"] | dict(env_id="Hopper-v5", num_envs=4),
+    }
+    with pytest.raises(SystemExit) as exit:
+        cleanrl.main([*argv, "--budget", "env_id"])
+    assert exit.value.code == 2 and "FLAG=VALUE" in capsys.readouterr().err

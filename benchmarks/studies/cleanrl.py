@@ -6,6 +6,8 @@ and their ratios, in one run, rounds alternating, on this machine's CPU (GPUs hi
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --quick  # tiny budgets, a smoke test
     python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos pqn --variants cleanrl eager \
         cpu compile --rounds 4  # PQN, its twin's --compile too
+    python -m benchmarks.studies.cleanrl --cleanrl ~/cleanrl --algos sac --variants cleanrl cpu \
+        --budget env_id=HalfCheetah-v5 batch_size=128  # another env, a flag of both scripts
 
 Variants: CleanRL's script, our eager script, our `_cpu` script (with `--bf16` where the CPU has
 it); `--variants` adds `_cpu --threads 1|2`, `_cpu --bf16 --threads 2` and `compile`. Ours report
@@ -240,8 +242,14 @@ def plan(algos, variants):
     return runs
 
 
-def measure(algos, variants, rounds, quick, checkout, timeout):
-    """{algo: {variant: [run, ...]}} (`measure_one`'s): every round runs each (algo, variant)."""
+def budget_value(text):
+    """A `--budget` value: an integer where it is one (the steps the prints are read at)."""
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def measure(algos, variants, rounds, budgets, checkout, timeout):
+    """{algo: {variant: [run, ...]}} (`measure_one`'s): every round runs each (algo, variant) on
+    its algorithm's budget of `budgets`."""
     results = {}
     runs = plan(algos, variants)
     with tempfile.TemporaryDirectory(prefix="cleanrl-") as tmp:
@@ -249,7 +257,7 @@ def measure(algos, variants, rounds, quick, checkout, timeout):
         cleanrl_copy(checkout, sorted({algo.cleanrl for algo in algos}), cleanrl_dir)
         for round_ in range(rounds):
             for algo, variant in runs:
-                budget = algo.quick if quick else algo.full
+                budget = budgets[algo.name]
                 run = measure_one(algo, variant, budget, cleanrl_dir, timeout, tmp)
                 note(f"round {round_ + 1}: {algo.name} {variant}: {run['sps']:.0f} sps")
                 results.setdefault(algo.name, {}).setdefault(variant, []).append(run)
@@ -308,6 +316,8 @@ def parse_args(argv):
     add("--rounds", type=int, default=2)
     add("--quick", action="store_true", help="tiny budgets: a smoke test")
     add("--timeout", type=float, default=1800, help="seconds for one run")
+    changed = "flags of every run's budget changed or added, e.g. env_id=Hopper-v5 batch_size=128"
+    add("--budget", nargs="+", default=[], metavar="FLAG=VALUE", help=changed)
     return parser.parse_args(argv)
 
 
@@ -321,14 +331,18 @@ def main(argv=None):
     if args.rounds < 1 or not (args.cleanrl / "cleanrl").is_dir():
         print("error: --cleanrl must be a CleanRL checkout, --rounds >= 1", file=sys.stderr)
         sys.exit(2)
+    if any("=" not in flag for flag in args.budget):
+        print("error: --budget takes FLAG=VALUE, e.g. env_id=Hopper-v5", file=sys.stderr)
+        sys.exit(2)
+    changed = {k: budget_value(v) for k, v in (flag.split("=", 1) for flag in args.budget)}
     algos = [algo for algo in ALGOS if algo.name in args.algos]
+    budgets = {algo.name: (algo.quick if args.quick else algo.full) | changed for algo in algos}
     started = datetime.now()
     try:
-        results = measure(algos, args.variants, args.rounds, args.quick, args.cleanrl, args.timeout)
+        results = measure(algos, args.variants, args.rounds, budgets, args.cleanrl, args.timeout)
     except BenchmarkError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
-    budgets = {algo.name: algo.quick if args.quick else algo.full for algo in algos}
     settings = dict(rounds=args.rounds, budget="quick" if args.quick else "full", budgets=budgets)
     commit = checkout_commit(args.cleanrl) or "unknown"
     settings |= dict(cleanrl_commit=commit, started=started.isoformat())
