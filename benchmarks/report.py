@@ -93,17 +93,23 @@ def markdown(table_rows, machine, settings):
         f"started {settings['started']}",
         "",
     ]
+    # the update limit's columns only where the run measured it (a --quick run on a CPU)
+    limits = any(r.get("update_limit_sps") is not None for r in table_rows)
     header = "algo | variant | sps median | sps min-max | vs eager | env-only sps"
-    header += " | update limit sps | of limit | return mean | runs"
+    header += " | update limit sps | of limit" * limits + " | return mean | runs"
     rows = [
         f"{r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}"
         f"-{r['sps_max']:.0f} | {optional(r['vs_eager'], '.2f', 'x')}"
-        f" | {optional(r['env_only_sps'], '.0f')} | {optional(r.get('update_limit_sps'), '.0f')}"
-        f" | {optional(r.get('of_update_limit'), '.0%')} | {optional(r['return_mean'], '.1f')}"
-        f" | {r['runs']}"
+        f" | {optional(r['env_only_sps'], '.0f')}"
+        + (
+            f" | {optional(r.get('update_limit_sps'), '.0f')}"
+            f" | {optional(r.get('of_update_limit'), '.0%')}"
+        )
+        * limits
+        + f" | {optional(r['return_mean'], '.1f')} | {r['runs']}"
         for r in table_rows
     ]
-    lines += table(header, rows, "llrrrrrrrr")
+    lines += table(header, rows, "llrrrrrr" + "rr" * limits)
     return "\n".join(lines) + "\n"
 
 

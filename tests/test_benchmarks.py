@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
-from benchmarks import env_limit, machine, plots, report, run, update_limit
+from benchmarks import env_limit, machine, plots, report, run, step_time, update_limit
 from benchmarks.registry import ALGOS, VARIANTS, Algo
 from benchmarks.studies import scaling, seeds, sweeps
 
@@ -799,3 +800,36 @@ def test_sweeps_rank_correlation_is_spearmans():
     assert sweeps.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
     assert sweeps.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert sweeps.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def profiler_event(key, total, self_time):
+    """A key average of torch's profiler: its name, its total and its own µs."""
+    return types.SimpleNamespace(key=key, cpu_time_total=total, self_cpu_time_total=self_time)
+
+
+def test_a_step_breakdown_puts_each_profiler_event_in_its_part():
+    events = [
+        profiler_event("env step", 300.0, 300.0),
+        profiler_event("update", 5000.0, 50.0),
+        profiler_event("Torch-Compiled Region: 1/0", 4800.0, 20.0),
+        profiler_event("TorchDynamo Cache Lookup", 150.0, 150.0),
+        profiler_event("aten::addmm", 1000.0, 900.0),
+        profiler_event("aoti_torch_cpu_bmm_out", 2000.0, 2000.0),
+        profiler_event("cpp_fused_add_div_mul_sqrt_0", 400.0, 400.0),
+        profiler_event("cpp_fused_relu_1", 100.0, 100.0),
+        profiler_event("aten::empty", 10.0, 10.0),
+    ]
+    parts, graphs, leaves = step_time.breakdown(events, steps=2)
+    assert parts == dict.fromkeys(step_time.PARTS, 0.0) | {"env step": 150.0, "update": 2500.0}
+    assert graphs == {"Torch-Compiled Region: 1/0": 2400.0}
+    assert leaves == {
+        "dynamo's guards": 75.0,
+        "matmuls": 1450.0,
+        "optimizer kernels": 200.0,
+        "other kernels": 50.0,
+    }
+    result = dict(step_us=2000.0, profiled_step_us=3000.0, parts=parts, graphs=graphs, leaves=leaves)
+    result |= dict(machine=machine.machine_info(), started="2026-11-29T10:00:00", command="x.py")
+    table = step_time.markdown(result)
+    assert "2000 µs per env step unprofiled, 3000 profiled" in table
+    assert "| update: matmuls | 1450 | 48% |" in table

@@ -59,6 +59,7 @@ ISSUE = re.compile(
 # the README's names of the algorithms and variants of benchmarks/registry.py
 README_ALGOS = {"SAC": "sac", "TD3": "td3", "DQN": "dqn", "PPO continuous": "ppo_continuous_action"}
 README_ALGOS |= {
+    "PQN": "pqn",
     "PPO LSTM": "ppo_lstm",
     "PPO minGRU": "ppo_mingru",
     "PPO Atari": "ppo_atari_envpool",
