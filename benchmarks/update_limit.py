@@ -5,7 +5,8 @@ allow on this CPU, in float32 and in bfloat16.
         --env-id HalfCheetah-v4 --total-timesteps 1500 --learning-starts 1000 --measure-burnin 50
     python -m benchmarks.update_limit --threads 1,2 leanrl/td3_continuous_action_cpu.py
 
-The script runs its own `main` on its flags, uncompiled (`--no-compile`, the same functions the
+The script runs its own `main` on its flags, after a short budget of ours (`BUDGETS`: its own
+default is hours uncompiled), uncompiled (`--no-compile`, the same functions the
 compiled update runs), on one thread, and again with `--bf16` where the CPU computes bfloat16
 natively. From its sps clock's start (after the random steps and the burn-in) to its end, torch's
 `FlopCounterMode` counts the FLOPs of its updates, and a dispatch mode records each matmul: the
@@ -21,6 +22,7 @@ count, `gflops` and `sps`.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -65,12 +67,26 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# a short learning phase, before the caller's flags: 500 steps after 1,000 random ones (SAC, TD3,
+# DQN), or 20,480 steps (PPO, PQN); the sps clock starts after the script's burn-in
+BUDGETS = {
+    "off-policy": ("--learning-starts", "1000", "--total-timesteps", "1500"),
+    "on-policy": ("--total-timesteps", "20480"),
+}
+
+
+def budget(module):
+    """Our default budget flags for `module`'s script, by whether it has learning starts."""
+    names = {field.name for field in dataclasses.fields(module.Args)}
+    return BUDGETS["off-policy" if "learning_starts" in names else "on-policy"]
+
+
 def record(script, flags):
     """Run `script` (a path) uncompiled on `flags`: its learning phase's FLOPs per env step and its
     matmuls' counts per env step, by op and layout."""
     module = load_script(script.stem, script.parent)
     uncompiled = ["--no-compile", "--threads", "1", "--no-tensorboard"]
-    args = tyro.cli(module.Args, args=[*flags, *uncompiled])
+    args = tyro.cli(module.Args, args=[*budget(module), *flags, *uncompiled])
     flops, matmuls = FlopCounterMode(display=False), MatmulRecorder()
     steps = run_learning_phase(module, args, flops, matmuls)
     return flops.get_total_flops() / steps, {k: n / steps for k, n in matmuls.calls.items()}

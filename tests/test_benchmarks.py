@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tyro
 from conftest import ROOT, SCRIPTS, load_script, script_env
 from gymnasium.spaces import Discrete
 
@@ -422,6 +423,18 @@ def matmul_flops(name, layouts):
     """A recorded matmul's FLOPs: 2 m k n per product of its batch."""
     first, second = [shape for shape, *_ in layouts[-2:]]
     return 2 * np.prod(first) * second[-1]
+
+
+@pytest.mark.parametrize(
+    "name, total",
+    [("sac_continuous_action_cpu", 1500), ("dqn_cpu", 1500), ("ppo_continuous_action_cpu", 20480)],
+)
+def test_update_limit_runs_a_short_budget_unless_the_flags_give_one(name, total):
+    module = load_script(name)
+    args = tyro.cli(module.Args, args=[*update_limit.budget(module)])
+    assert args.total_timesteps == total < module.Args().total_timesteps
+    given = tyro.cli(module.Args, args=[*update_limit.budget(module), "--total-timesteps", "3000"])
+    assert given.total_timesteps == 3000
 
 
 def test_update_limit_counts_the_learning_phase_of_a_cpu_scripts_own_main(monkeypatch):
