@@ -841,7 +841,9 @@ def test_a_step_breakdown_puts_each_profiler_event_in_its_part():
         "optimizer kernels": 200.0,
         "other kernels": 50.0,
     }
-    result = dict(step_us=2000.0, profiled_step_us=3000.0, parts=parts, graphs=graphs, leaves=leaves)
+    result = dict(
+        step_us=2000.0, profiled_step_us=3000.0, parts=parts, graphs=graphs, leaves=leaves
+    )
     result |= dict(machine=machine.machine_info(), started="2026-11-29T10:00:00", command="x.py")
     table = step_time.markdown(result)
     assert "2000 µs per env step unprofiled, 3000 profiled" in table
