@@ -95,21 +95,17 @@ def markdown(table_rows, machine, settings):
     ]
     # the update limit's columns only where the run measured it (a --quick run on a CPU)
     limits = any(r.get("update_limit_sps") is not None for r in table_rows)
-    header = "algo | variant | sps median | sps min-max | vs eager | env-only sps"
-    header += " | update limit sps | of limit" * limits + " | return mean | runs"
-    rows = [
-        f"{r['algo']} | {r['variant']} | {r['sps_median']:.0f} | {r['sps_min']:.0f}"
-        f"-{r['sps_max']:.0f} | {optional(r['vs_eager'], '.2f', 'x')}"
-        f" | {optional(r['env_only_sps'], '.0f')}"
-        + (
-            f" | {optional(r.get('update_limit_sps'), '.0f')}"
-            f" | {optional(r.get('of_update_limit'), '.0%')}"
-        )
-        * limits
-        + f" | {optional(r['return_mean'], '.1f')} | {r['runs']}"
-        for r in table_rows
-    ]
-    lines += table(header, rows, "llrrrrrr" + "rr" * limits)
+    names = ["algo", "variant", "sps median", "sps min-max", "vs eager", "env-only sps"]
+    names += ["update limit sps", "of limit"] * limits + ["return mean", "runs"]
+    rows = []
+    for r in table_rows:
+        cells = [r["algo"], r["variant"], f"{r['sps_median']:.0f}"]
+        cells += [f"{r['sps_min']:.0f}-{r['sps_max']:.0f}", optional(r["vs_eager"], ".2f", "x")]
+        cells += [optional(r["env_only_sps"], ".0f")]
+        if limits:
+            cells += [optional(r["update_limit_sps"], ".0f"), optional(r["of_update_limit"], ".0%")]
+        rows.append(" | ".join([*cells, optional(r["return_mean"], ".1f"), str(r["runs"])]))
+    lines += table(" | ".join(names), rows, "ll" + "r" * (len(names) - 2))
     return "\n".join(lines) + "\n"
 
 

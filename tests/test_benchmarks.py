@@ -158,6 +158,30 @@ def table_row(algo, variant, sps_median, sps_min, sps_max, return_mean, env_only
     return row | dict(env_only_sps=env_only_sps, update_limit_sps=None, of_update_limit=None)
 
 
+def test_the_update_limit_columns_appear_only_where_a_run_measured_them():
+    eager = table_row("sac", "eager", 100, 90, 110, -273.2, 18000, 1.0)
+    cpu = table_row("sac", "cpu", 160, 150, 170, -273.2, 18000, 1.6)
+    settings = dict(budget="quick", repeats=2, seeds=[1, 2], started="2026-11-29T10:05")
+    without = report.markdown([eager, cpu], machine.machine_info(), settings).splitlines()
+    assert without[3:] == [
+        "| algo | variant | sps median | sps min-max | vs eager | env-only sps | return mean"
+        " | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| sac | eager | 100 | 90-110 | 1.00x | 18000 | -273.2 | 2 |",
+        "| sac | cpu | 160 | 150-170 | 1.60x | 18000 | -273.2 | 2 |",
+    ]
+    cpu |= dict(update_limit_sps=271.0, of_update_limit=160 / 271)
+    limited = report.markdown([eager, cpu], machine.machine_info(), settings).splitlines()
+    assert limited[3].endswith(
+        "| env-only sps | update limit sps | of limit | return mean | runs |"
+    )
+    assert limited[4] == "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert limited[5:] == [
+        "| sac | eager | 100 | 90-110 | 1.00x | 18000 | n/a | n/a | -273.2 | 2 |",
+        "| sac | cpu | 160 | 150-170 | 1.60x | 18000 | 271 | 59% | -273.2 | 2 |",
+    ]
+
+
 def curve_run(algo, variant, curve):
     """A run record whose SUMMARY holds `curve`."""
     return {"algo": algo, "variant": variant, "summary": {"curve": curve}}
