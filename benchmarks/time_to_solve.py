@@ -29,8 +29,12 @@ variant (or `--warm-dir`, used as it is); `cold` gives each run an empty one
 (TORCHINDUCTOR_CACHE_DIR). `--device cpu` hides the GPUs from every run. The runs inherit the
 environment (OMP_NUM_THREADS included). Writes `time_to_solve-<time>.{json,md}` to `--out-dir`;
 exit status 1 if a run failed, 2 for bad input.
+
+`--merge A.json B.json ...` runs nothing: it joins earlier results of the same task, machine and
+settings, other seeds each (`--first-seed`), into one result with its rows computed again.
 """
 
+import json
 import os
 import re
 import shlex
@@ -293,10 +297,54 @@ def cleanrl_variants(variants, checkout, copy, flag_sets=()):
     return found
 
 
+def labelled(label):
+    """The variant of a stored result's `label`: its algorithm, and for CleanRL's script whether
+    it is the row ours are compared with (as `variant_of` and `cleanrl_variants` made them)."""
+    words = label.split()
+    if words[0] == "CleanRL":
+        return dict(label=label, algo=words[1].removesuffix(".py"), reference=len(words) == 2)
+    return dict(label=label, algo=algorithm(words[0]))
+
+
+def merged(paths, made):
+    """One result of the results at `paths`: their runs joined per variant and cache, the seeds
+    listed, the rows computed again. Results of another task, machine or setting, or that share a
+    seed, exit 2."""
+    parts = []
+    for path in paths:
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            made.error(f"--merge {path}: {error}")
+    first = parts[0]
+    same = ("env_id", "threshold", "window", "device", "timeout")
+    for path, part in zip(paths[1:], parts[1:]):
+        differs = [key for key in same if part["settings"][key] != first["settings"][key]]
+        differs += ["machine"] if part["machine"] != first["machine"] else []
+        if differs:
+            made.error(f"--merge {path}: its {differs[0]} differs from that of {paths[0]}")
+    seeds = [seed for part in parts for seed in part["settings"]["seeds"]]
+    if len(set(seeds)) < len(seeds):
+        made.error("--merge: a seed is in two of the results")
+    results = {}
+    for part in parts:
+        for key, runs in part["runs"].items():
+            label, cache = key.removesuffix(")").rsplit(" (", 1)
+            results.setdefault((label, cache), []).extend(runs)
+    settings = first["settings"] | dict(seeds=sorted(seeds))
+    settings["load"] = [first["settings"]["load"][0], parts[-1]["settings"]["load"][1]]
+    settings["parts"] = [{k: p["settings"][k] for k in ("started", "seeds", "load")} for p in parts]
+    runs = {f"{label} ({cache})": value for (label, cache), value in results.items()}
+    result = dict(machine=first["machine"], settings=settings, runs=runs)
+    variants = [labelled(label) for label in dict.fromkeys(label for label, _ in results)]
+    result["rows"] = rows(results, variants)
+    return result
+
+
 def parse_args(argv):
     common = "--device --out-dir --scripts-dir"
     made, add = cli.parser("benchmarks.time_to_solve", __doc__, common, one_line=True)
-    add("--variants", nargs="+", required=True, help="a script and its flags, one string each")
+    add("--variants", nargs="+", help="a script and its flags, one string each")
     add("--env-id", default="CartPole-v1")
     add("--threshold", type=float, help="the return that solves (default: the env's, THRESHOLDS)")
     add("--window", type=cli.positive_int, default=20, help="episodes in the mean")
@@ -308,7 +356,13 @@ def parse_args(argv):
     flags = "CleanRL's script again with these flags, one string a row (with --cleanrl)"
     add("--cleanrl-flags", nargs="+", default=[], help=flags)
     add("--warm-dir", type=Path, help="the warm cache's folder, used as it is (default: a new one)")
+    add("--merge", nargs="+", type=Path, help="earlier results to join, instead of --variants")
     args = cli.parse(made, argv)
+    if bool(args.variants) == bool(args.merge):
+        made.error("give either --variants or --merge")
+    if args.merge:
+        args.result = merged(args.merge, made)
+        return args
     if args.threshold is None:
         if args.env_id not in THRESHOLDS:
             made.error(f"--env-id {args.env_id}: no known threshold, give --threshold")
@@ -323,6 +377,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.merge:
+        stem = f"time_to_solve-{datetime.now():%Y%m%d-%H%M%S}"
+        paths = write_result(args.result, args.out_dir, stem, markdown)
+        return cli.conclude(markdown(args.result), paths)
     started = datetime.now()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     settings = dict(env_id=args.env_id, threshold=args.threshold, window=args.window)

@@ -183,11 +183,64 @@ def test_a_run_that_fails_fails_the_call(tmp_path, capsys):
         (["--variants", "pqn_cpu", "--cleanrl", "/nonexistent"], ["--cleanrl"]),
         (["--variants", "pqn_cpu", "--window", "0"], ["--window"]),
         (["--variants", "pqn_cpu", "--cleanrl-flags=--fast"], ["--cleanrl-flags", "--cleanrl"]),
+        ([], ["either --variants or --merge"]),
+        (["--variants", "pqn_cpu", "--merge", "a.json"], ["either --variants or --merge"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line(flags, words, capsys):
     with pytest.raises(SystemExit) as exit:
         tts.main(flags)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(lines) == 1
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+def stored(path, seeds, ours, theirs, **changed):
+    """A result as `main` writes it, of `pqn_cpu` and CleanRL's pqn.py, a run per seed that solved
+    at (seconds, steps) or did not (None); its path."""
+    settings = dict(env_id="CartPole-v1", threshold=475, window=20, device="cpu", timeout=60)
+    settings |= dict(seeds=seeds, started=f"at {seeds[0]}", load=[seeds[0], seeds[-1]]) | changed
+
+    def runs(points):
+        return [dict(members={f"runs/{s}": p}, status=None, seed=s) for s, p in zip(seeds, points)]
+
+    machine = dict(cpu="test", cores=2, gpu=None, versions={"torch": "2.13.0+cpu"})
+    result = dict(machine=machine, settings=settings)
+    result["runs"] = {"CleanRL pqn.py (warm)": runs(theirs), "pqn_cpu (warm)": runs(ours)}
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+def test_merge_joins_results_of_other_seeds_and_computes_their_rows_again(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", [1, 2], ours=[[2, 200], None], theirs=[[10, 1], [20, 1]])
+    b = stored(tmp_path / "b.json", [3], ours=[[4, 400]], theirs=[[30, 1]])
+    assert tts.main(["--merge", a, b, "--out-dir", str(tmp_path / "out")]) == 0
+    result = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert result["settings"]["seeds"] == [1, 2, 3] and result["settings"]["load"] == [1, 3]
+    assert [part["started"] for part in result["settings"]["parts"]] == ["at 1", "at 3"]
+    assert [run["seed"] for run in result["runs"]["pqn_cpu (warm)"]] == [1, 2, 3]
+    rows = {r["variant"]: r for r in result["rows"]}
+    ours, cleanrl = rows["pqn_cpu"], rows["CleanRL pqn.py"]
+    # seconds 2, infinite, 4: the median is 4 s, at 400 steps
+    assert (ours["solved"], ours["seconds_median"], ours["steps_median"]) == (2 / 3, 4, 400)
+    assert (cleanrl["seconds_median"], ours["vs_cleanrl"]) == (20, 5)
+    assert "seeds 1-3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "second, words",
+    [
+        (dict(seeds=[2]), ["a seed is in two"]),
+        (dict(seeds=[3], threshold=400), ["b.json", "threshold differs"]),
+    ],
+)
+def test_merge_refuses_results_that_share_a_seed_or_differ_in_one_line(
+    tmp_path, capsys, second, words
+):
+    a = stored(tmp_path / "a.json", [1, 2], ours=[None, None], theirs=[None, None])
+    b = stored(tmp_path / "b.json", ours=[None], theirs=[None], **second)
+    with pytest.raises(SystemExit) as exit:
+        tts.main(["--merge", a, b])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit.value.code == 2 and len(lines) == 1
     assert all(word in lines[0] for word in words), lines[0]
