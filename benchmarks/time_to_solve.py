@@ -31,7 +31,8 @@ environment (OMP_NUM_THREADS included). Writes `time_to_solve-<time>.{json,md}` 
 exit status 1 if a run failed, 2 for bad input.
 
 `--merge A.json B.json ...` runs nothing: it joins earlier results of the same task, machine and
-settings, other seeds each (`--first-seed`), into one result with its rows computed again.
+settings, other seeds each (`--first-seed`), into one result with its rows computed again. Their
+timeouts may differ where no run took longer than the shortest, which the result keeps.
 """
 
 import json
@@ -306,36 +307,46 @@ def labelled(label):
     return dict(label=label, algo=algorithm(words[0]))
 
 
-def merged(paths, made):
-    """One result of the results at `paths`: their runs joined per variant and cache, the seeds
-    listed, the rows computed again. Results of another task, machine or setting, or that share a
-    seed, exit 2."""
+def comparable(paths, made):
+    """The results at `paths`, read. Results of another task, machine or setting than the first,
+    that share a seed, or with a run longer than the shortest timeout among them, exit 2."""
     parts = []
     for path in paths:
         try:
             parts.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
             made.error(f"--merge {path}: {error}")
-    first = parts[0]
-    same = ("env_id", "threshold", "window", "device", "timeout")
-    for path, part in zip(paths[1:], parts[1:]):
+    same, first = ("env_id", "threshold", "window", "device"), parts[0]
+    timeout = min(part["settings"]["timeout"] for part in parts)
+    for path, part in zip(paths, parts):
         differs = [key for key in same if part["settings"][key] != first["settings"][key]]
         differs += ["machine"] if part["machine"] != first["machine"] else []
         if differs:
             made.error(f"--merge {path}: its {differs[0]} differs from that of {paths[0]}")
+        seconds = [run["run_seconds"] for runs in part["runs"].values() for run in runs]
+        if part["settings"]["timeout"] > timeout and max(seconds) > timeout:
+            made.error(f"--merge {path}: a run took longer than another's timeout, {timeout:g} s")
     seeds = [seed for part in parts for seed in part["settings"]["seeds"]]
     if len(set(seeds)) < len(seeds):
         made.error("--merge: a seed is in two of the results")
+    return parts
+
+
+def merged(paths, made):
+    """One result of the results at `paths` (`comparable`): their runs joined per variant and
+    cache, the seeds listed, the shortest timeout kept, the rows computed again."""
+    parts = comparable(paths, made)
     results = {}
     for part in parts:
         for key, runs in part["runs"].items():
             label, cache = key.removesuffix(")").rsplit(" (", 1)
             results.setdefault((label, cache), []).extend(runs)
-    settings = first["settings"] | dict(seeds=sorted(seeds))
-    settings["load"] = [first["settings"]["load"][0], parts[-1]["settings"]["load"][1]]
+    settings = parts[0]["settings"] | dict(timeout=min(p["settings"]["timeout"] for p in parts))
+    settings["seeds"] = sorted(seed for part in parts for seed in part["settings"]["seeds"])
+    settings["load"] = [parts[0]["settings"]["load"][0], parts[-1]["settings"]["load"][1]]
     settings["parts"] = [{k: p["settings"][k] for k in ("started", "seeds", "load")} for p in parts]
     runs = {f"{label} ({cache})": value for (label, cache), value in results.items()}
-    result = dict(machine=first["machine"], settings=settings, runs=runs)
+    result = dict(machine=parts[0]["machine"], settings=settings, runs=runs)
     variants = [labelled(label) for label in dict.fromkeys(label for label, _ in results)]
     result["rows"] = rows(results, variants)
     return result

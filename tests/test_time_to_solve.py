@@ -202,7 +202,10 @@ def stored(path, seeds, ours, theirs, **changed):
     settings |= dict(seeds=seeds, started=f"at {seeds[0]}", load=[seeds[0], seeds[-1]]) | changed
 
     def runs(points):
-        return [dict(members={f"runs/{s}": p}, status=None, seed=s) for s, p in zip(seeds, points)]
+        return [
+            dict(members={f"runs/{s}": p}, status=None, run_seconds=50, seed=s)
+            for s, p in zip(seeds, points)
+        ]
 
     machine = dict(cpu="test", cores=2, gpu=None, versions={"torch": "2.13.0+cpu"})
     result = dict(machine=machine, settings=settings)
@@ -213,10 +216,11 @@ def stored(path, seeds, ours, theirs, **changed):
 
 def test_merge_joins_results_of_other_seeds_and_computes_their_rows_again(tmp_path, capsys):
     a = stored(tmp_path / "a.json", [1, 2], ours=[[2, 200], None], theirs=[[10, 1], [20, 1]])
-    b = stored(tmp_path / "b.json", [3], ours=[[4, 400]], theirs=[[30, 1]])
+    b = stored(tmp_path / "b.json", [3], ours=[[4, 400]], theirs=[[30, 1]], timeout=100)
     assert tts.main(["--merge", a, b, "--out-dir", str(tmp_path / "out")]) == 0
     result = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert result["settings"]["seeds"] == [1, 2, 3] and result["settings"]["load"] == [1, 3]
+    assert result["settings"]["timeout"] == 60  # b's runs all ended within a's 60 s
     assert [part["started"] for part in result["settings"]["parts"]] == ["at 1", "at 3"]
     assert [run["seed"] for run in result["runs"]["pqn_cpu (warm)"]] == [1, 2, 3]
     rows = {r["variant"]: r for r in result["rows"]}
@@ -232,6 +236,7 @@ def test_merge_joins_results_of_other_seeds_and_computes_their_rows_again(tmp_pa
     [
         (dict(seeds=[2]), ["a seed is in two"]),
         (dict(seeds=[3], threshold=400), ["b.json", "threshold differs"]),
+        (dict(seeds=[3], timeout=30), ["a.json", "longer than another's timeout, 30 s"]),
     ],
 )
 def test_merge_refuses_results_that_share_a_seed_or_differ_in_one_line(
