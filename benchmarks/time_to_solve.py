@@ -308,8 +308,9 @@ def labelled(label):
 
 
 def comparable(paths, made):
-    """The results at `paths`, read. Results of another task, machine or setting than the first,
-    that share a seed, or with a run longer than the shortest timeout among them, exit 2."""
+    """The results at `paths`, read, their seeds and their shortest timeout. Results of another
+    task, machine or setting than the first, that share a seed, or with a run longer than the
+    shortest timeout, exit 2."""
     parts = []
     for path in paths:
         try:
@@ -324,25 +325,24 @@ def comparable(paths, made):
         if differs:
             made.error(f"--merge {path}: its {differs[0]} differs from that of {paths[0]}")
         seconds = [run["run_seconds"] for runs in part["runs"].values() for run in runs]
-        if part["settings"]["timeout"] > timeout and max(seconds) > timeout:
+        if part["settings"]["timeout"] > timeout and max(seconds, default=0) > timeout:
             made.error(f"--merge {path}: a run took longer than another's timeout, {timeout:g} s")
     seeds = [seed for part in parts for seed in part["settings"]["seeds"]]
     if len(set(seeds)) < len(seeds):
         made.error("--merge: a seed is in two of the results")
-    return parts
+    return parts, sorted(seeds), timeout
 
 
 def merged(paths, made):
     """One result of the results at `paths` (`comparable`): their runs joined per variant and
     cache, the seeds listed, the shortest timeout kept, the rows computed again."""
-    parts = comparable(paths, made)
+    parts, seeds, timeout = comparable(paths, made)
     results = {}
     for part in parts:
         for key, runs in part["runs"].items():
             label, cache = key.removesuffix(")").rsplit(" (", 1)
             results.setdefault((label, cache), []).extend(runs)
-    settings = parts[0]["settings"] | dict(timeout=min(p["settings"]["timeout"] for p in parts))
-    settings["seeds"] = sorted(seed for part in parts for seed in part["settings"]["seeds"])
+    settings = parts[0]["settings"] | dict(seeds=seeds, timeout=timeout)
     settings["load"] = [parts[0]["settings"]["load"][0], parts[-1]["settings"]["load"][1]]
     settings["parts"] = [{k: p["settings"][k] for k in ("started", "seeds", "load")} for p in parts]
     runs = {f"{label} ({cache})": value for (label, cache), value in results.items()}

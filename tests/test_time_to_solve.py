@@ -174,6 +174,15 @@ def test_a_run_that_fails_fails_the_call(tmp_path, capsys):
     assert "fake.py --status 4 --env-id CartPole-v1 --seed 1 exited with status 4" in output.err
 
 
+def assert_refused(argv, words, capsys):
+    """`main(argv)` exits 2 with one line on stderr that holds each of `words`."""
+    with pytest.raises(SystemExit) as exit:
+        tts.main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(lines) == 1
+    assert all(word in lines[0] for word in words), lines[0]
+
+
 @pytest.mark.parametrize(
     "flags, words",
     [
@@ -188,11 +197,7 @@ def test_a_run_that_fails_fails_the_call(tmp_path, capsys):
     ],
 )
 def test_bad_input_exits_2_with_one_line(flags, words, capsys):
-    with pytest.raises(SystemExit) as exit:
-        tts.main(flags)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert exit.value.code == 2 and len(lines) == 1
-    assert all(word in lines[0] for word in words), lines[0]
+    assert_refused(flags, words, capsys)
 
 
 def stored(path, seeds, ours, theirs, **changed):
@@ -215,12 +220,13 @@ def stored(path, seeds, ours, theirs, **changed):
 
 
 def test_merge_joins_results_of_other_seeds_and_computes_their_rows_again(tmp_path, capsys):
-    a = stored(tmp_path / "a.json", [1, 2], ours=[[2, 200], None], theirs=[[10, 1], [20, 1]])
-    b = stored(tmp_path / "b.json", [3], ours=[[4, 400]], theirs=[[30, 1]], timeout=100)
+    points = dict(ours=[[2, 200], None], theirs=[[10, 1], [20, 1]])
+    a = stored(tmp_path / "a.json", [1, 2], **points, timeout=100)
+    b = stored(tmp_path / "b.json", [3], ours=[[4, 400]], theirs=[[30, 1]])
     assert tts.main(["--merge", a, b, "--out-dir", str(tmp_path / "out")]) == 0
     result = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert result["settings"]["seeds"] == [1, 2, 3] and result["settings"]["load"] == [1, 3]
-    assert result["settings"]["timeout"] == 60  # b's runs all ended within a's 60 s
+    assert result["settings"]["timeout"] == 60  # a's runs all ended within b's 60 s
     assert [part["started"] for part in result["settings"]["parts"]] == ["at 1", "at 3"]
     assert [run["seed"] for run in result["runs"]["pqn_cpu (warm)"]] == [1, 2, 3]
     rows = {r["variant"]: r for r in result["rows"]}
@@ -244,11 +250,7 @@ def test_merge_refuses_results_that_share_a_seed_or_differ_in_one_line(
 ):
     a = stored(tmp_path / "a.json", [1, 2], ours=[None, None], theirs=[None, None])
     b = stored(tmp_path / "b.json", ours=[None], theirs=[None], **second)
-    with pytest.raises(SystemExit) as exit:
-        tts.main(["--merge", a, b])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert exit.value.code == 2 and len(lines) == 1
-    assert all(word in lines[0] for word in words), lines[0]
+    assert_refused(["--merge", a, b], words, capsys)
 
 
 def test_a_whole_process_refuses_with_one_line():
